@@ -1,0 +1,39 @@
+"""Neural Forge: a small deep-learning framework on NumPy with its own collective layer.
+
+Importing the package loads only the tensor core and ``functional``; the subpackages ``nn``,
+``optim``, ``data``, ``models`` and ``distributed`` are imported on first attribute access.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import functional
+from .core import (Tensor, arange, cat, concatenate, enable_grad, eye, from_numpy, full,
+                   get_rng, gradcheck, is_grad_enabled, manual_seed, no_grad, ones, ones_like,
+                   rand, randn, set_grad_enabled, stack, tensor, where, zeros, zeros_like)
+from .core.dtypes import bool_, float16, float32, float64, int32, int64
+
+__version__ = "0.1.0"
+
+_LAZY_SUBPACKAGES = ("nn", "optim", "data", "models", "distributed", "functional", "backends")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBPACKAGES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY_SUBPACKAGES))
+
+
+__all__ = [
+    "Tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "gradcheck",
+    "concatenate", "cat", "stack", "where", "tensor", "zeros", "ones", "full", "eye", "randn",
+    "rand", "arange", "zeros_like", "ones_like", "from_numpy", "manual_seed", "get_rng",
+    "functional", "float16", "float32", "float64", "int32", "int64", "bool_", "__version__",
+]

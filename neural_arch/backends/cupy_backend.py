@@ -1,0 +1,66 @@
+"""CuPy backend: arrays on an NVIDIA GPU. CuPy is imported only when this module is used."""
+from __future__ import annotations
+
+from typing import Any
+
+name = "cupy"
+device = "cuda"
+
+try:
+    import cupy as _cupy
+except ImportError as exc:  # the optional dependency is absent
+    _cupy = None
+    _IMPORT_ERROR: Any = exc
+else:
+    _IMPORT_ERROR = None
+
+
+def _unavailable_reason() -> str:
+    if _cupy is None:
+        return f"CuPy is not installed ({_IMPORT_ERROR}); install cupy-cuda12x to use device='cuda'"
+    try:
+        count = _cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing or broken
+        return f"CuPy could not reach a CUDA device: {exc}"
+    return "" if count > 0 else "CuPy found no CUDA device"
+
+
+def is_available() -> bool:
+    """True when CuPy imports and at least one CUDA device answers."""
+    return _unavailable_reason() == ""
+
+
+def require() -> Any:
+    """Return the ``cupy`` module, or raise RuntimeError saying why the GPU cannot be used."""
+    reason = _unavailable_reason()
+    if reason:
+        raise RuntimeError(f"device 'cuda' is not available: {reason}")
+    return _cupy
+
+
+def __getattr__(attribute: str) -> Any:
+    # `xp` and `array_type` resolve on first use so that importing this module never fails.
+    if attribute == "xp":
+        return require()
+    if attribute in ("array_type", "array_types"):
+        cupy = require()
+        return cupy.ndarray if attribute == "array_type" else (cupy.ndarray,)
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+
+
+def asarray(data: Any, dtype: Any = None) -> Any:
+    """Copy ``data`` to the current CUDA device (no copy when it already lives there)."""
+    return require().asarray(data, dtype=dtype)
+
+
+def to_numpy(array: Any) -> Any:
+    """Copy a device array back to host memory as a NumPy array."""
+    return require().asnumpy(array)
+
+
+def erf(array: Any) -> Any:
+    """Elementwise error function computed on the GPU."""
+    require()
+    from cupyx.scipy import special as cupy_special
+
+    return cupy_special.erf(array)

@@ -1,0 +1,141 @@
+"""Layer kernels with their own backward: linear, layer_norm, embedding, dropout."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+from ..backends import xp_of
+from .grad_mode import GRAD_MODE
+from .ops_shape import index_add
+from .random import get_rng
+from .tensor import Tensor, _constant, _node
+
+
+def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
+    xd, wd = x.data, weight.data
+    if wd.ndim != 2 or xd.ndim < 1 or xd.shape[-1] != wd.shape[1]:
+        raise ValueError(f"linear: input shape {xd.shape} does not match weight shape {wd.shape} "
+                         f"(expected input (..., {wd.shape[1] if wd.ndim == 2 else '?'}))")
+    out = xd @ wd.T
+    bd = None
+    if bias is not None:
+        bd = bias.data
+        if bd.shape != (wd.shape[0],):
+            raise ValueError(f"linear: bias shape {bd.shape} does not match weight shape "
+                             f"{wd.shape} (expected ({wd.shape[0]},))")
+        if bd.dtype == out.dtype:
+            out += bd
+        else:
+            out = out + bd
+    need_x, need_w = x.requires_grad, weight.requires_grad
+    need_b = bias is not None and bias.requires_grad
+    if not ((need_x or need_w or need_b) and GRAD_MODE.enabled):
+        return _constant(out)
+    in_features = wd.shape[1]
+
+    def backward(g: Any) -> tuple:
+        g2 = g if g.ndim == 2 else g.reshape(-1, g.shape[-1])
+        gx = g @ wd if need_x else None
+        gw = None
+        if need_w:
+            x2 = xd if xd.ndim == 2 else xd.reshape(-1, in_features)
+            gw = g2.T @ x2
+        if bias is None:
+            return gx, gw
+        return gx, gw, (g2.sum(axis=0) if need_b else None)
+
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    return _node(out, parents, backward)
+
+
+def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift."""
+    norm_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    xd = x.data
+    k = len(norm_shape)
+    if k == 0 or tuple(xd.shape[xd.ndim - k:]) != norm_shape or xd.ndim < k:
+        raise ValueError(f"layer_norm: normalized_shape {norm_shape} does not match the trailing "
+                         f"dimensions of input shape {xd.shape}")
+    for label, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.data.shape) != norm_shape:
+            raise ValueError(f"layer_norm: {label} shape {p.data.shape} must equal "
+                             f"normalized_shape {norm_shape}")
+    xp = xp_of(xd)
+    axes = tuple(range(xd.ndim - k, xd.ndim))
+    batch_axes = tuple(range(xd.ndim - k))
+    centered = xd - xd.mean(axis=axes, keepdims=True)
+    inv_std = 1.0 / xp.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
+    normalized = centered * inv_std
+    out = normalized
+    if weight is not None:
+        out = out * weight.data
+    if bias is not None:
+        out = out + bias.data
+    parents = tuple(t for t in (x, weight, bias) if t is not None)
+    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
+        return _constant(out)
+
+    def backward(g: Any) -> tuple:
+        grads = []
+        g_norm = g * weight.data if weight is not None else g
+        if x.requires_grad:
+            gx = g_norm - g_norm.mean(axis=axes, keepdims=True)
+            gx -= normalized * (g_norm * normalized).mean(axis=axes, keepdims=True)
+            gx *= inv_std
+            grads.append(gx)
+        else:
+            grads.append(None)
+        if weight is not None:
+            grads.append((g * normalized).sum(axis=batch_axes) if weight.requires_grad else None)
+        if bias is not None:
+            grads.append(g.sum(axis=batch_axes) if bias.requires_grad else None)
+        return tuple(grads)
+
+    return _node(out, parents, backward)
+
+
+def embedding(indices: Any, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices``."""
+    idx = indices.data if isinstance(indices, Tensor) else xp_of(weight.data).asarray(indices)
+    wd = weight.data
+    if idx.dtype.kind not in "iu":
+        raise ValueError(f"embedding: indices must be integers, got dtype {idx.dtype}")
+    if wd.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got {wd.shape}")
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= wd.shape[0]):
+        value = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+        raise ValueError(f"embedding: index {value} is out of range for {wd.shape[0]} embeddings")
+    out = wd[idx]
+    if not (weight.requires_grad and GRAD_MODE.enabled):
+        return _constant(out)
+
+    def backward(g: Any) -> tuple:
+        xp = xp_of(g)
+        grad = xp.zeros(wd.shape, dtype=g.dtype)
+        index_add(xp, grad, idx.reshape(-1), g.reshape(-1, wd.shape[1]))
+        return (grad,)
+
+    return _node(out, (weight,), backward)
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, rng: Any = None) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    xd = x.data
+    xp = xp_of(xd)
+    if p == 1.0:
+        mask = xp.zeros(xd.shape, dtype=xd.dtype)
+    else:
+        generator = rng if rng is not None else get_rng()
+        draws = generator.random(xd.shape, dtype="float32" if xd.dtype.itemsize <= 4 else "float64")
+        mask = (xp.asarray(draws) >= p).astype(xd.dtype)
+        mask *= 1.0 / (1.0 - p)
+    out = xd * mask
+    if x.requires_grad and GRAD_MODE.enabled:
+        return _node(out, (x,), lambda g: (g * mask,))
+    return _constant(out)

@@ -1,0 +1,207 @@
+"""Elementwise operations: arithmetic (with broadcasting), unary math and comparisons."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+from ..backends import xp_of
+from .broadcast import unbroadcast
+from .grad_mode import GRAD_MODE
+from .tensor import Tensor, _constant, _node
+
+_PY_SCALARS = (int, float, bool)
+
+
+def operand(value: Any, like: Tensor) -> Tuple[Any, Optional[Tensor]]:
+    """(array or Python scalar, the Tensor it came from or None) for the other side of an op."""
+    if isinstance(value, Tensor):
+        return value.data, value
+    if isinstance(value, _PY_SCALARS) or hasattr(value, "shape"):
+        return value, None
+    array = xp_of(like.data).asarray(value)
+    if array.dtype.kind == "f" and like.data.dtype.kind == "f":
+        array = array.astype(like.data.dtype)
+    return array, None
+
+
+def _shape(value: Any) -> Tuple[int, ...]:
+    return tuple(getattr(value, "shape", ()))
+
+
+def broadcast_error(op: str, left: Any, right: Any) -> ValueError:
+    return ValueError(f"{op}: cannot broadcast shapes {_shape(left)} and {_shape(right)}")
+
+
+def _binary(op: str, a: Tensor, b: Any, forward: Callable, grad_a: Callable,
+            grad_b: Callable) -> Tensor:
+    bd, bt = operand(b, a)
+    ad = a.data
+    try:
+        out = forward(ad, bd)
+    except ValueError:
+        raise broadcast_error(op, ad, bd) from None
+    need_a = a.requires_grad
+    need_b = bt is not None and bt.requires_grad
+    if not ((need_a or need_b) and GRAD_MODE.enabled):
+        return _constant(out)
+    a_shape, b_shape = ad.shape, _shape(bd)
+
+    def backward(g: Any) -> tuple:
+        ga = unbroadcast(grad_a(g, ad, bd, out), a_shape) if need_a else None
+        if bt is None:
+            return (ga,)
+        return ga, (unbroadcast(grad_b(g, ad, bd, out), b_shape) if need_b else None)
+
+    return _node(out, (a,) if bt is None else (a, bt), backward)
+
+
+def _pass(g: Any, x: Any, y: Any, out: Any) -> Any:
+    return g
+
+
+def _negate(g: Any, x: Any, y: Any, out: Any) -> Any:
+    return -g
+
+
+def add(a: Tensor, b: Any) -> Tensor:
+    return _binary("add", a, b, lambda x, y: x + y, _pass, _pass)
+
+
+def sub(a: Tensor, b: Any) -> Tensor:
+    return _binary("sub", a, b, lambda x, y: x - y, _pass, _negate)
+
+
+def rsub(a: Tensor, b: Any) -> Tensor:
+    return _binary("sub", a, b, lambda x, y: y - x, _negate, _pass)
+
+
+def mul(a: Tensor, b: Any) -> Tensor:
+    return _binary("mul", a, b, lambda x, y: x * y,
+                   lambda g, x, y, out: g * y, lambda g, x, y, out: g * x)
+
+
+def div(a: Tensor, b: Any) -> Tensor:
+    return _binary("div", a, b, lambda x, y: x / y,
+                   lambda g, x, y, out: g / y, lambda g, x, y, out: -g * out / y)
+
+
+def rdiv(a: Tensor, b: Any) -> Tensor:
+    return _binary("div", a, b, lambda x, y: y / x,
+                   lambda g, x, y, out: -g * out / x, lambda g, x, y, out: g / x)
+
+
+def _safe_log(x: Any) -> Any:
+    # d(x**y)/dy = x**y * log(x); where x == 0 the product is taken as 0 (as PyTorch does).
+    xp = xp_of(x)
+    return xp.log(xp.where(x == 0, 1, x))
+
+
+def _pow_grad_base(g: Any, x: Any, y: Any, out: Any) -> Any:
+    if isinstance(y, _PY_SCALARS):
+        return g * (2 * x) if y == 2 else g * (y * x ** (y - 1))
+    return g * y * x ** (y - 1)
+
+
+def pow(a: Tensor, b: Any) -> Tensor:
+    return _binary("pow", a, b, lambda x, y: x ** y, _pow_grad_base,
+                   lambda g, x, y, out: g * out * _safe_log(x))
+
+
+def rpow(a: Tensor, b: Any) -> Tensor:
+    return _binary("pow", a, b, lambda x, y: y ** x,
+                   lambda g, x, y, out: g * out * _safe_log(xp_of(x).asarray(y)),
+                   lambda g, x, y, out: g * x * y ** (x - 1))
+
+
+def _unary(x: Tensor, out: Any, grad: Callable[[Any], Any]) -> Tensor:
+    if x.requires_grad and GRAD_MODE.enabled:
+        return _node(out, (x,), lambda g: (grad(g),))
+    return _constant(out)
+
+
+def neg(x: Tensor) -> Tensor:
+    return _unary(x, -x.data, lambda g: -g)
+
+
+def exp(x: Tensor) -> Tensor:
+    out = xp_of(x.data).exp(x.data)
+    return _unary(x, out, lambda g: g * out)
+
+
+def log(x: Tensor) -> Tensor:
+    xd = x.data
+    return _unary(x, xp_of(xd).log(xd), lambda g: g / xd)
+
+
+def tanh(x: Tensor) -> Tensor:
+    out = xp_of(x.data).tanh(x.data)
+    return _unary(x, out, lambda g: g * (1 - out * out))
+
+
+def sqrt(x: Tensor) -> Tensor:
+    out = xp_of(x.data).sqrt(x.data)
+    return _unary(x, out, lambda g: g * 0.5 / out)
+
+
+def relu(x: Tensor) -> Tensor:
+    out = xp_of(x.data).maximum(x.data, 0)
+    return _unary(x, out, lambda g: g * (out > 0))
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    xd = x.data
+    xp = xp_of(xd)
+    e = xp.exp(-xp.abs(xd))  # never overflows
+    out = xp.where(xd >= 0, 1 / (1 + e), e / (1 + e))
+    return _unary(x, out, lambda g: g * out * (1 - out))
+
+
+def abs(x: Tensor) -> Tensor:
+    xd = x.data
+    xp = xp_of(xd)
+    return _unary(x, xp.abs(xd), lambda g: g * xp.sign(xd))
+
+
+def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    """Clamp into [min, max]; the gradient flows where the input was inside the range."""
+    if min is None and max is None:
+        raise ValueError("clip needs at least one of min and max")
+    xd = x.data
+    lo = min.data if isinstance(min, Tensor) else min
+    hi = max.data if isinstance(max, Tensor) else max
+    out = xp_of(xd).clip(xd, lo, hi)
+
+    def grad(g: Any) -> Any:
+        inside = True
+        if lo is not None:
+            inside = xd >= lo
+        if hi is not None:
+            inside = inside & (xd <= hi)
+        return g * inside
+
+    return _unary(x, out, grad)
+
+
+def _compare(op: str, fn: Callable) -> Callable:
+    def compare(a: Tensor, b: Any) -> Tensor:
+        bd, _ = operand(b, a)
+        try:
+            return _constant(fn(a.data, bd))
+        except ValueError:
+            raise broadcast_error(op, a.data, bd) from None
+    compare.__name__ = op
+    return compare
+
+
+lt = _compare("lt", lambda x, y: x < y)
+le = _compare("le", lambda x, y: x <= y)
+gt = _compare("gt", lambda x, y: x > y)
+ge = _compare("ge", lambda x, y: x >= y)
+eq = _compare("eq", lambda x, y: x == y)
+ne = _compare("ne", lambda x, y: x != y)
+logical_and = _compare("logical_and", lambda x, y: x & y)
+logical_or = _compare("logical_or", lambda x, y: x | y)
+logical_xor = _compare("logical_xor", lambda x, y: x ^ y)
+
+
+def logical_not(x: Tensor) -> Tensor:
+    return _constant(~x.data)

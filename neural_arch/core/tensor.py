@@ -1,0 +1,274 @@
+"""``Tensor``: an array plus the record of how it was computed.
+
+Operations live in the ``ops_*`` modules and are bound as methods at the bottom of this file.
+An op output stores its parents and a backward closure ``grad -> tuple of parent grads``; the
+engine in ``autograd.py`` walks that graph. Rarely used per-tensor state (name, hooks,
+retain_grad) lives in one optional dict, ``_meta``, so creating an op output stays cheap.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+from ..backends import backend_for, device_type, get_backend
+from . import autograd
+from .dtypes import default_dtype_for, is_floating, resolve_dtype
+from .grad_mode import GRAD_MODE
+
+_NUMPY = get_backend("numpy")
+_NDARRAY = _NUMPY.array_type
+_NUMPY_SCALAR = _NUMPY.array_types[1]
+_as_numpy = _NUMPY.xp.asarray
+
+
+def _to_array(data: Any, dtype: Any, device: Any) -> Any:
+    if isinstance(data, Tensor):
+        array = data.data
+    elif type(data) is _NDARRAY:
+        array = data
+    elif isinstance(data, _NUMPY_SCALAR):
+        array = _as_numpy(data)
+    elif hasattr(data, "__cuda_array_interface__"):
+        array = data
+    else:
+        array = _as_numpy(data)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"cannot make a tensor from {type(data).__name__} "
+                            f"(array dtype {array.dtype})")
+        if dtype is None:
+            converted = default_dtype_for(array)
+            if converted is not None:
+                array = array.astype(converted)
+    if dtype is not None:
+        wanted = resolve_dtype(dtype)
+        if array.dtype != wanted:
+            array = array.astype(wanted)
+    if device is not None:
+        target = get_backend("numpy" if device_type(device) == "cpu" else "cupy")
+        if backend_for(array) is not target:
+            array = target.asarray(array)
+    return array
+
+
+class Tensor:
+    """An n-dimensional array that can record operations for reverse-mode autodiff."""
+
+    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_meta", "__weakref__")
+    __array_ufunc__ = None  # make NumPy defer `array op tensor` to the reflected Tensor method
+    __hash__ = object.__hash__
+
+    def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None,
+                 device: Optional[str] = None, name: Optional[str] = None) -> None:
+        self.data = _to_array(data, dtype, device)
+        self.grad = None
+        self._parents: Tuple["Tensor", ...] = ()
+        self._backward: Optional[Callable] = None
+        self._meta = None if name is None else {"name": name}
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # ----------------------------------------------------------------- attributes
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def device(self) -> str:
+        return "cpu" if isinstance(self.data, _NUMPY.array_types) else "cuda"
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._backward is None
+
+    @property
+    def name(self) -> Optional[str]:
+        return None if self._meta is None else self._meta.get("name")
+
+    @name.setter
+    def name(self, value: Optional[str]) -> None:
+        self._get_meta()["name"] = value
+
+    def _get_meta(self) -> dict:
+        if self._meta is None:
+            self._meta = {}
+        return self._meta
+
+    def __len__(self) -> int:
+        if self.data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.data.shape[0]
+
+    def __repr__(self) -> str:
+        body = repr(_as_numpy(self.numpy())).replace("array(", "tensor(", 1)
+        extras = []
+        if self.device != "cpu":
+            extras.append(f"device='{self.device}'")
+        if self.requires_grad:
+            extras.append("requires_grad=True")
+        if self.name is not None:
+            extras.append(f"name={self.name!r}")
+        if extras:
+            body = body[:-1] + ", " + ", ".join(extras) + ")"
+        return body
+
+    # ----------------------------------------------------------------- conversions
+    def item(self) -> Any:
+        if self.data.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.data.item()
+
+    def numpy(self) -> Any:
+        """The data as a NumPy array (shared with the tensor on the CPU)."""
+        return backend_for(self.data).to_numpy(self.data)
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype)
+
+    def __bool__(self) -> bool:
+        if self.data.size != 1:
+            raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
+        return bool(self.data)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.data.dtype.kind not in "iu":
+            raise TypeError(f"only integer tensors can be used as an index, got {self.dtype}")
+        return int(self.item())
+
+    def detach(self) -> "Tensor":
+        """A tensor sharing this data but cut from the graph."""
+        return _constant(self.data)
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if flag and not is_floating(self.data.dtype):
+            raise TypeError(f"only floating tensors can require grad, got dtype {self.dtype}")
+        if not flag and not self.is_leaf:
+            raise RuntimeError("requires_grad_(False) is only allowed on leaf tensors; "
+                               "use detach() for a non-leaf")
+        self.requires_grad = bool(flag)
+        return self
+
+    def zero_grad(self) -> None:
+        """Forget the accumulated gradient (set ``.grad`` to None)."""
+        self.grad = None
+
+    def retain_grad(self) -> None:
+        """Keep ``.grad`` on this non-leaf tensor during ``backward()``."""
+        if not self.requires_grad:
+            raise RuntimeError("retain_grad() on a tensor that does not require grad")
+        if not self.is_leaf:
+            self._get_meta()["retain"] = True
+
+    # ----------------------------------------------------------------- autograd
+    def backward(self, gradient: Any = None) -> None:
+        """Accumulate d(self)/d(leaf), times ``gradient``, into every leaf's ``.grad``."""
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad and has no "
+                               "grad_fn (did you forget requires_grad=True, or use no_grad()?)")
+        if gradient is None:
+            if self.data.size != 1:
+                raise RuntimeError("grad can be implicitly created only for scalar outputs; "
+                                   f"got shape {self.shape}, pass gradient=")
+            seed = backend_for(self.data).xp.ones(self.data.shape, self.data.dtype)
+            owned = True
+        else:
+            seed = gradient.data if isinstance(gradient, Tensor) else gradient
+            seed = backend_for(self.data).asarray(seed)
+            if seed.shape != self.data.shape:
+                raise ValueError(f"gradient shape {tuple(seed.shape)} does not match tensor "
+                                 f"shape {self.shape}")
+            if seed.dtype != self.data.dtype:
+                seed = seed.astype(self.data.dtype)
+            owned = False
+        autograd.run_backward(self, seed, owned)
+
+    def register_hook(self, fn: Callable[[Any], Any]) -> autograd.RemovableHandle:
+        """Call ``fn(grad)`` once this tensor's gradient is complete; a returned array replaces it."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        return autograd.RemovableHandle(self._get_meta().setdefault("hooks", {})).add(fn)
+
+    def register_post_accumulate_grad_hook(self, fn: Callable[["Tensor"], Any]
+                                           ) -> autograd.RemovableHandle:
+        """Call ``fn(tensor)`` right after ``backward()`` updated this leaf's ``.grad``."""
+        if not self.is_leaf or not self.requires_grad:
+            raise RuntimeError("post-accumulate-grad hooks can only be registered on leaf "
+                               "tensors that require grad")
+        return autograd.RemovableHandle(self._get_meta().setdefault("post_hooks", {})).add(fn)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if self.requires_grad and GRAD_MODE.enabled:
+            raise RuntimeError("in-place assignment into a tensor that requires grad; "
+                               "wrap it in no_grad() or write to .data")
+        if isinstance(index, Tensor):
+            index = index.data
+        self.data[index] = value.data if isinstance(value, Tensor) else value
+
+
+def _constant(data: Any) -> Tensor:
+    """Wrap an op result that records no graph."""
+    out = Tensor.__new__(Tensor)
+    out.data = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
+    out.grad = None
+    out.requires_grad = False
+    out._parents = ()
+    out._backward = None
+    out._meta = None
+    return out
+
+
+def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> Tensor:
+    """Wrap an op result that records ``parents`` and its ``backward`` closure."""
+    out = Tensor.__new__(Tensor)
+    out.data = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
+    out.grad = None
+    out.requires_grad = True
+    out._parents = parents
+    out._backward = backward
+    out._meta = None
+    return out
+
+
+def result(data: Any, parents: Tuple[Tensor, ...], backward: Optional[Callable]) -> Tensor:
+    """``_node`` when grad mode is on and a parent requires grad, else ``_constant``."""
+    if backward is not None and GRAD_MODE.enabled:
+        for parent in parents:
+            if parent.requires_grad:
+                return _node(data, parents, backward)
+    return _constant(data)
+
+
+def needs_grad(*tensors: Any) -> bool:
+    """True when an op on ``tensors`` must record the graph."""
+    if not GRAD_MODE.enabled:
+        return False
+    for t in tensors:
+        if isinstance(t, Tensor) and t.requires_grad:
+            return True
+    return False
+
+
+from . import methods as _methods  # noqa: E402  (binds the operations as Tensor methods)
+
+_methods.bind(Tensor)

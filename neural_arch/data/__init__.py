@@ -1,0 +1,9 @@
+"""Datasets and mini-batch loading."""
+from .char_dataset import CharDataset
+from .dataloader import DataLoader, default_collate
+from .dataset import Dataset, Subset, TensorDataset, random_split
+from .digits import load_digits
+from .idx import MNIST, read_idx
+
+__all__ = ["Dataset", "TensorDataset", "Subset", "random_split", "DataLoader", "default_collate",
+           "load_digits", "MNIST", "read_idx", "CharDataset"]

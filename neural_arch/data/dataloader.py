@@ -1,0 +1,102 @@
+"""Mini-batch iteration over a dataset, with reproducible per-epoch shuffling."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from ..core.random import get_rng
+from .dataset import batch_fetcher
+
+
+def _to_tensor(array: np.ndarray) -> Any:
+    from ..core import Tensor
+    return Tensor(array, dtype=array.dtype)
+
+
+def default_collate(samples: Sequence[Any]) -> Any:
+    """Stack a list of samples field by field into ``Tensor``s, keeping dtypes.
+
+    Tuples and lists collate per position, dicts per key, strings into a list; Python floats
+    become float32 (the framework's default float) and Python ints int64.
+    """
+    first = samples[0]
+    if isinstance(first, (tuple, list)):
+        sizes = {len(s) for s in samples}
+        if len(sizes) != 1:
+            raise ValueError(f"samples of one batch have different numbers of fields: "
+                             f"{sorted(sizes)}")
+        fields = [default_collate([s[i] for s in samples]) for i in range(len(first))]
+        return tuple(fields) if isinstance(first, tuple) else fields
+    if isinstance(first, dict):
+        return {key: default_collate([s[key] for s in samples]) for key in first}
+    if isinstance(first, (str, bytes)):
+        return list(samples)
+    if isinstance(first, float):
+        return _to_tensor(np.asarray(samples, dtype=np.float32))
+    if isinstance(first, (bool, np.bool_)):
+        return _to_tensor(np.asarray(samples, dtype=np.bool_))
+    if isinstance(first, int):
+        return _to_tensor(np.asarray(samples, dtype=np.int64))
+    arrays = [np.asarray(getattr(s, "data", s)) for s in samples]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        raise ValueError(f"cannot stack samples of different shapes into a batch: {sorted(shapes)}")
+    return _to_tensor(np.stack(arrays))
+
+
+class DataLoader:
+    """Iterate over ``dataset`` in batches of ``batch_size``.
+
+    ``shuffle`` draws a new permutation every epoch (each ``iter()`` is an epoch); with ``seed``
+    the sequence of permutations is reproducible, without it the framework's global generator
+    (``manual_seed``) is used. ``sampler`` is any iterable of indices with ``__len__`` (for
+    example ``DistributedSampler``) and excludes ``shuffle``.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
+                 sampler: Optional[Iterable[int]] = None, drop_last: bool = False,
+                 seed: Optional[int] = None, collate_fn: Optional[Callable[[List[Any]], Any]] = None
+                 ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler and shuffle=True are mutually exclusive")
+        if sampler is not None and not hasattr(sampler, "__len__"):
+            raise TypeError(f"sampler must define __len__, got {type(sampler).__name__}")
+        self.dataset, self.batch_size = dataset, int(batch_size)
+        self.shuffle, self.sampler, self.drop_last = shuffle, sampler, drop_last
+        self.seed, self.collate_fn = seed, collate_fn
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose which epoch's shuffle the next iteration uses (for resuming)."""
+        self.epoch = int(epoch)
+
+    def _indices(self) -> np.ndarray:
+        if self.sampler is not None:
+            return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        rng = get_rng() if self.seed is None else np.random.default_rng((self.seed, self.epoch))
+        return rng.permutation(n).astype(np.int64, copy=False)
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = self._indices()
+        self.epoch += 1
+        fetch = batch_fetcher(self.dataset) if self.collate_fn is None else None
+        stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
+        for start in range(0, stop, self.batch_size):
+            batch = indices[start:start + self.batch_size]
+            if fetch is not None:
+                yield tuple(_to_tensor(a) for a in fetch(batch))
+            else:
+                samples = [self.dataset[int(i)] for i in batch]
+                yield (self.collate_fn or default_collate)(samples)
+
+    def __len__(self) -> int:
+        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)

@@ -1,0 +1,53 @@
+"""Distributed training: process groups, collectives, and the tools built on them.
+
+Collectives and process-group functions follow PyTorch's ``torch.distributed``. Training tools
+(``DistributedDataParallel``, ``DistributedSampler``, the launcher) are imported on first use,
+so ``import neural_arch.distributed`` stays light.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .collectives import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
+                          barrier, broadcast, broadcast_object_list, gather, recv, reduce,
+                          reduce_scatter, reduce_scatter_tensor, scatter, send)
+from .errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
+                     DistributedError, PeerFailureError, RendezvousError)
+from .process_group import (ProcessGroup, destroy_process_group, get_backend,
+                            get_distributed_info, get_local_rank, get_rank, get_world_size,
+                            init_process_group, is_initialized, new_group)
+from .reduce_ops import ReduceOp
+from .work import Work
+
+_LAZY = {
+    "DistributedDataParallel": ".ddp",
+    "DistributedSampler": ".sampler",
+    "launch_distributed_training": ".launcher",
+    "DistributedLauncher": ".launcher",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "AuthenticationError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "DistributedDataParallel", "DistributedError", "DistributedLauncher", "DistributedSampler",
+    "PeerFailureError", "ProcessGroup", "ReduceOp", "RendezvousError", "Work", "all_gather",
+    "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier", "broadcast",
+    "broadcast_object_list", "destroy_process_group", "gather", "get_backend",
+    "get_distributed_info", "get_local_rank", "get_rank", "get_world_size", "init_process_group",
+    "is_initialized", "launch_distributed_training", "new_group", "recv", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+]

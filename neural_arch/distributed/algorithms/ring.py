@@ -1,0 +1,90 @@
+"""Ring collectives: bandwidth-optimal reduce-scatter, all-gather and all-reduce.
+
+The buffer is cut into one chunk per rank (sizes differ by at most one element) and every chunk
+travels around the ring in pieces of at most ``SEGMENT_BYTES``. Each chunk is reduced along one
+fixed path, then copied to everyone, so all ranks end with the same bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..reduce_ops import ReduceOp, ufunc_for
+from ..transports.base import Fingerprint, Transport
+from .exchange import chunk_bounds, exchange, segment_elems, segment_pairs
+
+
+def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, int]],
+                            op: ReduceOp, fp: Fingerprint) -> None:
+    """Afterwards chunk ``t.rank`` of ``buf`` holds the reduction of that chunk over all ranks.
+
+    Chunk ``c`` starts at rank ``c + 1`` and is folded in ring order, arriving complete at rank
+    ``c`` after ``n - 1`` steps; other chunks of ``buf`` are left holding partial results.
+    """
+    n, r = t.world_size, t.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    combine = ufunc_for(op)
+    seg = segment_elems(buf.itemsize)
+    largest = max(hi - lo for lo, hi in bounds)
+    incoming = np.empty(min(seg, largest), dtype=buf.dtype)
+    for step in range(n - 1):
+        s_lo, s_hi = bounds[(r - step - 1) % n]
+        r_lo, r_hi = bounds[(r - step - 2) % n]
+        outgoing, target = buf[s_lo:s_hi], buf[r_lo:r_hi]
+        for out_part, in_part in segment_pairs(s_hi - s_lo, r_hi - r_lo, seg):
+            acc = target[in_part]
+            got = incoming[:acc.size]
+            exchange(t, outgoing[out_part], right, got, left, fp)
+            combine(got, acc, out=acc)
+
+
+def _all_gather_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, int]],
+                        fp: Fingerprint) -> None:
+    """Rank ``r`` contributes chunk ``r`` of ``buf``; afterwards every chunk is filled everywhere."""
+    n, r = t.world_size, t.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    seg = segment_elems(buf.itemsize)
+    for step in range(n - 1):
+        s_lo, s_hi = bounds[(r - step) % n]
+        r_lo, r_hi = bounds[(r - step - 1) % n]
+        outgoing, target = buf[s_lo:s_hi], buf[r_lo:r_hi]
+        for out_part, in_part in segment_pairs(s_hi - s_lo, r_hi - r_lo, seg):
+            exchange(t, outgoing[out_part], right, target[in_part], left, fp)
+
+
+def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """In-place all-reduce of a 1-D contiguous buffer: reduce-scatter, then all-gather."""
+    if t.world_size == 1 or buf.size == 0:
+        return
+    bounds = chunk_bounds(buf.size, t.world_size)
+    _reduce_scatter_inplace(t, buf, bounds, op, fp)
+    _all_gather_inplace(t, buf, bounds, fp)
+
+
+def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
+                   fp: Fingerprint) -> None:
+    """``recvbuf`` (m elements) gets block ``rank`` of the reduction of every ``sendbuf`` (n*m)."""
+    n, m = t.world_size, recvbuf.size
+    if sendbuf.size != n * m:
+        raise ValueError(f"reduce_scatter needs {n} x {m} = {n * m} input elements for a "
+                         f"{m}-element output, got {sendbuf.size}")
+    if n == 1:
+        np.copyto(recvbuf, sendbuf)
+        return
+    if m == 0:
+        return
+    work = sendbuf.copy()  # the ring overwrites partial chunks; the caller's input stays intact
+    bounds = [(i * m, (i + 1) * m) for i in range(n)]
+    _reduce_scatter_inplace(t, work, bounds, op, fp)
+    np.copyto(recvbuf, work[t.rank * m:(t.rank + 1) * m])
+
+
+def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:
+    """``recvbuf`` (n*m elements) gets every rank's ``sendbuf`` (m elements) in rank order."""
+    n, m = t.world_size, sendbuf.size
+    if recvbuf.size != n * m:
+        raise ValueError(f"all_gather needs an output of {n} x {m} = {n * m} elements, "
+                         f"got {recvbuf.size}")
+    np.copyto(recvbuf[t.rank * m:(t.rank + 1) * m], sendbuf)
+    if n == 1 or m == 0:
+        return
+    _all_gather_inplace(t, recvbuf, [(i * m, (i + 1) * m) for i in range(n)], fp)

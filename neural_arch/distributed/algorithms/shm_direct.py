@@ -1,0 +1,311 @@
+"""Direct collectives through the shared-memory transport's workspace.
+
+Each collective is a few generations of a barrier on per-rank arrival counters. The workspace
+has two halves, used by alternate generations; at generation g (half q = g % 2) a rank
+
+* before arriving: writes only input areas of half q (its own; a broadcast root all of them);
+* after every rank arrived: reads any input area of half q, writes only its own slice of the
+  result area of half q, and reads result areas of the other half (written at g - 1).
+
+A peer's reads of a half end before it arrives at the next generation, and nobody writes the
+same half again before waiting for that arrival, so two halves suffice with one barrier per
+round. The first generation of every collective also carries a signature of its fingerprint,
+so ranks that call different collectives raise CollectiveMismatchError naming both sides.
+
+All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
+copied by everyone from the shared result: results are bit-identical on all ranks. Small
+vectors take a one-barrier path in which every rank reduces the whole vector in that order.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from ..errors import CollectiveMismatchError, DistributedError
+from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, ufunc_for
+from ..transports.base import HEADER_SIZE, Fingerprint, pack_header, unpack_header
+from ..transports.shm import ShmTransport
+from ..transports.shm_sync import LINE_WORDS, SEQ0, SIG0
+
+SMALL_BYTES = 4096          # at or below: every rank reduces the whole vector, one barrier
+ROUND_BYTES = 1 << 20       # all-reduce data per round, split in p slices (cache-friendly)
+ALIGN_BYTES = 64            # slice boundaries fall on cache lines
+
+
+def supports_direct(t) -> bool:
+    """Whether ``t`` is an open shared-memory transport (its group is its whole world)."""
+    return isinstance(t, ShmTransport) and not t._closed
+
+
+def _flat(buf, what: str, writable: bool = False) -> np.ndarray:
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} must be a NumPy array, got {type(buf).__name__}")
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError(f"{what} must be a 1-D C-contiguous array, got shape {buf.shape} "
+                         f"with strides {buf.strides}")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{what} must be writable (shape {buf.shape}, dtype {buf.dtype})")
+    return buf
+
+
+# ----- generations, signatures, views -------------------------------------------------------
+def _begin(t: ShmTransport, fp: Fingerprint, nbytes: int) -> tuple[int, int]:
+    """Publish this rank's fingerprint for the next generation; return (generation, signature)."""
+    if t._closed:
+        raise DistributedError("the shared-memory transport is closed", rank=t.rank, op=fp.op,
+                               seq=fp.seq)
+    gen = t.gen + 1
+    key = (fp.op, fp.dtype, fp.count, fp.group, nbytes)
+    sig = t.direct_sigs.get(key)
+    if sig is None:
+        if len(t.direct_sigs) > 4096:
+            t.direct_sigs.clear()
+        sig = zlib.crc32(pack_header(fp._replace(seq=0), nbytes)) + 1
+        t.direct_sigs[key] = sig
+    half = gen & 1
+    if t.header_sigs[half] != sig:
+        start = t.layout.rank_header(t.rank, half)
+        t.shared[start:start + HEADER_SIZE] = np.frombuffer(
+            pack_header(fp._replace(seq=0), nbytes), np.uint8)
+        t.header_sigs[half] = sig
+    line = t.rank * LINE_WORDS + 2 * half
+    t.ctrl[line + SIG0] = sig
+    t.ctrl[line + SEQ0] = fp.seq
+    return gen, sig
+
+
+def _sync(t: ShmTransport, gen: int, fp: Fingerprint, sig: int = 0) -> None:
+    """Arrive at ``gen``, wait for every rank; with ``sig``, check everyone's fingerprint."""
+    ctrl = t.ctrl
+    t.gen = gen
+    ctrl[t.layout.gen_words[t.rank]] = gen
+    t.wait_arrivals(gen, fp.op, fp.seq)
+    if sig:
+        line = 2 * (gen & 1)
+        for peer in t.layout.peers[t.rank]:
+            base = peer * LINE_WORDS + line
+            if ctrl[base + SIG0] != sig or ctrl[base + SEQ0] != fp.seq:
+                _mismatch(t, gen, fp, peer)
+
+
+def _mismatch(t: ShmTransport, gen: int, fp: Fingerprint, peer: int) -> None:
+    half = gen & 1
+    start = t.layout.rank_header(peer, half)
+    seq = t.ctrl[peer * LINE_WORDS + 2 * half + SEQ0]
+    try:
+        got, nbytes = unpack_header(bytes(t.shared[start:start + HEADER_SIZE]))
+        theirs = f"{got._replace(seq=seq).describe()} with {nbytes} bytes"
+    except ValueError:
+        theirs = "something that is not a direct shared-memory collective"
+    raise CollectiveMismatchError(
+        f"expected {fp.describe()} but peer rank {peer} called {theirs}: ranks called different "
+        "collectives", rank=t.rank, peer=peer, op=fp.op, seq=fp.seq)
+
+
+def _areas(t: ShmTransport, dtype: np.dtype):
+    """Typed views of the workspace: ``inputs[half][rank]`` and ``results[half]``."""
+    views = t.direct_views.get(dtype)
+    if views is None:
+        size, layout = t.layout.workspace_bytes, t.layout
+        area = lambda start: t.shared[start:start + size].view(dtype)  # noqa: E731
+        inputs = [[area(layout.ws_input(h, r)) for r in range(t.world_size)] for h in (0, 1)]
+        results = [area(layout.ws_result(h)) for h in (0, 1)]
+        views = t.direct_views[dtype] = (inputs, results)
+    return views
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _slice(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """This rank's part of ``m`` elements: cache-line aligned, the last parts may be empty."""
+    align = max(1, ALIGN_BYTES // itemsize)
+    per = _ceil_div(_ceil_div(m, p), align) * align
+    return min(rank * per, m), min((rank + 1) * per, m)
+
+
+# ----- all-reduce -----------------------------------------------------------------------------
+def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """Reduce ``buf`` over all ranks in place; bit-identical results everywhere."""
+    try:
+        entry = t.direct_views.get((buf.dtype, buf.size, op))
+    except AttributeError:
+        entry = None  # not an array: _flat names the problem
+    if entry is not None and buf.flags.c_contiguous:
+        _small_all_reduce(t, buf, fp, entry)
+        return
+    _flat(buf, "all_reduce buffer", writable=True)
+    op = as_reduce_op(op)
+    check_dtype_for_op(buf.dtype, op)
+    if t.world_size == 1:
+        return
+    if buf.nbytes <= SMALL_BYTES:
+        inputs, _ = _areas(t, buf.dtype)
+        n = buf.size
+        entry = (tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1)), ufunc_for(op),
+                 op is ReduceOp.AVERAGE)
+        if buf.ndim == 1:
+            t.direct_views[(buf.dtype, buf.size, op)] = entry
+        _small_all_reduce(t, buf, fp, entry)
+        return
+    _large_all_reduce(t, buf, op, fp)
+
+
+def _small_all_reduce(t: ShmTransport, buf: np.ndarray, fp: Fingerprint, entry) -> None:
+    if buf.ndim != 1:
+        _flat(buf, "all_reduce buffer")
+    halves, ufunc, average = entry
+    gen, sig = _begin(t, fp, buf.nbytes)
+    slots = halves[gen & 1]
+    slots[t.rank][...] = buf
+    _sync(t, gen, fp, sig)
+    ufunc(slots[0], slots[1], out=buf)
+    for other in slots[2:]:
+        ufunc(buf, other, out=buf)
+    if average:
+        np.divide(buf, buf.dtype.type(t.world_size), out=buf)
+
+
+def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    p, rank, itemsize = t.world_size, t.rank, buf.itemsize
+    inputs, results = _areas(t, buf.dtype)
+    ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
+    scale = buf.dtype.type(p)
+    step = min(ROUND_BYTES, t.layout.workspace_bytes) // itemsize
+    rounds = _ceil_div(buf.size, step)
+    gen, sig = _begin(t, fp, buf.nbytes)
+    prev = None  # (start, stop, own slice) of the previous round, copied out after its barrier
+    for k in range(rounds + 1):
+        half = gen & 1
+        if k < rounds:
+            lo, hi = k * step, min((k + 1) * step, buf.size)
+            m = hi - lo
+            s_lo, s_hi = _slice(m, p, rank, itemsize)
+            mine = inputs[half][rank]
+            # peers reduce the other slices; this rank's own slice needs no copy
+            mine[:s_lo] = buf[lo:lo + s_lo]
+            mine[s_hi:m] = buf[lo + s_hi:hi]
+        _sync(t, gen, fp, sig if k == 0 else 0)
+        if prev is not None:
+            p_lo, p_hi, p_s_lo, p_s_hi = prev
+            done = results[half ^ 1]
+            buf[p_lo:p_lo + p_s_lo] = done[:p_s_lo]
+            buf[p_lo + p_s_hi:p_hi] = done[p_s_hi:p_hi - p_lo]
+        if k < rounds:
+            if s_hi > s_lo:
+                out = results[half][s_lo:s_hi]
+                operands = [buf[lo + s_lo:lo + s_hi] if r == rank else inputs[half][r][s_lo:s_hi]
+                            for r in range(p)]
+                ufunc(operands[0], operands[1], out=out)
+                for other in operands[2:]:
+                    ufunc(out, other, out=out)
+                if average:
+                    np.divide(out, scale, out=out)
+                buf[lo + s_lo:lo + s_hi] = out
+            prev = (lo, hi, s_lo, s_hi)
+        gen += 1
+
+
+# ----- broadcast, all-gather, reduce-scatter, barrier ----------------------------------------
+def broadcast(t: ShmTransport, buf: np.ndarray, root: int, fp: Fingerprint) -> None:
+    """Copy ``root``'s ``buf`` into every rank's ``buf`` in place."""
+    _flat(buf, "broadcast buffer", writable=t.rank != root)
+    if not isinstance(root, (int, np.integer)) or not 0 <= root < t.world_size:
+        raise ValueError(f"broadcast root {root!r} is outside 0..{t.world_size - 1}")
+    if t.world_size == 1:
+        return
+    data = buf.view(np.uint8)
+    # the input areas of one half are contiguous: the root fills all of them each round
+    step = t.world_size * t.layout.workspace_bytes
+    rounds = max(1, _ceil_div(data.size, step))
+    gen, sig = _begin(t, fp, data.size)
+    for k in range(rounds):
+        lo, hi = k * step, min((k + 1) * step, data.size)
+        start = t.layout.ws_input(gen & 1, 0)
+        if t.rank == root:
+            t.shared[start:start + hi - lo] = data[lo:hi]
+        _sync(t, gen, fp, sig if k == 0 else 0)
+        if t.rank != root:
+            data[lo:hi] = t.shared[start:start + hi - lo]
+        gen += 1
+
+
+def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
+               fp: Fingerprint) -> None:
+    """``recvbuf`` (world_size x len(sendbuf), rank order) receives every rank's ``sendbuf``."""
+    _flat(sendbuf, "all_gather sendbuf")
+    _flat(recvbuf, "all_gather recvbuf", writable=True)
+    p, n = t.world_size, sendbuf.size
+    if recvbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
+        raise ValueError(f"all_gather recvbuf must hold {p} x {n} {sendbuf.dtype} elements, got "
+                         f"{recvbuf.size} {recvbuf.dtype}")
+    src, dst = sendbuf.view(np.uint8), recvbuf.view(np.uint8)
+    nbytes, step = src.size, t.layout.workspace_bytes
+    if p == 1:
+        dst[:] = src
+        return
+    inputs, _ = _areas(t, np.dtype(np.uint8))
+    rounds = max(1, _ceil_div(nbytes, step))
+    gen, sig = _begin(t, fp, nbytes)
+    for k in range(rounds):
+        lo, hi = k * step, min((k + 1) * step, nbytes)
+        areas = inputs[gen & 1]
+        areas[t.rank][:hi - lo] = src[lo:hi]
+        _sync(t, gen, fp, sig if k == 0 else 0)
+        for r in range(p):
+            dst[r * nbytes + lo:r * nbytes + hi] = areas[r][:hi - lo]
+        gen += 1
+
+
+def reduce_scatter(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
+                   fp: Fingerprint) -> None:
+    """``recvbuf`` (length n) receives chunk ``rank`` of the reduction of ``sendbuf`` (p x n)."""
+    _flat(sendbuf, "reduce_scatter sendbuf")
+    _flat(recvbuf, "reduce_scatter recvbuf", writable=True)
+    op = as_reduce_op(op)
+    check_dtype_for_op(sendbuf.dtype, op)
+    p, rank, n = t.world_size, t.rank, recvbuf.size
+    if sendbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
+        raise ValueError(f"reduce_scatter sendbuf must hold {p} x {n} {recvbuf.dtype} elements, "
+                         f"got {sendbuf.size} {sendbuf.dtype}")
+    if p == 1:
+        recvbuf[:] = sendbuf
+        return
+    ufunc, itemsize = ufunc_for(op), sendbuf.itemsize
+    inputs, _ = _areas(t, sendbuf.dtype)
+    step = t.layout.workspace_bytes // p // itemsize
+    align = max(1, ALIGN_BYTES // itemsize)
+    if step > align:
+        step = step // align * align
+    rounds = max(1, _ceil_div(n, step))
+    # an in-place call (recvbuf inside sendbuf) must not overwrite this rank's own piece
+    # before reading it, so then that piece goes through the workspace too
+    own_in_shm = np.may_share_memory(sendbuf, recvbuf)
+    gen, sig = _begin(t, fp, sendbuf.nbytes)
+    for k in range(rounds):
+        lo, hi = k * step, min((k + 1) * step, n)
+        m = hi - lo
+        mine = inputs[gen & 1][rank]
+        for r in range(p):
+            if r != rank or own_in_shm:
+                mine[r * step:r * step + m] = sendbuf[r * n + lo:r * n + hi]
+        _sync(t, gen, fp, sig if k == 0 else 0)
+        operands = [sendbuf[rank * n + lo:rank * n + hi] if r == rank and not own_in_shm
+                    else inputs[gen & 1][r][rank * step:rank * step + m] for r in range(p)]
+        out = recvbuf[lo:hi]
+        ufunc(operands[0], operands[1], out=out)
+        for other in operands[2:]:
+            ufunc(out, other, out=out)
+        if op is ReduceOp.AVERAGE:
+            np.divide(out, out.dtype.type(p), out=out)
+        gen += 1
+
+
+def barrier(t: ShmTransport, fp: Fingerprint) -> None:
+    """Return once every rank has called ``barrier`` with the same fingerprint."""
+    if t.world_size == 1:
+        return
+    gen, sig = _begin(t, fp, 0)
+    _sync(t, gen, fp, sig)

@@ -1,0 +1,146 @@
+"""Binomial-tree rooted collectives: broadcast, reduce, gather and scatter.
+
+Ranks are renumbered relative to the root (``vrank = (rank - root) % n``). The parent of
+``vrank`` is ``vrank`` minus its lowest set bit; its subtree covers the ``span`` consecutive
+vranks starting at itself. Each takes ceil(log2 n) rounds instead of n - 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..reduce_ops import ReduceOp, ufunc_for
+from ..transports.base import Fingerprint, Transport
+from .exchange import recv, segment_elems, send
+
+
+def _lowbit(vrank: int) -> int:
+    return vrank & -vrank
+
+
+def _top_mask(n: int) -> int:
+    """Smallest power of two >= n: the root's "lowest bit" for the tree arithmetic."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _span(vrank: int, n: int) -> int:
+    return n if vrank == 0 else min(_lowbit(vrank), n - vrank)
+
+
+def _real(vrank: int, root: int, n: int) -> int:
+    return (vrank + root) % n
+
+
+def _check_root(t: Transport, root: int) -> None:
+    if not 0 <= root < t.world_size:
+        raise ValueError(f"root rank {root} is out of range for world size {t.world_size}")
+
+
+def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint) -> None:
+    """Copy ``buf`` of ``root`` into ``buf`` of every rank, pipelined segment by segment."""
+    _check_root(t, root)
+    n = t.world_size
+    if n == 1 or buf.size == 0:
+        return
+    vrank = (t.rank - root) % n
+    top = _lowbit(vrank) if vrank else _top_mask(n)
+    seg = segment_elems(buf.itemsize)
+    for lo in range(0, buf.size, seg):
+        piece = buf[lo:lo + seg]
+        if vrank:
+            recv(t, piece, _real(vrank - top, root, n), fp)
+        mask = top >> 1
+        while mask:
+            if vrank + mask < n:
+                send(t, piece, _real(vrank + mask, root, n), fp)
+            mask >>= 1
+
+
+def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerprint) -> None:
+    """Reduce every rank's ``buf`` into ``buf`` of ``root``; other ranks' buffers are unchanged."""
+    _check_root(t, root)
+    n = t.world_size
+    if n == 1 or buf.size == 0:
+        return
+    vrank = (t.rank - root) % n
+    combine = ufunc_for(op)
+    has_children = vrank % 2 == 0 and vrank + 1 < n
+    acc = buf if vrank == 0 or not has_children else buf.copy()
+    seg = segment_elems(buf.itemsize)
+    incoming = np.empty(min(seg, buf.size), dtype=buf.dtype) if has_children else None
+    for lo in range(0, buf.size, seg):
+        part = acc[lo:lo + seg]
+        mask = 1
+        while mask < n:
+            if vrank & mask:
+                send(t, part, _real(vrank - mask, root, n), fp)
+                break
+            if vrank + mask < n:
+                got = incoming[:part.size]
+                recv(t, got, _real(vrank + mask, root, n), fp)
+                combine(part, got, out=part)  # the lower vranks' partial result goes first
+            mask <<= 1
+
+
+def gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int,
+           fp: Fingerprint) -> None:
+    """``recvbuf`` (n*m elements) of ``root`` gets every rank's ``sendbuf`` (m) in rank order."""
+    _check_root(t, root)
+    n, m = t.world_size, sendbuf.size
+    vrank = (t.rank - root) % n
+    if vrank == 0 and (recvbuf is None or recvbuf.size != n * m):
+        got = None if recvbuf is None else recvbuf.size
+        raise ValueError(f"gather root needs an output of {n} x {m} = {n * m} elements, got {got}")
+    if n == 1 or m == 0:
+        if vrank == 0:
+            np.copyto(recvbuf, sendbuf)
+        return
+    span = _span(vrank, n)
+    # The root's subtree is every vrank; with root 0 vrank order is rank order, so no staging.
+    stage = recvbuf if vrank == 0 and root == 0 else np.empty(span * m, dtype=sendbuf.dtype)
+    np.copyto(stage[:m], sendbuf)
+    mask = 1
+    while mask < n:
+        if vrank & mask:
+            send(t, stage, _real(vrank - mask, root, n), fp)
+            return
+        child = vrank + mask
+        if child < n:
+            child_span = min(mask, n - child)
+            recv(t, stage[mask * m:(mask + child_span) * m], _real(child, root, n), fp)
+        mask <<= 1
+    if root:
+        # vrank v holds real rank (v + root) % n: rotate the blocks back into rank order
+        head = (n - root) * m
+        np.copyto(recvbuf[root * m:], stage[:head])
+        np.copyto(recvbuf[:root * m], stage[head:])
+
+
+def scatter(t: Transport, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int,
+            fp: Fingerprint) -> None:
+    """``recvbuf`` (m elements) gets block ``rank`` of ``root``'s ``sendbuf`` (n*m elements)."""
+    _check_root(t, root)
+    n, m = t.world_size, recvbuf.size
+    vrank = (t.rank - root) % n
+    if vrank == 0 and (sendbuf is None or sendbuf.size != n * m):
+        got = None if sendbuf is None else sendbuf.size
+        raise ValueError(f"scatter root needs an input of {n} x {m} = {n * m} elements, got {got}")
+    if n == 1 or m == 0:
+        if vrank == 0:
+            np.copyto(recvbuf, sendbuf)
+        return
+    if vrank == 0:
+        # put the blocks in vrank order: vrank v is real rank (v + root) % n
+        stage = sendbuf if root == 0 else np.concatenate((sendbuf[root * m:], sendbuf[:root * m]))
+        top = _top_mask(n)
+    else:
+        top = _lowbit(vrank)
+        stage = np.empty(_span(vrank, n) * m, dtype=recvbuf.dtype)
+        recv(t, stage, _real(vrank - top, root, n), fp)
+    mask = top >> 1
+    while mask:
+        child = vrank + mask
+        if child < n:
+            child_span = min(mask, n - child)
+            send(t, stage[mask * m:(mask + child_span) * m], _real(child, root, n), fp)
+        mask >>= 1
+    np.copyto(recvbuf, stage[:m])

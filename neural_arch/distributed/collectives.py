@@ -1,0 +1,330 @@
+"""The public collectives, with PyTorch's signatures and semantics.
+
+Each call validates its arguments on the calling thread (errors name the offending values),
+takes the group's next sequence number, and runs the chosen algorithm on flat contiguous
+buffers, now or, with ``async_op=True``, on the group's queue. Tensors are changed in place and
+returned. ``src``/``dst`` are global ranks, as in PyTorch.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import algorithms
+from .algorithms import exchange
+from .buffers import Flat, checked_array, describe_list, same_layout, wrap_like
+from .process_group import ProcessGroup, resolve_group
+from .reduce_ops import ReduceOp, as_reduce_op, finish_average
+from .transports.base import Fingerprint
+
+_OP_CODE = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
+            ReduceOp.MAX: "max", ReduceOp.AVERAGE: "avg"}
+
+
+def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
+    pg = resolve_group(group)
+    pg.check_usable(op)
+    return pg
+
+
+def _summing(op: ReduceOp) -> ReduceOp:
+    """Algorithms add; AVERAGE is divided once at the end (``finish_average``)."""
+    return ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+
+
+def _tensor_list(items: Any, what: str, ref: np.ndarray, size: int,
+                 writable: bool = True) -> list[np.ndarray]:
+    """The arrays of a per-rank list, checked against the group size and ``ref``'s layout."""
+    items = describe_list(items, what)
+    if len(items) != size:
+        raise ValueError(f"{what} has {len(items)} entries but the group has {size} ranks")
+    arrays = [checked_array(x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]
+    for i, arr in enumerate(arrays):
+        same_layout(arr, ref, f"{what}[{i}]")
+    return arrays
+
+
+def _no_list_off_root(items: Any, what: str, pg: ProcessGroup, root_arg: str, root: int) -> None:
+    if items:
+        raise ValueError(f"{what} must be None on rank {pg.global_rank}: only the {root_arg} "
+                         f"rank {pg.ranks[root]} passes one")
+
+
+def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
+               async_op: bool = False, algorithm: Optional[str] = None):
+    """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
+    pg = _group(group, "all_reduce")
+    op = as_reduce_op(op)
+    arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
+    if algorithm is not None:
+        algorithms.normalize("all_reduce", algorithm)
+    fp = pg.fingerprint(f"all_reduce:{_OP_CODE[op]}", arr.dtype, arr.size)
+
+    def run():
+        flat = Flat(arr)
+        algorithms.all_reduce(pg.transport, flat.buf, _summing(op), fp, algorithm)
+        finish_average(flat.buf, op, pg.size)
+        flat.commit()
+        return tensor
+    return pg.run(run, async_op, fp, "all_reduce")
+
+
+def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
+              async_op: bool = False, algorithm: Optional[str] = None):
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank; returns ``tensor``."""
+    pg = _group(group, "broadcast")
+    root = pg.group_rank_of(src, "src")
+    arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)
+    if algorithm is not None:
+        algorithms.normalize("broadcast", algorithm)
+    fp = pg.fingerprint(f"broadcast:{root}", arr.dtype, arr.size)
+
+    def run():
+        flat = Flat(arr)
+        algorithms.broadcast(pg.transport, flat.buf, root, fp, algorithm)
+        if pg.rank != root:
+            flat.commit()
+        return tensor
+    return pg.run(run, async_op, fp, "broadcast")
+
+
+def reduce(tensor: Any, dst: int = 0, op: Any = ReduceOp.SUM,
+           group: Optional[ProcessGroup] = None, async_op: bool = False):
+    """Reduce into ``tensor`` of rank ``dst``; other ranks' tensors are left unchanged."""
+    pg = _group(group, "reduce")
+    op = as_reduce_op(op)
+    root = pg.group_rank_of(dst, "dst")
+    arr = checked_array(tensor, "reduce tensor", op, writable=pg.rank == root)
+    fp = pg.fingerprint(f"reduce:{_OP_CODE[op]}:{root}", arr.dtype, arr.size)
+
+    def run():
+        flat = Flat(arr)
+        algorithms.reduce(pg.transport, flat.buf, root, _summing(op), fp)
+        if pg.rank == root:
+            finish_average(flat.buf, op, pg.size)
+            flat.commit()
+        return tensor
+    return pg.run(run, async_op, fp, "reduce")
+
+
+def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
+               group: Optional[ProcessGroup] = None, async_op: bool = False,
+               algorithm: Optional[str] = None):
+    """``all_gather(tensor) -> list`` or PyTorch's ``all_gather(tensor_list, tensor)``."""
+    pg = _group(group, "all_gather")
+    if tensor is None:
+        if isinstance(tensor_list_or_tensor, (list, tuple)):
+            raise TypeError("all_gather(tensor_list, tensor) needs the tensor to send; "
+                            "all_gather(tensor) returns a new list")
+        source, outputs = tensor_list_or_tensor, None
+    else:
+        source = tensor
+    arr = checked_array(source, "all_gather tensor")
+    if tensor is not None:
+        outputs = _tensor_list(tensor_list_or_tensor, "all_gather tensor_list", arr, pg.size)
+    if algorithm is not None:
+        algorithms.normalize("all_gather", algorithm)
+    fp = pg.fingerprint("all_gather", arr.dtype, arr.size)
+
+    def run():
+        gathered = np.empty(pg.size * arr.size, dtype=arr.dtype)
+        algorithms.all_gather(pg.transport, Flat(arr).buf, gathered, fp, algorithm)
+        blocks = gathered.reshape(pg.size, *arr.shape)
+        if outputs is None:
+            return [wrap_like(source, block) for block in blocks]
+        for out, block in zip(outputs, blocks):
+            out[...] = block.reshape(out.shape)
+        return tensor_list_or_tensor
+    return pg.run(run, async_op, fp, "all_gather")
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
+                           group: Optional[ProcessGroup] = None, async_op: bool = False):
+    """``output_tensor`` (group size x input elements) gets every rank's input in rank order."""
+    pg = _group(group, "all_gather_into_tensor")
+    src = checked_array(input_tensor, "all_gather_into_tensor input")
+    out = checked_array(output_tensor, "all_gather_into_tensor output", writable=True)
+    if out.dtype != src.dtype or out.size != pg.size * src.size:
+        raise ValueError(f"all_gather_into_tensor output must hold {pg.size} x {src.size} "
+                         f"elements of {src.dtype}, got shape {out.shape} of {out.dtype}")
+    fp = pg.fingerprint("all_gather", src.dtype, src.size)
+
+    def run():
+        flat = Flat(out)
+        algorithms.all_gather(pg.transport, Flat(src).buf, flat.buf, fp)
+        flat.commit()
+        return output_tensor
+    return pg.run(run, async_op, fp, "all_gather_into_tensor")
+
+
+def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.ndarray,
+                         op: ReduceOp, async_op: bool, result: Any):
+    fp = pg.fingerprint(f"reduce_scatter:{_OP_CODE[op]}", out.dtype, sum(a.size for a in inputs))
+
+    def run():
+        flat = Flat(out)
+        send = Flat(inputs[0]).buf if len(inputs) == 1 else np.concatenate(
+            [Flat(a).buf for a in inputs])
+        algorithms.reduce_scatter(pg.transport, send, flat.buf, _summing(op), fp)
+        finish_average(flat.buf, op, pg.size)
+        flat.commit()
+        return result
+    return pg.run(run, async_op, fp, "reduce_scatter")
+
+
+def reduce_scatter(output: Any, input_list: Any = None, op: Any = ReduceOp.SUM,
+                   group: Optional[ProcessGroup] = None, async_op: bool = False):
+    """``reduce_scatter(tensor, op) -> this rank's chunk`` (split along the first dimension),
+    or PyTorch's ``reduce_scatter(output, input_list, op)`` filling ``output``."""
+    pg = _group(group, "reduce_scatter")
+    if input_list is None or isinstance(input_list, (ReduceOp, str)):
+        op = as_reduce_op(op if input_list is None else input_list)
+        arr = checked_array(output, "reduce_scatter tensor", op)
+        if arr.ndim == 0 or arr.shape[0] % pg.size:
+            raise ValueError(f"reduce_scatter splits the first dimension over {pg.size} ranks; "
+                             f"shape {arr.shape} does not divide evenly")
+        chunk = np.empty((arr.shape[0] // pg.size,) + arr.shape[1:], dtype=arr.dtype)
+        result = wrap_like(output, chunk)
+        return _reduce_scatter_flat(pg, [arr], chunk, op, async_op, result)
+    op = as_reduce_op(op)
+    out = checked_array(output, "reduce_scatter output", op, writable=True)
+    inputs = _tensor_list(input_list, "reduce_scatter input_list", out, pg.size, False)
+    return _reduce_scatter_flat(pg, inputs, out, op, async_op, output)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
+                          group: Optional[ProcessGroup] = None, async_op: bool = False):
+    """PyTorch's tensor form: ``input`` holds group size x ``output`` elements."""
+    pg = _group(group, "reduce_scatter")
+    op = as_reduce_op(op)
+    out = checked_array(output, "reduce_scatter_tensor output", op, writable=True)
+    src = checked_array(input, "reduce_scatter_tensor input", op)
+    if src.dtype != out.dtype or src.size != pg.size * out.size:
+        raise ValueError(f"reduce_scatter_tensor input must hold {pg.size} x {out.size} "
+                         f"elements of {out.dtype}, got shape {src.shape} of {src.dtype}")
+    return _reduce_scatter_flat(pg, [src], out, op, async_op, output)
+
+
+def gather(tensor: Any, gather_list: Optional[list] = None, dst: int = 0,
+           group: Optional[ProcessGroup] = None, async_op: bool = False):
+    """Rank ``dst`` gets every rank's ``tensor``: into ``gather_list``, or a new list it returns.
+    Other ranks return None."""
+    pg = _group(group, "gather")
+    root = pg.group_rank_of(dst, "dst")
+    arr = checked_array(tensor, "gather tensor")
+    outputs = None
+    if pg.rank == root and gather_list is not None:
+        outputs = _tensor_list(gather_list, "gather_list", arr, pg.size)
+    elif pg.rank != root:
+        _no_list_off_root(gather_list, "gather_list", pg, "dst", root)
+    fp = pg.fingerprint(f"gather:{root}", arr.dtype, arr.size)
+
+    def run():
+        is_root = pg.rank == root
+        collected = np.empty(pg.size * arr.size, dtype=arr.dtype) if is_root else None
+        algorithms.gather(pg.transport, Flat(arr).buf, collected, root, fp)
+        if not is_root:
+            return None
+        blocks = collected.reshape(pg.size, *arr.shape)
+        if outputs is None:
+            return [wrap_like(tensor, block) for block in blocks]
+        for out, block in zip(outputs, blocks):
+            out[...] = block.reshape(out.shape)
+        return gather_list
+    return pg.run(run, async_op, fp, "gather")
+
+
+def scatter(tensor: Any, scatter_list: Optional[Sequence] = None, src: int = 0,
+            group: Optional[ProcessGroup] = None, async_op: bool = False):
+    """``tensor`` of rank r gets ``scatter_list[r]`` of rank ``src``; returns ``tensor``."""
+    pg = _group(group, "scatter")
+    root = pg.group_rank_of(src, "src")
+    arr = checked_array(tensor, "scatter tensor", writable=True)
+    inputs = None
+    if pg.rank == root:
+        if scatter_list is None:
+            raise ValueError(f"scatter needs scatter_list on the src rank {src}")
+        inputs = _tensor_list(scatter_list, "scatter_list", arr, pg.size, False)
+    else:
+        _no_list_off_root(scatter_list, "scatter_list", pg, "src", root)
+    fp = pg.fingerprint(f"scatter:{root}", arr.dtype, arr.size)
+
+    def run():
+        send = np.concatenate([Flat(a).buf for a in inputs]) if inputs is not None else None
+        flat = Flat(arr)
+        algorithms.scatter(pg.transport, send, flat.buf, root, fp)
+        flat.commit()
+        return tensor
+    return pg.run(run, async_op, fp, "scatter")
+
+
+def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
+            device_ids: Any = None):
+    """Return only once every rank of the group has entered the barrier."""
+    pg = _group(group, "barrier")
+    fp = pg.fingerprint("barrier", np.uint8, 0)
+
+    def run() -> None:
+        algorithms.barrier(pg.transport, fp)
+    return pg.run(run, async_op, fp, "barrier")
+
+
+def _p2p(tensor: Any, peer_rank: int, group: Optional[ProcessGroup], tag: int,
+         sending: bool):
+    op = "send" if sending else "recv"
+    pg = _group(group, op)
+    peer = pg.group_rank_of(peer_rank, "dst" if sending else "src")
+    if peer == pg.rank:
+        raise ValueError(f"rank {pg.global_rank} cannot {op} to or from itself")
+    arr = checked_array(tensor, f"{op} tensor", writable=not sending)
+    fp = pg.p2p_fingerprint(op, peer, f"p2p:{int(tag)}", arr.dtype, arr.size)
+
+    def run():
+        flat = Flat(arr)
+        if sending:
+            exchange.send(pg.transport, flat.buf, peer, fp)
+        else:
+            exchange.recv(pg.transport, flat.buf, peer, fp)
+            flat.commit()
+        return tensor
+    return pg.run(run, False, fp, op)
+
+
+def send(tensor: Any, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0):
+    """Send ``tensor`` to rank ``dst``, which must call ``recv`` with a matching tensor."""
+    return _p2p(tensor, dst, group, tag, sending=True)
+
+
+def recv(tensor: Any, src: int, group: Optional[ProcessGroup] = None, tag: int = 0):
+    """Receive into ``tensor`` from rank ``src`` (messages match in order); returns ``tensor``."""
+    return _p2p(tensor, src, group, tag, sending=False)
+
+
+def all_gather_array(pg: ProcessGroup, arr: np.ndarray, op: str) -> np.ndarray:
+    """Synchronous all-gather of a contiguous array of any dtype: shape (group size, *shape)."""
+    fp = pg.fingerprint(op, arr.dtype, arr.size)
+    out = np.empty((pg.size,) + arr.shape, dtype=arr.dtype)
+    pg.run(lambda: algorithms.all_gather(pg.transport, Flat(arr).buf, out.reshape(-1), fp),
+           False, fp, op)
+    return out
+
+
+def broadcast_array(pg: ProcessGroup, arr: np.ndarray, root: int, op: str) -> np.ndarray:
+    """Synchronous in-place broadcast of a contiguous array of any dtype from group rank root."""
+    fp = pg.fingerprint(f"{op}:{root}", arr.dtype, arr.size)
+    pg.run(lambda: algorithms.broadcast(pg.transport, arr.reshape(-1), root, fp), False, fp, op)
+    return arr
+
+
+def check_same_everywhere(pg: ProcessGroup, op: str, values: Sequence[int], what: str) -> None:
+    """ValueError on every rank unless all ranks passed the same ``values``."""
+    rows = all_gather_array(pg, np.asarray(values, dtype=np.int64), op)
+    differ = [pg.ranks[i] for i in range(pg.size) if not np.array_equal(rows[i], rows[0])]
+    if differ:
+        raise ValueError(f"{what}: ranks {differ} passed different arguments than rank "
+                         f"{pg.ranks[0]} (every rank must make the same call)")
+
+
+# The object tier lives in its own module; re-exported so ``collectives`` holds the whole API.
+from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402

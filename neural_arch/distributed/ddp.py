@@ -1,0 +1,223 @@
+"""DistributedDataParallel: every rank keeps a full replica and gradients are averaged.
+
+Gradients are packed into flat buckets of about ``bucket_size_mb`` (parameters taken in reverse
+registration order, which is roughly the order backward produces them), and each bucket is
+all-reduced as one message: a few large collectives cost far less than one per parameter.
+
+Two ways to synchronise:
+- manual (default): call ``sync_gradients()`` after ``loss.backward()``;
+- automatic (``auto_sync=True``): hooks on the parameters launch each bucket's all-reduce in the
+  background as soon as backward has produced all of its gradients, overlapping communication
+  with the rest of backward; ``sync_gradients()`` then only waits and unpacks.
+
+``naive_ddp.py`` holds the idea in its simplest form (one all-reduce per parameter).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+
+from ..nn import Module
+from . import collectives
+from .process_group import get_world_size, is_initialized
+from .reduce_ops import ReduceOp
+
+
+class _Bucket:
+    """A flat buffer holding the gradients of a few parameters of one dtype, back to back."""
+
+    def __init__(self, index: int, params: list, dtype: np.dtype) -> None:
+        self.index = index
+        self.params = params
+        sizes = [p.data.size for p in params]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+        self.flat = np.zeros(self.offsets[-1], dtype=dtype)
+        self.ready = 0  # parameters whose gradient this backward has finished
+        self.work = None  # pending async all-reduce
+        self.compressed: Optional[np.ndarray] = None  # float16 copy sent when compressing
+        self.used = np.ones(len(params), dtype=bool)
+
+    def views(self) -> Iterator[tuple]:
+        for i, p in enumerate(self.params):
+            yield i, p, self.flat[self.offsets[i]:self.offsets[i + 1]]
+
+    def pack(self) -> None:
+        for i, p, view in self.views():
+            if p.grad is None:
+                self.used[i] = False
+                view[...] = 0
+            else:
+                self.used[i] = True
+                view[...] = p.grad.reshape(-1)
+
+    def unpack(self, keep: Optional[np.ndarray] = None) -> None:
+        for i, p, view in self.views():
+            if keep is not None and not keep[i]:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = view.reshape(p.data.shape).copy()
+            else:
+                p.grad[...] = view.reshape(p.data.shape)
+
+
+class DistributedDataParallel(Module):
+    """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model."""
+
+    def __init__(self, module: Module, device: Optional[str] = None,
+                 gradient_compression: bool = False, bucket_size_mb: float = 25,
+                 find_unused_parameters: bool = False, auto_sync: bool = False,
+                 group=None, broadcast_buffers: bool = True) -> None:
+        super().__init__()
+        if not is_initialized():
+            raise RuntimeError("DistributedDataParallel needs an initialized process group: call "
+                               "init_process_group() first")
+        if bucket_size_mb <= 0:
+            raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb}")
+        self.module = module
+        self.device = device
+        self.gradient_compression = gradient_compression
+        self.find_unused_parameters = find_unused_parameters
+        self.auto_sync = auto_sync
+        self.broadcast_buffers = broadcast_buffers
+        self._group = group
+        self._world = get_world_size(group)
+        self._sync_enabled = True
+        self._names: Dict[int, str] = {id(p): n for n, p in module.named_parameters()}
+        self._params = [p for _, p in module.named_parameters() if p.requires_grad]
+        self._check_replicas_agree()
+        self._broadcast_state()
+        self._buckets = self._build_buckets(int(bucket_size_mb * 2 ** 20))
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._next_launch = 0
+        self._hook_handles = []
+        if auto_sync:
+            for p in self._params:
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+
+    # -- construction ---------------------------------------------------------------------
+    def _check_replicas_agree(self) -> None:
+        mine = [(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in
+                self.module.named_parameters()]
+        everyone = collectives.all_gather_object(mine, group=self._group)
+        for rank, theirs in enumerate(everyone):
+            if theirs == everyone[0]:
+                continue
+            for i in range(max(len(theirs), len(everyone[0]))):
+                a = everyone[0][i] if i < len(everyone[0]) else None
+                b = theirs[i] if i < len(theirs) else None
+                if a != b:
+                    raise ValueError(f"DistributedDataParallel: model replicas differ at parameter "
+                                     f"#{i}: rank 0 has {a}, rank {rank} has {b}")
+
+    def _broadcast_state(self) -> None:
+        tensors = [p for _, p in self.module.named_parameters()]
+        if self.broadcast_buffers and hasattr(self.module, "named_buffers"):
+            tensors += [b for _, b in self.module.named_buffers()]
+        for t in tensors:
+            data = t.data if hasattr(t, "data") else t
+            if isinstance(data, np.ndarray) and data.size:
+                collectives.broadcast(data, src=0, group=self._group)
+
+    def _build_buckets(self, cap_bytes: int) -> List[_Bucket]:
+        buckets: List[_Bucket] = []
+        current: Dict[np.dtype, list] = {}
+        sizes: Dict[np.dtype, int] = {}
+        for p in reversed(self._params):
+            dt = p.data.dtype
+            current.setdefault(dt, []).append(p)
+            sizes[dt] = sizes.get(dt, 0) + p.data.nbytes
+            if sizes[dt] >= cap_bytes:
+                buckets.append(_Bucket(len(buckets), current.pop(dt), dt))
+                sizes[dt] = 0
+        for dt, params in current.items():
+            buckets.append(_Bucket(len(buckets), params, dt))
+        return buckets
+
+    # -- forward / sync -------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally inside; the next synchronisation averages the sum."""
+        previous, self._sync_enabled = self._sync_enabled, False
+        try:
+            yield
+        finally:
+            self._sync_enabled = previous
+
+    def _grad_ready(self, param) -> None:
+        if not self._sync_enabled:
+            return
+        bucket = self._bucket_of[id(param)]
+        if bucket.work is not None:
+            raise RuntimeError(
+                f"DistributedDataParallel: parameter {self._names.get(id(param), '?')} got a second "
+                "gradient before sync_gradients(); accumulate inside no_sync() instead")
+        bucket.ready += 1
+        # Launch in bucket order so every rank issues the same collectives in the same order.
+        while (self._next_launch < len(self._buckets)
+               and self._buckets[self._next_launch].ready == len(self._buckets[self._next_launch].params)):
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _launch(self, bucket: _Bucket) -> None:
+        bucket.pack()
+        self._check_unused(bucket)
+        wire = bucket.flat
+        if self.gradient_compression and wire.dtype != np.float16:
+            # Half the bytes on the wire; the average is taken in float16 (PyTorch's fp16 hook).
+            if bucket.compressed is None:
+                bucket.compressed = np.empty(wire.size, dtype=np.float16)
+            np.copyto(bucket.compressed, wire, casting="same_kind")
+            wire = bucket.compressed
+        bucket.work = collectives.all_reduce(wire, ReduceOp.AVERAGE, group=self._group,
+                                             async_op=True)
+
+    def _check_unused(self, bucket: _Bucket) -> None:
+        if self.find_unused_parameters or bucket.used.all():
+            return
+        names = [self._names.get(id(p), "?") for p, u in zip(bucket.params, bucket.used) if not u]
+        raise RuntimeError(
+            f"DistributedDataParallel: parameters received no gradient this step: {names}. "
+            "Make every parameter take part in the loss, or pass find_unused_parameters=True")
+
+    def sync_gradients(self) -> None:
+        """Average every parameter's gradient over the group (waits for automatic buckets)."""
+        if not self._sync_enabled:
+            return
+        if self._world == 1:
+            self._reset()
+            return
+        for bucket in self._buckets:
+            if bucket.work is None:
+                self._launch(bucket)
+        for bucket in self._buckets:
+            bucket.work.wait()
+            if bucket.compressed is not None and self.gradient_compression:
+                np.copyto(bucket.flat, bucket.compressed)
+        used = self._globally_used() if self.find_unused_parameters else None
+        start = 0
+        for bucket in self._buckets:
+            n = len(bucket.params)
+            bucket.unpack(None if used is None else used[start:start + n])
+            start += n
+        self._reset()
+
+    def _globally_used(self) -> np.ndarray:
+        """Which parameters got a gradient on at least one rank (PyTorch leaves the rest None)."""
+        used = np.concatenate([b.used for b in self._buckets]).astype(np.int32)
+        collectives.all_reduce(used, ReduceOp.MAX, group=self._group)
+        return used.astype(bool)
+
+    def _reset(self) -> None:
+        self._next_launch = 0
+        for bucket in self._buckets:
+            bucket.ready = 0
+            bucket.work = None
+
+    def __repr__(self) -> str:
+        return (f"DistributedDataParallel(world_size={self._world}, buckets={len(self._buckets)}, "
+                f"auto_sync={self.auto_sync})\n  module: {self.module!r}")

@@ -1,0 +1,354 @@
+"""The process group: rendezvous, the job's transport, and the groups built on top of it.
+
+``init_process_group`` finds the job's ranks through the environment (``env.resolve``), meets
+the other ranks at a ``TCPStore`` served by rank 0, picks a backend and connects a transport.
+Subgroups from ``new_group`` reuse that transport through rank translation; their messages carry
+their own group id and sequence numbers, so a mix-up between groups is detected, not misread.
+"""
+from __future__ import annotations
+
+import atexit
+import socket
+import threading
+import zlib
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import transports
+from .errors import DistributedError
+from .transports.base import Fingerprint, Transport
+from .work import CommQueue, Seconds, Work, to_seconds
+
+BACKENDS = ("auto", "gloo", "shm", "tcp", "mpi")
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+class GroupTransport(Transport):
+    """A subgroup's view of the world transport: group ranks in, global ranks out."""
+
+    def __init__(self, world: Transport, ranks: Sequence[int], rank: int) -> None:
+        super().__init__(rank, len(ranks), world.timeout)
+        self.world, self.ranks = world, tuple(ranks)
+        self.name = world.name
+
+    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
+        self.world.send(buf, self.ranks[dst], fp)
+
+    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
+        self.world.recv(buf, self.ranks[src], fp)
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
+                 fp: Fingerprint) -> None:
+        self.world.sendrecv(sendbuf, self.ranks[dst], recvbuf, self.ranks[src], fp)
+
+    def close(self) -> None:
+        """The world transport belongs to the default group, which closes it."""
+
+
+class SoloTransport(Transport):
+    """The transport of a one-rank group: every collective is local, there is no peer."""
+
+    name = "solo"
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(0, 1, timeout)
+
+    def _no_peer(self, peer: int) -> None:
+        raise ValueError(f"a one-rank group has no peer rank {peer}")
+
+    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
+        self._no_peer(dst)
+
+    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
+        self._no_peer(src)
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
+                 fp: Fingerprint) -> None:
+        self._no_peer(dst)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class ProcessGroup:
+    """A set of ranks that run collectives together (the default group holds every rank)."""
+
+    def __init__(self, group_id: int, ranks: Sequence[int], global_rank: int,
+                 transport: Optional[Transport], queue: CommQueue, backend: str, timeout: float,
+                 trusted: bool) -> None:
+        self.group_id, self.ranks = group_id, tuple(ranks)
+        self.rank = self.ranks.index(global_rank) if global_rank in self.ranks else -1
+        self.global_rank = global_rank
+        self.size = len(self.ranks)
+        if transport is None and self.size == 1 and self.rank == 0:
+            transport = SoloTransport(timeout)
+        self.transport, self.queue = transport, queue
+        self.backend, self.timeout, self.trusted = backend, timeout, trusted
+        self.destroyed = False
+        self._seq = 0
+        self._p2p: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank >= 0
+
+    def check_usable(self, op: str) -> None:
+        if self.destroyed:
+            raise DistributedError(f"group {self.group_id} was destroyed", rank=self.global_rank,
+                                   op=op)
+        if not self.is_member:
+            raise ValueError(f"rank {self.global_rank} is not a member of group {self.group_id} "
+                             f"(ranks {list(self.ranks)}) and cannot call {op} on it")
+
+    def fingerprint(self, op: str, dtype: Any, count: int) -> Fingerprint:
+        """Fingerprint of the next collective; the sequence number advances on every member."""
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        return Fingerprint(op[:24], seq, np.dtype(dtype).name, int(count), self.group_id)
+
+    def p2p_fingerprint(self, direction: str, peer: int, op: str, dtype: Any,
+                        count: int) -> Fingerprint:
+        """Point-to-point messages are numbered per peer, apart from the group's collectives."""
+        with self._lock:
+            key = (direction, peer)
+            self._p2p[key] = seq = self._p2p.get(key, 0) + 1
+        return Fingerprint(op[:24], seq, np.dtype(dtype).name, int(count), self.group_id)
+
+    def group_rank_of(self, global_rank: Any, what: str) -> int:
+        """Translate a global rank argument (``src``/``dst``, as in PyTorch) to a group rank."""
+        if isinstance(global_rank, bool) or not isinstance(global_rank, (int, np.integer)):
+            raise TypeError(f"{what} must be an int rank, got {global_rank!r}")
+        if global_rank not in self.ranks:
+            if self.group_id == 0:
+                raise ValueError(f"{what}={global_rank} is out of range for world size "
+                                 f"{self.size}")
+            raise ValueError(f"{what}={global_rank} is not in group {self.group_id} "
+                             f"(ranks {list(self.ranks)})")
+        return self.ranks.index(int(global_rank))
+
+    def run(self, fn, async_op: bool, fp: Optional[Fingerprint], op: str):
+        """Run ``fn`` now (after pending async work) or queue it and return a ``Work``."""
+        seq = fp.seq if fp is not None else None
+        if self.size == 1:
+            result = fn()
+            return Work.completed(op, result, self.global_rank) if async_op else result
+        if async_op:
+            return self.queue.submit(fn, op, seq)
+        return self.queue.run_sync(fn, op, seq)
+
+    def __repr__(self) -> str:
+        return (f"ProcessGroup(id={self.group_id}, ranks={list(self.ranks)}, rank={self.rank}, "
+                f"backend={self.backend!r})")
+
+
+class _World:
+    def __init__(self, info, backend: str, store, transport: Optional[Transport],
+                 timeout: float) -> None:
+        self.info, self.backend, self.store, self.transport = info, backend, store, transport
+        self.queue = CommQueue(info.rank, timeout)
+        trusted = transport is None or transports.spec(backend).trusted
+        self.default = ProcessGroup(0, range(info.world_size), info.rank, transport, self.queue,
+                                    backend, timeout, trusted)
+        self.groups = [self.default]
+
+
+_WORLD: Optional[_World] = None
+_HOST_KEY = "neural_arch/init/host"
+
+
+def _host_identity() -> str:
+    """Hostname plus boot id: equal exactly when two processes can share /dev/shm segments."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}|{boot}"
+
+
+def _normalize_backend(backend: Any) -> str:
+    name = str(getattr(backend, "value", backend)).lower()
+    if name not in BACKENDS and name not in transports._REGISTRY:
+        raise ValueError(f"unknown backend {backend!r}; choose one of "
+                         f"{sorted(set(BACKENDS) | set(transports._REGISTRY))}")
+    return "auto" if name == "gloo" else name
+
+
+def _launched_by_mpi() -> bool:
+    from .env import is_launched_by_mpi
+    return is_launched_by_mpi() and transports.is_available("mpi")
+
+
+def _choose_on_one_host(info, store) -> str:
+    """Rank 0 compares every rank's host identity and publishes "shm" or "tcp"."""
+    store.set(f"{_HOST_KEY}/{info.rank}", _host_identity().encode())
+    if info.rank == 0:
+        hosts = {store.get(f"{_HOST_KEY}/{r}") for r in range(info.world_size)}
+        local = len(hosts) == 1 and transports.is_available("shm")
+        store.set(f"{_HOST_KEY}/choice", b"shm" if local else b"tcp")
+    return store.get(f"{_HOST_KEY}/choice").decode()
+
+
+def init_process_group(backend: str = "auto", init_method: str = "env://",
+                       world_size: Optional[int] = None, rank: Optional[int] = None,
+                       timeout: Seconds = DEFAULT_TIMEOUT_S, store=None) -> None:
+    """Join the job: rendezvous, choose the backend, connect the transport."""
+    global _WORLD
+    if _WORLD is not None:
+        raise RuntimeError("the default process group is already initialized; call "
+                           "destroy_process_group() first")
+    from .env import resolve
+    seconds = to_seconds(timeout)
+    requested = _normalize_backend(backend)
+    info = resolve(init_method, world_size, rank)
+    if requested == "auto" and _launched_by_mpi():
+        requested = "mpi"
+    if info.world_size == 1:
+        chosen = requested if requested != "auto" else "shm"
+        _WORLD = _World(info, chosen, None, None, seconds)
+        return
+    secret = None
+    owns_store = store is None and (requested == "auto" or transports.spec(requested).needs_store)
+    transport = None
+    try:
+        if owns_store:
+            from .auth import job_secret
+            from .store import TCPStore
+            secret = job_secret()
+            store = TCPStore(info.master_addr, info.master_port, info.world_size,
+                             is_server=info.rank == 0, secret=secret, timeout=seconds)
+        chosen = _choose_on_one_host(info, store) if requested == "auto" else requested
+        if chosen == "tcp" and secret is None:
+            from .auth import job_secret
+            secret = job_secret()
+        transport = transports.create_transport(chosen, rank=info.rank,
+                                                world_size=info.world_size, store=store,
+                                                timeout=seconds, secret=secret)
+        world = _World(info, chosen, store, transport, seconds)
+        # Nobody may close the store (rank 0 serves it) while a peer still needs it.
+        from . import algorithms
+        algorithms.barrier(transport, Fingerprint("init_barrier", 0, "uint8", 0, 0), "auto")
+    except BaseException:
+        if transport is not None:
+            transport.close()
+        if owns_store and store is not None:
+            store.close()
+        raise
+    _WORLD = world
+
+
+def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
+    """Tear down ``group``, or (default) every group, the transport and the store."""
+    global _WORLD
+    world = _WORLD
+    if world is None:
+        if group is None:
+            return
+        raise RuntimeError("the default process group is not initialized")
+    if group is not None and group is not world.default:
+        group.destroyed = True
+        return
+    _WORLD = None
+    for g in world.groups:
+        g.destroyed = True
+    try:
+        world.queue.close()
+    finally:
+        try:
+            if world.transport is not None:
+                world.transport.close()
+        finally:
+            if world.store is not None:
+                world.store.close()
+
+
+atexit.register(destroy_process_group)
+
+
+def is_initialized() -> bool:
+    return _WORLD is not None
+
+
+def world() -> _World:
+    if _WORLD is None:
+        raise RuntimeError("the default process group is not initialized; call "
+                           "init_process_group() first")
+    return _WORLD
+
+
+def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
+    w = world()
+    if group is None:
+        return w.default
+    if not isinstance(group, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup from new_group() or None, got {group!r}")
+    return group
+
+
+def get_rank(group: Optional[ProcessGroup] = None) -> int:
+    """This process's rank in ``group`` (-1 when it is not a member, as in PyTorch)."""
+    return resolve_group(group).rank
+
+
+def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    g = resolve_group(group)
+    return g.size if g.is_member else -1
+
+
+def get_local_rank() -> int:
+    return world().info.local_rank
+
+
+def get_backend(group: Optional[ProcessGroup] = None) -> str:
+    return resolve_group(group).backend
+
+
+def get_distributed_info() -> dict:
+    """A summary of the process group, safe to call before ``init_process_group``."""
+    w = _WORLD
+    info = {
+        "available": True,
+        "initialized": w is not None,
+        "backend": w.backend if w else None,
+        "rank": w.info.rank if w else 0,
+        "world_size": w.info.world_size if w else 1,
+        "local_rank": w.info.local_rank if w else 0,
+        "local_world_size": w.info.local_world_size if w else 1,
+        "host": socket.gethostname(),
+        "available_transports": transports.available_transports(),
+    }
+    if w is not None:
+        info["master_addr"], info["master_port"] = w.info.master_addr, w.info.master_port
+        info["launcher"] = w.info.launcher
+    return info
+
+
+def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = None,
+              **_pytorch_options: Any) -> ProcessGroup:
+    """A group of ``ranks`` (sorted, as in PyTorch). Every rank of the job must call it."""
+    w = world()
+    n = w.info.world_size
+    members = sorted(range(n) if ranks is None else (int(r) for r in ranks))
+    if len(set(members)) != len(members) or not members or not all(0 <= r < n for r in members):
+        raise ValueError(f"new_group ranks must be distinct, non-empty and in [0, {n}), "
+                         f"got {None if ranks is None else list(ranks)}")
+    if backend is not None and _normalize_backend(backend) not in ("auto", w.backend):
+        raise ValueError(f"new_group backend {backend!r} differs from the job's {w.backend!r}; "
+                         "subgroups share the job's transport")
+    group_id = len(w.groups)
+    # Every rank must agree on the membership, or later collectives would talk past each other.
+    from .collectives import check_same_everywhere
+    check_same_everywhere(w.default, "new_group", [group_id, zlib.crc32(repr(members).encode())],
+                          f"new_group #{group_id} ranks {members}")
+    me = w.info.rank
+    transport = None
+    if me in members and len(members) > 1:
+        transport = (w.transport if len(members) == n
+                     else GroupTransport(w.transport, members, members.index(me)))
+    group = ProcessGroup(group_id, members, me, transport, w.queue, w.backend, w.default.timeout,
+                         w.default.trusted)
+    w.groups.append(group)
+    return group

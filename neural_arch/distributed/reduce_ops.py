@@ -1,0 +1,60 @@
+"""Reduction operators and the in-place NumPy kernels that apply them."""
+from __future__ import annotations
+
+from enum import Enum
+
+import numpy as np
+
+
+class ReduceOp(Enum):
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    AVERAGE = "average"
+    AVG = "average"  # alias, as in PyTorch
+
+
+SUPPORTED_DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
+
+_UFUNC = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.AVERAGE: np.add,  # summed, then divided once by the world size
+    ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def as_reduce_op(op) -> ReduceOp:
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, str):
+        key = op.upper()
+        if key in ReduceOp.__members__:
+            return ReduceOp[key]
+    raise ValueError(f"unknown reduce op {op!r}; use one of {sorted(ReduceOp.__members__)}")
+
+
+def ufunc_for(op: ReduceOp) -> np.ufunc:
+    return _UFUNC[op]
+
+
+def reduce_into(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
+    """acc = op(acc, other), elementwise, in place."""
+    _UFUNC[op](acc, other, out=acc)
+
+
+def finish_average(buf: np.ndarray, op: ReduceOp, world_size: int) -> None:
+    """Divide a SUM by the world size when the op was AVERAGE (float dtypes only)."""
+    if op is ReduceOp.AVERAGE and world_size > 1:
+        np.divide(buf, buf.dtype.type(world_size), out=buf)
+
+
+def check_dtype_for_op(dtype: np.dtype, op: ReduceOp) -> None:
+    if np.dtype(dtype).type not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype {np.dtype(dtype)} is not supported by collectives; use one of "
+                        f"{[np.dtype(d).name for d in SUPPORTED_DTYPES]}")
+    if op is ReduceOp.AVERAGE and np.dtype(dtype).kind != "f":
+        raise TypeError(f"ReduceOp.AVERAGE needs a floating dtype, got {np.dtype(dtype)}; "
+                        "use SUM and divide yourself")

@@ -1,0 +1,105 @@
+"""The interface every transport implements, and the fingerprint each message carries.
+
+A transport moves bytes of contiguous NumPy arrays between ranks; collective algorithms are
+written once against it. Every payload is preceded by a fixed-size header holding the
+fingerprint of the collective that sent it (operation, group, sequence number, dtype, element
+count of the whole collective) and the payload length. The receiver compares it with the
+fingerprint it expects, so ranks that call mismatched collectives fail with an error naming both
+sides instead of hanging or reading wrong data.
+"""
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import CollectiveMismatchError
+
+_MAGIC = b"NFv1"
+# magic, op name (24 bytes, NUL padded), group id, seq, dtype str (8 bytes), count, payload bytes
+_HEADER = struct.Struct("<4s24sIQ8sQQ")
+HEADER_SIZE = _HEADER.size
+
+
+class Fingerprint(NamedTuple):
+    """What a message belongs to; equal on every rank taking part in the same collective."""
+
+    op: str
+    seq: int
+    dtype: str
+    count: int
+    group: int = 0
+
+    def describe(self) -> str:
+        return f"{self.op} #{self.seq} (group {self.group}, {self.count} x {self.dtype})"
+
+
+def pack_header(fp: Fingerprint, nbytes: int) -> bytes:
+    return _HEADER.pack(_MAGIC, fp.op.encode()[:24], fp.group, fp.seq, fp.dtype.encode()[:8],
+                        fp.count, nbytes)
+
+
+def unpack_header(raw: bytes | memoryview) -> tuple[Fingerprint, int]:
+    """Decode a header; raises ValueError on anything that is not one of ours."""
+    if len(raw) != HEADER_SIZE:
+        raise ValueError(f"header must be {HEADER_SIZE} bytes, got {len(raw)}")
+    magic, op, group, seq, dtype, count, nbytes = _HEADER.unpack(raw)
+    if magic != _MAGIC:
+        raise ValueError(f"bad magic {magic!r} in message header")
+    fp = Fingerprint(op.rstrip(b"\0").decode(errors="replace"), seq,
+                     dtype.rstrip(b"\0").decode(errors="replace"), count, group)
+    return fp, nbytes
+
+
+def check_header(expected: Fingerprint, got: Fingerprint, nbytes: int, expected_nbytes: int,
+                 *, rank: int, peer: int) -> None:
+    """Raise CollectiveMismatchError naming both sides when a message is not what we wait for."""
+    if got != expected:
+        raise CollectiveMismatchError(
+            f"expected {expected.describe()} but peer rank {peer} sent {got.describe()}: "
+            "ranks called different collectives",
+            rank=rank, peer=peer, op=expected.op, seq=expected.seq)
+    if nbytes != expected_nbytes:
+        raise CollectiveMismatchError(
+            f"expected a {expected_nbytes}-byte payload for {expected.describe()} but peer rank "
+            f"{peer} sent {nbytes} bytes", rank=rank, peer=peer, op=expected.op, seq=expected.seq)
+
+
+class Transport(ABC):
+    """Point-to-point byte movement between the ranks of one job.
+
+    Buffers are 1-D C-contiguous NumPy arrays (views are fine); ``recv`` fills its buffer in
+    place. Calls block until done, or raise a ``DistributedError`` subclass naming the peer:
+    ``PeerFailureError`` when the peer died, ``CollectiveTimeoutError`` past ``timeout``,
+    ``CollectiveMismatchError`` when the header's fingerprint differs from ``fp``.
+    """
+
+    name: str = "base"
+
+    def __init__(self, rank: int, world_size: int, timeout: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+
+    @abstractmethod
+    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
+        """Send the bytes of ``buf`` to rank ``dst``."""
+
+    @abstractmethod
+    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
+        """Receive exactly ``buf.nbytes`` bytes from rank ``src`` into ``buf``."""
+
+    @abstractmethod
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
+                 fp: Fingerprint) -> None:
+        """Send to ``dst`` and receive from ``src`` at the same time (never deadlocks a ring)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release sockets, segments and threads. Safe to call twice."""
+
+    def native_collectives(self):
+        """An object with the transport's own collectives (MPI's), or None."""
+        return None

@@ -1,0 +1,331 @@
+"""MPI transport over mpi4py, with MPI's own collectives exposed beside ours for comparison.
+
+Traffic runs on a duplicate of the communicator so it never matches the application's own
+receives. Each message is a small header message (the fingerprint) followed by the payload, on
+one tag; MPI's non-overtaking rule keeps them paired. Every wait is a poll over non-blocking
+requests bounded by ``timeout``.
+
+Dead peers: Open MPI's launcher normally kills the whole job when a rank dies. When it does not,
+ranks on the same host notice a peer's death within about half a second (pids and process start
+times are exchanged at creation and checked while polling) and raise PeerFailureError. A peer on
+another host cannot be checked that way: its death ends in CollectiveTimeoutError after
+``timeout``, unless the launcher aborts the job first.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, DistributedError,
+                      PeerFailureError)
+from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, finish_average
+from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+
+_TAG = 0x4E46
+_CHUNK = 1 << 30  # MPI counts are C ints
+_LIVENESS_PERIOD_S = 0.5
+_IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
+
+
+def _import_mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError("the 'mpi' backend needs mpi4py and an MPI library: "
+                          "pip install mpi4py (with Open MPI or MPICH installed), "
+                          f"or choose backend 'tcp' or 'shm' ({e})") from e
+    return MPI
+
+
+def _host_key() -> bytes:
+    """Equal for two processes exactly when they can see each other's pids."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            with open(path) as f:
+                parts.append(f.read().strip())
+        except OSError:
+            pass
+    try:
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        pass
+    return hashlib.sha256("|".join(parts).encode()).digest()[:16]
+
+
+def _proc_state(pid: int) -> Optional[tuple[bytes, int]]:
+    """(state, start time) from /proc/<pid>/stat, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_alive(pid: int, start_time: int = 0) -> bool:
+    """Whether ``pid`` still runs the process started at ``start_time`` (0: unknown)."""
+    if os.path.isdir("/proc"):
+        state = _proc_state(pid)
+        if state is None or state[0] in (b"Z", b"X"):
+            return False
+        return start_time == 0 or state[1] == start_time
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _chunks(view: memoryview) -> list[memoryview]:
+    return [view[i:i + _CHUNK] for i in range(0, view.nbytes, _CHUNK)]
+
+
+def _byte_view(buf: np.ndarray, writable: bool, what: str) -> memoryview:
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} buffer must be a numpy array, got {type(buf).__name__}")
+    if not buf.flags.c_contiguous or (writable and not buf.flags.writeable):
+        raise ValueError(f"{what} buffer must be C-contiguous{' and writable' if writable else ''}"
+                         f"; got shape {buf.shape}, strides {buf.strides}")
+    return memoryview(buf.reshape(-1).view(np.uint8))
+
+
+def create(rank: Optional[int] = None, world_size: Optional[int] = None, store=None,
+           timeout: float = 1800.0, comm=None) -> "MpiTransport":
+    return MpiTransport(rank, world_size, store, timeout, comm)
+
+
+class MpiTransport(Transport):
+    name = "mpi"
+
+    def __init__(self, rank: Optional[int] = None, world_size: Optional[int] = None, store=None,
+                 timeout: float = 1800.0, comm=None) -> None:
+        self._mpi = MPI = _import_mpi()
+        base = MPI.COMM_WORLD if comm is None else comm
+        mpi_rank, mpi_size = base.Get_rank(), base.Get_size()
+        for name, given, actual in (("rank", rank, mpi_rank), ("world_size", world_size, mpi_size)):
+            if given is not None and given != actual:
+                raise ValueError(f"{name}={given} but the MPI communicator says {actual} "
+                                 f"(rank {mpi_rank} of {mpi_size})")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        super().__init__(mpi_rank, mpi_size, float(timeout))
+        self._comm = base.Dup()  # collective, like MPI_Init: no timeout can apply here
+        self._lock = threading.Lock()
+        self._unusable: dict[int, str] = {}
+        mine = np.frombuffer(_IDENTITY.pack(_host_key(), os.getpid(),
+                                            (_proc_state(os.getpid()) or (b"", 0))[1]), np.uint8)
+        table = np.empty((mpi_size, _IDENTITY.size), np.uint8)
+        self._wait([self._comm.Iallgather(mine, table)], [], Fingerprint("mpi.setup", 0, "", 0))
+        rows = [_IDENTITY.unpack(row.tobytes()) for row in table]
+        self._local_peers = {r: (pid, start) for r, (key, pid, start) in enumerate(rows)
+                             if key == rows[mpi_rank][0] and r != mpi_rank}
+
+    @property
+    def comm(self):
+        return self._comm
+
+    # ---- point to point ----------------------------------------------------------------------
+    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
+        payload = _byte_view(buf, False, "send")
+        with self._lock:
+            self._check_peer(dst, fp)
+            self._wait(self._post_send(payload, dst, fp), [dst], fp)
+
+    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
+        payload = _byte_view(buf, True, "recv")
+        with self._lock:
+            self._check_peer(src, fp)
+            self._recv_after([], payload, src, fp)
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
+                 fp: Fingerprint) -> None:
+        out, into = _byte_view(sendbuf, False, "send"), _byte_view(recvbuf, True, "recv")
+        with self._lock:
+            self._check_peer(dst, fp)
+            self._check_peer(src, fp)
+            self._recv_after(self._post_send(out, dst, fp), into, src, fp)
+
+    def _post_send(self, payload: memoryview, dst: int, fp: Fingerprint) -> list:
+        MPI = self._mpi
+        header = bytearray(pack_header(fp, payload.nbytes))  # kept alive by the request
+        reqs = [self._comm.Isend([header, MPI.BYTE], dst, _TAG)]
+        reqs += [self._comm.Isend([c, MPI.BYTE], dst, _TAG) for c in _chunks(payload)]
+        return reqs
+
+    def _recv_after(self, sends: list, payload: memoryview, src: int, fp: Fingerprint) -> None:
+        """Receive the header, check it, then the payload, while ``sends`` progress."""
+        MPI = self._mpi
+        header = bytearray(HEADER_SIZE)
+        header_req = self._comm.Irecv([header, MPI.BYTE], src, _TAG)
+        self._wait([header_req], [src], fp)
+        try:
+            got, nbytes = unpack_header(header)
+        except ValueError as e:
+            self._unusable[src] = f"malformed header in {fp.describe()}"
+            raise CollectiveMismatchError(f"peer rank {src} sent a malformed header ({e}) while "
+                                          f"we expected {fp.describe()}", rank=self.rank,
+                                          peer=src, op=fp.op, seq=fp.seq) from None
+        try:
+            check_header(fp, got, nbytes, payload.nbytes, rank=self.rank, peer=src)
+        except CollectiveMismatchError:
+            self._unusable[src] = f"mismatched header in {fp.describe()}"
+            raise
+        reqs = sends + [self._comm.Irecv([c, MPI.BYTE], src, _TAG) for c in _chunks(payload)]
+        self._wait(reqs, [src], fp)
+
+    def _check_peer(self, peer: int, fp: Fingerprint) -> None:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+            raise ValueError(f"peer rank {peer!r} is outside [0, {self.world_size}) for "
+                             f"{fp.describe()}")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to or receive from itself "
+                             f"({fp.describe()})")
+        if self._comm is None:
+            raise PeerFailureError("transport is closed", rank=self.rank, peer=peer, op=fp.op,
+                                   seq=fp.seq)
+        if peer in self._unusable:
+            raise PeerFailureError(f"connection unusable: {self._unusable[peer]}",
+                                   rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
+
+    # ---- waiting -----------------------------------------------------------------------------
+    def _wait(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
+        """Poll ``reqs`` to completion; raise on timeout or a dead same-host peer."""
+        MPI = self._mpi
+        start = time.monotonic()
+        deadline, next_check, polls = start + self.timeout, start + _LIVENESS_PERIOD_S, 0
+        while True:
+            try:
+                if MPI.Request.Testall(reqs):
+                    return
+            except MPI.Exception as e:
+                self._give_up(reqs, peers, f"MPI error in {fp.describe()}")
+                raise DistributedError(f"MPI reported: {e}", rank=self.rank,
+                                       peer=peers[0] if peers else None, op=fp.op,
+                                       seq=fp.seq) from None
+            polls += 1
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + _LIVENESS_PERIOD_S
+                self._check_liveness(reqs, peers, fp)
+            if now > deadline:
+                self._give_up(reqs, peers, f"timeout in {fp.describe()}")
+                raise CollectiveTimeoutError(
+                    f"{fp.describe()} did not complete within {self.timeout} s"
+                    + (f" (waiting on rank(s) {peers})" if peers else ""), rank=self.rank,
+                    peer=peers[0] if len(peers) == 1 else None, op=fp.op, seq=fp.seq)
+            if polls > 64:  # spin briefly for latency, then stop burning a shared core
+                time.sleep(min(1e-3, 1e-6 * (polls - 64)))
+
+    def _check_liveness(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
+        dead = [peer for peer, (pid, start) in self._local_peers.items()
+                if not process_alive(pid, start)]
+        if dead:
+            # Name the peer we wait on first: others may be exiting because of that death.
+            dead.sort(key=lambda peer: (peer not in peers, peer))
+            self._give_up(reqs, peers + dead, f"peer rank(s) {dead} died")
+            raise PeerFailureError(f"peer rank(s) {dead} on this host (pids "
+                                   f"{[self._local_peers[d][0] for d in dead]}) died during "
+                                   f"{fp.describe()}", rank=self.rank, peer=dead[0],
+                                   op=fp.op, seq=fp.seq)
+
+    def _give_up(self, reqs: list, peers: list[int], why: str) -> None:
+        for req in reqs:
+            try:
+                req.Cancel()
+            except Exception:  # already complete, or an MPI that cannot cancel sends
+                pass
+        for peer in peers:
+            self._unusable.setdefault(peer, why)
+
+    def native_collectives(self) -> "MpiCollectives":
+        return MpiCollectives(self)
+
+    def close(self) -> None:
+        """Free the duplicated communicator. Safe to call twice."""
+        comm, self._comm = self._comm, None
+        if comm is not None and not self._mpi.Is_finalized():
+            try:
+                comm.Free()
+            except self._mpi.Exception:
+                pass
+
+
+_MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVERAGE: "SUM", ReduceOp.PRODUCT: "PROD",
+            ReduceOp.MIN: "MIN", ReduceOp.MAX: "MAX"}
+
+
+class MpiCollectives:
+    """MPI's own collectives on the transport's communicator, bounded by its timeout."""
+
+    def __init__(self, transport: MpiTransport) -> None:
+        self._t, self._seq = transport, 0
+
+    def _run(self, name: str, request_fn, buf: Optional[np.ndarray] = None) -> None:
+        t = self._t
+        if t._comm is None:
+            raise PeerFailureError("transport is closed", rank=t.rank, op=name)
+        self._seq += 1
+        fp = Fingerprint(name, self._seq, "" if buf is None else buf.dtype.str,
+                         0 if buf is None else buf.size)
+        with t._lock:
+            t._wait([request_fn(t._comm)], [], fp)
+
+    def all_reduce(self, buf: np.ndarray, op=ReduceOp.SUM) -> np.ndarray:
+        op = as_reduce_op(op)
+        check_dtype_for_op(buf.dtype, op)
+        _check_contiguous(buf, "all_reduce")
+        mpi_op = getattr(self._t._mpi, _MPI_OPS[op])
+        self._run("mpi.all_reduce", lambda c: c.Iallreduce(self._t._mpi.IN_PLACE, buf, mpi_op), buf)
+        finish_average(buf, op, self._t.world_size)
+        return buf
+
+    def all_gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> np.ndarray:
+        _check_contiguous(sendbuf, "all_gather")
+        _check_contiguous(recvbuf, "all_gather")
+        if recvbuf.size != sendbuf.size * self._t.world_size or recvbuf.dtype != sendbuf.dtype:
+            raise ValueError(f"all_gather needs recvbuf of {sendbuf.size * self._t.world_size} x "
+                             f"{sendbuf.dtype}, got {recvbuf.size} x {recvbuf.dtype}")
+        self._run("mpi.all_gather", lambda c: c.Iallgather(sendbuf, recvbuf), sendbuf)
+        return recvbuf
+
+    def broadcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+        _check_contiguous(buf, "broadcast")
+        if not 0 <= root < self._t.world_size:
+            raise ValueError(f"broadcast root {root} is outside [0, {self._t.world_size})")
+        self._run("mpi.broadcast", lambda c: c.Ibcast(buf, root), buf)
+        return buf
+
+    def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray,
+                       op=ReduceOp.SUM) -> np.ndarray:
+        op = as_reduce_op(op)
+        check_dtype_for_op(sendbuf.dtype, op)
+        _check_contiguous(sendbuf, "reduce_scatter")
+        _check_contiguous(recvbuf, "reduce_scatter")
+        if sendbuf.size != recvbuf.size * self._t.world_size or recvbuf.dtype != sendbuf.dtype:
+            raise ValueError(f"reduce_scatter needs sendbuf of world_size x recvbuf elements and "
+                             f"equal dtypes; got {sendbuf.size} x {sendbuf.dtype} and "
+                             f"{recvbuf.size} x {recvbuf.dtype}")
+        mpi_op = getattr(self._t._mpi, _MPI_OPS[op])
+        self._run("mpi.reduce_scatter",
+                  lambda c: c.Ireduce_scatter_block(sendbuf, recvbuf, mpi_op), sendbuf)
+        finish_average(recvbuf, op, self._t.world_size)
+        return recvbuf
+
+    def barrier(self) -> None:
+        self._run("mpi.barrier", lambda c: c.Ibarrier())
+
+
+def _check_contiguous(buf: np.ndarray, what: str) -> None:
+    if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous:
+        raise ValueError(f"{what} needs a C-contiguous numpy array, got "
+                         f"{type(buf).__name__} {getattr(buf, 'shape', '')}")

@@ -1,0 +1,354 @@
+"""Shared-memory transport: one segment per job holding counters, p2p rings and a workspace.
+
+Rank 0 creates a POSIX shared-memory segment (name ``nf_<pid>_<random>``), publishes its name
+through the store, and every rank maps it. As soon as all ranks have mapped it, the name is
+unlinked: the mappings stay valid, and nothing can be left in /dev/shm even if ranks are killed
+with SIGKILL afterwards. Until then the creator also unlinks on close, at exit and on SIGTERM.
+
+Each ordered pair (src -> dst) has a ring of slots with two counters: chunks written (by src)
+and chunks read (by dst). A message is its header (checked by the receiver) in the first slot's
+header area, and its bytes cut into slot-sized chunks. The workspace (two halves, alternated by
+generation) and the per-rank arrival counters serve the direct collectives in
+``algorithms.shm_direct``.
+
+Memory ordering: a writer copies its data, then stores the counter; a reader loads the counter,
+then the data. On x86-64 aligned 8-byte stores and loads are atomic and neither stores nor loads
+are reordered with each other, which is all this protocol needs; other CPUs would need fences.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import mmap
+import os
+import secrets
+import signal
+import threading
+from typing import Any, Optional
+
+import _posixshmem
+import numpy as np
+
+from ..errors import CollectiveMismatchError, DistributedError, RendezvousError
+from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+from .shm_sync import CLOSED, GEN, PID, Backoff, PeerWatch, ShmLayout, wait_ge
+
+DEFAULT_SLOTS = 4
+DEFAULT_SLOT_BYTES = 512 << 10
+DEFAULT_WORKSPACE_BYTES = 2 << 20
+TRANSFER_SPINS = 200  # idle polls of both rings (about 1 us each) before backing off
+
+
+# ----- segment lifecycle ---------------------------------------------------------------------
+# Names this process created and has not unlinked yet. While there are any, an atexit hook and
+# a SIGTERM handler (chained to the previous one) unlink them; once all ranks have mapped a
+# segment its name is unlinked and the handler is put back.
+_pending: set = set()
+_previous_sigterm: list = []
+
+
+def unlink_segment(name: str) -> None:
+    _pending.discard(name)
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+    if not _pending and _previous_sigterm and \
+            threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is _unlink_on_sigterm:
+        signal.signal(signal.SIGTERM, _previous_sigterm.pop())
+
+
+def _unlink_pending() -> None:
+    for name in list(_pending):
+        unlink_segment(name)
+
+
+def _unlink_on_sigterm(signum, frame) -> None:
+    previous = _previous_sigterm[-1] if _previous_sigterm else signal.SIG_DFL
+    _unlink_pending()
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _track(name: str) -> None:
+    if not _pending:
+        atexit.unregister(_unlink_pending)
+        atexit.register(_unlink_pending)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is not _unlink_on_sigterm:
+            _previous_sigterm[:] = [signal.getsignal(signal.SIGTERM)]
+            signal.signal(signal.SIGTERM, _unlink_on_sigterm)
+    _pending.add(name)
+
+
+def create_segment(name: str, size: int) -> mmap.mmap:
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        _track(name)
+        os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except BaseException:
+        unlink_segment(name)
+        raise
+    finally:
+        os.close(fd)
+
+
+def attach_segment(name: str, size: int, rank: int) -> mmap.mmap:
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    except FileNotFoundError:
+        raise RendezvousError(f"shared-memory segment {name} does not exist: its creator exited "
+                              "or this job's ranks already joined without this rank",
+                              rank=rank) from None
+    try:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise RendezvousError(f"shared-memory segment {name} has {actual} bytes, expected "
+                                  f"{size}", rank=rank)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _byte_view(buf: Any, what: str, writable: bool = False) -> np.ndarray:
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} needs a NumPy array, got {type(buf).__name__}")
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError(f"{what} needs a 1-D C-contiguous array, got shape {buf.shape} with "
+                         f"strides {buf.strides}")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{what} needs a writable array (shape {buf.shape}, dtype {buf.dtype})")
+    return buf.view(np.uint8)
+
+
+class ShmTransport(Transport):
+    """Point-to-point messages and a shared workspace between the ranks of one machine."""
+
+    name = "shm"
+
+    def __init__(self, rank: int, world_size: int, timeout: float, mm, layout: ShmLayout,
+                 segment_name: str) -> None:
+        super().__init__(rank, world_size, timeout)
+        self.layout = layout
+        self.segment_name = segment_name
+        self._mm = mm
+        self.ctrl = memoryview(mm).cast("q")
+        self.shared = np.frombuffer(mm, np.uint8)
+        self._sent = [0] * world_size
+        self._received = [0] * world_size
+        self.gen = 0  # last generation of the direct-collective barrier this rank arrived at
+        # Direct collectives keep their per-dtype views of the workspace, fingerprint signatures
+        # and the signature last written to each header area here (see algorithms.shm_direct).
+        self.direct_views: dict = {}
+        self.direct_sigs: dict = {}
+        self.header_sigs = [0, 0]
+        self.watch = PeerWatch(rank, [0] * world_size, self._peer_closed)
+        self._closed = False
+
+    # ----- rendezvous -----------------------------------------------------------------
+    def _join(self) -> None:
+        """Announce this rank, wait for every rank to map the segment, then unlink its name."""
+        layout, ctrl = self.layout, self.ctrl
+        ctrl[layout.rank_word(self.rank, PID)] = os.getpid()
+        backoff = Backoff(self.watch, self.timeout, "shm_rendezvous", None,
+                          f"every rank to map segment {self.segment_name}")
+        while True:
+            missing = [r for r in range(self.world_size) if ctrl[layout.rank_word(r, PID)] == 0]
+            if not missing:
+                break
+            backoff.pause(missing)
+        unlink_segment(self.segment_name)
+        pids = [ctrl[layout.rank_word(r, PID)] for r in range(self.world_size)]
+        self.watch = PeerWatch(self.rank, pids, self._peer_closed)
+
+    def _peer_closed(self, peer: int) -> bool:
+        return self.ctrl[self.layout.rank_word(peer, CLOSED)] != 0
+
+    # ----- direct-collective barrier --------------------------------------------------
+    def arrive(self, gen: int) -> None:
+        self.gen = gen
+        self.ctrl[self.layout.rank_word(self.rank, GEN)] = gen
+
+    def wait_arrivals(self, gen: int, op: str, seq: Optional[int]) -> None:
+        """Block until every rank has arrived at generation ``gen``."""
+        ctrl, words = self.ctrl, self.layout.gen_words
+        for peer in self.layout.peers[self.rank]:
+            if ctrl[words[peer]] < gen:
+                wait_ge(ctrl, words[peer], gen, peer, self.watch, self.timeout, op, seq,
+                        f"every rank to reach generation {gen} of the shared workspace")
+
+    # ----- point to point -------------------------------------------------------------
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+            raise ValueError(f"{what}: peer rank {peer!r} is outside 0..{self.world_size - 1}")
+        if peer == self.rank:
+            raise ValueError(f"{what}: rank {self.rank} cannot exchange messages with itself")
+
+    def _try_push(self, dst: int, data: np.ndarray, chunk: int, header: bytes) -> bool:
+        """Write chunk number ``chunk`` of a message to ``dst`` if a slot is free."""
+        layout, ctrl = self.layout, self.ctrl
+        count = self._sent[dst]
+        if count - ctrl[layout.read_word(self.rank, dst)] >= layout.slots:
+            return False
+        slot = count % layout.slots
+        if chunk == 0:
+            start = layout.slot_header(self.rank, dst, slot)
+            self._mm[start:start + HEADER_SIZE] = header
+        lo = chunk * layout.slot_bytes
+        hi = min(lo + layout.slot_bytes, data.size)
+        if hi > lo:
+            start = layout.slot_data(self.rank, dst, slot)
+            np.copyto(self.shared[start:start + hi - lo], data[lo:hi])
+        self._sent[dst] = count + 1
+        ctrl[layout.written_word(self.rank, dst)] = count + 1
+        return True
+
+    def _try_pull(self, src: int, out: np.ndarray, chunk: int, fp: Fingerprint) -> bool:
+        """Read chunk number ``chunk`` of a message from ``src`` if it has arrived."""
+        layout, ctrl = self.layout, self.ctrl
+        count = self._received[src]
+        if ctrl[layout.written_word(src, self.rank)] <= count:
+            return False
+        slot = count % layout.slots
+        if chunk == 0:
+            start = layout.slot_header(src, self.rank, slot)
+            got, nbytes = unpack_header(self._mm[start:start + HEADER_SIZE])
+            check_header(fp, got, nbytes, out.size, rank=self.rank, peer=src)
+        lo = chunk * layout.slot_bytes
+        hi = min(lo + layout.slot_bytes, out.size)
+        if hi > lo:
+            start = layout.slot_data(src, self.rank, slot)
+            np.copyto(out[lo:hi], self.shared[start:start + hi - lo])
+        self._received[src] = count + 1
+        ctrl[layout.read_word(src, self.rank)] = count + 1
+        return True
+
+    def _transfer(self, out_msg, in_msg, fp: Fingerprint, what: str) -> None:
+        """Move one outgoing and/or one incoming message, whichever can progress, until done."""
+        if self._closed:
+            raise DistributedError("the shared-memory transport is closed", rank=self.rank,
+                                   op=fp.op, seq=fp.seq)
+        chunk_bytes = self.layout.slot_bytes
+        sent = received = 0
+        n_send = n_recv = 0
+        if out_msg is not None:
+            data, dst = out_msg
+            n_send = max(1, -(-data.size // chunk_bytes))
+            header = pack_header(fp, data.size)
+        if in_msg is not None:
+            out, src = in_msg
+            n_recv = max(1, -(-out.size // chunk_bytes))
+        idle, backoff = 0, None
+        while sent < n_send or received < n_recv:
+            moved = False
+            if sent < n_send and self._try_push(dst, data, sent, header):
+                sent += 1
+                moved = True
+            if received < n_recv and self._try_pull(src, out, received, fp):
+                received += 1
+                moved = True
+            if moved:
+                idle, backoff = 0, None
+                continue
+            idle += 1
+            if idle < TRANSFER_SPINS:
+                continue
+            if backoff is None:
+                backoff = Backoff(self.watch, self.timeout, fp.op, fp.seq, what)
+            pending = ([dst] if sent < n_send else []) + ([src] if received < n_recv else [])
+            backoff.pause(pending)
+
+    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
+        self._check_peer(dst, "send")
+        data = _byte_view(buf, "send")
+        self._transfer((data, dst), None, fp, f"a free slot in the ring to rank {dst}")
+
+    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
+        self._check_peer(src, "recv")
+        out = _byte_view(buf, "recv", writable=True)
+        self._transfer(None, (out, src), fp, f"a message from rank {src}")
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
+                 fp: Fingerprint) -> None:
+        data = _byte_view(sendbuf, "sendrecv")
+        out = _byte_view(recvbuf, "sendrecv", writable=True)
+        if dst == self.rank and src == self.rank:
+            if data.size != out.size:
+                raise CollectiveMismatchError(
+                    f"sendrecv to itself with {data.size} bytes sent but {out.size} expected",
+                    rank=self.rank, peer=self.rank, op=fp.op, seq=fp.seq)
+            np.copyto(out, data)
+            return
+        self._check_peer(dst, "sendrecv")
+        self._check_peer(src, "sendrecv")
+        self._transfer((data, dst), (out, src), fp,
+                       f"the ring exchange (to rank {dst}, from rank {src})")
+
+    # ----- teardown -------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.ctrl[self.layout.rank_word(self.rank, CLOSED)] = 1
+        except (ValueError, IndexError):
+            pass
+        unlink_segment(self.segment_name)
+        self.direct_views.clear()
+        self.ctrl.release()
+        self.shared = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a view handed out elsewhere still exists; the mapping goes with it
+
+
+def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm", *,
+           slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_SLOT_BYTES,
+           workspace_bytes: int = DEFAULT_WORKSPACE_BYTES) -> ShmTransport:
+    """Create (rank 0) or attach to (others) this job's segment and return the transport.
+
+    ``store`` is any object with ``set(key, bytes)`` and a blocking ``get(key) -> bytes``.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    key = f"{prefix}/nf_segment"
+    if rank == 0:
+        layout = ShmLayout(world_size, slots, slot_bytes, workspace_bytes)
+        name = f"nf_{os.getpid()}_{secrets.token_hex(6)}"
+        mm = create_segment(name, layout.total_bytes)
+        try:
+            store.set(key, json.dumps({"name": name, **layout.params()}).encode())
+        except BaseException:
+            unlink_segment(name)
+            mm.close()
+            raise
+    else:
+        raw = store.get(key)
+        try:
+            info = json.loads(bytes(raw).decode())
+            name = info.pop("name")
+            layout = ShmLayout(**info)
+        except (ValueError, KeyError, TypeError) as e:
+            raise RendezvousError(f"store key {key!r} does not describe a shared-memory segment: "
+                                  f"{raw[:200]!r} ({e})", rank=rank) from None
+        if layout.world_size != world_size:
+            raise RendezvousError(f"segment {name} was made for {layout.world_size} ranks but this "
+                                  f"rank expects world_size {world_size}", rank=rank)
+        mm = attach_segment(name, layout.total_bytes, rank)
+    transport = ShmTransport(rank, world_size, timeout, mm, layout, name)
+    try:
+        transport._join()
+    except BaseException:
+        transport.close()
+        raise
+    return transport

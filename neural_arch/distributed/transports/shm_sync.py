@@ -1,0 +1,203 @@
+"""Waiting on counters in shared memory: spin briefly, then back off, bounded and watchful.
+
+A waiter first polls a counter a few thousand times (a peer on another core usually answers
+within microseconds), then yields the CPU and sleeps in growing steps up to about 1 ms, so
+that more ranks than cores still make progress. Every wait is bounded by the transport's
+timeout, and every ~100 ms it checks that the peers it waits on are still alive and have not
+closed their end, so a killed peer is reported within a fraction of a second.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional, Sequence
+
+from ..errors import CollectiveTimeoutError, PeerFailureError
+
+SPIN_POLLS = 2000
+LIVENESS_PERIOD_S = 0.1
+FIRST_SLEEP_S = 1e-5
+MAX_SLEEP_S = 1e-3
+YIELDS_BEFORE_SLEEP = 50
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a killed child stays one until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        stat = b""
+    if stat:
+        # The command name may contain spaces and parentheses; the state follows the last ')'.
+        state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+        return state not in (b"Z", b"X", b"x")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PeerWatch:
+    """What a rank knows about its peers: their pids and whether they closed their transport.
+
+    ``closed(peer)`` reads the peer's flag in shared memory. Liveness by pid is only used for
+    peers whose pid was visible when the job started (ranks in other pid namespaces are not),
+    so a live peer is never reported dead.
+    """
+
+    def __init__(self, rank: int, pids: Sequence[int], closed: Callable[[int], bool]) -> None:
+        self.rank = rank
+        self.pids = list(pids)
+        self.closed = closed
+        self.watch_pid = [peer != rank and pid > 0 and pid_alive(pid)
+                          for peer, pid in enumerate(self.pids)]
+
+    def check(self, peers: Sequence[int], op: str, seq: Optional[int]) -> None:
+        """Raise PeerFailureError naming the first of ``peers`` that died or closed."""
+        for peer in peers:
+            if self.closed(peer):
+                raise PeerFailureError(
+                    f"peer rank {peer} closed its shared-memory transport while this rank was "
+                    "still waiting for it", rank=self.rank, peer=peer, op=op, seq=seq)
+            if self.watch_pid[peer] and not pid_alive(self.pids[peer]):
+                raise PeerFailureError(
+                    f"peer rank {peer} (pid {self.pids[peer]}) died while this rank was waiting "
+                    "for it", rank=self.rank, peer=peer, op=op, seq=seq)
+
+
+class Backoff:
+    """One blocking wait. Call ``pause(peers)`` after each poll that found nothing new.
+
+    Raises CollectiveTimeoutError once ``timeout`` seconds pass without the caller making
+    progress (create a new Backoff after progress), and PeerFailureError when one of the
+    peers still being waited on has died or closed.
+    """
+
+    __slots__ = ("watch", "op", "seq", "what", "start", "deadline", "next_check", "yields",
+                 "delay", "timeout")
+
+    def __init__(self, watch: PeerWatch, timeout: float, op: str, seq: Optional[int],
+                 what: str) -> None:
+        self.watch, self.op, self.seq, self.what = watch, op, seq, what
+        self.timeout = timeout
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout
+        self.next_check = self.start + LIVENESS_PERIOD_S
+        self.yields = 0
+        self.delay = FIRST_SLEEP_S
+
+    def pause(self, peers: Sequence[int]) -> None:
+        now = time.monotonic()
+        if now >= self.next_check:
+            self.next_check = now + LIVENESS_PERIOD_S
+            self.watch.check(peers, self.op, self.seq)
+        if now >= self.deadline:
+            peer = peers[0] if peers else None
+            raise CollectiveTimeoutError(
+                f"timed out after {now - self.start:.1f} s (timeout {self.timeout} s) waiting "
+                f"for {self.what}" + (f" from peer rank {peer}" if peer is not None else ""),
+                rank=self.watch.rank, peer=peer, op=self.op, seq=self.seq)
+        if self.yields < YIELDS_BEFORE_SLEEP:
+            self.yields += 1
+            _yield()
+            return
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, MAX_SLEEP_S)
+
+
+def spin_until_ge(counters, index: int, target: int) -> bool:
+    """Poll ``counters[index] >= target`` up to SPIN_POLLS times; True once it holds."""
+    for _ in range(SPIN_POLLS):
+        if counters[index] >= target:
+            return True
+    return False
+
+
+def wait_ge(counters, index: int, target: int, peer: int, watch: PeerWatch, timeout: float,
+            op: str, seq: Optional[int], what: str) -> None:
+    """Block until ``counters[index] >= target``; the counter is written by ``peer``."""
+    if counters[index] >= target or spin_until_ge(counters, index, target):
+        return
+    backoff = Backoff(watch, timeout, op, seq, what)
+    peers = (peer,)
+    while counters[index] < target:
+        backoff.pause(peers)
+
+
+# ----- where the counters live ---------------------------------------------------------------
+# Counters sit on 128-byte lines, one writer per line, so ranks never write the same cache
+# line (and the adjacent-line prefetcher never couples two writers).
+LINE_WORDS = 16
+AREA_BYTES = 128
+PAGE = 4096
+# Words of a rank's control line: barrier generation, fingerprint signature and sequence of
+# the direct collective at each generation parity, pid, and the "closed" flag.
+GEN, SIG0, SEQ0, SIG1, SEQ1, PID, CLOSED = range(7)
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+class ShmLayout:
+    """Byte offsets of everything in a job's segment; equal on every rank given the params.
+
+    Order: control lines (one per rank, then written/read lines per ordered channel), each
+    rank's two fingerprint-header areas, each channel's slot-header areas, channel data
+    slots, and the workspace: for each of two parities, one input area per rank and one result
+    area, ``workspace_bytes`` each.
+    """
+
+    def __init__(self, world_size: int, slots: int, slot_bytes: int, workspace_bytes: int) -> None:
+        for name, value, low in (("world_size", world_size, 1), ("slots", slots, 1),
+                                 ("slot_bytes", slot_bytes, 1), ("workspace_bytes",
+                                                                 workspace_bytes, PAGE)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        p = world_size
+        self.world_size, self.slots = p, slots
+        self.slot_bytes = _round_up(slot_bytes, PAGE)
+        self.workspace_bytes = _round_up(workspace_bytes, PAGE)
+        self.rank_headers_at = (p + 2 * p * p) * LINE_WORDS * 8
+        self.slot_headers_at = self.rank_headers_at + 2 * p * AREA_BYTES
+        self.slot_data_at = _round_up(self.slot_headers_at + p * p * slots * AREA_BYTES, PAGE)
+        self.workspace_at = self.slot_data_at + p * p * slots * self.slot_bytes
+        self.total_bytes = self.workspace_at + 2 * (p + 1) * self.workspace_bytes
+        self.gen_words = [self.rank_word(r, GEN) for r in range(p)]
+        self.peers = [tuple(q for q in range(p) if q != r) for r in range(p)]
+
+    def params(self) -> dict:
+        return {"world_size": self.world_size, "slots": self.slots,
+                "slot_bytes": self.slot_bytes, "workspace_bytes": self.workspace_bytes}
+
+    def rank_word(self, rank: int, field: int) -> int:
+        return rank * LINE_WORDS + field
+
+    def written_word(self, src: int, dst: int) -> int:
+        return (self.world_size + 2 * (src * self.world_size + dst)) * LINE_WORDS
+
+    def read_word(self, src: int, dst: int) -> int:
+        return self.written_word(src, dst) + LINE_WORDS
+
+    def rank_header(self, rank: int, parity: int) -> int:
+        return self.rank_headers_at + (2 * rank + parity) * AREA_BYTES
+
+    def slot_header(self, src: int, dst: int, slot: int) -> int:
+        return self.slot_headers_at + ((src * self.world_size + dst) * self.slots + slot) * AREA_BYTES
+
+    def slot_data(self, src: int, dst: int, slot: int) -> int:
+        return self.slot_data_at + ((src * self.world_size + dst) * self.slots + slot) * self.slot_bytes
+
+    def ws_input(self, parity: int, rank: int) -> int:
+        return self.workspace_at + (parity * (self.world_size + 1) + rank) * self.workspace_bytes
+
+    def ws_result(self, parity: int) -> int:
+        return self.ws_input(parity, self.world_size)

@@ -1,0 +1,399 @@
+"""TCP transport: a full mesh of authenticated sockets, one per pair of ranks.
+
+Setup: every rank listens on an ephemeral port and publishes ``host:port`` in the store; each
+rank dials every lower rank and accepts every higher one, so nobody waits on a rank that waits on
+it. The dialling rank's id travels inside the authenticated handshake.
+
+Data: sockets are non-blocking and one poll loop drives every send and receive of a call, so
+``sendrecv`` is full duplex and a ring of any size never deadlocks. Payloads move with
+``sendmsg``/``recv_into`` straight from and into the arrays (no copies in Python). While it
+waits, the loop also watches the other peers' sockets, so the death of any rank surfaces within
+a poll interval, naming that rank. ``close`` sends a goodbye header first: a rank that finished
+is told apart from one that crashed.
+"""
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import struct
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from ..auth import client_handshake, job_secret, server_handshake
+from ..errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
+                      PeerFailureError, RendezvousError)
+from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+
+_GOODBYE = pack_header(Fingerprint("__goodbye__", 0, "", 0, 0xFFFFFFFF), 0)
+_HELLO = struct.Struct("<II")  # dialling rank, its world size; then the key prefix
+_SOCKET_BUFFER = 4 << 20
+_POLL_SLICE_S = 1.0
+_IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
+
+
+class _Send:
+    __slots__ = ("peer", "views", "total")
+
+    def __init__(self, peer: int, header: bytes, payload: memoryview) -> None:
+        self.peer, self.total = peer, len(header) + payload.nbytes
+        self.views = [memoryview(header), payload] if payload.nbytes else [memoryview(header)]
+
+
+class _Recv:
+    __slots__ = ("peer", "header", "header_got", "payload", "got", "started")
+
+    def __init__(self, peer: int, payload: memoryview) -> None:
+        self.peer, self.payload = peer, payload
+        self.header, self.header_got, self.got, self.started = bytearray(HEADER_SIZE), 0, 0, False
+
+    @property
+    def done(self) -> bool:
+        return self.started and self.got == self.payload.nbytes
+
+
+def _byte_view(buf: np.ndarray, writable: bool, what: str) -> memoryview:
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} buffer must be a numpy array, got {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{what} buffer must be C-contiguous; got shape {buf.shape} with "
+                         f"strides {buf.strides}")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{what} buffer of shape {buf.shape} is read-only")
+    return memoryview(buf.reshape(-1).view(np.uint8))
+
+
+def create(rank: int, world_size: int, store, timeout: float, secret: Optional[bytes] = None,
+           host: Optional[str] = None, prefix: str = "tcp") -> "TcpTransport":
+    return TcpTransport(rank, world_size, store, timeout, secret=secret, host=host, prefix=prefix)
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, rank: int, world_size: int, store, timeout: float,
+                 secret: Optional[bytes] = None, host: Optional[str] = None,
+                 prefix: str = "tcp") -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        super().__init__(rank, world_size, float(timeout))
+        self._secret = secret
+        self._prefix = prefix
+        self._socks: dict[int, socket.socket] = {}
+        self._unusable: dict[int, str] = {}  # peer -> why its stream can no longer be used
+        self._lock = threading.Lock()
+        if world_size > 1:
+            try:
+                self._build_mesh(store, host)
+            except BaseException:
+                self._close_sockets()
+                raise
+        for sock in self._socks.values():
+            _tune(sock)
+            sock.setblocking(False)
+
+    # ---- setup -------------------------------------------------------------------------------
+    def _build_mesh(self, store, host: Optional[str]) -> None:
+        deadline = time.monotonic() + self.timeout
+        self._secret = job_secret() if self._secret is None else bytes(self._secret)
+        host = host or getattr(store, "local_address", None) or socket.gethostname()
+        listener = _listen(host, self.world_size)
+        try:
+            store.set(f"{self._prefix}/addr/{self.rank}",
+                      f"{host}:{listener.getsockname()[1]}".encode())
+            for peer in range(self.rank):
+                address = store.get(f"{self._prefix}/addr/{peer}",
+                                     timeout=max(deadline - time.monotonic(), 1e-3)).decode()
+                self._socks[peer] = self._dial(peer, address, deadline)
+            self._accept_higher(listener, deadline)
+        finally:
+            listener.close()
+
+    def _dial(self, peer: int, address: str, deadline: float) -> socket.socket:
+        host, _, port = address.rpartition(":")
+        hello = _HELLO.pack(self.rank, self.world_size) + self._prefix.encode()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RendezvousError(f"could not connect to {address} within {self.timeout} s",
+                                      rank=self.rank, peer=peer, op="tcp.connect")
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=remaining)
+            except OSError as e:
+                if e.errno not in (errno.ECONNREFUSED, errno.EAGAIN, errno.ETIMEDOUT):
+                    raise RendezvousError(f"could not connect to {address}: {e}", rank=self.rank,
+                                          peer=peer, op="tcp.connect") from None
+                time.sleep(0.05)
+                continue
+            try:
+                client_handshake(sock, self._secret, remaining, client_info=hello)
+            except AuthenticationError as e:
+                sock.close()
+                raise AuthenticationError(f"handshake with {address} failed: {e}",
+                                          rank=self.rank, peer=peer, op="tcp.connect") from None
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+
+    def _accept_higher(self, listener: socket.socket, deadline: float) -> None:
+        missing = set(range(self.rank + 1, self.world_size))
+        rejected = ""
+        while missing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RendezvousError(f"ranks {sorted(missing)} did not connect within "
+                                      f"{self.timeout} s{rejected}", rank=self.rank,
+                                      op="tcp.accept")
+            listener.settimeout(remaining)
+            try:
+                conn, addr = listener.accept()
+            except OSError:  # timed out (reported above) or interrupted
+                continue
+            try:
+                info = server_handshake(conn, self._secret, min(remaining, 30.0))
+            except (AuthenticationError, OSError) as e:
+                conn.close()  # a stranger, or a peer that vanished mid-handshake: keep waiting
+                rejected = f" (last rejected connection: {e})"
+                continue
+            peer, world = (-1, -1)
+            if len(info) >= _HELLO.size:
+                peer, world = _HELLO.unpack(info[:_HELLO.size])
+            prefix = info[_HELLO.size:].decode(errors="replace")
+            if world != self.world_size or prefix != self._prefix or peer not in missing:
+                conn.close()
+                raise RendezvousError(
+                    f"{addr} connected as rank {peer} of {world} (prefix {prefix!r}); expected one "
+                    f"of ranks {sorted(missing)} of {self.world_size} (prefix {self._prefix!r})",
+                    rank=self.rank, peer=peer, op="tcp.accept")
+            self._socks[peer] = conn
+            missing.discard(peer)
+
+    # ---- data path ---------------------------------------------------------------------------
+    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
+        payload = _byte_view(buf, False, "send")
+        self._check_peer(dst, fp)
+        self._run([_Send(dst, pack_header(fp, payload.nbytes), payload)], [], fp)
+
+    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
+        payload = _byte_view(buf, True, "recv")
+        self._check_peer(src, fp)
+        self._run([], [_Recv(src, payload)], fp)
+
+    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
+                 fp: Fingerprint) -> None:
+        out, into = _byte_view(sendbuf, False, "send"), _byte_view(recvbuf, True, "recv")
+        self._check_peer(dst, fp)
+        self._check_peer(src, fp)
+        self._run([_Send(dst, pack_header(fp, out.nbytes), out)], [_Recv(src, into)], fp)
+
+    def _check_peer(self, peer: int, fp: Fingerprint) -> None:
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+            raise ValueError(f"peer rank {peer!r} is outside [0, {self.world_size}) for "
+                             f"{fp.describe()}")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to or receive from itself "
+                             f"({fp.describe()})")
+        if peer in self._unusable:
+            raise PeerFailureError(f"connection unusable: {self._unusable[peer]}",
+                                   rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
+        if peer not in self._socks:
+            raise PeerFailureError("transport is closed", rank=self.rank, peer=peer, op=fp.op,
+                                   seq=fp.seq)
+
+    def _run(self, sends: list[_Send], recvs: list[_Recv], fp: Fingerprint) -> None:
+        with self._lock:
+            deadline = time.monotonic() + self.timeout
+            known_alive: set[int] = set()  # bystanders with data queued for a later call
+            try:
+                while True:
+                    moved = any([self._pump_send(s, fp) for s in sends] +
+                                [self._pump_recv(r, fp) for r in recvs])
+                    sends = [s for s in sends if s.views]
+                    recvs = [r for r in recvs if not r.done]
+                    if not sends and not recvs:
+                        return
+                    if not moved:
+                        self._wait(sends, recvs, known_alive, deadline, fp)
+            except BaseException as e:
+                for op in sends + recvs:  # a half-moved message leaves the stream unusable
+                    self._unusable.setdefault(op.peer, f"{type(e).__name__} in {fp.describe()}")
+                raise
+
+    def _wait(self, sends, recvs, known_alive: set[int], deadline: float,
+              fp: Fingerprint) -> None:
+        """Sleep until a pending socket is ready; meanwhile watch every other peer for death."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._timeout_error(sends, recvs, fp)
+        masks: dict[int, int] = {}
+        for op, mask in [(s, _OUT) for s in sends] + [(r, _IN) for r in recvs]:
+            masks[op.peer] = masks.get(op.peer, 0) | mask
+        watched = {p for p in self._socks
+                   if p not in masks and p not in known_alive and p not in self._unusable}
+        for peer in watched:
+            masks[peer] = _IN
+        poller = select.poll()
+        by_fd = {}
+        for peer, mask in masks.items():
+            by_fd[self._socks[peer].fileno()] = peer
+            poller.register(self._socks[peer], mask)
+        for fd, _ in poller.poll(max(1, int(min(remaining, _POLL_SLICE_S) * 1000))):
+            peer = by_fd[fd]
+            if peer in watched and self._bystander_settled(peer, fp):
+                known_alive.add(peer)
+
+    def _bystander_settled(self, peer: int, fp: Fingerprint) -> bool:
+        """A peer we are not talking to became readable: raise if it died; True once we know
+        it is alive (data queued for a later call) or gone politely (goodbye consumed)."""
+        sock = self._socks[peer]
+        try:
+            head = sock.recv(HEADER_SIZE, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as e:
+            raise self._lost(peer, fp, f"its connection failed ({e})") from None
+        if head == b"":
+            raise self._lost(peer, fp, "it closed its connection without saying goodbye "
+                                       "(process died?)")
+        if head == _GOODBYE:
+            sock.recv(HEADER_SIZE)
+            self._unusable[peer] = "the peer closed its transport (it left the job)"
+        return True
+
+    def _pump_send(self, op: _Send, fp: Fingerprint) -> bool:
+        if not op.views:
+            return False
+        try:
+            sent = self._socks[op.peer].sendmsg(op.views)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as e:
+            raise self._lost(op.peer, fp, f"sending failed ({e})") from None
+        while sent:
+            if sent >= op.views[0].nbytes:
+                sent -= op.views.pop(0).nbytes
+            else:
+                op.views[0], sent = op.views[0][sent:], 0
+        return True
+
+    def _pump_recv(self, op: _Recv, fp: Fingerprint) -> bool:
+        sock, moved = self._socks[op.peer], False
+        while not op.done:
+            into = (memoryview(op.header)[op.header_got:] if not op.started
+                    else op.payload[op.got:])
+            try:
+                n = sock.recv_into(into)
+            except (BlockingIOError, InterruptedError):
+                return moved
+            except OSError as e:
+                raise self._lost(op.peer, fp, f"receiving failed ({e})") from None
+            if n == 0:
+                raise self._lost(op.peer, fp, "it closed the connection "
+                                 f"({'mid-message' if op.header_got else 'before sending'})")
+            moved = True
+            if op.started:
+                op.got += n
+                continue
+            op.header_got += n
+            if op.header_got == HEADER_SIZE:
+                self._check_incoming(op, fp)
+        return moved
+
+    def _check_incoming(self, op: _Recv, fp: Fingerprint) -> None:
+        if bytes(op.header) == _GOODBYE:
+            raise self._lost(op.peer, fp, "it closed its transport (it left the job)")
+        try:
+            got, nbytes = unpack_header(op.header)
+        except ValueError as e:
+            raise CollectiveMismatchError(f"peer rank {op.peer} sent a malformed header ({e}) "
+                                          f"while we expected {fp.describe()}", rank=self.rank,
+                                          peer=op.peer, op=fp.op, seq=fp.seq) from None
+        check_header(fp, got, nbytes, op.payload.nbytes, rank=self.rank, peer=op.peer)
+        op.started = True
+
+    def _lost(self, peer: int, fp: Fingerprint, why: str) -> PeerFailureError:
+        self._unusable[peer] = f"lost during {fp.describe()}: {why}"
+        return PeerFailureError(f"lost peer rank {peer} during {fp.describe()}: {why}",
+                                rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
+
+    def _timeout_error(self, sends, recvs, fp: Fingerprint) -> CollectiveTimeoutError:
+        parts = [f"send to rank {s.peer} ({s.total - sum(v.nbytes for v in s.views)}/{s.total} "
+                 "bytes)" for s in sends]
+        parts += [f"receive from rank {r.peer} ({r.got}/{r.payload.nbytes} payload bytes)"
+                  for r in recvs]
+        first = (sends or recvs)[0].peer
+        return CollectiveTimeoutError(f"{fp.describe()} did not complete within {self.timeout} s;"
+                                      f" pending: {', '.join(parts)}", rank=self.rank,
+                                      peer=first, op=fp.op, seq=fp.seq)
+
+    def close(self) -> None:
+        """Say goodbye to every peer and close the sockets. Safe to call twice."""
+        polite = self._lock.acquire(timeout=1.0)  # never interleave with a message in flight
+        try:
+            if polite:
+                for peer, sock in self._socks.items():
+                    if peer not in self._unusable:
+                        _send_goodbye(sock)
+            self._close_sockets()
+        finally:
+            if polite:
+                self._lock.release()
+
+    def _close_sockets(self) -> None:
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+
+
+def _send_goodbye(sock: socket.socket) -> None:
+    try:
+        sock.setblocking(True)
+        sock.settimeout(0.5)
+        sock.sendall(_GOODBYE)
+    except OSError:
+        pass
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option, limit_file in ((socket.SO_SNDBUF, "wmem_max"), (socket.SO_RCVBUF, "rmem_max")):
+        # A fixed size turns Linux's autotuning off: only worth it when the cap allows it.
+        if _kernel_limit(limit_file) >= _SOCKET_BUFFER:
+            sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):  # dead hosts (no FIN ever comes) show up within ~25 s idle
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _kernel_limit(name: str) -> int:
+    try:
+        with open(f"/proc/sys/net/core/{name}") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def _listen(host: str, world_size: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.bind((host, 0))
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL:
+                raise
+            sock.bind(("::" if family == socket.AF_INET6 else "", 0))
+        sock.listen(max(128, world_size))
+    except OSError as e:
+        sock.close()
+        raise RendezvousError(f"cannot listen on {host}: {e}", op="tcp.listen") from None
+    return sock

@@ -1,0 +1,302 @@
+"""``Module``: the base of every layer, with registration of parameters, buffers and children."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
+
+import numpy as np
+
+from ..backends import backend_for
+from ..core import Tensor
+from .parameter import Parameter
+
+
+class IncompatibleKeys(NamedTuple):
+    missing_keys: List[str]
+    unexpected_keys: List[str]
+
+
+def _array_on(array: Any, device: Any) -> Any:
+    return Tensor(array, dtype=array.dtype, device=device).data
+
+
+def _host_copy(value: Any) -> np.ndarray:
+    data = value.data if isinstance(value, Tensor) else value
+    if not isinstance(data, np.ndarray) and hasattr(data, "get"):
+        return data.get()  # CuPy -> NumPy, already a copy
+    return np.array(data, copy=True)
+
+
+class Module:
+    """Base class: assign ``Parameter``s and ``Module``s as attributes and they are registered
+    (in assignment order); define ``forward`` and call the module."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # ------------------------------------------------------------------ registration
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(
+                f"cannot assign '{name}' before Module.__init__() is called in "
+                f"{type(self).__name__}.__init__")
+        params, modules, buffers = self._parameters, self._modules, self._buffers
+        if isinstance(value, Parameter):
+            self._forget(name)
+            params[name] = value
+        elif name in params:
+            if value is not None:
+                raise TypeError(f"cannot assign a {type(value).__name__} to parameter '{name}' "
+                                f"(nn.Parameter or None expected)")
+            params[name] = None
+        elif isinstance(value, Module):
+            self._forget(name)
+            modules[name] = value
+        elif name in modules:
+            if value is not None:
+                raise TypeError(f"cannot assign a {type(value).__name__} to submodule '{name}' "
+                                f"(nn.Module or None expected)")
+            modules[name] = None
+        elif name in buffers:
+            buffers[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def _forget(self, name: str) -> None:
+        self.__dict__.pop(name, None)
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        self._non_persistent.discard(name)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: registered objects live in the tables.
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = self.__dict__.get(table)
+            if entries is not None and name in entries:
+                return entries[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name: str) -> None:
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                self._non_persistent.discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
+        """Register ``param`` (or a None placeholder, e.g. a disabled bias) under ``name``."""
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot register a {type(param).__name__} as parameter '{name}' "
+                            f"(wrap it in nn.Parameter)")
+        self.__dict__.pop(name, None)
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, value: Any, persistent: bool = True) -> None:
+        """Register non-trainable state (an array or Tensor); persistent ones go in state_dict."""
+        if "." in name or not name:
+            raise KeyError(f"buffer name must be non-empty and contain no '.', got '{name}'")
+        self.__dict__.pop(name, None)
+        self._buffers[name] = value
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+
+    def register_module(self, name: str, module: Optional["Module"]) -> None:
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"cannot register a {type(module).__name__} as submodule '{name}'")
+        self.__dict__.pop(name, None)
+        self._modules[name] = module
+
+    add_module = register_module
+
+    # ------------------------------------------------------------------ traversal
+    def named_modules(self, prefix: str = "", memo: Optional[Set[int]] = None
+                      ) -> Iterator[Tuple[str, "Module"]]:
+        """This module and every descendant once, depth first, with dotted names."""
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, child in self._modules.items():
+            if child is not None:
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, module in self.named_modules():
+            yield module
+
+    def named_children(self) -> Iterator[Tuple[str, "Module"]]:
+        for name, child in self._modules.items():
+            if child is not None:
+                yield name, child
+
+    def children(self) -> Iterator["Module"]:
+        for _, child in self.named_children():
+            yield child
+
+    def _named_members(self, table: str, recurse: bool, unique: bool
+                       ) -> Iterator[Tuple[str, Any]]:
+        seen: Set[int] = set()
+        owners = self.named_modules() if recurse else iter([("", self)])
+        for prefix, module in owners:
+            for name, value in getattr(module, table).items():
+                if value is None or (unique and id(value) in seen):
+                    continue
+                seen.add(id(value))
+                yield (f"{prefix}.{name}" if prefix else name), value
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True
+                         ) -> Iterator[Tuple[str, Parameter]]:
+        """(dotted name, parameter) in registration order; a shared parameter appears once."""
+        for name, param in self._named_members("_parameters", recurse, unique=True):
+            yield (f"{prefix}.{name}" if prefix else name), param
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, param in self.named_parameters(recurse=recurse):
+            yield param
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[Tuple[str, Any]]:
+        for name, buf in self._named_members("_buffers", recurse, unique=True):
+            yield (f"{prefix}.{name}" if prefix else name), buf
+
+    def buffers(self, recurse: bool = True) -> Iterator[Any]:
+        for _, buf in self.named_buffers(recurse=recurse):
+            yield buf
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
+        """Name -> host NumPy copy of every parameter and persistent buffer (shared ones under
+        each of their names, as in PyTorch)."""
+        state: "OrderedDict[str, np.ndarray]" = OrderedDict()
+        for prefix, module in self.named_modules():
+            dot = f"{prefix}." if prefix else ""
+            for name, param in module._parameters.items():
+                if param is not None:
+                    state[dot + name] = _host_copy(param)
+            for name, buf in module._buffers.items():
+                if buf is not None and name not in module._non_persistent:
+                    state[dot + name] = _host_copy(buf)
+        return state
+
+    def _state_targets(self) -> Dict[str, Tuple["Module", str, str]]:
+        targets = {}
+        for prefix, module in self.named_modules():
+            dot = f"{prefix}." if prefix else ""
+            for name, param in module._parameters.items():
+                if param is not None:
+                    targets[dot + name] = (module, "_parameters", name)
+            for name, buf in module._buffers.items():
+                if buf is not None and name not in module._non_persistent:
+                    targets[dot + name] = (module, "_buffers", name)
+        return targets
+
+    def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> IncompatibleKeys:
+        """Copy arrays into the parameters and buffers in place (dtype and device kept).
+
+        A shape mismatch always raises ``ValueError`` naming the key and both shapes; with
+        ``strict`` missing or unexpected keys raise ``KeyError``, else they are returned.
+        """
+        targets = self._state_targets()
+        missing = [key for key in targets if key not in state_dict]
+        unexpected = [key for key in state_dict if key not in targets]
+        if strict and (missing or unexpected):
+            raise KeyError(f"error loading state_dict into {type(self).__name__}: missing keys "
+                           f"{missing}, unexpected keys {unexpected}")
+        for key, (module, table, name) in targets.items():
+            if key not in state_dict:
+                continue
+            source = state_dict[key]
+            source = source.data if isinstance(source, Tensor) else source
+            source = source.get() if not isinstance(source, np.ndarray) and hasattr(source, "get") \
+                else np.asarray(source)
+            current = getattr(module, table)[name]
+            array = current.data if isinstance(current, Tensor) else current
+            if tuple(source.shape) != tuple(array.shape):
+                raise ValueError(f"size mismatch for '{key}': the checkpoint has shape "
+                                 f"{tuple(source.shape)}, the model has {tuple(array.shape)}")
+            if isinstance(array, np.ndarray):
+                np.copyto(array, source, casting="unsafe")
+            else:
+                array[...] = backend_for(array).asarray(source.astype(array.dtype))
+        return IncompatibleKeys(missing, unexpected)
+
+    # ------------------------------------------------------------------ modes and devices
+    def train(self, mode: bool = True) -> "Module":
+        """Set training mode here and in every submodule; returns self."""
+        for module in self.modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param in self.parameters():
+            if param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+            else:
+                param.grad[...] = 0
+
+    def to(self, device: Any) -> "Module":
+        """Move every parameter and buffer to ``device`` in place (parameters keep their
+        identity, so optimizers built before the move stay valid); returns self."""
+        for module in self.modules():
+            for param in module._parameters.values():
+                if param is not None:
+                    param.data = _array_on(param.data, device)
+                    if param.grad is not None:
+                        param.grad = _array_on(param.grad, device)
+            for name, buf in module._buffers.items():
+                if isinstance(buf, Tensor):
+                    buf.data = _array_on(buf.data, device)
+                elif buf is not None:
+                    module._buffers[name] = _array_on(buf, device)
+        return self
+
+    def apply(self, fn: Callable[["Module"], None]) -> "Module":
+        """Call ``fn`` on every submodule (children first) and on self."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = []
+        for name, child in self._modules.items():
+            child_repr = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {child_repr}")
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n" + "\n".join(lines) + "\n)"
+
+    def __dir__(self) -> List[str]:
+        return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers)
+                      | set(self._modules))
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str) -> None:
+        """Write ``state_dict()`` to a safetensors file."""
+        from .serialization import save_state_dict
+        save_state_dict(self, path)
+
+    def load(self, path: str, strict: bool = True) -> IncompatibleKeys:
+        """Load parameters and buffers from a safetensors file written by ``save``."""
+        from .serialization import load_state_dict_file
+        return self.load_state_dict(load_state_dict_file(path), strict=strict)

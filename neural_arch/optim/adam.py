@@ -1,0 +1,85 @@
+"""Adam and AdamW with PyTorch's bias correction and decoupled weight decay."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Optional, Tuple
+
+import numpy as np
+
+from .optimizer import Optimizer
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam``: L2 decay added to the gradient, ``denom = sqrt(v)/sqrt(bc2) + eps``,
+    ``step_size = lr / bc1``, optional AMSGrad."""
+
+    _decoupled_decay = False
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False, maximize: bool = False) -> None:
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if eps < 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameters: {tuple(betas)}, each must be in [0, 1)")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        amsgrad=amsgrad, maximize=maximize)
+        super().__init__(params, defaults)
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Update every parameter that has a gradient; returns the closure's loss if given."""
+        loss = self._evaluate_closure(closure)
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+            weight_decay, amsgrad = group["weight_decay"], group["amsgrad"]
+            maximize = group["maximize"]
+            for param in group["params"]:
+                grad = param.grad
+                if grad is None:
+                    continue
+                data = param.data
+                if maximize:
+                    grad = -grad
+                state = self.state[param]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = np.zeros_like(data)
+                    state["exp_avg_sq"] = np.zeros_like(data)
+                    if amsgrad:
+                        state["max_exp_avg_sq"] = np.zeros_like(data)
+                state["step"] += 1
+                step = state["step"]
+                if weight_decay != 0:
+                    if self._decoupled_decay:
+                        data *= 1 - lr * weight_decay
+                    else:
+                        grad = grad + weight_decay * data
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg += (grad - exp_avg) * (1 - beta1)
+                exp_avg_sq *= beta2
+                exp_avg_sq += (1 - beta2) * (grad * grad)
+                bias_correction1 = 1 - beta1 ** step
+                bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
+                second_moment = exp_avg_sq
+                if amsgrad:
+                    np.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
+                    second_moment = state["max_exp_avg_sq"]
+                denom = np.sqrt(second_moment) / bias_correction2_sqrt + eps
+                data -= (lr / bias_correction1) * (exp_avg / denom)
+        return loss
+
+
+class AdamW(Adam):
+    """``torch.optim.AdamW``: Adam with decoupled decay ``p *= 1 - lr * weight_decay`` first."""
+
+    _decoupled_decay = True
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False, maximize: bool = False) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, maximize=maximize)

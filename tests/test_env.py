@@ -1,0 +1,114 @@
+"""Rendezvous information from launcher environments (ours, Open MPI, PMI, SLURM) and URLs."""
+import pytest
+
+from neural_arch.distributed.env import (RendezvousInfo, expand_nodelist, is_launched_by_mpi,
+                                         resolve)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_nothing_set_is_a_single_process_job():
+    assert resolve(environ={}) == RendezvousInfo(0, 1, 0, 1, "127.0.0.1", 29500, "env")
+
+
+def test_reads_the_process_environment_by_default(monkeypatch):
+    for name, value in {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node7",
+                        "MASTER_PORT": "1234"}.items():
+        monkeypatch.setenv(name, value)
+    assert resolve() == RendezvousInfo(2, 4, 0, 2, "node7", 1234, "env")
+
+
+def test_open_mpi_variables():
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+           "MASTER_ADDR": "10.0.0.1"}
+    assert resolve(environ=env) == RendezvousInfo(3, 8, 1, 2, "10.0.0.1", 29500, "mpi")
+    assert is_launched_by_mpi(env)
+
+
+def test_pmi_variables():
+    env = {"PMI_RANK": "5", "PMI_SIZE": "6", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "3"}
+    assert resolve(environ=env) == RendezvousInfo(5, 6, 2, 3, "127.0.0.1", 29500, "pmi")
+    assert is_launched_by_mpi(env)
+
+
+def test_slurm_variables_and_master_from_node_list():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+           "SLURM_TASKS_PER_NODE": "2(x4)", "SLURM_NODELIST": "gpu[07-10]",
+           "SLURM_STEP_NODELIST": "gpu[08-10]"}
+    assert resolve(environ=env) == RendezvousInfo(5, 8, 1, 2, "gpu08", 29500, "slurm")
+    assert not is_launched_by_mpi(env)  # plain srun without PMI is not an MPI launch
+    uneven = dict(env, SLURM_TASKS_PER_NODE="3(x2),1,1", SLURM_NODEID="2", SLURM_PROCID="6",
+                  SLURM_LOCALID="0")
+    assert resolve(environ=uneven).local_world_size == 1
+
+
+def test_precedence_env_then_mpi_then_pmi_then_slurm():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0",
+           "OMPI_COMM_WORLD_SIZE": "4", "PMI_RANK": "0", "PMI_SIZE": "4",
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}
+    assert resolve(environ=env).launcher == "env"
+    del env["RANK"], env["WORLD_SIZE"]
+    assert resolve(environ=env).launcher == "mpi"
+    del env["OMPI_COMM_WORLD_RANK"], env["OMPI_COMM_WORLD_SIZE"]
+    assert resolve(environ=env).launcher == "pmi"
+    del env["PMI_RANK"], env["PMI_SIZE"]
+    assert resolve(environ=env).launcher == "slurm"
+
+
+def test_explicit_arguments_override_and_tcp_url():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "ignored", "MASTER_PORT": "1"}
+    info = resolve("tcp://10.1.2.3:4567", world_size=4, rank=3, environ=env)
+    assert info == RendezvousInfo(3, 4, 3, 4, "10.1.2.3", 4567, "explicit")
+    assert resolve("tcp://[::1]:80", world_size=1, rank=0, environ={}).master_addr == "::1"
+
+
+def test_missing_local_variables_default_to_one_host():
+    info = resolve(environ={"RANK": "3", "WORLD_SIZE": "4"})
+    assert (info.local_rank, info.local_world_size) == (3, 4)
+    info = resolve(environ={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    assert (info.local_rank, info.local_world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("env, kwargs, message", [
+    ({"RANK": "x", "WORLD_SIZE": "2"}, {}, "RANK='x'"),
+    ({"RANK": "0", "WORLD_SIZE": "two"}, {}, "WORLD_SIZE='two'"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, {}, r"RANK=2 is outside \[0, WORLD_SIZE=2\)"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, {}, "RANK=-1"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, {}, "WORLD_SIZE must be >= 1, got 0"),
+    ({"OMPI_COMM_WORLD_RANK": "1"}, {}, "OMPI_COMM_WORLD_SIZE is not"),
+    ({}, {"world_size": 3}, "no rank"),
+    ({}, {"rank": 5, "world_size": 2}, r"rank=5 is outside \[0, world_size=2\)"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, {},
+     "LOCAL_RANK=2"),
+    ({"MASTER_PORT": "70000"}, {}, "MASTER_PORT=70000"),
+    ({"MASTER_PORT": "http"}, {}, "MASTER_PORT='http'"),
+    ({}, {"init_method": "tcp://host"}, "tcp://host:port"),
+    ({}, {"init_method": "tcp://host:99999"}, "invalid port"),
+    ({}, {"init_method": "file:///tmp/x"}, "init_method must be"),
+])
+def test_bad_values_raise_value_error_naming_them(env, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        resolve(environ=env, **kwargs)
+
+
+def test_non_integer_arguments_raise_type_error():
+    with pytest.raises(TypeError, match="rank must be an int"):
+        resolve(rank="0", world_size=1, environ={})
+
+
+def test_expand_nodelist_forms():
+    assert expand_nodelist("node[01-04]") == ["node01", "node02", "node03", "node04"]
+    assert expand_nodelist("a,b[1,3-4],c") == ["a", "b1", "b3", "b4", "c"]
+    assert expand_nodelist("r[1-2]-n[9-10]") == ["r1-n9", "r1-n10", "r2-n9", "r2-n10"]
+    assert expand_nodelist("solo") == ["solo"]
+    with pytest.raises(ValueError, match="node\\[a-b\\]"):
+        expand_nodelist("node[a-b]")
+
+
+def test_is_launched_by_mpi_markers():
+    assert not is_launched_by_mpi({})
+    assert not is_launched_by_mpi({"RANK": "0", "WORLD_SIZE": "1"})
+    assert is_launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "2"})
+    assert is_launched_by_mpi({"PMIX_RANK": "0"})

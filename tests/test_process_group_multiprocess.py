@@ -1,0 +1,146 @@
+"""Process-group life cycle and failure handling on real processes, for every backend."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from dist_harness import free_port, run_ranks
+from neural_arch import distributed as dist
+
+pytestmark = pytest.mark.timeout(180)
+
+SHORT = {"timeout": 10}
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, str(exc)
+
+
+def queries(rank: int, ws: int) -> dict:
+    info = dist.get_distributed_info()
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "local_rank": dist.get_local_rank(), "backend": dist.get_backend(),
+            "initialized": dist.is_initialized(), "info": info}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_rank_queries_and_info(backend, world_size):
+    results = run_ranks(queries, world_size, backend, timeout=60, init_kwargs=SHORT)
+    # one host: local ranks are a permutation of the ranks (mpiexec need not keep their order)
+    assert sorted(r["local_rank"] for r in results) == list(range(world_size))
+    for rank, got in enumerate(results):
+        assert (got["rank"], got["world_size"]) == (rank, world_size)
+        if backend != "mpi":  # the harness sets LOCAL_RANK = RANK
+            assert got["local_rank"] == rank
+        assert got["backend"] == backend and got["initialized"]
+        info = got["info"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, world_size, backend)
+        assert info["initialized"] and backend in info["available_transports"]
+
+
+@pytest.mark.parametrize("requested", ["auto", "gloo"])
+def test_auto_backend_uses_shared_memory_on_one_host(requested):
+    results = run_ranks(queries, 3, requested, timeout=60, init_kwargs=SHORT)
+    assert [r["backend"] for r in results] == ["shm"] * 3
+
+
+def reinit(rank: int, ws: int) -> list:
+    # a fresh port for the second rendezvous: rank 0's old store may still be closing
+    port = dist.all_gather_object(free_port() if rank == 0 else None)[0]
+    backend = dist.get_backend()
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(backend, timeout=10)
+    x = np.full(4, rank + 1.0)
+    dist.all_reduce(x)
+    return x.tolist()
+
+
+def test_destroy_then_init_again(backend):
+    for got in run_ranks(reinit, 2, backend, timeout=60, init_kwargs=SHORT):
+        assert got == [3.0] * 4
+
+
+def mismatched_ops(rank: int, ws: int, kind: str):
+    x = np.zeros(8)
+    try:
+        if kind == "ops":
+            dist.all_reduce(x) if rank == 0 else dist.broadcast(x, src=0)
+        else:
+            dist.all_reduce(np.zeros(8 + rank))
+    except dist.DistributedError as exc:
+        return describe(exc)
+    return None
+
+
+@pytest.mark.parametrize("kind", ["ops", "sizes"])
+def test_mismatched_collectives_raise_naming_both_sides(backend, kind):
+    results = run_ranks(mismatched_ops, 2, backend, timeout=60, args=(kind,), init_kwargs=SHORT)
+    assert all(r is not None for r in results), results  # every rank raised
+    mismatches = [msg for name, msg in results if name == "CollectiveMismatchError"]
+    assert mismatches, results
+    if kind == "ops":
+        assert any("all_reduce" in m and "broadcast" in m for m in mismatches), mismatches
+    else:
+        assert any("8 x float64" in m and "9 x float64" in m for m in mismatches), mismatches
+
+
+def killed_peer(rank: int, ws: int):
+    dist.barrier()
+    if rank == ws - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        for _ in range(3):
+            dist.all_reduce(np.ones(1000))
+    except dist.DistributedError as exc:
+        return describe(exc)
+    return None
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_killed_peer_makes_survivors_raise_naming_it(backend, world_size):
+    if backend == "mpi":
+        pytest.skip("mpiexec aborts the whole job when one rank is killed")
+    results = run_ranks(killed_peer, world_size, backend, timeout=60, init_kwargs=SHORT,
+                        may_die=[world_size - 1])
+    survivors = results[:-1]
+    # PeerFailureError, not CollectiveTimeoutError: the death was noticed before the 10 s timeout
+    assert [r[0] for r in survivors] == ["PeerFailureError"] * (world_size - 1), survivors
+    assert any(f"peer rank {world_size - 1}" in msg for _, msg in survivors), survivors
+
+
+def late_peer(rank: int, ws: int):
+    if rank == 1:
+        time.sleep(6)
+        return None
+    try:
+        dist.all_reduce(np.ones(10))
+    except dist.DistributedError as exc:
+        return describe(exc)
+    return None
+
+
+def test_a_silent_peer_times_out(backend):
+    results = run_ranks(late_peer, 2, backend, timeout=60, init_kwargs={"timeout": 3})
+    name, message = results[0]
+    assert name == "CollectiveTimeoutError", results[0]
+    assert "all_reduce" in message and "rank 0" in message
+
+
+def mismatched_groups(rank: int, ws: int):
+    try:
+        dist.new_group([0, 1] if rank == 0 else [0, 2])
+    except ValueError as exc:
+        return describe(exc)
+    return None
+
+
+def test_new_group_must_get_the_same_ranks_everywhere(backend):
+    for name, message in run_ranks(mismatched_groups, 3, backend, timeout=60,
+                                   init_kwargs=SHORT):
+        assert name == "ValueError" and "different arguments" in message

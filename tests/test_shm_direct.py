@@ -1,0 +1,359 @@
+"""Direct shared-memory collectives on real rank processes, checked against NumPy references."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import numpy as np
+import pytest
+
+from neural_arch.distributed.algorithms import shm_direct
+from neural_arch.distributed.errors import (CollectiveMismatchError, CollectiveTimeoutError,
+                                            PeerFailureError)
+from neural_arch.distributed.reduce_ops import ReduceOp
+from neural_arch.distributed.transports import shm
+from neural_arch.distributed.transports.base import Fingerprint
+from shm_testing import kill_self, run_ranks, shm_names_of
+
+pytestmark = pytest.mark.timeout(240)
+
+DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
+OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVERAGE)
+TINY_WORKSPACE = 4096  # forces many rounds with small vectors
+
+
+class Calls:
+    """Numbers every collective of one rank, as a process group would."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def fp(self, op: str, arr: np.ndarray) -> Fingerprint:
+        self.seq += 1
+        return Fingerprint(op, self.seq, arr.dtype.name, arr.size)
+
+
+def rank_input(rank: int, p: int, n: int, dtype, op: ReduceOp) -> np.ndarray:
+    """Integer-valued inputs whose reduction is exact in every dtype (float16 included)."""
+    i = np.arange(n, dtype=np.int64)
+    if op is ReduceOp.SUM:
+        values = (rank + 1) * (i % 7 + 1) * np.where(i % 2 == 0, 1, -1)
+    elif op is ReduceOp.PRODUCT:
+        values = (rank + i) % 3 + 1
+    elif op is ReduceOp.AVERAGE:
+        # offsets summing to zero over the ranks keep the mean an exact integer
+        offset = rank if rank < p - 1 else -sum(range(p - 1))
+        values = (i % 5 + 1) * p + offset
+    else:
+        values = (rank * 7 + i * 3) % 11 - 5
+    return values.astype(dtype)
+
+
+def reference(p: int, n: int, dtype, op: ReduceOp) -> np.ndarray:
+    stack = np.stack([rank_input(r, p, n, dtype, op).astype(np.float64) for r in range(p)])
+    reduced = {ReduceOp.SUM: stack.sum(0), ReduceOp.PRODUCT: stack.prod(0),
+               ReduceOp.MIN: stack.min(0), ReduceOp.MAX: stack.max(0),
+               ReduceOp.AVERAGE: stack.sum(0) / p}[op]
+    return reduced.astype(dtype)
+
+
+def all_reduce_cases(p: int, large: bool):
+    sizes = sorted({0, 1, max(p - 1, 0), 13, 1031, 4099})
+    for n in sizes:
+        for dtype in DTYPES:
+            for op in OPS:
+                if op is ReduceOp.AVERAGE and np.dtype(dtype).kind != "f":
+                    continue
+                yield n, dtype, op
+    if large:
+        for dtype, op in ((np.float32, ReduceOp.SUM), (np.float64, ReduceOp.AVERAGE),
+                          (np.int64, ReduceOp.MAX), (np.float16, ReduceOp.MIN),
+                          (np.int32, ReduceOp.PRODUCT)):
+            yield 1_048_583, dtype, op
+
+
+def check_all_reduce_matrix(rank, p, store, workspace_bytes, large):
+    t = shm.create(rank, p, store, 60.0, workspace_bytes=workspace_bytes)
+    calls, failures = Calls(), []
+    try:
+        for n, dtype, op in all_reduce_cases(p, large):
+            buf = rank_input(rank, p, n, dtype, op)
+            shm_direct.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
+            if not np.array_equal(buf, reference(p, n, dtype, op)):
+                failures.append((n, np.dtype(dtype).name, op.name))
+        return failures
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_all_reduce_exact_default_workspace(tmp_path, p):
+    results = run_ranks(p, check_all_reduce_matrix, shm.DEFAULT_WORKSPACE_BYTES, p in (2, 3),
+                        store_dir=str(tmp_path), timeout=200)
+    for r in results:
+        assert r.ok, r
+        assert r.value == [], f"rank {r.rank} wrong results for {r.value}"
+    assert shm_names_of(r.pid for r in results) == []
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_all_reduce_exact_many_rounds(tmp_path, p):
+    results = run_ranks(p, check_all_reduce_matrix, TINY_WORKSPACE, False,
+                        store_dir=str(tmp_path), timeout=200)
+    for r in results:
+        assert r.ok, r
+        assert r.value == [], f"rank {r.rank} wrong results for {r.value}"
+
+
+def random_floats_identical(rank, p, store, workspace_bytes):
+    """Random floats: each rank checks against the rank-order reduction; returns digests."""
+    t = shm.create(rank, p, store, 60.0, workspace_bytes=workspace_bytes)
+    calls, digests, failures = Calls(), [], []
+    try:
+        for n in (3, 1000, 300_007):
+            for dtype in (np.float16, np.float32, np.float64):
+                for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.PRODUCT):
+                    rngs = [np.random.default_rng([r, n, np.dtype(dtype).num]) for r in range(p)]
+                    inputs = [g.uniform(0.5, 1.5, n).astype(dtype) for g in rngs]
+                    expected = inputs[0].copy()
+                    for other in inputs[1:]:
+                        np.multiply(expected, other, out=expected) if op is ReduceOp.PRODUCT \
+                            else np.add(expected, other, out=expected)
+                    if op is ReduceOp.AVERAGE:
+                        expected = expected / np.asarray(p, dtype)
+                    buf = inputs[rank].copy()
+                    shm_direct.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
+                    if not np.array_equal(buf.view(np.uint8), expected.view(np.uint8)):
+                        failures.append((n, np.dtype(dtype).name, op.name))
+                    digests.append(hashlib.sha256(buf.tobytes()).hexdigest())
+        return failures, digests
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p,workspace", [(2, shm.DEFAULT_WORKSPACE_BYTES), (3, TINY_WORKSPACE),
+                                         (4, 64 << 10)])
+def test_all_reduce_random_floats_bit_identical(tmp_path, p, workspace):
+    results = run_ranks(p, random_floats_identical, workspace, store_dir=str(tmp_path),
+                        timeout=200)
+    assert all(r.ok for r in results), results
+    for r in results:
+        assert r.value[0] == [], f"rank {r.rank} differs from the rank-order reduction: {r.value[0]}"
+    assert all(r.value[1] == results[0].value[1] for r in results)
+
+
+def other_collectives(rank, p, store, workspace_bytes):
+    t = shm.create(rank, p, store, 60.0, workspace_bytes=workspace_bytes)
+    calls, failures = Calls(), []
+    sizes = (0, 1, max(p - 1, 0), 13, 1031, 70_001)
+    try:
+        for n in sizes:
+            for dtype in (np.float32, np.int64, np.float16):
+                # broadcast from every root
+                for root in range(p):
+                    data = (np.arange(n) * (root + 3) % 1000).astype(dtype)
+                    buf = data.copy() if rank == root else np.full(n, -1, dtype)
+                    shm_direct.broadcast(t, buf, root, calls.fp("broadcast", buf))
+                    if not np.array_equal(buf, data):
+                        failures.append(("broadcast", n, root))
+                # all-gather in rank order
+                mine = (np.arange(n) % 97 + 100 * rank).astype(dtype)
+                out = np.full(p * n, -1, dtype)
+                shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+                gathered = np.concatenate([(np.arange(n) % 97 + 100 * r).astype(dtype)
+                                           for r in range(p)])
+                if not np.array_equal(out, gathered):
+                    failures.append(("all_gather", n))
+                # reduce-scatter, out of place and in place
+                for op in (ReduceOp.SUM, ReduceOp.MAX):
+                    send = rank_input(rank, p, p * n, dtype, op)
+                    full = reference(p, p * n, dtype, op)
+                    recv = np.full(n, -1, dtype)
+                    shm_direct.reduce_scatter(t, send, recv, op, calls.fp("reduce_scatter", send))
+                    if not np.array_equal(recv, full[rank * n:(rank + 1) * n]):
+                        failures.append(("reduce_scatter", n, op.name))
+                    inplace = send.copy()
+                    view = inplace[rank * n:(rank + 1) * n]
+                    shm_direct.reduce_scatter(t, inplace, view, op,
+                                              calls.fp("reduce_scatter", inplace))
+                    if not np.array_equal(view, full[rank * n:(rank + 1) * n]):
+                        failures.append(("reduce_scatter in place", n, op.name))
+            avg_send = rank_input(rank, p, p * n, np.float64, ReduceOp.AVERAGE)
+            avg_recv = np.empty(n)
+            shm_direct.reduce_scatter(t, avg_send, avg_recv, ReduceOp.AVERAGE,
+                                      calls.fp("reduce_scatter", avg_send))
+            avg_full = reference(p, p * n, np.float64, ReduceOp.AVERAGE)
+            if not np.array_equal(avg_recv, avg_full[rank * n:(rank + 1) * n]):
+                failures.append(("reduce_scatter average", n))
+        return failures
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p,workspace", [(1, TINY_WORKSPACE), (2, shm.DEFAULT_WORKSPACE_BYTES),
+                                         (3, TINY_WORKSPACE), (4, TINY_WORKSPACE)])
+def test_broadcast_all_gather_reduce_scatter(tmp_path, p, workspace):
+    results = run_ranks(p, other_collectives, workspace, store_dir=str(tmp_path), timeout=200)
+    for r in results:
+        assert r.ok, r
+        assert r.value == [], f"rank {r.rank} wrong results for {r.value}"
+
+
+def barrier_orders(rank, p, store, marker_dir):
+    t = shm.create(rank, p, store, 60.0)
+    try:
+        seen = []
+        for round_no in range(5):
+            if rank == round_no % p:
+                time.sleep(0.05)  # the late rank: nobody may pass the barrier before it
+            open(os.path.join(marker_dir, f"{round_no}.{rank}"), "w").close()
+            shm_direct.barrier(t, Fingerprint("barrier", round_no, "", 0))
+            seen.append(sum(os.path.exists(os.path.join(marker_dir, f"{round_no}.{r}"))
+                            for r in range(p)))
+        return seen
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_barrier_waits_for_every_rank(tmp_path, p):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    results = run_ranks(p, barrier_orders, str(markers), store_dir=str(tmp_path), timeout=100)
+    for r in results:
+        assert r.ok, r
+        assert r.value == [p] * 5
+
+
+def mismatched(rank, p, store, kind):
+    t = shm.create(rank, p, store, 30.0)
+    try:
+        buf = np.ones(4 if rank == 0 or kind != "count" else 5, np.float32)
+        if kind == "op" and rank == 1:
+            shm_direct.broadcast(t, buf, 0, Fingerprint("broadcast", 1, "float32", 4))
+        else:
+            seq = 2 if kind == "seq" and rank == p - 1 else 1
+            shm_direct.all_reduce(t, buf, ReduceOp.SUM,
+                                  Fingerprint("all_reduce", seq, "float32", buf.size))
+        return "no error"
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("kind,p", [("count", 2), ("op", 2), ("seq", 3)])
+def test_mismatched_collectives_raise_naming_both_sides(tmp_path, kind, p):
+    results = run_ranks(p, mismatched, kind, store_dir=str(tmp_path), timeout=100)
+    odd = 1 if kind != "seq" else p - 1
+    for r in results:
+        assert r.error == "CollectiveMismatchError", r
+        assert f"rank {r.rank}" in r.message
+        expected_peer = 0 if r.rank == odd else odd
+        assert r.peer == expected_peer, r
+        if kind == "count":
+            assert "4 x float32" in r.message and "5 x float32" in r.message
+        if kind == "op":
+            assert "all_reduce" in r.message and "broadcast" in r.message
+        if kind == "seq":
+            assert "#1" in r.message and "#2" in r.message
+
+
+def lonely_barrier(rank, p, store):
+    t = shm.create(rank, p, store, 0.5)
+    try:
+        if rank == 0:
+            shm_direct.barrier(t, Fingerprint("barrier", 7, "", 0))
+            return "passed"
+        time.sleep(3.0)  # alive but never arrives
+        return "slept"
+    finally:
+        t.close()
+
+
+def test_barrier_timeout_names_rank_peer_op_seq(tmp_path):
+    results = run_ranks(2, lonely_barrier, store_dir=str(tmp_path), timeout=60)
+    assert results[1].ok and results[1].value == "slept"
+    err = results[0]
+    assert err.error == "CollectiveTimeoutError", err
+    for part in ("rank 0", "barrier #7", "peer rank 1"):
+        assert part in err.message
+
+
+def killed_mid_job(rank, p, store):
+    t = shm.create(rank, p, store, 60.0)
+    calls = Calls()
+    try:
+        buf = np.ones(1000, np.float32)
+        for _ in range(3):
+            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+        if rank == 1:
+            kill_self()
+        big = np.ones(300_000, np.float32)
+        shm_direct.all_reduce(t, big, ReduceOp.SUM, calls.fp("all_reduce", big))
+        return "no error"
+    finally:
+        t.close()
+
+
+def test_sigkilled_peer_raises_peer_failure(tmp_path):
+    results = run_ranks(3, killed_mid_job, store_dir=str(tmp_path), timeout=100)
+    assert results[1].exitcode == -9
+    for r in (results[0], results[2]):
+        # a 60 s timeout would raise CollectiveTimeoutError: this error comes from the pid watch
+        assert r.error == PeerFailureError.__name__, r
+        assert r.peer == 1 and "peer rank 1" in r.message
+    assert shm_names_of(r.pid for r in results) == []
+
+
+def validation_errors(rank, p, store):
+    t = shm.create(rank, p, store, 30.0)
+    found = []
+    fp = Fingerprint("x", 1, "float32", 4)
+    cases = [
+        lambda: shm_direct.all_reduce(t, [1.0, 2.0], ReduceOp.SUM, fp),
+        lambda: shm_direct.all_reduce(t, np.ones((2, 2), np.float32), ReduceOp.SUM, fp),
+        lambda: shm_direct.all_reduce(t, np.ones(8, np.float32)[::2], ReduceOp.SUM, fp),
+        lambda: shm_direct.all_reduce(t, np.ones(4, np.int32), ReduceOp.AVERAGE, fp),
+        lambda: shm_direct.all_reduce(t, np.ones(4, np.uint8), ReduceOp.SUM, fp),
+        lambda: shm_direct.broadcast(t, np.ones(4, np.float32), p, fp),
+        lambda: shm_direct.all_gather(t, np.ones(4, np.float32), np.ones(5, np.float32), fp),
+        lambda: shm_direct.reduce_scatter(t, np.ones(5, np.float32), np.ones(2, np.float32),
+                                          ReduceOp.SUM, fp),
+    ]
+    try:
+        for case in cases:
+            try:
+                case()
+                found.append("no error")
+            except (TypeError, ValueError) as e:
+                found.append(f"{type(e).__name__}: {e}")
+        return found, shm_direct.supports_direct(t)
+    finally:
+        t.close()
+
+
+def test_bad_arguments_raise_before_any_communication(tmp_path):
+    results = run_ranks(2, validation_errors, store_dir=str(tmp_path), timeout=60)
+    for r in results:
+        assert r.ok, r
+        found, supported = r.value
+        assert supported is True
+        assert [m.split(":")[0] for m in found] == [
+            "TypeError", "ValueError", "ValueError", "TypeError", "TypeError", "ValueError",
+            "ValueError", "ValueError"], found
+        assert "(2, 2)" in found[1] and "int32" in found[3] and "uint8" in found[4]
+        assert "2" in found[5] and "5" in found[6]
+    assert shm_direct.supports_direct(object()) is False
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+def test_slices_partition_every_round(p):
+    for itemsize in (2, 4, 8):
+        for m in (0, 1, p - 1, p, 17, 1000, 262_144 // itemsize):
+            parts = [shm_direct._slice(m, p, r, itemsize) for r in range(p)]
+            covered = np.zeros(m, np.int64)
+            for lo, hi in parts:
+                assert 0 <= lo <= hi <= m
+                covered[lo:hi] += 1
+                assert lo * itemsize % shm_direct.ALIGN_BYTES == 0 or lo == m
+            assert np.all(covered == 1), (p, itemsize, m, parts)

@@ -1,0 +1,188 @@
+"""MPI transport under a real mpiexec, its native collectives, and same-host death detection."""
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from neural_arch.distributed.transports import mpi as mpi_transport
+
+pytestmark = pytest.mark.timeout(180)
+REPO = Path(__file__).resolve().parents[1]
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and shutil.which("mpiexec") is not None
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py or mpiexec not installed")
+
+EXCHANGE = textwrap.dedent("""
+    import numpy as np
+    from neural_arch.distributed.errors import (CollectiveMismatchError, CollectiveTimeoutError,
+                                                PeerFailureError)
+    from neural_arch.distributed.reduce_ops import ReduceOp
+    from neural_arch.distributed.transports import mpi
+    from neural_arch.distributed.transports.base import Fingerprint
+
+    def payload(rank, n, dtype):
+        rng = np.random.default_rng(1000 * rank + n)
+        if np.dtype(dtype).kind == "i":
+            return rng.integers(-1000, 1000, n).astype(dtype)
+        return rng.standard_normal(n).astype(dtype)
+
+    t = mpi.create(timeout=60)
+    rank, world = t.rank, t.world_size
+    right, left = (rank + 1) % world, (rank - 1) % world
+    for seq, (n, dtype) in enumerate([(0, "float64"), (1, "float64"), (7, "float32"),
+                                      (33, "float16"), (12345, "int32"), (1000003, "float64")]):
+        got = np.full(n, 99, dtype)
+        t.sendrecv(payload(rank, n, dtype), right, got, left, Fingerprint("ring", seq, dtype, n))
+        assert np.array_equal(got, payload(left, n, dtype)), (n, dtype)
+    for peer in range(1, world):  # plain send/recv, rank 0 with each peer in turn
+        fp = Fingerprint("p2p", peer, "float64", 1000)
+        if rank == 0:
+            t.send(payload(0, 1000, "float64"), peer, fp)
+            back = np.empty(1000)
+            t.recv(back, peer, fp)
+            assert np.array_equal(back, payload(peer, 1000, "float64"))
+        elif rank == peer:
+            got = np.empty(1000)
+            t.recv(got, 0, fp)
+            assert np.array_equal(got, payload(0, 1000, "float64"))
+            t.send(payload(peer, 1000, "float64"), 0, fp)
+
+    native = t.native_collectives()
+    everyone = [payload(r, 1001, "float64") for r in range(world)]
+    for op, reference in [("sum", np.sum), ("average", np.mean), ("max", np.max),
+                          ("min", np.min), ("product", np.prod)]:
+        buf = everyone[rank].copy()
+        native.all_reduce(buf, ReduceOp[op.upper()])
+        assert np.allclose(buf, reference(np.stack(everyone), axis=0), rtol=1e-12), op
+    ints = payload(rank, 100, "int32")
+    native.all_reduce(ints, "sum")
+    assert np.array_equal(ints, sum(payload(r, 100, "int32") for r in range(world)))
+    gathered = np.empty(world * 1001)
+    native.all_gather(everyone[rank], gathered)
+    assert np.array_equal(gathered, np.concatenate(everyone))
+    root_data = everyone[world - 1].copy() if rank == world - 1 else np.zeros(1001)
+    native.broadcast(root_data, world - 1)
+    assert np.array_equal(root_data, everyone[world - 1])
+    chunks = np.empty(4)
+    native.reduce_scatter(payload(rank, 4 * world, "float64"), chunks)
+    total = sum(payload(r, 4 * world, "float64") for r in range(world))
+    assert np.allclose(chunks, total[4 * rank:4 * rank + 4], rtol=1e-12)
+    native.barrier()
+
+    if rank == 0:
+        t.send(np.zeros(4, np.float32), 1, Fingerprint("all_reduce", 9, "float32", 4))
+    elif rank == 1:
+        try:
+            t.recv(np.zeros(4, np.float32), 0, Fingerprint("broadcast", 9, "float32", 4))
+            raise AssertionError("mismatch not detected")
+        except CollectiveMismatchError as e:
+            assert "expected broadcast #9" in str(e) and "sent all_reduce #9" in str(e), e
+            assert (e.rank, e.peer) == (1, 0)
+    native.barrier()
+    short = mpi.create(timeout=0.5)
+    if rank == 0:
+        try:
+            short.recv(np.zeros(2), 1, Fingerprint("reduce", 5, "float64", 2))
+            raise AssertionError("no timeout")
+        except CollectiveTimeoutError as e:
+            assert (e.peer, e.op, e.seq) == (1, "reduce", 5) and "0.5 s" in str(e), e
+    native.barrier()
+    short.close()
+    t.close()
+    t.close()
+    print(f"EXCHANGE-OK rank {rank} of {world}", flush=True)
+""")
+
+DEATH = textwrap.dedent("""
+    import os, signal, sys, time
+    import numpy as np
+    from neural_arch.distributed.errors import PeerFailureError
+    from neural_arch.distributed.transports import mpi
+    from neural_arch.distributed.transports.base import Fingerprint
+
+    t = mpi.create(timeout=10)  # detection must beat this, or the error is a timeout
+    rank, world = t.rank, t.world_size
+    t.native_collectives().barrier()
+    if rank == world - 1:
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        t.recv(np.zeros(8), world - 1, Fingerprint("broadcast", 3, "float64", 8))
+    except PeerFailureError as e:
+        print(f"DEATH-SEEN rank {rank} peer {e.peer} op {e.op} seq {e.seq}", flush=True)
+    time.sleep(2)  # stay until every survivor has reported
+""")
+
+
+def _mpiexec(tmp_path, script, ranks, extra=(), timeout=150):
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", *extra, sys.executable, str(path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    return proc.returncode, output
+
+
+@needs_mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_exchange_and_native_collectives_under_mpiexec(tmp_path, ranks):
+    code, output = _mpiexec(tmp_path, EXCHANGE, ranks)
+    assert code == 0, output
+    assert sorted(line for line in output.splitlines() if line.startswith("EXCHANGE-OK")) == \
+        [f"EXCHANGE-OK rank {r} of {ranks}" for r in range(ranks)]
+
+
+def _open_mpi_5():
+    try:
+        version = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in version and any(f"Open MPI) {v}." in version for v in "56789")
+
+
+@needs_mpi
+def test_same_host_peer_death_is_reported(tmp_path):
+    if not _open_mpi_5():
+        pytest.skip("needs Open MPI 5's --enable-recovery to keep survivors alive")
+    code, output = _mpiexec(tmp_path, DEATH, 3, extra=("--enable-recovery",))
+    seen = sorted(line for line in output.splitlines() if line.startswith("DEATH-SEEN"))
+    assert seen == [f"DEATH-SEEN rank {r} peer 2 op broadcast seq 3" for r in (0, 1)], output
+
+
+def test_process_alive_checks_pid_zombie_and_reuse():
+    me = os.getpid()
+    start = mpi_transport._proc_state(me)
+    assert mpi_transport.process_alive(me, start[1] if start else 0)
+    if start:
+        assert not mpi_transport.process_alive(me, start[1] + 1)  # same pid, another process
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while mpi_transport.process_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not mpi_transport.process_alive(child.pid)  # exited; a zombie until reaped
+    finally:
+        child.wait(10)
+    assert not mpi_transport.process_alive(child.pid)
+
+
+def test_missing_mpi4py_gives_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
+    with pytest.raises(ImportError, match="pip install mpi4py"):
+        mpi_transport.create()
