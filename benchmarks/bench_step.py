@@ -107,7 +107,7 @@ class TorchMLP:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return float(loss)
+        return loss.item()
 
 
 def _load_torch():

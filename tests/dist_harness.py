@@ -143,8 +143,9 @@ def _collect(procs, conns, timeout: float, may_die: set) -> list[Any]:
     pending = {conn: rank for rank, conn in enumerate(conns)}
     sentinels = {proc.sentinel: rank for rank, proc in enumerate(procs)}
     while pending and time.monotonic() < deadline:
-        ready = wait_ready(list(pending) + [s for s, r in sentinels.items() if r in pending.values()],
-                           timeout=max(0.0, deadline - time.monotonic()))
+        waiting = set(pending.values())
+        watched = list(pending) + [s for s, r in sentinels.items() if r in waiting]
+        ready = wait_ready(watched, timeout=max(0.0, deadline - time.monotonic()))
         for obj in ready:
             if obj in pending:
                 rank = pending.pop(obj)

@@ -159,3 +159,11 @@ def test_client_info_limit_is_checked_before_sending():
     with pytest.raises(ValueError, match="1025 bytes"):
         client_handshake(client, b"s", 1.0, client_info=b"x" * 1025)
     server.close(), client.close()
+
+
+def test_unwritable_home_asks_for_the_environment_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(auth.SECRET_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "file-not-dir"))
+    (tmp_path / "file-not-dir").write_text("a file where a directory should be")
+    with pytest.raises(AuthenticationError, match=f"set {auth.SECRET_ENV}"):
+        job_secret()

@@ -27,6 +27,11 @@ LARGE = 1_000_003  # prime, above a million
 FORCED = {"shm": ["ring", "recursive_doubling", "shm_direct"],
           "tcp": ["ring", "recursive_doubling"],
           "mpi": ["ring", "recursive_doubling", "native"]}
+# the algorithms of broadcast / all-gather / reduce-scatter / barrier, by backend
+FORCED_OTHERS = {"shm": [None, "portable", "shm_direct"], "tcp": [None, "portable"],
+                 "mpi": [None, "portable", "native"]}
+PORTABLE = {"broadcast": "tree", "all_gather": "ring", "reduce_scatter": "ring",
+            "barrier": "dissemination"}
 INIT = {"timeout": 60}
 
 
@@ -127,6 +132,40 @@ def rooted_suite(rank: int, ws: int) -> bool:
         big = np.arange(LARGE, dtype=np.float32) if rank == root else np.zeros(LARGE, np.float32)
         dist.broadcast(Tensor(big), src=root)
         np.testing.assert_array_equal(big, np.arange(LARGE, dtype=np.float32))
+    return True
+
+
+def forced(collective: str, choice):
+    return PORTABLE[collective] if choice == "portable" else choice
+
+
+def forced_algorithms_suite(rank: int, ws: int, choices: list) -> bool:
+    """Broadcast, all-gather, reduce-scatter and barrier under each of their algorithms."""
+    for choice in choices:
+        for dtype in (np.float32, np.int64):
+            for size in (0, 1, 13, 70_001):
+                for root in range(ws):
+                    b = np.arange(size, dtype=dtype) * (rank + 1)
+                    dist.broadcast(b, src=root, algorithm=forced("broadcast", choice))
+                    np.testing.assert_array_equal(b, np.arange(size, dtype=dtype) * (root + 1))
+                mine = np.arange(size, dtype=dtype) + rank
+                flat = np.empty(ws * size, dtype)
+                dist.all_gather_into_tensor(flat, mine, algorithm=forced("all_gather", choice))
+                np.testing.assert_array_equal(
+                    flat, np.concatenate([np.arange(size, dtype=dtype) + r for r in range(ws)]))
+                listed = dist.all_gather(mine, algorithm=forced("all_gather", choice))
+                np.testing.assert_array_equal(np.concatenate(listed), flat)
+                full = np.arange(ws * size, dtype=dtype) * (rank + 1)
+                out = np.empty(size, dtype)
+                dist.reduce_scatter_tensor(out, full, dist.ReduceOp.SUM,
+                                           algorithm=forced("reduce_scatter", choice))
+                total = np.arange(ws * size, dtype=dtype) * (ws * (ws + 1) // 2)
+                np.testing.assert_array_equal(out, total[rank * size:(rank + 1) * size])
+                avg = np.full(ws * size, float(rank), dtype=np.float32)
+                part = dist.reduce_scatter(avg, dist.ReduceOp.AVERAGE,
+                                           algorithm=forced("reduce_scatter", choice))
+                np.testing.assert_array_equal(part, np.full(size, (ws - 1) / 2, np.float32))
+        dist.barrier(algorithm=forced("barrier", choice))
     return True
 
 
@@ -251,6 +290,12 @@ def test_rooted_collectives_for_every_root(backend, world_size):
 def test_gathers_scatters_point_to_point_and_objects(backend, world_size):
     hashes = run_ranks(gather_suite, world_size, backend, timeout=280, init_kwargs=INIT)
     assert all(h == hashes[0] for h in hashes)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_every_algorithm_of_the_other_collectives(backend, world_size):
+    assert run_ranks(forced_algorithms_suite, world_size, backend, timeout=200,
+                     args=(FORCED_OTHERS[backend],), init_kwargs=INIT) == [True] * world_size
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

@@ -112,6 +112,28 @@ def test_default_collate_item_by_item():
         default_collate([np.zeros(2), np.zeros(3)])
 
 
+class Strided(Dataset):
+    """Items are non-contiguous views and NumPy scalars."""
+
+    def __init__(self):
+        self.table = np.arange(40, dtype=np.int32).reshape(5, 8)
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return self.table[i, ::2], np.float64(i) / 2
+
+
+def test_default_collate_strided_items_and_numpy_scalars():
+    x, w = next(iter(DataLoader(Strided(), batch_size=5)))
+    np.testing.assert_array_equal(x.data, np.arange(40, dtype=np.int32).reshape(5, 8)[:, ::2])
+    assert x.dtype == np.int32 and w.dtype == np.float64
+    np.testing.assert_array_equal(w.data, np.arange(5) / 2)
+    strided = TensorDataset(np.arange(20.0).reshape(10, 2)[::2, 1], np.arange(5))
+    np.testing.assert_array_equal(strided.arrays[0], [1.0, 5.0, 9.0, 13.0, 17.0])
+
+
 def test_custom_collate_fn_gets_the_samples():
     loader = DataLoader(_dataset(6), batch_size=3,
                         collate_fn=lambda items: [int(y) for _, y in items])

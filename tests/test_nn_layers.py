@@ -37,14 +37,19 @@ def test_linear_forward_init_and_gradients():
     assert gradcheck(lambda t: small(t), [Tensor(_randn(2, 3, 4, seed=2), requires_grad=True)])
 
 
-def test_linear_init_matches_torch_distribution():
+def test_init_formulas_match_torch():
     torch = pytest.importorskip("torch")
-    theirs = torch.nn.Linear(64, 32)
-    ours = nn.Linear(64, 32)
-    # Same support: both are uniform on [-1/sqrt(fan_in), 1/sqrt(fan_in)].
-    bound = 1 / math.sqrt(64)
-    assert theirs.weight.abs().max().item() <= bound and np.abs(ours.weight.data).max() <= bound
-    assert np.abs(ours.weight.data).max() > 0.9 * bound
+    for shape in [(3, 5), (7, 2, 3), (4, 6, 2, 2)]:
+        assert nn.init.calculate_fan_in_and_fan_out(np.empty(shape)) == \
+            torch.nn.init._calculate_fan_in_and_fan_out(torch.empty(shape))
+    for name, param in [("relu", None), ("tanh", None), ("leaky_relu", math.sqrt(5)),
+                        ("leaky_relu", None), ("sigmoid", None), ("selu", None)]:
+        assert nn.init.calculate_gain(name, param) == pytest.approx(
+            torch.nn.init.calculate_gain(name, param))
+    # Linear's default weight range: torch's kaiming_uniform_(a=sqrt(5)) bound for fan_in 64.
+    theirs = torch.nn.init.kaiming_uniform_(torch.empty(2000, 64), a=math.sqrt(5))
+    ours = nn.Linear(64, 2000).weight.data
+    assert abs(theirs).max().item() == pytest.approx(np.abs(ours).max(), rel=1e-3)
 
 
 def _gelu_exact(x):

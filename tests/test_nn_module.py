@@ -175,3 +175,29 @@ def test_load_file_strict_errors(tmp_path):
         Linear(3, 3).load(path)
     result = Linear(3, 3).load(path, strict=False)
     assert result.missing_keys == ["bias"]
+
+
+def test_deepcopy_and_pickle_give_independent_equal_modules():
+    import copy
+    import pickle
+
+    net = Net()
+    x = np.ones((2, 3), dtype=np.float32)
+    for clone in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
+        assert [n for n, _ in clone.named_parameters()] == [n for n, _ in net.named_parameters()]
+        np.testing.assert_array_equal(clone(x).data, net(x).data)
+        clone.encoder.weight.data[...] = 0
+        assert net.encoder.weight.data.any()
+        assert isinstance(clone.encoder.weight, Parameter)
+
+
+def test_register_rejects_clashing_or_dotted_names():
+    net = Net()
+    with pytest.raises(KeyError, match="'scale' is already registered"):
+        net.register_buffer("scale", np.zeros(4))
+    with pytest.raises(KeyError, match="'a.b'"):
+        net.register_parameter("a.b", None)
+    with pytest.raises(TypeError, match="nn.Parameter"):
+        net.register_parameter("raw", Tensor(np.ones(2)))
+    net.register_parameter("extra", Parameter(np.ones(2)))
+    assert "extra" in dict(net.named_parameters())

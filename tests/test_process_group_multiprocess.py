@@ -54,16 +54,16 @@ def reinit(rank: int, ws: int) -> list:
     backend = dist.get_backend()
     dist.destroy_process_group()
     assert not dist.is_initialized()
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend, timeout=10)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", world_size=ws,
+                            rank=rank, timeout=10)
     x = np.full(4, rank + 1.0)
     dist.all_reduce(x)
-    return x.tolist()
+    return [x.tolist(), dist.get_distributed_info()["master_port"] == port]
 
 
-def test_destroy_then_init_again(backend):
+def test_destroy_then_init_again_with_a_tcp_init_method(backend):
     for got in run_ranks(reinit, 2, backend, timeout=60, init_kwargs=SHORT):
-        assert got == [3.0] * 4
+        assert got == [[3.0] * 4, True]
 
 
 def mismatched_ops(rank: int, ws: int, kind: str):
@@ -80,7 +80,9 @@ def mismatched_ops(rank: int, ws: int, kind: str):
 
 @pytest.mark.parametrize("kind", ["ops", "sizes"])
 def test_mismatched_collectives_raise_naming_both_sides(backend, kind):
-    results = run_ranks(mismatched_ops, 2, backend, timeout=60, args=(kind,), init_kwargs=SHORT)
+    # a rank that did not see the mismatch itself waits for its peer: keep that wait short
+    results = run_ranks(mismatched_ops, 2, backend, timeout=60, args=(kind,),
+                        init_kwargs={"timeout": 5})
     assert all(r is not None for r in results), results  # every rank raised
     mismatches = [msg for name, msg in results if name == "CollectiveMismatchError"]
     assert mismatches, results

@@ -139,7 +139,7 @@ def test_all_reduce_random_floats_bit_identical(tmp_path, p, workspace):
                         timeout=200)
     assert all(r.ok for r in results), results
     for r in results:
-        assert r.value[0] == [], f"rank {r.rank} differs from the rank-order reduction: {r.value[0]}"
+        assert r.value[0] == [], f"rank {r.rank} differs from the rank-order result: {r.value[0]}"
     assert all(r.value[1] == results[0].value[1] for r in results)
 
 
@@ -246,7 +246,7 @@ def test_mismatched_collectives_raise_naming_both_sides(tmp_path, kind, p):
     results = run_ranks(p, mismatched, kind, store_dir=str(tmp_path), timeout=100)
     odd = 1 if kind != "seq" else p - 1
     for r in results:
-        assert r.error == "CollectiveMismatchError", r
+        assert r.error == CollectiveMismatchError.__name__, r
         assert f"rank {r.rank}" in r.message
         expected_peer = 0 if r.rank == odd else odd
         assert r.peer == expected_peer, r
@@ -274,7 +274,7 @@ def test_barrier_timeout_names_rank_peer_op_seq(tmp_path):
     results = run_ranks(2, lonely_barrier, store_dir=str(tmp_path), timeout=60)
     assert results[1].ok and results[1].value == "slept"
     err = results[0]
-    assert err.error == "CollectiveTimeoutError", err
+    assert err.error == CollectiveTimeoutError.__name__, err
     for part in ("rank 0", "barrier #7", "peer rank 1"):
         assert part in err.message
 

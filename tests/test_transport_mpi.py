@@ -123,8 +123,10 @@ DEATH = textwrap.dedent("""
 def _mpiexec(tmp_path, script, ranks, extra=(), timeout=150):
     path = tmp_path / "job.py"
     path.write_text(script)
+    # Shared-memory backing files go under tmp_path: a killed rank cannot strand them in /dev/shm.
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1",
+               OMPI_MCA_btl_sm_backing_directory=str(tmp_path),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", *extra, sys.executable, str(path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -10,7 +10,7 @@ import pytest
 
 from neural_arch.distributed.auth import client_handshake
 from neural_arch.distributed.errors import (AuthenticationError, CollectiveMismatchError,
-                                            CollectiveTimeoutError, PeerFailureError)
+                                            PeerFailureError)
 from neural_arch.distributed.store import TCPStore, barrier
 from neural_arch.distributed.transports import tcp
 from neural_arch.distributed.transports.base import Fingerprint

@@ -77,7 +77,8 @@ class ThreadedTransport(Transport):
 
     def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
         if not 0 <= src < self.world_size or src == self.rank:
-            raise ValueError(f"rank {self.rank} cannot receive from rank {src} of {self.world_size}")
+            raise ValueError(f"rank {self.rank} cannot receive from rank {src} of "
+                             f"{self.world_size}")
         wire = self.fabric.wires[(src, self.rank)]
         deadline = time.monotonic() + self.timeout
         while True:

@@ -28,7 +28,8 @@ def get_backend(name: str) -> ModuleType:
     module = _loaded.get(name)
     if module is None:
         if name not in _MODULES:
-            raise ValueError(f"unknown backend {name!r}; registered backends: {available_backends()}")
+            raise ValueError(f"unknown backend {name!r}; registered backends: "
+                             f"{available_backends()}")
         module = importlib.import_module(_MODULES[name])
         _loaded[name] = module
     return module

@@ -20,7 +20,7 @@ def is_available() -> bool:
 
 
 def asarray(data: Any, dtype: Any = None) -> numpy.ndarray:
-    """Convert ``data`` (array, CuPy array, list, scalar) to a NumPy array without needless copies."""
+    """``data`` (array, CuPy array, list, scalar) as a NumPy array, copying only if needed."""
     if hasattr(data, "__cuda_array_interface__") and hasattr(data, "get"):
         data = data.get()
     return numpy.asarray(data, dtype=dtype)

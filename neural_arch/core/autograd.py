@@ -69,8 +69,9 @@ def _as_gradient(value: Any, node: Any, source: str) -> Any:
 
 
 def _store_leaf_grad(leaf: Any, grad: Any, owned: bool) -> None:
-    if not hasattr(grad, "flags"):  # a NumPy scalar from a 0-d reduction
-        grad, owned = backend_for(leaf.data).asarray(grad), True
+    backend = backend_for(leaf.data)
+    if not isinstance(grad, backend.array_type):  # NumPy ops on 0-d arrays return scalars
+        grad, owned = backend.asarray(grad), True
     target = leaf.data.dtype
     if grad.dtype != target:
         grad, owned = grad.astype(target), True
@@ -111,7 +112,8 @@ def run_backward(root: Any, seed: Any, seed_owned: bool) -> None:
                     fn(node)
             continue
         if meta is not None and meta.get("retain"):
-            node.grad = grad.copy() if node.grad is None else node.grad + grad
+            kept = backend_for(node.data).asarray(grad)
+            node.grad = kept.copy() if node.grad is None else node.grad + kept
         parent_grads = backward(grad)
         parents = node._parents
         repeated: Any = ()

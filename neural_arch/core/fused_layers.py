@@ -52,7 +52,9 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
                weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise over the trailing ``normalized_shape`` dims, then scale and shift."""
-    norm_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    norm_shape = tuple(normalized_shape)
     xd = x.data
     k = len(norm_shape)
     if k == 0 or tuple(xd.shape[xd.ndim - k:]) != norm_shape or xd.ndim < k:
@@ -132,7 +134,8 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, rng: Any = None) -
         mask = xp.zeros(xd.shape, dtype=xd.dtype)
     else:
         generator = rng if rng is not None else get_rng()
-        draws = generator.random(xd.shape, dtype="float32" if xd.dtype.itemsize <= 4 else "float64")
+        precision = "float32" if xd.dtype.itemsize <= 4 else "float64"
+        draws = generator.random(xd.shape, dtype=precision)
         mask = (xp.asarray(draws) >= p).astype(xd.dtype)
         mask *= 1.0 / (1.0 - p)
     out = xd * mask

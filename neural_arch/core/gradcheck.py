@@ -54,7 +54,8 @@ def gradcheck(fn: Callable[..., Any], inputs: Union[Tensor, Sequence[Any]], eps:
                    for out in outputs]
         total = _weighted_total(outputs, weights)
         if not total.requires_grad:
-            raise ValueError("gradcheck: the output does not depend on any input that requires grad")
+            raise ValueError("gradcheck: the output does not depend on an input that "
+                             "requires grad")
         for i in checked:
             args[i].grad = None
         total.backward()

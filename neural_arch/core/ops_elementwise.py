@@ -97,8 +97,11 @@ def _safe_log(x: Any) -> Any:
 
 def _pow_grad_base(g: Any, x: Any, y: Any, out: Any) -> Any:
     if isinstance(y, _PY_SCALARS):
+        if y == 0:  # x**0 is constant; avoid 0 * inf at x == 0
+            return xp_of(g).zeros_like(g)
         return g * (2 * x) if y == 2 else g * (y * x ** (y - 1))
-    return g * y * x ** (y - 1)
+    xp = xp_of(x)
+    return xp.where(y == 0, 0, g * y * x ** (y - 1))
 
 
 def pow(a: Tensor, b: Any) -> Tensor:

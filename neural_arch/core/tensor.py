@@ -25,7 +25,7 @@ def _to_array(data: Any, dtype: Any, device: Any) -> Any:
         array = data.data
     elif type(data) is _NDARRAY:
         array = data
-    elif isinstance(data, _NUMPY_SCALAR):
+    elif isinstance(data, _NUMPY.array_types):  # NumPy scalars and ndarray subclasses
         array = _as_numpy(data)
     elif hasattr(data, "__cuda_array_interface__"):
         array = data
@@ -181,8 +181,12 @@ class Tensor:
             self._get_meta()["retain"] = True
 
     # ----------------------------------------------------------------- autograd
-    def backward(self, gradient: Any = None) -> None:
-        """Accumulate d(self)/d(leaf), times ``gradient``, into every leaf's ``.grad``."""
+    def backward(self, gradient: Any = None, retain_graph: Optional[bool] = None) -> None:
+        """Accumulate d(self)/d(leaf), times ``gradient``, into every leaf's ``.grad``.
+
+        The graph is never freed by ``backward`` (it goes away with its output tensors), so
+        calling it twice is allowed; ``retain_graph`` is accepted for PyTorch compatibility.
+        """
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad and has no "
                                "grad_fn (did you forget requires_grad=True, or use no_grad()?)")
@@ -196,15 +200,16 @@ class Tensor:
             seed = gradient.data if isinstance(gradient, Tensor) else gradient
             seed = backend_for(self.data).asarray(seed)
             if seed.shape != self.data.shape:
-                raise ValueError(f"gradient shape {tuple(seed.shape)} does not match tensor "
-                                 f"shape {self.shape}")
+                raise ValueError(f"gradient shape {tuple(seed.shape)} does not match "
+                                 f"tensor shape {self.shape}")
             if seed.dtype != self.data.dtype:
                 seed = seed.astype(self.data.dtype)
             owned = False
         autograd.run_backward(self, seed, owned)
 
     def register_hook(self, fn: Callable[[Any], Any]) -> autograd.RemovableHandle:
-        """Call ``fn(grad)`` once this tensor's gradient is complete; a returned array replaces it."""
+        """Call ``fn(grad)`` once this tensor's gradient is complete (before a leaf accumulates
+        it); an array returned by ``fn`` replaces the gradient."""
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that does not require grad")
         return autograd.RemovableHandle(self._get_meta().setdefault("hooks", {})).add(fn)
@@ -250,23 +255,14 @@ def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> Tensor:
     return out
 
 
-def result(data: Any, parents: Tuple[Tensor, ...], backward: Optional[Callable]) -> Tensor:
-    """``_node`` when grad mode is on and a parent requires grad, else ``_constant``."""
-    if backward is not None and GRAD_MODE.enabled:
+def make_result(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> Tensor:
+    """Output of a new operation: ``backward(grad)`` must return one gradient (or None) per
+    parent, as fresh arrays or views of ``grad``. Records the graph only when needed."""
+    if GRAD_MODE.enabled:
         for parent in parents:
             if parent.requires_grad:
                 return _node(data, parents, backward)
     return _constant(data)
-
-
-def needs_grad(*tensors: Any) -> bool:
-    """True when an op on ``tensors`` must record the graph."""
-    if not GRAD_MODE.enabled:
-        return False
-    for t in tensors:
-        if isinstance(t, Tensor) and t.requires_grad:
-            return True
-    return False
 
 
 from . import methods as _methods  # noqa: E402  (binds the operations as Tensor methods)

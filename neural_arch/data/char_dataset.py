@@ -6,6 +6,7 @@ from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..core import Tensor
 from .dataset import Dataset
 
 
@@ -48,7 +49,8 @@ class CharDataset(Dataset):
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of a sequence of ids (a list, an array or a ``Tensor``)."""
-        values = np.asarray(getattr(ids, "data", ids)).reshape(-1)
+        values = ids.numpy() if isinstance(ids, Tensor) else np.asarray(ids)
+        values = values.reshape(-1)
         try:
             return "".join(self.itos[int(i)] for i in values)
         except KeyError as exc:

@@ -6,12 +6,12 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from ..core import Tensor
 from ..core.random import get_rng
 from .dataset import batch_fetcher
 
 
-def _to_tensor(array: np.ndarray) -> Any:
-    from ..core import Tensor
+def _to_tensor(array: np.ndarray) -> Tensor:
     return Tensor(array, dtype=array.dtype)
 
 
@@ -33,13 +33,14 @@ def default_collate(samples: Sequence[Any]) -> Any:
         return {key: default_collate([s[key] for s in samples]) for key in first}
     if isinstance(first, (str, bytes)):
         return list(samples)
-    if isinstance(first, float):
-        return _to_tensor(np.asarray(samples, dtype=np.float32))
-    if isinstance(first, (bool, np.bool_)):
-        return _to_tensor(np.asarray(samples, dtype=np.bool_))
-    if isinstance(first, int):
-        return _to_tensor(np.asarray(samples, dtype=np.int64))
-    arrays = [np.asarray(getattr(s, "data", s)) for s in samples]
+    if not isinstance(first, np.generic):  # NumPy scalars keep their dtype below
+        if isinstance(first, bool):
+            return _to_tensor(np.asarray(samples, dtype=np.bool_))
+        if isinstance(first, float):
+            return _to_tensor(np.asarray(samples, dtype=np.float32))
+        if isinstance(first, int):
+            return _to_tensor(np.asarray(samples, dtype=np.int64))
+    arrays = [s.numpy() if isinstance(s, Tensor) else np.asarray(s) for s in samples]
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
         raise ValueError(f"cannot stack samples of different shapes into a batch: {sorted(shapes)}")

@@ -6,6 +6,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..core import Tensor
 from ..core.random import resolve_rng
 
 
@@ -18,10 +19,12 @@ class Dataset:
 
 
 def _as_array(value: Any) -> np.ndarray:
-    data = getattr(value, "data", value)
-    if not isinstance(data, np.ndarray) and hasattr(data, "get"):
-        data = data.get()  # CuPy array: datasets live in host memory
-    return np.asarray(data)
+    # Datasets live in host memory: tensors and CuPy arrays are copied to NumPy.
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if hasattr(value, "__cuda_array_interface__"):
+        return value.get()
+    return np.asarray(value)
 
 
 class TensorDataset(Dataset):
@@ -42,7 +45,6 @@ class TensorDataset(Dataset):
     @property
     def tensors(self) -> Tuple[Any, ...]:
         """The arrays as ``Tensor``s (sharing memory where the Tensor constructor allows)."""
-        from ..core import Tensor
         return tuple(Tensor(a, dtype=a.dtype) for a in self.arrays)
 
     def __getitem__(self, index: int) -> Tuple[np.ndarray, ...]:

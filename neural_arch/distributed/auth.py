@@ -40,7 +40,12 @@ def job_secret() -> bytes:
     from_env = os.environ.get(SECRET_ENV)
     if from_env:
         return from_env.encode()
-    return _read_or_create_cookie(secret_file())
+    path = secret_file()
+    try:
+        return _read_or_create_cookie(path)
+    except OSError as e:
+        raise AuthenticationError(f"cannot use secret file {path} ({e}); set {SECRET_ENV} to "
+                                  "the same value on every rank instead") from None
 
 
 def _read_or_create_cookie(path: Path) -> bytes:

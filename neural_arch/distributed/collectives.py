@@ -16,7 +16,6 @@ from .algorithms import exchange
 from .buffers import Flat, checked_array, describe_list, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
 from .reduce_ops import ReduceOp, as_reduce_op, finish_average
-from .transports.base import Fingerprint
 
 _OP_CODE = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
             ReduceOp.MAX: "max", ReduceOp.AVERAGE: "avg"}
@@ -26,6 +25,12 @@ def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
     pg = resolve_group(group)
     pg.check_usable(op)
     return pg
+
+
+def _check_algorithm(collective: str, algorithm: Optional[str]) -> None:
+    """Reject an unknown algorithm name now, on the caller's thread, not inside async work."""
+    if algorithm is not None:
+        algorithms.normalize(collective, algorithm)
 
 
 def _summing(op: ReduceOp) -> ReduceOp:
@@ -57,8 +62,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     pg = _group(group, "all_reduce")
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
-    if algorithm is not None:
-        algorithms.normalize("all_reduce", algorithm)
+    _check_algorithm("all_reduce", algorithm)
     fp = pg.fingerprint(f"all_reduce:{_OP_CODE[op]}", arr.dtype, arr.size)
 
     def run():
@@ -76,8 +80,7 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     pg = _group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
     arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)
-    if algorithm is not None:
-        algorithms.normalize("broadcast", algorithm)
+    _check_algorithm("broadcast", algorithm)
     fp = pg.fingerprint(f"broadcast:{root}", arr.dtype, arr.size)
 
     def run():
@@ -123,8 +126,7 @@ def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
     arr = checked_array(source, "all_gather tensor")
     if tensor is not None:
         outputs = _tensor_list(tensor_list_or_tensor, "all_gather tensor_list", arr, pg.size)
-    if algorithm is not None:
-        algorithms.normalize("all_gather", algorithm)
+    _check_algorithm("all_gather", algorithm)
     fp = pg.fingerprint("all_gather", arr.dtype, arr.size)
 
     def run():
@@ -140,7 +142,8 @@ def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
-                           group: Optional[ProcessGroup] = None, async_op: bool = False):
+                           group: Optional[ProcessGroup] = None, async_op: bool = False,
+                           algorithm: Optional[str] = None):
     """``output_tensor`` (group size x input elements) gets every rank's input in rank order."""
     pg = _group(group, "all_gather_into_tensor")
     src = checked_array(input_tensor, "all_gather_into_tensor input")
@@ -148,25 +151,27 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
     if out.dtype != src.dtype or out.size != pg.size * src.size:
         raise ValueError(f"all_gather_into_tensor output must hold {pg.size} x {src.size} "
                          f"elements of {src.dtype}, got shape {out.shape} of {out.dtype}")
+    _check_algorithm("all_gather", algorithm)
     fp = pg.fingerprint("all_gather", src.dtype, src.size)
 
     def run():
         flat = Flat(out)
-        algorithms.all_gather(pg.transport, Flat(src).buf, flat.buf, fp)
+        algorithms.all_gather(pg.transport, Flat(src).buf, flat.buf, fp, algorithm)
         flat.commit()
         return output_tensor
     return pg.run(run, async_op, fp, "all_gather_into_tensor")
 
 
 def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.ndarray,
-                         op: ReduceOp, async_op: bool, result: Any):
+                         op: ReduceOp, async_op: bool, result: Any, algorithm: Optional[str]):
+    _check_algorithm("reduce_scatter", algorithm)
     fp = pg.fingerprint(f"reduce_scatter:{_OP_CODE[op]}", out.dtype, sum(a.size for a in inputs))
 
     def run():
         flat = Flat(out)
         send = Flat(inputs[0]).buf if len(inputs) == 1 else np.concatenate(
             [Flat(a).buf for a in inputs])
-        algorithms.reduce_scatter(pg.transport, send, flat.buf, _summing(op), fp)
+        algorithms.reduce_scatter(pg.transport, send, flat.buf, _summing(op), fp, algorithm)
         finish_average(flat.buf, op, pg.size)
         flat.commit()
         return result
@@ -174,7 +179,8 @@ def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.nda
 
 
 def reduce_scatter(output: Any, input_list: Any = None, op: Any = ReduceOp.SUM,
-                   group: Optional[ProcessGroup] = None, async_op: bool = False):
+                   group: Optional[ProcessGroup] = None, async_op: bool = False,
+                   algorithm: Optional[str] = None):
     """``reduce_scatter(tensor, op) -> this rank's chunk`` (split along the first dimension),
     or PyTorch's ``reduce_scatter(output, input_list, op)`` filling ``output``."""
     pg = _group(group, "reduce_scatter")
@@ -186,15 +192,16 @@ def reduce_scatter(output: Any, input_list: Any = None, op: Any = ReduceOp.SUM,
                              f"shape {arr.shape} does not divide evenly")
         chunk = np.empty((arr.shape[0] // pg.size,) + arr.shape[1:], dtype=arr.dtype)
         result = wrap_like(output, chunk)
-        return _reduce_scatter_flat(pg, [arr], chunk, op, async_op, result)
+        return _reduce_scatter_flat(pg, [arr], chunk, op, async_op, result, algorithm)
     op = as_reduce_op(op)
     out = checked_array(output, "reduce_scatter output", op, writable=True)
     inputs = _tensor_list(input_list, "reduce_scatter input_list", out, pg.size, False)
-    return _reduce_scatter_flat(pg, inputs, out, op, async_op, output)
+    return _reduce_scatter_flat(pg, inputs, out, op, async_op, output, algorithm)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
-                          group: Optional[ProcessGroup] = None, async_op: bool = False):
+                          group: Optional[ProcessGroup] = None, async_op: bool = False,
+                          algorithm: Optional[str] = None):
     """PyTorch's tensor form: ``input`` holds group size x ``output`` elements."""
     pg = _group(group, "reduce_scatter")
     op = as_reduce_op(op)
@@ -203,7 +210,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
     if src.dtype != out.dtype or src.size != pg.size * out.size:
         raise ValueError(f"reduce_scatter_tensor input must hold {pg.size} x {out.size} "
                          f"elements of {out.dtype}, got shape {src.shape} of {src.dtype}")
-    return _reduce_scatter_flat(pg, [src], out, op, async_op, output)
+    return _reduce_scatter_flat(pg, [src], out, op, async_op, output, algorithm)
 
 
 def gather(tensor: Any, gather_list: Optional[list] = None, dst: int = 0,
@@ -260,13 +267,14 @@ def scatter(tensor: Any, scatter_list: Optional[Sequence] = None, src: int = 0,
 
 
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
-            device_ids: Any = None):
+            device_ids: Any = None, algorithm: Optional[str] = None):
     """Return only once every rank of the group has entered the barrier."""
     pg = _group(group, "barrier")
+    _check_algorithm("barrier", algorithm)
     fp = pg.fingerprint("barrier", np.uint8, 0)
 
     def run() -> None:
-        algorithms.barrier(pg.transport, fp)
+        algorithms.barrier(pg.transport, fp, algorithm)
     return pg.run(run, async_op, fp, "barrier")
 
 
@@ -301,30 +309,5 @@ def recv(tensor: Any, src: int, group: Optional[ProcessGroup] = None, tag: int =
     return _p2p(tensor, src, group, tag, sending=False)
 
 
-def all_gather_array(pg: ProcessGroup, arr: np.ndarray, op: str) -> np.ndarray:
-    """Synchronous all-gather of a contiguous array of any dtype: shape (group size, *shape)."""
-    fp = pg.fingerprint(op, arr.dtype, arr.size)
-    out = np.empty((pg.size,) + arr.shape, dtype=arr.dtype)
-    pg.run(lambda: algorithms.all_gather(pg.transport, Flat(arr).buf, out.reshape(-1), fp),
-           False, fp, op)
-    return out
-
-
-def broadcast_array(pg: ProcessGroup, arr: np.ndarray, root: int, op: str) -> np.ndarray:
-    """Synchronous in-place broadcast of a contiguous array of any dtype from group rank root."""
-    fp = pg.fingerprint(f"{op}:{root}", arr.dtype, arr.size)
-    pg.run(lambda: algorithms.broadcast(pg.transport, arr.reshape(-1), root, fp), False, fp, op)
-    return arr
-
-
-def check_same_everywhere(pg: ProcessGroup, op: str, values: Sequence[int], what: str) -> None:
-    """ValueError on every rank unless all ranks passed the same ``values``."""
-    rows = all_gather_array(pg, np.asarray(values, dtype=np.int64), op)
-    differ = [pg.ranks[i] for i in range(pg.size) if not np.array_equal(rows[i], rows[0])]
-    if differ:
-        raise ValueError(f"{what}: ranks {differ} passed different arguments than rank "
-                         f"{pg.ranks[0]} (every rank must make the same call)")
-
-
 # The object tier lives in its own module; re-exported so ``collectives`` holds the whole API.
-from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402
+from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402,F401

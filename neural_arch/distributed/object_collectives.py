@@ -1,4 +1,4 @@
-"""Collectives of arbitrary picklable objects.
+"""Collectives of arbitrary picklable objects, and the untyped-array collectives they use.
 
 Objects travel as pickles in uint8 arrays: sizes are exchanged first, then the padded bytes.
 Unpickling runs code chosen by the sender, so these calls refuse to run over a transport whose
@@ -7,14 +7,40 @@ peers are not authenticated members of the job (``TransportSpec.trusted``).
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .collectives import all_gather_array, broadcast_array
+from . import algorithms
+from .buffers import Flat
 from .process_group import ProcessGroup, resolve_group
 
 _MISSING = object()
+
+
+def all_gather_array(pg: ProcessGroup, arr: np.ndarray, op: str) -> np.ndarray:
+    """Synchronous all-gather of a contiguous array of any dtype: shape (group size, *shape)."""
+    fp = pg.fingerprint(op, arr.dtype, arr.size)
+    out = np.empty((pg.size,) + arr.shape, dtype=arr.dtype)
+    pg.run(lambda: algorithms.all_gather(pg.transport, Flat(arr).buf, out.reshape(-1), fp),
+           False, fp, op)
+    return out
+
+
+def broadcast_array(pg: ProcessGroup, arr: np.ndarray, root: int, op: str) -> np.ndarray:
+    """Synchronous in-place broadcast of a contiguous array of any dtype from group rank root."""
+    fp = pg.fingerprint(f"{op}:{root}", arr.dtype, arr.size)
+    pg.run(lambda: algorithms.broadcast(pg.transport, arr.reshape(-1), root, fp), False, fp, op)
+    return arr
+
+
+def check_same_everywhere(pg: ProcessGroup, op: str, values: Sequence[int], what: str) -> None:
+    """ValueError on every rank unless all ranks passed the same ``values``."""
+    rows = all_gather_array(pg, np.asarray(values, dtype=np.int64), op)
+    differ = [pg.ranks[i] for i in range(pg.size) if not np.array_equal(rows[i], rows[0])]
+    if differ:
+        raise ValueError(f"{what}: ranks {differ} passed different arguments than rank "
+                         f"{pg.ranks[0]} (every rank must make the same call)")
 
 
 def _trusted_group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import transports
 from .errors import DistributedError
+from .group_transport import GroupTransport, SoloTransport
 from .transports.base import Fingerprint, Transport
 from .work import CommQueue, Seconds, Work, to_seconds
 
@@ -24,51 +25,15 @@ BACKENDS = ("auto", "gloo", "shm", "tcp", "mpi")
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-class GroupTransport(Transport):
-    """A subgroup's view of the world transport: group ranks in, global ranks out."""
-
-    def __init__(self, world: Transport, ranks: Sequence[int], rank: int) -> None:
-        super().__init__(rank, len(ranks), world.timeout)
-        self.world, self.ranks = world, tuple(ranks)
-        self.name = world.name
-
-    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
-        self.world.send(buf, self.ranks[dst], fp)
-
-    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
-        self.world.recv(buf, self.ranks[src], fp)
-
-    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
-                 fp: Fingerprint) -> None:
-        self.world.sendrecv(sendbuf, self.ranks[dst], recvbuf, self.ranks[src], fp)
-
-    def close(self) -> None:
-        """The world transport belongs to the default group, which closes it."""
+_DTYPE_NAMES: dict = {}
 
 
-class SoloTransport(Transport):
-    """The transport of a one-rank group: every collective is local, there is no peer."""
-
-    name = "solo"
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(0, 1, timeout)
-
-    def _no_peer(self, peer: int) -> None:
-        raise ValueError(f"a one-rank group has no peer rank {peer}")
-
-    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
-        self._no_peer(dst)
-
-    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
-        self._no_peer(src)
-
-    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
-                 fp: Fingerprint) -> None:
-        self._no_peer(dst)
-
-    def close(self) -> None:
-        """Nothing to release."""
+def _dtype_name(dtype: Any) -> str:
+    """``np.dtype(dtype).name``, cached: it is surprisingly slow and runs on every collective."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
+    return name
 
 
 class ProcessGroup:
@@ -107,7 +72,7 @@ class ProcessGroup:
         with self._lock:
             self._seq += 1
             seq = self._seq
-        return Fingerprint(op[:24], seq, np.dtype(dtype).name, int(count), self.group_id)
+        return Fingerprint(op[:24], seq, _dtype_name(dtype), int(count), self.group_id)
 
     def p2p_fingerprint(self, direction: str, peer: int, op: str, dtype: Any,
                         count: int) -> Fingerprint:
@@ -115,7 +80,7 @@ class ProcessGroup:
         with self._lock:
             key = (direction, peer)
             self._p2p[key] = seq = self._p2p.get(key, 0) + 1
-        return Fingerprint(op[:24], seq, np.dtype(dtype).name, int(count), self.group_id)
+        return Fingerprint(op[:24], seq, _dtype_name(dtype), int(count), self.group_id)
 
     def group_rank_of(self, global_rank: Any, what: str) -> int:
         """Translate a global rank argument (``src``/``dst``, as in PyTorch) to a group rank."""
@@ -340,7 +305,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
                          "subgroups share the job's transport")
     group_id = len(w.groups)
     # Every rank must agree on the membership, or later collectives would talk past each other.
-    from .collectives import check_same_everywhere
+    from .object_collectives import check_same_everywhere
     check_same_everywhere(w.default, "new_group", [group_id, zlib.crc32(repr(members).encode())],
                           f"new_group #{group_id} ranks {members}")
     me = w.info.rank

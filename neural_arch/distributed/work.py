@@ -110,6 +110,8 @@ class CommQueue:
             return fn()
 
     def drain(self, op: str = "wait for pending work", seq: Optional[int] = None) -> None:
+        if not self._items and not self._running:  # the common case: nothing queued
+            return
         with self._cond:
             limit = self.timeout * (len(self._items) + 1 + self._running)
             if not self._cond.wait_for(lambda: not self._items and not self._running, limit):
@@ -124,8 +126,10 @@ class CommQueue:
                     self._cond.wait(1.0)
                 if not self._items:
                     return
-                fn, work = self._items.popleft()
+                # flag first, then pop: an unlocked reader (drain's fast path) never sees
+                # "nothing queued and nothing running" while this item is still to run
                 self._running = True
+                fn, work = self._items.popleft()
             try:
                 with self._exec_lock:
                     result = fn()

@@ -20,16 +20,23 @@ def _array_on(array: Any, device: Any) -> Any:
     return Tensor(array, dtype=array.dtype, device=device).data
 
 
-def _host_copy(value: Any) -> np.ndarray:
-    data = value.data if isinstance(value, Tensor) else value
-    if not isinstance(data, np.ndarray) and hasattr(data, "get"):
-        return data.get()  # CuPy -> NumPy, already a copy
-    return np.array(data, copy=True)
+def _host_array(value: Any) -> np.ndarray:
+    """A NumPy array of a Tensor, a CuPy array or any array-like (shared where possible)."""
+    if isinstance(value, Tensor):
+        return value.numpy()
+    if hasattr(value, "__cuda_array_interface__"):
+        return value.get()
+    return np.asarray(value)
 
 
 class Module:
     """Base class: assign ``Parameter``s and ``Module``s as attributes and they are registered
-    (in assignment order); define ``forward`` and call the module."""
+    (in assignment order); define ``forward`` and call the module.
+
+    Registered objects live in the ``_parameters`` / ``_buffers`` / ``_modules`` tables and are
+    mirrored in the instance ``__dict__``, so reading ``self.weight`` in a hot ``forward`` is a
+    plain attribute lookup. Always change them through attribute assignment or ``register_*``.
+    """
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -47,24 +54,28 @@ class Module:
         params, modules, buffers = self._parameters, self._modules, self._buffers
         if isinstance(value, Parameter):
             self._forget(name)
-            params[name] = value
+            self._store(params, name, value)
         elif name in params:
             if value is not None:
                 raise TypeError(f"cannot assign a {type(value).__name__} to parameter '{name}' "
                                 f"(nn.Parameter or None expected)")
-            params[name] = None
+            self._store(params, name, None)
         elif isinstance(value, Module):
             self._forget(name)
-            modules[name] = value
+            self._store(modules, name, value)
         elif name in modules:
             if value is not None:
                 raise TypeError(f"cannot assign a {type(value).__name__} to submodule '{name}' "
                                 f"(nn.Module or None expected)")
-            modules[name] = None
+            self._store(modules, name, None)
         elif name in buffers:
-            buffers[name] = value
+            self._store(buffers, name, value)
         else:
             object.__setattr__(self, name, value)
+
+    def _store(self, table: Dict[str, Any], name: str, value: Any) -> None:
+        table[name] = value
+        self.__dict__[name] = value
 
     def _forget(self, name: str) -> None:
         self.__dict__.pop(name, None)
@@ -73,7 +84,7 @@ class Module:
         self._non_persistent.discard(name)
 
     def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails: registered objects live in the tables.
+        # Only called when normal lookup fails, e.g. for an object restored without its mirror.
         for table in ("_parameters", "_buffers", "_modules"):
             entries = self.__dict__.get(table)
             if entries is not None and name in entries:
@@ -81,27 +92,30 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name: str) -> None:
-        for table in (self._parameters, self._buffers, self._modules):
-            if name in table:
-                del table[name]
-                self._non_persistent.discard(name)
-                return
+        if any(name in table for table in (self._parameters, self._buffers, self._modules)):
+            self._forget(name)
+            return
         object.__delattr__(self, name)
+
+    def _check_new_name(self, name: str, table: Dict[str, Any]) -> None:
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"names must be non-empty strings without '.', got {name!r}")
+        for other in (self._parameters, self._buffers, self._modules):
+            if other is not table and name in other:
+                raise KeyError(f"'{name}' is already registered on {type(self).__name__}")
 
     def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
         """Register ``param`` (or a None placeholder, e.g. a disabled bias) under ``name``."""
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"cannot register a {type(param).__name__} as parameter '{name}' "
                             f"(wrap it in nn.Parameter)")
-        self.__dict__.pop(name, None)
-        self._parameters[name] = param
+        self._check_new_name(name, self._parameters)
+        self._store(self._parameters, name, param)
 
     def register_buffer(self, name: str, value: Any, persistent: bool = True) -> None:
         """Register non-trainable state (an array or Tensor); persistent ones go in state_dict."""
-        if "." in name or not name:
-            raise KeyError(f"buffer name must be non-empty and contain no '.', got '{name}'")
-        self.__dict__.pop(name, None)
-        self._buffers[name] = value
+        self._check_new_name(name, self._buffers)
+        self._store(self._buffers, name, value)
         if persistent:
             self._non_persistent.discard(name)
         else:
@@ -110,8 +124,8 @@ class Module:
     def register_module(self, name: str, module: Optional["Module"]) -> None:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"cannot register a {type(module).__name__} as submodule '{name}'")
-        self.__dict__.pop(name, None)
-        self._modules[name] = module
+        self._check_new_name(name, self._modules)
+        self._store(self._modules, name, module)
 
     add_module = register_module
 
@@ -174,19 +188,12 @@ class Module:
     def state_dict(self) -> "OrderedDict[str, np.ndarray]":
         """Name -> host NumPy copy of every parameter and persistent buffer (shared ones under
         each of their names, as in PyTorch)."""
-        state: "OrderedDict[str, np.ndarray]" = OrderedDict()
-        for prefix, module in self.named_modules():
-            dot = f"{prefix}." if prefix else ""
-            for name, param in module._parameters.items():
-                if param is not None:
-                    state[dot + name] = _host_copy(param)
-            for name, buf in module._buffers.items():
-                if buf is not None and name not in module._non_persistent:
-                    state[dot + name] = _host_copy(buf)
-        return state
+        return OrderedDict((key, np.array(_host_array(getattr(module, table)[name]), copy=True))
+                           for key, (module, table, name) in self._state_targets().items())
 
-    def _state_targets(self) -> Dict[str, Tuple["Module", str, str]]:
-        targets = {}
+    def _state_targets(self) -> "OrderedDict[str, Tuple[Module, str, str]]":
+        """Dotted name -> (owning module, table, attribute) of every entry of the state dict."""
+        targets: "OrderedDict[str, Tuple[Module, str, str]]" = OrderedDict()
         for prefix, module in self.named_modules():
             dot = f"{prefix}." if prefix else ""
             for name, param in module._parameters.items():
@@ -212,10 +219,7 @@ class Module:
         for key, (module, table, name) in targets.items():
             if key not in state_dict:
                 continue
-            source = state_dict[key]
-            source = source.data if isinstance(source, Tensor) else source
-            source = source.get() if not isinstance(source, np.ndarray) and hasattr(source, "get") \
-                else np.asarray(source)
+            source = _host_array(state_dict[key])
             current = getattr(module, table)[name]
             array = current.data if isinstance(current, Tensor) else current
             if tuple(source.shape) != tuple(array.shape):
@@ -259,7 +263,7 @@ class Module:
                 if isinstance(buf, Tensor):
                     buf.data = _array_on(buf.data, device)
                 elif buf is not None:
-                    module._buffers[name] = _array_on(buf, device)
+                    module._store(module._buffers, name, _array_on(buf, device))
         return self
 
     def apply(self, fn: Callable[["Module"], None]) -> "Module":

@@ -4,8 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Optional, Tuple
 
-import numpy as np
-
+from ..backends import xp_of
 from .optimizer import Optimizer
 
 
@@ -45,12 +44,13 @@ class Adam(Optimizer):
                 if maximize:
                     grad = -grad
                 state = self.state[param]
+                xp = xp_of(data)
                 if not state:
                     state["step"] = 0
-                    state["exp_avg"] = np.zeros_like(data)
-                    state["exp_avg_sq"] = np.zeros_like(data)
+                    state["exp_avg"] = xp.zeros_like(data)
+                    state["exp_avg_sq"] = xp.zeros_like(data)
                     if amsgrad:
-                        state["max_exp_avg_sq"] = np.zeros_like(data)
+                        state["max_exp_avg_sq"] = xp.zeros_like(data)
                 state["step"] += 1
                 step = state["step"]
                 if weight_decay != 0:
@@ -66,9 +66,9 @@ class Adam(Optimizer):
                 bias_correction2_sqrt = math.sqrt(1 - beta2 ** step)
                 second_moment = exp_avg_sq
                 if amsgrad:
-                    np.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
+                    xp.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
                     second_moment = state["max_exp_avg_sq"]
-                denom = np.sqrt(second_moment) / bias_correction2_sqrt + eps
+                denom = xp.sqrt(second_moment) / bias_correction2_sqrt + eps
                 data -= (lr / bias_correction1) * (exp_avg / denom)
         return loss
 

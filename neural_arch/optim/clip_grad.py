@@ -6,6 +6,8 @@ from typing import Any, Iterable, Union
 
 import numpy as np
 
+from ..backends import xp_of
+
 
 def _grads(parameters: Union[Any, Iterable[Any]]) -> list:
     if hasattr(parameters, "grad") and hasattr(parameters, "data"):
@@ -66,4 +68,4 @@ def clip_grad_value_(parameters: Union[Any, Iterable[Any]], clip_value: float) -
     """Clamp every gradient element into ``[-clip_value, clip_value]`` in place."""
     clip_value = float(clip_value)
     for grad in _grads(parameters):
-        np.clip(grad, -clip_value, clip_value, out=grad)
+        xp_of(grad).clip(grad, -clip_value, clip_value, out=grad)

@@ -6,20 +6,11 @@ None), so optimizers work on ``Parameter``s, plain ``Tensor``s and NumPy or CuPy
 from __future__ import annotations
 
 import copy
-import sys
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
-
-class _Required:
-    """Marks a hyper-parameter that every parameter group must supply (e.g. a missing lr)."""
-
-    def __repr__(self) -> str:
-        return "<required parameter>"
-
-
-required = _Required()
+from ..backends import backend_for
 
 
 class ParamState:
@@ -59,10 +50,9 @@ class ParamState:
 
 def _array_like(value: Any, ref: Any) -> Any:
     """Copy ``value`` into an array of ``ref``'s dtype on ``ref``'s array module (NumPy/CuPy)."""
-    if isinstance(ref, np.ndarray):
-        return np.array(value, dtype=ref.dtype, copy=True)
-    module = sys.modules[type(ref).__module__.split(".")[0]]
-    return module.array(value, dtype=ref.dtype, copy=True)
+    if hasattr(value, "__cuda_array_interface__") and isinstance(ref, np.ndarray):
+        value = value.get()
+    return backend_for(ref).xp.array(value, dtype=ref.dtype, copy=True)
 
 
 def _copy_value(value: Any) -> Any:
@@ -111,9 +101,6 @@ class Optimizer:
             raise ValueError("some parameters appear in more than one parameter group")
         group["params"] = params
         for name, default in self.defaults.items():
-            if default is required and name not in group:
-                raise ValueError(f"parameter group didn't specify a value of required option "
-                                 f"'{name}'")
             group.setdefault(name, default)
         self.param_groups.append(group)
 

@@ -36,15 +36,22 @@ _ALIASES = {"rd": "recursive_doubling", "recursive-doubling": "recursive_doublin
             "direct": "shm_direct", "shm-direct": "shm_direct", "mpi": "native"}
 
 
+_UNLOADED = object()
+_direct_module = _UNLOADED
+
+
 def _shm_direct():
-    """The direct shm module, or None while it is not part of the installation."""
-    name = f"{__name__}.shm_direct"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
+    """The direct shm module, or None when it is not part of the installation."""
+    global _direct_module
+    if _direct_module is _UNLOADED:
+        name = f"{__name__}.shm_direct"
+        try:
+            _direct_module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            _direct_module = None
+    return _direct_module
 
 
 def _direct_ok(t: Transport) -> bool:

@@ -39,7 +39,7 @@ def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[in
 
 def _all_gather_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, int]],
                         fp: Fingerprint) -> None:
-    """Rank ``r`` contributes chunk ``r`` of ``buf``; afterwards every chunk is filled everywhere."""
+    """Rank ``r`` contributes chunk ``r`` of ``buf``; afterwards every rank holds every chunk."""
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
     seg = segment_elems(buf.itemsize)

@@ -108,7 +108,10 @@ def _areas(t: ShmTransport, dtype: np.dtype):
     views = t.direct_views.get(dtype)
     if views is None:
         size, layout = t.layout.workspace_bytes, t.layout
-        area = lambda start: t.shared[start:start + size].view(dtype)  # noqa: E731
+
+        def area(start: int) -> np.ndarray:
+            return t.shared[start:start + size].view(dtype)
+
         inputs = [[area(layout.ws_input(h, r)) for r in range(t.world_size)] for h in (0, 1)]
         results = [area(layout.ws_result(h)) for h in (0, 1)]
         views = t.direct_views[dtype] = (inputs, results)

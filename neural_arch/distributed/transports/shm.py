@@ -31,12 +31,12 @@ import numpy as np
 
 from ..errors import CollectiveMismatchError, DistributedError, RendezvousError
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
-from .shm_sync import CLOSED, GEN, PID, Backoff, PeerWatch, ShmLayout, wait_ge
+from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SPIN_POLLS, Backoff, PeerWatch,
+                       ShmLayout, wait_ge)
 
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
 DEFAULT_WORKSPACE_BYTES = 2 << 20
-TRANSFER_SPINS = 200  # idle polls of both rings (about 1 us each) before backing off
 
 
 # ----- segment lifecycle ---------------------------------------------------------------------
@@ -243,6 +243,7 @@ class ShmTransport(Transport):
         if in_msg is not None:
             out, src = in_msg
             n_recv = max(1, -(-out.size // chunk_bytes))
+        watch = self.watch
         idle, backoff = 0, None
         while sent < n_send or received < n_recv:
             moved = False
@@ -253,12 +254,16 @@ class ShmTransport(Transport):
                 received += 1
                 moved = True
             if moved:
+                if backoff is None and idle and watch.spin_polls < SPIN_POLLS:
+                    watch.spin_polls *= 2  # polling sufficed: the peer is running
                 idle, backoff = 0, None
                 continue
             idle += 1
-            if idle < TRANSFER_SPINS:
+            # one poll of both rings costs about as much as ten polls of a counter
+            if idle * 10 < watch.spin_polls:
                 continue
             if backoff is None:
+                watch.spin_polls = max(MIN_SPIN_POLLS, watch.spin_polls // 2)
                 backoff = Backoff(self.watch, self.timeout, fp.op, fp.seq, what)
             pending = ([dst] if sent < n_send else []) + ([src] if received < n_recv else [])
             backoff.pause(pending)

@@ -1,8 +1,10 @@
 """Waiting on counters in shared memory: spin briefly, then back off, bounded and watchful.
 
-A waiter first polls a counter a few thousand times (a peer on another core usually answers
-within microseconds), then yields the CPU and sleeps in growing steps up to about 1 ms, so
-that more ranks than cores still make progress. Every wait is bounded by the transport's
+A waiter first polls a counter up to a few thousand times (a peer running on another core
+usually answers within microseconds), then yields the CPU for a couple of milliseconds, then
+sleeps in growing steps up to about 1 ms, so that more ranks than cores still make progress.
+The polling budget adapts: it halves whenever polling alone was not enough (the peer was not
+running, as when ranks outnumber free cores) and doubles when it was. Every wait is bounded by the transport's
 timeout, and every ~100 ms it checks that the peers it waits on are still alive and have not
 closed their end, so a killed peer is reported within a fraction of a second.
 """
@@ -15,16 +17,17 @@ from typing import Callable, Optional, Sequence
 from ..errors import CollectiveTimeoutError, PeerFailureError
 
 SPIN_POLLS = 2000
+MIN_SPIN_POLLS = 16
+YIELD_PHASE_S = 2e-3
 LIVENESS_PERIOD_S = 0.1
-FIRST_SLEEP_S = 1e-5
+FIRST_SLEEP_S = 2e-5
 MAX_SLEEP_S = 1e-3
-YIELDS_BEFORE_SLEEP = 50
 
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (a killed child stays one until reaped)."""
+    """Whether ``pid`` exists and is not a zombie (a killed child stays one until reaped)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -59,6 +62,7 @@ class PeerWatch:
         self.closed = closed
         self.watch_pid = [peer != rank and pid > 0 and pid_alive(pid)
                           for peer, pid in enumerate(self.pids)]
+        self.spin_polls = SPIN_POLLS  # this rank's adaptive polling budget (see wait_ge)
 
     def check(self, peers: Sequence[int], op: str, seq: Optional[int]) -> None:
         """Raise PeerFailureError naming the first of ``peers`` that died or closed."""
@@ -81,8 +85,8 @@ class Backoff:
     peers still being waited on has died or closed.
     """
 
-    __slots__ = ("watch", "op", "seq", "what", "start", "deadline", "next_check", "yields",
-                 "delay", "timeout")
+    __slots__ = ("watch", "op", "seq", "what", "start", "deadline", "next_check",
+                 "yield_until", "delay", "timeout")
 
     def __init__(self, watch: PeerWatch, timeout: float, op: str, seq: Optional[int],
                  what: str) -> None:
@@ -91,7 +95,7 @@ class Backoff:
         self.start = time.monotonic()
         self.deadline = self.start + timeout
         self.next_check = self.start + LIVENESS_PERIOD_S
-        self.yields = 0
+        self.yield_until = self.start + YIELD_PHASE_S
         self.delay = FIRST_SLEEP_S
 
     def pause(self, peers: Sequence[int]) -> None:
@@ -105,26 +109,29 @@ class Backoff:
                 f"timed out after {now - self.start:.1f} s (timeout {self.timeout} s) waiting "
                 f"for {self.what}" + (f" from peer rank {peer}" if peer is not None else ""),
                 rank=self.watch.rank, peer=peer, op=self.op, seq=self.seq)
-        if self.yields < YIELDS_BEFORE_SLEEP:
-            self.yields += 1
+        if now < self.yield_until:
             _yield()
             return
         time.sleep(self.delay)
         self.delay = min(self.delay * 2, MAX_SLEEP_S)
 
 
-def spin_until_ge(counters, index: int, target: int) -> bool:
-    """Poll ``counters[index] >= target`` up to SPIN_POLLS times; True once it holds."""
-    for _ in range(SPIN_POLLS):
+def spin_until_ge(counters, index: int, target: int, watch: PeerWatch) -> bool:
+    """Poll ``counters[index] >= target`` within the adaptive budget; True once it holds."""
+    budget = watch.spin_polls
+    for _ in range(budget):
         if counters[index] >= target:
+            if budget < SPIN_POLLS:
+                watch.spin_polls = budget * 2
             return True
+    watch.spin_polls = max(MIN_SPIN_POLLS, budget // 2)
     return False
 
 
 def wait_ge(counters, index: int, target: int, peer: int, watch: PeerWatch, timeout: float,
             op: str, seq: Optional[int], what: str) -> None:
     """Block until ``counters[index] >= target``; the counter is written by ``peer``."""
-    if counters[index] >= target or spin_until_ge(counters, index, target):
+    if counters[index] >= target or spin_until_ge(counters, index, target, watch):
         return
     backoff = Backoff(watch, timeout, op, seq, what)
     peers = (peer,)
@@ -190,11 +197,14 @@ class ShmLayout:
     def rank_header(self, rank: int, parity: int) -> int:
         return self.rank_headers_at + (2 * rank + parity) * AREA_BYTES
 
+    def _slot_index(self, src: int, dst: int, slot: int) -> int:
+        return (src * self.world_size + dst) * self.slots + slot
+
     def slot_header(self, src: int, dst: int, slot: int) -> int:
-        return self.slot_headers_at + ((src * self.world_size + dst) * self.slots + slot) * AREA_BYTES
+        return self.slot_headers_at + self._slot_index(src, dst, slot) * AREA_BYTES
 
     def slot_data(self, src: int, dst: int, slot: int) -> int:
-        return self.slot_data_at + ((src * self.world_size + dst) * self.slots + slot) * self.slot_bytes
+        return self.slot_data_at + self._slot_index(src, dst, slot) * self.slot_bytes
 
     def ws_input(self, parity: int, rank: int) -> int:
         return self.workspace_at + (parity * (self.world_size + 1) + rank) * self.workspace_bytes

@@ -1,0 +1,105 @@
+"""Process-group pieces that need no second process: backend choice, groups, trust."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from neural_arch import distributed as dist
+from neural_arch.distributed import process_group as pgm
+from neural_arch.distributed.algorithms import ring
+from neural_arch.distributed.env import RendezvousInfo
+from neural_arch.distributed.reduce_ops import ReduceOp
+from neural_arch.distributed.transports.base import Fingerprint
+from neural_arch.distributed.work import CommQueue
+from threaded_transport import Fabric, run_threads
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class DictStore:
+    def __init__(self, preset=None):
+        self.data = dict(preset or {})
+
+    def set(self, key, value):
+        self.data[key] = bytes(value)
+
+    def get(self, key):
+        return self.data[key]
+
+
+def info(rank, world_size):
+    return RendezvousInfo(rank, world_size, rank, world_size, "127.0.0.1", 1, "explicit")
+
+
+def test_backend_choice_compares_host_identities():
+    same = DictStore({f"{pgm._HOST_KEY}/1": pgm._host_identity().encode()})
+    assert pgm._choose_on_one_host(info(0, 2), same) == "shm"
+    other = DictStore({f"{pgm._HOST_KEY}/1": b"elsewhere|boot-2"})
+    assert pgm._choose_on_one_host(info(0, 2), other) == "tcp"
+    # a non-zero rank reads rank 0's decision
+    decided = DictStore({f"{pgm._HOST_KEY}/choice": b"tcp"})
+    assert pgm._choose_on_one_host(info(1, 2), decided) == "tcp"
+
+
+def test_unknown_backend_lists_the_choices():
+    with pytest.raises(ValueError) as exc:
+        pgm._normalize_backend("carrier-pigeon")
+    assert "carrier-pigeon" in str(exc.value) and "tcp" in str(exc.value)
+    assert pgm._normalize_backend("GLOO") == "auto"
+
+
+def test_queries_before_init(monkeypatch):
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="not initialized"):
+        dist.get_rank()
+    state = dist.get_distributed_info()
+    assert state["initialized"] is False and state["backend"] is None
+    dist.destroy_process_group()  # harmless when nothing is initialized
+
+
+def test_group_transport_translates_ranks():
+    members = [1, 3]
+
+    def body(t):
+        if t.rank not in members:
+            return None
+        view = pgm.GroupTransport(t, members, members.index(t.rank))
+        buf = np.full(5, float(t.rank))
+        ring.all_reduce(view, buf, ReduceOp.SUM, Fingerprint("all_reduce:sum", 1, "float64", 5, 7))
+        return buf
+
+    results = run_threads(4, body)
+    assert results[0] is None and results[2] is None
+    for rank in members:
+        np.testing.assert_array_equal(results[rank], np.full(5, 4.0))
+
+
+def test_fingerprints_number_collectives_and_peers_separately():
+    group = pgm.ProcessGroup(3, [0, 2], 2, Fabric(2).transports()[1], CommQueue(2, 1.0), "tcp",
+                             1.0, True)
+    first = group.fingerprint("all_reduce:sum", np.float32, 10)
+    assert first == Fingerprint("all_reduce:sum", 1, "float32", 10, 3)
+    assert group.p2p_fingerprint("send", 0, "p2p:0", np.int64, 4).seq == 1
+    assert group.p2p_fingerprint("send", 0, "p2p:0", np.int64, 4).seq == 2
+    assert group.p2p_fingerprint("recv", 0, "p2p:0", np.int64, 4).seq == 1
+    assert group.fingerprint("barrier", np.uint8, 0).seq == 2
+    assert group.group_rank_of(2, "src") == 1
+    with pytest.raises(ValueError, match=r"src=1 is not in group 3 \(ranks \[0, 2\]\)"):
+        group.group_rank_of(1, "src")
+    with pytest.raises(TypeError, match="dst must be an int"):
+        group.group_rank_of(1.5, "dst")
+
+
+def test_object_collectives_refuse_unauthenticated_transports(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group(world_size=1, rank=0, timeout=5)
+    try:
+        untrusted = pgm.ProcessGroup(9, [0], 0, None, CommQueue(0, 1.0), "custom", 1.0,
+                                     trusted=False)
+        with pytest.raises(PermissionError, match="custom"):
+            dist.all_gather_object({"x": 1}, group=untrusted)
+        with pytest.raises(PermissionError, match="custom"):
+            dist.broadcast_object_list([1], group=untrusted)
+    finally:
+        dist.destroy_process_group()
