@@ -2,7 +2,8 @@
 
 A step is forward (Linear layers with ReLU), cross-entropy, backward and an SGD update, in
 float32 on one thread. Torch CPU is timed too when it is installed. Steps of the three
-implementations are interleaved so that machine noise hits them alike; each reports the median.
+implementations are interleaved (in rotating order) so that machine noise hits them alike; each
+reports the median.
 
     python benchmarks/bench_step.py [--steps 40] [--output benchmarks/RESULTS.md] [--profile]
 """
@@ -157,10 +158,14 @@ def time_config(sizes: List[int], batch: int, steps: int, warmup: int, torch) ->
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
         runners["torch"] = lambda: theirs.step(tx, ty)
     times: Dict[str, List[float]] = {name: [] for name in runners}
+    names = list(runners)
     for i in range(warmup + steps):
-        for name, run in runners.items():
+        # Rotate the order so that no implementation always runs right after the same other
+        # one (whose memory traffic would otherwise always be cleaned up by the same runner).
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            run()
+            runners[name]()
             if i >= warmup:
                 times[name].append(time.perf_counter() - start)
     return {name: float(np.median(values)) * 1e3 for name, values in times.items()}

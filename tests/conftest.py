@@ -7,7 +7,7 @@ import sys
 import pytest
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
-for path in (os.path.dirname(_TESTS), _TESTS):  # the package, and helpers such as dist_harness
+for path in (os.path.dirname(_TESTS), _TESTS):  # the package, and test modules such as dist_harness
     if path not in sys.path:
         sys.path.insert(0, path)
 

@@ -29,6 +29,7 @@ from multiprocessing.connection import wait as wait_ready
 from typing import Any, Callable, Optional, Sequence
 
 _ERROR_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
+_MPI_STOP_GRACE_S = 5.0
 _MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
@@ -209,9 +210,7 @@ def _run_mpi(fn, world_size: int, timeout: float, args: tuple, env: dict,
         except subprocess.TimeoutExpired:
             output = b""
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                output = (output or b"") + (proc.communicate()[0] or b"")
+            output = (output or b"") + _stop_mpiexec(proc, tmp, world_size)
         outcomes = {}
         for rank in range(world_size):
             path = os.path.join(tmp, f"rank{rank}.pkl")
@@ -226,6 +225,26 @@ def _run_mpi(fn, world_size: int, timeout: float, args: tuple, env: dict,
         return _results(outcomes, world_size, [], timeout)
 
 
+def _stop_mpiexec(proc: subprocess.Popen, job_dir: str, world_size: int) -> bytes:
+    """Stop a still-running job: SIGTERM lets mpiexec stop its ranks and remove its shared
+    memory; whatever is left after a grace period is killed."""
+    if proc.poll() is not None:
+        return b""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=_MPI_STOP_GRACE_S)[0] or b""
+    except subprocess.TimeoutExpired:
+        pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    for rank in range(world_size):  # ranks run in sessions of their own
+        try:
+            with open(os.path.join(job_dir, f"rank{rank}.pid")) as f:
+                os.kill(int(f.read()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    return proc.communicate()[0] or b""
+
+
 def _mpi_main(job_dir: str) -> None:
     # The search path comes first, in its own file, so that unpickling ``fn`` can import it.
     with open(os.path.join(job_dir, "sys_path.json")) as f:
@@ -234,6 +253,8 @@ def _mpi_main(job_dir: str) -> None:
         job = pickle.load(f)
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    with open(os.path.join(job_dir, f"rank{rank}.pid"), "w") as f:
+        f.write(str(os.getpid()))
     outcome = _run_one(job["fn"], rank, size, "mpi", job["args"], job["init_kwargs"])
     path = os.path.join(job_dir, f"rank{rank}.pkl")
     with open(path + ".tmp", "wb") as f:

@@ -6,12 +6,15 @@ from typing import Any
 import numpy
 
 from . import special
+from .allocator import tune_allocator
 
 name = "numpy"
 device = "cpu"
 xp = numpy
 array_type = numpy.ndarray
 array_types = (numpy.ndarray, numpy.generic)
+
+tune_allocator()
 
 
 def is_available() -> bool:

@@ -68,7 +68,7 @@ def wrap_like(template: Any, arr: np.ndarray) -> Any:
     return type(template)(arr)
 
 
-def describe_list(items: Any, what: str) -> list:
+def as_list(items: Any, what: str) -> list:
     if not isinstance(items, (list, tuple)):
         raise TypeError(f"{what} must be a list of tensors, got {type(items).__name__}")
     return list(items)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import algorithms
 from .algorithms import exchange
-from .buffers import Flat, checked_array, describe_list, same_layout, wrap_like
+from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
 from .reduce_ops import ReduceOp, as_reduce_op, finish_average
 
@@ -41,7 +41,7 @@ def _summing(op: ReduceOp) -> ReduceOp:
 def _tensor_list(items: Any, what: str, ref: np.ndarray, size: int,
                  writable: bool = True) -> list[np.ndarray]:
     """The arrays of a per-rank list, checked against the group size and ``ref``'s layout."""
-    items = describe_list(items, what)
+    items = as_list(items, what)
     if len(items) != size:
         raise ValueError(f"{what} has {len(items)} entries but the group has {size} ranks")
     arrays = [checked_array(x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]

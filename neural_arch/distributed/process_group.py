@@ -8,6 +8,7 @@ their own group id and sequence numbers, so a mix-up between groups is detected,
 from __future__ import annotations
 
 import atexit
+import os
 import socket
 import threading
 import zlib
@@ -125,20 +126,22 @@ _HOST_KEY = "neural_arch/init/host"
 
 
 def _host_identity() -> str:
-    """Hostname plus boot id: equal exactly when two processes can share /dev/shm segments."""
+    """Hostname, boot id and IPC namespace: equal when two processes can share shm segments."""
+    parts = [socket.gethostname()]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            parts.append(f.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/ipc").st_ino))
     except OSError:
-        boot = ""
-    return f"{socket.gethostname()}|{boot}"
+        pass  # not Linux: the hostname alone has to do
+    return "|".join(parts)
 
 
 def _normalize_backend(backend: Any) -> str:
     name = str(getattr(backend, "value", backend)).lower()
-    if name not in BACKENDS and name not in transports._REGISTRY:
-        raise ValueError(f"unknown backend {backend!r}; choose one of "
-                         f"{sorted(set(BACKENDS) | set(transports._REGISTRY))}")
+    known = set(BACKENDS) | set(transports.known_transports())
+    if name not in known:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(known)}")
     return "auto" if name == "gloo" else name
 
 
@@ -293,7 +296,11 @@ def get_distributed_info() -> dict:
 
 def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = None,
               **_pytorch_options: Any) -> ProcessGroup:
-    """A group of ``ranks`` (sorted, as in PyTorch). Every rank of the job must call it."""
+    """A group of ``ranks`` (sorted, as in PyTorch). Every rank of the job must call it.
+
+    Subgroups share the job's transport, its timeout and its issue order, so PyTorch's other
+    options (``timeout``, ``pg_options``, ...) are accepted and have no effect.
+    """
     w = world()
     n = w.info.world_size
     members = sorted(range(n) if ranks is None else (int(r) for r in ranks))

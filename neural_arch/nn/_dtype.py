@@ -1,4 +1,4 @@
-"""Helpers shared by layers: parameter dtypes and turning array inputs into tensors."""
+"""Shared by the layers: parameter dtypes, and turning array inputs into tensors."""
 from __future__ import annotations
 
 from typing import Any

@@ -61,6 +61,11 @@ def register_transport(name: str, factory: Factory, *, trusted: bool = False,
     _REGISTRY[name] = TransportSpec(name, factory, trusted, needs_store)
 
 
+def known_transports() -> list[str]:
+    """Every registered backend name, available here or not."""
+    return list(_REGISTRY)
+
+
 def spec(name: str) -> TransportSpec:
     try:
         return _REGISTRY[name]
@@ -99,4 +104,4 @@ def create_transport(name: str, *, rank: int, world_size: int, store, timeout: f
 
 
 __all__ = ["Fingerprint", "Transport", "TransportSpec", "available_transports",
-           "create_transport", "is_available", "register_transport", "spec"]
+           "create_transport", "is_available", "known_transports", "register_transport", "spec"]

@@ -1,0 +1,3 @@
+import time
+def hang(rank, ws):
+    time.sleep(60)
