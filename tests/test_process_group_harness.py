@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dist_harness import RankFailed, run_ranks
+from dist_harness import RankFailed, mpi_available, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,4 +89,12 @@ def test_a_hung_rank_is_killed_at_the_deadline(tmp_path):
     with pytest.raises(RankFailed, match=r"did not finish within 3") as info:
         run_ranks(hang_on_rank_zero, 2, "none", timeout=3, args=(str(tmp_path),))
     assert info.value.rank == 0
+    assert_all_gone(str(tmp_path), 2)
+
+
+@pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpiexec")
+def test_a_hung_mpi_job_is_stopped(tmp_path):
+    # ranks run in sessions of their own: killing mpiexec's process group would miss them
+    with pytest.raises(RankFailed, match="reported nothing"):
+        run_ranks(hang_on_rank_zero, 2, "mpi", timeout=8, args=(str(tmp_path),))
     assert_all_gone(str(tmp_path), 2)

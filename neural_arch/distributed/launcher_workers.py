@@ -7,6 +7,7 @@ and stderr are read line by line, prefixed with the rank on the console and mirr
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,30 @@ def _group_has_live_members(pgid: int) -> bool:
     return False
 
 
+def _segments(stream: IO[bytes]):
+    """Pieces of output ending in a newline or a carriage return.
+
+    Progress bars redraw their line with ``\\r``; passing those pieces on as they come keeps a
+    worker's bar live on the console instead of arriving all at once at the next newline.
+    """
+    pending = b""
+    while True:
+        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.readline()
+        if not chunk:
+            break
+        pending += chunk
+        end = 0
+        for match in _LINE_END.finditer(pending):
+            end = match.end()
+            yield pending[match.start():end]
+        pending = pending[end:]
+    if pending:
+        yield pending
+
+
+_LINE_END = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
+
+
 class WorkerOutput:
     """Serialises worker lines and launcher notes onto the console and the per-rank logs."""
 
@@ -78,7 +103,7 @@ class WorkerOutput:
 
     def worker_line(self, rank: int, data: bytes, is_err: bool) -> None:
         text = data.decode("utf-8", errors="replace")
-        if not text.endswith("\n"):
+        if not text.endswith(("\n", "\r")):
             text += "\n"
         with self._lock:
             # A failed console write must not stop the reader, or the worker would block on
@@ -134,7 +159,7 @@ class WorkerProcess:
 
     def _pump(self, stream: IO[bytes], is_err: bool, output: "WorkerOutput") -> None:
         with stream:
-            for line in iter(stream.readline, b""):
+            for line in _segments(stream):
                 output.worker_line(self.rank, line, is_err)
 
     def _feed(self, payload: bytes) -> None:

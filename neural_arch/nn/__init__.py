@@ -1,4 +1,5 @@
 """Neural-network building blocks: ``Module``, layers, losses, initialisers, safetensors I/O."""
+from .. import functional  # ``nn.functional`` as in PyTorch
 from . import init
 from .activation import GELU, ReLU, Sigmoid, Softmax, Tanh
 from .attention import CausalSelfAttention, MultiheadAttention
@@ -16,5 +17,6 @@ __all__ = [
     "Module", "Parameter", "IncompatibleKeys", "Linear", "Identity", "Flatten", "ReLU", "GELU",
     "Tanh", "Sigmoid", "Softmax", "Dropout", "LayerNorm", "Embedding", "CausalSelfAttention",
     "MultiheadAttention", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "init",
+    "functional",
     "save_state_dict", "load_state_dict_file",
 ]
