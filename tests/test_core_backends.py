@@ -97,3 +97,20 @@ def test_unbroadcast_rejects_impossible_shapes():
         unbroadcast(np.ones((3, 4)), (2, 4))
     with pytest.raises(ValueError, match=r"of shape \(4,\) to shape \(2, 4\)"):
         unbroadcast(np.ones(4), (2, 4))
+
+
+def test_allocator_tuning_can_be_switched_off():
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    code = "import neural_arch.backends.allocator as a, neural_arch; print(a._applied)"
+    env_off = {**os.environ, "NEURAL_ARCH_TUNE_MALLOC": "0"}
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env_off, timeout=60)
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        timeout=60)
+    assert off.stdout.strip() == "False", off.stderr
+    expected = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert on.stdout.strip() == str(expected), on.stderr

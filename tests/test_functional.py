@@ -77,6 +77,8 @@ def test_softmax_and_log_softmax(axis):
     expected = np_log_softmax(x.data, axis)
     np.testing.assert_allclose(F.log_softmax(x, axis).data, expected, rtol=1e-12)
     np.testing.assert_allclose(F.softmax(x, axis).data, np.exp(expected), rtol=1e-12)
+    np.testing.assert_array_equal(F.softmax(x, dim=axis).data, F.softmax(x, axis).data)
+    np.testing.assert_array_equal(F.log_softmax(x, dim=axis).data, F.log_softmax(x, axis).data)
     assert gradcheck(lambda t: F.softmax(t, axis), [x])
     assert gradcheck(lambda t: F.log_softmax(t, axis), [x])
     big = Tensor(np.array([[1000.0, 0.0, -1000.0]]))

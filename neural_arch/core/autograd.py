@@ -9,6 +9,7 @@ keeps it in ``.grad`` or before it is updated in place, so accumulation never al
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Dict, List
 
 from ..backends import backend_for
@@ -18,11 +19,10 @@ class RemovableHandle:
     """Returned by hook registration; ``remove()`` unregisters the hook."""
 
     __slots__ = ("_table", "_key")
-    _next_key = 0
+    _keys = itertools.count()
 
     def __init__(self, table: Dict[int, Callable]) -> None:
-        RemovableHandle._next_key += 1
-        self._table, self._key = table, RemovableHandle._next_key
+        self._table, self._key = table, next(RemovableHandle._keys)
 
     def add(self, fn: Callable) -> "RemovableHandle":
         self._table[self._key] = fn

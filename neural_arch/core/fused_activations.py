@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 from ..backends import backend_for, xp_of
 from .grad_mode import GRAD_MODE
@@ -20,8 +20,9 @@ def _record(x: Tensor, out: Any, backward: Any) -> Tensor:
     return _constant(out)
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """exp(x) / sum(exp(x)) along ``axis``, computed after subtracting the max."""
+def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), after subtracting the max."""
+    axis = axis if dim is None else dim
     xd = x.data
     xp = xp_of(xd)
     out = xd - xd.max(axis=axis, keepdims=True)
@@ -36,8 +37,9 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     return _record(x, out, backward)
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """x - logsumexp(x) along ``axis``."""
+def log_softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
+    """x - logsumexp(x) along ``axis`` (or PyTorch's ``dim``)."""
+    axis = axis if dim is None else dim
     xd = x.data
     xp = xp_of(xd)
     shifted = xd - xd.max(axis=axis, keepdims=True)

@@ -175,7 +175,7 @@ class SequentialLR(LRScheduler):
         for group in optimizer.param_groups:
             group["lr"] = group["initial_lr"]
         # Constructing each scheduler stepped it once; rewind them so each starts fresh.
-        pass
+        self._undo_initial_steps(self)
         index = bisect_right(self._milestones, 0)
         self._schedulers[index]._initial_step()
         self._last_lr = self._schedulers[index].get_last_lr()
