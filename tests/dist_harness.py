@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 
 _ERROR_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
 _MPI_STOP_GRACE_S = 5.0
+_PORT_ATTEMPTS = 3
 _MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
@@ -113,21 +114,35 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout: float = 60.0
     init_kwargs = dict(init_kwargs or {})
     if backend == "mpi":
         return _run_mpi(fn, world_size, timeout, tuple(args), env or {}, init_kwargs)
+    attempt = 1
+    while True:
+        try:
+            return _run_forked(fn, world_size, backend, timeout, tuple(args), env or {},
+                               init_kwargs, set(may_die))
+        except RankFailed as exc:
+            # another process took the "free" port before rank 0 could listen on it
+            if "port in use" not in exc.summary or attempt == _PORT_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+def _run_forked(fn, world_size: int, backend: str, timeout: float, args: tuple, env: dict,
+                init_kwargs: dict, may_die: set) -> list[Any]:
     ctx = _context()
     port, secret = free_port(), secrets.token_hex(16)
     procs, conns = [], []
     try:
         for rank in range(world_size):
-            rank_env = {**_rank_env(rank, world_size, port, secret), **(env or {})}
+            rank_env = {**_rank_env(rank, world_size, port, secret), **env}
             reader, writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_child, daemon=True, name=f"rank-{rank}",
-                               args=(writer, fn, rank, world_size, backend, tuple(args),
-                                     rank_env, init_kwargs))
+                               args=(writer, fn, rank, world_size, backend, args, rank_env,
+                                     init_kwargs))
             proc.start()
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        return _collect(procs, conns, timeout, set(may_die))
+        return _collect(procs, conns, timeout, may_die)
     finally:
         for proc in procs:
             if proc.is_alive():

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import pytest
 
+import dist_harness
 from dist_harness import RankFailed, mpi_available, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,3 +100,20 @@ def test_a_hung_mpi_job_is_stopped(tmp_path):
     with pytest.raises(RankFailed, match="reported nothing"):
         run_ranks(hang_on_rank_zero, 2, "mpi", timeout=8, args=(str(tmp_path),))
     assert_all_gone(str(tmp_path), 2)
+
+
+def test_a_taken_port_is_replaced_by_a_fresh_one(tmp_path, monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        handed_out = []
+
+        def first_the_taken_port():
+            handed_out.append(taken.getsockname()[1] if not handed_out else real())
+            return handed_out[-1]
+
+        real = dist_harness.free_port
+        monkeypatch.setattr(dist_harness, "free_port", first_the_taken_port)
+        assert run_ranks(squares, 2, "tcp", args=(str(tmp_path),),
+                         init_kwargs={"timeout": 10}) == [2, 3]
+        assert len(handed_out) == 2  # the run was retried once, on a fresh port

@@ -310,4 +310,8 @@ def recv(tensor: Any, src: int, group: Optional[ProcessGroup] = None, tag: int =
 
 
 # The object tier lives in its own module; re-exported so ``collectives`` holds the whole API.
-from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402,F401
+from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402
+
+__all__ = ["all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
+           "broadcast", "broadcast_object_list", "gather", "recv", "reduce", "reduce_scatter",
+           "reduce_scatter_tensor", "scatter", "send"]
