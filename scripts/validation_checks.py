@@ -8,7 +8,8 @@ verdicts to ``<work_dir>/<phase>_rank<R>.json`` after every check, so a rank tha
 leaves what it had found. The parent counts a check as passed only if every rank passed it.
 
 ``NEURAL_ARCH_VALIDATE_INJECT_FAULT=<check name>`` makes the last rank corrupt its contribution
-to that check, which proves the check can fail.
+to that check, which proves the check can fail; ``<check name>:crash`` makes it SIGKILL itself
+as that check starts, which proves a crash is reported rather than waited on.
 """
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ class Context:
         """Whether this rank must spoil its contribution to ``check`` (fault injection)."""
         return self.inject == check and self.rank == self.world_size - 1
 
+    def crash_before(self, check: str) -> None:
+        """Die without a word when a crash of this rank is injected at ``check``."""
+        if self.inject == f"{check}:crash" and self.rank == self.world_size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 class Problems:
     """Collects mismatches found by a check; keeps the first few for the report."""
@@ -71,7 +77,7 @@ class Problems:
             bad = np.flatnonzero(got.reshape(-1) != want.reshape(-1))
             i = int(bad[0])
             self.add(f"{what}: {bad.size} of {want.size} elements wrong, first at [{i}]: "
-                     f"got {got.reshape(-1)[i]!r}, expected {want.reshape(-1)[i]!r}")
+                     f"got {got.reshape(-1)[i].item()!r}, expected {want.reshape(-1)[i].item()!r}")
 
     def expect(self, condition: bool, text: str) -> None:
         if not condition:
@@ -112,12 +118,14 @@ def check_environment(ctx: Context) -> str:
     if wanted in ("auto", "gloo"):  # every rank runs on this host
         wanted = "shm" if "shm" in available_transports() else "tcp"
     launched_as = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+    launched_local = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK"))
     rank = info["rank"] if not ctx.corrupt("environment") else (info["rank"] + 1) % ctx.world_size
     for key, got, want in (("initialized", info["initialized"], True),
                            ("world_size", info["world_size"], ctx.world_size),
                            ("backend", info["backend"], wanted),
                            ("rank", info["rank"], get_rank()),
-                           ("launcher rank", str(info["rank"]), launched_as)):
+                           ("launcher rank", str(info["rank"]), launched_as),
+                           ("local_rank", str(info["local_rank"]), launched_local)):
         problems.expect(got == want, f"{key} is {got!r}, expected {want!r}")
     everyone = all_gather_object((rank, info["local_rank"], os.getpid(), info["host"]))
     ranks = [e[0] for e in everyone]
@@ -137,15 +145,16 @@ def check_environment(ctx: Context) -> str:
 def check_list() -> list[tuple[str, Callable[[Context], str]]]:
     """The checks of the main run, in the order every rank runs them."""
     import validation_collectives as col
+    import validation_messaging as msg
     import validation_training as train
     return [("environment", check_environment), ("all_reduce", col.check_all_reduce),
             ("broadcast", col.check_broadcast), ("all_gather", col.check_all_gather),
             ("reduce_scatter", col.check_reduce_scatter), ("reduce", col.check_reduce),
             ("gather", col.check_gather), ("scatter", col.check_scatter),
-            ("send_recv", col.check_send_recv), ("barrier", col.check_barrier),
-            ("all_gather_object", col.check_all_gather_object),
-            ("broadcast_object_list", col.check_broadcast_object_list),
-            ("async_ops", col.check_async_ops), ("ddp_manual", train.check_ddp_manual),
+            ("send_recv", msg.check_send_recv), ("barrier", msg.check_barrier),
+            ("all_gather_object", msg.check_all_gather_object),
+            ("broadcast_object_list", msg.check_broadcast_object_list),
+            ("async_ops", msg.check_async_ops), ("ddp_manual", train.check_ddp_manual),
             ("ddp_automatic", train.check_ddp_automatic), ("sampling", train.check_sampling),
             ("checkpoint", train.check_checkpoint)]
 
@@ -185,6 +194,7 @@ def run_main(ctx: Context, backend: str, pg_timeout: float) -> int:
             status, details = FAILED, f"not run: the process group failed during {broken}"
         else:
             try:
+                ctx.crash_before(name)
                 status, details = PASSED, fn(ctx)
             except Exception as exc:
                 status, details = FAILED, _describe(exc)
@@ -226,5 +236,11 @@ def run_fault(ctx: Context, backend: str, pg_timeout: float) -> int:
         outcome.update(time=time.time(), error=type(exc).__name__, message=str(exc),
                        peer=None, is_distributed_error=False)
     write_json(out, outcome)
+    # Stay until every survivor has reported: a survivor that left early would look like a
+    # second failure to the slower ones.
+    deadline = time.monotonic() + FAULT_DETECTION_LIMIT_S + 2.0
+    while time.monotonic() < deadline and not all(
+            (ctx.work_dir / f"fault_rank{r}.json").exists() for r in range(victim)):
+        time.sleep(0.02)
     # The group is broken on purpose: an orderly teardown could wait on the dead peer.
     os._exit(0)

@@ -3,7 +3,6 @@ every comparison is exact; each algorithm the transport can run is exercised by 
 from __future__ import annotations
 
 import hashlib
-import time
 
 import numpy as np
 

@@ -1,0 +1,313 @@
+"""Helpers shared by the distributed benchmarks: jobs of real processes, timing, reporting.
+
+A benchmark script runs twice over: once as the driver (parses options, starts jobs, prints
+and writes the results) and, inside each job, as ``SCRIPT --worker JOB_DIR`` on every rank.
+Jobs on the ``shm`` and ``tcp`` backends start through our launcher, ``mpi`` jobs through
+``mpiexec``. Rank 0 writes the job's result as JSON into the job directory.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+               "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "GROUP_RANK", "NODE_RANK")
+_MPI_STOP_GRACE_S = 5.0
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+               "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+BACKENDS = ("shm", "tcp", "mpi")
+
+
+class JobFailed(RuntimeError):
+    """A benchmark job exited with an error or ran past its time limit."""
+
+
+def one_thread_per_rank() -> None:
+    """One BLAS/OpenMP thread per process; must run before NumPy is imported."""
+    for name in THREAD_VARS:
+        os.environ[name] = "1"
+
+
+# ----- sizes -----------------------------------------------------------------------------------
+def parse_size(text: str) -> int:
+    """``"4"``, ``"1K"``, ``"16MiB"``, ``"0.5M"`` -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"cannot read size {text!r}; write e.g. 4, 64K, 16M or 256MiB")
+    value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if value < 1:
+        raise ValueError(f"size {text!r} is below one byte")
+    return value
+
+
+def parse_size_list(text: str) -> List[int]:
+    return sorted({parse_size(part) for part in text.split(",") if part.strip()})
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+# ----- timing ----------------------------------------------------------------------------------
+def time_batches(call: Callable[[], Any], barrier: Callable[[], Any], calls_per_batch: int,
+                 batches: int, warmup_batches: int = 1) -> List[float]:
+    """Seconds per call of each timed batch; every batch starts right after a barrier."""
+    per_call = []
+    for i in range(warmup_batches + batches):
+        barrier()
+        start = time.perf_counter()
+        for _ in range(calls_per_batch):
+            call()
+        elapsed = time.perf_counter() - start
+        if i >= warmup_batches:
+            per_call.append(elapsed / calls_per_batch)
+    return per_call
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def slowest_median(per_rank: Sequence[Sequence[float]]) -> float:
+    """Max over ranks of each rank's median: a collective is as fast as its slowest rank."""
+    return max(median(times) for times in per_rank)
+
+
+# ----- jobs ------------------------------------------------------------------------------------
+def mpi_available() -> bool:
+    try:
+        import importlib.util
+        return importlib.util.find_spec("mpi4py") is not None and bool(shutil.which("mpiexec"))
+    except (ImportError, ValueError):
+        return False
+
+
+def installed_backends() -> List[str]:
+    """The backends that can run here, in the order the reports list them."""
+    from neural_arch.distributed.transports import available_transports
+    names = [b for b in ("shm", "tcp") if b in available_transports()]
+    if "mpi" in available_transports() and mpi_available():
+        names.append("mpi")
+    return names
+
+
+def parse_backends(text: str) -> List[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    if not names or any(b not in BACKENDS for b in names):
+        raise ValueError(f"--backends must name some of {', '.join(BACKENDS)}; got {names}")
+    return names
+
+
+def run_job(script: str, backend: str, world_size: int, job: Dict[str, Any],
+            timeout: float) -> Dict[str, Any]:
+    """Run ``script --worker DIR`` on ``world_size`` ranks; return rank 0's result."""
+    job_dir = tempfile.mkdtemp(prefix="nf_bench_")
+    try:
+        with open(os.path.join(job_dir, "job.json"), "w", encoding="utf-8") as handle:
+            json.dump(dict(job, backend=backend, world_size=world_size), handle)
+        if backend == "mpi":
+            code = _run_mpiexec(script, world_size, job_dir, timeout)
+        else:
+            from neural_arch.distributed import launch_distributed_training
+            from neural_arch.distributed.launcher import LaunchError
+            env = {name: "1" for name in THREAD_VARS}
+            try:
+                code = launch_distributed_training(
+                    script, nproc_per_node=world_size, backend=backend, standalone=True,
+                    script_args=["--worker", job_dir], timeout=timeout, env=env)
+            except LaunchError as exc:
+                raise JobFailed(f"could not launch the {backend!r} job: {exc}") from exc
+        result_path = os.path.join(job_dir, "result.json")
+        if code != 0 or not os.path.exists(result_path):
+            why = "ran past its time limit" if code == 124 else f"exited with code {code}"
+            raise JobFailed(f"{os.path.basename(script)} job on backend {backend!r} with "
+                            f"{world_size} ranks {why} (time limit {timeout:.0f} s)")
+        with open(result_path, encoding="utf-8") as handle:
+            return json.load(handle)
+    finally:
+        _kill_recorded_ranks(job_dir)
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def _run_mpiexec(script: str, world_size: int, job_dir: str, timeout: float) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    env.update(_MPI_ENV, PYTHONUNBUFFERED="1", **{name: "1" for name in THREAD_VARS})
+    cmd = ["mpiexec", "-n", str(world_size), "--oversubscribe", sys.executable, "-u", script,
+           "--worker", job_dir]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124
+    finally:
+        if proc.poll() is None:
+            # SIGTERM first: mpiexec then stops its ranks and removes its shared memory.
+            proc.terminate()
+            try:
+                proc.wait(timeout=_MPI_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _kill_recorded_ranks(job_dir: str) -> None:
+    """Ranks of a stopped job that are still alive (mpiexec may start them in own sessions)."""
+    for name in os.listdir(job_dir):
+        if not name.startswith("pid."):
+            continue
+        try:
+            with open(os.path.join(job_dir, name), encoding="utf-8") as handle:
+                os.kill(int(handle.read()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def worker_main(job_dir: str, body: Callable[[Dict[str, Any]], Any]) -> None:
+    """One rank of a job: join the group, run ``body(job)``, rank 0 saves what it returns."""
+    from neural_arch import distributed as dist
+    with open(os.path.join(job_dir, "job.json"), encoding="utf-8") as handle:
+        job = json.load(handle)
+    dist.init_process_group(backend=job["backend"], timeout=job.get("collective_timeout", 300))
+    rank = dist.get_rank()
+    pid_path = os.path.join(job_dir, f"pid.{rank}")
+    with open(pid_path, "w", encoding="utf-8") as handle:
+        handle.write(str(os.getpid()))
+    try:
+        result = body(job)
+        if rank == 0:
+            path = os.path.join(job_dir, "result.json")
+            with open(path + ".tmp", "w", encoding="utf-8") as handle:
+                json.dump(result, handle)
+            os.replace(path + ".tmp", path)
+    finally:
+        dist.destroy_process_group()
+        os.remove(pid_path)  # a clean exit: nothing left for the driver to kill
+
+
+# ----- reporting -------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            match = re.search(r"model name\s*:\s*(.+)", handle.read())
+            if match:
+                return match.group(1).strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def open_mpi_version() -> Optional[str]:
+    if not shutil.which("mpiexec"):
+        return None
+    try:
+        out = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"\(([^)]*MPI[^)]*)\)\s*([0-9][0-9.]*)", out)
+    if match:
+        return f"{match.group(1)} {match.group(2)}"
+    return out.strip().splitlines()[0] if out.strip() else None
+
+
+def machine_info() -> str:
+    import numpy as np
+    parts = [cpu_model(), f"{os.cpu_count()} cores", f"Python {platform.python_version()}",
+             f"NumPy {np.__version__}"]
+    mpi = open_mpi_version()
+    parts.append(mpi if mpi else "no MPI")
+    try:
+        load = os.getloadavg()[0]
+        parts.append(f"load average {load:.2f} at start")
+    except OSError:
+        pass
+    parts.append(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
+    return "; ".join(parts)
+
+
+def command_line(script_relpath: str, argv: Sequence[str]) -> str:
+    return "python " + " ".join(shlex.quote(a) for a in [script_relpath, *argv])
+
+
+def write_section(path: str, name: str, body: str) -> None:
+    """Put ``body`` between ``<!-- name:start -->`` and ``<!-- name:end -->`` in ``path``,
+    replacing an earlier copy and leaving every other part of the file as it was."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    section = f"{start}\n{body.strip()}\n{end}"
+    existing = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as handle:
+            existing = handle.read()
+    if start in existing and end in existing:
+        head = existing[:existing.index(start)]
+        tail = existing[existing.index(end) + len(end):]
+        updated = head + section + tail
+    else:
+        updated = (existing.rstrip() + "\n\n" if existing.strip() else "") + section + "\n"
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        handle.write(updated)
+    os.replace(path + ".tmp", path)
+
+
+def section_head(title: str, command: str, machine: str, method: str) -> List[str]:
+    return [f"## {title}", "", f"Command: `{command}`", "", f"Machine: {machine}", "", method, ""]
+
+
+def publish(text: str, outputs: Sequence[str], section: str) -> None:
+    print("\n" + text)
+    for path in outputs:
+        write_section(path, section, text)
+        print(f"wrote {path}")
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    print(f"wrote {path}")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]],
+                   align: Optional[str] = None) -> str:
+    """``align``: one character per column, ``l`` or ``r`` (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdict(ok: Optional[bool]) -> str:
+    return "n/a (not measured)" if ok is None else ("PASS" if ok else "MISS")

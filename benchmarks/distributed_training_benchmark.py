@@ -1,0 +1,321 @@
+"""Data-parallel training speed: all-reduce bandwidth, step time, weak scaling, overlap gain.
+
+Every rank trains the same MLP (DistributedDataParallel, SGD) on its own fixed batch of
+``--batch`` samples, with one BLAS thread per rank. A step is forward, cross-entropy, backward,
+``sync_gradients()`` and the optimizer step, started right after a barrier; the reported step
+time is the slowest rank's median. Weak-scaling efficiency is t(1) / t(p) with the per-rank
+batch fixed (t(1): one process, nothing to communicate). The communication share is the time
+spent in ``sync_gradients()`` over the step; with ``auto_sync=True`` most communication runs
+during backward, so this is only the part left exposed. The all-reduce table comes from
+``bench_collectives.py`` (MPI's own ``Allreduce`` beside ours).
+
+    python benchmarks/distributed_training_benchmark.py [--quick] [--backends shm,tcp,mpi]
+        [--output benchmarks/RESULTS.md] [--plot docs/scaling.png]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import bench_common as common  # noqa: E402
+
+common.one_thread_per_rank()
+
+import argparse  # noqa: E402
+from typing import Any, Dict, List, Optional, Sequence, Tuple  # noqa: E402
+
+import bench_collectives  # noqa: E402
+
+GOAL_MODEL = [784, 1024, 1024, 10]
+GOAL_EFFICIENCY = 0.90
+MODELS = {"1M": [784, 1024, 256, 10], "goal": GOAL_MODEL,
+          "10M": [784, 2048, 2048, 2048, 10], "50M": [784, 4096, 4096, 4096, 4096, 10]}
+QUICK_MODELS = ("1M", "goal")
+BIG_MODEL_PARAMS = 20_000_000   # models above this run a third of the steps
+ALLREDUCE_SIZES = ["4", "64K", "1M", "16M", "64M"]
+QUICK_ALLREDUCE_SIZES = ["4", "1M", "16M"]
+MODES = ("manual", "auto")
+SECTION = "distributed_training_benchmark"
+SCRIPT = os.path.abspath(__file__)
+
+
+def parameter_count(sizes: Sequence[int]) -> int:
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def model_name(sizes: Sequence[int]) -> str:
+    return "-".join(str(n) for n in sizes)
+
+
+def steps_for(sizes: Sequence[int], steps: int) -> int:
+    return max(min(3, steps), steps // 3) if parameter_count(sizes) > BIG_MODEL_PARAMS else steps
+
+
+# ----- one rank of a job ---------------------------------------------------------------------
+def _replica_digest(model) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    for _, p in model.named_parameters():
+        digest.update(p.data.tobytes())
+    return digest.hexdigest()
+
+
+def _train(sizes: List[int], mode: str, batch: int, steps: int, warmup: int) -> Dict[str, Any]:
+    import time
+
+    import numpy as np
+
+    import neural_arch.functional as F
+    from neural_arch import distributed as dist
+    from neural_arch.core import manual_seed
+    from neural_arch.models import MLP
+    from neural_arch.optim import SGD
+    rank = dist.get_rank()
+    manual_seed(rank)  # replicas start different: DDP must copy rank 0's weights
+    model = dist.DistributedDataParallel(MLP(sizes), auto_sync=mode == "auto")
+    optimizer = SGD(model.parameters(), lr=0.01)
+    rng = np.random.default_rng(1000 + rank)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    y = rng.integers(0, sizes[-1], batch).astype(np.int64)
+    step_times, sync_times = [], []
+    for i in range(warmup + steps):
+        dist.barrier()
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        before_sync = time.perf_counter()
+        model.sync_gradients()
+        after_sync = time.perf_counter()
+        optimizer.step()
+        end = time.perf_counter()
+        if i >= warmup:
+            step_times.append(end - start)
+            sync_times.append(after_sync - before_sync)
+    digests = dist.all_gather_object(_replica_digest(model.module))
+    if len(set(digests)) != 1:
+        differing = [r for r, d in enumerate(digests) if d != digests[0]]
+        raise RuntimeError(f"replicas of {model_name(sizes)} ({mode} sync) differ after "
+                           f"{warmup + steps} steps: ranks {differing} disagree with rank 0")
+    everyone = dist.all_gather_object((step_times, sync_times))
+    return dict(step=common.slowest_median([s for s, _ in everyone]),
+                sync=common.slowest_median([c for _, c in everyone]))
+
+
+def worker(job: Dict[str, Any]) -> Dict[str, Any]:
+    from neural_arch import distributed as dist
+    p, rows = dist.get_world_size(), []
+    for sizes in job["models"]:
+        for mode in (MODES if p > 1 else ("manual",)):
+            steps = steps_for(sizes, job["steps"])
+            timing = _train(sizes, mode, job["batch"], steps, job["warmup"])
+            rows.append(dict(model=model_name(sizes), params=parameter_count(sizes),
+                             world_size=p, backend=job["backend"] if p > 1 else "-", mode=mode,
+                             batch=job["batch"], steps=steps, **timing))
+            if dist.get_rank() == 0:
+                print(f"{model_name(sizes)} p={p} {mode}: step {timing['step'] * 1e3:.1f} ms, "
+                      f"sync {timing['sync'] * 1e3:.1f} ms", flush=True)
+    return {"rows": rows}
+
+
+# ----- the driver ------------------------------------------------------------------------------
+def measure_training(backends: Sequence[str], world_sizes: Sequence[int],
+                     models: Sequence[List[int]], batch: int, steps: int, warmup: int,
+                     timeout: float) -> Tuple[List[dict], List[str]]:
+    job = {"models": [list(m) for m in models], "batch": batch, "steps": steps,
+           "warmup": warmup}
+    rows, failures = [], []
+    plan = [(b, p) for p in world_sizes if p > 1 for b in backends]
+    if 1 in world_sizes:  # one process: no communication, the same on every backend
+        plan.insert(0, (next((b for b in backends if b != "mpi"), "shm"), 1))
+    for backend, p in plan:
+        print(f"== training, {backend if p > 1 else 'one process'}, {p} rank(s)", flush=True)
+        try:
+            rows += common.run_job(SCRIPT, backend, p, job, timeout)["rows"]
+        except common.JobFailed as exc:
+            failures.append(str(exc))
+            print(f"FAILED: {exc}", flush=True)
+    return rows, failures
+
+
+def _find(rows: Sequence[dict], model: str, p: int, backend: str, mode: str) -> Optional[dict]:
+    for row in rows:
+        if (row["model"], row["world_size"], row["mode"]) == (model, p, mode) and \
+                (p == 1 or row["backend"] == backend):
+            return row
+    return None
+
+
+def efficiency(rows: Sequence[dict], row: dict) -> Optional[float]:
+    single = _find(rows, row["model"], 1, "-", "manual")
+    return None if single is None else single["step"] / row["step"]
+
+
+def _pct(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms < 100 else f"{ms:.1f}"
+
+
+def training_table(rows: Sequence[dict]) -> str:
+    body = []
+    rank_of = {"-": 0, "shm": 1, "tcp": 2, "mpi": 3}
+    ordered = sorted(rows, key=lambda r: (r["params"], r["world_size"],
+                                          rank_of.get(r["backend"], 9)))
+    for row in (r for r in ordered if r["mode"] == "manual"):
+        auto = _find(rows, row["model"], row["world_size"], row["backend"], "auto")
+        cells = [f"{row['model']} ({row['params'] / 1e6:.1f}M)", row["backend"],
+                 str(row["world_size"]), str(row["batch"]), _ms(row["step"]),
+                 _ms(row["sync"]), _pct(row["sync"] / row["step"]),
+                 _pct(efficiency(rows, row))]
+        if auto is None:
+            cells += ["-"] * 4
+        else:
+            cells += [_ms(auto["step"]), _pct(auto["sync"] / auto["step"]),
+                      _pct(efficiency(rows, auto)), f"{row['step'] / auto['step']:.2f}x"]
+        body.append(cells)
+    header = ["model (params)", "backend", "p", "batch/rank", "manual step (ms)",
+              "manual sync (ms)", "manual comm share", "manual efficiency", "auto step (ms)",
+              "auto comm share", "auto efficiency", "auto gain"]
+    return common.markdown_table(header, body, "llrrrrrrrrrr")
+
+
+def goals(rows: Sequence[dict], backends: Sequence[str]) -> List[Tuple[str, str, Optional[bool]]]:
+    name, out = model_name(GOAL_MODEL), []
+    for backend in backends:
+        for mode in MODES:
+            row = _find(rows, name, 2, backend, mode)
+            value = None if row is None or row["batch"] != 256 else efficiency(rows, row)
+            out.append((f"weak-scaling efficiency >= {GOAL_EFFICIENCY:.0%}, {name}, batch 256 "
+                        f"per rank, p=2, {backend}, {mode} sync", _pct(value),
+                        None if value is None else value >= GOAL_EFFICIENCY))
+    return out
+
+
+def plot(rows: Sequence[dict], path: str) -> None:
+    plt = common.pyplot()
+    models = sorted({(r["params"], r["model"]) for r in rows})
+    if not models:
+        return
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False,
+                             sharey=True)
+    for ax, (params, name) in zip(axes[0], models):
+        backends = sorted({r["backend"] for r in rows
+                           if r["model"] == name and r["backend"] != "-"})
+        for backend in backends:
+            for mode, style in (("manual", "-"), ("auto", "--")):
+                points = [(1, 1.0)] if _find(rows, name, 1, "-", "manual") else []
+                points += sorted((r["world_size"], efficiency(rows, r)) for r in rows
+                                 if (r["model"], r["backend"], r["mode"]) == (name, backend, mode)
+                                 and efficiency(rows, r) is not None)
+                if len(points) > 1:
+                    ax.plot(*zip(*points), style, marker="o", label=f"{backend} {mode}")
+        ax.axhline(GOAL_EFFICIENCY, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_title(f"{name} ({params / 1e6:.1f}M params)", fontsize=9)
+        ax.set_xlabel("world size (ranks)")
+        ax.set_xticks(sorted({r["world_size"] for r in rows}))
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("weak-scaling efficiency t(1)/t(p)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    common.save_figure(fig, path)
+
+
+def report(reduce_rows, train_rows, failures, backends, command: str, machine: str) -> str:
+    goal_rows = [[g, m, common.verdict(ok)] for g, m, ok in goals(train_rows, backends)]
+    lines = common.section_head(
+        "Distributed training (`benchmarks/distributed_training_benchmark.py`)", command,
+        machine, "MLP + cross-entropy + SGD under DistributedDataParallel (25 MiB buckets), a fixed "
+             "batch per rank, one BLAS thread per rank. Step time: slowest rank's median. "
+             "Efficiency: t(1)/t(p) (weak scaling). Comm share: time in sync_gradients() / "
+             "step (with auto sync, only the part not hidden behind backward). Auto gain: "
+        "manual step time / auto step time.")
+    lines += ["### Goal", "", common.markdown_table(["goal", "measured", "result"], goal_rows,
+                                                    "llr"), ""]
+    lines += [f"Failed job: {f}" for f in failures]
+    lines += ["", "### Training step and weak scaling", "", training_table(train_rows)]
+    if reduce_rows:
+        lines += ["", "### All-reduce (from `bench_collectives.py`)", "",
+                  bench_collectives.tables(reduce_rows).replace("### ", "#### ")]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"models {', '.join(QUICK_MODELS)}, world sizes 1,2, fewer steps")
+    parser.add_argument("--backends", default=",".join(common.installed_backends()))
+    parser.add_argument("--world-sizes", help="default 1,2,4 (quick: 1,2)")
+    parser.add_argument("--models", help=f"preset names ({', '.join(MODELS)}) or layer sizes "
+                        "like 784-1024-10, comma-separated (default: all presets)")
+    parser.add_argument("--batch", type=int, default=256, help="samples per rank")
+    parser.add_argument("--steps", type=int, help="timed steps (default 10, quick 4)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--allreduce-sizes", help="comma-separated; 'none' skips the sweep")
+    parser.add_argument("--iters", type=int, default=10, help="all-reduce timed batches")
+    parser.add_argument("--job-timeout", type=float, default=1200.0)
+    parser.add_argument("--output", action="append", default=[])
+    parser.add_argument("--plot", help="weak-scaling plot (PNG)")
+    args = parser.parse_args(argv)
+    if args.worker:
+        return args
+    try:
+        args.backends = common.parse_backends(args.backends)
+    except ValueError as exc:
+        parser.error(str(exc))
+    sizes = args.allreduce_sizes or ",".join(QUICK_ALLREDUCE_SIZES if args.quick
+                                             else ALLREDUCE_SIZES)
+    try:
+        args.world_sizes = [int(p) for p in (args.world_sizes or
+                                             ("1,2" if args.quick else "1,2,4")).split(",")]
+        args.reduce_sizes = [] if sizes == "none" else common.parse_size_list(sizes)
+    except ValueError as exc:
+        parser.error(f"--world-sizes or --allreduce-sizes: {exc}")
+    if min(args.world_sizes) < 1:
+        parser.error(f"--world-sizes must be >= 1, got {args.world_sizes}")
+    names = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else MODELS)
+    try:
+        args.model_sizes = [MODELS[n] if n in MODELS else [int(k) for k in n.split("-")]
+                            for n in (n.strip() for n in names)]
+    except ValueError:
+        parser.error(f"--models: cannot read {args.models!r}; use {list(MODELS)} or 784-256-10")
+    if any(len(s) < 2 or min(s) < 1 for s in args.model_sizes) or args.batch < 1:
+        parser.error(f"bad --models {args.models!r} or --batch {args.batch}")
+    args.steps = args.steps or (4 if args.quick else 10)
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        common.worker_main(args.worker, worker)
+        return 0
+    machine = common.machine_info()
+    reduce_rows, failures = [], []
+    comm_sizes = [p for p in args.world_sizes if p > 1]
+    if args.reduce_sizes and comm_sizes:
+        reduce_rows, failures = bench_collectives.measure(
+            args.backends, comm_sizes, {"all_reduce": args.reduce_sizes}, args.iters,
+            args.job_timeout)
+    train_rows, train_failures = measure_training(
+        args.backends, args.world_sizes, args.model_sizes, args.batch, args.steps, args.warmup,
+        args.job_timeout)
+    failures += train_failures
+    command = common.command_line("benchmarks/distributed_training_benchmark.py",
+                                  sys.argv[1:] if argv is None else argv)
+    common.publish(report(reduce_rows, train_rows, failures, args.backends, command, machine),
+                   args.output, SECTION)
+    if args.plot:
+        plot(train_rows, args.plot)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Fused CUDA kernels on CuPy arrays: bias+GELU, softmax cross-entropy, LayerNorm, multi-tensor
+AdamW and fp16/fp32 gradient unscaling.
+
+The sources live in ``neural_arch/backends/kernels/*.cu`` and are compiled with
+``cupy.RawModule`` on first use (once per source file and device). Every function here has the
+signature of its float64 definition in ``neural_arch.backends.kernels.reference``; the kernels
+compute in float32 (the unscale kernel also takes float16). Importing this module never needs
+CuPy; calling a kernel without CuPy or a GPU raises RuntimeError saying why.
+
+Autograd-aware forms for tensors (``fused_bias_gelu``, ``fused_cross_entropy``,
+``fused_layer_norm``) and the ``FusedAdamW`` optimizer are in
+``neural_arch.backends.kernels.tensor_ops`` and re-exported here.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from . import cupy_backend
+from .kernels import KERNELS, multi_tensor, pack_args, source, validate
+
+_THREADS = 256
+_MAX_GRID_STRIDE_BLOCKS = 1 << 16
+_modules: Dict[Tuple[str, int], Any] = {}
+_constants: Dict[Tuple[str, int, int], Any] = {}
+_lock = threading.Lock()
+
+
+def is_available() -> bool:
+    """True when CuPy imports and a CUDA device answers."""
+    return cupy_backend.is_available()
+
+
+def _cp() -> Any:
+    return cupy_backend.require()
+
+
+def launch(name: str, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple[Any, ...]) -> None:
+    """Run kernel ``name`` from the kernel table on the current device and stream."""
+    packed = pack_args(name, args)  # validates the name and the argument types first
+    cp = _cp()
+    file = KERNELS[name].source
+    key = (file, cp.cuda.Device().id)
+    with _lock:
+        module = _modules.get(key)
+        if module is None:
+            module = _modules[key] = cp.RawModule(code=source(file))
+    module.get_function(name)(grid, block, packed)
+
+
+def _device_array(op: str, what: str, array: Any, dtypes: Tuple[str, ...] = ("float32",),
+                  contiguous: bool = False) -> Any:
+    """``array`` as a C-contiguous CuPy array (copied if needed, unless ``contiguous`` demands
+    it already is because the kernel writes into it)."""
+    cp = _cp()
+    if not isinstance(array, cp.ndarray):
+        raise TypeError(f"{op}: {what} must be a CuPy array, got {type(array).__name__}")
+    if array.dtype.name not in dtypes:
+        raise TypeError(f"{op}: {what} has dtype {array.dtype}; this kernel takes {dtypes}")
+    if array.flags.c_contiguous:
+        return array
+    if contiguous:
+        raise ValueError(f"{op}: {what} (shape {array.shape}, strides {array.strides}) is "
+                         "updated in place and must be C-contiguous")
+    return cp.ascontiguousarray(array)
+
+
+def _filled(value: float, size: int) -> Any:
+    """A cached read-only-by-convention float32 vector of ``size`` copies of ``value``."""
+    cp = _cp()
+    key = (str(value), size, cp.cuda.Device().id)
+    array = _constants.get(key)
+    if array is None:
+        array = _constants[key] = cp.full(size, value, dtype=cp.float32)
+    return array
+
+
+def _grid_stride_blocks(n: int) -> int:
+    return max(1, min(-(-n // _THREADS), _MAX_GRID_STRIDE_BLOCKS))
+
+
+def _row_threads(width: int) -> int:
+    """Threads per row block: enough warps to cover ``width`` up to 256, at least one warp."""
+    return min(_THREADS, max(32, -(-width // 32) * 32))
+
+
+def _int32(op: str, what: str, value: int) -> int:
+    if value > 2 ** 31 - 1:
+        raise ValueError(f"{op}: {what} = {value} exceeds the kernels' int32 range")
+    return value
+
+
+# ----- bias + GELU ---------------------------------------------------------------------------
+def _gelu_inputs(op: str, x: Any, bias: Optional[Any], approximate: str):
+    validate.approximate_mode(op, approximate)
+    _, features = validate.rows_and_features(op, x)
+    validate.per_feature(op, "bias", bias, features)
+    x = _device_array(op, "input", x)
+    b = _filled(0.0, features) if bias is None else _device_array(op, "bias", bias)
+    return x, b, _int32(op, "features", features), "tanh" if approximate == "tanh" else "erf"
+
+
+def bias_gelu_forward(x: Any, bias: Optional[Any] = None, approximate: str = "none") -> Any:
+    """gelu(x + bias) in one pass; ``bias`` (features,) is broadcast over the last dim."""
+    x, b, features, variant = _gelu_inputs("bias_gelu_forward", x, bias, approximate)
+    out = _cp().empty_like(x)
+    if x.size:
+        launch(f"bias_gelu_{variant}_forward", (_grid_stride_blocks(x.size),), (_THREADS,),
+               (x, b, out, x.size, features))
+    return out
+
+
+def bias_gelu_backward(grad_out: Any, x: Any, bias: Optional[Any] = None,
+                       approximate: str = "none") -> Tuple[Any, Optional[Any]]:
+    """(dL/dx, dL/dbias) of gelu(x + bias); dL/dbias is None without a bias."""
+    op = "bias_gelu_backward"
+    x, b, features, variant = _gelu_inputs(op, x, bias, approximate)
+    validate.same_shape(op, "grad_out", grad_out, x.shape)
+    g = _device_array(op, "grad_out", grad_out)
+    grad = _cp().empty_like(x)
+    if x.size:
+        launch(f"bias_gelu_{variant}_backward", (_grid_stride_blocks(x.size),), (_THREADS,),
+               (g, x, b, grad, x.size, features))
+    grad_bias = None if bias is None else grad.reshape(-1, features).sum(axis=0)
+    return grad, grad_bias
+
+
+# ----- softmax cross-entropy -----------------------------------------------------------------
+def _ce_inputs(op: str, logits: Any, target: Any, ignore_index: int, label_smoothing: float):
+    rows, classes = validate.class_targets(op, logits, target)
+    smoothing = validate.label_smoothing(op, label_smoothing)
+    z = _device_array(op, "logits", logits)
+    cp = _cp()
+    t = cp.ascontiguousarray(cp.asarray(target, dtype=cp.int64))
+    validate.target_values(op, t, classes, ignore_index)
+    return z, t, _int32(op, "rows", rows), _int32(op, "classes", classes), smoothing
+
+
+def cross_entropy_forward(logits: Any, target: Any, ignore_index: int = -100,
+                          label_smoothing: float = 0.0) -> Tuple[Any, Any]:
+    """(per-row loss, per-row logsumexp) of float32 logits (rows, classes); ignored rows 0."""
+    op = "cross_entropy_forward"
+    z, t, rows, classes, smoothing = _ce_inputs(op, logits, target, ignore_index,
+                                                label_smoothing)
+    cp = _cp()
+    loss, lse = cp.empty(rows, dtype=cp.float32), cp.empty(rows, dtype=cp.float32)
+    if rows:
+        launch("softmax_cross_entropy_forward", (rows,), (_row_threads(classes),),
+               (z, t, loss, lse, rows, classes, int(ignore_index), smoothing))
+    return loss, lse
+
+
+def cross_entropy_backward(grad_loss: Any, logits: Any, target: Any, lse: Any,
+                           ignore_index: int = -100, label_smoothing: float = 0.0) -> Any:
+    """dL/dlogits from dL/dloss per row (``grad_loss``, shape (rows,)) and the saved lse."""
+    op = "cross_entropy_backward"
+    z, t, rows, classes, smoothing = _ce_inputs(op, logits, target, ignore_index,
+                                                label_smoothing)
+    validate.same_shape(op, "grad_loss", grad_loss, (rows,))
+    validate.same_shape(op, "lse", lse, (rows,))
+    g, s = _device_array(op, "grad_loss", grad_loss), _device_array(op, "lse", lse)
+    grad = _cp().empty_like(z)
+    if rows:
+        launch("softmax_cross_entropy_backward", (rows,), (_row_threads(classes),),
+               (z, t, s, g, grad, rows, classes, int(ignore_index), smoothing))
+    return grad
+
+
+# ----- LayerNorm -----------------------------------------------------------------------------
+_PARAM_ROWS_PER_BLOCK = 64
+
+
+def layer_norm_forward(x: Any, weight: Optional[Any] = None, bias: Optional[Any] = None,
+                       eps: float = 1e-5) -> Tuple[Any, Any, Any]:
+    """(y, mean, rstd) over the last dimension; mean and rstd hold one value per row."""
+    op = "layer_norm_forward"
+    rows, cols = validate.rows_and_features(op, x)
+    validate.per_feature(op, "weight", weight, cols)
+    validate.per_feature(op, "bias", bias, cols)
+    cp = _cp()
+    x = _device_array(op, "input", x)
+    w = _filled(1.0, cols) if weight is None else _device_array(op, "weight", weight)
+    b = _filled(0.0, cols) if bias is None else _device_array(op, "bias", bias)
+    y = cp.empty_like(x)
+    mean, rstd = cp.empty(rows, dtype=cp.float32), cp.empty(rows, dtype=cp.float32)
+    if rows:
+        launch("layer_norm_forward", (_int32(op, "rows", rows),), (_row_threads(cols),),
+               (x, w, b, y, mean, rstd, rows, _int32(op, "features", cols), float(eps)))
+    return y, mean, rstd
+
+
+def layer_norm_backward(grad_out: Any, x: Any, weight: Optional[Any], mean: Any,
+                        rstd: Any) -> Tuple[Any, Any, Any]:
+    """(dL/dx, dL/dweight, dL/dbias) from the forward's saved mean and rstd."""
+    op = "layer_norm_backward"
+    rows, cols = validate.rows_and_features(op, x)
+    validate.same_shape(op, "grad_out", grad_out, x.shape)
+    validate.per_feature(op, "weight", weight, cols)
+    validate.same_shape(op, "mean", mean, (rows,))
+    validate.same_shape(op, "rstd", rstd, (rows,))
+    cp = _cp()
+    x, g = _device_array(op, "input", x), _device_array(op, "grad_out", grad_out)
+    w = _filled(1.0, cols) if weight is None else _device_array(op, "weight", weight)
+    mu, rs = _device_array(op, "mean", mean), _device_array(op, "rstd", rstd)
+    rows, cols = _int32(op, "rows", rows), _int32(op, "features", cols)
+    dx = cp.empty_like(x)
+    chunks = max(1, -(-rows // _PARAM_ROWS_PER_BLOCK))
+    dw_part = cp.zeros((chunks, cols), dtype=cp.float32)
+    db_part = cp.zeros((chunks, cols), dtype=cp.float32)
+    if rows:
+        launch("layer_norm_backward_input", (rows,), (_row_threads(cols),),
+               (g, x, w, mu, rs, dx, rows, cols))
+        launch("layer_norm_backward_params", (-(-cols // 32), chunks), (32, 8),
+               (g, x, mu, rs, dw_part, db_part, rows, cols, _PARAM_ROWS_PER_BLOCK))
+    return dx, dw_part.sum(axis=0), db_part.sum(axis=0)
+
+
+# ----- multi-tensor AdamW --------------------------------------------------------------------
+def adamw_step(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[Any],
+               exp_avg_sqs: Sequence[Any], *, step: int, lr: float, beta1: float, beta2: float,
+               eps: float, weight_decay: float, maximize: bool = False) -> None:
+    """One AdamW step on every float32 tensor of the lists, in place, in a single launch."""
+    op = "adamw_step"
+    count = validate.tensor_lists(op, params=params, grads=grads, exp_avgs=exp_avgs,
+                                  exp_avg_sqs=exp_avg_sqs)
+    validate.adam_hyper(op, step, lr, beta1, beta2, eps, weight_decay)
+    lists = []
+    for what, arrays in (("param", params), ("grad", grads), ("exp_avg", exp_avgs),
+                         ("exp_avg_sq", exp_avg_sqs)):
+        lists.append([_device_array(op, f"{what} {i}", a, contiguous=what != "grad")
+                      for i, a in enumerate(arrays)])
+    if count == 0:
+        return
+    cp = _cp()
+    sizes = [int(p.size) for p in lists[0]]
+    block_tensor, block_start = multi_tensor.chunk_table(sizes)
+    if block_tensor.size == 0:
+        return
+    pointers = cp.asarray(multi_tensor.pointer_table(*lists))
+    bias_correction1 = 1.0 - beta1 ** step
+    launch("adamw_multi_tensor", (int(block_tensor.size),), (_THREADS,),
+           (pointers[0], pointers[1], pointers[2], pointers[3],
+            cp.asarray(sizes, dtype=cp.int64), cp.asarray(block_tensor), cp.asarray(block_start),
+            multi_tensor.CHUNK, 1.0 - lr * weight_decay, beta2, 1.0 - beta1, 1.0 - beta2,
+            lr / bias_correction1, math.sqrt(1.0 - beta2 ** step), eps, int(bool(maximize))))
+
+
+# ----- fp16 / fp32 unscale and inf check -----------------------------------------------------
+def unscale_and_check_inf(grads: Sequence[Any], inv_scale: float,
+                          found_inf: Optional[Any] = None) -> Any:
+    """Multiply every gradient (float16 or float32) by ``inv_scale`` in place; ``found_inf``
+    (float32, shape (1,), created as 0 when None) becomes 1 if any element was inf or NaN.
+    Nothing is copied back to the host: read the flag when a decision needs it."""
+    op = "unscale_and_check_inf"
+    cp = _cp()
+    flag = cp.zeros(1, dtype=cp.float32) if found_inf is None else found_inf
+    validate.same_shape(op, "found_inf", flag, (1,))
+    flag = _device_array(op, "found_inf", flag, contiguous=True)
+    arrays = [_device_array(op, f"gradient {i}", g, ("float16", "float32"), contiguous=True)
+              for i, g in enumerate(grads)]
+    for g in arrays:
+        if g.size:
+            kernel = "unscale_check_inf_f16" if g.dtype == cp.float16 else "unscale_check_inf_f32"
+            launch(kernel, (_grid_stride_blocks(g.size),), (_THREADS,),
+                   (g, g.size, float(inv_scale), flag))
+    return flag
+
+
+from .kernels.tensor_ops import (FusedAdamW, fused_bias_gelu, fused_cross_entropy,  # noqa: E402
+                                 fused_layer_norm)
+
+__all__ = [
+    "FusedAdamW", "adamw_step", "bias_gelu_backward", "bias_gelu_forward",
+    "cross_entropy_backward", "cross_entropy_forward", "fused_bias_gelu", "fused_cross_entropy",
+    "fused_layer_norm", "is_available", "launch", "layer_norm_backward", "layer_norm_forward",
+    "unscale_and_check_inf",
+]

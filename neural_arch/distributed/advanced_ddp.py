@@ -1,0 +1,285 @@
+"""``AdvancedDistributedDataParallel``: DDP plus gradient accumulation, clipping by the global
+norm, overflow-safe steps, float16 mixed precision and communication statistics.
+
+It composes a ``DistributedDataParallel`` (whose buckets do the all-reduce) and drives one
+optimizer step per ``gradient_accumulation_steps`` calls of ``backward_step(loss, optimizer)``.
+
+Mixed precision (``mixed_precision=True``): float16 compute, float32 master weights.
+- The wrapped module's own parameters are the float32 masters: ``parameters()``, the
+  optimizer, ``state_dict()`` and checkpoints all see float32 weights, so nothing needs
+  converting on save or resume. Build the optimizer on ``wrapper.parameters()`` (the same
+  objects as ``wrapper.module.parameters()``).
+- ``forward`` casts the weights to float16 for the duration of the call (each parameter's
+  ``.data`` is a float16 copy while the module runs, and is the master again afterwards), and
+  casts floating inputs to float16, so the whole model computes in float16. Floating outputs
+  come back as float32, so the loss and its softmax are computed in float32.
+- Backward runs through the float16 graph; each gradient lands on its parameter as float32
+  (the engine stores a leaf's gradient in the leaf's dtype), so micro-batches accumulate in
+  float32. DDP's float16 compression all-reduces them as float16, half the bytes.
+- The loss is multiplied by the loss scale before backward; the float32 gradients are divided
+  by it, checked for inf/NaN (any overflow of the float16 graph or all-reduce shows up here),
+  clipped, and the optimizer updates the masters. The next forward casts the new weights.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from ..backends import xp_of
+from ..core import Tensor
+from ..nn import Module
+from . import collectives
+from .ddp import DistributedDataParallel
+from .loss_scaler import LossScaler
+from .process_group import get_world_size
+from .profiler import CommunicationProfiler
+from .reduce_ops import ReduceOp
+
+_LOG = logging.getLogger(__name__)
+
+
+def _overflow_expected() -> np.errstate:
+    """Float16 overflow is expected under loss scaling (the step is skipped and the scale
+    shrinks), not something for NumPy to warn about."""
+    return np.errstate(over="ignore", invalid="ignore")
+
+
+def _check(name: str, value: Any, integer: bool, low: float, strict: bool = True) -> None:
+    """TypeError unless ``value`` is a number (an int when ``integer``; bools are neither);
+    ValueError unless it is finite and above ``low`` (at least ``low`` when not ``strict``)."""
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kinds):
+        what = "an int" if integer else "a number"
+        raise TypeError(f"DistributedTrainingConfig.{name} must be {what}, got {value!r}")
+    if not (math.isfinite(value) and (value > low if strict else value >= low)):
+        relation = ">" if strict else ">="
+        raise ValueError(f"DistributedTrainingConfig.{name} must be {relation} {low}, "
+                         f"got {value!r}")
+
+
+@dataclass
+class DistributedTrainingConfig:
+    """Settings of ``AdvancedDistributedDataParallel`` (checkpoint fields are read by the
+    checkpoint manager); values are checked on construction."""
+
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: Optional[float] = None
+    mixed_precision: bool = False
+    loss_scale: float = 65536.0
+    dynamic_loss_scaling: bool = True
+    loss_scale_window: int = 1000
+    min_loss_scale: float = 1.0
+    bucket_size_mb: float = 25
+    checkpoint_frequency: int = 100
+    checkpoint_dir: str = "./checkpoints"
+    profile_communication: bool = False
+    log_gradient_norms: bool = False
+
+    def __post_init__(self) -> None:
+        _check("gradient_accumulation_steps", self.gradient_accumulation_steps, True, 1, False)
+        if self.max_grad_norm is not None:
+            _check("max_grad_norm", self.max_grad_norm, False, 0.0)
+        _check("loss_scale", self.loss_scale, False, 0.0)
+        _check("loss_scale_window", self.loss_scale_window, True, 1, False)
+        _check("min_loss_scale", self.min_loss_scale, False, 0.0)
+        if self.min_loss_scale > self.loss_scale:
+            raise ValueError(f"DistributedTrainingConfig.min_loss_scale ({self.min_loss_scale}) "
+                             f"must not exceed loss_scale ({self.loss_scale})")
+        _check("bucket_size_mb", self.bucket_size_mb, False, 0.0)
+        _check("checkpoint_frequency", self.checkpoint_frequency, True, 1, False)
+        if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not str(self.checkpoint_dir):
+            raise ValueError(f"DistributedTrainingConfig.checkpoint_dir must be a non-empty path, "
+                             f"got {self.checkpoint_dir!r}")
+        for name in ("mixed_precision", "dynamic_loss_scaling", "profile_communication",
+                     "log_gradient_norms"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"DistributedTrainingConfig.{name} must be a bool, got "
+                                f"{getattr(self, name)!r}")
+
+
+def _cast_floats(value: Any, dtype: Any) -> Any:
+    """``value`` with every floating Tensor/array (also inside tuples, lists, dicts) cast."""
+    if isinstance(value, Tensor):
+        return value.astype(dtype) if value.dtype.kind == "f" else value
+    if hasattr(value, "dtype") and hasattr(value, "astype"):
+        return value.astype(dtype) if value.dtype.kind == "f" else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value
+
+
+def _global_norm(grads: list) -> float:
+    """The 2-norm of all gradients together, accumulated in float64."""
+    total = 0.0
+    for g in grads:
+        flat = g.ravel().astype(np.float64, copy=False)
+        total += float(flat @ flat)
+    return math.sqrt(total)
+
+
+class AdvancedDistributedDataParallel(Module):
+    """See the module docstring. ``.module`` is the wrapped model, ``.ddp`` the inner DDP,
+    ``.scaler`` the ``LossScaler``, ``.profiler`` the ``CommunicationProfiler``."""
+
+    def __init__(self, module: Module, config: Optional[DistributedTrainingConfig] = None,
+                 group: Any = None) -> None:
+        super().__init__()
+        if not isinstance(module, Module):
+            raise TypeError(f"AdvancedDistributedDataParallel wraps an nn.Module, got "
+                            f"{type(module).__name__}")
+        config = DistributedTrainingConfig() if config is None else config
+        if not isinstance(config, DistributedTrainingConfig):
+            raise TypeError(f"config must be a DistributedTrainingConfig, got "
+                            f"{type(config).__name__}")
+        self.config, self._group, self._mixed = config, group, config.mixed_precision
+        self.module = module
+        ddp = DistributedDataParallel(module, bucket_size_mb=config.bucket_size_mb, group=group,
+                                      gradient_compression=self._mixed)
+        object.__setattr__(self, "_ddp", ddp)  # unregistered: its parameters are ours already
+        self.scaler = LossScaler(config.loss_scale, growth_interval=config.loss_scale_window,
+                                 min_scale=config.min_loss_scale,
+                                 dynamic=config.dynamic_loss_scaling)
+        self.profiler = CommunicationProfiler(enabled=config.profile_communication)
+        self._world = get_world_size(group)
+        trained = [p for p in module.parameters() if p.requires_grad]
+        self._grad_bytes = sum(p.data.size * (2 if self._mixed else p.data.itemsize)
+                               for p in trained)
+        self._micro_in_window = 0
+        self.step_count = self.micro_step_count = self.skipped_steps = 0
+        self._norm_count, self._norm_sum, self._norm_max, self._norm_last = 0, 0.0, 0.0, 0.0
+        self._comm_seconds, self._sync_count = 0.0, 0
+
+    @property
+    def ddp(self) -> DistributedDataParallel:
+        return self._ddp
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._mixed:
+            return self._ddp(*args, **kwargs)
+        masters = [(p, p.data) for p in self.module.parameters() if p.data.dtype.kind == "f"]
+        try:
+            for p, master in masters:
+                p.data = master.astype(np.float16)
+            with _overflow_expected():
+                out = self._ddp(*_cast_floats(args, np.float16),
+                                **_cast_floats(kwargs, np.float16))
+        finally:
+            for p, master in masters:
+                p.data = master
+        return _cast_floats(out, np.float32)
+
+    # ------------------------------------------------------------------ training step
+    def sync_gradients(self) -> None:
+        """Average the gradients over the group now (timed and, if enabled, profiled)."""
+        start = time.perf_counter()
+        with self.profiler.profile_operation("gradient_sync", self._grad_bytes), self._quiet():
+            self._ddp.sync_gradients()
+        self._comm_seconds += time.perf_counter() - start
+        self._sync_count += 1
+
+    def backward_step(self, loss: Tensor, optimizer: Any) -> bool:
+        """Backward one micro-batch; at the end of each accumulation window synchronise, check
+        for overflow, clip, step and zero the gradients. True when the optimizer stepped."""
+        if not isinstance(loss, Tensor):
+            raise TypeError(f"backward_step needs the loss Tensor, got {type(loss).__name__}")
+        if loss.data.size != 1:
+            raise ValueError(f"backward_step needs a scalar loss, got shape {loss.shape}")
+        if not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
+            raise TypeError(f"backward_step needs an optimizer with step() and zero_grad(), "
+                            f"got {type(optimizer).__name__}")
+        steps = self.config.gradient_accumulation_steps
+        factor = (self.scaler.scale_value if self._mixed else 1.0) / steps
+        seed = xp_of(loss.data).full(loss.shape, factor, dtype=loss.dtype)
+        self._micro_in_window += 1
+        self.micro_step_count += 1
+        with self._quiet():
+            if self._micro_in_window < steps:
+                with self._ddp.no_sync():
+                    loss.backward(seed)
+                return False
+            loss.backward(seed)
+        self._micro_in_window = 0
+        return self._finish_window(optimizer)
+
+    def _finish_window(self, optimizer: Any) -> bool:
+        self.sync_gradients()
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if self._mixed:
+            self.scaler.unscale_(grads)
+        norm = _global_norm(grads)
+        # A float64 norm overflows only for absurd finite gradients: look closer before skipping.
+        bad_here = not math.isfinite(norm) and (math.isnan(norm) or LossScaler.found_inf(grads))
+        overflow = self._agree_on_overflow(bad_here)
+        if self._mixed:
+            self.scaler.update(overflow)
+        if overflow:
+            self.skipped_steps += 1
+            self._zero_all(optimizer)
+            return False
+        max_norm = self.config.max_grad_norm
+        # After the all-reduce every rank holds the same averaged gradient, so this local norm
+        # already is the global norm: no extra collective is needed to clip consistently.
+        if max_norm is not None and max_norm / (norm + 1e-6) < 1.0:  # clip_grad_norm_'s rule
+            for g in grads:
+                g *= max_norm / (norm + 1e-6)
+        self._record_norm(norm)
+        optimizer.step()
+        self._zero_all(optimizer)
+        self.step_count += 1
+        return True
+
+    def _quiet(self) -> Any:
+        return _overflow_expected() if self._mixed else contextlib.nullcontext()
+
+    def _agree_on_overflow(self, bad_here: bool) -> bool:
+        """True on every rank when any rank saw inf/NaN, so that all skip the same steps."""
+        flag = np.array([1 if bad_here else 0], dtype=np.int32)
+        start = time.perf_counter()
+        with self.profiler.profile_operation("overflow_check", flag.nbytes):
+            collectives.all_reduce(flag, ReduceOp.MAX, group=self._group)
+        self._comm_seconds += time.perf_counter() - start
+        return bool(flag[0])
+
+    def _zero_all(self, optimizer: Any) -> None:
+        optimizer.zero_grad()
+        self.zero_grad()
+
+    def _record_norm(self, norm: float) -> None:
+        self._norm_count += 1
+        self._norm_sum += norm
+        self._norm_max = max(self._norm_max, norm)
+        self._norm_last = norm
+        if self.config.log_gradient_norms:
+            _LOG.info("step %d: gradient norm %.6g", self.step_count + 1, norm)
+
+    # ------------------------------------------------------------------ reporting
+    def get_statistics(self) -> Dict[str, Any]:
+        count = self._norm_count
+        return {
+            "step_count": self.step_count, "micro_step_count": self.micro_step_count,
+            "skipped_steps": self.skipped_steps,
+            "gradient_norms": {"mean": self._norm_sum / count if count else 0.0,
+                               "max": self._norm_max, "last": self._norm_last, "count": count},
+            "communication_time_ms": {
+                "total": self._comm_seconds * 1e3,
+                "mean": self._comm_seconds * 1e3 / self._sync_count if self._sync_count else 0.0},
+            "loss_scale": self.scaler.scale_value if self._mixed else 1.0,
+            "mixed_precision": self._mixed,
+            "gradient_accumulation_steps": self.config.gradient_accumulation_steps,
+            "world_size": self._world,
+            "communication": self.profiler.get_statistics(),
+        }
+
+    def __repr__(self) -> str:
+        return (f"AdvancedDistributedDataParallel(world_size={self._world}, "
+                f"accumulation={self.config.gradient_accumulation_steps}, "
+                f"mixed_precision={self._mixed})\n  module: {self.module!r}")

@@ -1,0 +1,337 @@
+"""Checkpoints of data-parallel training that survive crashes, and resuming from them.
+
+Rank 0 of the group writes the shared state (weights, optimizer, scheduler, loss scaler, the
+step counters and ``additional_state``); every rank's RNG states and sampler state travel to it
+over the group and land in ``rank<r>.json``. Other ranks wait until the checkpoint is in place,
+so no rank runs ahead of a half-written one. See ``checkpoint_format`` for the files.
+
+Loading verifies every file against the manifest; a bad checkpoint is skipped with a warning
+naming the file, and the newest good one is used. With a process group, rank 0 picks the
+checkpoint and the others follow, so all ranks resume from the same step.
+
+Changing the world size between save and resume works for data parallel training (model and
+optimizer are replicated): rank files of ranks that no longer exist are ignored, and a new rank
+seeds its generators from rank 0's saved states and its own rank index (``derive_rng``), so a
+relaunch of the same job is reproducible. It takes rank 0's sampler state.
+
+Resume convention: a checkpoint saved with ``(epoch, step)`` holds the state *after* that step;
+``setup_fault_tolerant_training`` returns ``start_epoch=epoch`` and ``start_step=step + 1``,
+the first step not yet done (counted the way the caller counted ``step``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import checkpoint_format as fmt
+from . import checkpoint_state as state_io
+from .checkpoint_format import CheckpointCorruptError, CheckpointError, NoCheckpointError
+from .errors import DistributedError
+from .process_group import is_initialized, resolve_group
+
+__all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointManager",
+           "NoCheckpointError", "setup_fault_tolerant_training"]
+
+logger = logging.getLogger(__name__)
+
+
+def _as_float(loss: Any) -> Optional[float]:
+    if loss is None:
+        return None
+    value = getattr(loss, "data", loss)
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def _check_counter(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+class DistributedCheckpointManager:
+    """Saves, rotates, verifies and restores checkpoints in ``checkpoint_dir``.
+
+    ``save_checkpoint`` and ``load_checkpoint`` are collective when a process group is
+    initialized: every rank of ``group`` (default: the whole job) must call them together.
+    ``rank``/``world_size`` default to the group's; without a process group they describe a
+    single process (or let one rank read its own part of a checkpoint).
+    """
+
+    def __init__(self, checkpoint_dir: Any, max_checkpoints: int = 5,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 group: Any = None) -> None:
+        if isinstance(max_checkpoints, bool) or not isinstance(max_checkpoints, int) \
+                or max_checkpoints < 1:
+            raise ValueError(f"max_checkpoints must be a positive integer, got "
+                             f"{max_checkpoints!r}")
+        self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+        self.max_checkpoints = max_checkpoints
+        self._rank, self._world_size, self._group = rank, world_size, group
+        self._verified: Dict[str, Tuple[Tuple[int, int, int], bool]] = {}
+        self.best_loss = math.inf
+        os.makedirs(self.checkpoint_dir, exist_ok=True)
+
+    # ----- who am I ------------------------------------------------------------------------
+    def _topology(self, op: str) -> Tuple[int, int, Any]:
+        """(rank, world size, process group or None when there is nobody to talk to)."""
+        if is_initialized():
+            pg = resolve_group(self._group)
+            pg.check_usable(op)
+            for what, given, actual in (("rank", self._rank, pg.rank),
+                                        ("world_size", self._world_size, pg.size)):
+                if given is not None and given != actual:
+                    raise ValueError(f"{op}: the manager was created with {what}={given}, the "
+                                     f"process group says {actual}")
+            return pg.rank, pg.size, (pg if pg.size > 1 else None)
+        if self._group is not None:
+            raise RuntimeError(f"{op}: a group was given but no process group is initialized")
+        world_size = 1 if self._world_size is None else int(self._world_size)
+        rank = 0 if self._rank is None else int(self._rank)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size - 1}], got {rank}")
+        return rank, world_size, None
+
+    # ----- listing -------------------------------------------------------------------------
+    def list_checkpoints(self) -> List[str]:
+        """Paths of finished checkpoint directories, oldest first (not verified)."""
+        try:
+            names = os.listdir(self.checkpoint_dir)
+        except FileNotFoundError:
+            return []
+        found = [(fmt.parse_checkpoint_name(n), n) for n in names]
+        return [os.path.join(self.checkpoint_dir, n) for key, n in sorted(f for f in found if f[0])
+                if os.path.isdir(os.path.join(self.checkpoint_dir, n))]
+
+    def latest(self) -> Optional[str]:
+        """The newest checkpoint whose files all match its manifest, or None. Local: any rank
+        may call it alone."""
+        for path in reversed(self.list_checkpoints()):
+            if self._is_good(path):
+                return path
+        return None
+
+    def _is_good(self, path: str) -> bool:
+        """Full verification, remembered while the manifest file stays the same."""
+        try:
+            info = os.stat(os.path.join(path, fmt.MANIFEST))
+            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+        except OSError:
+            return False
+        cached = self._verified.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            fmt.read_checkpoint_directory(path)
+            good = True
+        except CheckpointCorruptError:
+            good = False
+        self._verified[path] = (stamp, good)
+        return good
+
+    def _remove_temporaries(self) -> None:
+        """Directories left by a crash between writing and renaming are never valid."""
+        for name in os.listdir(self.checkpoint_dir):
+            if fmt.is_temporary_name(name):
+                logger.warning("removing %s, left by an interrupted checkpoint write",
+                               os.path.join(self.checkpoint_dir, name))
+                shutil.rmtree(os.path.join(self.checkpoint_dir, name), ignore_errors=True)
+
+    def _rotate(self, just_written: str) -> None:
+        """Keep the newest ``max_checkpoints`` good ones; delete everything older than those."""
+        paths = self.list_checkpoints()
+        kept = 0
+        for index in range(len(paths) - 1, -1, -1):
+            if paths[index] == just_written or self._is_good(paths[index]):
+                kept += 1
+            if kept == self.max_checkpoints:
+                for old in paths[:index]:
+                    if old != just_written:
+                        shutil.rmtree(old, ignore_errors=True)
+                        self._verified.pop(old, None)
+                return
+
+    # ----- save ----------------------------------------------------------------------------
+    def save_checkpoint(self, model: Any, optimizer: Any, epoch: int, step: int, loss: Any,
+                        additional_state: Optional[Dict[str, Any]] = None, scheduler: Any = None,
+                        loss_scaler: Any = None, sampler: Any = None) -> str:
+        """Write a checkpoint of the state after ``step``; returns its path on every rank."""
+        rank, world_size, pg = self._topology("save_checkpoint")
+        if world_size > 1 and pg is None:
+            raise ValueError(f"saving as rank {rank} of {world_size} needs an initialized process "
+                             f"group, so that rank 0 can collect every rank's state")
+        name = fmt.checkpoint_name(_check_counter("epoch", epoch), _check_counter("step", step))
+        local_error: Optional[Exception] = None
+        try:
+            fmt.check_json_data(additional_state, "additional_state")
+            loss_value = _as_float(loss)
+            mine = state_io.rank_state(rank, int(epoch), int(step), sampler)
+        except Exception as exc:  # reported to every rank, so that none waits for this one
+            if pg is None:
+                raise
+            local_error, mine = exc, {"error": f"{type(exc).__name__}: {exc}"}
+        states = [mine] if pg is None else state_io.gather_json(pg, mine)
+        if local_error is not None:
+            raise local_error
+        self._check_agreement(states, rank, pg)
+        write_error: Optional[Exception] = None
+        path = os.path.join(self.checkpoint_dir, name)
+        if rank == 0:
+            try:
+                path = self._write(name, states, model, optimizer, epoch, step, loss_value,
+                                   additional_state, scheduler, loss_scaler, world_size)
+            except Exception as exc:
+                if pg is None:
+                    raise
+                write_error = exc
+        if pg is not None and not state_io.all_succeeded(pg, write_error is None):
+            if write_error is not None:
+                raise write_error
+            raise DistributedError(f"checkpoint {path} was not written", rank=pg.global_rank,
+                                   peer=pg.ranks[0], op="save_checkpoint")
+        self._note_loss(loss_value)
+        return path
+
+    @staticmethod
+    def _check_agreement(states: List[Dict[str, Any]], rank: int, pg: Any) -> None:
+        failed = [(r, s["error"]) for r, s in enumerate(states) if "error" in s]
+        if failed:
+            peer, message = failed[0]
+            raise DistributedError(f"checkpoint not saved: rank {peer} failed: {message}",
+                                   rank=rank, peer=peer, op="save_checkpoint")
+        counters = [(s["epoch"], s["step"]) for s in states]
+        if len(set(counters)) > 1:
+            raise ValueError(f"save_checkpoint called with different (epoch, step) per rank: "
+                             f"{dict(enumerate(counters))}")
+
+    def _write(self, name: str, states: List[Dict[str, Any]], model: Any, optimizer: Any,
+               epoch: int, step: int, loss_value: Optional[float], additional_state: Any,
+               scheduler: Any, loss_scaler: Any, world_size: int) -> str:
+        self._remove_temporaries()
+        best = min((v for v in (self.best_loss, loss_value) if v is not None and v == v),
+                   default=math.inf)
+        files = state_io.build_files(states, model, optimizer, int(epoch), int(step), loss_value,
+                                     best, world_size, additional_state, scheduler, loss_scaler)
+        path = fmt.write_checkpoint_directory(self.checkpoint_dir, name, files)
+        self._verified.pop(path, None)
+        self._rotate(path)
+        return path
+
+    def _note_loss(self, loss: Optional[float]) -> None:
+        if loss is not None and loss == loss:
+            self.best_loss = min(self.best_loss, loss)
+
+    # ----- load ----------------------------------------------------------------------------
+    def load_checkpoint(self, model: Any = None, optimizer: Any = None, path: Any = None,
+                        scheduler: Any = None, loss_scaler: Any = None, sampler: Any = None,
+                        map_location: Any = None, *, restore_rng: bool = True) -> Dict[str, Any]:
+        """Restore the newest good checkpoint (or ``path``, falling back to older good ones).
+
+        Returns ``epoch``, ``step``, ``loss``, ``best_loss``, ``world_size`` (at save time),
+        ``additional_state`` and ``path``. Arrays are read into host memory and copied into the
+        existing parameters on their own device, so ``map_location`` (kept for PyTorch's
+        signature) only accepts None or a device string. Raises ``NoCheckpointError`` when
+        there is no checkpoint and ``CheckpointError`` when none is good.
+        """
+        if map_location is not None and not isinstance(map_location, str):
+            raise TypeError(f"map_location must be None or a device string, got "
+                            f"{map_location!r}")
+        rank, world_size, pg = self._topology("load_checkpoint")
+        choice: Dict[str, Any] = {}
+        contents, choice_error = None, None
+        if rank == 0 or pg is None:
+            try:
+                if rank == 0:
+                    self._remove_temporaries()
+                chosen, contents = self._select(path)
+                choice = {"path": chosen}
+            except Exception as exc:
+                if pg is None:
+                    raise
+                choice_error = exc
+                choice = {"error": type(exc).__name__, "message": str(exc)}
+        if pg is not None:
+            choice = state_io.broadcast_json(pg, choice)
+            if choice_error is not None:
+                raise choice_error
+            if "error" in choice:  # every rank fails the same way rank 0 did
+                if choice["error"] == "NoCheckpointError":
+                    raise NoCheckpointError(choice["message"])
+                raise CheckpointError(f"rank {pg.ranks[0]} could not choose a checkpoint: "
+                                      f"{choice['error']}: {choice['message']}")
+        failure: Optional[Exception] = None
+        try:
+            if contents is None:
+                contents = fmt.read_checkpoint_directory(choice["path"], self._wanted(rank))
+            result = state_io.apply_contents(contents, choice["path"], rank, model, optimizer,
+                                             scheduler, loss_scaler, sampler, restore_rng)
+            self.best_loss = result["best_loss"]
+            self._note_loss(result["loss"])
+        except Exception as exc:
+            if pg is None:
+                raise
+            failure = exc
+        if pg is not None and not state_io.all_succeeded(pg, failure is None):
+            if failure is not None:
+                raise failure
+            raise DistributedError(f"another rank failed to load {choice['path']}",
+                                   rank=pg.global_rank, op="load_checkpoint")
+        return result
+
+    @staticmethod
+    def _wanted(rank: int) -> set:
+        return {fmt.rank_file(rank), fmt.rank_file(0)}
+
+    def _select(self, path: Any) -> Tuple[str, Dict[str, Any]]:
+        """The first good checkpoint, every file verified, trying newest first."""
+        candidates = list(reversed(self.list_checkpoints()))
+        if path is not None:
+            path = os.path.abspath(os.fspath(path))
+            key = fmt.parse_checkpoint_name(os.path.basename(path))
+            if os.path.dirname(path) == self.checkpoint_dir and key is not None:
+                older = [c for c in candidates
+                         if fmt.parse_checkpoint_name(os.path.basename(c)) < key]
+                candidates = [path] + older
+            else:
+                candidates = [path]
+        elif not candidates:
+            raise NoCheckpointError(f"no checkpoint in {self.checkpoint_dir}")
+        problems = []
+        for candidate in candidates:
+            try:
+                if not os.path.isdir(candidate):
+                    raise CheckpointCorruptError(candidate, "", "no such checkpoint directory")
+                return candidate, fmt.read_checkpoint_directory(candidate)
+            except CheckpointCorruptError as exc:
+                logger.warning("checkpoint %s is unusable: %s is bad (%s); falling back to the "
+                               "previous checkpoint", candidate, exc.file or candidate,
+                               exc.reason)
+                problems.append(str(exc))
+        raise CheckpointError(f"no usable checkpoint in {self.checkpoint_dir}: "
+                              + "; ".join(problems))
+
+
+def setup_fault_tolerant_training(model: Any, optimizer: Any,
+                                  checkpoint_manager: DistributedCheckpointManager,
+                                  scheduler: Any = None, loss_scaler: Any = None,
+                                  sampler: Any = None) -> Dict[str, Any]:
+    """Resume from the newest good checkpoint, if there is one.
+
+    Returns ``start_epoch``, ``start_step`` (the first step not yet done: the saved step + 1),
+    ``best_loss``, ``resumed``, ``checkpoint`` (path or None), ``loss`` and
+    ``additional_state``; a fresh start gives zeros, ``best_loss=inf`` and ``resumed=False``.
+    Collective like ``load_checkpoint``.
+    """
+    try:
+        info = checkpoint_manager.load_checkpoint(model, optimizer, scheduler=scheduler,
+                                                  loss_scaler=loss_scaler, sampler=sampler)
+    except NoCheckpointError:
+        return {"start_epoch": 0, "start_step": 0, "best_loss": math.inf, "resumed": False,
+                "checkpoint": None, "loss": None, "additional_state": None}
+    return {"start_epoch": info["epoch"], "start_step": info["step"] + 1,
+            "best_loss": info["best_loss"], "resumed": True, "checkpoint": info["path"],
+            "loss": info["loss"], "additional_state": info["additional_state"]}

@@ -1,0 +1,280 @@
+"""On-disk format of checkpoints: JSON and safetensors only, a manifest of checksums and atomic
+directory writes.
+
+A checkpoint is a directory ``ckpt-e<epoch>-s<step>`` whose ``manifest.json`` (written last)
+lists every other file with its SHA-256 and size. It is built in ``<name>.tmp-<random>``: each
+file is fsynced, then the directory, then it is renamed into place and the parent is fsynced,
+so a crash leaves either the previous state or a complete checkpoint, plus at most a temporary
+directory that the next scan removes.
+
+Values that JSON cannot hold exactly are written as small tagged objects
+``{"__nf__": kind, ...}``: tuples, non-finite floats, NumPy scalars and arrays (base64 bytes),
+and dicts with non-string keys. Nothing is ever pickled.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+from safetensors.numpy import load as load_safetensors
+from safetensors.numpy import save as save_safetensors
+
+
+FORMAT = "neural_arch.checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+META = "meta.json"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+_TAG = "__nf__"
+_NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)$")
+_TEMPORARY = re.compile(r"^ckpt-e\d+-s\d+\.(tmp|old)-[0-9a-f]+$")
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint could be loaded."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A checkpoint file is missing, truncated, altered or unreadable; ``file`` names it."""
+
+    def __init__(self, directory: str, file: str, reason: str) -> None:
+        super().__init__(f"{os.path.join(directory, file)}: {reason}")
+        self.directory, self.file, self.reason = directory, file, reason
+
+
+class NoCheckpointError(FileNotFoundError):
+    """The checkpoint directory holds no checkpoint at all."""
+
+
+# ----- names -------------------------------------------------------------------------------------
+def checkpoint_name(epoch: int, step: int) -> str:
+    return f"ckpt-e{epoch:06d}-s{step:08d}"
+
+
+def parse_checkpoint_name(name: str) -> Optional[Tuple[int, int]]:
+    """(epoch, step) of a finished checkpoint directory name, else None."""
+    match = _NAME.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def is_temporary_name(name: str) -> bool:
+    return _TEMPORARY.match(name) is not None
+
+
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.json"
+
+
+# ----- JSON codec --------------------------------------------------------------------------------
+def host_array(value: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray) and hasattr(value, "get"):
+        value = value.get()  # CuPy array: bring it to host memory
+    return np.ascontiguousarray(np.asarray(value))
+
+
+def is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
+
+
+def encode(value: Any, where: str = "state") -> Any:
+    """A JSON-ready copy of ``value``; TypeError naming ``where`` for what cannot be stored."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, np.generic):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"{where}: cannot store a NumPy {value.dtype} scalar in a checkpoint")
+        return {_TAG: "scalar", "dtype": value.dtype.str, "value": encode(value.item(), where)}
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if np.isfinite(value):
+            return float(value)
+        return {_TAG: "float", "value": repr(float(value))}
+    if is_array(value):
+        array = host_array(value)
+        if array.dtype.kind not in "biufc":
+            raise TypeError(f"{where}: cannot store an array of dtype {array.dtype} in a "
+                            f"checkpoint")
+        return {_TAG: "array", "dtype": array.dtype.str, "shape": list(array.shape),
+                "data": base64.b64encode(array.tobytes()).decode("ascii")}
+    if isinstance(value, tuple):
+        return {_TAG: "tuple", "items": [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and _TAG not in value:
+            return {k: encode(v, f"{where}[{k!r}]") for k, v in value.items()}
+        return {_TAG: "dict", "items": [[encode(k, f"{where} key"), encode(v, f"{where}[{k!r}]")]
+                                        for k, v in value.items()]}
+    raise TypeError(f"{where}: cannot store a {type(value).__name__} in a checkpoint (only "
+                    f"JSON data, NumPy scalars and arrays)")
+
+
+def decode(value: Any) -> Any:
+    """Inverse of ``encode``."""
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    kind = value.get(_TAG)
+    if kind is None:
+        return {k: decode(v) for k, v in value.items()}
+    if kind == "float":
+        return float(value["value"])
+    if kind == "tuple":
+        return tuple(decode(v) for v in value["items"])
+    if kind == "dict":
+        return {_hashable(decode(k)): decode(v) for k, v in value["items"]}
+    if kind == "scalar":
+        return np.dtype(value["dtype"]).type(decode(value["value"]))
+    if kind == "array":
+        raw = base64.b64decode(value["data"])
+        return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(value["shape"]).copy()
+    raise ValueError(f"unknown tagged value kind {kind!r} in checkpoint data")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+def check_json_data(value: Any, where: str) -> None:
+    """Raise TypeError naming the offending key unless ``value`` is plain JSON data
+    (dicts with string keys, lists, tuples, str, int, float, bool, None)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_json_data(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has the non-string key {key!r} "
+                                f"({type(key).__name__}); JSON object keys are strings")
+            check_json_data(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(f"{where} is a {type(value).__name__}, which JSON cannot hold "
+                    f"(checkpoints store no pickles)")
+
+
+# ----- bytes ---------------------------------------------------------------------------------------
+def safetensors_bytes(arrays: Dict[str, Any]) -> bytes:
+    return save_safetensors({k: host_array(v) for k, v in arrays.items()})
+
+
+def json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, allow_nan=False, sort_keys=True, indent=1).encode("utf-8")
+
+
+# ----- files -------------------------------------------------------------------------------------
+def _write_synced(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint_directory(parent: str, name: str, files: Dict[str, bytes]) -> str:
+    """Write ``files`` and their manifest atomically as ``parent/name``; returns its path."""
+    temporary = os.path.join(parent, f"{name}.tmp-{secrets.token_hex(4)}")
+    final = os.path.join(parent, name)
+    os.mkdir(temporary)
+    try:
+        listing = {}
+        for file_name, data in files.items():
+            _write_synced(os.path.join(temporary, file_name), data)
+            listing[file_name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        manifest = {"format": FORMAT, "version": VERSION, "files": listing}
+        _write_synced(os.path.join(temporary, MANIFEST), json_bytes(manifest))
+        fsync_directory(temporary)
+        replaced = None
+        if os.path.lexists(final):  # the same epoch and step saved again: the new one wins
+            replaced = os.path.join(parent, f"{name}.old-{secrets.token_hex(4)}")
+            os.rename(final, replaced)
+        os.rename(temporary, final)
+        fsync_directory(parent)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+    return final
+
+
+def read_checkpoint_directory(directory: str, wanted: Optional[set] = None) -> Dict[str, Any]:
+    """Every file of a checkpoint, checked against its manifest and parsed: arrays by name for
+    safetensors, objects for JSON. ``wanted`` limits the rank files read (others are skipped, not checked).
+    Raises ``CheckpointCorruptError`` naming the first bad file."""
+    manifest = _read_manifest(directory)
+    contents: Dict[str, Any] = {}
+    for file_name, entry in manifest["files"].items():
+        if wanted is not None and file_name.startswith("rank") and file_name not in wanted:
+            continue
+        path = os.path.join(directory, file_name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CheckpointCorruptError(directory, file_name, "missing") from None
+        except OSError as exc:
+            raise CheckpointCorruptError(directory, file_name, f"unreadable ({exc.strerror})")
+        if len(data) != entry["size"]:
+            raise CheckpointCorruptError(directory, file_name, f"{len(data)} bytes, the manifest "
+                                         f"says {entry['size']} (truncated or rewritten)")
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CheckpointCorruptError(directory, file_name, "SHA-256 differs from the manifest")
+        contents[file_name] = _parse(directory, file_name, data)
+    if META not in contents:
+        raise CheckpointCorruptError(directory, META, "not listed in the manifest")
+    return contents
+
+
+def _parse(directory: str, file_name: str, data: bytes) -> Any:
+    try:
+        if file_name.endswith(".json"):
+            return json.loads(data.decode("utf-8"))
+        if file_name.endswith(".safetensors"):
+            return load_safetensors(data)
+    except Exception as exc:  # safetensors raises its own error type for malformed files
+        raise CheckpointCorruptError(directory, file_name, f"bad {file_name.rsplit('.', 1)[1]} "
+                                     f"content ({exc})") from None
+    return data
+
+
+def _read_manifest(directory: str) -> Dict[str, Any]:
+    try:
+        with open(os.path.join(directory, MANIFEST), "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise CheckpointCorruptError(directory, MANIFEST, "missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointCorruptError(directory, MANIFEST, f"unreadable or bad JSON ({exc})")
+    if not isinstance(manifest, dict):
+        raise CheckpointCorruptError(directory, MANIFEST, "not a JSON object")
+    files = manifest.get("files")
+    if manifest.get("format") != FORMAT or not isinstance(files, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("size"), int)
+            and isinstance(e.get("sha256"), str) for e in files.values()):
+        raise CheckpointCorruptError(directory, MANIFEST, "not a neural_arch checkpoint manifest")
+    if manifest.get("version") != VERSION:
+        raise CheckpointCorruptError(directory, MANIFEST, f"format version "
+                                     f"{manifest.get('version')}, this reader knows {VERSION}")
+    if any(os.sep in name or name.startswith(".") for name in files):
+        raise CheckpointCorruptError(directory, MANIFEST, "lists a path outside the checkpoint")
+    return manifest

@@ -1,0 +1,312 @@
+#!/usr/bin/env python
+"""Validate distributed training end to end on N real processes.
+
+    python scripts/validate_distributed_training.py --backend shm --world-size 4 --output report.json
+
+Two launches of this same script in worker mode: the main run (environment, every collective,
+DDP equivalence, sampling, checkpoint/resume) and a fault run in which the last rank SIGKILLs
+itself inside a loop of all-reduces. shm, tcp, auto and gloo start through
+``launch_distributed_training``; mpi through ``mpiexec``. Each rank writes its verdicts to a
+temporary directory and a check passes only if it passed on every rank. Prints one line per
+check and an overall line, writes the JSON report, and exits 0 only if every check passed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+SCRIPT = Path(__file__).resolve()
+for _path in (SCRIPT.parent, SCRIPT.parents[1]):  # the helpers, and the package itself
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from validation_checks import (FAILED, FAULT_CHECK, FAULT_DETECTION_LIMIT_S,  # noqa: E402
+                               FAULT_ITERATIONS, INJECT_VAR, PASSED, Context, check_list,
+                               run_fault, run_main)
+
+BACKENDS = ("shm", "tcp", "mpi", "auto", "gloo")
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+FAULT_PG_TIMEOUT_S = 30.0  # longer than the detection limit: a timeout is no detection
+FAULT_GRACE_S = 20.0  # survivors outlive the launcher's SIGTERM this long to report
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class Launch:
+    """How one launch ended: its exit code (None: it never ran) and a line saying so."""
+
+    code: Optional[int]
+    note: str
+    seconds: float
+    logs: Path
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=BACKENDS, default="auto")
+    parser.add_argument("--world-size", type=int, default=2, help="processes to start (>= 2)")
+    parser.add_argument("--output", default="distributed_validation.json",
+                        help="where to write the JSON report")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds each of the two launches may take before it is stopped")
+    parser.add_argument("--worker", choices=("main", "fault"), help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker and not args.work_dir:
+        parser.error("--worker needs --work-dir")
+    if args.world_size < 2:
+        parser.error(f"--world-size must be >= 2 to exercise communication, got "
+                     f"{args.world_size}")
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    return args
+
+
+# ----- worker mode -----------------------------------------------------------------------------
+def rank_from_environment() -> int:
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    raise ValueError("worker mode needs RANK (launcher) or OMPI_COMM_WORLD_RANK (mpiexec) in "
+                     "the environment")
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    work = Path(args.work_dir)
+    ctx = Context(rank_from_environment(), args.world_size, args.backend, work,
+                  os.environ.get(INJECT_VAR) or None)
+    (work / f"{args.worker}_pid{ctx.rank}").write_text(str(os.getpid()))
+    if args.worker == "fault":
+        return run_fault(ctx, args.backend, FAULT_PG_TIMEOUT_S)
+    return run_main(ctx, args.backend, max(5.0, min(60.0, args.timeout / 3)))
+
+
+# ----- launching -------------------------------------------------------------------------------
+def worker_args(phase: str, args: argparse.Namespace, work: Path) -> list[str]:
+    return ["--worker", phase, "--work-dir", str(work), "--backend", args.backend,
+            "--world-size", str(args.world_size), "--timeout", str(args.timeout)]
+
+
+def launch_local(phase: str, args: argparse.Namespace, work: Path) -> Launch:
+    """Through our launcher, in this process, its console output captured to a file."""
+    from neural_arch.distributed.launcher import launch_distributed_training
+    logs = work / f"{phase}_logs"
+    start = time.monotonic()
+    with open(work / f"{phase}_launcher.log", "w") as out, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = launch_distributed_training(
+                str(SCRIPT), nproc_per_node=args.world_size, backend=args.backend,
+                script_args=worker_args(phase, args, work), standalone=True,
+                timeout=args.timeout, log_dir=logs,
+                grace_period=FAULT_GRACE_S if phase == "fault" else STOP_GRACE_S)
+        except Exception as exc:
+            return Launch(None, f"the launcher failed: {type(exc).__name__}: {exc}",
+                          time.monotonic() - start, logs)
+    note = describe_exit(code, args.timeout, "the launcher")
+    if code != 0:
+        note += launcher_note(work / f"{phase}_launcher.log")
+    return Launch(code, note, time.monotonic() - start, logs)
+
+
+def launch_mpi(phase: str, args: argparse.Namespace, work: Path) -> Launch:
+    """Through mpiexec; in the fault run with --enable-recovery so that survivors live on."""
+    import importlib.util
+    logs, start = work / f"{phase}_logs", time.monotonic()
+    logs.mkdir(exist_ok=True)
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+        missing = "mpiexec is not on PATH" if mpiexec is None else "mpi4py is not installed"
+        return Launch(None, f"cannot launch with mpi: {missing}", 0.0, logs)
+    recovery = ["--enable-recovery"] if phase == "fault" else []
+    cmd = [mpiexec, "-n", str(args.world_size), "--oversubscribe", *recovery, sys.executable,
+           "-u", str(SCRIPT), *worker_args(phase, args, work)]
+    # MPI's shared-memory files go to the work directory: a killed rank cannot strand them.
+    env = {**os.environ, **MPI_ENV, "OMPI_MCA_btl_sm_backing_directory": str(work)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)  # mpiexec's own variables say who is who
+    with open(logs / "mpiexec.log", "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            code = 124
+        finally:
+            stop_mpiexec(proc, work, phase, args.world_size)
+    return Launch(code, describe_exit(code, args.timeout, "mpiexec"), time.monotonic() - start,
+                  logs)
+
+
+def stop_mpiexec(proc: subprocess.Popen, work: Path, phase: str, world_size: int) -> None:
+    """SIGTERM lets mpiexec stop its ranks; what is left after a grace period is killed,
+    ranks included (they may run in sessions of their own)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=STOP_GRACE_S)
+    for rank in range(world_size):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((work / f"{phase}_pid{rank}").read_text())
+            # Only a process still running this very job: the pid may belong to another by now.
+            if str(work).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+
+
+def launcher_note(log: Path) -> str:
+    """The launcher's last word about a failure (``rank 2 failed with signal SIGKILL ...``)."""
+    with contextlib.suppress(OSError):
+        notes = [line.strip() for line in log.read_text(errors="replace").splitlines()
+                 if line.startswith("launcher: ") and "OMP_NUM_THREADS" not in line]
+        if notes:  # the log path it names goes away with the work directory
+            return ": " + notes[-1][len("launcher: "):].split("; log: ")[0]
+    return ""
+
+
+def describe_exit(code: int, timeout: float, who: str) -> str:
+    if code == 0:
+        return f"{who} exited with code 0"
+    if code == 124:
+        return f"{who} stopped the run after the {timeout:g} s timeout"
+    return f"{who} exited with code {code}"
+
+
+# ----- merging the ranks' verdicts -------------------------------------------------------------
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def last_log_line(launch: Launch, rank: int) -> str:
+    """The end of what the rank (or mpiexec, which words its notes over two lines) printed."""
+    for path, keep in ((launch.logs / f"rank_{rank}.log", 1), (launch.logs / "mpiexec.log", 2)):
+        with contextlib.suppress(OSError):
+            lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
+                     if re.search(r"\w", ln)]
+            if lines:
+                return f"; last output: {' '.join(lines[-keep:])[-240:]}"
+    return ""
+
+
+def no_result(launch: Launch, rank: int) -> str:
+    return f"no result ({launch.note}{last_log_line(launch, rank)})"
+
+
+def combine(reasons: dict[int, str]) -> str:
+    """``ranks 0, 2: why; rank 1: other`` -- ranks with the same reason share one entry."""
+    by_reason: dict[str, list[int]] = {}
+    for rank, reason in sorted(reasons.items()):
+        by_reason.setdefault(reason, []).append(rank)
+    return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {why}"
+                     for why, r in by_reason.items())
+
+
+def merge_main(work: Path, n: int, launch: Launch) -> list[dict]:
+    verdicts = {}
+    for rank in range(n):
+        found = read_json(work / f"main_rank{rank}.json") or {"checks": []}
+        verdicts[rank] = {c["name"]: c for c in found["checks"]}
+    checks = []
+    for name, _ in check_list():
+        entries = {r: verdicts[r].get(name) for r in range(n)}
+        failures = {r: no_result(launch, r) if e is None else e["details"]
+                    for r, e in entries.items() if e is None or e["status"] != PASSED}
+        seconds = max([e["seconds"] for e in entries.values() if e] or [0.0])
+        details = combine(failures) if failures else entries[0]["details"]
+        checks.append({"name": name, "status": FAILED if failures else PASSED,
+                       "seconds": round(seconds, 3), "details": details})
+    return checks
+
+
+def fault_check(work: Path, n: int, launch: Launch) -> dict:
+    victim = n - 1
+    kill = read_json(work / "fault_kill.json")
+    problems, seen = {}, {}
+    if kill is None:
+        problems[victim] = f"did not SIGKILL itself ({launch.note})"
+    for rank in range(victim):
+        got = read_json(work / f"fault_rank{rank}.json")
+        named = got and (got.get("peer") == victim
+                         or re.search(rf"\brank {victim}\b", got.get("message") or ""))
+        if got is None:
+            problems[rank] = no_result(launch, rank)
+        elif got["error"] is None:
+            problems[rank] = f"no error after {got.get('iterations')} all_reduces"
+        elif not got["is_distributed_error"] or not named:
+            problems[rank] = (f"{got['error']} is not a DistributedError naming rank {victim}: "
+                              f"{got['message']}")
+        elif kill is not None:
+            delay = got["time"] - kill["time"]
+            if delay > FAULT_DETECTION_LIMIT_S:
+                problems[rank] = (f"noticed after {delay:.2f} s (limit "
+                                  f"{FAULT_DETECTION_LIMIT_S:g} s): {got['message']}")
+            seen[rank] = (delay, got["error"], got["message"])
+    status = FAILED if problems else PASSED
+    if problems:
+        details = combine(problems)
+    else:
+        errors = sorted({e for _, e, _ in seen.values()})
+        details = (f"rank {victim} SIGKILLed in a loop of {FAULT_ITERATIONS} all_reduces; "
+                   f"ranks {sorted(seen)} raised {'/'.join(errors)} naming it within "
+                   f"{max(d for d, _, _ in seen.values()):.3f} s; {launch.note}; rank 0 said: "
+                   f"{seen[0][2]}")
+    return {"name": FAULT_CHECK, "status": status, "seconds": round(launch.seconds, 3),
+            "details": details}
+
+
+# ----- the parent ------------------------------------------------------------------------------
+def validate(args: argparse.Namespace) -> int:
+    launch = launch_mpi if args.backend == "mpi" else launch_local
+    work = Path(tempfile.mkdtemp(prefix="nf_validate_"))
+    print(f"Validating backend {args.backend!r} on {args.world_size} processes", flush=True)
+    try:
+        checks = merge_main(work, args.world_size, launch("main", args, work))
+        for check in checks:
+            print_check(check)
+        fault = fault_check(work, args.world_size, launch("fault", args, work))
+        print_check(fault)
+        checks.append(fault)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    passed = sum(c["status"] == PASSED for c in checks)
+    overall = PASSED if passed == len(checks) else FAILED
+    print(f"OVERALL: {overall} ({passed}/{len(checks)} checks)", flush=True)
+    report = {"overall": overall, "passed": passed, "failed": len(checks) - passed,
+              "backend": args.backend, "world_size": args.world_size, "checks": checks}
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if overall == PASSED else 1
+
+
+def print_check(check: dict) -> None:
+    print(f"{check['status']}  {check['name']}  ({check['seconds']:.2f} s)  {check['details']}",
+          flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    return worker_main(args) if args.worker else validate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

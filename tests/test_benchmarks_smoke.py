@@ -1,0 +1,210 @@
+"""The distributed benchmarks run end to end with tiny sizes and report consistent numbers.
+
+Each script runs as a subprocess with real rank processes. The checks recompute every derived
+column (bandwidths, ratios, efficiencies, PASS/MISS) from the printed times; none judges speed.
+Every process a run starts inherits a unique marker variable, so leftovers can be found in /proc.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_collectives  # noqa: E402
+import bench_common  # noqa: E402
+from dist_harness import installed_backends  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+BACKENDS = installed_backends()
+_MARKER = "NF_BENCH_SMOKE"
+_ROW = re.compile(r"^\| (\d+ (?:B|KiB|MiB)) \| ([\w ]+?) \| (\w+) \| ([0-9.]+) \| ([0-9.e+-]+) \| "
+                  r"([0-9.e+-]+) \| ([0-9.]+x)? \|$", re.MULTILINE)
+_HEADING = re.compile(r"^#+ (all_reduce|all_gather|broadcast), p = (\d+)$", re.MULTILINE)
+_SIZE = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
+
+
+def _leftover_pids(tag: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if f"{_MARKER}={tag}".encode() in handle.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _dead_segments() -> set[str]:
+    """Our shm segments (nf_<pid>_...) whose creating process is gone: a leak."""
+    names = set()
+    for name in os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []:
+        match = re.match(r"nf_(\d+)_", name)
+        if match and not os.path.exists(f"/proc/{match.group(1)}"):
+            names.add(name)
+    return names
+
+
+def _run(script: str, args: list[str], timeout: float = 200) -> subprocess.CompletedProcess:
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, **{_MARKER: tag})
+    leaked_before = _dead_segments()
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                            capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert _leftover_pids(tag) == [], "benchmark processes were left running"
+    assert _dead_segments() - leaked_before == set(), "a shared-memory segment was left behind"
+    return result
+
+
+def _tables(text: str) -> dict:
+    """{(collective, p): [(bytes, backend, algorithm, us, algbw, busbw, ratio or None)]}."""
+    headings = list(_HEADING.finditer(text))
+    tables = {}
+    for i, heading in enumerate(headings):
+        stop = headings[i + 1].start() if i + 1 < len(headings) else len(text)
+        rows = []
+        for size, backend, algorithm, us, algbw, busbw, ratio in \
+                _ROW.findall(text[heading.end():stop]):
+            number, unit = size.split()
+            rows.append((int(number) * _SIZE[unit], backend, algorithm, float(us), float(algbw),
+                         float(busbw), float(ratio[:-1]) if ratio else None))
+        tables[(heading.group(1), int(heading.group(2)))] = rows
+    return tables
+
+
+def test_size_parsing_and_formatting():
+    assert [bench_common.parse_size(s) for s in ("4", "1K", "16MiB", "0.5M", "2G")] == \
+        [4, 1024, 16 << 20, 512 << 10, 2 << 30]
+    assert bench_common.parse_size_list("64K,4,64k") == [4, 65536]
+    assert [bench_common.format_size(n) for n in (4, 1536, 4096, 256 << 20)] == \
+        ["4 B", "1536 B", "4 KiB", "256 MiB"]
+    for bad in ("", "12 parsecs", "-4", "0"):
+        with pytest.raises(ValueError, match="size"):
+            bench_common.parse_size(bad)
+
+
+def test_bus_factors_and_message_shapes():
+    assert [bench_collectives.bus_factor("all_reduce", p) for p in (2, 4)] == [1.0, 1.5]
+    assert [bench_collectives.bus_factor("all_gather", p) for p in (2, 4)] == [0.5, 0.75]
+    assert bench_collectives.bus_factor("broadcast", 4) == 1.0
+    assert bench_collectives.element_count("all_reduce", 4, 4) == 1
+    assert bench_collectives.element_count("all_gather", 4, 4) == 4  # one element per rank
+    assert bench_collectives.element_count("all_gather", 100, 4) == 24
+    assert bench_collectives.schedule(4, 20) == (50, 20)
+    assert bench_collectives.schedule(256 << 20, 20) == (1, 5)
+    assert bench_collectives.schedule(256 << 20, 2) == (1, 2)
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Results\n\n<!-- other:start -->\nkeep me\n<!-- other:end -->\n")
+    bench_common.write_section(str(path), "mine", "first")
+    bench_common.write_section(str(path), "mine", "second")
+    text = path.read_text()
+    assert text == ("# Results\n\n<!-- other:start -->\nkeep me\n<!-- other:end -->\n\n"
+                    "<!-- mine:start -->\nsecond\n<!-- mine:end -->\n")
+
+
+def test_bench_collectives_reports_consistent_numbers(tmp_path):
+    output, figure = tmp_path / "RESULTS.md", tmp_path / "bw.png"
+    output.write_text("# Results\n\n<!-- bench_step:start -->\nstep table\n"
+                      "<!-- bench_step:end -->\n\n<!-- bench_collectives:start -->\nstale\n"
+                      "<!-- bench_collectives:end -->\n")
+    result = _run("bench_collectives.py",
+                  ["--backends", ",".join(BACKENDS), "--world-sizes", "2", "--sizes", "4,4K",
+                   "--iters", "2", "--output", str(output), "--plot", str(figure)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.startswith("# Results\n\n<!-- bench_step:start -->\nstep table\n"
+                           "<!-- bench_step:end -->\n")
+    assert text.count("<!-- bench_collectives:start -->") == 1 and "stale" not in text
+    assert "Command: `python benchmarks/bench_collectives.py --backends" in text
+    assert re.search(r"Machine: .+; \d+ cores; Python 3[.\d]+; NumPy [.\d]+; ", text)
+    tables = _tables(text)
+    expected_backends = set(BACKENDS) | ({"MPI native"} if "mpi" in BACKENDS else set())
+    # p = 2: busbw/algbw is 2(p-1)/p = 1 for all_reduce, (p-1)/p = 1/2 for all_gather, 1 else;
+    # all_gather of "4 B" still sends one float32 per rank.
+    expected = {"all_reduce": ((4, 4096), 1.0), "all_gather": ((8, 4096), 0.5),
+                "broadcast": ((4, 4096), 1.0)}
+    assert set(tables) == {(c, 2) for c in expected}
+    for collective, (sizes, bus_over_alg) in expected.items():
+        rows = tables[(collective, 2)]
+        assert sorted((n, b) for n, b, *_ in rows) == sorted(
+            (n, b) for n in sizes for b in expected_backends)
+        native = {n: us for n, b, _, us, *_ in rows if b == "MPI native"}
+        for nbytes, backend, _, us, algbw, busbw, ratio in rows:
+            # times print to 0.1 us and bandwidths to 3 significant digits
+            assert algbw == pytest.approx(nbytes / (us * 1e-6) / 1e9, rel=0.005 + 0.05 / us)
+            assert busbw == pytest.approx(algbw * bus_over_alg, rel=0.01)
+            if backend != "MPI native" and native:  # MPI's time over ours
+                assert ratio == pytest.approx(native[nbytes] / us,
+                                              rel=0.05 / us + 0.05 / native[nbytes], abs=0.006)
+            else:
+                assert ratio is None
+    tiny = re.search(r"\| shm 4-byte all_reduce <= 8 us, p=2 \| ([0-9.]+) us \| (PASS|MISS) \|",
+                     text)
+    assert tiny, text[:3000]
+    assert (tiny.group(2) == "PASS") == (float(tiny.group(1)) <= 8.0)
+    assert "| tcp all_reduce busbw >= 1.5 GB/s at 64 MiB, p=2 | - | n/a (not measured) |" in text
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_collectives_reports_a_job_past_its_time_limit(tmp_path):
+    backends = ["shm"] + (["mpi"] if "mpi" in BACKENDS else [])
+    result = _run("bench_collectives.py",
+                  ["--backends", ",".join(backends), "--world-sizes", "2", "--sizes", "4",
+                   "--collectives", "all_reduce", "--iters", "1000000", "--job-timeout", "4"])
+    assert result.returncode == 1
+    for backend in backends:
+        assert f"Failed job: bench_collectives.py job on backend '{backend}' with 2 ranks ran " \
+               f"past its time limit" in result.stdout
+
+
+def _ratio_shown(shown: float, num: float, den: float, scale: float, shown_half: float) -> bool:
+    """``shown`` is ``scale * num / den`` for some true times that print (to 0.01 ms) as
+    ``num`` and ``den``, itself printed to within ``shown_half``."""
+    half = 0.005
+    low = scale * max(num - half, 0.0) / (den + half)
+    high = scale * (num + half) / max(den - half, 1e-9)
+    return low - shown_half <= shown <= high + shown_half
+
+
+def test_training_benchmark_reports_consistent_numbers(tmp_path):
+    output, figure = tmp_path / "RESULTS.md", tmp_path / "scaling.png"
+    backends = [b for b in BACKENDS if b != "tcp"]
+    result = _run("distributed_training_benchmark.py",
+                  ["--quick", "--backends", ",".join(backends), "--models", "784-64-10",
+                   "--batch", "32", "--steps", "2", "--allreduce-sizes", "4K", "--iters", "2",
+                   "--output", str(output), "--plot", str(figure)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- distributed_training_benchmark:start -->") == 1
+    assert "Command: `python benchmarks/distributed_training_benchmark.py --quick" in text
+    pattern = re.compile(r"^\| 784-64-10 \(0\.1M\) \| ([\w-]+) \| (\d) \| 32 \| ([0-9.]+) \| "
+                         r"([0-9.]+) \| ([0-9.]+)% \| ([0-9.]+)% \| (.+?) \| (.+?) \| (.+?) \| "
+                         r"(.+?) \|$", re.MULTILINE)
+    rows = {(m.group(1), int(m.group(2))): m.groups()[2:] for m in pattern.finditer(text)}
+    assert set(rows) == {("-", 1)} | {(b, 2) for b in backends}, text[-3000:]
+    single = float(rows[("-", 1)][0])
+    for (backend, p), (step, sync, share, eff, auto_step, auto_share, auto_eff, gain) in \
+            rows.items():
+        step, sync = float(step), float(sync)
+        assert _ratio_shown(float(share), sync, step, 100, 0.05)
+        assert _ratio_shown(float(eff), single, step, 100, 0.05)
+        if p == 1:
+            assert (auto_step, auto_share, auto_eff, gain) == ("-", "-", "-", "-")
+            continue
+        assert _ratio_shown(float(gain.rstrip("x")), step, float(auto_step), 1, 0.005)
+        assert _ratio_shown(float(auto_eff.rstrip("%")), single, float(auto_step), 100, 0.05)
+    assert "#### all_reduce, p = 2" in text
+    assert len(_tables(text)[("all_reduce", 2)]) == len(backends) + ("mpi" in backends)
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "batch 256 per rank, p=2, shm, manual sync | - | n/a (not measured) |" in text
