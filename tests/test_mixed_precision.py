@@ -46,7 +46,7 @@ def digits_worker(rank: int, world_size: int, epochs: int):
 def test_float16_training_on_digits_matches_float32_accuracy(world_size):
     results = run_ranks(digits_worker, world_size, "shm", args=(8,), timeout=200)
     accuracy, dtypes = results[0]
-    assert accuracy[False] > 0.9, "the float32 run itself must learn the task"
+    assert accuracy[False] > 0.9, "the float32 run itself must learn to classify digits"
     assert abs(accuracy[True] - accuracy[False]) <= 0.01
     assert dtypes[True][:2] == dtypes[False][:2] == ({"float32"}, {"float32"})
     assert all(r == results[0] for r in results), "every rank ends with the same model"

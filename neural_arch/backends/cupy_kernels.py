@@ -25,6 +25,12 @@ _MAX_GRID_STRIDE_BLOCKS = 1 << 16
 _modules: Dict[Tuple[str, int], Any] = {}
 _constants: Dict[Tuple[str, int, int], Any] = {}
 _lock = threading.Lock()
+_GELU_KERNELS = {
+    ("none", "forward"): "bias_gelu_erf_forward", ("tanh", "forward"): "bias_gelu_tanh_forward",
+    ("none", "backward"): "bias_gelu_erf_backward",
+    ("tanh", "backward"): "bias_gelu_tanh_backward",
+}
+_UNSCALE_KERNELS = {"float16": "unscale_check_inf_f16", "float32": "unscale_check_inf_f32"}
 
 
 def is_available() -> bool:
@@ -98,15 +104,15 @@ def _gelu_inputs(op: str, x: Any, bias: Optional[Any], approximate: str):
     validate.per_feature(op, "bias", bias, features)
     x = _device_array(op, "input", x)
     b = _filled(0.0, features) if bias is None else _device_array(op, "bias", bias)
-    return x, b, _int32(op, "features", features), "tanh" if approximate == "tanh" else "erf"
+    return x, b, _int32(op, "features", features)
 
 
 def bias_gelu_forward(x: Any, bias: Optional[Any] = None, approximate: str = "none") -> Any:
     """gelu(x + bias) in one pass; ``bias`` (features,) is broadcast over the last dim."""
-    x, b, features, variant = _gelu_inputs("bias_gelu_forward", x, bias, approximate)
+    x, b, features = _gelu_inputs("bias_gelu_forward", x, bias, approximate)
     out = _cp().empty_like(x)
     if x.size:
-        launch(f"bias_gelu_{variant}_forward", (_grid_stride_blocks(x.size),), (_THREADS,),
+        launch(_GELU_KERNELS[approximate, "forward"], (_grid_stride_blocks(x.size),), (_THREADS,),
                (x, b, out, x.size, features))
     return out
 
@@ -115,12 +121,12 @@ def bias_gelu_backward(grad_out: Any, x: Any, bias: Optional[Any] = None,
                        approximate: str = "none") -> Tuple[Any, Optional[Any]]:
     """(dL/dx, dL/dbias) of gelu(x + bias); dL/dbias is None without a bias."""
     op = "bias_gelu_backward"
-    x, b, features, variant = _gelu_inputs(op, x, bias, approximate)
+    x, b, features = _gelu_inputs(op, x, bias, approximate)
     validate.same_shape(op, "grad_out", grad_out, x.shape)
     g = _device_array(op, "grad_out", grad_out)
     grad = _cp().empty_like(x)
     if x.size:
-        launch(f"bias_gelu_{variant}_backward", (_grid_stride_blocks(x.size),), (_THREADS,),
+        launch(_GELU_KERNELS[approximate, "backward"], (_grid_stride_blocks(x.size),), (_THREADS,),
                (g, x, b, grad, x.size, features))
     grad_bias = None if bias is None else grad.reshape(-1, features).sum(axis=0)
     return grad, grad_bias
@@ -261,8 +267,7 @@ def unscale_and_check_inf(grads: Sequence[Any], inv_scale: float,
               for i, g in enumerate(grads)]
     for g in arrays:
         if g.size:
-            kernel = "unscale_check_inf_f16" if g.dtype == cp.float16 else "unscale_check_inf_f32"
-            launch(kernel, (_grid_stride_blocks(g.size),), (_THREADS,),
+            launch(_UNSCALE_KERNELS[g.dtype.name], (_grid_stride_blocks(g.size),), (_THREADS,),
                    (g, g.size, float(inv_scale), flag))
     return flag
 

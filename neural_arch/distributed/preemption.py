@@ -49,7 +49,8 @@ class PreemptionHandler:
     """Context manager that turns ``signals`` into a flag instead of stopping the process.
 
     The previous handlers come back on exit. Handlers can only be installed from the main
-    thread, as Python requires.
+    thread, as Python requires. While installed, Ctrl-C raises no KeyboardInterrupt: a loop
+    that never reaches ``should_stop`` is ended by SIGKILL or the process group's timeout.
     """
 
     def __init__(self, signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
