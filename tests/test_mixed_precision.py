@@ -73,8 +73,6 @@ def probe_worker(rank: int, world_size: int):
             return out
 
     from neural_arch.distributed.advanced import CommunicationProfiler, trace_collectives
-    from test_profiler import ensure_collectives_traced
-    ensure_collectives_traced()
     wire = CommunicationProfiler()
     manual_seed(0)
     config = DistributedTrainingConfig(mixed_precision=True, profile_communication=True)

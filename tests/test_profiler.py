@@ -211,32 +211,10 @@ def test_profiling_ddp_steps_and_the_seed_block():
         np.testing.assert_array_equal(a, b)  # the profiled sync really averaged the gradients
 
 
-def ensure_collectives_traced() -> bool:
-    """Make the process-group layer report collectives to the tracer; True when that needed
-    the proposed hook line patched in here (the layer does not call it itself yet)."""
-    from neural_arch import distributed as dist
-    from neural_arch.distributed.advanced import CommunicationProfiler, trace_collectives
-    from neural_arch.distributed.process_group import ProcessGroup
-    from neural_arch.distributed.profiler import trace_collective
-    probe = CommunicationProfiler()
-    with trace_collectives(probe):
-        dist.barrier()
-    if probe.get_statistics():
-        return False
-    original = ProcessGroup.run
-
-    def run(self, fn, async_op, fp, op):
-        fn = trace_collective(fn, op, fp)
-        return original(self, fn, async_op, fp, op)
-    ProcessGroup.run = run
-    return True
-
-
 def tracing_worker(rank: int, world_size: int):
     """Every collective inside ``trace_collectives`` is recorded, with this rank's bytes."""
     from neural_arch import distributed as dist
     from neural_arch.distributed.advanced import CommunicationProfiler, trace_collectives
-    patched = ensure_collectives_traced()
     prof = CommunicationProfiler()
     with trace_collectives(prof):
         dist.all_reduce(np.ones(100, dtype=np.float32))
@@ -245,11 +223,11 @@ def tracing_worker(rank: int, world_size: int):
         dist.all_gather(np.ones(3, dtype=np.float16))
         dist.barrier()
     dist.all_reduce(np.ones(4))  # after the block: not recorded
-    return patched, prof.get_statistics()
+    return prof.get_statistics()
 
 
 def test_trace_collectives_records_every_collective():
-    for patched, stats in run_ranks(tracing_worker, 2, "shm"):
+    for stats in run_ranks(tracing_worker, 2, "shm"):
         counts = {name: s["count"] for name, s in stats.items()}
         assert counts == {"all_reduce": 2, "broadcast": 1, "all_gather": 1, "barrier": 1}
         assert stats["all_reduce"]["total_bytes"] == 100 * 4 + 50 * 8

@@ -19,8 +19,10 @@ import numpy as np
 from . import transports
 from .errors import DistributedError
 from .group_transport import GroupTransport, SoloTransport
+from .profiler import trace_collective
 from .transports.base import Fingerprint, Transport
 from .work import CommQueue, Seconds, Work, to_seconds
+
 
 BACKENDS = ("auto", "gloo", "shm", "tcp", "mpi")
 DEFAULT_TIMEOUT_S = 1800.0
@@ -98,6 +100,7 @@ class ProcessGroup:
     def run(self, fn, async_op: bool, fp: Optional[Fingerprint], op: str):
         """Run ``fn`` now (after pending async work) or queue it and return a ``Work``."""
         seq = fp.seq if fp is not None else None
+        fn = trace_collective(fn, op, fp)
         if self.size == 1:
             result = fn()
             return Work.completed(op, result, self.global_rank) if async_op else result

@@ -1,0 +1,189 @@
+"""Every CUDA kernel against its float64 NumPy reference, on a GPU through CuPy.
+
+Skipped without CuPy or without a CUDA device. Tolerances: elementwise float32 math within
+1e-5 relative; row reductions (softmax, LayerNorm statistics) within a few 1e-5; column sums
+over many rows within 1e-4; unscaling by a power of two is exact (one rounding on both sides).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+try:
+    _DEVICES = cp.cuda.runtime.getDeviceCount()
+except Exception:  # a CuPy without a usable driver
+    _DEVICES = 0
+if _DEVICES == 0:
+    pytest.skip("no CUDA device: CuPy found none", allow_module_level=True)
+
+import neural_arch.functional as F  # noqa: E402
+from neural_arch.backends import cupy_kernels as K  # noqa: E402
+from neural_arch.backends.kernels import reference as R  # noqa: E402
+from neural_arch.core import Tensor  # noqa: E402
+from neural_arch.optim import AdamW  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _data(shape, seed=0, scale=1.0, offset=0.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+def _close(gpu, expected, rtol, atol):
+    np.testing.assert_allclose(cp.asnumpy(gpu).astype(np.float64), expected, rtol=rtol,
+                               atol=atol)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("shape", [(1, 1), (33, 257), (4, 16, 768)])
+def test_bias_gelu(approximate, shape):
+    x, bias, g = _data(shape, 1, 3.0), _data(shape[-1:], 2), _data(shape, 3)
+    out = K.bias_gelu_forward(cp.asarray(x), cp.asarray(bias), approximate)
+    assert out.dtype == cp.float32 and out.shape == shape
+    _close(out, R.bias_gelu_forward(x, bias, approximate), 1e-5, 1e-6)
+    gx, gb = K.bias_gelu_backward(cp.asarray(g), cp.asarray(x), cp.asarray(bias), approximate)
+    rx, rb = R.bias_gelu_backward(g, x, bias, approximate)
+    _close(gx, rx, 1e-5, 1e-6)
+    _close(gb, rb, 1e-4, 1e-4)
+
+
+def test_gelu_without_bias_and_non_contiguous_input():
+    x = _data((64, 96), 4, 2.0)
+    strided = cp.asarray(x)[:, ::3]
+    out = K.bias_gelu_forward(strided)
+    _close(out, R.bias_gelu_forward(x[:, ::3]), 1e-5, 1e-6)
+    gx, gb = K.bias_gelu_backward(cp.ones_like(strided), strided)
+    assert gb is None
+    _close(gx, R.bias_gelu_backward(np.ones_like(x[:, ::3]), x[:, ::3])[0], 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize("rows,classes", [(1, 1), (7, 10), (64, 1000), (8, 50257)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_softmax_cross_entropy(rows, classes, smoothing):
+    logits = _data((rows, classes), 5, 4.0)
+    target = np.random.default_rng(6).integers(0, classes, rows)
+    target[::3] = -100
+    loss, lse = K.cross_entropy_forward(cp.asarray(logits), cp.asarray(target),
+                                        label_smoothing=smoothing)
+    ref_loss, ref_lse = R.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    _close(lse, ref_lse, 1e-5, 1e-5)
+    _close(loss, ref_loss, 1e-5, 1e-4)
+    upstream = _data((rows,), 7)
+    grad = K.cross_entropy_backward(cp.asarray(upstream), cp.asarray(logits),
+                                    cp.asarray(target), lse, label_smoothing=smoothing)
+    ref = R.cross_entropy_backward(upstream, logits, target, ref_lse, label_smoothing=smoothing)
+    _close(grad, ref, 1e-4, 1e-6)
+
+
+def test_cross_entropy_huge_logits_and_bad_targets():
+    logits = cp.asarray(np.array([[1e4, 0.0, -1e4], [-3e4, -3e4, -3e4]], np.float32))
+    loss, _ = K.cross_entropy_forward(logits, cp.asarray([0, 2]))
+    _close(loss, [0.0, np.log(3.0)], 1e-6, 1e-6)
+    with pytest.raises(ValueError, match="target value 3 is out of range for 3 classes"):
+        K.cross_entropy_forward(logits, cp.asarray([3, 0]))
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 33), (300, 768), (2, 4097)])
+def test_layer_norm(rows, cols):
+    x = _data((rows, cols), 8, 3.0, 2.0)
+    weight, bias, g = _data(cols, 9), _data(cols, 10), _data((rows, cols), 11)
+    y, mean, rstd = K.layer_norm_forward(cp.asarray(x), cp.asarray(weight), cp.asarray(bias))
+    ry, rmean, rrstd = R.layer_norm_forward(x, weight, bias)
+    _close(mean, rmean, 1e-5, 1e-5)
+    _close(rstd, rrstd, 1e-4, 1e-6)
+    _close(y, ry, 1e-4, 1e-4)
+    dx, dw, db = K.layer_norm_backward(cp.asarray(g), cp.asarray(x), cp.asarray(weight),
+                                       mean, rstd)
+    rdx, rdw, rdb = R.layer_norm_backward(g, x, weight, rmean, rrstd)
+    _close(dx, rdx, 1e-4, 1e-4)
+    _close(dw, rdw, 1e-4, 1e-3)
+    _close(db, rdb, 1e-4, 1e-3)
+
+
+def test_layer_norm_without_affine_parameters():
+    x = _data((16, 40), 12)
+    y, mean, rstd = K.layer_norm_forward(cp.asarray(x))
+    _close(y, R.layer_norm_forward(x)[0], 1e-4, 1e-5)
+    dx, dw, db = K.layer_norm_backward(cp.ones((16, 40), cp.float32), cp.asarray(x), None,
+                                       mean, rstd)
+    _close(dx, np.zeros((16, 40)), 0, 1e-5)
+    _close(db, np.full(40, 16.0), 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+def test_multi_tensor_adamw(maximize):
+    shapes = [(3000, 7), (1,), (0,), (4096,), (4097,), (64, 64)]
+    params = [_data(s, i) for i, s in enumerate(shapes)]
+    avgs = [np.zeros(s, np.float32) for s in shapes]
+    sqs = [np.zeros(s, np.float32) for s in shapes]
+    gpu = [[cp.asarray(a) for a in arrays] for arrays in (params, avgs, sqs)]
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.05,
+                 maximize=maximize)
+    for step in range(1, 4):
+        grads = [_data(s, 100 + 10 * step + i) for i, s in enumerate(shapes)]
+        K.adamw_step(gpu[0], [cp.asarray(g) for g in grads], gpu[1], gpu[2], step=step, **hyper)
+        R.adamw_step(params, grads, avgs, sqs, step=step, **hyper)
+    for got_list, ref_list in zip(gpu, (params, avgs, sqs)):
+        for got, ref in zip(got_list, ref_list):
+            _close(got, ref, 1e-5, 1e-6)
+
+
+def test_adamw_rejects_non_contiguous_parameters():
+    p = cp.zeros((4, 4), cp.float32)[:, ::2]
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        K.adamw_step([p], [cp.zeros((4, 2), cp.float32)], [cp.zeros((4, 2), cp.float32)],
+                     [cp.zeros((4, 2), cp.float32)], step=1, lr=0.1, beta1=0.9, beta2=0.9,
+                     eps=1e-8, weight_decay=0.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_unscale_and_check_inf(dtype):
+    grads = [_data((1000,), 13, 100.0).astype(dtype), _data((3, 5), 14).astype(dtype)]
+    device = [cp.asarray(g) for g in grads]
+    flag = K.unscale_and_check_inf(device, 1.0 / 1024)
+    ref_flag = R.unscale_and_check_inf(grads, 1.0 / 1024)
+    assert float(flag[0]) == float(ref_flag[0]) == 0.0
+    for got, ref in zip(device, grads):
+        np.testing.assert_array_equal(cp.asnumpy(got), ref)  # power-of-two scale: exact
+    bad = cp.asarray(np.array([1.0, np.nan, 2.0, np.inf], dtype=dtype))
+    flag = K.unscale_and_check_inf([bad], 0.3, found_inf=flag)
+    assert float(flag[0]) == 1.0
+    np.testing.assert_allclose(cp.asnumpy(bad)[[0, 2]].astype(np.float64), [0.3, 0.6],
+                               rtol=1e-3 if dtype == np.float16 else 1e-7)
+
+
+def test_fused_ops_match_functional_on_cuda():
+    x = Tensor(_data((6, 8, 32), 15, 2.0), device="cuda", requires_grad=True)
+    w = Tensor(_data(32, 16), device="cuda", requires_grad=True)
+    b = Tensor(_data(32, 17), device="cuda", requires_grad=True)
+    out = K.fused_cross_entropy(K.fused_bias_gelu(K.fused_layer_norm(x, 32, w, b), b)
+                                .reshape(-1, 32), cp.asarray(np.arange(48) % 32))
+    out.backward()
+    fused = [cp.asnumpy(t.grad) for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    ref = F.cross_entropy(F.gelu(F.layer_norm(x, 32, w, b) + b).reshape(-1, 32),
+                          cp.asarray(np.arange(48) % 32))
+    ref.backward()
+    assert abs(float(out.data) - float(ref.data)) < 1e-5
+    for got, t in zip(fused, (x, w, b)):
+        np.testing.assert_allclose(got, cp.asnumpy(t.grad), rtol=1e-4, atol=1e-5)
+
+
+def test_fused_adamw_matches_adamw_on_cuda():
+    shapes = [(50, 20), (20,), (7, 3)]
+    fused = [Tensor(_data(s, i), device="cuda", requires_grad=True) for i, s in enumerate(shapes)]
+    plain = [Tensor(_data(s, i), device="cuda", requires_grad=True) for i, s in enumerate(shapes)]
+    opt_fused = K.FusedAdamW(fused, lr=1e-2, weight_decay=0.1)
+    opt_plain = AdamW(plain, lr=1e-2, weight_decay=0.1)
+    for step in range(3):
+        for i, (a, b) in enumerate(zip(fused, plain)):
+            g = cp.asarray(_data(shapes[i], 50 + 10 * step + i))
+            a.grad, b.grad = g.copy(), g.copy()
+        opt_fused.step()
+        opt_plain.step()
+    for a, b in zip(fused, plain):
+        np.testing.assert_allclose(cp.asnumpy(a.data), cp.asnumpy(b.data), rtol=1e-5, atol=1e-6)
+    assert opt_fused.state[fused[0]]["step"] == 3
