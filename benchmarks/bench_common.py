@@ -1,4 +1,4 @@
-"""Helpers shared by the distributed benchmarks: jobs of real processes, timing, reporting.
+"""What the distributed benchmarks share: jobs of real processes, timing, reporting.
 
 A benchmark script runs twice over: once as the driver (parses options, starts jobs, prints
 and writes the results) and, inside each job, as ``SCRIPT --worker JOB_DIR`` on every rank.
@@ -155,8 +155,10 @@ def run_job(script: str, backend: str, world_size: int, job: Dict[str, Any],
 def _run_mpiexec(script: str, world_size: int, job_dir: str, timeout: float) -> int:
     env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
     env.update(_MPI_ENV, PYTHONUNBUFFERED="1", **{name: "1" for name in THREAD_VARS})
-    cmd = ["mpiexec", "-n", str(world_size), "--oversubscribe", sys.executable, "-u", script,
-           "--worker", job_dir]
+    # Unbound, like the launcher's workers: on a shared machine a rank pinned to a busy core
+    # could not move to an idle one.
+    cmd = ["mpiexec", "-n", str(world_size), "--oversubscribe", "--bind-to", "none",
+           sys.executable, "-u", script, "--worker", job_dir]
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)

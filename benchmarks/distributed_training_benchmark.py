@@ -154,6 +154,10 @@ def efficiency(rows: Sequence[dict], row: dict) -> Optional[float]:
     return None if single is None else single["step"] / row["step"]
 
 
+def _params(count: int) -> str:
+    return f"{count / 1e6:.1f}M" if count >= 100_000 else f"{count / 1e3:.0f}K"
+
+
 def _pct(value: Optional[float]) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
@@ -170,7 +174,7 @@ def training_table(rows: Sequence[dict]) -> str:
                                           rank_of.get(r["backend"], 9)))
     for row in (r for r in ordered if r["mode"] == "manual"):
         auto = _find(rows, row["model"], row["world_size"], row["backend"], "auto")
-        cells = [f"{row['model']} ({row['params'] / 1e6:.1f}M)", row["backend"],
+        cells = [f"{row['model']} ({_params(row['params'])})", row["backend"],
                  str(row["world_size"]), str(row["batch"]), _ms(row["step"]),
                  _ms(row["sync"]), _pct(row["sync"] / row["step"]),
                  _pct(efficiency(rows, row))]
@@ -203,26 +207,29 @@ def plot(rows: Sequence[dict], path: str) -> None:
     models = sorted({(r["params"], r["model"]) for r in rows})
     if not models:
         return
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False,
-                             sharey=True)
-    for ax, (params, name) in zip(axes[0], models):
-        backends = sorted({r["backend"] for r in rows
-                           if r["model"] == name and r["backend"] != "-"})
-        for backend in backends:
+    columns = min(2, len(models))
+    fig, axes = plt.subplots(-(-len(models) // columns), columns, squeeze=False, sharey=True,
+                             figsize=(5.5 * columns, 3.8 * -(-len(models) // columns)))
+    colours = {"shm": "tab:blue", "tcp": "tab:orange", "mpi": "tab:green"}
+    for ax, (params, name) in zip(axes.flat, models):
+        for backend, colour in colours.items():
             for mode, style in (("manual", "-"), ("auto", "--")):
                 points = [(1, 1.0)] if _find(rows, name, 1, "-", "manual") else []
                 points += sorted((r["world_size"], efficiency(rows, r)) for r in rows
                                  if (r["model"], r["backend"], r["mode"]) == (name, backend, mode)
                                  and efficiency(rows, r) is not None)
                 if len(points) > 1:
-                    ax.plot(*zip(*points), style, marker="o", label=f"{backend} {mode}")
+                    ax.plot(*zip(*points), style, color=colour, marker="o",
+                            label=f"{backend}, {mode} sync")
         ax.axhline(GOAL_EFFICIENCY, color="grey", linewidth=0.8, linestyle=":")
-        ax.set_title(f"{name} ({params / 1e6:.1f}M params)", fontsize=9)
-        ax.set_xlabel("world size (ranks)")
+        ax.set_title(f"{name} ({_params(params)} parameters)", fontsize=9)
+        ax.set_xlabel("world size (ranks), batch per rank fixed")
+        ax.set_ylabel("efficiency t(1)/t(p)")
         ax.set_xticks(sorted({r["world_size"] for r in rows}))
         ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("weak-scaling efficiency t(1)/t(p)")
-    axes[0][-1].legend(fontsize=8)
+    for ax in list(axes.flat)[len(models):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
     common.save_figure(fig, path)
 

@@ -126,7 +126,8 @@ def test_layer_norm_without_affine_parameters():
     x = _rng(4).standard_normal((5, 4))
     y, mean, rstd = R.layer_norm_forward(x)
     np.testing.assert_allclose(y.mean(axis=1), 0.0, atol=1e-13)
-    np.testing.assert_allclose((y * y).mean(axis=1), 1 - 1e-5 * rstd ** 2, rtol=1e-12)  # var/(var+eps)
+    # mean(y^2) = var / (var + eps) = 1 - eps * rstd^2
+    np.testing.assert_allclose((y * y).mean(axis=1), 1 - 1e-5 * rstd ** 2, rtol=1e-12)
     dx, dw, db = R.layer_norm_backward(np.ones_like(x), x, None, mean, rstd)
     np.testing.assert_allclose(dx, 0.0, atol=1e-12)  # a constant upstream normalises away
     np.testing.assert_allclose(db, 5.0)

@@ -59,7 +59,7 @@ def reference(p: int, n: int, dtype, op: ReduceOp) -> np.ndarray:
 
 
 def all_reduce_cases(p: int, large: bool):
-    sizes = sorted({0, 1, max(p - 1, 0), 13, 1031, 4099})
+    sizes = sorted({0, 1, max(p - 1, 0), 13, 1031, 4099, 40_009})
     for n in sizes:
         for dtype in DTYPES:
             for op in OPS:

@@ -10,12 +10,61 @@ from .reduce_ops import SUPPORTED_DTYPES, ReduceOp, check_dtype_for_op
 _SUPPORTED_NAMES = [np.dtype(d).name for d in SUPPORTED_DTYPES]
 
 
+def _on_device(obj: Any) -> bool:
+    return type(obj).__module__.split(".", 1)[0] == "cupy"
+
+
+class HostStaged(np.ndarray):
+    """A host copy of a CuPy array, in pinned memory: collectives run on it like on any NumPy
+    array, and every ``staged[...] = value`` also copies the whole result back to the device
+    (``Flat.commit`` and the output lists of the gathers write this way). Views of it are plain
+    host arrays that do not write back."""
+
+    device_array: Any = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self.device_array = None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        device = self.device_array
+        if device is not None:
+            cupy = __import__("cupy")
+            with device.device:
+                if device.flags.c_contiguous:
+                    device.set(self.view(np.ndarray))
+                else:
+                    device[...] = cupy.asarray(self.view(np.ndarray))
+                cupy.cuda.get_current_stream().synchronize()  # the pinned copy may be reused
+
+
+def stage_on_host(device_array: Any) -> HostStaged:
+    """Copy a CuPy array into pinned host memory (ordinary memory if pinning fails)."""
+    cupy = __import__("cupy")
+    with device_array.device:
+        try:
+            memory = cupy.cuda.alloc_pinned_memory(max(device_array.nbytes, 1))
+            host = np.frombuffer(memory, device_array.dtype, device_array.size)
+        except Exception:  # pinned memory exhausted or unavailable: a pageable buffer works too
+            host = np.empty(device_array.size, device_array.dtype)
+        host = host.reshape(device_array.shape)
+        cupy.ascontiguousarray(device_array).get(out=host)
+    staged = host.view(HostStaged)
+    staged.device_array = device_array
+    return staged
+
+
 def array_of(tensor: Any, what: str = "tensor") -> np.ndarray:
-    """The NumPy array behind a ``Tensor`` (its ``.data``) or an array; TypeError otherwise."""
+    """The NumPy array behind a ``Tensor`` (its ``.data``) or an array; TypeError otherwise.
+    CuPy arrays (bare or in a Tensor) come back as a ``HostStaged`` host copy."""
+    if _on_device(tensor):
+        return stage_on_host(tensor)
     data = tensor if isinstance(tensor, np.ndarray) else getattr(tensor, "data", None)
+    if _on_device(data):
+        return stage_on_host(data)
     if not isinstance(data, np.ndarray):
         inner = "" if data is None else f" holding {type(data).__module__}.{type(data).__name__}"
-        raise TypeError(f"{what} must be a NumPy array or a Tensor holding one, got "
+        raise TypeError(f"{what} must be a NumPy or CuPy array or a Tensor holding one, got "
                         f"{type(tensor).__name__}{inner}")
     return data
 
@@ -53,7 +102,7 @@ class Flat:
 
     def __init__(self, arr: np.ndarray) -> None:
         self.arr = arr
-        self.staged = not arr.flags.c_contiguous
+        self.staged = not arr.flags.c_contiguous or isinstance(arr, HostStaged)
         self.buf = (np.ascontiguousarray(arr) if self.staged else arr).reshape(-1)
 
     def commit(self) -> None:
@@ -62,9 +111,14 @@ class Flat:
 
 
 def wrap_like(template: Any, arr: np.ndarray) -> Any:
-    """``arr`` as the same kind of object as ``template`` (array, or Tensor-like)."""
+    """``arr`` as the same kind of object as ``template`` (array, or Tensor-like), on the
+    template's device."""
     if isinstance(template, np.ndarray):
         return arr
+    if _on_device(template):
+        return __import__("cupy").asarray(arr)
+    if _on_device(getattr(template, "data", None)):
+        return type(template)(__import__("cupy").asarray(arr))
     return type(template)(arr)
 
 

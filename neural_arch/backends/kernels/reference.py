@@ -18,7 +18,7 @@ _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)
 _TANH_CUBIC = 0.044715
-# math.erf, not the framework's polynomial erf, so the reference is independent of the code under test
+# math.erf, not the framework's polynomial erf: the reference must not share code with the tested
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 

@@ -26,6 +26,7 @@ class TransportSpec:
     trusted: bool
     needs_store: bool = True
     requires: tuple[str, ...] = ()  # importable modules the transport needs
+    probe: Optional[Callable[[], bool]] = None  # a run-time check beyond imports (a GPU)
 
 
 def _module(name: str):
@@ -44,11 +45,18 @@ def _mpi(rank, world_size, store, timeout, secret):
     return _module("mpi").create(rank=rank, world_size=world_size, store=store, timeout=timeout)
 
 
+def _nccl(rank, world_size, store, timeout, secret):
+    return _module("nccl").create(rank, world_size, store, timeout)
+
+
 _REGISTRY: dict[str, TransportSpec] = {
     "shm": TransportSpec("shm", _shm, trusted=True, requires=(f"{__name__}.shm",)),
     "tcp": TransportSpec("tcp", _tcp, trusted=True, requires=(f"{__name__}.tcp",)),
     "mpi": TransportSpec("mpi", _mpi, trusted=True, needs_store=False,
                          requires=(f"{__name__}.mpi", "mpi4py")),
+    # The unique id travels through the authenticated store, so only job members can join.
+    "nccl": TransportSpec("nccl", _nccl, trusted=True, requires=(f"{__name__}.nccl", "cupy"),
+                          probe=lambda: _module("nccl").is_available()),
 }
 
 
@@ -84,7 +92,8 @@ def is_available(name: str) -> bool:
     entry = spec(name)
     if name == "shm" and os.name != "posix":  # POSIX shared memory only
         return False
-    return all(_importable(m) for m in entry.requires)
+    return all(_importable(m) for m in entry.requires) and (entry.probe is None
+                                                            or entry.probe())
 
 
 def available_transports() -> list[str]:
@@ -97,7 +106,8 @@ def create_transport(name: str, *, rank: int, world_size: int, store, timeout: f
     entry = spec(name)
     if not is_available(name):
         missing = [m for m in entry.requires if not _importable(m)]
-        raise ValueError(f"transport {name!r} is not available here (missing: {missing})")
+        why = f"missing: {missing}" if missing else "its run-time check found no usable device"
+        raise ValueError(f"transport {name!r} is not available here ({why})")
     if entry.needs_store and store is None:
         raise ValueError(f"transport {name!r} needs a store to rendezvous")
     return entry.factory(rank, world_size, store, timeout, secret)

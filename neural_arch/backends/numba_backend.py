@@ -1,0 +1,84 @@
+"""Numba for the CPU kernels: compiled with ``cache=True`` when Numba is installed, else absent.
+
+Numba is optional (the ``fast`` extra). ``compiled(fn)`` wraps a plain-Python loop kernel with
+``numba.njit(cache=True, nogil=True)`` on first call and returns None when Numba is missing or
+switched off with ``NEURAL_ARCH_NUMBA=0``; callers then use their NumPy form. Compilation is
+lazy, so importing a kernel module costs nothing until a kernel runs.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from typing import Any, Callable, Dict, Optional
+
+ENV_SWITCH = "NEURAL_ARCH_NUMBA"
+
+name = "numba"
+device = "cpu"
+
+_lock = threading.Lock()
+_state: Dict[str, Any] = {}
+
+
+def _numba() -> Any:
+    """The numba module, or None (reason kept in ``unavailable_reason``)."""
+    if "module" not in _state:
+        if os.environ.get(ENV_SWITCH, "1").strip() == "0":
+            _state.update(module=None, reason=f"switched off by {ENV_SWITCH}=0")
+        else:
+            try:
+                _state.update(module=importlib.import_module("numba"), reason="")
+            except ImportError as exc:
+                _state.update(module=None, reason=f"Numba is not installed ({exc}); "
+                              "pip install numba (the 'fast' extra) for the compiled kernels")
+    return _state["module"]
+
+
+def is_available() -> bool:
+    """True when Numba imports and is not switched off."""
+    return _numba() is not None
+
+
+def unavailable_reason() -> str:
+    """Why the compiled kernels are not used ('' when they are)."""
+    _numba()
+    return _state["reason"]
+
+
+class _Lazy:
+    """Compiles ``fn`` with Numba on first call (thread-safe), then calls the compiled form."""
+
+    def __init__(self, fn: Callable, options: Dict[str, Any]) -> None:
+        self.fn, self.options, self._compiled = fn, options, None
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args: Any) -> Any:
+        compiled = self._compiled
+        if compiled is None:
+            with _lock:
+                if self._compiled is None:
+                    numba = _numba()
+                    self._compiled = numba.njit(cache=True, nogil=True, **self.options)(self.fn)
+                compiled = self._compiled
+        return compiled(*args)
+
+
+def compiled(fn: Optional[Callable] = None, **options: Any) -> Any:
+    """Decorator: the Numba-compiled ``fn`` (compiled on first call), or None without Numba.
+
+    Use as ``@compiled`` or ``@compiled(fastmath=False)``; ``options`` go to ``numba.njit``.
+    """
+    def wrap(f: Callable) -> Optional[_Lazy]:
+        return _Lazy(f, options) if is_available() else None
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def reset() -> None:
+    """Forget the availability check (tests flip ``NEURAL_ARCH_NUMBA`` and re-import)."""
+    _state.clear()
+
+
+__all__ = ["ENV_SWITCH", "compiled", "is_available", "reset", "unavailable_reason"]

@@ -1,0 +1,160 @@
+"""The CUDA kernels and their Python wrappers, run end to end on the CPU.
+
+The ``.cu`` sources are compiled as C++ against ``cuda_host_emulation.h`` (threads of a block
+are real threads; ``__syncthreads`` and warp shuffles are barriers), and the wrappers of
+``cupy_kernels`` run with NumPy standing in for CuPy and the emulator for ``launch``. So the
+kernels' indexing, block reductions and barriers, and the wrappers' launch geometry and
+argument lists, are checked against the float64 references on any machine with g++, GPU or
+not. (The fp16 unscale kernel uses PTX conversion instructions and is checked on the GPU only.)
+"""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neural_arch.backends import cupy_kernels
+from neural_arch.backends.kernels import (I32, I64, F32, KERNEL_DIR, KERNELS, PTR, multi_tensor,
+                                          pack_args)
+from neural_arch.backends.kernels import reference as R
+
+pytestmark = pytest.mark.timeout(300)
+
+_HOST_SOURCES = ("gelu.cu", "cross_entropy.cu", "layer_norm.cu", "adamw.cu")
+_CTYPES = {I32: ctypes.c_int32, I64: ctypes.c_int64, F32: ctypes.c_float}
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("g++ not found: the host emulation of the CUDA kernels needs it")
+    names = [n for n, k in KERNELS.items() if k.source in _HOST_SOURCES]
+    out = tmp_path_factory.mktemp("emulation")
+    unit = out / "kernels_on_host.cpp"
+    lines = ['#include "cuda_host_emulation.h"']
+    lines += [f'#include "{KERNEL_DIR / name}"' for name in _HOST_SOURCES]
+    lines.append("extern \"C\" int emu_run(const char* name, unsigned gx, unsigned gy, "
+                 "unsigned bx, unsigned by, void** args) {")
+    for name in names:
+        lines.append(f'  if (!std::strcmp(name, "{name}")) {{ emu_launch({name}, gx, gy, bx, '
+                     f"by, args); return 0; }}")
+    lines += ["  return -1;", "}"]
+    unit.write_text("\n".join(lines) + "\n")
+    library = out / "kernels_on_host.so"
+    result = subprocess.run([compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+                             f"-I{Path(__file__).resolve().parent}", str(unit), "-o",
+                             str(library)], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, f"host build of the kernels failed:\n{result.stderr}"
+    lib = ctypes.CDLL(str(library))
+    lib.emu_run.argtypes = [ctypes.c_char_p] + [ctypes.c_uint] * 4 + [ctypes.c_void_p]
+    return lib, set(names)
+
+
+def _as_dims(dims) -> tuple:
+    dims = tuple(dims) + (1,) * (2 - len(dims))
+    return dims[0], dims[1]
+
+
+@pytest.fixture
+def on_host(emulator, monkeypatch):
+    """``cupy_kernels`` with NumPy as its array module and the emulator as its launcher."""
+    lib, names = emulator
+
+    def launch(name, grid, block, args):
+        assert name in names, f"kernel {name} is not built for host emulation"
+        values = []
+        for kind, value in zip(KERNELS[name].params, pack_args(name, args)):
+            if kind == PTR:
+                assert value.flags.c_contiguous, f"{name}: a strided array reached a kernel"
+                values.append(ctypes.c_void_p(value.ctypes.data))
+            else:
+                values.append(_CTYPES[kind](value))
+        argv = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        assert lib.emu_run(name.encode(), *_as_dims(grid), *_as_dims(block), argv) == 0
+
+    class HostCupy:
+        ndarray = np.ndarray
+
+        class cuda:
+            class Device:
+                id = -1  # keeps the constants cache apart from a real device's
+
+        def __getattr__(self, attribute):
+            return getattr(np, attribute)
+
+    monkeypatch.setattr(cupy_kernels, "_cp", lambda: HostCupy())
+    monkeypatch.setattr(cupy_kernels, "launch", launch)
+    monkeypatch.setattr(multi_tensor, "pointer_table", lambda *lists: np.array(
+        [[a.ctypes.data for a in arrays] for arrays in lists], dtype=np.uint64))
+    return cupy_kernels
+
+
+def _data(shape, seed, scale=1.0, offset=0.0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * scale + offset).astype(np.float32)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_on_host(on_host, approximate):
+    x, bias, g = _data((9, 70), 1, 3.0), _data(70, 2), _data((9, 70), 3)
+    np.testing.assert_allclose(on_host.bias_gelu_forward(x, bias, approximate),
+                               R.bias_gelu_forward(x, bias, approximate), rtol=1e-5, atol=1e-6)
+    gx, gb = on_host.bias_gelu_backward(g, x[:, :], bias, approximate)
+    rx, rb = R.bias_gelu_backward(g, x, bias, approximate)
+    np.testing.assert_allclose(gx, rx, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gb, rb, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,classes", [(1, 1), (6, 10), (3, 1000)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_on_host(on_host, rows, classes, smoothing):
+    logits = _data((rows, classes), 4, 4.0)
+    target = np.random.default_rng(5).integers(0, classes, rows)
+    target[1::3] = -100
+    loss, lse = on_host.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    ref_loss, ref_lse = R.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    upstream = _data(rows, 6)
+    grad = on_host.cross_entropy_backward(upstream, logits, target, lse,
+                                          label_smoothing=smoothing)
+    ref = R.cross_entropy_backward(upstream, logits, target, ref_lse, label_smoothing=smoothing)
+    np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 33), (70, 300)])
+def test_layer_norm_on_host(on_host, rows, cols):
+    x = _data((rows, cols), 7, 3.0, 2.0)
+    weight, bias, g = _data(cols, 8), _data(cols, 9), _data((rows, cols), 10)
+    y, mean, rstd = on_host.layer_norm_forward(x, weight, bias)
+    ry, rmean, rrstd = R.layer_norm_forward(x, weight, bias)
+    np.testing.assert_allclose(mean, rmean, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rstd, rrstd, rtol=1e-4)
+    np.testing.assert_allclose(y, ry, rtol=1e-4, atol=1e-4)
+    dx, dw, db = on_host.layer_norm_backward(g, x, weight, mean, rstd)
+    rdx, rdw, rdb = R.layer_norm_backward(g, x, weight, rmean, rrstd)
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, rdw, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(db, rdb, rtol=1e-4, atol=1e-3)
+
+
+def test_multi_tensor_adamw_on_host(on_host):
+    shapes = [(5000,), (1,), (0,), (4097,), (3, 7)]
+    params = [_data(s, i) for i, s in enumerate(shapes)]
+    avgs = [np.zeros(s, np.float32) for s in shapes]
+    sqs = [np.zeros(s, np.float32) for s in shapes]
+    mine = [[a.copy() for a in arrays] for arrays in (params, avgs, sqs)]
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.05)
+    for step in range(1, 4):
+        grads = [_data(s, 20 + 10 * step + i) for i, s in enumerate(shapes)]
+        on_host.adamw_step(*mine[:1], grads, *mine[1:], step=step, maximize=step == 2,
+                           **hyper)
+        R.adamw_step(params, grads, avgs, sqs, step=step, maximize=step == 2, **hyper)
+    for got_list, ref_list in zip(mine, (params, avgs, sqs)):
+        for got, ref in zip(got_list, ref_list):
+            np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-7)
