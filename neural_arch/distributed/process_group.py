@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import transports
+from . import heartbeat, transports
 from .errors import DistributedError
 from .group_transport import GroupTransport, SoloTransport
 from .profiler import trace_collective
@@ -174,6 +174,9 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     from .env import resolve
     seconds = to_seconds(timeout)
     requested = _normalize_backend(backend)
+    if requested == "auto":
+        # The launcher's --backend reaches workers as NEURAL_ARCH_BACKEND; "auto" defers to it.
+        requested = _normalize_backend(os.environ.get("NEURAL_ARCH_BACKEND") or "auto")
     info = resolve(init_method, world_size, rank)
     if requested == "auto" and _launched_by_mpi():
         requested = "mpi"
@@ -202,6 +205,7 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
         # Nobody may close the store (rank 0 serves it) while a peer still needs it.
         from . import algorithms
         algorithms.barrier(transport, Fingerprint("init_barrier", 0, "uint8", 0, 0), "auto")
+        heartbeat.start(info.rank, info.world_size, store, transport)
     except BaseException:
         if transport is not None:
             transport.close()
@@ -228,6 +232,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     try:
         world.queue.close()
     finally:
+        heartbeat.stop()  # marks this rank as leaving, so peers do not take it for failed
         try:
             if world.transport is not None:
                 world.transport.close()
@@ -294,6 +299,7 @@ def get_distributed_info() -> dict:
     if w is not None:
         info["master_addr"], info["master_port"] = w.info.master_addr, w.info.master_port
         info["launcher"] = w.info.launcher
+        info["heartbeat"] = heartbeat.status()
     return info
 
 
