@@ -6,8 +6,9 @@ compression, top-k gradient compression, and fused softmax cross-entropy forward
 Both forms of a case run in alternating batches (order flipped every repeat) after a warm-up
 that also compiles; each reports its median per-call time; ratio = NumPy time / Numba time.
 The run then checks ``NUMBA_LIMITS`` (up to which input size each public function runs the
-Numba form) against what it measured: every case given to Numba must have ratio >= 1, every
-case kept on NumPy ratio < ``WIN_RATIO``. Outputs of the two forms are compared before timing.
+Numba form) against what it measured: no case given to Numba may be slower beyond noise
+(ratio >= ``1 / NOISE``), no case kept on NumPy may leave a clear gain unused (ratio <
+``WIN_RATIO``). Outputs of the two forms are compared before timing.
 
     python benchmarks/bench_numba.py [--repeats 15] [--quick] [--output FILE.md]
 """
@@ -34,6 +35,7 @@ from neural_arch.backends import numba_backend  # noqa: E402
 from neural_arch.backends import numba_kernels as nk  # noqa: E402
 
 WIN_RATIO = 1.25  # a gain this clear must not be left unused; below it, noise on a shared core
+NOISE = 1.10      # run-to-run spread of the per-call medians on a loaded 2-core machine
 SECTION_START, SECTION_END = "<!-- bench_numba:start -->", "<!-- bench_numba:end -->"
 
 
@@ -166,7 +168,7 @@ def run(repeats: int, quick: bool) -> List[Tuple[Case, float, float]]:
 
 
 def _agrees(form: str, ratio: float) -> bool:
-    return ratio >= 1.0 if form == "numba" else ratio < WIN_RATIO
+    return ratio >= 1.0 / NOISE if form == "numba" else ratio < WIN_RATIO
 
 
 def report(results: List[Tuple[Case, float, float]], command: str) -> Tuple[str, bool]:
@@ -179,8 +181,8 @@ def report(results: List[Tuple[Case, float, float]], command: str) -> Tuple[str,
              f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}", "",
              "One thread; median per-call time over interleaved batches. ratio = NumPy time / "
              "Numba time (> 1: Numba faster). 'runs' is the form the public function uses for "
-             f"that size under NUMBA_LIMITS; it agrees when Numba runs only at ratio >= 1 and "
-             f"NumPy only at ratio < {WIN_RATIO}.", "",
+             f"that size under NUMBA_LIMITS; it agrees when Numba runs only at ratio >= "
+             f"{1 / NOISE:.2f} and NumPy only at ratio < {WIN_RATIO}.", "",
              "| kernel | case | NumPy us | Numba us | ratio | runs | agrees |",
              "|---|---|---:|---:|---:|---|:---:|"]
     consistent = True

@@ -1,4 +1,4 @@
-"""Helpers for the shared-memory tests: a directory-backed store and a rank-process runner.
+"""Shared-memory test support: a directory-backed store and a rank-process runner.
 
 Each rank runs ``fn(rank, world_size, store, *args)`` in its own forked process and reports
 its return value or the error it raised through a pipe. Every child is killed and reaped in

@@ -182,5 +182,10 @@ def test_sigterm_handler_is_restored_once_unlinked(tmp_path):
         after = signal.getsignal(signal.SIGTERM) is mine
         print(during, after)
     """, tmp_path)
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
     assert out.decode().split() == ["True", "True"], err

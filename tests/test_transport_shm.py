@@ -120,7 +120,8 @@ def test_mismatched_header_raises_naming_both_sides(tmp_path, kind):
 
 
 def recv_never_sent(rank, p, store):
-    t = shm.create(rank, p, store, 0.5)
+    t = shm.create(rank, p, store, 30.0)
+    t.timeout = 0.5  # after the rendezvous, which may be slow on a loaded machine
     try:
         if rank == 1:
             t.recv(np.empty(3, np.float32), 0, Fingerprint("recv_test", 11, "float32", 3))
@@ -266,3 +267,29 @@ def test_pid_alive_sees_zombies_and_reaped_children():
     assert child.wait(10) == 0
     assert not pid_alive(child.pid)
     assert pid_alive(os.getpid())
+
+
+def ring_over_tcp_store(rank, p, _unused_store, port, secret):
+    from neural_arch.distributed.store import TCPStore
+    store = TCPStore("127.0.0.1", port, world_size=p, secret=secret, timeout=30.0)
+    try:
+        return ring_exchange(rank, p, store, [(5, np.float64), (70_001, np.int32)], {})
+    finally:
+        store.close()
+
+
+def test_rendezvous_through_the_tcp_store(tmp_path):
+    store_module = pytest.importorskip("neural_arch.distributed.store")
+    if not hasattr(store_module, "TCPStore"):
+        pytest.skip("the TCP store is not part of this installation")
+    secret = os.urandom(32)
+    server = store_module.TCPStore("127.0.0.1", 0, world_size=3, is_server=True, secret=secret,
+                                   timeout=30.0)
+    try:
+        results = run_ranks(3, ring_over_tcp_store, server.port, secret,
+                            store_dir=str(tmp_path), timeout=90)
+    finally:
+        server.close()
+    for r in results:
+        assert r.ok, r
+        assert r.value == []

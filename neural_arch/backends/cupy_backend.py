@@ -64,3 +64,10 @@ def erf(array: Any) -> Any:
     from cupyx.scipy import special as cupy_special
 
     return cupy_special.erf(array)
+
+
+def kernels() -> Any:
+    """The fused CUDA kernels for arrays of this backend (``neural_arch.backends.cupy_kernels``:
+    bias+GELU, softmax cross-entropy, LayerNorm, multi-tensor AdamW, gradient unscaling)."""
+    from . import cupy_kernels
+    return cupy_kernels

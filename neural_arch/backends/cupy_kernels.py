@@ -18,12 +18,14 @@ import threading
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from . import cupy_backend
-from .kernels import KERNELS, multi_tensor, pack_args, source, validate
+from .kernels import KERNELS, kernels_in, multi_tensor, pack_args, source, validate
 
 _THREADS = 256
 _MAX_GRID_STRIDE_BLOCKS = 1 << 16
-_modules: Dict[Tuple[str, int], Any] = {}
+_functions: Dict[Tuple[str, int], Any] = {}
 _constants: Dict[Tuple[str, int, int], Any] = {}
+_chunk_tables: Dict[Tuple[Tuple[int, ...], int], Tuple[Any, Any, Any]] = {}
+_MAX_CACHED_TABLES = 16
 _lock = threading.Lock()
 _GELU_KERNELS = {
     ("none", "forward"): "bias_gelu_erf_forward", ("tanh", "forward"): "bias_gelu_tanh_forward",
@@ -46,13 +48,16 @@ def launch(name: str, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple
     """Run kernel ``name`` from the kernel table on the current device and stream."""
     packed = pack_args(name, args)  # validates the name and the argument types first
     cp = _cp()
-    file = KERNELS[name].source
-    key = (file, cp.cuda.Device().id)
-    with _lock:
-        module = _modules.get(key)
-        if module is None:
-            module = _modules[key] = cp.RawModule(code=source(file))
-    module.get_function(name)(grid, block, packed)
+    key = (name, cp.cuda.Device().id)
+    function = _functions.get(key)
+    if function is None:
+        with _lock:
+            if key not in _functions:
+                module = cp.RawModule(code=source(KERNELS[name].source))
+                for other in kernels_in(KERNELS[name].source):
+                    _functions[(other, key[1])] = module.get_function(other)
+            function = _functions[key]
+    function(grid, block, packed)
 
 
 def _device_array(op: str, what: str, array: Any, dtypes: Tuple[str, ...] = ("float32",),
@@ -239,17 +244,30 @@ def adamw_step(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[A
     if count == 0:
         return
     cp = _cp()
-    sizes = [int(p.size) for p in lists[0]]
-    block_tensor, block_start = multi_tensor.chunk_table(sizes)
+    sizes, block_tensor, block_start = _device_chunk_table(tuple(int(p.size) for p in lists[0]))
     if block_tensor.size == 0:
         return
-    pointers = cp.asarray(multi_tensor.pointer_table(*lists))
+    pointers = cp.asarray(multi_tensor.pointer_table(*lists))  # grads change every step
     bias_correction1 = 1.0 - beta1 ** step
     launch("adamw_multi_tensor", (int(block_tensor.size),), (_THREADS,),
-           (pointers[0], pointers[1], pointers[2], pointers[3],
-            cp.asarray(sizes, dtype=cp.int64), cp.asarray(block_tensor), cp.asarray(block_start),
+           (pointers[0], pointers[1], pointers[2], pointers[3], sizes, block_tensor, block_start,
             multi_tensor.CHUNK, 1.0 - lr * weight_decay, beta2, 1.0 - beta1, 1.0 - beta2,
             lr / bias_correction1, math.sqrt(1.0 - beta2 ** step), eps, int(bool(maximize))))
+
+
+def _device_chunk_table(sizes: Tuple[int, ...]) -> Tuple[Any, Any, Any]:
+    """(sizes, block_tensor, block_start) on the device, cached: a model's shapes repeat."""
+    cp = _cp()
+    key = (sizes, cp.cuda.Device().id)
+    tables = _chunk_tables.get(key)
+    if tables is None:
+        block_tensor, block_start = multi_tensor.chunk_table(sizes)
+        tables = (cp.asarray(sizes, dtype=cp.int64), cp.asarray(block_tensor),
+                  cp.asarray(block_start))
+        if len(_chunk_tables) >= _MAX_CACHED_TABLES:
+            _chunk_tables.clear()
+        _chunk_tables[key] = tables
+    return tables
 
 
 # ----- fp16 / fp32 unscale and inf check -----------------------------------------------------

@@ -24,12 +24,16 @@ from .numba_backend import compiled
 
 # kernel -> largest input (elements: per slot, of the source, of the gradient, of the logits)
 # for which the Numba form runs; 0: never, None: no limit. Set from bench_numba.py runs on a
-# 2-core x86-64 (Zen 4) machine, NumPy time / Numba time in brackets.
+# shared 2-core x86-64 (Zen 4) machine; NumPy time / Numba time in brackets.
 NUMBA_LIMITS = {
-    "reduce_sum": 1024,      # 1 KiB slots x4 [1.78]; 512 KiB x2 [0.93], 16 MiB x4 [0.68]
-    "cast_float16": None,    # 256 KiB [3.02], 4 MiB [2.53], 64 MiB [3.33]
-    "topk": 0,               # 64K [0.69], 1M [1.41], 4M [1.00]: no consistent gain
-    "cross_entropy": 6400,   # 64x10 [8.23], 512x10 [3.36], 64x100 [2.09]; 512x1000 [0.69]
+    # 1-4 KiB slots: p=4 [1.8-2.0], p=2 [0.99-1.05]; 128-512 KiB [0.91-1.22]; 16 MiB [0.70]
+    "reduce_sum": 1024,
+    # 256 KiB [3.0-4.0], 4 MiB [2.5-3.9], 64 MiB [3.3-3.9]: NumPy 2.4 casts element by element
+    "cast_float16": None,
+    # 64K [0.69-0.85], 1M [0.67-1.41], 4M [0.61-1.05]: no consistent gain
+    "topk": 0,
+    # 64x10 [8.2-8.7], 512x10 [3.4-3.7], 64x100 [1.6-2.2], 128x100 [1.1-1.3]; 512x100 [0.97]
+    "cross_entropy": 16384,
 }
 _BLOCK = 4096  # elements per block of the slot reduction: 4 slots of float32 stay in L1/L2
 _NUMBA_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int32),
@@ -117,7 +121,8 @@ def cast_to_float16(src: np.ndarray, out: Optional[np.ndarray] = None) -> np.nda
     if _use("cast_float16", src.size) and src.flags.c_contiguous and out.flags.c_contiguous:
         _float16_bits_numba(src.reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
     else:
-        np.copyto(out, src, casting="same_kind")
+        with np.errstate(over="ignore"):  # overflow to inf is the defined result, as in Numba's
+            np.copyto(out, src, casting="same_kind")
     return out
 
 

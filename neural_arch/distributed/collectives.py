@@ -174,7 +174,7 @@ def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.nda
         algorithms.reduce_scatter(pg.transport, send, flat.buf, _summing(op), fp, algorithm)
         finish_average(flat.buf, op, pg.size)
         flat.commit()
-        return result
+        return result() if callable(result) else result
     return pg.run(run, async_op, fp, "reduce_scatter")
 
 
@@ -191,8 +191,9 @@ def reduce_scatter(output: Any, input_list: Any = None, op: Any = ReduceOp.SUM,
             raise ValueError(f"reduce_scatter splits the first dimension over {pg.size} ranks; "
                              f"shape {arr.shape} does not divide evenly")
         chunk = np.empty((arr.shape[0] // pg.size,) + arr.shape[1:], dtype=arr.dtype)
-        result = wrap_like(output, chunk)
-        return _reduce_scatter_flat(pg, [arr], chunk, op, async_op, result, algorithm)
+        # Wrapped only once filled: for a device tensor, wrapping copies the chunk to the device.
+        return _reduce_scatter_flat(pg, [arr], chunk, op, async_op,
+                                    lambda: wrap_like(output, chunk), algorithm)
     op = as_reduce_op(op)
     out = checked_array(output, "reduce_scatter output", op, writable=True)
     inputs = _tensor_list(input_list, "reduce_scatter input_list", out, pg.size, False)

@@ -37,6 +37,7 @@ DEFAULT_TIMEOUT_S = 6.0
 LEFT_MARK = 1 << 40  # added to a counter by a rank that leaves cleanly
 KEY_PREFIX = "neural_arch/heartbeat"
 _STOP_WAIT_S = 2.0
+_NOTICE_S = 0.3  # a verdict recorded here reaches a transport's wait loop within this long
 _TRUE, _FALSE = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
 
@@ -100,10 +101,16 @@ def failure_error(failures, rank: int, op: str, seq: Optional[int]) -> PeerFailu
                             seq=seq)
 
 
-def record_failure(rank: int, reason: str) -> bool:
-    """Remember that ``rank`` failed (first reason wins); True when it was news."""
+def record_failure(rank: int, reason: str, source=None) -> bool:
+    """Remember that ``rank`` failed (first reason wins); True when it was news.
+
+    A monitor passes itself as ``source``: once it has been replaced or stopped, a late verdict
+    of its thread is dropped instead of failing the next job.
+    """
     global _failures
     with _lock:
+        if source is not None and source is not _monitor:
+            return False
         known = _failures or ()
         if any(f.rank == rank for f in known):
             return False
@@ -155,7 +162,7 @@ def stop() -> None:
     global _monitor, _failures
     monitor, _monitor = _monitor, None
     if monitor is not None:
-        monitor.stop(_STOP_WAIT_S)
+        monitor.stop(_STOP_WAIT_S + monitor.linger_s)  # lingers only after a failure
     with _lock:
         _failures = None
 
@@ -170,22 +177,212 @@ def store_address(store) -> Optional[tuple]:
     return store.host, store.port, store._secret
 
 
-def store_error_kind(error: BaseException) -> str:
-    """"silent" for an unanswered request, "gone" for a closed or refused store connection."""
-    if isinstance(error, CollectiveTimeoutError):
-        return "silent"
-    if isinstance(error, DistributedError) and "went away" in str(error):
-        return "gone"
-    return "silent"
+def store_closed(error: BaseException) -> bool:
+    """True when the store's host closed the connection (it left), not merely went silent."""
+    return not isinstance(error, CollectiveTimeoutError) and "went away" in str(error)
 
 
-def encode_failures(items) -> bytes:
-    return json.dumps([{"rank": f.rank, "reason": f.reason} for f in items]).encode()
-
-
-def decode_failures(blob: bytes) -> list:
+def decode_failures(blob: bytes) -> tuple:
+    """([(rank, reason), ...], how many ranks must hear it) from rank 0's published verdict."""
     try:
-        items = json.loads(bytes(blob).decode())
-        return [(int(item["rank"]), str(item["reason"])) for item in items]
+        verdict = json.loads(bytes(blob))
+        return ([(int(f["rank"]), str(f["reason"])) for f in verdict["failures"]],
+                int(verdict["expect"]))
     except (ValueError, KeyError, TypeError):
-        return []
+        return [], 0
+
+
+def _process_state(pid: int) -> Optional[bytes]:
+    """The one-letter state of ``pid`` from /proc, or None when it no longer runs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state in (b"Z", b"X", b"x") else state
+
+
+# ----- the monitors ----------------------------------------------------------------------------
+class _Monitor:
+    mode = "off"
+
+    def __init__(self, rank: int, config: HeartbeatConfig) -> None:
+        self.rank, self.config, self.note = rank, config, ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True,
+                                        name=f"neural_arch-heartbeat-{rank}")
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # Leaving right after a verdict would make the survivors that have not heard it yet see
+    # this rank leave first, and blame it. So stopping lingers, a bounded time, until they have
+    # heard (``linger_s``, by the thread) or surely reached the verdict themselves (``settle_s``).
+    linger_s = 0.0
+    settle_s = 0.0
+
+    def stop(self, wait: float) -> None:
+        # A thread stuck on an unreachable store is left behind (it is a daemon and gives up
+        # within ``timeout``) rather than holding up destroy_process_group.
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(wait)
+        time.sleep(self.settle_s)
+
+    def _record(self, rank: int, reason: str) -> bool:
+        return record_failure(rank, reason, source=self)
+
+    def _main(self) -> None:
+        try:
+            self._run()  # defined by each monitor
+        except Exception as e:  # a monitor must never take the process down with it
+            self.note = f"stopped by {type(e).__name__}: {e}"
+
+
+class StoreMonitor(_Monitor):
+    """Counters in the rendezvous store: every rank beats, rank 0 judges, the others listen."""
+
+    mode = "store"
+
+    def __init__(self, rank: int, world_size: int, address: tuple,
+                 config: HeartbeatConfig) -> None:
+        super().__init__(rank, config)
+        self.world_size = world_size
+        self._address = address
+        self._store = None
+        self._settled: set = set()  # peers that left or were declared failed
+        self._verdict = (0, 0)  # (version of the failure list known here, ranks to hear it)
+        self.linger_s = 2 * config.interval + 0.5
+        # A request unanswered for this long fails, so silence is noticed close to ``timeout``.
+        self._request_timeout = max(config.timeout - config.interval, config.interval)
+
+    def _run(self) -> None:
+        host, port, _ = self._address
+        prefix, seen, version = None, {}, 0
+        last_ok = time.monotonic()
+        try:
+            while True:
+                try:
+                    prefix = prefix or self._join()
+                    version = self._tick(prefix, seen, version)
+                    last_ok = time.monotonic()
+                except DistributedError as e:
+                    if store_closed(e):
+                        self.note = "the store closed its connection: rank 0 has left"
+                        return
+                    silent = time.monotonic() - last_ok
+                    if self.rank != 0 and silent >= self.config.timeout:
+                        self._record(0, f"the store it serves at {host}:{port} has not "
+                                          f"answered for {silent:.1f} s (rank 0 died, hung, "
+                                          f"or the network to it is down; last error: {e})")
+                        self.note = "rank 0 declared failed"
+                        # Every survivor watches the same silent store: all get there within
+                        # one interval.
+                        self.settle_s = self.config.interval + _NOTICE_S
+                        return
+                if self._stop.wait(self.config.interval):
+                    self._leave(prefix)
+                    return
+        finally:
+            if self._store is not None:
+                self._store.close()
+
+    def _join(self) -> str:
+        from .store import TCPStore
+        host, port, secret = self._address
+        if self._store is None:
+            self._store = TCPStore(host, port, secret=secret, timeout=self._request_timeout)
+        # Every rank of a job adds 1 once, so all agree on the job's number even on a store
+        # that an earlier job used.
+        joined = self._store.add(f"{KEY_PREFIX}/joined", 1)
+        return f"{KEY_PREFIX}/{(joined - 1) // self.world_size}"
+
+    def _tick(self, prefix: str, seen: dict, version: int) -> int:
+        store = self._store
+        store.add(f"{prefix}/beat/{self.rank}", 1)
+        if self.rank == 0:
+            self._judge(prefix, seen)
+            return version
+        latest = store.add(f"{prefix}/failed_version", 0)
+        if latest != version:
+            listed, expect = decode_failures(store.get(f"{prefix}/failed",
+                                                       timeout=self.config.timeout))
+            for rank, reason in listed:
+                self._record(rank, reason)
+            store.add(f"{prefix}/failed_seen/{latest}", 1)
+            self._verdict = (latest, expect)
+        return latest
+
+    def _judge(self, prefix: str, seen: dict) -> None:
+        """Rank 0: a peer whose counter stood still for ``timeout`` seconds has failed."""
+        news = False
+        for peer in range(1, self.world_size):
+            if peer in self._settled:
+                continue
+            count = self._store.add(f"{prefix}/beat/{peer}", 0)
+            now = time.monotonic()
+            if count >= LEFT_MARK:
+                self._settled.add(peer)
+            elif peer not in seen or seen[peer][0] != count:
+                seen[peer] = (count, now)
+            elif now - seen[peer][1] >= self.config.timeout:
+                self._settled.add(peer)
+                news |= self._record(peer, f"no heartbeat for {now - seen[peer][1]:.1f} s "
+                                             "(killed, stopped, or cut off from rank 0)")
+        if news:
+            listed = [{"rank": f.rank, "reason": f.reason} for f in failures()]
+            expect = self.world_size - 1 - len(self._settled)  # the live peers must hear it
+            self._store.set(f"{prefix}/failed",
+                            json.dumps({"failures": listed, "expect": expect}).encode())
+            self._verdict = (self._store.add(f"{prefix}/failed_version", 1), expect)
+
+    def _leave(self, prefix: Optional[str]) -> None:
+        if prefix is None or self._store is None:
+            return
+        try:
+            self._store.add(f"{prefix}/beat/{self.rank}", LEFT_MARK)
+            if self._verdict[0]:
+                self._linger(prefix)
+        except DistributedError:
+            pass  # rank 0 is gone already: nobody is left to misjudge our silence
+
+    def _linger(self, prefix: str) -> None:
+        """Stay until every live rank has read the verdict (rank 0 also serves the store)."""
+        version, expect = self._verdict
+        give_up = time.monotonic() + self.linger_s
+        while time.monotonic() < give_up and \
+                self._store.add(f"{prefix}/failed_seen/{version}", 0) < expect:
+            time.sleep(0.02)
+        time.sleep(_NOTICE_S)  # their wait loops look at the verdict every ~0.1 s
+
+
+class PidMonitor(_Monitor):
+    """No store: watch same-host peers by pid, and declare one stopped for ``timeout`` hung."""
+
+    mode = "pids"
+
+    def __init__(self, rank: int, pids: dict, config: HeartbeatConfig) -> None:
+        super().__init__(rank, config)
+        self._pids = dict(pids)
+        self.note = (f"same-host peers {sorted(self._pids)} are watched by pid; peers on other "
+                     "hosts are not watched")
+
+    def _run(self) -> None:
+        stopped_since: dict = {}
+        while not self._stop.wait(self.config.interval):
+            for peer, pid in list(self._pids.items()):
+                state, now = _process_state(pid), time.monotonic()
+                if state is None:  # it exited: the transport reports that if it matters
+                    del self._pids[peer]
+                elif state in (b"T", b"t"):
+                    since = stopped_since.setdefault(peer, now)
+                    if now - since >= self.config.timeout:
+                        del self._pids[peer]
+                        self._record(peer, f"its process (pid {pid}) has been stopped for "
+                                             f"{now - since:.1f} s")
+                else:
+                    stopped_since.pop(peer, None)

@@ -81,12 +81,10 @@ def _begin(t: ShmTransport, fp: Fingerprint, nbytes: int) -> tuple[int, int]:
 
 def _sync(t: ShmTransport, gen: int, fp: Fingerprint, sig: int = 0) -> None:
     """Arrive at ``gen``, wait for every rank; with ``sig``, check everyone's fingerprint."""
-    ctrl = t.ctrl
-    t.gen = gen
-    ctrl[t.layout.gen_words[t.rank]] = gen
+    t.arrive(gen)
     t.wait_arrivals(gen, fp.op, fp.seq)
     if sig:
-        line = 2 * (gen & 1)
+        ctrl, line = t.ctrl, 2 * (gen & 1)
         for peer in t.layout.peers[t.rank]:
             base = peer * LINE_WORDS + line
             if ctrl[base + SIG0] != sig or ctrl[base + SEQ0] != fp.seq:
@@ -144,7 +142,7 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
         _small_all_reduce(t, buf, fp, entry)
         return
     _flat(buf, "all_reduce buffer", writable=True)
-    op = as_reduce_op(op)
+    given, op = op, as_reduce_op(op)
     check_dtype_for_op(buf.dtype, op)
     if t.world_size == 1:
         return
@@ -155,7 +153,7 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
         n = buf.size
         entry = (tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1)), ufunc_for(op),
                  op is ReduceOp.AVERAGE)
-        t.direct_views[(buf.dtype, buf.size, op)] = entry
+        t.direct_views[(buf.dtype, buf.size, given)] = entry  # keyed as callers name the op
         _small_all_reduce(t, buf, fp, entry)
         return
     _large_all_reduce(t, buf, op, fp)

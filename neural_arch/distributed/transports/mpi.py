@@ -23,6 +23,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import heartbeat
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, DistributedError,
                       PeerFailureError)
 from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, finish_average
@@ -134,6 +135,11 @@ class MpiTransport(Transport):
     def comm(self):
         return self._comm
 
+    @property
+    def local_peer_pids(self) -> dict:
+        """Pids of the peers on this host by rank (the heartbeat watches them for hangs)."""
+        return {rank: pid for rank, (pid, _) in self._local_peers.items()}
+
     # ---- point to point ----------------------------------------------------------------------
     def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, False, "send")
@@ -217,6 +223,7 @@ class MpiTransport(Transport):
             if now >= next_check:
                 next_check = now + _LIVENESS_PERIOD_S
                 self._check_liveness(reqs, peers, fp)
+                heartbeat.check(self.rank, fp.op, fp.seq)
             if now > deadline:
                 self._give_up(reqs, peers, f"timeout in {fp.describe()}")
                 raise CollectiveTimeoutError(

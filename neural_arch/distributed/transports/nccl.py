@@ -2,7 +2,7 @@
 
 Rendezvous: rank 0 draws NCCL's unique id and publishes it in the job's store; the other ranks
 read it (bounded by the timeout), all meet at a store barrier, and the communicator is created
-in a helper thread, so a rank that never arrives ends in RendezvousError instead of a hang.
+in a separate thread, so a rank that never arrives ends in RendezvousError instead of a hang.
 Each rank drives one GPU: ``device`` if given, else LOCAL_RANK (or the rank) modulo the number
 of visible devices. NCCL refuses two ranks of one communicator on the same GPU.
 

@@ -171,6 +171,7 @@ class ShmTransport(Transport):
 
     # ----- direct-collective barrier --------------------------------------------------
     def arrive(self, gen: int) -> None:
+        """Tell every rank that this rank reached generation ``gen`` (its data is in place)."""
         self.gen = gen
         self.ctrl[self.layout.rank_word(self.rank, GEN)] = gen
 

@@ -4,9 +4,9 @@ A waiter first polls a counter up to a few thousand times (a peer running on ano
 usually answers within microseconds), then yields the CPU for a couple of milliseconds, then
 sleeps in growing steps up to about 1 ms, so that more ranks than cores still make progress.
 The polling budget adapts: it halves whenever polling alone was not enough (the peer was not
-running, as when ranks outnumber free cores) and doubles when it was. Every wait is bounded by the transport's
-timeout, and every ~100 ms it checks that the peers it waits on are still alive and have not
-closed their end, so a killed peer is reported within a fraction of a second.
+running, as when ranks outnumber free cores) and doubles when it was. Every wait is bounded by
+the transport's timeout, and every ~100 ms it checks that the peers it waits on are still alive
+and have not closed their end, so a killed peer is reported within a fraction of a second.
 """
 from __future__ import annotations
 

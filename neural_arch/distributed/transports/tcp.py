@@ -23,6 +23,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import heartbeat
 from ..auth import client_handshake, job_secret, server_handshake
 from ..errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
                       PeerFailureError, RendezvousError)
@@ -31,7 +32,7 @@ from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header
 _GOODBYE = pack_header(Fingerprint("__goodbye__", 0, "", 0, 0xFFFFFFFF), 0)
 _HELLO = struct.Struct("<II")  # dialling rank, its world size; then the key prefix
 _SOCKET_BUFFER = 4 << 20
-_POLL_SLICE_S = 1.0
+_POLL_SLICE_S = 0.1  # how soon a wait notices a failure the heartbeat declared
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
 
 
@@ -230,6 +231,7 @@ class TcpTransport(Transport):
     def _wait(self, sends, recvs, known_alive: set[int], deadline: float,
               fp: Fingerprint) -> None:
         """Sleep until a pending socket is ready; meanwhile watch every other peer for death."""
+        heartbeat.check(self.rank, fp.op, fp.seq)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise self._timeout_error(sends, recvs, fp)
