@@ -14,6 +14,7 @@ import os
 import time
 from typing import Callable, Optional, Sequence
 
+from .. import heartbeat
 from ..errors import CollectiveTimeoutError, PeerFailureError
 
 SPIN_POLLS = 2000
@@ -65,7 +66,8 @@ class PeerWatch:
         self.spin_polls = SPIN_POLLS  # this rank's adaptive polling budget (see wait_ge)
 
     def check(self, peers: Sequence[int], op: str, seq: Optional[int]) -> None:
-        """Raise PeerFailureError naming the first of ``peers`` that died or closed."""
+        """Raise PeerFailureError naming the first of ``peers`` that died, closed or hung."""
+        heartbeat.check(self.rank, op, seq)  # a hung (stopped) peer has a live pid
         for peer in peers:
             if self.closed(peer):
                 raise PeerFailureError(
