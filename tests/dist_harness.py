@@ -113,7 +113,8 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout: float = 60.0
     """
     init_kwargs = dict(init_kwargs or {})
     if backend == "mpi":
-        return _run_mpi(fn, world_size, timeout, tuple(args), env or {}, init_kwargs)
+        return _run_mpi(fn, world_size, timeout, tuple(args), env or {}, init_kwargs,
+                        set(may_die))
     attempt = 1
     while True:
         try:
@@ -206,7 +207,7 @@ def _results(outcomes: dict, world_size: int, unfinished, timeout: float) -> lis
 
 # ----- mpiexec ---------------------------------------------------------------------------------
 def _run_mpi(fn, world_size: int, timeout: float, args: tuple, env: dict,
-             init_kwargs: dict) -> list[Any]:
+             init_kwargs: dict, may_die: set) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="nf_mpi_") as tmp:
         with open(os.path.join(tmp, "sys_path.json"), "w") as f:
             json.dump(sys.path, f)
@@ -216,7 +217,10 @@ def _run_mpi(fn, world_size: int, timeout: float, args: tuple, env: dict,
                                                            secrets.token_hex(16)), **env}
         for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             child_env.pop(name, None)  # let mpiexec's own variables say who is who
-        cmd = ["mpiexec", "-n", str(world_size), "--oversubscribe", sys.executable,
+        # A rank allowed to die must not take the job down: Open MPI 5 keeps survivors alive
+        # with --enable-recovery.
+        recovery = ["--enable-recovery"] if may_die else []
+        cmd = ["mpiexec", "-n", str(world_size), "--oversubscribe", *recovery, sys.executable,
                os.path.abspath(__file__), tmp]
         proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -233,6 +237,8 @@ def _run_mpi(fn, world_size: int, timeout: float, args: tuple, env: dict,
                 with open(path, "rb") as f:
                     outcomes[rank] = pickle.load(f)
         tail = output.decode(errors="replace")[-3000:]
+        for rank in may_die:
+            outcomes.setdefault(rank, ("ok", None))
         missing = [r for r in range(world_size) if r not in outcomes]
         if missing and not any(o[0] == "error" for o in outcomes.values()):
             raise RankFailed(missing[0], f"ranks {missing} reported nothing (mpiexec exit code "
