@@ -10,6 +10,10 @@ Two ways to synchronise:
   background as soon as backward has produced all of its gradients, overlapping communication
   with the rest of backward; ``sync_gradients()`` then only waits and unpacks.
 
+Bucket storage comes from ``shm_buckets.bucket_storage``: on the whole world of an ``shm``
+transport the buckets live in shared memory (``shared_buckets``), so gradients are packed
+straight into the segment the averaging reads and nothing is copied in or out of a workspace.
+
 ``naive_ddp.py`` holds the idea in its simplest form (one all-reduce per parameter).
 """
 from __future__ import annotations
@@ -24,17 +28,18 @@ from ..nn import Module
 from . import collectives
 from .process_group import get_world_size, is_initialized
 from .reduce_ops import ReduceOp
+from .shm_buckets import SharedBucketArena, bucket_storage
 
 
 class _Bucket:
     """A flat buffer holding the gradients of a few parameters of one dtype, back to back."""
 
-    def __init__(self, index: int, params: list, dtype: np.dtype) -> None:
+    def __init__(self, index: int, params: list, flat: np.ndarray) -> None:
         self.index = index
         self.params = params
         sizes = [p.data.size for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-        self.flat = np.zeros(self.offsets[-1], dtype=dtype)
+        self.flat = flat  # from the bucket storage: private, or this rank's shared copy
         self.ready = 0  # parameters whose gradient this backward has finished
         self.work = None  # pending async all-reduce
         self.compressed: Optional[np.ndarray] = None  # float16 copy sent when compressing
@@ -64,12 +69,19 @@ class _Bucket:
 
 
 class DistributedDataParallel(Module):
-    """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model."""
+    """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model.
+
+    ``shared_buckets``: None (default) keeps the buckets in shared memory whenever the group
+    is the whole world of an ``shm`` transport and compression is off; True requires it
+    (ValueError where it cannot work; a single process has nothing to share); False never
+    does. ``.shared_buckets`` tells whether they are in use.
+    """
 
     def __init__(self, module: Module, device: Optional[str] = None,
                  gradient_compression: bool = False, bucket_size_mb: float = 25,
                  find_unused_parameters: bool = False, auto_sync: bool = False,
-                 group=None, broadcast_buffers: bool = True) -> None:
+                 group=None, broadcast_buffers: bool = True,
+                 shared_buckets: Optional[bool] = None) -> None:
         super().__init__()
         if not is_initialized():
             raise RuntimeError("DistributedDataParallel needs an initialized process group: call "
@@ -89,7 +101,11 @@ class DistributedDataParallel(Module):
         self._params = [p for _, p in module.named_parameters() if p.requires_grad]
         self._check_replicas_agree()
         self._broadcast_state()
-        self._buckets = self._build_buckets(int(bucket_size_mb * 2 ** 20))
+        self._buckets = self._build_buckets(int(bucket_size_mb * 2 ** 20), shared_buckets)
+        # Shared buckets are averaged by the arena, everything else by collectives.all_reduce.
+        self._arena: Optional[SharedBucketArena] = (
+            self._storage if isinstance(self._storage, SharedBucketArena) else None)
+        self.shared_buckets = self._arena is not None
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._next_launch = 0
         self._hook_handles = []
@@ -121,8 +137,8 @@ class DistributedDataParallel(Module):
             if isinstance(data, np.ndarray) and data.size:
                 collectives.broadcast(data, src=0, group=self._group)
 
-    def _build_buckets(self, cap_bytes: int) -> List[_Bucket]:
-        buckets: List[_Bucket] = []
+    def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[_Bucket]:
+        groups: List[tuple] = []
         current: Dict[np.dtype, list] = {}
         sizes: Dict[np.dtype, int] = {}
         for p in reversed(self._params):
@@ -130,11 +146,13 @@ class DistributedDataParallel(Module):
             current.setdefault(dt, []).append(p)
             sizes[dt] = sizes.get(dt, 0) + p.data.nbytes
             if sizes[dt] >= cap_bytes:
-                buckets.append(_Bucket(len(buckets), current.pop(dt), dt))
+                groups.append((current.pop(dt), dt))
                 sizes[dt] = 0
-        for dt, params in current.items():
-            buckets.append(_Bucket(len(buckets), params, dt))
-        return buckets
+        groups += [(params, dt) for dt, params in current.items()]
+        specs = [(sum(p.data.size for p in params), dt) for params, dt in groups]
+        self._storage = bucket_storage(self._group, specs, shared, self.gradient_compression)
+        return [_Bucket(i, params, flat)
+                for i, ((params, _), flat) in enumerate(zip(groups, self._storage.flats))]
 
     # -- forward / sync -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -165,8 +183,13 @@ class DistributedDataParallel(Module):
             self._next_launch += 1
 
     def _launch(self, bucket: _Bucket) -> None:
+        if self._arena is not None:
+            self._arena.acquire()  # peers no longer read the last sync's results
         bucket.pack()
         self._check_unused(bucket)
+        if self._arena is not None:
+            bucket.work = self._arena.all_reduce(bucket.index)
+            return
         wire = bucket.flat
         if self.gradient_compression and wire.dtype != np.float16:
             # Half the bytes on the wire; the average is taken in float16 (PyTorch's fp16 hook).
@@ -206,8 +229,14 @@ class DistributedDataParallel(Module):
         start = 0
         for bucket in self._buckets:
             n = len(bucket.params)
-            bucket.unpack(None if used is None else used[start:start + n])
+            keep = None if used is None else used[start:start + n]
+            if self._arena is not None:
+                self._arena.unpack(bucket.index, bucket.params, bucket.offsets, keep)
+            else:
+                bucket.unpack(keep)
             start += n
+        if self._arena is not None:
+            self._arena.release()
         self._reset()
 
     def _globally_used(self) -> np.ndarray:
@@ -224,4 +253,5 @@ class DistributedDataParallel(Module):
 
     def __repr__(self) -> str:
         return (f"DistributedDataParallel(world_size={self._world}, buckets={len(self._buckets)}, "
-                f"auto_sync={self.auto_sync})\n  module: {self.module!r}")
+                f"auto_sync={self.auto_sync}, shared_buckets={self.shared_buckets})\n"
+                f"  module: {self.module!r}")

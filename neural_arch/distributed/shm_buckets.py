@@ -1,0 +1,345 @@
+"""Storage for DDP's flat gradient buckets, and buckets that live in shared memory.
+
+``bucket_storage`` gives DDP one flat array per bucket. By default they are private arrays and
+each bucket is averaged by ``collectives.all_reduce``. When the group is the whole world of an
+``shm`` transport, a ``SharedBucketArena`` instead maps one segment holding every rank's
+buckets: packing gradients writes straight into shared memory, and averaging a bucket copies
+nothing in or out of a workspace:
+
+1. barrier: every rank has packed the bucket;
+2. rank r sums slice r of the bucket over all ranks' copies, in rank order 0..p-1 (the order
+   of the direct all-reduce, so results are bit-identical to it), divides by p, and writes the
+   result over slice r of its own copy;
+3. unpacking reads slice q of the result from rank q's copy. A bucket's slices are final once
+   every rank has arrived at the next bucket's barrier, so only the last bucket of a sync ends
+   with a barrier of its own.
+
+One copy per rank suffices: before the first pack of a sync, a rank waits until every peer
+has announced (``release``) that it finished unpacking the previous sync, since unpacking
+reads the other ranks' copies. That wait almost never blocks (peers released before their
+forward pass), and it keeps the segment at the size of the private buckets it replaces.
+
+The arena's barrier has its own counters (one 128-byte line per rank), apart from the
+transport's generations, so it composes with the direct collectives queued around it.
+Every wait is bounded by the group's timeout and watches the peers' liveness. Memory ordering
+is that of ``transports.shm``: data is written before the counter that publishes it, and read
+after the counter was seen (enough on x86-64).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import zlib
+from typing import List, Optional, Sequence, Tuple
+
+import _posixshmem
+import numpy as np
+
+from . import object_collectives
+from .algorithms.shm_direct import supports_direct
+from .errors import CollectiveMismatchError, DistributedError
+from .process_group import ProcessGroup, resolve_group
+from .transports.shm import attach_segment, create_segment, unlink_segment
+from .transports.shm_sync import LINE_WORDS, PAGE, wait_ge
+
+Spec = Tuple[int, np.dtype]  # (elements, dtype) of one bucket
+
+OP = "shared_bucket_all_reduce"
+ACQUIRE_OP = "shared_bucket_acquire"
+# Words of a rank's control line: barrier generation, syncs whose results it finished
+# reading, and the signature and sequence number of its barrier at each generation parity.
+ARRIVED, RELEASED, SIG0, SEQ0 = 0, 1, 2, 3
+ALIGN_BYTES = 64            # slice boundaries fall on cache lines
+CHUNK_BYTES = 256 << 10     # partial sums stay in cache while the next rank's slice is added
+_FINISH = "end of a sync"
+
+
+class SharedBucketsUnavailable(DistributedError):
+    """The shared segment could not be set up (e.g. /dev/shm has too little room)."""
+
+
+class PrivateBuckets:
+    """One private zeroed array per bucket; DDP all-reduces them through the collectives."""
+
+    shared = False
+
+    def __init__(self, specs: Sequence[Spec]) -> None:
+        self.flats = [np.zeros(n, dtype=dt) for n, dt in specs]
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _slices(count: int, p: int, itemsize: int) -> List[Tuple[int, int]]:
+    """Each rank's cache-line aligned part of ``count`` elements; the last may be empty."""
+    align = max(1, ALIGN_BYTES // itemsize)
+    per = _round_up(-(-count // p), align)
+    return [(min(q * per, count), min((q + 1) * per, count)) for q in range(p)]
+
+
+class _Layout:
+    """Byte offsets in the segment: control lines, then one region per rank holding every
+    bucket back to back (each on its own pages)."""
+
+    def __init__(self, world_size: int, specs: Sequence[Spec]) -> None:
+        self.bucket_at, at = [], 0
+        for n, dt in specs:
+            self.bucket_at.append(at)
+            at += _round_up(n * np.dtype(dt).itemsize, PAGE)
+        self.region_bytes = max(at, PAGE)
+        self.ctrl_bytes = _round_up(world_size * LINE_WORDS * 8, PAGE)
+        self.total_bytes = self.ctrl_bytes + world_size * self.region_bytes
+
+    def bucket(self, rank: int, index: int) -> int:
+        return self.ctrl_bytes + rank * self.region_bytes + self.bucket_at[index]
+
+
+class SharedBucketArena:
+    """Every rank's buckets in one shared segment; see the module docstring."""
+
+    shared = True
+
+    def __init__(self, pg: ProcessGroup, specs: Sequence[Spec], mm, name: str) -> None:
+        self._pg, self._t, self._mm = pg, pg.transport, mm
+        self.segment_name = name
+        p, rank = pg.size, pg.rank
+        self._rank, self._size = rank, p
+        self._peers = tuple(q for q in range(p) if q != rank)
+        layout = _Layout(p, specs)
+        self._ctrl = memoryview(mm)[:layout.ctrl_bytes].cast("q")
+        raw = np.frombuffer(mm, np.uint8)
+        self._views = [[raw[layout.bucket(q, i):layout.bucket(q, i) + n * np.dtype(dt).itemsize]
+                        .view(dt) for i, (n, dt) in enumerate(specs)] for q in range(p)]
+        self.flats = self._views[rank]  # this rank's buckets: DDP packs gradients into them
+        self._bounds = [_slices(n, p, np.dtype(dt).itemsize) for n, dt in specs]
+        labels = [f"bucket {i} ({n} x {np.dtype(dt).name})" for i, (n, dt) in enumerate(specs)]
+        self._sigs = [self._signature(label) for label in labels]
+        self._finish_sig = self._signature(_FINISH)
+        self._labels = dict(zip(self._sigs + [self._finish_sig], labels + [_FINISH]))
+        self._scratch: dict = {}
+        self._gen = 0        # last barrier generation this rank arrived at
+        self._released = 0   # syncs whose results this rank finished reading
+        self._acquired = False
+
+    @staticmethod
+    def _signature(what: str) -> int:
+        return zlib.crc32(what.encode()) + 1  # never 0, the value of an unwritten word
+
+    # ----- the calls DDP makes, in this order each sync ------------------------------------
+    def acquire(self) -> None:
+        """Before the first pack of a sync: wait until every peer finished reading the last."""
+        if self._acquired:
+            return
+        self._check_open(ACQUIRE_OP, self._released + 1)
+        ctrl, target = self._ctrl, self._released
+        for peer in self._peers:
+            word = peer * LINE_WORDS + RELEASED
+            if ctrl[word] < target:
+                wait_ge(ctrl, word, target, peer, self._t.watch, self._t.timeout, ACQUIRE_OP,
+                        target + 1, f"peer rank {peer} to finish reading sync {target}")
+        self._acquired = True
+
+    def all_reduce(self, index: int):
+        """Average packed bucket ``index`` in the group's queue; returns the ``Work``.
+        Buckets must be launched in index order, all of them, every sync."""
+        pg = self._pg
+        pg.check_usable(OP)
+        flat = self.flats[index]
+        fp = pg.fingerprint(OP, flat.dtype, flat.size)
+        last = index == len(self.flats) - 1
+        return pg.run(lambda: self._reduce_bucket(index, fp.seq, last), True, fp, OP)
+
+    def unpack(self, index: int, params: Sequence, offsets: Sequence[int],
+               keep: Optional[np.ndarray] = None) -> None:
+        """Copy the averaged bucket into ``params[j].grad`` (None where ``keep[j]`` is False)."""
+        dtype = self.flats[index].dtype
+        for j, param in enumerate(params):
+            if keep is not None and not keep[j]:
+                param.grad = None
+                continue
+            lo, hi = offsets[j], offsets[j + 1]
+            grad = param.grad
+            if grad is None:
+                grad = param.grad = np.empty(param.data.shape, dtype=dtype)
+            if isinstance(grad, np.ndarray) and grad.flags.c_contiguous:
+                self.gather(index, lo, hi, grad.reshape(-1))
+            else:
+                staged = np.empty(hi - lo, dtype=dtype)
+                self.gather(index, lo, hi, staged)
+                grad[...] = staged.reshape(param.data.shape)
+
+    def release(self) -> None:
+        """After unpacking: tell the peers this rank no longer reads their copies."""
+        self._released += 1
+        self._acquired = False
+        self._ctrl[self._rank * LINE_WORDS + RELEASED] = self._released
+
+    # ----- reading the result --------------------------------------------------------------
+    def gather(self, index: int, lo: int, hi: int, out: np.ndarray) -> None:
+        """Elements ``lo:hi`` of averaged bucket ``index`` into ``out``, each slice read from
+        the rank that reduced it."""
+        for q, (start, stop) in enumerate(self._bounds[index]):
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                out[a - lo:b - lo] = self._views[q][index][a:b]
+
+    # ----- on the queue's thread -----------------------------------------------------------
+    def _reduce_bucket(self, index: int, seq: int, last: bool) -> None:
+        self._check_open(OP, seq)
+        self._barrier(self._sigs[index], seq, f"every rank to pack bucket {index}")
+        lo, hi = self._bounds[index][self._rank]
+        if hi > lo:
+            self._reduce_slice(index, lo, hi)
+        if last:
+            self._barrier(self._finish_sig, seq, "every rank to reduce its slice of the buckets")
+
+    def _reduce_slice(self, index: int, lo: int, hi: int) -> None:
+        copies = [self._views[q][index] for q in range(self._size)]
+        mine = copies[self._rank]
+        dtype = mine.dtype
+        scale = dtype.type(self._size)
+        step = max(1, CHUNK_BYTES // dtype.itemsize)
+        # Ranks 0 and 1 may sum into their own copy (each element is read before it is
+        # written); a later rank's own addend would be overwritten first, so it sums aside.
+        scratch = None
+        if self._rank >= 2:
+            scratch = self._scratch.get(dtype)
+            if scratch is None:
+                scratch = self._scratch[dtype] = np.empty(step, dtype=dtype)
+        for a in range(lo, hi, step):
+            b = min(a + step, hi)
+            acc = mine[a:b] if scratch is None else scratch[:b - a]
+            np.add(copies[0][a:b], copies[1][a:b], out=acc)
+            for other in copies[2:]:
+                np.add(acc, other[a:b], out=acc)
+            np.divide(acc, scale, out=mine[a:b])
+
+    def _barrier(self, sig: int, seq: int, what: str) -> None:
+        self._gen += 1
+        gen, ctrl, line = self._gen, self._ctrl, self._rank * LINE_WORDS
+        # Two signature slots by parity: a peer reaches generation gen + 2, and rewrites the
+        # slot read here, only after this rank has arrived at gen + 1, i.e. finished checking.
+        slot = 2 * (gen & 1)
+        ctrl[line + SIG0 + slot] = sig
+        ctrl[line + SEQ0 + slot] = seq
+        ctrl[line + ARRIVED] = gen  # last: peers read the signature once they see the arrival
+        watch, timeout = self._t.watch, self._t.timeout
+        for peer in self._peers:
+            word = peer * LINE_WORDS
+            if ctrl[word + ARRIVED] < gen:
+                wait_ge(ctrl, word + ARRIVED, gen, peer, watch, timeout, OP, seq, what)
+            if ctrl[word + SIG0 + slot] != sig or ctrl[word + SEQ0 + slot] != seq:
+                theirs = self._labels.get(ctrl[word + SIG0 + slot], "an unknown bucket layout")
+                raise CollectiveMismatchError(
+                    f"expected {self._labels[sig]} at #{seq} but peer rank {peer} is at {theirs} "
+                    f"#{ctrl[word + SEQ0 + slot]}: ranks are out of step (they issued different "
+                    "collectives before this one)",
+                    rank=self._rank, peer=peer, op=OP, seq=seq)
+
+    def _check_open(self, op: str, seq: int) -> None:
+        if self._t._closed:
+            raise DistributedError("the shared-memory transport is closed; shared buckets can no "
+                                   "longer be synchronised", rank=self._rank, op=op, seq=seq)
+
+    # ----- setting up ----------------------------------------------------------------------
+    @classmethod
+    def open(cls, pg: ProcessGroup, specs: Sequence[Spec]) -> "SharedBucketArena":
+        """Group rank 0 creates the segment, every rank maps it, then its name is unlinked."""
+        total = _Layout(pg.size, specs).total_bytes
+        name, mm, problem = None, None, None
+        try:
+            if pg.rank == 0:
+                name = f"nf_{os.getpid()}_{secrets.token_hex(6)}"
+                mm, problem = _create_reserved(name, total)
+            message = [name, problem]
+            object_collectives.broadcast_object_list(message, src=pg.ranks[0], group=pg)
+            name, problem = message
+            if pg.rank != 0 and problem is None:
+                try:
+                    mm = attach_segment(name, total, pg.global_rank)
+                except (OSError, DistributedError) as exc:
+                    problem = f"rank {pg.global_rank} could not map {name}: {exc}"
+            problems = object_collectives.all_gather_object(problem, group=pg)
+        finally:
+            if pg.rank == 0 and name is not None:
+                unlink_segment(name)  # every rank has mapped it or given up
+        failed = [p for p in problems if p]
+        if failed:
+            if mm is not None:
+                mm.close()
+            raise SharedBucketsUnavailable(f"shared buckets of {total} bytes are unavailable: "
+                                           + "; ".join(failed), rank=pg.global_rank, op=OP)
+        return cls(pg, specs, mm, name)
+
+
+def _create_reserved(name: str, size: int):
+    """Create the segment and reserve its pages now: a full /dev/shm then fails here with a
+    message instead of killing a rank with SIGBUS at its first write."""
+    try:
+        mm = create_segment(name, size)
+    except OSError as exc:
+        return None, f"rank 0 could not create a {size}-byte segment: {exc}"
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+            return mm, None  # this file system cannot reserve: pages come at first touch
+        mm.close()
+        unlink_segment(name)
+        return None, f"rank 0 could not reserve {size} bytes in /dev/shm ({exc.strerror})"
+    return mm, None
+
+
+# ----- choosing the storage ------------------------------------------------------------------
+def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
+                           gradient_compression: bool) -> Optional[str]:
+    """Why shared buckets cannot serve this DDP, or None when they can."""
+    if gradient_compression:
+        return "gradient_compression=True all-reduces float16 copies, not the buckets"
+    t = pg.transport
+    if not supports_direct(t) or t.world_size != pg.size:
+        return (f"the group (ranks {list(pg.ranks)}, backend {pg.backend!r}) is not the whole "
+                "world of an shm transport")
+    for n, dt in specs:
+        if np.dtype(dt).kind != "f":
+            return f"a bucket of {n} x {np.dtype(dt).name} cannot be averaged"
+    return None
+
+
+def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
+                   shared: Optional[bool] = None, gradient_compression: bool = False):
+    """The flat arrays of DDP's buckets: a ``SharedBucketArena`` or ``PrivateBuckets``.
+
+    ``shared``: None picks shared buckets whenever they can serve (falling back to private
+    ones when the segment cannot be set up), True insists (ValueError naming the obstacle),
+    False never uses them. Every rank must pass the same value and bucket layout.
+    """
+    if shared is not None and not isinstance(shared, bool):
+        raise TypeError(f"shared_buckets must be None, True or False, got {shared!r}")
+    specs = [(int(n), np.dtype(dt)) for n, dt in specs]
+    pg = resolve_group(group)
+    if pg.size == 1:
+        return PrivateBuckets(specs)  # nothing to communicate
+    layout = zlib.crc32(repr([(n, dt.str) for n, dt in specs]).encode())
+    object_collectives.check_same_everywhere(
+        pg, "ddp_bucket_layout", [{None: 0, False: 1, True: 2}[shared], layout],
+        f"DistributedDataParallel buckets (shared_buckets={shared}, {len(specs)} buckets)")
+    obstacle = shared_bucket_obstacle(pg, specs, gradient_compression)
+    if obstacle is not None:
+        if shared:
+            raise ValueError(f"shared_buckets=True cannot be used: {obstacle}")
+        return PrivateBuckets(specs)
+    if shared is False:
+        return PrivateBuckets(specs)
+    try:
+        return SharedBucketArena.open(pg, specs)
+    except SharedBucketsUnavailable:
+        if shared:
+            raise
+        return PrivateBuckets(specs)  # every rank saw the same failure
