@@ -43,9 +43,9 @@ def _close_socket_on_trigger(out: Path, rank: int, world_size: int) -> None:
     from neural_arch.distributed.process_group import world
     while not (out / "close_socket").exists():
         time.sleep(0.005)
-    peer = (rank + 1) % world_size
+    peer, injected = (rank + 1) % world_size, time.time()
     world().transport._socks[peer].shutdown(socket.SHUT_RDWR)
-    _write_json(out / "injected.json", {"time": time.time(), "peer": peer})
+    _write_json(out / "injected.json", {"time": injected, "peer": peer})
 
 
 def worker(out: Path, backend: str, elements: int, seconds: float, timeout: float) -> int:
@@ -58,14 +58,18 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
                          daemon=True).start()
     base = np.arange(elements, dtype=np.float64) % 1000.0
     expected = base * (world_size * (world_size + 1) // 2)
-    stop_at, step = time.monotonic() + seconds, 0
+    stop_at, step, x = time.monotonic() + seconds, 0, np.empty(elements + 1)
     try:
-        while time.monotonic() < stop_at and not (out / "stop").exists():
-            x = base * (rank + 1)
+        while True:
+            # The last element carries each rank's wish to stop, so all stop at the same step.
+            x[:elements] = base * (rank + 1)
+            x[elements] = time.monotonic() > stop_at or (out / "stop").exists()
             dist.all_reduce(x)
-            if not np.array_equal(x, expected):
+            if not np.array_equal(x[:elements], expected):
                 raise AssertionError(f"rank {rank} step {step}: all_reduce result differs")
             step += 1
+            if x[elements]:
+                break
             if step == 3:
                 _write_json(out / f"looping_{rank}.json", {"pid": os.getpid()})
     except Exception as e:
@@ -75,7 +79,7 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
             "seq": getattr(e, "seq", None), "steps": step})
         return 1
     _write_json(out / f"done_{rank}.json", {
-        "steps": step, "result_sum": float(x.sum()) if step else None, "pid": os.getpid(),
+        "steps": step, "result_sum": float(x[:elements].sum()), "pid": os.getpid(),
         "net_namespace": os.stat("/proc/self/ns/net").st_ino})
     dist.destroy_process_group()
     return 0

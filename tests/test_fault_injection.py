@@ -6,8 +6,6 @@ and test_resume.py; scripts/fault_injection_report.py measures all of them toget
 """
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 from fault_injection_job import FaultOutcome, run_fault
@@ -15,12 +13,6 @@ from fault_injection_job import FaultOutcome, run_fault
 pytestmark = pytest.mark.timeout(150)
 WORLD_SIZE = 3
 DETECT_LIMIT_S = 10.0
-
-
-def shm_heartbeat_hook_present() -> bool:
-    """Whether the shared-memory wait loop consults the heartbeat (see heartbeat.check)."""
-    from neural_arch.distributed.transports import shm_sync
-    return "heartbeat" in inspect.getsource(shm_sync)
 
 
 def assert_failed_cleanly(outcome: FaultOutcome, named=None) -> None:
@@ -51,10 +43,6 @@ def test_sigkill_mid_all_reduce_is_named_by_every_survivor(backend, victim, tmp_
 @pytest.mark.parametrize("backend, victim", [("tcp", 1), ("tcp", 0), ("shm", 1)],
                          ids=["tcp-middle", "tcp-store-host", "shm-middle"])
 def test_stopped_rank_is_declared_hung_by_the_heartbeat(backend, victim, tmp_path):
-    if backend == "shm" and not shm_heartbeat_hook_present():
-        pytest.skip("transports/shm_sync.py does not call heartbeat.check in Backoff.pause yet; "
-                    "without that hook a stopped shm peer is only caught by the collective "
-                    "timeout")
     outcome = run_fault("stop", backend, WORLD_SIZE, victim, tmp_path)
     assert_failed_cleanly(outcome)
     for rank in outcome.survivors:

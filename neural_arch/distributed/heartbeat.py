@@ -1,22 +1,21 @@
-"""Failure detection: one heartbeat thread per process, and the cheap check wait loops call.
+"""Failure detection: a heartbeat thread per process, and the cheap check wait loops call.
 
-Through the store (tcp, shm, and mpi when given a store): every rank adds 1 to its counter in
-the rendezvous store every ``interval`` seconds, over a connection of its own. Rank 0, which
-serves the store, reads every counter on each tick; a counter that has not moved for
-``timeout`` seconds marks its rank failed (killed, stopped, or cut off from rank 0), and rank 0
-publishes the failed ranks in the store, where every other rank reads them on its next tick. A
-store that stops answering for ``timeout`` seconds means rank 0 itself died, hung or is
-unreachable. A store that closes its connection means rank 0 has left (or crashed, which the
-transports see themselves): the thread then stops quietly. A rank leaving cleanly marks its
-counter, so its silence is never taken for a failure.
+With a store (tcp, shm): every rank adds 1 to its counter in the rendezvous store every
+``interval`` seconds, over a connection of its own. Rank 0, which serves the store, declares a
+rank whose counter stood still for ``timeout`` seconds failed (killed, stopped, cut off); a
+store silent for ``timeout`` seconds means rank 0 itself died, hung or is unreachable, and a
+store that closes without rank 0 having announced its leaving means rank 0 died. Failures a
+transport finds are shared the same way (``report``), so every rank names the same culprit.
+Verdicts go out as numbered lists that every rank reads and acknowledges; whoever published one
+(and rank 0, before it closes the store) waits, a bounded time, until every live rank has heard.
 
 Without a store (mpi), same-host peers are watched by pid: one stopped (state T) for
 ``timeout`` seconds is declared hung. Peers on other hosts cannot be watched that way.
 
-Transports call ``check(rank, op, seq)`` while they wait: one global read while all is well;
-once a failure is known it raises ``PeerFailureError`` naming the failed rank, ``op`` and ``seq``.
-Configuration: ``NEURAL_ARCH_HEARTBEAT`` (``0``/``off`` disables it),
-``NEURAL_ARCH_HEARTBEAT_INTERVAL`` (default 0.5 s), ``NEURAL_ARCH_HEARTBEAT_TIMEOUT`` (default 6 s).
+Wait loops call ``check(rank, op, seq)``: one global read while all is well, then a
+``PeerFailureError`` naming the failed rank, ``op`` and ``seq``. Settings:
+``NEURAL_ARCH_HEARTBEAT`` (``0``/``off`` disables it), ``NEURAL_ARCH_HEARTBEAT_INTERVAL``
+(default 0.5 s), ``NEURAL_ARCH_HEARTBEAT_TIMEOUT`` (default 6 s).
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -32,9 +32,8 @@ from .errors import CollectiveTimeoutError, DistributedError, PeerFailureError
 ENABLE_ENV = "NEURAL_ARCH_HEARTBEAT"
 INTERVAL_ENV = "NEURAL_ARCH_HEARTBEAT_INTERVAL"
 TIMEOUT_ENV = "NEURAL_ARCH_HEARTBEAT_TIMEOUT"
-DEFAULT_INTERVAL_S = 0.5
-DEFAULT_TIMEOUT_S = 6.0
-LEFT_MARK = 1 << 40  # added to a counter by a rank that leaves cleanly
+DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S = 0.5, 6.0
+LEFT_MARK = 1 << 40  # added to its counter by a rank that leaves cleanly
 KEY_PREFIX = "neural_arch/heartbeat"
 _STOP_WAIT_S = 2.0
 _NOTICE_S = 0.3  # a verdict recorded here reaches a transport's wait loop within this long
@@ -52,25 +51,25 @@ class HeartbeatConfig:
 class Failure:
     rank: int
     reason: str
-    detected_at: float  # time.time(), so that it can be compared across processes of one host
+    detected_at: float  # time.time()
 
 
 def config_from_env(environ: Optional[Mapping[str, str]] = None) -> HeartbeatConfig:
-    """Read the heartbeat settings; raise ValueError naming a malformed variable and value."""
+    """Read the settings; raise ValueError naming a malformed variable and its value."""
     environ = os.environ if environ is None else environ
     raw = environ.get(ENABLE_ENV, "1").strip().lower()
     if raw not in _TRUE + _FALSE:
         raise ValueError(f"{ENABLE_ENV}={environ[ENABLE_ENV]!r}: use one of {_TRUE + _FALSE}")
-    values = {}
+    values = []
     for name, default in ((INTERVAL_ENV, DEFAULT_INTERVAL_S), (TIMEOUT_ENV, DEFAULT_TIMEOUT_S)):
         text = environ.get(name, "").strip()
         try:
-            values[name] = float(text) if text else default
+            values.append(float(text) if text else default)
         except ValueError:
             raise ValueError(f"{name}={text!r} is not a number of seconds") from None
-        if not 0 < values[name] < 1e6:  # also rejects NaN
+        if not 0 < values[-1] < 1e6:  # also rejects NaN
             raise ValueError(f"{name}={text!r} must be a positive number of seconds")
-    interval, timeout = values[INTERVAL_ENV], values[TIMEOUT_ENV]
+    interval, timeout = values
     if timeout < 2 * interval:
         raise ValueError(f"{TIMEOUT_ENV}={timeout} must be at least twice "
                          f"{INTERVAL_ENV}={interval}, or a healthy rank may look silent")
@@ -78,44 +77,59 @@ def config_from_env(environ: Optional[Mapping[str, str]] = None) -> HeartbeatCon
 
 
 # ----- what every wait loop reads ------------------------------------------------------------
-_failures: Optional[tuple] = None  # tuple of Failure; replaced whole, so reads need no lock
+_failures: Optional[tuple] = None  # of Failure; replaced whole, so reading needs no lock
 _lock = threading.Lock()
-_monitor = None  # the running StoreMonitor / PidMonitor, if any
+_monitor = None  # the running StoreMonitor or PidMonitor
 
 
 def check(rank: int, op: str, seq: Optional[int] = None) -> None:
-    """Raise PeerFailureError when the heartbeat has declared a rank failed; else nothing."""
-    failures = _failures
-    if failures is not None:
-        raise failure_error(failures, rank, op, seq)
-
-
-def failure_error(failures, rank: int, op: str, seq: Optional[int]) -> PeerFailureError:
-    first = failures[0]
-    if first.rank == rank:
-        what = f"this rank was declared failed: {first.reason}"
-    else:
-        what = f"peer rank {first.rank} failed: {first.reason}"
-    more = "".join(f"; peer rank {f.rank} failed: {f.reason}" for f in failures[1:])
-    return PeerFailureError(f"heartbeat: {what}{more}", rank=rank, peer=first.rank, op=op,
-                            seq=seq)
+    """Raise PeerFailureError once the heartbeat knows of a failed rank; else nothing."""
+    known = _failures
+    if known is None:
+        return
+    first = known[0]
+    what = (f"this rank was declared failed: {first.reason}" if first.rank == rank
+            else f"peer rank {first.rank} failed: {first.reason}")
+    more = "".join(f"; peer rank {f.rank} failed: {f.reason}" for f in known[1:])
+    raise PeerFailureError(f"heartbeat: {what}{more}", rank=rank, peer=first.rank, op=op,
+                           seq=seq)
 
 
 def record_failure(rank: int, reason: str, source=None) -> bool:
-    """Remember that ``rank`` failed (first reason wins); True when it was news.
+    """Remember that ``rank`` failed (the first reason stays); True when it was news.
 
-    A monitor passes itself as ``source``: once it has been replaced or stopped, a late verdict
-    of its thread is dropped instead of failing the next job.
+    A monitor passes itself as ``source``: once it has been stopped, a late verdict of its
+    thread is dropped rather than failing the next job.
     """
     global _failures
     with _lock:
-        if source is not None and source is not _monitor:
-            return False
         known = _failures or ()
-        if any(f.rank == rank for f in known):
+        if (source is not None and source is not _monitor) or any(f.rank == rank for f in known):
             return False
         _failures = known + (Failure(int(rank), reason, time.time()),)
         return True
+
+
+def report(error: PeerFailureError) -> None:
+    """A transport found a failed peer: record it and tell the other ranks, so that they name
+    that peer too, rather than this rank, which is about to leave because of it."""
+    monitor, text = _monitor, str(error)
+    if monitor is None or error.peer is None or "heartbeat: " in text:
+        return
+    reason = f"rank {error.rank} saw: {text.split('] ', 1)[-1]}"
+    if record_failure(error.peer, reason, source=monitor):
+        monitor.publish(error.peer, reason)
+
+
+def reporting(fn):
+    """``fn`` with any PeerFailureError it raises reported on the way out."""
+    def run():
+        try:
+            return fn()
+        except PeerFailureError as e:
+            report(e)
+            raise
+    return run
 
 
 def failures() -> tuple:
@@ -137,22 +151,22 @@ def status() -> dict:
 
 def start(rank: int, world_size: int, store=None, transport=None,
           config: Optional[HeartbeatConfig] = None) -> Optional[str]:
-    """Start this process's monitor (after rendezvous); returns its mode or None when off."""
-    global _monitor, _failures
+    """Start this process's monitor after rendezvous; returns its mode, or None when off."""
+    global _monitor
     config = config_from_env() if config is None else config
     stop()
-    with _lock:
-        _failures = None
     if not config.enabled or world_size < 2:
         return None
-    address = store_address(store)
-    if address is not None:
+    from .store import TCPStore
+    pids = getattr(transport, "local_peer_pids", None)
+    if isinstance(store, TCPStore):
+        # Its own connection (a client is not shared between threads), with the same secret.
+        address = (store.host, store.port, store._secret)
         _monitor = StoreMonitor(rank, world_size, address, config)
-    else:
-        pids = getattr(transport, "local_peer_pids", None)
-        if not pids:
-            return None
+    elif pids:
         _monitor = PidMonitor(rank, dict(pids), config)
+    else:
+        return None
     _monitor.start()
     return _monitor.mode
 
@@ -162,34 +176,9 @@ def stop() -> None:
     global _monitor, _failures
     monitor, _monitor = _monitor, None
     if monitor is not None:
-        monitor.stop(_STOP_WAIT_S + monitor.linger_s)  # lingers only after a failure
+        monitor.stop(_STOP_WAIT_S + monitor.linger_s)
     with _lock:
         _failures = None
-
-
-def store_address(store) -> Optional[tuple]:
-    """(host, port, secret) to open a second connection to ``store``; None if it is no TCPStore."""
-    from .store import TCPStore
-    if not isinstance(store, TCPStore):
-        return None
-    # The monitor needs a connection of its own (a client is not shared between threads), so
-    # it reuses the secret this store authenticated with.
-    return store.host, store.port, store._secret
-
-
-def store_closed(error: BaseException) -> bool:
-    """True when the store's host closed the connection (it left), not merely went silent."""
-    return not isinstance(error, CollectiveTimeoutError) and "went away" in str(error)
-
-
-def decode_failures(blob: bytes) -> tuple:
-    """([(rank, reason), ...], how many ranks must hear it) from rank 0's published verdict."""
-    try:
-        verdict = json.loads(bytes(blob))
-        return ([(int(f["rank"]), str(f["reason"])) for f in verdict["failures"]],
-                int(verdict["expect"]))
-    except (ValueError, KeyError, TypeError):
-        return [], 0
 
 
 def _process_state(pid: int) -> Optional[bytes]:
@@ -205,10 +194,15 @@ def _process_state(pid: int) -> Optional[bytes]:
 # ----- the monitors ----------------------------------------------------------------------------
 class _Monitor:
     mode = "off"
+    # Leaving right after a failure would let the ranks that have not heard of it yet see this
+    # rank leave first and blame it: stopping then lingers until they have heard (``linger_s``
+    # bounds the thread's wait) or have surely found it themselves (``settle_s``).
+    linger_s = 0.0
+    settle_s = 0.0
 
     def __init__(self, rank: int, config: HeartbeatConfig) -> None:
         self.rank, self.config, self.note = rank, config, ""
-        self._stop = threading.Event()
+        self._stop, self._wake = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True,
                                         name=f"neural_arch-heartbeat-{rank}")
 
@@ -219,16 +213,14 @@ class _Monitor:
     def start(self) -> None:
         self._thread.start()
 
-    # Leaving right after a verdict would make the survivors that have not heard it yet see
-    # this rank leave first, and blame it. So stopping lingers, a bounded time, until they have
-    # heard (``linger_s``, by the thread) or surely reached the verdict themselves (``settle_s``).
-    linger_s = 0.0
-    settle_s = 0.0
+    def publish(self, rank: int, reason: str) -> None:
+        """Tell the other ranks, where this monitor can."""
 
     def stop(self, wait: float) -> None:
-        # A thread stuck on an unreachable store is left behind (it is a daemon and gives up
-        # within ``timeout``) rather than holding up destroy_process_group.
+        # A thread stuck on an unreachable store is left behind (a daemon; it gives up within
+        # ``timeout``) rather than holding up destroy_process_group.
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(wait)
         time.sleep(self.settle_s)
@@ -238,58 +230,71 @@ class _Monitor:
 
     def _main(self) -> None:
         try:
-            self._run()  # defined by each monitor
+            self._run()  # each monitor's loop
         except Exception as e:  # a monitor must never take the process down with it
             self.note = f"stopped by {type(e).__name__}: {e}"
 
 
 class StoreMonitor(_Monitor):
-    """Counters in the rendezvous store: every rank beats, rank 0 judges, the others listen."""
+    """Counters and failure lists in the rendezvous store (see the module's docstring)."""
 
     mode = "store"
 
     def __init__(self, rank: int, world_size: int, address: tuple,
                  config: HeartbeatConfig) -> None:
         super().__init__(rank, config)
-        self.world_size = world_size
-        self._address = address
-        self._store = None
-        self._settled: set = set()  # peers that left or were declared failed
-        self._verdict = (0, 0)  # (version of the failure list known here, ranks to hear it)
+        self.world_size, self._address, self._store = world_size, address, None
+        self._left: set = set()  # peers known to have left cleanly
+        self._read = 0  # the newest failure list read or written here
+        self._own: list = []  # failure lists published here
+        self._outbox: deque = deque()  # (rank, reason) found here, to be published
+        self._unwritten: dict = {}  # failure list number -> when it was first seen missing
+        self._rank0_leaving = False
         self.linger_s = 2 * config.interval + 0.5
         # A request unanswered for this long fails, so silence is noticed close to ``timeout``.
         self._request_timeout = max(config.timeout - config.interval, config.interval)
 
+    def publish(self, rank: int, reason: str) -> None:
+        self._outbox.append((rank, reason))
+        self._wake.set()
+
     def _run(self) -> None:
-        host, port, _ = self._address
-        prefix, seen, version = None, {}, 0
-        last_ok = time.monotonic()
+        prefix, seen, last_ok = None, {}, time.monotonic()
         try:
             while True:
                 try:
                     prefix = prefix or self._join()
-                    version = self._tick(prefix, seen, version)
+                    self._tick(prefix, seen)
                     last_ok = time.monotonic()
                 except DistributedError as e:
-                    if store_closed(e):
-                        self.note = "the store closed its connection: rank 0 has left"
+                    if self._store_lost(e, time.monotonic() - last_ok):
                         return
-                    silent = time.monotonic() - last_ok
-                    if self.rank != 0 and silent >= self.config.timeout:
-                        self._record(0, f"the store it serves at {host}:{port} has not "
-                                          f"answered for {silent:.1f} s (rank 0 died, hung, "
-                                          f"or the network to it is down; last error: {e})")
-                        self.note = "rank 0 declared failed"
-                        # Every survivor watches the same silent store: all get there within
-                        # one interval.
-                        self.settle_s = self.config.interval + _NOTICE_S
-                        return
-                if self._stop.wait(self.config.interval):
+                if self._stop.is_set():  # after one last tick, which published what was new
                     self._leave(prefix)
                     return
+                self._wake.wait(self.config.interval)
+                self._wake.clear()
         finally:
             if self._store is not None:
                 self._store.close()
+
+    def _store_lost(self, error: DistributedError, silent: float) -> bool:
+        """Judge a failed store request; True when there is nothing more to watch."""
+        closed = not isinstance(error, CollectiveTimeoutError) and "went away" in str(error)
+        if self.rank == 0 or (not closed and silent < self.config.timeout):
+            return False
+        host, port, _ = self._address
+        if closed and self._rank0_leaving:
+            self.note = "rank 0 left the job and closed the store"
+            return True
+        why = ("closed while rank 0 was still in the job (rank 0 died)" if closed else
+               f"has not answered for {silent:.1f} s (rank 0 died, hung, or the network to it "
+               f"is down; last error: {error})")
+        self._record(0, f"the store it serves at {host}:{port} {why}")
+        self.note = "rank 0 declared failed"
+        # Every survivor sees the same store: all find this within one interval.
+        self.settle_s = self.config.interval + _NOTICE_S
+        return True
 
     def _join(self) -> str:
         from .store import TCPStore
@@ -301,63 +306,81 @@ class StoreMonitor(_Monitor):
         joined = self._store.add(f"{KEY_PREFIX}/joined", 1)
         return f"{KEY_PREFIX}/{(joined - 1) // self.world_size}"
 
-    def _tick(self, prefix: str, seen: dict, version: int) -> int:
+    def _tick(self, prefix: str, seen: dict) -> None:
         store = self._store
         store.add(f"{prefix}/beat/{self.rank}", 1)
-        if self.rank == 0:
-            self._judge(prefix, seen)
-            return version
+        news = self._judge(prefix, seen) if self.rank == 0 else []
+        while self._outbox:
+            news.append(self._outbox.popleft())
+        if news:
+            self._publish(prefix, {"failures": [{"rank": r, "reason": w} for r, w in news]})
         latest = store.add(f"{prefix}/failed_version", 0)
-        if latest != version:
-            listed, expect = decode_failures(store.get(f"{prefix}/failed",
-                                                       timeout=self.config.timeout))
-            for rank, reason in listed:
-                self._record(rank, reason)
-            store.add(f"{prefix}/failed_seen/{latest}", 1)
-            self._verdict = (latest, expect)
-        return latest
+        for version in range(self._read + 1, latest + 1):
+            key = f"{prefix}/failed/{version}"
+            if version not in self._own and store.check([key]):
+                listed = json.loads(store.get(key, timeout=self.config.interval))
+                for item in listed.get("failures", ()):
+                    self._record(int(item["rank"]), str(item["reason"]))
+                self._rank0_leaving |= bool(listed.get("rank0_leaving"))
+                store.set(f"{prefix}/heard/{version}/{self.rank}", b"1")
+            elif version not in self._own:  # numbered, not written yet: look again next tick,
+                since = self._unwritten.setdefault(version, time.monotonic())
+                if time.monotonic() - since < self.config.timeout:  # unless its writer died
+                    break
+            self._read = version
 
-    def _judge(self, prefix: str, seen: dict) -> None:
+    def _publish(self, prefix: str, payload: dict) -> None:
+        version = self._store.add(f"{prefix}/failed_version", 1)
+        self._own.append(version)
+        self._store.set(f"{prefix}/failed/{version}", json.dumps(payload).encode())
+
+    def _judge(self, prefix: str, seen: dict) -> list:
         """Rank 0: a peer whose counter stood still for ``timeout`` seconds has failed."""
-        news = False
+        news, failed = [], {f.rank for f in failures()}
         for peer in range(1, self.world_size):
-            if peer in self._settled:
+            if peer in self._left or peer in failed:
                 continue
-            count = self._store.add(f"{prefix}/beat/{peer}", 0)
-            now = time.monotonic()
+            count, now = self._store.add(f"{prefix}/beat/{peer}", 0), time.monotonic()
             if count >= LEFT_MARK:
-                self._settled.add(peer)
+                self._left.add(peer)
             elif peer not in seen or seen[peer][0] != count:
                 seen[peer] = (count, now)
             elif now - seen[peer][1] >= self.config.timeout:
-                self._settled.add(peer)
-                news |= self._record(peer, f"no heartbeat for {now - seen[peer][1]:.1f} s "
-                                             "(killed, stopped, or cut off from rank 0)")
-        if news:
-            listed = [{"rank": f.rank, "reason": f.reason} for f in failures()]
-            expect = self.world_size - 1 - len(self._settled)  # the live peers must hear it
-            self._store.set(f"{prefix}/failed",
-                            json.dumps({"failures": listed, "expect": expect}).encode())
-            self._verdict = (self._store.add(f"{prefix}/failed_version", 1), expect)
+                reason = (f"no heartbeat for {now - seen[peer][1]:.1f} s (killed, stopped, or "
+                          "cut off from rank 0)")
+                if self._record(peer, reason):
+                    news.append((peer, reason))
+        return news
 
     def _leave(self, prefix: Optional[str]) -> None:
         if prefix is None or self._store is None:
             return
         try:
             self._store.add(f"{prefix}/beat/{self.rank}", LEFT_MARK)
-            if self._verdict[0]:
-                self._linger(prefix)
+            if self.rank == 0:  # the store closes with us: the others must know it is no crash
+                self._publish(prefix, {"rank0_leaving": True})
+            lists = self._own if self.rank == 0 or failures() else []
+            self._wait_until_heard(prefix, lists)
         except DistributedError:
             pass  # rank 0 is gone already: nobody is left to misjudge our silence
 
-    def _linger(self, prefix: str) -> None:
-        """Stay until every live rank has read the verdict (rank 0 also serves the store)."""
-        version, expect = self._verdict
+    def _wait_until_heard(self, prefix: str, versions: list) -> None:
+        """Until every live peer has read ``versions`` or left (bounded by ``linger_s``)."""
+        failed = {f.rank for f in failures()}
+        pending = {(v, p) for v in versions for p in range(self.world_size)
+                   if p != self.rank and p not in failed and p not in self._left}
         give_up = time.monotonic() + self.linger_s
-        while time.monotonic() < give_up and \
-                self._store.add(f"{prefix}/failed_seen/{version}", 0) < expect:
-            time.sleep(0.02)
-        time.sleep(_NOTICE_S)  # their wait loops look at the verdict every ~0.1 s
+        while pending and time.monotonic() < give_up:
+            for version, peer in sorted(pending):
+                if peer in self._left or self._store.check([f"{prefix}/heard/{version}/{peer}"]):
+                    pending.discard((version, peer))
+                elif self._store.add(f"{prefix}/beat/{peer}", 0) >= LEFT_MARK:
+                    self._left.add(peer)
+                    pending.discard((version, peer))
+            if pending:
+                time.sleep(0.02)
+        if versions and failures():
+            time.sleep(_NOTICE_S)  # their wait loops look at what they heard every ~0.1 s
 
 
 class PidMonitor(_Monitor):
@@ -383,6 +406,6 @@ class PidMonitor(_Monitor):
                     if now - since >= self.config.timeout:
                         del self._pids[peer]
                         self._record(peer, f"its process (pid {pid}) has been stopped for "
-                                             f"{now - since:.1f} s")
+                                           f"{now - since:.1f} s")
                 else:
                     stopped_since.pop(peer, None)

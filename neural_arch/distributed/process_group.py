@@ -100,7 +100,7 @@ class ProcessGroup:
     def run(self, fn, async_op: bool, fp: Optional[Fingerprint], op: str):
         """Run ``fn`` now (after pending async work) or queue it and return a ``Work``."""
         seq = fp.seq if fp is not None else None
-        fn = trace_collective(fn, op, fp)
+        fn = heartbeat.reporting(trace_collective(fn, op, fp))  # peers then name the culprit
         if self.size == 1:
             result = fn()
             return Work.completed(op, result, self.global_rank) if async_op else result
