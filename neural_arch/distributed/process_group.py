@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import heartbeat, transports
-from .errors import DistributedError
+from .errors import DistributedError, PeerFailureError
 from .group_transport import GroupTransport, SoloTransport
 from .profiler import trace_collective
 from .transports.base import Fingerprint, Transport
@@ -100,13 +100,17 @@ class ProcessGroup:
     def run(self, fn, async_op: bool, fp: Optional[Fingerprint], op: str):
         """Run ``fn`` now (after pending async work) or queue it and return a ``Work``."""
         seq = fp.seq if fp is not None else None
-        fn = heartbeat.reporting(trace_collective(fn, op, fp))  # peers then name the culprit
+        fn = trace_collective(fn, op, fp)
         if self.size == 1:
             result = fn()
             return Work.completed(op, result, self.global_rank) if async_op else result
-        if async_op:
-            return self.queue.submit(fn, op, seq)
-        return self.queue.run_sync(fn, op, seq)
+        if async_op:  # a failure found here is reported so that peers name the culprit
+            return self.queue.submit(heartbeat.reporting(fn), op, seq)
+        try:
+            return self.queue.run_sync(fn, op, seq)
+        except PeerFailureError as exc:
+            heartbeat.report(exc)
+            raise
 
     def __repr__(self) -> str:
         return (f"ProcessGroup(id={self.group_id}, ranks={list(self.ranks)}, rank={self.rank}, "

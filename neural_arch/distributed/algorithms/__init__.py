@@ -85,8 +85,8 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
     """The algorithm ``collective`` will use for a message of ``nbytes`` bytes on ``t``."""
     explicit = algorithm is not None
     if not explicit and collective == "all_reduce":
-        algorithm = os.environ.get(ENV_ALLREDUCE_ALGO) or "auto"
-    name = normalize(collective, algorithm or "auto")
+        algorithm = os.environ.get(ENV_ALLREDUCE_ALGO)
+    name = "auto" if algorithm is None else normalize(collective, algorithm or "auto")
     if t.world_size == 1:
         name = "auto"  # nothing to communicate: every algorithm gives the same result
     elif name != "auto":
