@@ -313,3 +313,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]],
 
 def verdict(ok: Optional[bool]) -> str:
     return "n/a (not measured)" if ok is None else ("PASS" if ok else "MISS")
+
+
+def parameter_count(sizes: Sequence[int]) -> int:
+    """Weights and biases of an MLP with these layer widths."""
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def model_name(sizes: Sequence[int]) -> str:
+    return "-".join(str(n) for n in sizes)

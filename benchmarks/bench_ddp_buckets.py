@@ -20,6 +20,7 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import bench_common as common  # noqa: E402
+from bench_common import model_name, parameter_count  # noqa: E402
 
 common.one_thread_per_rank()
 
@@ -33,14 +34,6 @@ STEP_MODEL = [784, 1024, 1024, 10]
 STORAGES = ("copy", "shared")
 SECTION = "bench_ddp_buckets"
 SCRIPT = os.path.abspath(__file__)
-
-
-def parameter_count(sizes: Sequence[int]) -> int:
-    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-
-
-def model_name(sizes: Sequence[int]) -> str:
-    return "-".join(str(n) for n in sizes)
 
 
 # ----- one rank of a job ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import bench_common as common  # noqa: E402
+from bench_common import model_name, parameter_count  # noqa: E402
 
 common.one_thread_per_rank()
 
@@ -40,14 +41,6 @@ QUICK_ALLREDUCE_SIZES = ["4", "1M", "16M"]
 MODES = ("manual", "auto")
 SECTION = "distributed_training_benchmark"
 SCRIPT = os.path.abspath(__file__)
-
-
-def parameter_count(sizes: Sequence[int]) -> int:
-    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-
-
-def model_name(sizes: Sequence[int]) -> str:
-    return "-".join(str(n) for n in sizes)
 
 
 def steps_for(sizes: Sequence[int], steps: int) -> int:
