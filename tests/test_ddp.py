@@ -106,10 +106,8 @@ def test_no_sync_accumulation_equals_larger_batch(auto_sync):
     check_against_reference(results, train_reference(2, "sgd", micro=micro))
 
 
-def unused_worker(rank: int, world_size: int, find_unused: bool):
-    import neural_arch.functional as F
-    from neural_arch.core import Tensor
-    from neural_arch.distributed import DistributedDataParallel
+def two_heads():
+    """Head ``a`` always takes part, ``b`` only when asked, ``never`` not at all."""
     from neural_arch.nn import Linear, Module
 
     class TwoHeads(Module):
@@ -122,8 +120,14 @@ def unused_worker(rank: int, world_size: int, find_unused: bool):
         def forward(self, x, use_b):
             out = self.a(x)
             return out + self.b(x) if use_b else out
+    return TwoHeads()
 
-    model = DistributedDataParallel(TwoHeads(), find_unused_parameters=find_unused)
+
+def unused_worker(rank: int, world_size: int, find_unused: bool):
+    from neural_arch.core import Tensor
+    from neural_arch.distributed import DistributedDataParallel
+
+    model = DistributedDataParallel(two_heads(), find_unused_parameters=find_unused)
     x = Tensor(np.ones((2, 3), dtype=np.float32) * (rank + 1))
     loss = model(x, use_b=(rank == 0)).sum()
     loss.backward()

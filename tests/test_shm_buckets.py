@@ -70,20 +70,9 @@ def test_no_sync_accumulation_with_shared_buckets(auto_sync):
 def unused_worker(rank: int, world_size: int, shared: bool):
     from neural_arch.core import Tensor
     from neural_arch.distributed import DistributedDataParallel
-    from neural_arch.nn import Linear, Module
+    from test_ddp import two_heads
 
-    class TwoHeads(Module):
-        def __init__(self):
-            super().__init__()
-            self.a = Linear(3, 2)
-            self.b = Linear(3, 2)
-            self.never = Linear(3, 2)
-
-        def forward(self, x, use_b):
-            out = self.a(x)
-            return out + self.b(x) if use_b else out
-
-    model = DistributedDataParallel(TwoHeads(), find_unused_parameters=True,
+    model = DistributedDataParallel(two_heads(), find_unused_parameters=True,
                                     bucket_size_mb=0.00002, shared_buckets=shared)
     grads = []
     for step in range(2):  # b is used on rank 0 in the first step, on rank 1 in the second
