@@ -30,9 +30,24 @@ def transport():
     return Fabric(2).transports()[0]
 
 
+class Environment:
+    """Sets the override variable as a user would: exported, then read by init_process_group."""
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch = monkeypatch
+
+    def set(self, value):
+        self.monkeypatch.setenv(algorithms.ENV_ALLREDUCE_ALGO, value)
+        algorithms.read_environment()
+
+
 @pytest.fixture(autouse=True)
-def no_env_override(monkeypatch):
+def env(monkeypatch):
     monkeypatch.delenv(algorithms.ENV_ALLREDUCE_ALGO, raising=False)
+    algorithms.read_environment()
+    yield Environment(monkeypatch)
+    monkeypatch.undo()
+    algorithms.read_environment()
 
 
 def test_automatic_choice_by_size(transport):
@@ -60,26 +75,25 @@ def test_unknown_name_lists_the_choices(transport):
         assert name in message
 
 
-def test_unknown_name_from_the_environment_raises(transport, monkeypatch):
-    monkeypatch.setenv(algorithms.ENV_ALLREDUCE_ALGO, "butterfly")
+def test_unknown_name_from_the_environment_raises(transport, env):
+    env.set("butterfly")
     with pytest.raises(ValueError, match="butterfly"):
         algorithms.select("all_reduce", transport, 10)
 
 
-def test_environment_forces_an_algorithm(transport, monkeypatch):
-    monkeypatch.setenv(algorithms.ENV_ALLREDUCE_ALGO, "ring")
+def test_environment_forces_an_algorithm(transport, env):
+    env.set("ring")
     assert algorithms.select("all_reduce", transport, 10) == "ring"
     # a per-call choice beats the environment
     assert algorithms.select("all_reduce", transport, 10, "recursive_doubling") == \
         "recursive_doubling"
 
 
-def test_unrunnable_choice_raises_per_call_but_falls_back_from_environment(transport,
-                                                                            monkeypatch):
+def test_unrunnable_choice_raises_per_call_but_falls_back_from_environment(transport, env):
     for name in ("native", "shm_direct"):
         with pytest.raises(ValueError, match="cannot run here"):
             algorithms.select("all_reduce", transport, 10, name)
-        monkeypatch.setenv(algorithms.ENV_ALLREDUCE_ALGO, name)
+        env.set(name)
         assert algorithms.select("all_reduce", transport, 10) == "recursive_doubling"
         assert algorithms.select("all_reduce", transport, SMALL) == "ring"
 

@@ -8,6 +8,7 @@ import numpy as np
 from .reduce_ops import SUPPORTED_DTYPES, ReduceOp, check_dtype_for_op
 
 _SUPPORTED_NAMES = [np.dtype(d).name for d in SUPPORTED_DTYPES]
+_ACCEPTED: set = set()  # (dtype, reduce op or None) pairs already checked: a set lookup per call
 
 
 def _on_device(obj: Any) -> bool:
@@ -57,6 +58,8 @@ def stage_on_host(device_array: Any) -> HostStaged:
 def array_of(tensor: Any, what: str = "tensor") -> np.ndarray:
     """The NumPy array behind a ``Tensor`` (its ``.data``) or an array; TypeError otherwise.
     CuPy arrays (bare or in a Tensor) come back as a ``HostStaged`` host copy."""
+    if type(tensor) is np.ndarray:  # the common case, checked first: it runs on every call
+        return tensor
     if _on_device(tensor):
         return stage_on_host(tensor)
     data = tensor if isinstance(tensor, np.ndarray) else getattr(tensor, "data", None)
@@ -73,11 +76,13 @@ def checked_array(tensor: Any, what: str = "tensor", op: Optional[ReduceOp] = No
                   writable: bool = False) -> np.ndarray:
     """``array_of`` plus the dtype (and reduce-op) checks every public collective makes."""
     arr = array_of(tensor, what)
-    if arr.dtype.type not in SUPPORTED_DTYPES:
-        raise TypeError(f"{what} has dtype {arr.dtype}, which collectives do not support; use "
-                        f"one of {_SUPPORTED_NAMES}")
-    if op is not None:
-        check_dtype_for_op(arr.dtype, op)
+    if (arr.dtype, op) not in _ACCEPTED:
+        if arr.dtype.type not in SUPPORTED_DTYPES:
+            raise TypeError(f"{what} has dtype {arr.dtype}, which collectives do not support; "
+                            f"use one of {_SUPPORTED_NAMES}")
+        if op is not None:
+            check_dtype_for_op(arr.dtype, op)
+        _ACCEPTED.add((arr.dtype, op))
     if writable and not arr.flags.writeable:
         raise ValueError(f"{what} (shape {arr.shape}, dtype {arr.dtype}) is read-only but the "
                          "collective writes into it")
@@ -103,7 +108,10 @@ class Flat:
     def __init__(self, arr: np.ndarray) -> None:
         self.arr = arr
         self.staged = not arr.flags.c_contiguous or isinstance(arr, HostStaged)
-        self.buf = (np.ascontiguousarray(arr) if self.staged else arr).reshape(-1)
+        if self.staged:
+            self.buf = np.ascontiguousarray(arr).reshape(-1)
+        else:
+            self.buf = arr if arr.ndim == 1 else arr.reshape(-1)
 
     def commit(self) -> None:
         if self.staged:

@@ -8,6 +8,7 @@ their own group id and sequence numbers, so a mix-up between groups is detected,
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import socket
 import threading
@@ -16,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import heartbeat, transports
+from . import algorithms, heartbeat, transports
 from .errors import DistributedError, PeerFailureError
 from .group_transport import GroupTransport, SoloTransport
 from .profiler import trace_collective
@@ -54,7 +55,7 @@ class ProcessGroup:
         self.transport, self.queue = transport, queue
         self.backend, self.timeout, self.trusted = backend, timeout, trusted
         self.destroyed = False
-        self._seq = 0
+        self._next_seq = itertools.count(1).__next__  # atomic under the GIL: no lock per call
         self._p2p: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
@@ -72,10 +73,8 @@ class ProcessGroup:
 
     def fingerprint(self, op: str, dtype: Any, count: int) -> Fingerprint:
         """Fingerprint of the next collective; the sequence number advances on every member."""
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
-        return Fingerprint(op[:24], seq, _dtype_name(dtype), int(count), self.group_id)
+        return Fingerprint(op[:24], self._next_seq(), _dtype_name(dtype), int(count),
+                           self.group_id)
 
     def p2p_fingerprint(self, direction: str, peer: int, op: str, dtype: Any,
                         count: int) -> Fingerprint:
@@ -177,6 +176,7 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
                            "destroy_process_group() first")
     from .env import resolve
     seconds = to_seconds(timeout)
+    algorithms.read_environment()
     requested = _normalize_backend(backend)
     if requested == "auto":
         # The launcher's --backend reaches workers as NEURAL_ARCH_BACKEND; "auto" defers to it.
@@ -207,7 +207,6 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
                                                 timeout=seconds, secret=secret)
         world = _World(info, chosen, store, transport, seconds)
         # Nobody may close the store (rank 0 serves it) while a peer still needs it.
-        from . import algorithms
         algorithms.barrier(transport, Fingerprint("init_barrier", 0, "uint8", 0, 0), "auto")
         heartbeat.start(info.rank, info.world_size, store, transport)
     except BaseException:
@@ -260,7 +259,7 @@ def world() -> _World:
 
 
 def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:
-    w = world()
+    w = _WORLD if _WORLD is not None else world()  # world() raises the "not initialized" error
     if group is None:
         return w.default
     if not isinstance(group, ProcessGroup):

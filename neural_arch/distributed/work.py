@@ -105,7 +105,8 @@ class CommQueue:
         return work
 
     def run_sync(self, fn: Callable[[], Any], op: str, seq: Optional[int]) -> Any:
-        self.drain(op, seq)
+        if self._items or self._running:
+            self.drain(op, seq)
         with self._exec_lock:
             return fn()
 

@@ -6,7 +6,9 @@ ring above. ``algorithm=`` (per call) or the ``NEURAL_ARCH_ALLREDUCE_ALGO`` envi
 forces one of ``ALGORITHMS["all_reduce"]``; ``"native"`` runs the transport's own collective
 (MPI's ``Allreduce``). A name that cannot run on the transport raises ValueError when passed per
 call; from the environment it falls back to the automatic choice, so one exported setting does
-not break every backend that lacks it.
+not break every backend that lacks it. The variable is read when the package is imported and
+again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
+variable costs about as much as a whole small shared-memory all-reduce.
 
 Every function takes a sum, never an average: callers turn AVERAGE into SUM and divide after.
 """
@@ -35,6 +37,17 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 _ALIASES = {"rd": "recursive_doubling", "recursive-doubling": "recursive_doubling",
             "direct": "shm_direct", "shm-direct": "shm_direct", "mpi": "native"}
 
+
+_env_all_reduce: Optional[str] = None
+
+
+def read_environment() -> None:
+    """Take ``NEURAL_ARCH_ALLREDUCE_ALGO`` from the environment as it is now."""
+    global _env_all_reduce
+    _env_all_reduce = os.environ.get(ENV_ALLREDUCE_ALGO)
+
+
+read_environment()
 
 _UNLOADED = object()
 _direct_module = _UNLOADED
@@ -85,7 +98,7 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
     """The algorithm ``collective`` will use for a message of ``nbytes`` bytes on ``t``."""
     explicit = algorithm is not None
     if not explicit and collective == "all_reduce":
-        algorithm = os.environ.get(ENV_ALLREDUCE_ALGO)
+        algorithm = _env_all_reduce
     name = "auto" if algorithm is None else normalize(collective, algorithm or "auto")
     if t.world_size == 1:
         name = "auto"  # nothing to communicate: every algorithm gives the same result
@@ -174,5 +187,5 @@ gather = tree.gather
 scatter = tree.scatter
 
 __all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "all_gather", "all_reduce",
-           "barrier", "broadcast", "gather", "normalize", "reduce", "reduce_scatter", "scatter",
-           "select"]
+           "barrier", "broadcast", "gather", "normalize", "read_environment", "reduce",
+           "reduce_scatter", "scatter", "select"]
