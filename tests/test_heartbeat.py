@@ -237,12 +237,16 @@ def _leave_early(rank, world_size, leaver):
     if rank == leaver:
         dist.destroy_process_group()
         return None
-    # Keep working well past the heartbeat timeout after the peer left.
+    # Keep working well past the heartbeat timeout after the peer left. The last element says
+    # "my time is up": its sum ends the loop on every stayer after the same round, so none is
+    # left calling a collective that its peers, already gone, will never join.
     sums, deadline = [], time.monotonic() + 3.5
-    while time.monotonic() < deadline:
-        x = np.arange(8, dtype=np.float64) * (rank + 1)
+    while True:
+        x = np.append(np.arange(8, dtype=np.float64) * (rank + 1), time.monotonic() >= deadline)
         dist.all_reduce(x, group=group)
-        sums.append(np.array_equal(x, np.arange(8) * sum(r + 1 for r in stayers)))
+        sums.append(np.array_equal(x[:8], np.arange(8) * sum(r + 1 for r in stayers)))
+        if x[8] > 0:
+            break
         time.sleep(0.05)
     return all(sums), len(sums), dist.get_distributed_info()["heartbeat"]["failures"]
 

@@ -1,103 +1,33 @@
 """A small authenticated TCP key-value store, served by rank 0, that ranks rendezvous through.
 
-Wire format (no pickle): after the handshake in ``auth``, each request is a fixed 21-byte header
-``<op u8, key length u32, value length u64, timeout f64>`` followed by the key and the value;
-each response is ``<status u8, length u64>`` and a payload. Lengths are checked against hard caps
-before anything is allocated; a peer that breaks the format is dropped and the server carries
-on serving everyone else. Counters (``add``) are stored as ASCII decimals, as PyTorch does.
+This module holds the client every rank uses (``TCPStore``) and ``barrier``; the wire format is
+in ``store_protocol`` and the server in ``store_server``. Their public names are importable from
+here too.
 """
 from __future__ import annotations
 
-import errno
-import selectors
 import socket
 import struct
 import threading
 import time
 from datetime import timedelta
-from typing import Callable, Iterable, NamedTuple, Optional, Union
+from typing import Iterable, Optional, Union
 
-from .auth import client_handshake, job_secret, server_handshake
-from .errors import AuthenticationError, CollectiveTimeoutError, RendezvousError
+from .auth import client_handshake, job_secret
+from .errors import CollectiveTimeoutError, RendezvousError
+from .store_protocol import (_ERROR, _OP_NAMES, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE,
+                             DEFAULT_MAX_VALUE_BYTES, GET, MAX_KEY_BYTES, MAX_TIMEOUT_S, SET, WAIT,
+                             FrameError, Request, _recv_exact, decode_keys, encode_keys,
+                             encode_request, read_request)
+from .store_server import _listen, _Server
 
-MAX_KEY_BYTES = 4096
-DEFAULT_MAX_VALUE_BYTES = 64 << 20
-MAX_TIMEOUT_S = 1e7
-_REQUEST = struct.Struct("<BIQd")
-_RESPONSE = struct.Struct("<BQ")
-_LEN = struct.Struct("<I")
-SET, GET, ADD, CHECK, DELETE, WAIT = range(1, 7)
-_OP_NAMES = {SET: "set", GET: "get", ADD: "add", CHECK: "check", DELETE: "delete_key", WAIT: "wait"}
-_OK, _TIMEOUT, _ERROR = 0, 1, 2
+__all__ = [
+    "ADD", "CHECK", "DEFAULT_MAX_VALUE_BYTES", "DELETE", "GET", "MAX_KEY_BYTES", "MAX_TIMEOUT_S",
+    "SET", "WAIT", "FrameError", "Request", "TCPStore", "barrier", "decode_keys", "encode_keys",
+    "encode_request", "read_request",
+]
+
 _GRACE_S = 10.0  # the server answers "timed out" itself; the socket waits this much longer
-
-
-class FrameError(ValueError):
-    """Bytes on the wire that are not a well-formed store frame."""
-
-
-class Request(NamedTuple):
-    op: int
-    key: bytes
-    value: bytes
-    timeout: float
-
-
-def encode_keys(keys: Iterable[bytes]) -> bytes:
-    return b"".join(_LEN.pack(len(k)) + k for k in keys)
-
-
-def decode_keys(blob: bytes) -> list[bytes]:
-    keys, pos = [], 0
-    while pos < len(blob):
-        if pos + _LEN.size > len(blob):
-            raise FrameError(f"key list truncated at byte {pos} of {len(blob)}")
-        (n,) = _LEN.unpack_from(blob, pos)
-        pos += _LEN.size
-        if n > MAX_KEY_BYTES or pos + n > len(blob):
-            raise FrameError(f"key of {n} bytes at byte {pos} of a {len(blob)}-byte key list")
-        keys.append(bytes(blob[pos:pos + n]))
-        pos += n
-    return keys
-
-
-def encode_request(op: int, key: bytes = b"", value: bytes = b"", timeout: float = 0.0) -> bytes:
-    return _REQUEST.pack(op, len(key), len(value), timeout) + key + value
-
-
-def read_request(read_exact: Callable[[int], bytes],
-                 max_value: int = DEFAULT_MAX_VALUE_BYTES) -> Request:
-    """Decode one request; ``read_exact(n)`` is only ever asked for a length within the caps.
-
-    Raises FrameError on malformed input (and whatever ``read_exact`` raises on a short read).
-    """
-    op, key_len, value_len, timeout = _REQUEST.unpack(read_exact(_REQUEST.size))
-    if op not in _OP_NAMES:
-        raise FrameError(f"unknown store operation {op}")
-    if key_len > MAX_KEY_BYTES:
-        raise FrameError(f"key of {key_len} bytes exceeds the {MAX_KEY_BYTES}-byte limit")
-    if value_len > max_value:
-        raise FrameError(f"value of {value_len} bytes exceeds the {max_value}-byte limit")
-    if not 0.0 <= timeout <= MAX_TIMEOUT_S:  # also rejects NaN
-        raise FrameError(f"timeout {timeout} is outside [0, {MAX_TIMEOUT_S}]")
-    key = read_exact(key_len) if key_len else b""
-    value = read_exact(value_len) if value_len else b""
-    if op in (CHECK, WAIT):
-        decode_keys(value)
-    elif op == ADD and len(value) != 8:
-        raise FrameError(f"add carries an 8-byte amount, got {len(value)} bytes")
-    return Request(op, key, value, timeout)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError(f"connection closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
 
 
 def _seconds(timeout: Union[float, timedelta, None], default: float) -> float:
@@ -107,151 +37,6 @@ def _seconds(timeout: Union[float, timedelta, None], default: float) -> float:
     if not 0.0 < value <= MAX_TIMEOUT_S:
         raise ValueError(f"timeout must be in (0, {MAX_TIMEOUT_S}] seconds, got {timeout!r}")
     return value
-
-
-class _ClientGone(Exception):
-    pass
-
-
-class _Server:
-    """Accepts connections in one thread and serves each in its own daemon thread."""
-
-    def __init__(self, listener: socket.socket, secret: bytes, max_value: int,
-                 handshake_timeout: float, max_clients: int) -> None:
-        self._listener, self._secret, self._max_value = listener, secret, max_value
-        self._handshake_timeout, self._max_clients = handshake_timeout, max_clients
-        self._data: dict[bytes, bytes] = {}
-        self._cond = threading.Condition()
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._thread = threading.Thread(target=self._accept_loop, name="store-accept", daemon=True)
-        self._thread.start()
-
-    @property
-    def num_clients(self) -> int:
-        with self._conns_lock:
-            return len(self._conns)
-
-    def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while not self._stop.is_set():
-                if not any(key.fileobj is self._listener for key, _ in sel.select()):
-                    continue
-                try:
-                    conn, addr = self._listener.accept()
-                except OSError:
-                    continue
-                with self._conns_lock:
-                    if len(self._conns) >= self._max_clients:
-                        conn.close()
-                        continue
-                    self._conns.add(conn)
-                threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                 name=f"store-conn-{addr}").start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            server_handshake(conn, self._secret, self._handshake_timeout)
-            conn.settimeout(self._handshake_timeout)  # bound on stalls inside one frame
-            with selectors.DefaultSelector() as sel:
-                sel.register(conn, selectors.EVENT_READ)
-                while not self._stop.is_set():
-                    if not sel.select(0.5):
-                        continue
-                    req = read_request(lambda n: _recv_exact(conn, n), self._max_value)
-                    status, payload = self._execute(req, conn)
-                    conn.sendall(_RESPONSE.pack(status, len(payload)) + payload)
-        except (AuthenticationError, FrameError, EOFError, OSError, _ClientGone):
-            pass  # drop this peer; the others are unaffected
-        finally:
-            with self._conns_lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def _execute(self, req: Request, conn: socket.socket) -> tuple[int, bytes]:
-        with self._cond:
-            if req.op == SET:
-                self._data[req.key] = req.value
-                self._cond.notify_all()
-            elif req.op == ADD:
-                try:
-                    current = int(self._data.get(req.key, b"0"))
-                except ValueError:
-                    return _ERROR, f"value of key {req.key!r} is not an integer".encode()
-                total = current + struct.unpack("<q", req.value)[0]
-                self._data[req.key] = str(total).encode()
-                self._cond.notify_all()
-                return _OK, str(total).encode()
-            elif req.op == CHECK:
-                return _OK, bytes([all(k in self._data for k in decode_keys(req.value))])
-            elif req.op == DELETE:
-                return _OK, bytes([self._data.pop(req.key, None) is not None])
-            else:  # GET and WAIT block until their keys exist
-                keys = [req.key] if req.op == GET else decode_keys(req.value)
-                deadline = time.monotonic() + req.timeout
-                while not all(k in self._data for k in keys):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return _TIMEOUT, b""
-                    self._cond.wait(min(remaining, 0.5))
-                    if self._stop.is_set() or _disconnected(conn):
-                        raise _ClientGone()
-                if req.op == GET:
-                    return _OK, self._data[req.key]
-        return _OK, b""
-
-    def close(self) -> None:
-        self._stop.set()
-        self._wake_w.send(b"x")
-        self._thread.join(timeout=5.0)
-        self._listener.close()
-        with self._conns_lock:
-            for conn in self._conns:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        with self._cond:
-            self._cond.notify_all()
-        self._wake_r.close()
-        self._wake_w.close()
-
-
-def _disconnected(conn: socket.socket) -> bool:
-    """True when the client hung up (EOF or reset) while we held its request."""
-    with selectors.DefaultSelector() as sel:
-        sel.register(conn, selectors.EVENT_READ)
-        if not sel.select(0):
-            return False
-    try:
-        return conn.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
-
-
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # Non-loopback names may resolve to 127.0.1.1 locally; listening everywhere avoids that trap.
-    bind_host = host if _is_loopback(host) else ("::" if family == socket.AF_INET6 else "")
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind_host, port))
-        sock.listen(1024)
-    except OSError as e:
-        sock.close()
-        hint = " (port in use; pick another MASTER_PORT)" if e.errno == errno.EADDRINUSE else ""
-        raise RendezvousError(f"store server cannot listen on {host}:{port}: "
-                              f"{e.strerror or e}{hint}") from None
-    return sock
 
 
 class TCPStore:

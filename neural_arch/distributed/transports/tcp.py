@@ -1,8 +1,7 @@
 """TCP transport: a full mesh of authenticated sockets, one per pair of ranks.
 
-Setup: every rank listens on an ephemeral port and publishes ``host:port`` in the store; each
-rank dials every lower rank and accepts every higher one, so nobody waits on a rank that waits on
-it. The dialling rank's id travels inside the authenticated handshake.
+Setup (``tcp_mesh``): every rank publishes its listening address in the store, dials every
+lower rank and accepts every higher one; each connection starts with the mutual handshake.
 
 Data: sockets are non-blocking and one poll loop drives every send and receive of a call, so
 ``sendrecv`` is full duplex and a ring of any size never deadlocks. Payloads move with
@@ -13,10 +12,8 @@ is told apart from one that crashed.
 """
 from __future__ import annotations
 
-import errno
 import select
 import socket
-import struct
 import threading
 import time
 from typing import Optional
@@ -24,14 +21,11 @@ from typing import Optional
 import numpy as np
 
 from .. import heartbeat
-from ..auth import client_handshake, job_secret, server_handshake
-from ..errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
-                      PeerFailureError, RendezvousError)
+from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+from .tcp_mesh import build_mesh
 
 _GOODBYE = pack_header(Fingerprint("__goodbye__", 0, "", 0, 0xFFFFFFFF), 0)
-_HELLO = struct.Struct("<II")  # dialling rank, its world size; then the key prefix
-_SOCKET_BUFFER = 4 << 20
 _POLL_SLICE_S = 0.1  # how soon a wait notices a failure the heartbeat declared
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
 
@@ -85,97 +79,11 @@ class TcpTransport(Transport):
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         super().__init__(rank, world_size, float(timeout))
-        self._secret = secret
-        self._prefix = prefix
-        self._socks: dict[int, socket.socket] = {}
+        self._socks: dict[int, socket.socket] = (
+            build_mesh(rank, world_size, store, self.timeout, secret=secret, host=host,
+                       prefix=prefix) if world_size > 1 else {})
         self._unusable: dict[int, str] = {}  # peer -> why its stream can no longer be used
         self._lock = threading.Lock()
-        if world_size > 1:
-            try:
-                self._build_mesh(store, host)
-            except BaseException:
-                self._close_sockets()
-                raise
-        for sock in self._socks.values():
-            _tune(sock)
-            sock.setblocking(False)
-
-    # ---- setup -------------------------------------------------------------------------------
-    def _build_mesh(self, store, host: Optional[str]) -> None:
-        deadline = time.monotonic() + self.timeout
-        self._secret = job_secret() if self._secret is None else bytes(self._secret)
-        host = host or getattr(store, "local_address", None) or socket.gethostname()
-        listener = _listen(host, self.world_size)
-        try:
-            store.set(f"{self._prefix}/addr/{self.rank}",
-                      f"{host}:{listener.getsockname()[1]}".encode())
-            for peer in range(self.rank):
-                address = store.get(f"{self._prefix}/addr/{peer}",
-                                     timeout=max(deadline - time.monotonic(), 1e-3)).decode()
-                self._socks[peer] = self._dial(peer, address, deadline)
-            self._accept_higher(listener, deadline)
-        finally:
-            listener.close()
-
-    def _dial(self, peer: int, address: str, deadline: float) -> socket.socket:
-        host, _, port = address.rpartition(":")
-        hello = _HELLO.pack(self.rank, self.world_size) + self._prefix.encode()
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RendezvousError(f"could not connect to {address} within {self.timeout} s",
-                                      rank=self.rank, peer=peer, op="tcp.connect")
-            try:
-                sock = socket.create_connection((host, int(port)), timeout=remaining)
-            except OSError as e:
-                if e.errno not in (errno.ECONNREFUSED, errno.EAGAIN, errno.ETIMEDOUT):
-                    raise RendezvousError(f"could not connect to {address}: {e}", rank=self.rank,
-                                          peer=peer, op="tcp.connect") from None
-                time.sleep(0.05)
-                continue
-            try:
-                client_handshake(sock, self._secret, remaining, client_info=hello)
-            except AuthenticationError as e:
-                sock.close()
-                raise AuthenticationError(f"handshake with {address} failed: {e}",
-                                          rank=self.rank, peer=peer, op="tcp.connect") from None
-            except BaseException:
-                sock.close()
-                raise
-            return sock
-
-    def _accept_higher(self, listener: socket.socket, deadline: float) -> None:
-        missing = set(range(self.rank + 1, self.world_size))
-        rejected = ""
-        while missing:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RendezvousError(f"ranks {sorted(missing)} did not connect within "
-                                      f"{self.timeout} s{rejected}", rank=self.rank,
-                                      op="tcp.accept")
-            listener.settimeout(remaining)
-            try:
-                conn, addr = listener.accept()
-            except OSError:  # timed out (reported above) or interrupted
-                continue
-            try:
-                info = server_handshake(conn, self._secret, min(remaining, 30.0))
-            except (AuthenticationError, OSError) as e:
-                conn.close()  # a stranger, or a peer that vanished mid-handshake: keep waiting
-                rejected = f" (last rejected connection: {e})"
-                continue
-            peer, world = (-1, -1)
-            if len(info) >= _HELLO.size:
-                peer, world = _HELLO.unpack(info[:_HELLO.size])
-            prefix = info[_HELLO.size:].decode(errors="replace")
-            if world != self.world_size or prefix != self._prefix or peer not in missing:
-                conn.close()
-                raise RendezvousError(
-                    f"{addr} connected as rank {peer} of {world} (prefix {prefix!r}); expected one "
-                    f"of ranks {sorted(missing)} of {self.world_size} (prefix {self._prefix!r})",
-                    rank=self.rank, peer=peer, op="tcp.accept")
-            self._socks[peer] = conn
-            missing.discard(peer)
 
     # ---- data path ---------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
@@ -362,40 +270,3 @@ def _send_goodbye(sock: socket.socket) -> None:
         sock.sendall(_GOODBYE)
     except OSError:
         pass
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for option, limit_file in ((socket.SO_SNDBUF, "wmem_max"), (socket.SO_RCVBUF, "rmem_max")):
-        # A fixed size turns Linux's autotuning off: only worth it when the cap allows it.
-        if _kernel_limit(limit_file) >= _SOCKET_BUFFER:
-            sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):  # dead hosts (no FIN ever comes) show up within ~25 s idle
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
-def _kernel_limit(name: str) -> int:
-    try:
-        with open(f"/proc/sys/net/core/{name}") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
-
-
-def _listen(host: str, world_size: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        try:
-            sock.bind((host, 0))
-        except OSError as e:
-            if e.errno != errno.EADDRNOTAVAIL:
-                raise
-            sock.bind(("::" if family == socket.AF_INET6 else "", 0))
-        sock.listen(max(128, world_size))
-    except OSError as e:
-        sock.close()
-        raise RendezvousError(f"cannot listen on {host}: {e}", op="tcp.listen") from None
-    return sock
