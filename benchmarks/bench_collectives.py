@@ -3,12 +3,16 @@
 For each backend (shm, tcp, mpi) and world size, every rank is a real process (our launcher
 for shm/tcp, mpiexec for mpi). Each point is timed in batches of calls, each batch right after a
 barrier; a rank's time is the median per-call time over batches, the reported time the slowest
-rank's. Bandwidths follow nccl-tests: algbw = bytes / time; busbw = algbw * 2(p-1)/p for
+rank's. The whole set of jobs runs ``--repeats`` times, interleaved, and each point reports the
+median over those runs: on a shared machine a job's speed drifts over minutes, and one run of
+ours against one of MPI's would compare moments rather than implementations. Bandwidths follow
+nccl-tests: algbw = bytes / time; busbw = algbw * 2(p-1)/p for
 all-reduce, * (p-1)/p for all-gather (bytes = the gathered total), * 1 for broadcast. Under
 mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same reused buffers.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
-        [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--output benchmarks/RESULTS.md]
+        [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
+        [--output benchmarks/RESULTS.md]
         [--plot docs/collectives_bandwidth.png]
 """
 from __future__ import annotations
@@ -145,20 +149,32 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
 
 # ----- the driver ------------------------------------------------------------------------------
 def measure(backends: Sequence[str], world_sizes: Sequence[int], sizes: Dict[str, List[int]],
-            iters: int, timeout: float) -> Tuple[List[dict], List[str]]:
-    """Rows of every job that ran, and a message for every job that failed."""
+            iters: int, timeout: float, repeats: int = 1) -> Tuple[List[dict], List[str]]:
+    """Rows of every job that ran (each point the median over ``repeats`` runs), and a message
+    for every job that failed."""
     rows, failures = [], []
     job = {"collectives": [c for c in COLLECTIVES if sizes.get(c)], "sizes": sizes,
            "iters": iters}
-    for p in world_sizes:
-        for backend in backends:
-            print(f"== {backend}, {p} ranks", flush=True)
-            try:
-                rows += common.run_job(SCRIPT, backend, p, job, timeout)["rows"]
-            except common.JobFailed as exc:
-                failures.append(str(exc))
-                print(f"FAILED: {exc}", flush=True)
-    return rows, failures
+    for run in range(1, repeats + 1):
+        for p in world_sizes:
+            for backend in backends:
+                print(f"== {backend}, {p} ranks, run {run} of {repeats}", flush=True)
+                try:
+                    rows += common.run_job(SCRIPT, backend, p, job, timeout)["rows"]
+                except common.JobFailed as exc:
+                    failures.append(str(exc))
+                    print(f"FAILED: {exc}", flush=True)
+    return median_over_runs(rows), failures
+
+
+def median_over_runs(rows: Sequence[dict]) -> List[dict]:
+    """One row per (collective, world size, backend, bytes): the median time of its runs."""
+    runs: Dict[tuple, List[dict]] = {}
+    for row in rows:
+        key = (row["collective"], row["world_size"], row["backend"], row["bytes"])
+        runs.setdefault(key, []).append(row)
+    return [dict(found[0], seconds=common.median([r["seconds"] for r in found]),
+                 runs=len(found)) for found in runs.values()]
 
 
 def _lookup(rows: Sequence[dict], collective: str, p: int, backend: str,
@@ -265,7 +281,8 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
     lines = common.section_head(
         "Collectives by backend (`benchmarks/bench_collectives.py`)", command, machine,
         "float32 buffers reused by every call. Time: median per-call time over batches of "
-        "calls, each batch started right after a barrier; the slowest rank's median. "
+        "calls, each batch started right after a barrier; the slowest rank's median; the "
+        "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
         "algbw = bytes / time; busbw = algbw x 2(p-1)/p (all_reduce), x (p-1)/p "
         "(all_gather, bytes = gathered total), x 1 (broadcast). Speed vs MPI native = MPI "
         "time / our time (> 1: ours is faster). GB/s = 10^9 B/s.")
@@ -287,6 +304,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--max-size", default="256M", help="drop sizes above this")
     parser.add_argument("--iters", type=int, default=20,
                         help="timed batches per point (large messages: fewer, at least 5)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="runs of every job, interleaved; each point is their median")
     parser.add_argument("--job-timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--output", action="append", default=[],
                         help="write the results section into this file (repeatable)")
@@ -309,8 +328,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     chosen = [c.strip() for c in args.collectives.split(",") if c.strip()]
     if not chosen or any(c not in COLLECTIVES for c in chosen):
         parser.error(f"--collectives must name some of {COLLECTIVES}, got {chosen}")
-    if args.iters < 1:
-        parser.error(f"--iters must be >= 1, got {args.iters}")
+    if args.iters < 1 or args.repeats < 1:
+        parser.error(f"--iters and --repeats must be >= 1, got {args.iters} and {args.repeats}")
     args.size_plan = {c: [s for s in (custom or DEFAULT_SIZES[c]) if s <= limit] for c in chosen}
     return args
 
@@ -322,7 +341,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     machine = common.machine_info()
     rows, failures = measure(args.backends, args.world_sizes, args.size_plan, args.iters,
-                             args.job_timeout)
+                             args.job_timeout, args.repeats)
     command = common.command_line("benchmarks/bench_collectives.py",
                                   sys.argv[1:] if argv is None else argv)
     common.publish(report(rows, failures, command, machine), args.output, SECTION)

@@ -130,6 +130,15 @@ def _row(backend: str, p: int, nbytes: int, seconds: float) -> dict:
                 seconds=seconds, algorithm="x", calls_per_batch=1, batches=1)
 
 
+def test_repeated_runs_report_the_median_of_each_point():
+    rows = [_row("shm", 2, 4, t) for t in (3e-6, 9e-6, 5e-6)] + [_row("shm", 4, 4, 7e-6)] + \
+        [_row("MPI native", 2, 4, t) for t in (2e-6, 1e-6)]
+    merged = {(r["backend"], r["world_size"]): (r["seconds"], r["runs"])
+              for r in bench_collectives.median_over_runs(rows)}
+    assert merged == {("shm", 2): (5e-6, 3), ("shm", 4): (7e-6, 1),
+                      ("MPI native", 2): (pytest.approx(1.5e-6), 2)}
+
+
 def test_collective_goals_follow_the_numbers():
     mib = 1 << 20
     rows = [  # at p = 2 busbw = bytes / time; at p = 4 it is 1.5 bytes / time
@@ -180,7 +189,8 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
                       "<!-- bench_collectives:end -->\n")
     result = _run("bench_collectives.py",
                   ["--backends", ",".join(BACKENDS), "--world-sizes", "2", "--sizes", "4,4K",
-                   "--iters", "2", "--output", str(output), "--plot", str(figure)])
+                   "--iters", "2", "--repeats", "1", "--output", str(output), "--plot",
+                   str(figure)])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = output.read_text()
     assert text.startswith("# Results\n\n<!-- bench_step:start -->\nstep table\n"
@@ -220,7 +230,8 @@ def test_bench_collectives_reports_a_job_past_its_time_limit(tmp_path):
     backends = ["shm"] + (["mpi"] if "mpi" in BACKENDS else [])
     result = _run("bench_collectives.py",
                   ["--backends", ",".join(backends), "--world-sizes", "2", "--sizes", "4",
-                   "--collectives", "all_reduce", "--iters", "1000000", "--job-timeout", "4"])
+                   "--collectives", "all_reduce", "--iters", "1000000", "--job-timeout", "4",
+                   "--repeats", "1"])
     assert result.returncode == 1
     for backend in backends:
         assert f"Failed job: bench_collectives.py job on backend '{backend}' with 2 ranks ran " \
