@@ -103,3 +103,12 @@ class Transport(ABC):
     def native_collectives(self):
         """An object with the transport's own collectives (MPI's), or None."""
         return None
+
+    def check_peer_rank(self, peer, fp: Fingerprint) -> None:
+        """ValueError unless ``peer`` is another rank of this job."""
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
+            raise ValueError(f"peer rank {peer!r} is outside [0, {self.world_size}) for "
+                             f"{fp.describe()}")
+        if peer == self.rank:
+            raise ValueError(f"rank {self.rank} cannot send to or receive from itself "
+                             f"({fp.describe()})")

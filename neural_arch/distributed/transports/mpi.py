@@ -190,12 +190,7 @@ class MpiTransport(Transport):
         self._wait(reqs, [src], fp)
 
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
-            raise ValueError(f"peer rank {peer!r} is outside [0, {self.world_size}) for "
-                             f"{fp.describe()}")
-        if peer == self.rank:
-            raise ValueError(f"rank {self.rank} cannot send to or receive from itself "
-                             f"({fp.describe()})")
+        self.check_peer_rank(peer, fp)
         if self._comm is None:
             raise PeerFailureError("transport is closed", rank=self.rank, peer=peer, op=fp.op,
                                    seq=fp.seq)

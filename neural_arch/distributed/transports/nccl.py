@@ -197,12 +197,7 @@ class NcclTransport(Transport):
 
     # ---- point to point ----------------------------------------------------------------------
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
-            raise ValueError(f"peer rank {peer!r} is outside [0, {self.world_size}) for "
-                             f"{fp.describe()}")
-        if peer == self.rank:
-            raise ValueError(f"rank {self.rank} cannot send to or receive from itself "
-                             f"({fp.describe()})")
+        self.check_peer_rank(peer, fp)
         self._check_usable(fp, peer)
 
     def _exchange(self, fp: Fingerprint, sends: list, recvs: list, peers: List[int]) -> None:
