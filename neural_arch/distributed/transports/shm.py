@@ -3,7 +3,8 @@
 Rank 0 creates a POSIX shared-memory segment (name ``nf_<pid>_<random>``), publishes its name
 through the store, and every rank maps it. As soon as all ranks have mapped it, the name is
 unlinked: the mappings stay valid, and nothing can be left in /dev/shm even if ranks are killed
-with SIGKILL afterwards. Until then the creator also unlinks on close, at exit and on SIGTERM.
+with SIGKILL afterwards. Until then the creator also unlinks on close, at exit and on SIGTERM
+(``shm_segment``).
 
 Each ordered pair (src -> dst) has a ring of slots with two counters: chunks written (by src)
 and chunks read (by dst). A message is its header (checked by the receiver) in the first slot's
@@ -17,102 +18,23 @@ are reordered with each other, which is all this protocol needs; other CPUs woul
 """
 from __future__ import annotations
 
-import atexit
 import json
-import mmap
 import os
 import secrets
-import signal
-import threading
 from typing import Any, Optional
 
-import _posixshmem
 import numpy as np
 
 from ..errors import CollectiveMismatchError, DistributedError, RendezvousError
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+# The segment functions are also reached as shm.create_segment etc. by callers and tests.
+from .shm_segment import attach_segment, create_segment, unlink_segment
 from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SPIN_POLLS, Backoff, PeerWatch,
                        ShmLayout, wait_ge)
 
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
 DEFAULT_WORKSPACE_BYTES = 2 << 20
-
-
-# ----- segment lifecycle ---------------------------------------------------------------------
-# Names this process created and has not unlinked yet. While there are any, an atexit hook and
-# a SIGTERM handler (chained to the previous one) unlink them; once all ranks have mapped a
-# segment its name is unlinked and the handler is put back.
-_pending: set = set()
-_previous_sigterm: list = []
-
-
-def unlink_segment(name: str) -> None:
-    _pending.discard(name)
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        pass
-    if not _pending and _previous_sigterm and \
-            threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is _unlink_on_sigterm:
-        signal.signal(signal.SIGTERM, _previous_sigterm.pop())
-
-
-def _unlink_pending() -> None:
-    for name in list(_pending):
-        unlink_segment(name)
-
-
-def _unlink_on_sigterm(signum, frame) -> None:
-    previous = _previous_sigterm[-1] if _previous_sigterm else signal.SIG_DFL
-    _unlink_pending()
-    if callable(previous):
-        previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _track(name: str) -> None:
-    if not _pending:
-        atexit.unregister(_unlink_pending)
-        atexit.register(_unlink_pending)
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is not _unlink_on_sigterm:
-            _previous_sigterm[:] = [signal.getsignal(signal.SIGTERM)]
-            signal.signal(signal.SIGTERM, _unlink_on_sigterm)
-    _pending.add(name)
-
-
-def create_segment(name: str, size: int) -> mmap.mmap:
-    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-    try:
-        _track(name)
-        os.ftruncate(fd, size)
-        return mmap.mmap(fd, size)
-    except BaseException:
-        unlink_segment(name)
-        raise
-    finally:
-        os.close(fd)
-
-
-def attach_segment(name: str, size: int, rank: int) -> mmap.mmap:
-    try:
-        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-    except FileNotFoundError:
-        raise RendezvousError(f"shared-memory segment {name} does not exist: its creator exited "
-                              "or this job's ranks already joined without this rank",
-                              rank=rank) from None
-    try:
-        actual = os.fstat(fd).st_size
-        if actual != size:
-            raise RendezvousError(f"shared-memory segment {name} has {actual} bytes, expected "
-                                  f"{size}", rank=rank)
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
 
 
 def _byte_view(buf: Any, what: str, writable: bool = False) -> np.ndarray:

@@ -214,6 +214,9 @@ class TcpTransport(Transport):
 
     def _check_incoming(self, op: _Recv, fp: Fingerprint) -> None:
         if bytes(op.header) == _GOODBYE:
+            # A peer that leaves mid-collective usually left because another rank failed: name
+            # that rank when the heartbeat already knows it, rather than the messenger.
+            heartbeat.check(self.rank, fp.op, fp.seq)
             raise self._lost(op.peer, fp, "it closed its transport (it left the job)")
         try:
             got, nbytes = unpack_header(op.header)
