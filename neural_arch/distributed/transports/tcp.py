@@ -215,8 +215,12 @@ class TcpTransport(Transport):
     def _check_incoming(self, op: _Recv, fp: Fingerprint) -> None:
         if bytes(op.header) == _GOODBYE:
             # A peer that leaves mid-collective usually left because another rank failed: name
-            # that rank when the heartbeat already knows it, rather than the messenger.
+            # that rank when the heartbeat knows it or its connection is already dead, rather
+            # than the messenger.
             heartbeat.check(self.rank, fp.op, fp.seq)
+            for other in self._socks:
+                if other != op.peer and other not in self._unusable:
+                    self._bystander_settled(other, fp)  # raises when ``other`` died
             raise self._lost(op.peer, fp, "it closed its transport (it left the job)")
         try:
             got, nbytes = unpack_header(op.header)
