@@ -50,13 +50,11 @@ def train_reference(world_size: int, optimizer_name: str, micro: int = 1):
     return [p.data.copy() for p in model.parameters()]
 
 
-def ddp_worker(rank: int, world_size: int, optimizer_name: str, auto_sync: bool, micro: int):
+def train_ddp(model, opt, rank: int, world_size: int, micro: int):
+    """Train on this rank's share of each batch in ``micro`` micro-batches (all but the last
+    under ``no_sync``); returns the final parameters and the number of buckets."""
     import neural_arch.functional as F
     from neural_arch.core import Tensor
-    from neural_arch.distributed import DistributedDataParallel
-    model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
-                                    bucket_size_mb=0.0005)  # several buckets even for a tiny MLP
-    opt = make_optimizer(optimizer_name, model.parameters())
     xs, ys = batches(world_size)
     for step in range(STEPS):
         x = xs[step].reshape(micro, world_size, -1, IN)[:, rank].reshape(-1, IN)
@@ -71,6 +69,14 @@ def ddp_worker(rank: int, world_size: int, optimizer_name: str, auto_sync: bool,
         model.sync_gradients()
         opt.step()
     return [p.data.copy() for p in model.module.parameters()], len(model._buckets)
+
+
+def ddp_worker(rank: int, world_size: int, optimizer_name: str, auto_sync: bool, micro: int):
+    from neural_arch.distributed import DistributedDataParallel
+    model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
+                                    bucket_size_mb=0.0005)  # several buckets even for a tiny MLP
+    opt = make_optimizer(optimizer_name, model.parameters())
+    return train_ddp(model, opt, rank, world_size, micro)
 
 
 def check_against_reference(results, reference):

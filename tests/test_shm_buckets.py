@@ -10,7 +10,7 @@ import pytest
 from dist_harness import RankFailed, run_ranks
 from neural_arch.distributed.shm_buckets import ALIGN_BYTES, _slices
 from shm_testing import shm_names_of
-from test_ddp import (IN, batches, check_against_reference, make_model, make_optimizer,
+from test_ddp import (check_against_reference, make_model, make_optimizer, train_ddp,
                       train_reference)
 
 pytestmark = pytest.mark.timeout(240)
@@ -18,27 +18,12 @@ pytestmark = pytest.mark.timeout(240)
 
 def train_worker(rank: int, world_size: int, shared, auto_sync: bool, micro: int):
     """test_ddp's training loop, choosing the bucket storage; also reports which one ran."""
-    import neural_arch.functional as F
-    from neural_arch.core import Tensor
     from neural_arch.distributed import DistributedDataParallel
     model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
                                     bucket_size_mb=0.0005, shared_buckets=shared)
     opt = make_optimizer("sgd", model.parameters())
-    xs, ys = batches(world_size)
-    for step in range(xs.shape[0]):
-        x = xs[step].reshape(micro, world_size, -1, IN)[:, rank].reshape(-1, IN)
-        y = ys[step].reshape(micro, world_size, -1)[:, rank].reshape(-1)
-        opt.zero_grad()
-        for i, (xm, ym) in enumerate(zip(np.array_split(x, micro), np.array_split(y, micro))):
-            if i < micro - 1:
-                with model.no_sync():
-                    F.cross_entropy(model(Tensor(xm)), Tensor(ym)).backward()
-            else:
-                F.cross_entropy(model(Tensor(xm)), Tensor(ym)).backward()
-        model.sync_gradients()
-        opt.step()
-    params = [p.data.copy() for p in model.module.parameters()]
-    return (params, len(model._buckets)), model.shared_buckets, os.getpid()
+    return (train_ddp(model, opt, rank, world_size, micro), model.shared_buckets,
+            os.getpid())
 
 
 def run_training(world_size: int, shared, auto_sync: bool, micro: int = 1):
