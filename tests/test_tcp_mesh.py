@@ -191,6 +191,9 @@ def test_failed_setup_names_missing_ranks_and_leaves_nothing_behind():
     first = errors[0]
     assert (first.rank, first.peer, first.op) == (0, None, "tcp.accept")
     assert "ranks [2] did not connect within 3.0 s" in str(first)
-    assert "last rejected connection" in str(first) and "does not speak this protocol" in str(first)
+    # The silent stranger's own handshake limit is the time left, so it may be rejected just
+    # before the deadline and become the last rejection; either stranger is named rightly.
+    assert "last rejected connection" in str(first)
+    assert "does not speak this protocol" in str(first) or "sent no hello in time" in str(first)
     # rank 1 misses rank 2 as well, unless a loaded machine started it after rank 0 gave up
     assert errors[1].rank == 1
