@@ -41,7 +41,7 @@ from .algorithms.shm_direct import supports_direct
 from .errors import CollectiveMismatchError, DistributedError
 from .process_group import ProcessGroup, resolve_group
 from .transports.shm import attach_segment, create_segment, unlink_segment
-from .transports.shm_sync import LINE_WORDS, PAGE, wait_ge
+from .transports.shm_sync import LINE_WORDS, PAGE, sleep_until_ge, wait_ge, wake_sleepers
 
 Spec = Tuple[int, np.dtype]  # (elements, dtype) of one bucket
 
@@ -49,7 +49,7 @@ OP = "shared_bucket_all_reduce"
 ACQUIRE_OP = "shared_bucket_acquire"
 # Words of a rank's control line: barrier generation, syncs whose results it finished
 # reading, and the signature and sequence number of its barrier at each generation parity.
-ARRIVED, RELEASED, SIG0, SEQ0 = 0, 1, 2, 3
+ARRIVED, RELEASED, SIG0, SEQ0, SLEEP = 0, 1, 2, 3, 6  # SIG0/SEQ0 + 2: the odd-parity slots
 ALIGN_BYTES = 64            # slice boundaries fall on cache lines
 CHUNK_BYTES = 256 << 10     # partial sums stay in cache while the next rank's slice is added
 _FINISH = "end of a sync"
@@ -110,6 +110,8 @@ class SharedBucketArena:
         layout = _Layout(p, specs)
         self._ctrl = memoryview(mm)[:layout.ctrl_bytes].cast("q")
         raw = np.frombuffer(mm, np.uint8)
+        self._base_address = raw.ctypes.data
+        self._peer_sleep_words = [q * LINE_WORDS + SLEEP for q in self._peers]
         self._views = [[raw[layout.bucket(q, i):layout.bucket(q, i) + n * np.dtype(dt).itemsize]
                         .view(dt) for i, (n, dt) in enumerate(specs)] for q in range(p)]
         self.flats = self._views[rank]  # this rank's buckets: DDP packs gradients into them
@@ -225,11 +227,13 @@ class SharedBucketArena:
         ctrl[line + SIG0 + slot] = sig
         ctrl[line + SEQ0 + slot] = seq
         ctrl[line + ARRIVED] = gen  # last: peers read the signature once they see the arrival
+        wake_sleepers(ctrl, line + ARRIVED, self._peer_sleep_words, self._base_address)
         watch, timeout = self._t.watch, self._t.timeout
         for peer in self._peers:
             word = peer * LINE_WORDS
             if ctrl[word + ARRIVED] < gen:
-                wait_ge(ctrl, word + ARRIVED, gen, peer, watch, timeout, OP, seq, what)
+                sleep_until_ge(ctrl, word + ARRIVED, gen, peer, watch, timeout, OP, seq, what,
+                               line + SLEEP, self._base_address)
             if ctrl[word + SIG0 + slot] != sig or ctrl[word + SEQ0 + slot] != seq:
                 theirs = self._labels.get(ctrl[word + SIG0 + slot], "an unknown bucket layout")
                 raise CollectiveMismatchError(

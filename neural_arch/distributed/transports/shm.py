@@ -29,8 +29,8 @@ from ..errors import CollectiveMismatchError, DistributedError, RendezvousError
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
 # The segment functions are also reached as shm.create_segment etc. by callers and tests.
 from .shm_segment import attach_segment, create_segment, unlink_segment
-from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SPIN_POLLS, Backoff, PeerWatch,
-                       ShmLayout, wait_ge)
+from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SLEEP, SPIN_POLLS, Backoff, PeerWatch,
+                       ShmLayout, sleep_until_ge, wait_ge, wake_sleepers)
 
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
@@ -64,6 +64,10 @@ class ShmTransport(Transport):
         self._sent = [0] * world_size
         self._received = [0] * world_size
         self.gen = 0  # last generation of the direct-collective barrier this rank arrived at
+        self._gen_word = layout.rank_word(rank, GEN)
+        self._sleep_word = layout.rank_word(rank, SLEEP)
+        self._peer_sleep_words = [layout.rank_word(peer, SLEEP) for peer in layout.peers[rank]]
+        self._base_address = self.shared.ctypes.data
         # Direct collectives keep their per-dtype views of the workspace, fingerprint signatures
         # and the signature last written to each header area here (see algorithms.shm_direct).
         self.direct_views: dict = {}
@@ -95,15 +99,17 @@ class ShmTransport(Transport):
     def arrive(self, gen: int) -> None:
         """Tell every rank that this rank reached generation ``gen`` (its data is in place)."""
         self.gen = gen
-        self.ctrl[self.layout.rank_word(self.rank, GEN)] = gen
+        self.ctrl[self._gen_word] = gen
+        wake_sleepers(self.ctrl, self._gen_word, self._peer_sleep_words, self._base_address)
 
     def wait_arrivals(self, gen: int, op: str, seq: Optional[int]) -> None:
         """Block until every rank has arrived at generation ``gen``."""
         ctrl, words = self.ctrl, self.layout.gen_words
         for peer in self.layout.peers[self.rank]:
             if ctrl[words[peer]] < gen:
-                wait_ge(ctrl, words[peer], gen, peer, self.watch, self.timeout, op, seq,
-                        f"every rank to reach generation {gen} of the shared workspace")
+                sleep_until_ge(ctrl, words[peer], gen, peer, self.watch, self.timeout, op, seq,
+                               f"every rank to reach generation {gen} of the shared workspace",
+                               self._sleep_word, self._base_address)
 
     # ----- point to point -------------------------------------------------------------
     def _check_peer(self, peer: int, what: str) -> None:
