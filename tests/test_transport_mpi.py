@@ -135,7 +135,7 @@ def _mpiexec(tmp_path, script, ranks, extra=(), timeout=150):
                             env=env, cwd=tmp_path, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as e:  # the caller judges what was printed; code None
+    except subprocess.TimeoutExpired as e:  # the caller judges what was printed; code: SIGKILL
         output = e.output.decode() if isinstance(e.output, bytes) else (e.output or "")
     finally:
         if proc.poll() is None:

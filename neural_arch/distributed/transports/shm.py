@@ -30,7 +30,7 @@ from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header
 # The segment functions are also reached as shm.create_segment etc. by callers and tests.
 from .shm_segment import attach_segment, create_segment, unlink_segment
 from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SLEEP, SPIN_POLLS, Backoff, PeerWatch,
-                       ShmLayout, sleep_until_ge, wait_ge, wake_sleepers)
+                       ShmLayout, sleep_until_ge, wake_sleepers)
 
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
