@@ -152,19 +152,12 @@ def measure(backends: Sequence[str], world_sizes: Sequence[int], sizes: Dict[str
             iters: int, timeout: float, repeats: int = 1) -> Tuple[List[dict], List[str]]:
     """Rows of every job that ran (each point the median over ``repeats`` runs), and a message
     for every job that failed."""
-    rows, failures = [], []
     job = {"collectives": [c for c in COLLECTIVES if sizes.get(c)], "sizes": sizes,
            "iters": iters}
-    for run in range(1, repeats + 1):
-        for p in world_sizes:
-            for backend in backends:
-                print(f"== {backend}, {p} ranks, run {run} of {repeats}", flush=True)
-                try:
-                    rows += common.run_job(SCRIPT, backend, p, job, timeout)["rows"]
-                except common.JobFailed as exc:
-                    failures.append(str(exc))
-                    print(f"FAILED: {exc}", flush=True)
-    return median_over_runs(rows), failures
+    plan = [(f"{backend}, {p} ranks, run {run} of {repeats}", backend, p)
+            for run in range(1, repeats + 1) for p in world_sizes for backend in backends]
+    results, failures = common.run_jobs(SCRIPT, plan, job, timeout)
+    return median_over_runs([row for result in results for row in result["rows"]]), failures
 
 
 def median_over_runs(rows: Sequence[dict]) -> List[dict]:

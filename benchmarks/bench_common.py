@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -150,6 +150,21 @@ def run_job(script: str, backend: str, world_size: int, job: Dict[str, Any],
     finally:
         _kill_recorded_ranks(job_dir)
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def run_jobs(script: str, plan: Sequence[Tuple[str, str, int]], job: Dict[str, Any],
+             timeout: float) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Run one job per ``(title, backend, world_size)`` of ``plan``, in order, printing each
+    title; return rank 0's results of the jobs that finished and a message for each failure."""
+    results, failures = [], []
+    for title, backend, world_size in plan:
+        print(f"== {title}", flush=True)
+        try:
+            results.append(run_job(script, backend, world_size, job, timeout))
+        except JobFailed as exc:
+            failures.append(str(exc))
+            print(f"FAILED: {exc}", flush=True)
+    return results, failures
 
 
 def _run_mpiexec(script: str, world_size: int, job_dir: str, timeout: float) -> int:

@@ -217,14 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     machine = common.machine_info()
     job = {"sync_models": args.sync_models, "repeats": args.repeats, "steps": args.steps,
            "batch": args.batch, "warmup": args.warmup}
-    results, failures = [], []
-    for p in args.world_sizes:
-        print(f"== shm, {p} ranks", flush=True)
-        try:
-            results.append(common.run_job(SCRIPT, "shm", p, job, args.job_timeout))
-        except common.JobFailed as exc:
-            failures.append(str(exc))
-            print(f"FAILED: {exc}", flush=True)
+    results, failures = common.run_jobs(
+        SCRIPT, [(f"shm, {p} ranks", "shm", p) for p in args.world_sizes], job, args.job_timeout)
     command = common.command_line("benchmarks/bench_ddp_buckets.py",
                                   sys.argv[1:] if argv is None else argv)
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

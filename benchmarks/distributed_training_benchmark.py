@@ -120,18 +120,12 @@ def measure_training(backends: Sequence[str], world_sizes: Sequence[int],
                      timeout: float) -> Tuple[List[dict], List[str]]:
     job = {"models": [list(m) for m in models], "batch": batch, "steps": steps,
            "warmup": warmup}
-    rows, failures = [], []
-    plan = [(b, p) for p in world_sizes if p > 1 for b in backends]
+    plan = [(f"training, {b}, {p} ranks", b, p) for p in world_sizes if p > 1 for b in backends]
     if 1 in world_sizes:  # one process: no communication, the same on every backend
-        plan.insert(0, (next((b for b in backends if b != "mpi"), "shm"), 1))
-    for backend, p in plan:
-        print(f"== training, {backend if p > 1 else 'one process'}, {p} rank(s)", flush=True)
-        try:
-            rows += common.run_job(SCRIPT, backend, p, job, timeout)["rows"]
-        except common.JobFailed as exc:
-            failures.append(str(exc))
-            print(f"FAILED: {exc}", flush=True)
-    return rows, failures
+        plan.insert(0, ("training, one process", next((b for b in backends if b != "mpi"),
+                                                      "shm"), 1))
+    results, failures = common.run_jobs(SCRIPT, plan, job, timeout)
+    return [row for result in results for row in result["rows"]], failures
 
 
 def _find(rows: Sequence[dict], model: str, p: int, backend: str, mode: str) -> Optional[dict]:

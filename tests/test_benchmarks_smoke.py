@@ -269,3 +269,31 @@ def test_training_benchmark_reports_consistent_numbers(tmp_path):
     assert len(_tables(text)[("all_reduce", 2)]) == len(backends) + ("mpi" in backends)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "batch 256 per rank, p=2, shm, manual sync | - | n/a (not measured) |" in text
+
+
+def test_small_latency_benchmark_reports_consistent_numbers(tmp_path):
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_small_latency.py", ["--world-sizes", "2,3", "--calls", "5",
+                                             "--batches", "2", "--repeats", "2",
+                                             "--output", str(output)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- bench_small_latency:start -->") == 1
+    for p in (2, 3):
+        block = text.split(f"### p = {p} (2 runs)")[1].split("###")[0]
+        rows = re.findall(r"^\| ([^|]+?) \| ([0-9.]+) \| ([+-][0-9.]+) \|$", block, re.MULTILINE)
+        assert [name for name, *_ in rows] == [
+            "barrier on the arrival counters", "shm_direct all-reduce (algorithm only)",
+            "dist.all_reduce, short path", "dist.all_reduce, general path"]
+        us = [float(t) for _, t, _ in rows]
+        added = [float(a) for *_, a in rows]
+        # each layer's addition is its time minus the row it builds on (0.01 us rounding)
+        for got, want in zip(added, [us[0], us[1] - us[0], us[2] - us[1], us[3] - us[1]]):
+            assert got == pytest.approx(want, abs=0.011)
+    goal = re.search(r"\| shm 4-byte all_reduce <= 8 us, p=2 \| ([0-9.]+) us \| (PASS|MISS) \|",
+                     text)
+    assert goal, text[:3000]
+    assert (goal.group(2) == "PASS") == (float(goal.group(1)) <= 8.0)
+    short_path_p2 = re.search(r"### p = 2 .*?\| dist.all_reduce, short path \| ([0-9.]+) \|",
+                              text, re.DOTALL)
+    assert short_path_p2.group(1) == goal.group(1)

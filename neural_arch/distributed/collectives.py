@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, plain_all_reduce
 from .algorithms import exchange
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
@@ -59,6 +59,10 @@ def _no_list_off_root(items: Any, what: str, pg: ProcessGroup, root_arg: str, ro
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
                async_op: bool = False, algorithm: Optional[str] = None):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
+    if type(tensor) is np.ndarray and group is None and not async_op and algorithm is None:
+        done = plain_all_reduce.all_reduce(tensor, op)
+        if done is not None:
+            return done
     pg = _group(group, "all_reduce")
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)

@@ -104,11 +104,12 @@ class CommQueue:
             self._cond.notify_all()
         return work
 
-    def run_sync(self, fn: Callable[[], Any], op: str, seq: Optional[int]) -> Any:
+    def run_sync(self, fn: Callable[..., Any], op: str, seq: Optional[int], *args: Any) -> Any:
+        """``fn(*args)`` on the calling thread, after every queued collective."""
         if self._items or self._running:
             self.drain(op, seq)
         with self._exec_lock:
-            return fn()
+            return fn(*args)
 
     def drain(self, op: str = "wait for pending work", seq: Optional[int] = None) -> None:
         if not self._items and not self._running:  # the common case: nothing queued

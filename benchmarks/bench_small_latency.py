@@ -1,0 +1,146 @@
+"""Where the time of a small all-reduce goes, layer by layer, on the shared-memory backend.
+
+Four rows, all timed in the same job on the same buffer: the bare barrier on the shared
+arrival counters; the direct shared-memory all-reduce called as an algorithm (one barrier
+plus its copies and checks); the public ``dist.all_reduce`` on its short path (a NumPy array,
+the default group, synchronous); and the public call forced onto its general path
+(``algorithm="auto"``), which every other kind of call takes. The last two each add their
+layer to the algorithm row. Each layer is timed in batches
+of calls, each batch right after a barrier; a rank's time is its median per-call time, the
+reported time the slowest rank's, and the whole job runs ``--repeats`` times (median of those).
+
+    python benchmarks/bench_small_latency.py [--world-sizes 2,4] [--bytes 4] [--calls 200]
+        [--batches 25] [--repeats 3] [--output benchmarks/RESULTS.md]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import bench_common as common  # noqa: E402
+
+common.one_thread_per_rank()
+
+import argparse  # noqa: E402
+from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
+
+SECTION = "bench_small_latency"
+SCRIPT = os.path.abspath(__file__)
+LAYERS = ("barrier on the arrival counters", "shm_direct all-reduce (algorithm only)",
+          "dist.all_reduce, short path", "dist.all_reduce, general path")
+BUILDS_ON = (None, 0, 1, 1)  # the row whose time each layer adds to
+GOAL_US = 8.0  # the 4-byte shm all-reduce at p=2
+
+
+def worker(job: Dict[str, Any]) -> Dict[str, Any]:
+    import numpy as np
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.algorithms import shm_direct
+    from neural_arch.distributed.process_group import resolve_group
+    from neural_arch.distributed.reduce_ops import ReduceOp
+    from neural_arch.distributed.transports.base import Fingerprint
+    rank, p = dist.get_rank(), dist.get_world_size()
+    transport = resolve_group(None).transport
+    x = np.zeros(max(1, job["bytes"] // 4), np.float32)
+    fp = Fingerprint("bench_all_reduce", 0, "float32", x.size, 0)
+    seq = [0]
+
+    def bare_barrier():
+        gen = transport.gen + 1
+        transport.arrive(gen)
+        transport.wait_arrivals(gen, "bench_barrier", None)
+
+    def algorithm_only():
+        seq[0] += 1
+        shm_direct.all_reduce(transport, x, ReduceOp.SUM, fp._replace(seq=seq[0]))
+
+    calls = [bare_barrier, algorithm_only, lambda: dist.all_reduce(x),
+             lambda: dist.all_reduce(x, algorithm="auto")]
+    seconds = []
+    for call in calls:
+        times = common.time_batches(call, dist.barrier, job["calls"], job["batches"])
+        seconds.append(common.slowest_median(dist.all_gather_object(times)))
+    x[...] = rank + 1
+    dist.all_reduce(x)
+    if not np.all(x == p * (p + 1) / 2):
+        raise RuntimeError(f"all_reduce on rank {rank} of {p} gave {x[:4]}")
+    return {"world_size": p, "seconds": seconds}
+
+
+def report(runs: Dict[int, List[List[float]]], failures: Sequence[str], command: str,
+           machine: str, job: Dict[str, Any]) -> str:
+    method = (f"float32 all-reduce of {common.format_size(job['bytes'])} (SUM) on the shm backend. "
+              f"Time per call: median over {job['batches']} batches of {job['calls']} calls, "
+              "each batch started after a barrier; the slowest rank's median; the median over "
+              "the runs of the job (--repeats). Added: over the barrier row (algorithm) or the "
+              "algorithm row (the two public paths).")
+    lines = common.section_head("Small all-reduce, layer by layer "
+                                "(`benchmarks/bench_small_latency.py`)",
+                                command, machine, method)
+    goal = None
+    for p, per_run in sorted(runs.items()):
+        medians = [common.median([run[i] for run in per_run]) for i in range(len(LAYERS))]
+        rows = []
+        for layer, seconds, below in zip(LAYERS, medians, BUILDS_ON):
+            added = seconds - (medians[below] if below is not None else 0.0)
+            rows.append([layer, f"{seconds * 1e6:.2f}", f"{added * 1e6:+.2f}"])
+        if p == 2 and job["bytes"] == 4:
+            goal = medians[2] * 1e6
+        lines += [f"### p = {p} ({len(per_run)} runs)", "",
+                  common.markdown_table(["layer", "time (us)", "added (us)"], rows), ""]
+    if goal is not None:
+        lines += ["### Goal", "", common.markdown_table(
+            ["goal", "measured", "result"],
+            [[f"shm 4-byte all_reduce <= {GOAL_US:g} us, p=2", f"{goal:.2f} us",
+              common.verdict(goal <= GOAL_US)]], align="llr"), ""]
+    lines += [f"FAILED: {f}" for f in failures]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--bytes", default="4", help="message size, e.g. 4, 1K")
+    parser.add_argument("--calls", type=int, default=200, help="calls per batch")
+    parser.add_argument("--batches", type=int, default=25, help="timed batches per layer")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each job")
+    parser.add_argument("--job-timeout", type=float, default=600.0)
+    parser.add_argument("--output", action="append", default=[])
+    args = parser.parse_args(argv)
+    if args.worker:
+        return args
+    try:
+        args.world_sizes = [int(p) for p in args.world_sizes.split(",")]
+        args.bytes = common.parse_size(args.bytes)
+    except ValueError:
+        parser.error(f"cannot read --world-sizes {args.world_sizes!r} or --bytes {args.bytes!r}")
+    if min(args.world_sizes) < 2 or min(args.calls, args.batches, args.repeats, args.bytes) < 1:
+        parser.error("--world-sizes must be >= 2; --calls, --batches, --repeats, --bytes >= 1")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        common.worker_main(args.worker, worker)
+        return 0
+    machine = common.machine_info()
+    job = {"bytes": args.bytes, "calls": args.calls, "batches": args.batches}
+    plan = [(f"shm, {p} ranks, run {run} of {args.repeats}", "shm", p)
+            for run in range(1, args.repeats + 1) for p in args.world_sizes]
+    results, failures = common.run_jobs(SCRIPT, plan, job, args.job_timeout)
+    runs: Dict[int, List[List[float]]] = {}
+    for result in results:
+        runs.setdefault(result["world_size"], []).append(result["seconds"])
+    command = common.command_line("benchmarks/bench_small_latency.py",
+                                  sys.argv[1:] if argv is None else argv)
+    common.publish(report(runs, failures, command, machine, job), args.output, SECTION)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

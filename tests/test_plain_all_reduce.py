@@ -1,0 +1,106 @@
+"""The short path of ``all_reduce`` (a NumPy array, default group, synchronous, no profiler)
+against the general path and NumPy, on real processes; and the calls it must leave alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dist_harness import installed_backends, run_ranks
+from neural_arch import distributed as dist
+from neural_arch.distributed import plain_all_reduce
+from neural_arch.distributed.profiler import CommunicationProfiler, trace_collectives
+from test_collectives_multiprocess import DTYPES, OPS, expected_reduction, inputs_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _values(rank: int, shape, dtype, op) -> np.ndarray:
+    return inputs_of(rank, int(np.prod(shape)), dtype, op).reshape(shape)
+
+
+def _expected(ws: int, shape, dtype, op) -> np.ndarray:
+    return expected_reduction(ws, int(np.prod(shape)), dtype, op).reshape(shape)
+
+
+def _every_op_and_dtype(rank, ws):
+    plain_all_reduce._PLANS.clear()
+    for dtype in DTYPES:
+        for op in OPS:
+            if op is dist.ReduceOp.AVERAGE and np.dtype(dtype).kind != "f":
+                continue
+            for shape in [(0,), (1,), (ws - 1,), (7,), (3, 5), (2, 3, 4)]:
+                x = _values(rank, shape, dtype, op)
+                assert dist.all_reduce(x, op) is x
+                np.testing.assert_array_equal(x, _expected(ws, shape, dtype, op),
+                                              err_msg=f"{dtype} {op} {shape}")
+    # the short path was the one taken: it remembered each (dtype, op) it ran
+    return sorted((str(d), op.name) for d, op in plain_all_reduce._PLANS)
+
+
+@pytest.mark.parametrize("backend", installed_backends())
+@pytest.mark.parametrize("ws", [2, 3])
+def test_every_op_dtype_and_shape_matches_numpy(backend, ws):
+    for plans in run_ranks(_every_op_and_dtype, ws, backend, timeout=90):
+        assert len(plans) == 3 * 5 + 2 * 4  # AVERAGE only for the float dtypes
+
+
+def _calls_it_leaves_to_the_general_path(rank, ws):
+    seen = []
+    # a strided view: staged through a contiguous copy, written back
+    base = np.arange(12, dtype=np.float64).reshape(3, 4) * (rank + 1)
+    dist.all_reduce(base[:, ::2])
+    seen.append(base.tolist())
+    # a read-only array is refused with the general path's error
+    frozen = np.ones(3)
+    frozen.flags.writeable = False
+    try:
+        dist.all_reduce(frozen)
+    except ValueError as exc:
+        seen.append("read-only" in str(exc))
+    # unsupported dtype and an op given by name
+    try:
+        dist.all_reduce(np.zeros(2, np.uint8))
+    except TypeError as exc:
+        seen.append("uint8" in str(exc))
+    by_name = np.full(2, rank + 1.0)
+    dist.all_reduce(by_name, "max")
+    seen.append(by_name.tolist())
+    # async work queued before a plain call runs first
+    first, second = np.full(4, rank + 1.0), np.full(4, 10.0 * (rank + 1))
+    work = dist.all_reduce(first, async_op=True)
+    dist.all_reduce(second)
+    work.wait(30)
+    seen.append((first.tolist(), second.tolist()))
+    # with a profiler attached the call is traced
+    profiler = CommunicationProfiler()
+    with trace_collectives(profiler):
+        dist.all_reduce(np.ones(5, np.float32))
+    seen.append(profiler.get_statistics()["all_reduce"]["count"])
+    return seen
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_calls_the_short_path_leaves_alone_still_work(ws):
+    total = ws * (ws + 1) // 2
+    for rank, seen in enumerate(run_ranks(_calls_it_leaves_to_the_general_path, ws, "shm")):
+        base = np.arange(12, dtype=np.float64).reshape(3, 4) * (rank + 1)
+        base[:, ::2] = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2] * total
+        assert seen[0] == base.tolist()
+        assert seen[1] is True and seen[2] is True
+        assert seen[3] == [float(ws)] * 2
+        assert seen[4] == ([float(total)] * 4, [10.0 * total] * 4)
+        assert seen[5] == 1
+
+
+def _mismatched_ops(rank, ws):
+    op = dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX
+    try:
+        dist.all_reduce(np.ones(3, np.float32), op)
+    except dist.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_ranks_calling_different_ops_raise_naming_both():
+    for message in run_ranks(_mismatched_ops, 2, "shm", timeout=60):
+        assert "all_reduce:sum" in message and "all_reduce:max" in message, message
