@@ -5,12 +5,13 @@ arrival counters; the direct shared-memory all-reduce called as an algorithm (on
 plus its copies and checks); the public ``dist.all_reduce`` on its short path (a NumPy array,
 the default group, synchronous); and the public call forced onto its general path
 (``algorithm="auto"``), which every other kind of call takes. The last two each add their
-layer to the algorithm row. Each layer is timed in batches
-of calls, each batch right after a barrier; a rank's time is its median per-call time, the
-reported time the slowest rank's, and the whole job runs ``--repeats`` times (median of those).
+layer to the algorithm row. Each layer is timed in batches of calls, each batch right after
+a barrier, the layers taking turns batch by batch (a slow spell of a shared machine then falls
+on all of them alike); a rank's time is its median per-call time, the reported time the
+slowest rank's, and the whole job runs ``--repeats`` times (median of those).
 
     python benchmarks/bench_small_latency.py [--world-sizes 2,4] [--bytes 4] [--calls 200]
-        [--batches 25] [--repeats 3] [--output benchmarks/RESULTS.md]
+        [--batches 50] [--repeats 5] [--output benchmarks/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     rank, p = dist.get_rank(), dist.get_world_size()
     transport = resolve_group(None).transport
     x = np.zeros(max(1, job["bytes"] // 4), np.float32)
+    for _ in range(job["calls"]):  # warm-up: caches of views and plans are filled
+        dist.all_reduce(x)
     fp = Fingerprint("bench_all_reduce", 0, "float32", x.size, 0)
     seq = [0]
 
@@ -59,10 +62,12 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
 
     calls = [bare_barrier, algorithm_only, lambda: dist.all_reduce(x),
              lambda: dist.all_reduce(x, algorithm="auto")]
-    seconds = []
-    for call in calls:
-        times = common.time_batches(call, dist.barrier, job["calls"], job["batches"])
-        seconds.append(common.slowest_median(dist.all_gather_object(times)))
+    times: List[List[float]] = [[] for _ in calls]
+    for _ in range(job["batches"]):
+        for call, batch_times in zip(calls, times):
+            batch_times += common.time_batches(call, dist.barrier, job["calls"], 1,
+                                               warmup_batches=0)
+    seconds = [common.slowest_median(dist.all_gather_object(t)) for t in times]
     x[...] = rank + 1
     dist.all_reduce(x)
     if not np.all(x == p * (p + 1) / 2):
@@ -74,7 +79,8 @@ def report(runs: Dict[int, List[List[float]]], failures: Sequence[str], command:
            machine: str, job: Dict[str, Any]) -> str:
     method = (f"float32 all-reduce of {common.format_size(job['bytes'])} (SUM) on the shm backend. "
               f"Time per call: median over {job['batches']} batches of {job['calls']} calls, "
-              "each batch started after a barrier; the slowest rank's median; the median over "
+              "each batch started after a barrier, the layers taking turns batch by batch; "
+              "the slowest rank's median; the median over "
               "the runs of the job (--repeats). Added: over the barrier row (algorithm) or the "
               "algorithm row (the two public paths).")
     lines = common.section_head("Small all-reduce, layer by layer "
@@ -106,8 +112,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--world-sizes", default="2,4")
     parser.add_argument("--bytes", default="4", help="message size, e.g. 4, 1K")
     parser.add_argument("--calls", type=int, default=200, help="calls per batch")
-    parser.add_argument("--batches", type=int, default=25, help="timed batches per layer")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each job")
+    parser.add_argument("--batches", type=int, default=50, help="timed batches per layer")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each job")
     parser.add_argument("--job-timeout", type=float, default=600.0)
     parser.add_argument("--output", action="append", default=[])
     args = parser.parse_args(argv)
