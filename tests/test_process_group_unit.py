@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from neural_arch import distributed as dist
+from neural_arch.distributed import backend_choice
 from neural_arch.distributed import process_group as pgm
 from neural_arch.distributed.algorithms import ring
 from neural_arch.distributed.env import RendezvousInfo
@@ -32,20 +33,20 @@ def info(rank, world_size):
 
 
 def test_backend_choice_compares_host_identities():
-    same = DictStore({f"{pgm._HOST_KEY}/1": pgm._host_identity().encode()})
-    assert pgm._choose_on_one_host(info(0, 2), same) == "shm"
-    other = DictStore({f"{pgm._HOST_KEY}/1": b"elsewhere|boot-2"})
-    assert pgm._choose_on_one_host(info(0, 2), other) == "tcp"
+    same = DictStore({f"{backend_choice._HOST_KEY}/1": backend_choice._host_identity().encode()})
+    assert backend_choice.choose_on_one_host(info(0, 2), same) == "shm"
+    other = DictStore({f"{backend_choice._HOST_KEY}/1": b"elsewhere|boot-2"})
+    assert backend_choice.choose_on_one_host(info(0, 2), other) == "tcp"
     # a non-zero rank reads rank 0's decision
-    decided = DictStore({f"{pgm._HOST_KEY}/choice": b"tcp"})
-    assert pgm._choose_on_one_host(info(1, 2), decided) == "tcp"
+    decided = DictStore({f"{backend_choice._HOST_KEY}/choice": b"tcp"})
+    assert backend_choice.choose_on_one_host(info(1, 2), decided) == "tcp"
 
 
 def test_unknown_backend_lists_the_choices():
     with pytest.raises(ValueError) as exc:
-        pgm._normalize_backend("carrier-pigeon")
+        backend_choice.normalize_backend("carrier-pigeon")
     assert "carrier-pigeon" in str(exc.value) and "tcp" in str(exc.value)
-    assert pgm._normalize_backend("GLOO") == "auto"
+    assert backend_choice.normalize_backend("GLOO") == "auto"
 
 
 def test_queries_before_init(monkeypatch):

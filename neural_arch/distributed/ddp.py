@@ -10,7 +10,7 @@ Two ways to synchronise:
   background as soon as backward has produced all of its gradients, overlapping communication
   with the rest of backward; ``sync_gradients()`` then only waits and unpacks.
 
-Bucket storage comes from ``shm_buckets.bucket_storage``: on the whole world of an ``shm``
+Bucket storage comes from ``bucket_storage.bucket_storage``: on the whole world of an ``shm``
 transport the buckets live in shared memory (``shared_buckets``), so gradients are packed
 straight into the segment the averaging reads and nothing is copied in or out of a workspace.
 
@@ -28,7 +28,8 @@ from ..nn import Module
 from . import collectives
 from .process_group import get_world_size, is_initialized
 from .reduce_ops import ReduceOp
-from .shm_buckets import SharedBucketArena, bucket_storage
+from .bucket_storage import bucket_storage
+from .shm_buckets import SharedBucketArena
 
 
 class _Bucket:

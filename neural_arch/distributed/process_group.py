@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import algorithms, heartbeat, transports
+from .backend_choice import choose_on_one_host, launched_by_mpi, normalize_backend
 from .errors import DistributedError, PeerFailureError
 from .group_transport import GroupTransport, SoloTransport
 from .profiler import trace_collective
@@ -25,7 +26,6 @@ from .transports.base import Fingerprint, Transport
 from .work import CommQueue, Seconds, Work, to_seconds
 
 
-BACKENDS = ("auto", "gloo", "shm", "tcp", "mpi")
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -128,44 +128,6 @@ class _World:
 
 
 _WORLD: Optional[_World] = None
-_HOST_KEY = "neural_arch/init/host"
-
-
-def _host_identity() -> str:
-    """Hostname, boot id and IPC namespace: equal when two processes can share shm segments."""
-    parts = [socket.gethostname()]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
-        parts.append(str(os.stat("/proc/self/ns/ipc").st_ino))
-    except OSError:
-        pass  # not Linux: the hostname alone has to do
-    return "|".join(parts)
-
-
-def _normalize_backend(backend: Any) -> str:
-    name = str(getattr(backend, "value", backend)).lower()
-    known = set(BACKENDS) | set(transports.known_transports())
-    if name not in known:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {sorted(known)}")
-    return "auto" if name == "gloo" else name
-
-
-def _launched_by_mpi() -> bool:
-    from .env import is_launched_by_mpi
-    return is_launched_by_mpi() and transports.is_available("mpi")
-
-
-def _choose_on_one_host(info, store) -> str:
-    """Rank 0 compares every rank's host identity and publishes "shm" or "tcp"."""
-    store.set(f"{_HOST_KEY}/{info.rank}", _host_identity().encode())
-    if info.rank == 0:
-        hosts = {store.get(f"{_HOST_KEY}/{r}") for r in range(info.world_size)}
-        local = len(hosts) == 1 and transports.is_available("shm")
-        store.set(f"{_HOST_KEY}/choice", b"shm" if local else b"tcp")
-    return store.get(f"{_HOST_KEY}/choice").decode()
-
-
 def init_process_group(backend: str = "auto", init_method: str = "env://",
                        world_size: Optional[int] = None, rank: Optional[int] = None,
                        timeout: Seconds = DEFAULT_TIMEOUT_S, store=None) -> None:
@@ -177,12 +139,12 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     from .env import resolve
     seconds = to_seconds(timeout)
     algorithms.read_environment()
-    requested = _normalize_backend(backend)
+    requested = normalize_backend(backend)
     if requested == "auto":
         # The launcher's --backend reaches workers as NEURAL_ARCH_BACKEND; "auto" defers to it.
-        requested = _normalize_backend(os.environ.get("NEURAL_ARCH_BACKEND") or "auto")
+        requested = normalize_backend(os.environ.get("NEURAL_ARCH_BACKEND") or "auto")
     info = resolve(init_method, world_size, rank)
-    if requested == "auto" and _launched_by_mpi():
+    if requested == "auto" and launched_by_mpi():
         requested = "mpi"
     if info.world_size == 1:
         chosen = requested if requested != "auto" else "shm"
@@ -198,7 +160,7 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
             secret = job_secret()
             store = TCPStore(info.master_addr, info.master_port, info.world_size,
                              is_server=info.rank == 0, secret=secret, timeout=seconds)
-        chosen = _choose_on_one_host(info, store) if requested == "auto" else requested
+        chosen = choose_on_one_host(info, store) if requested == "auto" else requested
         if chosen == "tcp" and secret is None:
             from .auth import job_secret
             secret = job_secret()
@@ -319,7 +281,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
     if len(set(members)) != len(members) or not members or not all(0 <= r < n for r in members):
         raise ValueError(f"new_group ranks must be distinct, non-empty and in [0, {n}), "
                          f"got {None if ranks is None else list(ranks)}")
-    if backend is not None and _normalize_backend(backend) not in ("auto", w.backend):
+    if backend is not None and normalize_backend(backend) not in ("auto", w.backend):
         raise ValueError(f"new_group backend {backend!r} differs from the job's {w.backend!r}; "
                          "subgroups share the job's transport")
     group_id = len(w.groups)
