@@ -8,7 +8,10 @@ median over those runs: on a shared machine a job's speed drifts over minutes, a
 ours against one of MPI's would compare moments rather than implementations. Bandwidths follow
 nccl-tests: algbw = bytes / time; busbw = algbw * 2(p-1)/p for
 all-reduce, * (p-1)/p for all-gather (bytes = the gathered total), * 1 for broadcast. Under
-mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same reused buffers.
+mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same reused buffers. In
+the shm jobs a ``buffer stream`` row bounds all-reduces from 1 MiB: every rank reads and writes
+its own buffer once through a cache-sized scratch, all at once, which no all-reduce that
+leaves its result in the caller's buffer can beat on the same machine.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
@@ -24,17 +27,18 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import bench_common as common  # noqa: E402
+# the report's names are also used as bench_collectives.<name> by other scripts and tests
+from collectives_report import (COLLECTIVES, NATIVE, STREAM, bandwidths,  # noqa: E402,F401
+                                bus_factor, goals, median_over_runs, plot, report, tables)
 
 common.one_thread_per_rank()
 
 import argparse  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 DEFAULT_SIZES = {"all_reduce": [4 ** k for k in range(1, 15)],          # 4 B .. 256 MiB
                  "all_gather": [256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20],
                  "broadcast": [256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]}
-NATIVE = "MPI native"
 NATIVE_NAMES = {"all_reduce": "MPI_Allreduce", "all_gather": "MPI_Allgather",
                 "broadcast": "MPI_Bcast"}
 ITEMSIZE = 4  # float32
@@ -42,12 +46,10 @@ BATCH_BYTES = 1 << 20      # small messages run in batches of calls up to about 
 MAX_CALLS_PER_BATCH = 50
 REPEAT_BYTES = 1 << 30     # large messages: fewer batches, about this many bytes in all
 MIN_BATCHES = 5
+STREAM_MIN_BYTES = 1 << 20  # the buffer-stream bound is timed for all-reduces this large
+STREAM_STEP_BYTES = 1 << 20  # its scratch: small enough to stay in cache
 SECTION = "bench_collectives"
 SCRIPT = os.path.abspath(__file__)
-
-
-def bus_factor(collective: str, p: int) -> float:
-    return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p, "broadcast": 1.0}[collective]
 
 
 def element_count(collective: str, nbytes: int, p: int) -> int:
@@ -90,6 +92,22 @@ def _native_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     return lambda: comm.Bcast(b["buf"], root=0)
 
 
+def _stream_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    """Read and write the buffer once, through a scratch that stays in cache: the least memory
+    traffic of any all-reduce that leaves its result in the caller's buffer."""
+    import numpy as np
+    buf = b["buf"]
+    step = STREAM_STEP_BYTES // ITEMSIZE
+    scratch = np.empty(min(step, buf.size), buf.dtype)
+
+    def stream() -> None:
+        for lo in range(0, buf.size, step):
+            part = buf[lo:lo + step]
+            np.copyto(scratch[:part.size], part)
+            np.copyto(part, scratch[:part.size])
+    return stream
+
+
 def _check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int,
            p: int) -> None:
     """One call on known inputs must give the known result; then every buffer is zeroed, so
@@ -123,20 +141,27 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     if backend == "mpi":
         from mpi4py import MPI
         impls.append((NATIVE, _native_call, MPI.COMM_WORLD.Barrier))
+    if backend == "shm":
+        impls.append((STREAM, _stream_call, dist.barrier))
     rows = []
     for collective in job["collectives"]:
         for nbytes in job["sizes"][collective]:
             count = element_count(collective, nbytes, p)
             calls, batches = schedule(count * ITEMSIZE, job["iters"])
-            for label, make, barrier in impls:  # ours and MPI's alternate, size by size
+            for label, make, barrier in impls:  # ours and the peers alternate, size by size
+                if label == STREAM and (collective != "all_reduce" or nbytes < STREAM_MIN_BYTES):
+                    continue
                 buffers = _buffers(collective, count, p)
                 call = make(collective, buffers)
-                _check(collective, buffers, call, rank, p)
+                checked = label != STREAM
+                if checked:
+                    _check(collective, buffers, call, rank, p)
                 times = common.time_batches(call, barrier, calls, batches)
-                _check(collective, buffers, call, rank, p)  # still right after the timed calls
+                if checked:  # still right after the timed calls
+                    _check(collective, buffers, call, rank, p)
                 seconds = common.slowest_median(dist.all_gather_object(times))
-                algorithm = (NATIVE_NAMES[collective] if label == NATIVE
-                             else algorithms.select(collective, transport, count * ITEMSIZE))
+                algorithm = {NATIVE: NATIVE_NAMES[collective], STREAM: "read_write_once"}.get(
+                    label) or algorithms.select(collective, transport, count * ITEMSIZE)
                 rows.append(dict(collective=collective, world_size=p, backend=label,
                                  bytes=count * ITEMSIZE, seconds=seconds, algorithm=algorithm,
                                  calls_per_batch=calls, batches=batches))
@@ -158,131 +183,6 @@ def measure(backends: Sequence[str], world_sizes: Sequence[int], sizes: Dict[str
             for run in range(1, repeats + 1) for p in world_sizes for backend in backends]
     results, failures = common.run_jobs(SCRIPT, plan, job, timeout)
     return median_over_runs([row for result in results for row in result["rows"]]), failures
-
-
-def median_over_runs(rows: Sequence[dict]) -> List[dict]:
-    """One row per (collective, world size, backend, bytes): the median time of its runs."""
-    runs: Dict[tuple, List[dict]] = {}
-    for row in rows:
-        key = (row["collective"], row["world_size"], row["backend"], row["bytes"])
-        runs.setdefault(key, []).append(row)
-    return [dict(found[0], seconds=common.median([r["seconds"] for r in found]),
-                 runs=len(found)) for found in runs.values()]
-
-
-def _lookup(rows: Sequence[dict], collective: str, p: int, backend: str,
-            nbytes: int) -> Optional[dict]:
-    for row in rows:
-        if (row["collective"], row["world_size"], row["backend"], row["bytes"]) == \
-                (collective, p, backend, nbytes):
-            return row
-    return None
-
-
-def bandwidths(row: dict) -> Tuple[float, float]:
-    """(algbw, busbw) in GB/s (10^9 bytes per second)."""
-    algbw = row["bytes"] / row["seconds"] / 1e9
-    return algbw, algbw * bus_factor(row["collective"], row["world_size"])
-
-
-def speed_vs_native(rows: Sequence[dict], row: dict) -> Optional[float]:
-    """How many times faster than MPI native on the same collective, size and world size."""
-    native = _lookup(rows, row["collective"], row["world_size"], NATIVE, row["bytes"])
-    return None if native is None else native["seconds"] / row["seconds"]
-
-
-def tables(rows: Sequence[dict]) -> str:
-    order = {name: i for i, name in enumerate(("shm", "tcp", "mpi", NATIVE))}
-    parts = []
-    for collective in COLLECTIVES:
-        for p in sorted({r["world_size"] for r in rows if r["collective"] == collective}):
-            chosen = sorted((r for r in rows if (r["collective"], r["world_size"]) ==
-                             (collective, p)), key=lambda r: (r["bytes"],
-                                                              order.get(r["backend"], 9)))
-            body = []
-            for row in chosen:
-                algbw, busbw = bandwidths(row)
-                ratio = speed_vs_native(rows, row)
-                body.append([common.format_size(row["bytes"]), row["backend"], row["algorithm"],
-                             f"{row['seconds'] * 1e6:.1f}", f"{algbw:.3g}", f"{busbw:.3g}",
-                             "" if ratio is None or row["backend"] == NATIVE
-                             else f"{ratio:.2f}x"])
-            parts.append(f"### {collective}, p = {p}\n\n" + common.markdown_table(
-                ["size", "backend", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
-                 "speed vs MPI native"], body, "lllrrrr"))
-    return "\n\n".join(parts)
-
-
-def goals(rows: Sequence[dict]) -> List[Tuple[str, str, Optional[bool]]]:
-    """(goal, measured, met) for each goal; met is None when it was not measured."""
-    out = []
-    mib = 1 << 20
-    for p, factor in ((2, 2.0), (4, 1.0)):
-        for size in (16 * mib, 64 * mib):
-            ours = _lookup(rows, "all_reduce", p, "shm", size)
-            native = _lookup(rows, "all_reduce", p, NATIVE, size)
-            goal = (f"shm all_reduce busbw >= {factor:g}x MPI native at "
-                    f"{common.format_size(size)}, p={p}")
-            if ours is None or native is None:
-                out.append((goal, "-", None))
-                continue
-            mine, theirs = bandwidths(ours)[1], bandwidths(native)[1]
-            out.append((goal, f"{mine:.3g} vs {theirs:.3g} GB/s ({mine / theirs:.2f}x)",
-                        mine >= factor * theirs))
-    tiny = _lookup(rows, "all_reduce", 2, "shm", 4)
-    out.append(("shm 4-byte all_reduce <= 8 us, p=2",
-                "-" if tiny is None else f"{tiny['seconds'] * 1e6:.2f} us",
-                None if tiny is None else tiny["seconds"] <= 8e-6))
-    tcp = _lookup(rows, "all_reduce", 2, "tcp", 64 * mib)
-    out.append(("tcp all_reduce busbw >= 1.5 GB/s at 64 MiB, p=2",
-                "-" if tcp is None else f"{bandwidths(tcp)[1]:.3g} GB/s",
-                None if tcp is None else bandwidths(tcp)[1] >= 1.5))
-    return out
-
-
-def goals_table(rows: Sequence[dict]) -> str:
-    return common.markdown_table(["goal", "measured", "result"],
-                                 [[g, m, common.verdict(ok)] for g, m, ok in goals(rows)], "llr")
-
-
-def plot(rows: Sequence[dict], path: str) -> None:
-    plt = common.pyplot()
-    reduce_rows = [r for r in rows if r["collective"] == "all_reduce"]
-    sizes = sorted({r["world_size"] for r in reduce_rows})
-    if not sizes:
-        return
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
-    for ax, p in zip(axes[0], sizes):
-        for backend in ("shm", "tcp", "mpi", NATIVE):
-            points = sorted((r["bytes"], bandwidths(r)[1]) for r in reduce_rows
-                            if r["world_size"] == p and r["backend"] == backend)
-            if points:
-                ax.plot(*zip(*points), marker="o", label=backend,
-                        linestyle="--" if backend == NATIVE else "-")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"all_reduce float32 SUM, p = {p}")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    common.save_figure(fig, path)
-
-
-def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine: str) -> str:
-    lines = common.section_head(
-        "Collectives by backend (`benchmarks/bench_collectives.py`)", command, machine,
-        "float32 buffers reused by every call. Time: median per-call time over batches of "
-        "calls, each batch started right after a barrier; the slowest rank's median; the "
-        "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
-        "algbw = bytes / time; busbw = algbw x 2(p-1)/p (all_reduce), x (p-1)/p "
-        "(all_gather, bytes = gathered total), x 1 (broadcast). Speed vs MPI native = MPI "
-        "time / our time (> 1: ours is faster). GB/s = 10^9 B/s.")
-    lines += ["### Goals", "", goals_table(rows), ""]
-    lines += [f"Failed job: {f}" for f in failures]
-    lines += ["", tables(rows)]
-    return "\n".join(lines)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

@@ -1,0 +1,148 @@
+"""The tables, goals and plot of ``bench_collectives.py``, from the rows its jobs measured.
+
+A row is one point: collective, world size, backend (``shm``/``tcp``/``mpi``, ``MPI native``
+or the ``buffer stream`` bound), message bytes, algorithm and the median seconds per call.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import bench_common as common
+
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
+NATIVE = "MPI native"
+STREAM = "buffer stream"
+BACKEND_ORDER = ("shm", "tcp", "mpi", NATIVE, STREAM)
+
+
+def bus_factor(collective: str, p: int) -> float:
+    return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p, "broadcast": 1.0}[collective]
+
+
+def median_over_runs(rows: Sequence[dict]) -> List[dict]:
+    """One row per (collective, world size, backend, bytes): the median time of its runs."""
+    runs: Dict[tuple, List[dict]] = {}
+    for row in rows:
+        key = (row["collective"], row["world_size"], row["backend"], row["bytes"])
+        runs.setdefault(key, []).append(row)
+    return [dict(found[0], seconds=common.median([r["seconds"] for r in found]),
+                 runs=len(found)) for found in runs.values()]
+
+
+def _lookup(rows: Sequence[dict], collective: str, p: int, backend: str,
+            nbytes: int) -> Optional[dict]:
+    for row in rows:
+        if (row["collective"], row["world_size"], row["backend"], row["bytes"]) == \
+                (collective, p, backend, nbytes):
+            return row
+    return None
+
+
+def bandwidths(row: dict) -> Tuple[float, float]:
+    """(algbw, busbw) in GB/s (10^9 bytes per second)."""
+    algbw = row["bytes"] / row["seconds"] / 1e9
+    return algbw, algbw * bus_factor(row["collective"], row["world_size"])
+
+
+def speed_vs_native(rows: Sequence[dict], row: dict) -> Optional[float]:
+    """How many times faster than MPI native on the same collective, size and world size."""
+    native = _lookup(rows, row["collective"], row["world_size"], NATIVE, row["bytes"])
+    return None if native is None else native["seconds"] / row["seconds"]
+
+
+def tables(rows: Sequence[dict]) -> str:
+    order = {name: i for i, name in enumerate(BACKEND_ORDER)}
+    parts = []
+    for collective in COLLECTIVES:
+        for p in sorted({r["world_size"] for r in rows if r["collective"] == collective}):
+            chosen = sorted((r for r in rows if (r["collective"], r["world_size"]) ==
+                             (collective, p)), key=lambda r: (r["bytes"],
+                                                              order.get(r["backend"], 9)))
+            body = []
+            for row in chosen:
+                algbw, busbw = bandwidths(row)
+                ratio = speed_vs_native(rows, row)
+                body.append([common.format_size(row["bytes"]), row["backend"], row["algorithm"],
+                             f"{row['seconds'] * 1e6:.1f}", f"{algbw:.3g}", f"{busbw:.3g}",
+                             "" if ratio is None or row["backend"] in (NATIVE, STREAM)
+                             else f"{ratio:.2f}x"])
+            parts.append(f"### {collective}, p = {p}\n\n" + common.markdown_table(
+                ["size", "backend", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
+                 "speed vs MPI native"], body, "lllrrrr"))
+    return "\n\n".join(parts)
+
+
+def goals(rows: Sequence[dict]) -> List[Tuple[str, str, Optional[bool]]]:
+    """(goal, measured, met) for each goal; met is None when it was not measured."""
+    out = []
+    mib = 1 << 20
+    for p, factor in ((2, 2.0), (4, 1.0)):
+        for size in (16 * mib, 64 * mib):
+            ours = _lookup(rows, "all_reduce", p, "shm", size)
+            native = _lookup(rows, "all_reduce", p, NATIVE, size)
+            goal = (f"shm all_reduce busbw >= {factor:g}x MPI native at "
+                    f"{common.format_size(size)}, p={p}")
+            if ours is None or native is None:
+                out.append((goal, "-", None))
+                continue
+            mine, theirs = bandwidths(ours)[1], bandwidths(native)[1]
+            out.append((goal, f"{mine:.3g} vs {theirs:.3g} GB/s ({mine / theirs:.2f}x)",
+                        mine >= factor * theirs))
+    tiny = _lookup(rows, "all_reduce", 2, "shm", 4)
+    out.append(("shm 4-byte all_reduce <= 8 us, p=2",
+                "-" if tiny is None else f"{tiny['seconds'] * 1e6:.2f} us",
+                None if tiny is None else tiny["seconds"] <= 8e-6))
+    tcp = _lookup(rows, "all_reduce", 2, "tcp", 64 * mib)
+    out.append(("tcp all_reduce busbw >= 1.5 GB/s at 64 MiB, p=2",
+                "-" if tcp is None else f"{bandwidths(tcp)[1]:.3g} GB/s",
+                None if tcp is None else bandwidths(tcp)[1] >= 1.5))
+    return out
+
+
+def goals_table(rows: Sequence[dict]) -> str:
+    return common.markdown_table(["goal", "measured", "result"],
+                                 [[g, m, common.verdict(ok)] for g, m, ok in goals(rows)], "llr")
+
+
+def plot(rows: Sequence[dict], path: str) -> None:
+    plt = common.pyplot()
+    reduce_rows = [r for r in rows if r["collective"] == "all_reduce"]
+    sizes = sorted({r["world_size"] for r in reduce_rows})
+    if not sizes:
+        return
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
+    for ax, p in zip(axes[0], sizes):
+        for backend in BACKEND_ORDER:
+            points = sorted((r["bytes"], bandwidths(r)[1]) for r in reduce_rows
+                            if r["world_size"] == p and r["backend"] == backend)
+            if points:
+                ax.plot(*zip(*points), marker="o", label=backend,
+                        linestyle={NATIVE: "--", STREAM: ":"}.get(backend, "-"))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"all_reduce float32 SUM, p = {p}")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    common.save_figure(fig, path)
+
+
+def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine: str) -> str:
+    lines = common.section_head(
+        "Collectives by backend (`benchmarks/bench_collectives.py`)", command, machine,
+        "float32 buffers reused by every call. Time: median per-call time over batches of "
+        "calls, each batch started right after a barrier; the slowest rank's median; the "
+        "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
+        "algbw = bytes / time; busbw = algbw x 2(p-1)/p (all_reduce), x (p-1)/p "
+        "(all_gather, bytes = gathered total), x 1 (broadcast). Speed vs MPI native = MPI "
+        "time / our time (> 1: ours is faster). GB/s = 10^9 B/s. Buffer stream (shm jobs, "
+        "all_reduce from 1 MiB): every rank reads and writes its own buffer once through a "
+        "1 MiB scratch, all ranks at once, timed like an all-reduce and shown with its "
+        "bandwidths: the least memory traffic of any all-reduce that leaves its result in "
+        "the caller's buffer, so a bound for all of them on this machine.")
+    lines += ["### Goals", "", goals_table(rows), ""]
+    lines += [f"Failed job: {f}" for f in failures]
+    lines += ["", tables(rows)]
+    return "\n".join(lines)
