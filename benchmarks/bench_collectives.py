@@ -227,20 +227,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    if args.worker:
-        common.worker_main(args.worker, worker)
-        return 0
-    machine = common.machine_info()
+def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     rows, failures = measure(args.backends, args.world_sizes, args.size_plan, args.iters,
                              args.job_timeout, args.repeats)
-    command = common.command_line("benchmarks/bench_collectives.py",
-                                  sys.argv[1:] if argv is None else argv)
     common.publish(report(rows, failures, command, machine), args.output, SECTION)
     if args.plot:
         plot(rows, args.plot)
     return 1 if failures else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return common.entry_point(argv, "benchmarks/bench_collectives.py", parse_args, worker, drive)
 
 
 if __name__ == "__main__":

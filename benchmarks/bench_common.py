@@ -202,6 +202,22 @@ def _kill_recorded_ranks(job_dir: str) -> None:
             pass
 
 
+def entry_point(argv: Optional[Sequence[str]], script_relpath: str,
+                parse_args: Callable[[Optional[Sequence[str]]], Any],
+                worker: Callable[[Dict[str, Any]], Any],
+                drive: Callable[[Any, str, str], int]) -> int:
+    """A benchmark script's ``main``. Started as a rank of a job (``--worker DIR``) it runs
+    ``worker``; as the driver it returns ``drive(args, command, machine)``, where ``command``
+    reproduces this run and ``machine`` describes the machine as the run starts."""
+    args = parse_args(argv)
+    if args.worker:
+        worker_main(args.worker, worker)
+        return 0
+    machine = machine_info()
+    command = command_line(script_relpath, sys.argv[1:] if argv is None else argv)
+    return drive(args, command, machine)
+
+
 def worker_main(job_dir: str, body: Callable[[Dict[str, Any]], Any]) -> None:
     """One rank of a job: join the group, run ``body(job)``, rank 0 saves what it returns."""
     from neural_arch import distributed as dist

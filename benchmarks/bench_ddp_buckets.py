@@ -209,22 +209,19 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    if args.worker:
-        common.worker_main(args.worker, worker)
-        return 0
-    machine = common.machine_info()
+def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     job = {"sync_models": args.sync_models, "repeats": args.repeats, "steps": args.steps,
            "batch": args.batch, "warmup": args.warmup}
     results, failures = common.run_jobs(
         SCRIPT, [(f"shm, {p} ranks", "shm", p) for p in args.world_sizes], job, args.job_timeout)
-    command = common.command_line("benchmarks/bench_ddp_buckets.py",
-                                  sys.argv[1:] if argv is None else argv)
     load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     common.publish(report(results, failures, command, machine, job, load_after), args.output,
                    SECTION)
     return 1 if failures else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return common.entry_point(argv, "benchmarks/bench_ddp_buckets.py", parse_args, worker, drive)
 
 
 if __name__ == "__main__":

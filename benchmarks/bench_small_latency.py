@@ -129,12 +129,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    if args.worker:
-        common.worker_main(args.worker, worker)
-        return 0
-    machine = common.machine_info()
+def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     job = {"bytes": args.bytes, "calls": args.calls, "batches": args.batches}
     plan = [(f"shm, {p} ranks, run {run} of {args.repeats}", "shm", p)
             for run in range(1, args.repeats + 1) for p in args.world_sizes]
@@ -142,10 +137,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     runs: Dict[int, List[List[float]]] = {}
     for result in results:
         runs.setdefault(result["world_size"], []).append(result["seconds"])
-    command = common.command_line("benchmarks/bench_small_latency.py",
-                                  sys.argv[1:] if argv is None else argv)
     common.publish(report(runs, failures, command, machine, job), args.output, SECTION)
     return 1 if failures else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return common.entry_point(argv, "benchmarks/bench_small_latency.py", parse_args, worker, drive)
 
 
 if __name__ == "__main__":

@@ -286,12 +286,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    if args.worker:
-        common.worker_main(args.worker, worker)
-        return 0
-    machine = common.machine_info()
+def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     reduce_rows, failures = [], []
     comm_sizes = [p for p in args.world_sizes if p > 1]
     if args.reduce_sizes and comm_sizes:
@@ -302,13 +297,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.backends, args.world_sizes, args.model_sizes, args.batch, args.steps, args.warmup,
         args.job_timeout)
     failures += train_failures
-    command = common.command_line("benchmarks/distributed_training_benchmark.py",
-                                  sys.argv[1:] if argv is None else argv)
     common.publish(report(reduce_rows, train_rows, failures, args.backends, command, machine),
                    args.output, SECTION)
     if args.plot:
         plot(train_rows, args.plot)
     return 1 if failures else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return common.entry_point(argv, "benchmarks/distributed_training_benchmark.py", parse_args, worker, drive)
 
 
 if __name__ == "__main__":
