@@ -15,10 +15,8 @@ from . import algorithms, plain_all_reduce
 from .algorithms import exchange
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
-from .reduce_ops import ReduceOp, as_reduce_op, finish_average
+from .reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
 
-_OP_CODE = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
-            ReduceOp.MAX: "max", ReduceOp.AVERAGE: "avg"}
 
 
 def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
@@ -67,7 +65,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
     _check_algorithm("all_reduce", algorithm)
-    fp = pg.fingerprint(f"all_reduce:{_OP_CODE[op]}", arr.dtype, arr.size)
+    fp = pg.fingerprint(f"all_reduce:{OP_CODE[op]}", arr.dtype, arr.size)
 
     def run():
         flat = Flat(arr)
@@ -103,7 +101,7 @@ def reduce(tensor: Any, dst: int = 0, op: Any = ReduceOp.SUM,
     op = as_reduce_op(op)
     root = pg.group_rank_of(dst, "dst")
     arr = checked_array(tensor, "reduce tensor", op, writable=pg.rank == root)
-    fp = pg.fingerprint(f"reduce:{_OP_CODE[op]}:{root}", arr.dtype, arr.size)
+    fp = pg.fingerprint(f"reduce:{OP_CODE[op]}:{root}", arr.dtype, arr.size)
 
     def run():
         flat = Flat(arr)
@@ -169,7 +167,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
 def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.ndarray,
                          op: ReduceOp, async_op: bool, result: Any, algorithm: Optional[str]):
     _check_algorithm("reduce_scatter", algorithm)
-    fp = pg.fingerprint(f"reduce_scatter:{_OP_CODE[op]}", out.dtype, sum(a.size for a in inputs))
+    fp = pg.fingerprint(f"reduce_scatter:{OP_CODE[op]}", out.dtype, sum(a.size for a in inputs))
 
     def run():
         flat = Flat(out)

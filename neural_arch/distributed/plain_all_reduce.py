@@ -14,13 +14,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import algorithms, heartbeat, process_group, profiler
-from .errors import PeerFailureError
-from .reduce_ops import ReduceOp, check_dtype_for_op
+from . import algorithms, process_group, profiler
+from .reduce_ops import OP_CODE, ReduceOp, check_dtype_for_op
 from .transports.base import Fingerprint
 
-_OP_CODE = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
-            ReduceOp.MAX: "max", ReduceOp.AVERAGE: "avg"}
 # (dtype, op) -> (fingerprint name, dtype name, the op the algorithm runs, divide at the end)
 _PLANS: dict = {}
 
@@ -31,7 +28,7 @@ def _plan(dtype: np.dtype, op: ReduceOp) -> Optional[tuple]:
     except (TypeError, ValueError):
         return None  # the general path raises the error
     average = op is ReduceOp.AVERAGE
-    plan = _PLANS[(dtype, op)] = (f"all_reduce:{_OP_CODE[op]}", dtype.name,
+    plan = _PLANS[(dtype, op)] = (f"all_reduce:{OP_CODE[op]}", dtype.name,
                                   ReduceOp.SUM if average else op, average)
     return plan
 
@@ -55,12 +52,7 @@ def all_reduce(arr: np.ndarray, op: Any) -> Optional[np.ndarray]:
     name, dtype_name, run_op, average = plan
     fp = Fingerprint(name, pg._next_seq(), dtype_name, arr.size, pg.group_id)
     buf = arr if arr.ndim == 1 else arr.reshape(-1)
-    try:
-        pg.queue.run_sync(algorithms.all_reduce, "all_reduce", fp.seq, pg.transport, buf, run_op,
-                          fp)
-    except PeerFailureError as exc:
-        heartbeat.report(exc)
-        raise
+    pg.run_now(algorithms.all_reduce, "all_reduce", fp.seq, pg.transport, buf, run_op, fp)
     if average:
         np.divide(buf, buf.dtype.type(pg.size), out=buf)
     return arr

@@ -105,8 +105,13 @@ class ProcessGroup:
             return Work.completed(op, result, self.global_rank) if async_op else result
         if async_op:  # a failure found here is reported so that peers name the culprit
             return self.queue.submit(heartbeat.reporting(fn), op, seq)
+        return self.run_now(fn, op, seq)
+
+    def run_now(self, fn, op: str, seq: Optional[int], *args: Any) -> Any:
+        """``fn(*args)`` on this thread after pending async work; a peer failure found on the
+        way is reported (so that peers name the culprit), then raised."""
         try:
-            return self.queue.run_sync(fn, op, seq)
+            return self.queue.run_sync(fn, op, seq, *args)
         except PeerFailureError as exc:
             heartbeat.report(exc)
             raise

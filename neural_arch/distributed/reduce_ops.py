@@ -20,6 +20,9 @@ class ReduceOp(Enum):
 
 
 SUPPORTED_DTYPES = (np.float16, np.float32, np.float64, np.int32, np.int64)
+# Each op's short name in collective fingerprints ("all_reduce:sum").
+OP_CODE = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
+           ReduceOp.MAX: "max", ReduceOp.AVERAGE: "avg"}
 
 _UFUNC = {
     ReduceOp.SUM: np.add,
