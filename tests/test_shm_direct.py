@@ -258,6 +258,36 @@ def test_mismatched_collectives_raise_naming_both_sides(tmp_path, kind, p):
             assert "#1" in r.message and "#2" in r.message
 
 
+def reuse_then_disagree(rank, p, store):
+    """One prepared small all-reduce serves calls under several names, between other direct
+    collectives that write the same header areas; then the ranks name different ops."""
+    t = shm.create(rank, p, store, 30.0)
+    calls = Calls()
+    try:
+        buf = np.ones(4, np.float32)
+        for name in ("all_reduce:sum", "ddp_bucket", "all_reduce:sum"):
+            for _ in range(3):
+                buf[...] = rank + 1
+                shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp(name, buf))
+                assert buf.tolist() == [p * (p + 1) / 2] * 4, (name, buf)
+                other = np.full(8, 7.0 if rank == 0 else 0.0)
+                shm_direct.broadcast(t, other, 0, calls.fp("broadcast", other))
+                assert other.tolist() == [7.0] * 8
+        name = "all_reduce:sum" if rank == 0 else "all_reduce:max"
+        shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp(name, buf))
+        return "no error"
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_reused_small_all_reduce_still_names_mismatches(tmp_path, p):
+    results = run_ranks(p, reuse_then_disagree, store_dir=str(tmp_path), timeout=100)
+    for r in results:
+        assert r.error == CollectiveMismatchError.__name__, r
+        assert "all_reduce:sum" in r.message and "all_reduce:max" in r.message, r.message
+
+
 def lonely_barrier(rank, p, store):
     t = shm.create(rank, p, store, 30.0)
     t.timeout = 0.5  # after the rendezvous, which may be slow on a loaded machine

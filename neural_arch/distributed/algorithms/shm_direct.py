@@ -1,16 +1,9 @@
 """Direct collectives through the shared-memory transport's workspace.
 
-Each collective is a few generations of a barrier on per-rank arrival counters. The workspace
-has two halves, used by alternate generations; at generation g (half q = g % 2) a rank
-
-* before arriving: writes only input areas of half q (its own; a broadcast root all of them);
-* after every rank arrived: reads any input area of half q, writes only its own slice of the
-  result area of half q, and reads result areas of the other half (written at g - 1).
-
-A peer's reads of a half end before it arrives at the next generation, and nobody writes the
-same half again before waiting for that arrival, so two halves suffice with one barrier per
-round. The first generation of every collective also carries a signature of its fingerprint,
-so ranks that call different collectives raise CollectiveMismatchError naming both sides.
+Each collective is a few generations of a barrier on per-rank arrival counters
+(``shm_generations``): before arriving a rank writes only its own input area of the current
+half of the workspace (a broadcast root all of them); after everyone arrived it reads any
+input area of that half and writes only its own slice of the result area.
 
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Vectors up
@@ -19,15 +12,14 @@ same order.
 """
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
-from ..errors import CollectiveMismatchError, DistributedError
 from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, ufunc_for
-from ..transports.base import HEADER_SIZE, Fingerprint, pack_header, unpack_header
+from ..transports.base import Fingerprint
 from ..transports.shm import ShmTransport
 from ..transports.shm_sync import LINE_WORDS, SEQ0, SIG0
+from .shm_generations import (begin, check_open, mismatch, publish, signature, sync,
+                              workspace_views)
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
 # whole vector beats two barriers with a 1/p share each; 1 MiB rounds keep large vectors in cache.
@@ -53,73 +45,6 @@ def _flat(buf, what: str, writable: bool = False) -> np.ndarray:
     return buf
 
 
-# ----- generations, signatures, views -------------------------------------------------------
-def _begin(t: ShmTransport, fp: Fingerprint, nbytes: int) -> tuple[int, int]:
-    """Publish this rank's fingerprint for the next generation; return (generation, signature)."""
-    if t._closed:
-        raise DistributedError("the shared-memory transport is closed", rank=t.rank, op=fp.op,
-                               seq=fp.seq)
-    gen = t.gen + 1
-    key = (fp.op, fp.dtype, fp.count, fp.group, nbytes)
-    sig = t.direct_sigs.get(key)
-    if sig is None:
-        if len(t.direct_sigs) > 4096:
-            t.direct_sigs.clear()
-        sig = zlib.crc32(pack_header(fp._replace(seq=0), nbytes)) + 1
-        t.direct_sigs[key] = sig
-    half = gen & 1
-    if t.header_sigs[half] != sig:
-        start = t.layout.rank_header(t.rank, half)
-        t.shared[start:start + HEADER_SIZE] = np.frombuffer(
-            pack_header(fp._replace(seq=0), nbytes), np.uint8)
-        t.header_sigs[half] = sig
-    line = t.rank * LINE_WORDS + 2 * half
-    t.ctrl[line + SIG0] = sig
-    t.ctrl[line + SEQ0] = fp.seq
-    return gen, sig
-
-
-def _sync(t: ShmTransport, gen: int, fp: Fingerprint, sig: int = 0) -> None:
-    """Arrive at ``gen``, wait for every rank; with ``sig``, check everyone's fingerprint."""
-    t.arrive(gen)
-    t.wait_arrivals(gen, fp.op, fp.seq)
-    if sig:
-        ctrl, line = t.ctrl, 2 * (gen & 1)
-        for peer in t.layout.peers[t.rank]:
-            base = peer * LINE_WORDS + line
-            if ctrl[base + SIG0] != sig or ctrl[base + SEQ0] != fp.seq:
-                _mismatch(t, gen, fp, peer)
-
-
-def _mismatch(t: ShmTransport, gen: int, fp: Fingerprint, peer: int) -> None:
-    half = gen & 1
-    start = t.layout.rank_header(peer, half)
-    seq = t.ctrl[peer * LINE_WORDS + 2 * half + SEQ0]
-    try:
-        got, nbytes = unpack_header(bytes(t.shared[start:start + HEADER_SIZE]))
-        theirs = f"{got._replace(seq=seq).describe()} with {nbytes} bytes"
-    except ValueError:
-        theirs = "something that is not a direct shared-memory collective"
-    raise CollectiveMismatchError(
-        f"expected {fp.describe()} but peer rank {peer} called {theirs}: ranks called different "
-        "collectives", rank=t.rank, peer=peer, op=fp.op, seq=fp.seq)
-
-
-def _areas(t: ShmTransport, dtype: np.dtype):
-    """Typed views of the workspace: ``inputs[half][rank]`` and ``results[half]``."""
-    views = t.direct_views.get(dtype)
-    if views is None:
-        size, layout = t.layout.workspace_bytes, t.layout
-
-        def area(start: int) -> np.ndarray:
-            return t.shared[start:start + size].view(dtype)
-
-        inputs = [[area(layout.ws_input(h, r)) for r in range(t.world_size)] for h in (0, 1)]
-        results = [area(layout.ws_result(h)) for h in (0, 1)]
-        views = t.direct_views[dtype] = (inputs, results)
-    return views
-
-
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -135,11 +60,11 @@ def _slice(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
 def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     """Reduce ``buf`` over all ranks in place; bit-identical results everywhere."""
     try:
-        entry = t.direct_views.get((buf.dtype, buf.size, op))
+        small = t.direct_views.get((buf.dtype, buf.size, op))
     except AttributeError:
-        entry = None  # not an array: _flat names the problem
-    if entry is not None and buf.flags.c_contiguous:
-        _small_all_reduce(t, buf, fp, entry)
+        small = None  # not an array: _flat names the problem
+    if small is not None and buf.flags.c_contiguous:
+        small(buf, fp)
         return
     _flat(buf, "all_reduce buffer", writable=True)
     given, op = op, as_reduce_op(op)
@@ -149,40 +74,70 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
     if buf.nbytes <= min(SMALL_BYTES, t.layout.workspace_bytes):
         if len(t.direct_views) > MAX_CACHED_SHAPES:
             t.direct_views.clear()
-        inputs, _ = _areas(t, buf.dtype)
-        n = buf.size
-        entry = (tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1)), ufunc_for(op),
-                 op is ReduceOp.AVERAGE)
-        t.direct_views[(buf.dtype, buf.size, given)] = entry  # keyed as callers name the op
-        _small_all_reduce(t, buf, fp, entry)
+        small = _small_all_reduce(t, buf.dtype, buf.size, op)
+        t.direct_views[(buf.dtype, buf.size, given)] = small  # keyed as callers name the op
+        small(buf, fp)
         return
     _large_all_reduce(t, buf, op, fp)
 
 
-def _small_all_reduce(t: ShmTransport, buf: np.ndarray, fp: Fingerprint, entry) -> None:
-    """One barrier: everyone publishes its vector, then reduces all of them in rank order."""
-    if buf.ndim != 1:
-        _flat(buf, "all_reduce buffer")
-    halves, ufunc, average = entry
-    gen, sig = _begin(t, fp, buf.nbytes)
-    slots = halves[gen & 1]
-    slots[t.rank][...] = buf
-    _sync(t, gen, fp, sig)
-    ufunc(slots[0], slots[1], out=buf)
-    for other in slots[2:]:
-        ufunc(buf, other, out=buf)
-    if average:
-        np.divide(buf, buf.dtype.type(t.world_size), out=buf)
+def _small_all_reduce(t: ShmTransport, dtype: np.dtype, n: int, op: ReduceOp):
+    """A prepared one-barrier all-reduce of ``n`` elements: everyone publishes its vector, then
+    reduces all of them in rank order. It does what ``begin`` and ``sync`` do, with what stays
+    the same from call to call (views, control words, the last signature) looked up once, here,
+    because on a vector of a few bytes such lookups are most of the collective's time."""
+    inputs, _ = workspace_views(t, dtype)
+    halves = tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1))
+    ufunc, average, scale = ufunc_for(op), op is ReduceOp.AVERAGE, dtype.type(t.world_size)
+    ctrl, rank, nbytes = t.ctrl, t.rank, n * dtype.itemsize
+    peers = t.layout.peers[rank]
+    peer_gen_words = tuple(t.layout.gen_words[q] for q in peers)
+    peer_lines = tuple(tuple((q, q * LINE_WORDS + 2 * h) for q in peers) for h in (0, 1))
+    own_lines = tuple(rank * LINE_WORDS + 2 * h for h in (0, 1))
+    header_sigs = t.header_sigs
+    signed: list = [None, 0]  # the fingerprint (but its seq) last signed, and its signature
+
+    def run(buf: np.ndarray, fp: Fingerprint) -> None:
+        if buf.ndim != 1:
+            _flat(buf, "all_reduce buffer")
+        if t._closed:
+            check_open(t, fp)  # raises
+        key = (fp.op, fp.dtype, fp.count, fp.group)
+        if key != signed[0]:
+            signed[:] = key, signature(t, fp, nbytes)
+        sig, seq, gen = signed[1], fp.seq, t.gen + 1
+        half = gen & 1
+        if header_sigs[half] != sig:
+            publish(t, half, fp, nbytes, sig)
+        else:  # what publish does when the header is in place already
+            ctrl[own_lines[half] + SIG0] = sig
+            ctrl[own_lines[half] + SEQ0] = seq
+        slots = halves[half]
+        slots[rank][...] = buf
+        t.arrive(gen)
+        for word in peer_gen_words:
+            if ctrl[word] < gen:
+                t.wait_arrivals(gen, fp.op, seq)
+                break
+        for peer, line in peer_lines[half]:
+            if ctrl[line + SIG0] != sig or ctrl[line + SEQ0] != seq:
+                mismatch(t, gen, fp, peer)
+        ufunc(slots[0], slots[1], out=buf)
+        for other in slots[2:]:
+            ufunc(buf, other, out=buf)
+        if average:
+            np.divide(buf, scale, out=buf)
+    return run
 
 
 def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     p, rank, itemsize = t.world_size, t.rank, buf.itemsize
-    inputs, results = _areas(t, buf.dtype)
+    inputs, results = workspace_views(t, buf.dtype)
     ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
     scale = buf.dtype.type(p)
     step = min(ROUND_BYTES, t.layout.workspace_bytes) // itemsize
     rounds = _ceil_div(buf.size, step)
-    gen, sig = _begin(t, fp, buf.nbytes)
+    gen, sig = begin(t, fp, buf.nbytes)
     prev = None  # (start, stop, own slice) of the previous round, copied out after its barrier
     for k in range(rounds + 1):
         half = gen & 1
@@ -194,7 +149,7 @@ def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Finger
             # peers reduce the other slices; this rank's own slice needs no copy
             mine[:s_lo] = buf[lo:lo + s_lo]
             mine[s_hi:m] = buf[lo + s_hi:hi]
-        _sync(t, gen, fp, sig if k == 0 else 0)
+        sync(t, gen, fp, sig if k == 0 else 0)
         if prev is not None:
             p_lo, p_hi, p_s_lo, p_s_hi = prev
             done = results[half ^ 1]
@@ -227,13 +182,13 @@ def broadcast(t: ShmTransport, buf: np.ndarray, root: int, fp: Fingerprint) -> N
     # the input areas of one half are contiguous: the root fills all of them each round
     step = t.world_size * t.layout.workspace_bytes
     rounds = max(1, _ceil_div(data.size, step))
-    gen, sig = _begin(t, fp, data.size)
+    gen, sig = begin(t, fp, data.size)
     for k in range(rounds):
         lo, hi = k * step, min((k + 1) * step, data.size)
         start = t.layout.ws_input(gen & 1, 0)
         if t.rank == root:
             t.shared[start:start + hi - lo] = data[lo:hi]
-        _sync(t, gen, fp, sig if k == 0 else 0)
+        sync(t, gen, fp, sig if k == 0 else 0)
         if t.rank != root:
             data[lo:hi] = t.shared[start:start + hi - lo]
         gen += 1
@@ -253,14 +208,14 @@ def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
     if p == 1:
         dst[:] = src
         return
-    inputs, _ = _areas(t, np.dtype(np.uint8))
+    inputs, _ = workspace_views(t, np.dtype(np.uint8))
     rounds = max(1, _ceil_div(nbytes, step))
-    gen, sig = _begin(t, fp, nbytes)
+    gen, sig = begin(t, fp, nbytes)
     for k in range(rounds):
         lo, hi = k * step, min((k + 1) * step, nbytes)
         areas = inputs[gen & 1]
         areas[t.rank][:hi - lo] = src[lo:hi]
-        _sync(t, gen, fp, sig if k == 0 else 0)
+        sync(t, gen, fp, sig if k == 0 else 0)
         for r in range(p):
             dst[r * nbytes + lo:r * nbytes + hi] = areas[r][:hi - lo]
         gen += 1
@@ -281,7 +236,7 @@ def reduce_scatter(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray, op
         recvbuf[:] = sendbuf
         return
     ufunc, itemsize = ufunc_for(op), sendbuf.itemsize
-    inputs, _ = _areas(t, sendbuf.dtype)
+    inputs, _ = workspace_views(t, sendbuf.dtype)
     step = t.layout.workspace_bytes // p // itemsize
     align = max(1, ALIGN_BYTES // itemsize)
     if step > align:
@@ -290,7 +245,7 @@ def reduce_scatter(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray, op
     # an in-place call (recvbuf inside sendbuf) must not overwrite this rank's own piece
     # before reading it, so then that piece goes through the workspace too
     own_in_shm = np.may_share_memory(sendbuf, recvbuf)
-    gen, sig = _begin(t, fp, sendbuf.nbytes)
+    gen, sig = begin(t, fp, sendbuf.nbytes)
     for k in range(rounds):
         lo, hi = k * step, min((k + 1) * step, n)
         m = hi - lo
@@ -298,7 +253,7 @@ def reduce_scatter(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray, op
         for r in range(p):
             if r != rank or own_in_shm:
                 mine[r * step:r * step + m] = sendbuf[r * n + lo:r * n + hi]
-        _sync(t, gen, fp, sig if k == 0 else 0)
+        sync(t, gen, fp, sig if k == 0 else 0)
         operands = [sendbuf[rank * n + lo:rank * n + hi] if r == rank and not own_in_shm
                     else inputs[gen & 1][r][rank * step:rank * step + m] for r in range(p)]
         out = recvbuf[lo:hi]
@@ -314,5 +269,5 @@ def barrier(t: ShmTransport, fp: Fingerprint) -> None:
     """Return once every rank has called ``barrier`` with the same fingerprint."""
     if t.world_size == 1:
         return
-    gen, sig = _begin(t, fp, 0)
-    _sync(t, gen, fp, sig)
+    gen, sig = begin(t, fp, 0)
+    sync(t, gen, fp, sig)
