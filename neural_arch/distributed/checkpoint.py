@@ -20,24 +20,21 @@ the first step not yet done (counted the way the caller counted ``step``).
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
-import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import checkpoint_format as fmt
 from . import checkpoint_state as state_io
+from .checkpoint_directory import CheckpointDirectory
 from .checkpoint_format import CheckpointCorruptError, CheckpointError, NoCheckpointError
 from .errors import DistributedError
 from .process_group import is_initialized, resolve_group
 
 __all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointManager",
            "NoCheckpointError", "setup_fault_tolerant_training"]
-
-logger = logging.getLogger(__name__)
 
 
 def _as_float(loss: Any) -> Optional[float]:
@@ -72,7 +69,7 @@ class DistributedCheckpointManager:
         self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
         self.max_checkpoints = max_checkpoints
         self._rank, self._world_size, self._group = rank, world_size, group
-        self._verified: Dict[str, Tuple[Tuple[int, int, int], bool]] = {}
+        self._directory = CheckpointDirectory(self.checkpoint_dir)
         self.best_loss = math.inf
         os.makedirs(self.checkpoint_dir, exist_ok=True)
 
@@ -99,61 +96,12 @@ class DistributedCheckpointManager:
     # ----- listing -------------------------------------------------------------------------
     def list_checkpoints(self) -> List[str]:
         """Paths of finished checkpoint directories, oldest first (not verified)."""
-        try:
-            names = os.listdir(self.checkpoint_dir)
-        except FileNotFoundError:
-            return []
-        found = [(fmt.parse_checkpoint_name(n), n) for n in names]
-        return [os.path.join(self.checkpoint_dir, n) for key, n in sorted(f for f in found if f[0])
-                if os.path.isdir(os.path.join(self.checkpoint_dir, n))]
+        return self._directory.list()
 
     def latest(self) -> Optional[str]:
         """The newest checkpoint whose files all match its manifest, or None. Local: any rank
         may call it alone."""
-        for path in reversed(self.list_checkpoints()):
-            if self._is_good(path):
-                return path
-        return None
-
-    def _is_good(self, path: str) -> bool:
-        """Full verification, remembered while the manifest file stays the same."""
-        try:
-            info = os.stat(os.path.join(path, fmt.MANIFEST))
-            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
-        except OSError:
-            return False
-        cached = self._verified.get(path)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        try:
-            fmt.read_checkpoint_directory(path)
-            good = True
-        except CheckpointCorruptError:
-            good = False
-        self._verified[path] = (stamp, good)
-        return good
-
-    def _remove_temporaries(self) -> None:
-        """Directories left by a crash between writing and renaming are never valid."""
-        for name in os.listdir(self.checkpoint_dir):
-            if fmt.is_temporary_name(name):
-                logger.warning("removing %s, left by an interrupted checkpoint write",
-                               os.path.join(self.checkpoint_dir, name))
-                shutil.rmtree(os.path.join(self.checkpoint_dir, name), ignore_errors=True)
-
-    def _rotate(self, just_written: str) -> None:
-        """Keep the newest ``max_checkpoints`` good ones; delete everything older than those."""
-        paths = self.list_checkpoints()
-        kept = 0
-        for index in range(len(paths) - 1, -1, -1):
-            if paths[index] == just_written or self._is_good(paths[index]):
-                kept += 1
-            if kept == self.max_checkpoints:
-                for old in paths[:index]:
-                    if old != just_written:
-                        shutil.rmtree(old, ignore_errors=True)
-                        self._verified.pop(old, None)
-                return
+        return self._directory.latest_good()
 
     # ----- save ----------------------------------------------------------------------------
     def save_checkpoint(self, model: Any, optimizer: Any, epoch: int, step: int, loss: Any,
@@ -211,14 +159,14 @@ class DistributedCheckpointManager:
     def _write(self, name: str, states: List[Dict[str, Any]], model: Any, optimizer: Any,
                epoch: int, step: int, loss_value: Optional[float], additional_state: Any,
                scheduler: Any, loss_scaler: Any, world_size: int) -> str:
-        self._remove_temporaries()
+        self._directory.remove_temporaries()
         best = min((v for v in (self.best_loss, loss_value) if v is not None and v == v),
                    default=math.inf)
         files = state_io.build_files(states, model, optimizer, int(epoch), int(step), loss_value,
                                      best, world_size, additional_state, scheduler, loss_scaler)
         path = fmt.write_checkpoint_directory(self.checkpoint_dir, name, files)
-        self._verified.pop(path, None)
-        self._rotate(path)
+        self._directory.forget(path)
+        self._directory.rotate(path, self.max_checkpoints)
         return path
 
     def _note_loss(self, loss: Optional[float]) -> None:
@@ -246,8 +194,8 @@ class DistributedCheckpointManager:
         if rank == 0 or pg is None:
             try:
                 if rank == 0:
-                    self._remove_temporaries()
-                chosen, contents = self._select(path)
+                    self._directory.remove_temporaries()
+                chosen, contents = self._directory.choose(path)
                 choice = {"path": chosen}
             except Exception as exc:
                 if pg is None:
@@ -285,34 +233,6 @@ class DistributedCheckpointManager:
     @staticmethod
     def _wanted(rank: int) -> set:
         return {fmt.rank_file(rank), fmt.rank_file(0)}
-
-    def _select(self, path: Any) -> Tuple[str, Dict[str, Any]]:
-        """The first good checkpoint, every file verified, trying newest first."""
-        candidates = list(reversed(self.list_checkpoints()))
-        if path is not None:
-            path = os.path.abspath(os.fspath(path))
-            key = fmt.parse_checkpoint_name(os.path.basename(path))
-            if os.path.dirname(path) == self.checkpoint_dir and key is not None:
-                older = [c for c in candidates
-                         if fmt.parse_checkpoint_name(os.path.basename(c)) < key]
-                candidates = [path] + older
-            else:
-                candidates = [path]
-        elif not candidates:
-            raise NoCheckpointError(f"no checkpoint in {self.checkpoint_dir}")
-        problems = []
-        for candidate in candidates:
-            try:
-                if not os.path.isdir(candidate):
-                    raise CheckpointCorruptError(candidate, "", "no such checkpoint directory")
-                return candidate, fmt.read_checkpoint_directory(candidate)
-            except CheckpointCorruptError as exc:
-                logger.warning("checkpoint %s is unusable: %s is bad (%s); falling back to the "
-                               "previous checkpoint", candidate, exc.file or candidate,
-                               exc.reason)
-                problems.append(str(exc))
-        raise CheckpointError(f"no usable checkpoint in {self.checkpoint_dir}: "
-                              + "; ".join(problems))
 
 
 def setup_fault_tolerant_training(model: Any, optimizer: Any,
