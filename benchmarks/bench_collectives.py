@@ -11,7 +11,10 @@ all-reduce, * (p-1)/p for all-gather (bytes = the gathered total), * 1 for broad
 mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same reused buffers. In
 the shm jobs a ``buffer stream`` row bounds all-reduces from 1 MiB: every rank reads and writes
 its own buffer once through a cache-sized scratch, all at once, which no all-reduce that
-leaves its result in the caller's buffer can beat on the same machine.
+leaves its result in the caller's buffer can beat on the same machine; and a ``copy exchange``
+row times the copies the direct all-reduce makes at p = 2 without its sums: every rank copies
+its buffer into its area of the shared workspace and its neighbour's copy back, a round at a
+time, so it shows how fast data moves between the cores in that job.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
@@ -28,8 +31,9 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
 
 import bench_common as common  # noqa: E402
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
-from collectives_report import (COLLECTIVES, NATIVE, STREAM, bandwidths,  # noqa: E402,F401
-                                bus_factor, goals, median_over_runs, plot, report, tables)
+from collectives_report import (COLLECTIVES, EXCHANGE, NATIVE, STREAM,  # noqa: E402,F401
+                                bandwidths, bus_factor, goals, median_over_runs, plot, report,
+                                tables)
 
 common.one_thread_per_rank()
 
@@ -46,8 +50,9 @@ BATCH_BYTES = 1 << 20      # small messages run in batches of calls up to about 
 MAX_CALLS_PER_BATCH = 50
 REPEAT_BYTES = 1 << 30     # large messages: fewer batches, about this many bytes in all
 MIN_BATCHES = 5
-STREAM_MIN_BYTES = 1 << 20  # the buffer-stream bound is timed for all-reduces this large
-STREAM_STEP_BYTES = 1 << 20  # its scratch: small enough to stay in cache
+STREAM_MIN_BYTES = 1 << 20  # the buffer stream and copy exchange: all-reduces this large
+STREAM_STEP_BYTES = 1 << 20  # the stream's scratch and the exchange's round: stay in cache
+REFERENCES = (STREAM, EXCHANGE)
 SECTION = "bench_collectives"
 SCRIPT = os.path.abspath(__file__)
 
@@ -108,6 +113,31 @@ def _stream_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     return stream
 
 
+def _exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    """Copy the buffer into this rank's area of the shm workspace and the next rank's copy
+    back, a round at a time with one barrier each, alternating the workspace's two halves (as
+    the direct all-reduce does): its copies at p = 2, without the sums."""
+    import numpy as np
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.algorithms.shm_generations import workspace_views
+    from neural_arch.distributed.process_group import resolve_group
+    buf, t = b["buf"], resolve_group(None).transport
+    inputs, _ = workspace_views(t, buf.dtype)
+    step = min(STREAM_STEP_BYTES, t.layout.workspace_bytes) // ITEMSIZE
+    mine, peer = t.rank, (t.rank + 1) % t.world_size
+    rounds = [0]  # over all calls: a call must not start in the half its last round used
+
+    def exchange() -> None:
+        for lo in range(0, buf.size, step):
+            part = buf[lo:lo + step]
+            areas = inputs[rounds[0] & 1]
+            rounds[0] += 1
+            np.copyto(areas[mine][:part.size], part)
+            dist.barrier()  # the neighbour's copy is complete
+            np.copyto(part, areas[peer][:part.size])
+    return exchange
+
+
 def _check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int,
            p: int) -> None:
     """One call on known inputs must give the known result; then every buffer is zeroed, so
@@ -142,25 +172,27 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
         from mpi4py import MPI
         impls.append((NATIVE, _native_call, MPI.COMM_WORLD.Barrier))
     if backend == "shm":
-        impls.append((STREAM, _stream_call, dist.barrier))
+        impls += [(STREAM, _stream_call, dist.barrier), (EXCHANGE, _exchange_call, dist.barrier)]
     rows = []
     for collective in job["collectives"]:
         for nbytes in job["sizes"][collective]:
             count = element_count(collective, nbytes, p)
             calls, batches = schedule(count * ITEMSIZE, job["iters"])
             for label, make, barrier in impls:  # ours and the peers alternate, size by size
-                if label == STREAM and (collective != "all_reduce" or nbytes < STREAM_MIN_BYTES):
+                if label in REFERENCES and (collective != "all_reduce"
+                                            or nbytes < STREAM_MIN_BYTES):
                     continue
                 buffers = _buffers(collective, count, p)
                 call = make(collective, buffers)
-                checked = label != STREAM
+                checked = label not in REFERENCES
                 if checked:
                     _check(collective, buffers, call, rank, p)
                 times = common.time_batches(call, barrier, calls, batches)
                 if checked:  # still right after the timed calls
                     _check(collective, buffers, call, rank, p)
                 seconds = common.slowest_median(dist.all_gather_object(times))
-                algorithm = {NATIVE: NATIVE_NAMES[collective], STREAM: "read_write_once"}.get(
+                algorithm = {NATIVE: NATIVE_NAMES[collective], STREAM: "read_write_once",
+                             EXCHANGE: "copy_in_copy_out"}.get(
                     label) or algorithms.select(collective, transport, count * ITEMSIZE)
                 rows.append(dict(collective=collective, world_size=p, backend=label,
                                  bytes=count * ITEMSIZE, seconds=seconds, algorithm=algorithm,

@@ -1,7 +1,7 @@
 """The tables, goals and plot of ``bench_collectives.py``, from the rows its jobs measured.
 
 A row is one point: collective, world size, backend (``shm``/``tcp``/``mpi``, ``MPI native``
-or the ``buffer stream`` bound), message bytes, algorithm and the median seconds per call.
+or the ``buffer stream`` and ``copy exchange`` references), message bytes, algorithm and the median seconds per call.
 """
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import bench_common as common
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 NATIVE = "MPI native"
 STREAM = "buffer stream"
-BACKEND_ORDER = ("shm", "tcp", "mpi", NATIVE, STREAM)
+EXCHANGE = "copy exchange"
+BACKEND_ORDER = ("shm", "tcp", "mpi", NATIVE, STREAM, EXCHANGE)
+PEERS = (NATIVE, STREAM, EXCHANGE)  # rows measured beside ours, given no ratio
 
 
 def bus_factor(collective: str, p: int) -> float:
@@ -26,7 +28,8 @@ def median_over_runs(rows: Sequence[dict]) -> List[dict]:
         key = (row["collective"], row["world_size"], row["backend"], row["bytes"])
         runs.setdefault(key, []).append(row)
     return [dict(found[0], seconds=common.median([r["seconds"] for r in found]),
-                 runs=len(found)) for found in runs.values()]
+                 runs=len(found), run_seconds=[r["seconds"] for r in found])
+            for found in runs.values()]
 
 
 def _lookup(rows: Sequence[dict], collective: str, p: int, backend: str,
@@ -64,7 +67,7 @@ def tables(rows: Sequence[dict]) -> str:
                 ratio = speed_vs_native(rows, row)
                 body.append([common.format_size(row["bytes"]), row["backend"], row["algorithm"],
                              f"{row['seconds'] * 1e6:.1f}", f"{algbw:.3g}", f"{busbw:.3g}",
-                             "" if ratio is None or row["backend"] in (NATIVE, STREAM)
+                             "" if ratio is None or row["backend"] in PEERS
                              else f"{ratio:.2f}x"])
             parts.append(f"### {collective}, p = {p}\n\n" + common.markdown_table(
                 ["size", "backend", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
@@ -99,6 +102,22 @@ def goals(rows: Sequence[dict]) -> List[Tuple[str, str, Optional[bool]]]:
     return out
 
 
+def runs_line(rows: Sequence[dict], p: int = 2, nbytes: int = 16 << 20) -> str:
+    """Each run's busbw of the all-reduce point the 2x goal is hardest at, per backend: a run
+    in which cores hand data to each other slowly shows up in every shm row of it."""
+    parts = []
+    for backend in BACKEND_ORDER:
+        row = _lookup(rows, "all_reduce", p, backend, nbytes)
+        if row is not None and row.get("run_seconds"):
+            factor = bus_factor("all_reduce", p) * nbytes / 1e9
+            parts.append(f"{backend} " + ", ".join(f"{factor / s:.3g}"
+                                                   for s in row["run_seconds"]))
+    if not parts:
+        return ""
+    return (f"All-reduce busbw of each run at {common.format_size(nbytes)}, p = {p} (GB/s, "
+            f"in run order): " + "; ".join(parts) + ".")
+
+
 def goals_table(rows: Sequence[dict]) -> str:
     return common.markdown_table(["goal", "measured", "result"],
                                  [[g, m, common.verdict(ok)] for g, m, ok in goals(rows)], "llr")
@@ -117,7 +136,7 @@ def plot(rows: Sequence[dict], path: str) -> None:
                             if r["world_size"] == p and r["backend"] == backend)
             if points:
                 ax.plot(*zip(*points), marker="o", label=backend,
-                        linestyle={NATIVE: "--", STREAM: ":"}.get(backend, "-"))
+                        linestyle={NATIVE: "--", STREAM: ":", EXCHANGE: "-."}.get(backend, "-"))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"all_reduce float32 SUM, p = {p}")
@@ -141,8 +160,11 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "all_reduce from 1 MiB): every rank reads and writes its own buffer once through a "
         "1 MiB scratch, all ranks at once, timed like an all-reduce and shown with its "
         "bandwidths: the least memory traffic of any all-reduce that leaves its result in "
-        "the caller's buffer, so a bound for all of them on this machine.")
-    lines += ["### Goals", "", goals_table(rows), ""]
+        "the caller's buffer, so a bound for all of them on this machine. Copy exchange (the "
+        "same jobs and sizes): every rank copies its buffer into its area of the shared "
+        "workspace and its neighbour's copy back, 1 MiB and one barrier per round: the "
+        "copies the direct all-reduce makes at p = 2, without its sums.")
+    lines += ["### Goals", "", goals_table(rows), "", runs_line(rows), ""]
     lines += [f"Failed job: {f}" for f in failures]
     lines += ["", tables(rows)]
     return "\n".join(lines)
