@@ -1,7 +1,8 @@
 """The tables, goals and plot of ``bench_collectives.py``, from the rows its jobs measured.
 
 A row is one point: collective, world size, backend (``shm``/``tcp``/``mpi``, ``MPI native``
-or the ``buffer stream`` and ``copy exchange`` references), message bytes, algorithm and the median seconds per call.
+or the ``buffer stream`` and ``copy exchange`` references), message bytes, algorithm and the
+median seconds per call.
 """
 from __future__ import annotations
 
@@ -103,8 +104,8 @@ def goals(rows: Sequence[dict]) -> List[Tuple[str, str, Optional[bool]]]:
 
 
 def runs_line(rows: Sequence[dict], p: int = 2, nbytes: int = 16 << 20) -> str:
-    """Each run's busbw of the all-reduce point the 2x goal is hardest at, per backend: a run
-    in which cores hand data to each other slowly shows up in every shm row of it."""
+    """Each run's busbw of the all-reduce point the 2x goal is hardest at, per backend, so that
+    a run caught in a spell of slow copying between the cores stands out from the others."""
     parts = []
     for backend in BACKEND_ORDER:
         row = _lookup(rows, "all_reduce", p, backend, nbytes)
