@@ -1,18 +1,17 @@
-"""What the distributed benchmarks share: jobs of real processes, timing, reporting.
+"""What the distributed benchmarks share: jobs of real processes, timing, sizes and models.
 
 A benchmark script runs twice over: once as the driver (parses options, starts jobs, prints
 and writes the results) and, inside each job, as ``SCRIPT --worker JOB_DIR`` on every rank.
 Jobs on the ``shm`` and ``tcp`` backends start through our launcher, ``mpi`` jobs through
 ``mpiexec``. Rank 0 writes the job's result as JSON into the job directory.
+
+The reporting helpers live in ``bench_reporting``; they are re-exported here.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import platform
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -20,6 +19,11 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+# Re-exported: the scripts and tests call these as common.<name>.
+from bench_reporting import (command_line, cpu_model, machine_info,  # noqa: F401
+                             markdown_table, open_mpi_version, publish, pyplot, save_figure,
+                             section_head, verdict, write_section)
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -238,112 +242,6 @@ def worker_main(job_dir: str, body: Callable[[Dict[str, Any]], Any]) -> None:
     finally:
         dist.destroy_process_group()
         os.remove(pid_path)  # a clean exit: nothing left for the driver to kill
-
-
-# ----- reporting -------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            match = re.search(r"model name\s*:\s*(.+)", handle.read())
-            if match:
-                return match.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def open_mpi_version() -> Optional[str]:
-    if not shutil.which("mpiexec"):
-        return None
-    try:
-        out = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True,
-                             timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"\(([^)]*MPI[^)]*)\)\s*([0-9][0-9.]*)", out)
-    if match:
-        return f"{match.group(1)} {match.group(2)}"
-    return out.strip().splitlines()[0] if out.strip() else None
-
-
-def machine_info() -> str:
-    import numpy as np
-    parts = [cpu_model(), f"{os.cpu_count()} cores", f"Python {platform.python_version()}",
-             f"NumPy {np.__version__}"]
-    mpi = open_mpi_version()
-    parts.append(mpi if mpi else "no MPI")
-    try:
-        load = os.getloadavg()[0]
-        parts.append(f"load average {load:.2f} at start")
-    except OSError:
-        pass
-    parts.append(datetime.datetime.now().strftime("%Y-%m-%d %H:%M"))
-    return "; ".join(parts)
-
-
-def command_line(script_relpath: str, argv: Sequence[str]) -> str:
-    return "python " + " ".join(shlex.quote(a) for a in [script_relpath, *argv])
-
-
-def write_section(path: str, name: str, body: str) -> None:
-    """Put ``body`` between ``<!-- name:start -->`` and ``<!-- name:end -->`` in ``path``,
-    replacing an earlier copy and leaving every other part of the file as it was."""
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    section = f"{start}\n{body.strip()}\n{end}"
-    existing = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            existing = handle.read()
-    if start in existing and end in existing:
-        head = existing[:existing.index(start)]
-        tail = existing[existing.index(end) + len(end):]
-        updated = head + section + tail
-    else:
-        updated = (existing.rstrip() + "\n\n" if existing.strip() else "") + section + "\n"
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        handle.write(updated)
-    os.replace(path + ".tmp", path)
-
-
-def section_head(title: str, command: str, machine: str, method: str) -> List[str]:
-    return [f"## {title}", "", f"Command: `{command}`", "", f"Machine: {machine}", "", method, ""]
-
-
-def publish(text: str, outputs: Sequence[str], section: str) -> None:
-    print("\n" + text)
-    for path in outputs:
-        write_section(path, section, text)
-        print(f"wrote {path}")
-
-
-def pyplot():
-    import matplotlib
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figure(fig, path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    print(f"wrote {path}")
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]],
-                   align: Optional[str] = None) -> str:
-    """``align``: one character per column, ``l`` or ``r`` (default: first left, rest right)."""
-    align = align or "l" + "r" * (len(header) - 1)
-    rule = ["---" if a == "l" else "---:" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(rule) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def verdict(ok: Optional[bool]) -> str:
-    return "n/a (not measured)" if ok is None else ("PASS" if ok else "MISS")
 
 
 def parameter_count(sizes: Sequence[int]) -> int:

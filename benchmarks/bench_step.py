@@ -18,7 +18,6 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import platform  # noqa: E402
-import re  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -26,7 +25,10 @@ from typing import Callable, Dict, List, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import bench_reporting as reporting  # noqa: E402
 
 from neural_arch import functional as F  # noqa: E402
 from neural_arch.models import MLP  # noqa: E402
@@ -36,7 +38,7 @@ GOAL = 1.15
 LR = 0.01
 CONFIGS = [([784, 256, 10], 64), ([784, 256, 10], 512),
            ([784, 1024, 1024, 10], 64), ([784, 1024, 1024, 10], 512)]
-SECTION_START, SECTION_END = "<!-- bench_step:start -->", "<!-- bench_step:end -->"
+SECTION = "bench_step"  # the marked section of RESULTS.md this script owns
 
 
 class NumpyMLP:
@@ -194,21 +196,11 @@ def markdown_table(rows: List[dict], has_torch: bool) -> str:
     return "\n".join(lines)
 
 
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            match = re.search(r"model name\s*:\s*(.+)", handle.read())
-            cpu = match.group(1).strip() if match else cpu
-    except OSError:
-        pass
-    return f"{cpu}; Python {platform.python_version()}; NumPy {np.__version__}"
-
-
-def write_section(path: str, table: str, command: str, torch) -> None:
+def write_results(path: str, table: str, command: str, torch) -> None:
     torch_note = f"torch {torch.__version__}" if torch is not None else "torch not installed"
-    section = "\n".join([
-        SECTION_START,
+    machine = (f"{reporting.cpu_model()}; Python {platform.python_version()}; "
+               f"NumPy {np.__version__}")
+    body = "\n".join([
         "## Training step: neural_arch vs NumPy (`benchmarks/bench_step.py`)",
         "",
         "One step = forward (Linear + ReLU), cross-entropy, backward, SGD update; float32, one "
@@ -216,25 +208,12 @@ def write_section(path: str, table: str, command: str, torch) -> None:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {_machine()}; {torch_note}; "
+        f"Machine: {machine}; {torch_note}; "
         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}",
         "",
         table,
-        SECTION_END,
     ])
-    existing = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as handle:
-            existing = handle.read()
-    if SECTION_START in existing and SECTION_END in existing:
-        before = existing[:existing.index(SECTION_START)]
-        after = existing[existing.index(SECTION_END) + len(SECTION_END):]
-        updated = before + section + after
-    else:
-        updated = (existing.rstrip() + "\n\n" if existing.strip() else "# Benchmark results\n\n") \
-            + section + "\n"
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(updated)
+    reporting.write_section(path, SECTION, body)
 
 
 def profile(sizes: List[int], batch: int, steps: int) -> None:
@@ -280,7 +259,7 @@ def main(argv: Optional[List[str]] = None) -> List[dict]:
     if args.output:
         command = "python " + " ".join(shlex.quote(a) for a in
                                        ["benchmarks/bench_step.py"] + (argv or sys.argv[1:]))
-        write_section(args.output, table, command, torch)
+        write_results(args.output, table, command, torch)
         print(f"wrote {args.output}")
     if args.profile:
         profile(CONFIGS[0][0], CONFIGS[0][1], max(args.steps, 20))
