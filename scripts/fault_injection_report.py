@@ -5,9 +5,10 @@
 
 Faults: SIGKILL of the first, a middle and the last rank mid-all-reduce, SIGSTOP (a hung
 rank, the store host included), a socket closed under a collective (tcp), on shm and tcp with 3
-ranks; a stopped rank under MPI; a network link cut between two nodes (network namespaces, root
-only); a truncated checkpoint and a corrupted one; SIGTERM mid-epoch and the resumed run; a
-worker killed under ``--max_restarts``. The table (fault, backend, world size, measured time,
+ranks; under MPI, a stopped rank on one host and, with a pid namespace per rank standing in for
+other hosts, a stopped rank and a killed one (``--with-ft ulfm``); a network link cut between
+two nodes (network namespaces, root only); a truncated checkpoint and a corrupted one; SIGTERM
+mid-epoch and the resumed run; a worker killed under ``--max_restarts``. The table (fault, backend, world size, measured time,
 outcome) replaces the part of the document between its markers; the rest is left as written.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ for _path in (ROOT, TESTS):
         sys.path.insert(0, str(_path))
 
 import fault_injection_job as faults  # noqa: E402
+import fault_rows_mpi as mpi_rows  # noqa: E402
 
 BEGIN, END = "<!-- fault-table:begin -->", "<!-- fault-table:end -->"
 DETECT_LIMIT_S = 10.0
@@ -69,26 +71,6 @@ def _collective_row(fault: str, backend: str, victim: int, label: str) -> Row:
     text += "; nothing left" if not (outcome.leftover_pids or outcome.leftover_segments) else \
         f"; LEFT: pids {outcome.leftover_pids}, segments {outcome.leftover_segments}"
     return Row(label, backend, 3, worst, ok, text)
-
-
-def _mpi_stop_row() -> Row:
-    from dist_harness import RankFailed, mpi_available, run_ranks
-    from test_heartbeat import _hang_under_mpi  # uses the default heartbeat settings
-    if not mpi_available():
-        return Row("SIGSTOP rank 1 (hung)", "mpi", 3, None, False, "not run: no mpi4py/mpiexec")
-    with tempfile.TemporaryDirectory(prefix="nf_fault_") as tmp:
-        try:
-            run_ranks(_hang_under_mpi, 3, "mpi", args=(tmp,), timeout=60)
-        except RankFailed:
-            pass  # the stopped rank never reports
-        stopped = float(Path(tmp, "stopped_at").read_text())
-        records = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in (0, 2)
-                   if Path(tmp, f"rank{r}.json").exists()]
-    worst = max((r["time"] - stopped for r in records), default=None)
-    ok = len(records) == 2 and all(r["peer"] == 1 for r in records) and worst < DETECT_LIMIT_S
-    return Row("SIGSTOP rank 1 (hung)", "mpi", 3, worst, ok,
-               f"{len(records)} of 2 survivors raised PeerFailureError naming rank 1 (pid "
-               "watch of same-host peers)")
 
 
 def _netns_row() -> Row:
@@ -254,7 +236,8 @@ def run_all() -> list:
     rows.append(_collective_row("stop", "tcp", 0, "SIGSTOP rank 0 (hung store host)"))
     rows.append(_collective_row("stop", "shm", 1, "SIGSTOP rank 1 (hung)"))
     rows.append(_collective_row("close_socket", "tcp", 1, "socket closed under all-reduce"))
-    rows.append(_mpi_stop_row())
+    rows.append(mpi_rows.stop_on_one_host(Row, DETECT_LIMIT_S))
+    rows.extend(mpi_rows.out_of_pid_sight(Row, DETECT_LIMIT_S))
     rows.append(_netns_row())
     rows.append(_checkpoint_row("truncated checkpoint file", _truncate))
     rows.append(_checkpoint_row("corrupted checkpoint (checksum)", _flip_byte))

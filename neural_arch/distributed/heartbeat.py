@@ -1,6 +1,6 @@
 """Failure detection: a heartbeat thread per process, and the cheap check wait loops call.
 
-With a store (tcp, shm): every rank adds 1 to its counter in the rendezvous store every
+With a store (tcp, shm, and mpi jobs spanning hosts, see ``mpi_heartbeat``): every rank adds 1 to its counter in the rendezvous store every
 ``interval`` seconds, over a connection of its own. Rank 0, which serves the store, declares a
 rank whose counter stood still for ``timeout`` seconds failed (killed, stopped, cut off); a
 store silent for ``timeout`` seconds means rank 0 itself died, hung or is unreachable, and a
@@ -9,8 +9,8 @@ transport finds are shared the same way (``report``), so every rank names the sa
 Verdicts go out as numbered lists that every rank reads and acknowledges; whoever published one
 (and rank 0, before it closes the store) waits, a bounded time, until every live rank has heard.
 
-Without a store (mpi), same-host peers are watched by pid: one stopped (state T) for
-``timeout`` seconds is declared hung. Peers on other hosts cannot be watched that way.
+Without a store (mpi on one host), peers are watched by pid: one stopped (state T) for
+``timeout`` seconds is declared hung.
 
 Wait loops call ``check(rank, op, seq)``: one global read while all is well, then a
 ``PeerFailureError`` naming the failed rank, ``op`` and ``seq``. Settings:

@@ -8,117 +8,19 @@ their own group id and sequence numbers, so a mix-up between groups is detected,
 from __future__ import annotations
 
 import atexit
-import itertools
 import os
 import socket
-import threading
 import zlib
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from . import algorithms, heartbeat, transports
 from .backend_choice import choose_on_one_host, launched_by_mpi, normalize_backend
-from .errors import DistributedError, PeerFailureError
-from .group_transport import GroupTransport, SoloTransport
-from .profiler import trace_collective
+from .group import ProcessGroup
+from .group_transport import GroupTransport
 from .transports.base import Fingerprint, Transport
-from .work import CommQueue, Seconds, Work, to_seconds
-
+from .work import CommQueue, Seconds, to_seconds
 
 DEFAULT_TIMEOUT_S = 1800.0
-
-
-_DTYPE_NAMES: dict = {}
-
-
-def _dtype_name(dtype: Any) -> str:
-    """``np.dtype(dtype).name``, cached: it is surprisingly slow and runs on every collective."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = np.dtype(dtype).name
-    return name
-
-
-class ProcessGroup:
-    """A set of ranks that run collectives together (the default group holds every rank)."""
-
-    def __init__(self, group_id: int, ranks: Sequence[int], global_rank: int,
-                 transport: Optional[Transport], queue: CommQueue, backend: str, timeout: float,
-                 trusted: bool) -> None:
-        self.group_id, self.ranks = group_id, tuple(ranks)
-        self.rank = self.ranks.index(global_rank) if global_rank in self.ranks else -1
-        self.global_rank = global_rank
-        self.size = len(self.ranks)
-        if transport is None and self.size == 1 and self.rank == 0:
-            transport = SoloTransport(timeout)
-        self.transport, self.queue = transport, queue
-        self.backend, self.timeout, self.trusted = backend, timeout, trusted
-        self.destroyed = False
-        self._next_seq = itertools.count(1).__next__  # atomic under the GIL: no lock per call
-        self._p2p: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
-
-    @property
-    def is_member(self) -> bool:
-        return self.rank >= 0
-
-    def check_usable(self, op: str) -> None:
-        if self.destroyed:
-            raise DistributedError(f"group {self.group_id} was destroyed", rank=self.global_rank,
-                                   op=op)
-        if not self.is_member:
-            raise ValueError(f"rank {self.global_rank} is not a member of group {self.group_id} "
-                             f"(ranks {list(self.ranks)}) and cannot call {op} on it")
-
-    def fingerprint(self, op: str, dtype: Any, count: int) -> Fingerprint:
-        """Fingerprint of the next collective; the sequence number advances on every member."""
-        return Fingerprint(op[:24], self._next_seq(), _dtype_name(dtype), int(count),
-                           self.group_id)
-
-    def p2p_fingerprint(self, direction: str, peer: int, op: str, dtype: Any,
-                        count: int) -> Fingerprint:
-        """Point-to-point messages are numbered per peer, apart from the group's collectives."""
-        with self._lock:
-            key = (direction, peer)
-            self._p2p[key] = seq = self._p2p.get(key, 0) + 1
-        return Fingerprint(op[:24], seq, _dtype_name(dtype), int(count), self.group_id)
-
-    def group_rank_of(self, global_rank: Any, what: str) -> int:
-        """Translate a global rank argument (``src``/``dst``, as in PyTorch) to a group rank."""
-        if isinstance(global_rank, bool) or not isinstance(global_rank, (int, np.integer)):
-            raise TypeError(f"{what} must be an int rank, got {global_rank!r}")
-        if global_rank not in self.ranks:
-            if self.group_id == 0:
-                raise ValueError(f"{what}={global_rank} is out of range for world size "
-                                 f"{self.size}")
-            raise ValueError(f"{what}={global_rank} is not in group {self.group_id} "
-                             f"(ranks {list(self.ranks)})")
-        return self.ranks.index(int(global_rank))
-
-    def run(self, fn, async_op: bool, fp: Optional[Fingerprint], op: str):
-        """Run ``fn`` now (after pending async work) or queue it and return a ``Work``."""
-        seq = fp.seq if fp is not None else None
-        fn = trace_collective(fn, op, fp)
-        if self.size == 1:
-            result = fn()
-            return Work.completed(op, result, self.global_rank) if async_op else result
-        if async_op:  # a failure found here is reported so that peers name the culprit
-            return self.queue.submit(heartbeat.reporting(fn), op, seq)
-        return self.run_now(fn, op, seq)
-
-    def run_now(self, fn, op: str, seq: Optional[int], *args: Any) -> Any:
-        """``fn(*args)`` on this thread after pending async work; a peer failure found on the
-        way is reported (so that peers name the culprit), then raised."""
-        try:
-            return self.queue.run_sync(fn, op, seq, *args)
-        except PeerFailureError as exc:
-            heartbeat.report(exc)
-            raise
-
-    def __repr__(self) -> str:
-        return (f"ProcessGroup(id={self.group_id}, ranks={list(self.ranks)}, rank={self.rank}, "
-                f"backend={self.backend!r})")
 
 
 class _World:
@@ -133,6 +35,8 @@ class _World:
 
 
 _WORLD: Optional[_World] = None
+
+
 def init_process_group(backend: str = "auto", init_method: str = "env://",
                        world_size: Optional[int] = None, rank: Optional[int] = None,
                        timeout: Seconds = DEFAULT_TIMEOUT_S, store=None) -> None:
@@ -172,6 +76,10 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
         transport = transports.create_transport(chosen, rank=info.rank,
                                                 world_size=info.world_size, store=store,
                                                 timeout=seconds, secret=secret)
+        if store is None and chosen == "mpi":  # a store for the heartbeat, when ranks span hosts
+            from .mpi_heartbeat import heartbeat_store
+            store = heartbeat_store(transport, seconds)
+            owns_store = store is not None
         world = _World(info, chosen, store, transport, seconds)
         # Nobody may close the store (rank 0 serves it) while a peer still needs it.
         algorithms.barrier(transport, Fingerprint("init_barrier", 0, "uint8", 0, 0), "auto")

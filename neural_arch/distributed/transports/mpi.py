@@ -7,9 +7,10 @@ requests bounded by ``timeout``.
 
 Dead peers: Open MPI's launcher normally kills the whole job when a rank dies. When it does not,
 ranks on the same host notice a peer's death within about half a second (pids and process start
-times are exchanged at creation and checked while polling) and raise PeerFailureError. A peer on
-another host cannot be checked that way: its death ends in CollectiveTimeoutError after
-``timeout``, unless the launcher aborts the job first.
+times are exchanged at creation and checked while polling) and raise PeerFailureError. With
+fault tolerance on (``mpiexec --with-ft ulfm``) MPI fails the requests that involve a dead rank
+and names it (``Get_failed``), wherever it ran; the process group's heartbeat store
+(``mpi_heartbeat``) finds ranks on other hosts that hang or are cut off.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from .mpi_collectives import MpiCollectives
 _TAG = 0x4E46
 _CHUNK = 1 << 30  # MPI counts are C ints
 _LIVENESS_PERIOD_S = 0.5
+_FAILED_LOOKS = 5  # over one liveness period, for news of a failure to arrive
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
 
@@ -199,6 +201,11 @@ class MpiTransport(Transport):
                                    rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
 
     # ---- waiting -----------------------------------------------------------------------------
+    def wait_requests(self, reqs: list, fp: Fingerprint) -> None:
+        """Complete requests posted on ``comm`` by the caller, bounded like every other wait."""
+        with self._lock:
+            self._wait(reqs, [], fp)
+
     def _wait(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
         """Poll ``reqs`` to completion; raise on timeout or a dead same-host peer."""
         MPI = self._mpi
@@ -209,7 +216,12 @@ class MpiTransport(Transport):
                 if MPI.Request.Testall(reqs):
                     return
             except MPI.Exception as e:
-                self._give_up(reqs, peers, f"MPI error in {fp.describe()}")
+                failed = self._failed_ranks()
+                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}")
+                if failed:
+                    raise PeerFailureError(f"MPI reports rank(s) {failed} failed during "
+                                           f"{fp.describe()} ({e})", rank=self.rank,
+                                           peer=failed[0], op=fp.op, seq=fp.seq) from None
                 raise DistributedError(f"MPI reported: {e}", rank=self.rank,
                                        peer=peers[0] if peers else None, op=fp.op,
                                        seq=fp.seq) from None
@@ -239,6 +251,29 @@ class MpiTransport(Transport):
                                    f"{[self._local_peers[d][0] for d in dead]}) died during "
                                    f"{fp.describe()}", rank=self.rank, peer=dead[0],
                                    op=fp.op, seq=fp.seq)
+
+    def _failed_ranks(self) -> list[int]:
+        """Ranks that MPI knows to have failed: with fault tolerance on (Open MPI's
+        ``mpiexec --with-ft ulfm``) a death makes requests fail instead of aborting the job.
+        The news may reach this rank a moment after the failed request, so look a few times."""
+        MPI, comm = self._mpi, self._comm
+        for attempt in range(_FAILED_LOOKS):
+            try:
+                group = comm.Get_failed()
+            except (AttributeError, NotImplementedError, MPI.Exception):
+                return []  # an MPI without ULFM
+            try:
+                size = group.Get_size()
+                if size:
+                    mine = comm.Get_group()
+                    try:
+                        return sorted(MPI.Group.Translate_ranks(group, list(range(size)), mine))
+                    finally:
+                        mine.Free()
+            finally:
+                group.Free()
+            time.sleep(_LIVENESS_PERIOD_S / _FAILED_LOOKS)
+        return []
 
     def _give_up(self, reqs: list, peers: list[int], why: str) -> None:
         for req in reqs:
