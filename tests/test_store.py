@@ -284,3 +284,20 @@ def test_clients_fail_cleanly_when_the_server_closes():
         client.set("k", b"v")  # reconnecting finds no server within the 1 s timeout
     client.close()
     srv.close()  # closing twice is fine
+
+
+def test_errors_name_the_rank_that_made_the_request():
+    srv = TCPStore("127.0.0.1", 0, is_server=True, secret=SECRET, timeout=10, rank=0)
+    client = TCPStore("127.0.0.1", srv.port, secret=SECRET, timeout=1, rank=3)
+    with pytest.raises(CollectiveTimeoutError,
+                       match=r"^\[rank 3, store\.get\] store get\('missing'\) timed out"):
+        client.get("missing", timeout=0.2)
+    srv.close()
+    with pytest.raises(RendezvousError, match=r"^\[rank 3, store\.set\] store set\('k'\)"):
+        client.set("k", b"v")
+    with pytest.raises(RendezvousError, match=r"^\[rank 3, store\.set\] store set\('k'\): could "
+                                              r"not reach the store at 127\.0\.0\.1:"):
+        client.set("k", b"v")  # reconnecting: one prefix, not two
+    client.close()
+    with pytest.raises(RendezvousError, match=r"^\[rank 5, store\.connect\] could not reach"):
+        TCPStore("127.0.0.1", srv.port, secret=SECRET, timeout=0.3, rank=5)

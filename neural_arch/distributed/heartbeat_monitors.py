@@ -136,7 +136,8 @@ class StoreMonitor(_Monitor):
         from .store import TCPStore
         host, port, secret = self._address
         if self._store is None:
-            self._store = TCPStore(host, port, secret=secret, timeout=self._request_timeout)
+            self._store = TCPStore(host, port, secret=secret, timeout=self._request_timeout,
+                                   rank=self.rank)
         # Every rank of a job adds 1 once, so all agree on the job's number even on a store
         # that an earlier job used.
         joined = self._store.add(f"{KEY_PREFIX}/joined", 1)

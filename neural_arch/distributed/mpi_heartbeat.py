@@ -87,12 +87,13 @@ def _broadcast_bytes(transport, data: bytes, fp: Fingerprint) -> bytes:
     return buf.tobytes()
 
 
-def _connect(hosts: List[str], port: int, secret: bytes, world_size: int):
+def _connect(hosts: List[str], port: int, secret: bytes, world_size: int, rank: int):
     from .store import TCPStore
     errors = []
     for host in hosts:
         try:
-            return TCPStore(host, port, world_size, secret=secret, timeout=CONNECT_TIMEOUT_S), ""
+            return TCPStore(host, port, world_size, secret=secret, timeout=CONNECT_TIMEOUT_S,
+                            rank=rank), ""
         except (OSError, DistributedError) as e:
             errors.append(f"{host}:{port}: {e}")
     return None, "; ".join(errors)
@@ -115,7 +116,7 @@ def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
         hosts, secret = candidate_hosts(), secrets.token_bytes(32)
         try:
             store = TCPStore(hosts[0], 0, world_size, is_server=True, secret=secret,
-                             timeout=timeout)
+                             timeout=timeout, rank=0)
             invitation = {"hosts": hosts, "port": store.port, "secret": secret.hex()}
         except (OSError, DistributedError) as e:  # the others must hear of it, not wait
             why = f"rank 0 could not serve it: {e}"
@@ -128,7 +129,7 @@ def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
             if not why:
                 hosts, port = [str(h) for h in invitation["hosts"]], int(invitation["port"])
                 store, why = _connect(hosts, port, bytes.fromhex(invitation["secret"]),
-                                      world_size)
+                                      world_size, rank)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             why = f"unreadable invitation from rank 0 ({e})"
     connected = np.array([store is not None], np.uint8)

@@ -68,7 +68,8 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
             from .store import TCPStore
             secret = job_secret()
             store = TCPStore(info.master_addr, info.master_port, info.world_size,
-                             is_server=info.rank == 0, secret=secret, timeout=seconds)
+                             is_server=info.rank == 0, secret=secret, timeout=seconds,
+                             rank=info.rank)
         chosen = choose_on_one_host(info, store) if requested == "auto" else requested
         if chosen == "tcp" and secret is None:
             from .auth import job_secret

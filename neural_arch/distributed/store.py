@@ -44,19 +44,21 @@ class TCPStore:
 
     Every rank, the server's own included, talks to the server over an authenticated socket.
     ``port=0`` on the server picks a free port (read ``.port``). Clients retry connecting
-    until ``timeout``, since the server may start after them.
+    until ``timeout``, since the server may start after them. ``rank``, when given, is named
+    in every error.
     """
 
     def __init__(self, host: str, port: int, world_size: Optional[int] = None,
                  is_server: bool = False, secret: Optional[bytes] = None,
                  timeout: Union[float, timedelta] = 300.0, *,
-                 max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+                 max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+                 rank: Optional[int] = None) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
             raise ValueError(f"store port must be an int in [1, 65535] (0 only for the server), "
                              f"got {port!r}")
         if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
-        self.host, self.world_size, self.is_server = host, world_size, is_server
+        self.host, self.world_size, self.is_server, self.rank = host, world_size, is_server, rank
         self.timeout = _seconds(timeout, 300.0)
         self._secret = job_secret() if secret is None else bytes(secret)
         self._max_value = max_value_bytes
@@ -100,7 +102,8 @@ class TCPStore:
                 raise RendezvousError(
                     f"could not reach the store at {self.host}:{self.port} after waiting "
                     f"{timeout:.1f} s (last error: {last_error}); is rank 0 running and "
-                    "MASTER_ADDR/MASTER_PORT the same on every rank?")
+                    "MASTER_ADDR/MASTER_PORT the same on every rank?", rank=self.rank,
+                    op="store.connect")
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 5))
             except OSError as e:
@@ -120,12 +123,15 @@ class TCPStore:
     def _call(self, op: int, label: str, raw_key: bytes, value: bytes = b"",
               wait_s: float = 0.0) -> bytes:
         what = f"store {_OP_NAMES[op]}({label!r})"
+        where = dict(op=f"store.{_OP_NAMES[op]}", rank=self.rank)
         with self._lock:
             if self._sock is None:
                 try:
                     self._connect(self.timeout)
                 except RendezvousError as e:
-                    raise RendezvousError(f"{what}: {e}", op=f"store.{_OP_NAMES[op]}") from None
+                    # the same error, said of this request: without _connect's own prefix
+                    raise RendezvousError(f"{what}: {str(e).split('] ', 1)[-1]}",
+                                          **where) from None
             sock = self._sock
             try:
                 sock.settimeout(wait_s + _GRACE_S if op in (GET, WAIT) else self.timeout)
@@ -138,14 +144,14 @@ class TCPStore:
                 self._drop_connection()
                 raise CollectiveTimeoutError(f"{what} got no answer from {self.host}:"
                                              f"{self.port} in {sock.gettimeout():.1f} s",
-                                             op=f"store.{_OP_NAMES[op]}") from None
+                                             **where) from None
             except (OSError, EOFError) as e:
                 self._drop_connection()
                 raise RendezvousError(f"{what} failed: the store at {self.host}:{self.port} "
-                                      f"went away ({e})", op=f"store.{_OP_NAMES[op]}") from None
+                                      f"went away ({e})", **where) from None
         if status == _TIMEOUT:
             raise CollectiveTimeoutError(f"{what} timed out after {wait_s:.1f} s waiting for "
-                                         "the key(s) to be set", op=f"store.{_OP_NAMES[op]}")
+                                         "the key(s) to be set", **where)
         if status == _ERROR:
             raise ValueError(f"{what}: {payload.decode(errors='replace')}")
         return payload
