@@ -12,11 +12,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import algorithms, plain_all_reduce
-from .algorithms import exchange
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
 from .reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
-
 
 
 def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
@@ -281,39 +279,10 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     return pg.run(run, async_op, fp, "barrier")
 
 
-def _p2p(tensor: Any, peer_rank: int, group: Optional[ProcessGroup], tag: int,
-         sending: bool):
-    op = "send" if sending else "recv"
-    pg = _group(group, op)
-    peer = pg.group_rank_of(peer_rank, "dst" if sending else "src")
-    if peer == pg.rank:
-        raise ValueError(f"rank {pg.global_rank} cannot {op} to or from itself")
-    arr = checked_array(tensor, f"{op} tensor", writable=not sending)
-    fp = pg.p2p_fingerprint(op, peer, f"p2p:{int(tag)}", arr.dtype, arr.size)
-
-    def run():
-        flat = Flat(arr)
-        if sending:
-            exchange.send(pg.transport, flat.buf, peer, fp)
-        else:
-            exchange.recv(pg.transport, flat.buf, peer, fp)
-            flat.commit()
-        return tensor
-    return pg.run(run, False, fp, op)
-
-
-def send(tensor: Any, dst: int, group: Optional[ProcessGroup] = None, tag: int = 0):
-    """Send ``tensor`` to rank ``dst``, which must call ``recv`` with a matching tensor."""
-    return _p2p(tensor, dst, group, tag, sending=True)
-
-
-def recv(tensor: Any, src: int, group: Optional[ProcessGroup] = None, tag: int = 0):
-    """Receive into ``tensor`` from rank ``src`` (messages match in order); returns ``tensor``."""
-    return _p2p(tensor, src, group, tag, sending=False)
-
-
-# The object tier lives in its own module; re-exported so ``collectives`` holds the whole API.
+# The object tier and point-to-point live in modules of their own; re-exported so
+# ``collectives`` holds the whole API.
 from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402
+from .point_to_point import recv, send  # noqa: E402
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
            "broadcast", "broadcast_object_list", "gather", "recv", "reduce", "reduce_scatter",
