@@ -121,6 +121,11 @@ def test_bus_factors_and_message_shapes():
     assert bench_collectives.element_count("all_reduce", 4, 4) == 1
     assert bench_collectives.element_count("all_gather", 4, 4) == 4  # one element per rank
     assert bench_collectives.element_count("all_gather", 100, 4) == 24
+    # 4 B and 16 B are the same all-gather at p = 4 (one float32 per rank): timed once
+    assert bench_collectives.message_counts("all_gather", [4, 16, 64], 4) == [4, 16]
+    assert bench_collectives.message_counts("all_gather", [4, 16, 64], 2) == [2, 4, 16]
+    for collective in collectives_report.COLLECTIVES:  # every one spans 4 B .. 256 MiB by 4x
+        assert bench_collectives.DEFAULT_SIZES[collective] == [4 ** k for k in range(1, 15)]
     assert bench_collectives.schedule(4, 20) == (50, 20)
     assert bench_collectives.schedule(256 << 20, 20) == (1, 5)
     assert bench_collectives.schedule(256 << 20, 2) == (1, 2)
@@ -129,6 +134,16 @@ def test_bus_factors_and_message_shapes():
 def _row(backend: str, p: int, nbytes: int, seconds: float) -> dict:
     return dict(collective="all_reduce", world_size=p, backend=backend, bytes=nbytes,
                 seconds=seconds, algorithm="x", calls_per_batch=1, batches=1)
+
+
+def test_plot_has_a_panel_per_collective_and_world_size(tmp_path):
+    rows = [dict(_row(b, p, n, n / 1e9 + 1e-5), collective=c)
+            for c in collectives_report.COLLECTIVES for p in (2, 4) for n in (4, 4096, 1 << 20)
+            for b in ("shm", "MPI native")]
+    figure = tmp_path / "bw.png"
+    assert collectives_report.plot(rows, str(figure)) == [
+        f"{c}, p = {p}" for p in (2, 4) for c in collectives_report.COLLECTIVES]
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_repeated_runs_report_the_median_of_each_point():

@@ -3,68 +3,39 @@
 Each (backend, world size) pair starts its processes once per suite and runs many checks in
 them; inputs are small integers (exact in every dtype), so each rank compares its results with
 a closed-form or NumPy reference computed from every rank's inputs. Float results on random
-data are hashed and compared across ranks in the parent: they must be bit-identical.
+data are hashed and compared across ranks in the parent: they must be bit-identical; for every
+op they must also have the exact bits of the reduction order the algorithm documents (ring,
+recursive doubling, shm_direct), or be close to a float64 reference where none is documented.
+Messages of a million elements and more run through every collective. The other algorithms
+of the non-all-reduce collectives, async order and subgroups: ``test_collectives_groups``.
 """
 from __future__ import annotations
-
-import hashlib
-import time
 
 import numpy as np
 import pytest
 
+from collective_references import (DTYPES, FLOAT_OPS, FORCED, FORCED_OTHERS, INIT, LARGE,
+                                   WORLD_SIZES, check_float_reduction, digest,
+                                   expected_reduction, forced, inputs_of, ops_for, random_of)
 from dist_harness import run_ranks
 from neural_arch import distributed as dist
 from neural_arch.core.tensor import Tensor
+from neural_arch.distributed import algorithms as algos
+from neural_arch.distributed.algorithms.exchange import chunk_bounds
+from neural_arch.distributed.process_group import resolve_group
 
 pytestmark = pytest.mark.timeout(300)
 
-WORLD_SIZES = [1, 2, 3, 4]
-DTYPES = [np.float16, np.float32, np.float64, np.int32, np.int64]
-OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
-       dist.ReduceOp.AVERAGE]
-LARGE = 1_000_003  # prime, above a million
-FORCED = {"shm": ["ring", "recursive_doubling", "shm_direct"],
-          "tcp": ["ring", "recursive_doubling"],
-          "mpi": ["ring", "recursive_doubling", "native"]}
-# the algorithms of broadcast / all-gather / reduce-scatter / barrier, by backend
-FORCED_OTHERS = {"shm": [None, "portable", "shm_direct"], "tcp": [None, "portable"],
-                 "mpi": [None, "portable", "native"]}
-PORTABLE = {"broadcast": "tree", "all_gather": "ring", "reduce_scatter": "ring",
-            "barrier": "dissemination"}
-INIT = {"timeout": 60}
+
+LARGE_PAIRS = ((np.float32, dist.ReduceOp.SUM), (np.int64, dist.ReduceOp.MAX),
+               (np.float16, dist.ReduceOp.PRODUCT), (np.int32, dist.ReduceOp.MIN),
+               (np.float64, dist.ReduceOp.AVERAGE), (np.int64, dist.ReduceOp.PRODUCT))
 
 
-def inputs_of(rank: int, size: int, dtype, op, salt: int = 0) -> np.ndarray:
-    rng = np.random.default_rng([rank, size, OPS.index(op), salt])
-    if op is dist.ReduceOp.PRODUCT:
-        values = rng.choice([-2, -1, 1, 2], size=size)
-    else:
-        values = rng.integers(-50, 50, size=size)
-    return values.astype(dtype)
-
-
-def expected_reduction(ws: int, size: int, dtype, op, salt: int = 0) -> np.ndarray:
-    stacked = np.stack([inputs_of(r, size, dtype, op, salt) for r in range(ws)]).astype(np.float64)
-    kind = {dist.ReduceOp.PRODUCT: np.prod, dist.ReduceOp.MIN: np.min,
-            dist.ReduceOp.MAX: np.max}.get(op, np.sum)
-    result = kind(stacked, axis=0).astype(dtype)
-    if op is dist.ReduceOp.AVERAGE:
-        result = np.divide(result, np.dtype(dtype).type(ws))
-    return result
-
-
-def ops_for(dtype):
-    return [op for op in OPS if op is not dist.ReduceOp.AVERAGE or np.dtype(dtype).kind == "f"]
-
-
-def digest(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
-
-
-# ----- suites, run on every rank -----------------------------------------------------------
 def all_reduce_suite(rank: int, ws: int, algorithms: list) -> list[str]:
     sizes = sorted({0, 1, 2, max(ws - 1, 0), 7, 13, 8191})
+    large_wanted = {(dtype, op): expected_reduction(ws, LARGE, dtype, op)
+                    for dtype, op in LARGE_PAIRS}
     for algorithm in [None] + algorithms:
         for size in sizes:
             for dtype in DTYPES:
@@ -74,10 +45,11 @@ def all_reduce_suite(rank: int, ws: int, algorithms: list) -> list[str]:
                     assert out is x
                     np.testing.assert_array_equal(x, expected_reduction(ws, size, dtype, op),
                                                   err_msg=f"{algorithm} {size} {dtype} {op}")
-        for dtype, op in ((np.float32, dist.ReduceOp.SUM), (np.int64, dist.ReduceOp.MAX)):
+        for dtype, op in LARGE_PAIRS:
             x = inputs_of(rank, LARGE, dtype, op)
             dist.all_reduce(x, op, algorithm=algorithm)
-            np.testing.assert_array_equal(x, expected_reduction(ws, LARGE, dtype, op))
+            np.testing.assert_array_equal(x, large_wanted[(dtype, op)],
+                                          err_msg=f"{algorithm} {LARGE} {dtype} {op}")
     hashes = []
     rng = np.random.default_rng(rank)
     for algorithm in [None] + algorithms:
@@ -86,6 +58,21 @@ def all_reduce_suite(rank: int, ws: int, algorithms: list) -> list[str]:
                 x = rng.standard_normal(size).astype(dtype)
                 dist.all_reduce(x, dist.ReduceOp.SUM, algorithm=algorithm)
                 hashes.append(digest(x))
+    # every op on random floats: the documented reduction order's exact bits (a tolerance for
+    # MPI's native op), and a hash that must be the same on every rank
+    transport = resolve_group(None).transport
+    for salt, dtype in enumerate((np.float16, np.float32, np.float64)):
+        for size in (1000, 100_003):
+            parts = [random_of(r, size, dtype, salt) for r in range(ws)]
+            bounds = chunk_bounds(size, ws)
+            for algorithm in [None] + algorithms:
+                ran = algos.select("all_reduce", transport, parts[0].nbytes, algorithm)
+                for op in FLOAT_OPS:
+                    x = parts[rank].copy()
+                    dist.all_reduce(x, op, algorithm=algorithm)
+                    check_float_reduction(x, parts, op, ran, bounds,
+                                          f"{algorithm} ({ran}) {size} {dtype} {op}")
+                    hashes.append(digest(x))
     # Tensors and non-contiguous views are changed in place
     t = Tensor(np.full((3, 4), rank + 1.0, dtype=np.float32))
     assert dist.all_reduce(t) is t
@@ -132,42 +119,34 @@ def rooted_suite(rank: int, ws: int) -> bool:
         big = np.arange(LARGE, dtype=np.float32) if rank == root else np.zeros(LARGE, np.float32)
         dist.broadcast(Tensor(big), src=root)
         np.testing.assert_array_equal(big, np.arange(LARGE, dtype=np.float32))
+        if ws == 3:
+            large_rooted(rank, ws, root)
     return True
 
 
-def forced(collective: str, choice):
-    return PORTABLE[collective] if choice == "portable" else choice
-
-
-def forced_algorithms_suite(rank: int, ws: int, choices: list) -> bool:
-    """Broadcast, all-gather, reduce-scatter and barrier under each of their algorithms."""
-    for choice in choices:
-        for dtype in (np.float32, np.int64):
-            for size in (0, 1, 13, 70_001):
-                for root in range(ws):
-                    b = np.arange(size, dtype=dtype) * (rank + 1)
-                    dist.broadcast(b, src=root, algorithm=forced("broadcast", choice))
-                    np.testing.assert_array_equal(b, np.arange(size, dtype=dtype) * (root + 1))
-                mine = np.arange(size, dtype=dtype) + rank
-                flat = np.empty(ws * size, dtype)
-                dist.all_gather_into_tensor(flat, mine, algorithm=forced("all_gather", choice))
-                np.testing.assert_array_equal(
-                    flat, np.concatenate([np.arange(size, dtype=dtype) + r for r in range(ws)]))
-                listed = dist.all_gather(mine, algorithm=forced("all_gather", choice))
-                np.testing.assert_array_equal(np.concatenate(listed), flat)
-                full = np.arange(ws * size, dtype=dtype) * (rank + 1)
-                out = np.empty(size, dtype)
-                dist.reduce_scatter_tensor(out, full, dist.ReduceOp.SUM,
-                                           algorithm=forced("reduce_scatter", choice))
-                total = np.arange(ws * size, dtype=dtype) * (ws * (ws + 1) // 2)
-                np.testing.assert_array_equal(out, total[rank * size:(rank + 1) * size])
-                avg = np.full(ws * size, float(rank), dtype=np.float32)
-                part = dist.reduce_scatter(avg, dist.ReduceOp.AVERAGE,
-                                           algorithm=forced("reduce_scatter", choice))
-                np.testing.assert_array_equal(part, np.full(size, (ws - 1) / 2, np.float32))
-        dist.barrier(algorithm=forced("barrier", choice))
-    return True
-
+def large_rooted(rank: int, ws: int, root: int) -> None:
+    """Reduce, gather and scatter of a million elements and more: several 1 MiB segments, so
+    the tree's segment loops run (and gather / scatter move many megabytes)."""
+    for dtype, op in ((np.float64, dist.ReduceOp.SUM), (np.int32, dist.ReduceOp.MIN),
+                      (np.float32, dist.ReduceOp.AVERAGE)):
+        x = inputs_of(rank, LARGE, dtype, op, salt=root)
+        assert dist.reduce(x, dst=root, op=op) is x
+        want = (expected_reduction(ws, LARGE, dtype, op, salt=root) if rank == root
+                else inputs_of(rank, LARGE, dtype, op, salt=root))
+        np.testing.assert_array_equal(x, want, err_msg=f"large reduce {root} {dtype} {op}")
+    mine = np.arange(LARGE, dtype=np.int64) * (rank + 1) - root
+    got = dist.gather(mine, dst=root)
+    if rank == root:
+        assert len(got) == ws
+        for r in range(ws):
+            np.testing.assert_array_equal(got[r], np.arange(LARGE, dtype=np.int64) * (r + 1) - root)
+    else:
+        assert got is None
+    out = np.zeros(LARGE + 1, np.float32)
+    parts = ([np.arange(LARGE + 1, dtype=np.float32) + 3 * r + root for r in range(ws)]
+             if rank == root else None)
+    assert dist.scatter(out, parts, src=root) is out
+    np.testing.assert_array_equal(out, np.arange(LARGE + 1, dtype=np.float32) + 3 * rank + root)
 
 def gather_suite(rank: int, ws: int) -> list[str]:
     for dtype in DTYPES:
@@ -196,6 +175,37 @@ def gather_suite(rank: int, ws: int) -> list[str]:
     big = np.full(LARGE, rank, dtype=np.float64)
     chunk = dist.reduce_scatter(np.tile(big, ws), dist.ReduceOp.SUM)
     np.testing.assert_array_equal(chunk, np.full(LARGE, ws * (ws - 1) / 2))
+    choices = FORCED_OTHERS[dist.get_backend()]
+    # all-gather of a million elements per rank, under each algorithm
+    mine = np.arange(LARGE, dtype=np.int32) * (rank + 1) - rank
+    for choice in choices:
+        flat_big = np.empty(ws * LARGE, np.int32)
+        dist.all_gather_into_tensor(flat_big, mine, algorithm=forced("all_gather", choice))
+        for r in range(ws):
+            np.testing.assert_array_equal(flat_big[r * LARGE:(r + 1) * LARGE],
+                                          np.arange(LARGE, dtype=np.int32) * (r + 1) - r,
+                                          err_msg=f"all_gather {choice} block {r}")
+    del flat_big
+    # reduce-scatter of random floats: each rank's chunk has the exact bits of the algorithm's
+    # documented reduction order, and the gathered result is hashed (same on every rank)
+    hashes = [digest(flat)]
+    transport = resolve_group(None).transport
+    for salt, dtype in enumerate((np.float16, np.float32, np.float64)):
+        for m in (1001, 100_003):
+            parts = [random_of(r, ws * m, dtype, salt) for r in range(ws)]
+            bounds = [(i * m, (i + 1) * m) for i in range(ws)]
+            for choice in choices:
+                algorithm = forced("reduce_scatter", choice)
+                ran = algos.select("reduce_scatter", transport, parts[0].nbytes, algorithm)
+                for op in FLOAT_OPS:
+                    out = np.empty(m, dtype)
+                    dist.reduce_scatter_tensor(out, parts[rank], op, algorithm=algorithm)
+                    whole = np.empty(ws * m, dtype)
+                    dist.all_gather_into_tensor(whole, out)
+                    np.testing.assert_array_equal(whole[rank * m:(rank + 1) * m], out)
+                    check_float_reduction(whole, parts, op, ran, bounds,
+                                          f"reduce_scatter {choice} ({ran}) {m} {dtype} {op}")
+                    hashes.append(digest(whole))
     dist.barrier()
     # point to point around the ring, then the object tier
     if ws > 1:
@@ -218,57 +228,7 @@ def gather_suite(rank: int, ws: int) -> list[str]:
         assert dist.broadcast_object_list(items, src=src) is items
         assert items[:2] == [src, "x" * src]
         np.testing.assert_array_equal(items[2]["k"], np.arange(src))
-    return [digest(flat)]
-
-
-def async_and_groups_suite(rank: int, ws: int) -> bool:
-    rng = np.random.default_rng(rank)
-    bufs = [np.full(50 + i, float(rank + i)) for i in range(5)]
-    works = []
-    for i, buf in enumerate(bufs):
-        time.sleep(rng.uniform(0, 0.01))  # ranks issue at different moments
-        works.append(dist.all_reduce(buf, async_op=True))
-        if i == 2:
-            works.append(dist.broadcast(np.full(3, float(rank)), src=ws - 1, async_op=True))
-    gathered = dist.all_gather(np.array([rank]))  # synchronous: runs after the queued work
-    assert [int(g[0]) for g in gathered] == list(range(ws))
-    for work in works:
-        assert work.is_completed() and work.wait(timeout=30)
-    for i, buf in enumerate(bufs):
-        np.testing.assert_array_equal(buf, np.full(50 + i, ws * i + ws * (ws - 1) / 2))
-    assert np.array_equal(works[3].result(), np.full(3, float(ws - 1)))
-    # subgroups: every rank creates each group, members use it, non-members are refused
-    evens = dist.new_group(list(range(0, ws, 2)))
-    ends = dist.new_group([ws - 1, 0])
-    everyone = dist.new_group()
-    for group, members in ((evens, list(range(0, ws, 2))), (ends, sorted({0, ws - 1})),
-                           (everyone, list(range(ws)))):
-        if rank in members:
-            assert dist.get_rank(group) == members.index(rank)
-            assert dist.get_world_size(group) == len(members)
-            x = np.array([rank, 1], dtype=np.int64)
-            dist.all_reduce(x, group=group)
-            assert x.tolist() == [sum(members), len(members)]
-            b = np.array([rank], dtype=np.int32)
-            dist.broadcast(b, src=members[-1], group=group)
-            assert int(b[0]) == members[-1]
-            assert [int(g[0]) for g in dist.all_gather(np.array([rank]), group=group)] == members
-            assert dist.all_gather_object(rank, group=group) == members
-            w = dist.all_reduce(np.ones(4), group=group, async_op=True)
-            np.testing.assert_array_equal(w.result(), np.full(4, len(members)))
-        else:
-            assert dist.get_rank(group) == -1 and dist.get_world_size(group) == -1
-            try:
-                dist.all_reduce(np.ones(2), group=group)
-            except ValueError as exc:
-                assert f"rank {rank} is not a member" in str(exc)
-            else:
-                raise AssertionError("a non-member ran a collective on the group")
-    # the world group still works, and its sequence numbers were not disturbed
-    x = np.ones(3)
-    dist.all_reduce(x)
-    np.testing.assert_array_equal(x, np.full(3, ws))
-    return True
+    return hashes
 
 
 # ----- tests -------------------------------------------------------------------------------
@@ -290,15 +250,3 @@ def test_rooted_collectives_for_every_root(backend, world_size):
 def test_gathers_scatters_point_to_point_and_objects(backend, world_size):
     hashes = run_ranks(gather_suite, world_size, backend, timeout=280, init_kwargs=INIT)
     assert all(h == hashes[0] for h in hashes)
-
-
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_every_algorithm_of_the_other_collectives(backend, world_size):
-    assert run_ranks(forced_algorithms_suite, world_size, backend, timeout=200,
-                     args=(FORCED_OTHERS[backend],), init_kwargs=INIT) == [True] * world_size
-
-
-@pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_async_order_and_subgroups(backend, world_size):
-    assert run_ranks(async_and_groups_suite, world_size, backend, timeout=120,
-                     init_kwargs=INIT) == [True] * world_size

@@ -9,7 +9,7 @@ from dist_harness import installed_backends, run_ranks
 from neural_arch import distributed as dist
 from neural_arch.distributed import plain_all_reduce
 from neural_arch.distributed.profiler import CommunicationProfiler, trace_collectives
-from test_collectives_multiprocess import DTYPES, OPS, expected_reduction, inputs_of
+from collective_references import DTYPES, OPS, expected_reduction, inputs_of
 
 pytestmark = pytest.mark.timeout(120)
 

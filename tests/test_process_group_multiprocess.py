@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import time
 
 import numpy as np
@@ -40,6 +42,8 @@ def test_rank_queries_and_info(backend, world_size):
         info = got["info"]
         assert (info["rank"], info["world_size"], info["backend"]) == (rank, world_size, backend)
         assert info["initialized"] and backend in info["available_transports"]
+        assert info["host"] == socket.gethostname()
+        assert (info["local_rank"], info["local_world_size"]) == (got["local_rank"], world_size)
 
 
 @pytest.mark.parametrize("requested", ["auto", "gloo"])
@@ -71,14 +75,40 @@ def mismatched_ops(rank: int, ws: int, kind: str):
     try:
         if kind == "ops":
             dist.all_reduce(x) if rank == 0 else dist.broadcast(x, src=0)
-        else:
+        elif kind == "sizes":
             dist.all_reduce(np.zeros(8 + rank))
+        elif kind == "dtypes":
+            dist.all_reduce(np.zeros(8, dtype=np.float64 if rank == 0 else np.float32))
+        elif kind == "skipped":
+            # rank 1 skips the barrier: collective #2 is a barrier on rank 0, an all-reduce on 1
+            dist.all_reduce(x)
+            if rank == 0:
+                dist.barrier()
+            dist.all_reduce(x)
+        else:  # "skipped_empty": rank 1 skips an all-reduce of no elements
+            if rank == 0:
+                dist.all_reduce(np.zeros(0))
+            dist.all_reduce(x)
     except dist.DistributedError as exc:
         return describe(exc)
     return None
 
 
-@pytest.mark.parametrize("kind", ["ops", "sizes"])
+# What each rank's collective is, as the error messages describe it (Fingerprint.describe).
+AR8 = "all_reduce:sum #{} (group 0, 8 x float64)"
+MISMATCH_SIDES = {
+    "ops": [("all_reduce", "broadcast")],
+    "sizes": [("8 x float64", "9 x float64")],
+    "dtypes": [(AR8.format(1), "all_reduce:sum #1 (group 0, 8 x float32)")],
+    "skipped": [("barrier #2 (group 0, 0 x uint8)", AR8.format(2))],
+    # a transport that sends nothing for an empty collective sees the sequence numbers differ;
+    # one that synchronises even then sees the element counts differ
+    "skipped_empty": [(AR8.format(2), AR8.format(1)),
+                      ("all_reduce:sum #1 (group 0, 0 x float64)", AR8.format(1))],
+}
+
+
+@pytest.mark.parametrize("kind", list(MISMATCH_SIDES))
 def test_mismatched_collectives_raise_naming_both_sides(backend, kind):
     # a rank that did not see the mismatch itself waits for its peer: keep that wait short
     results = run_ranks(mismatched_ops, 2, backend, timeout=60, args=(kind,),
@@ -86,10 +116,11 @@ def test_mismatched_collectives_raise_naming_both_sides(backend, kind):
     assert all(r is not None for r in results), results  # every rank raised
     mismatches = [msg for name, msg in results if name == "CollectiveMismatchError"]
     assert mismatches, results
-    if kind == "ops":
-        assert any("all_reduce" in m and "broadcast" in m for m in mismatches), mismatches
-    else:
-        assert any("8 x float64" in m and "9 x float64" in m for m in mismatches), mismatches
+    assert any(mine in m and theirs in m for m in mismatches
+               for mine, theirs in MISMATCH_SIDES[kind]), mismatches
+    for msg in mismatches:  # "[rank R, op #seq, peer rank P] ...": the peer is the other rank
+        head = re.match(r"\[rank (\d), \S+ #\d+, peer rank (\d)\] ", msg)
+        assert head and {head[1], head[2]} == {"0", "1"}, msg
 
 
 def killed_peer(rank: int, ws: int):
@@ -132,6 +163,8 @@ def test_a_silent_peer_times_out(backend):
     name, message = results[0]
     assert name == "CollectiveTimeoutError", results[0]
     assert "all_reduce" in message and "rank 0" in message
+    # the first collective after init: sequence number 1, waiting on peer rank 1
+    assert re.match(r"\[rank 0, all_reduce\S* #1, peer rank 1\] ", message), message
 
 
 def mismatched_groups(rank: int, ws: int):
