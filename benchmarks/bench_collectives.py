@@ -5,16 +5,17 @@ for shm/tcp, mpiexec for mpi). Each point is timed in batches of calls, each bat
 barrier; a rank's time is the median per-call time over batches, the reported time the slowest
 rank's. The whole set of jobs runs ``--repeats`` times, interleaved, and each point reports the
 median over those runs: on a shared machine a job's speed drifts over minutes, and one run of
-ours against one of MPI's would compare moments rather than implementations. Bandwidths follow
-nccl-tests: algbw = bytes / time; busbw = algbw * 2(p-1)/p for
-all-reduce, * (p-1)/p for all-gather (bytes = the gathered total), * 1 for broadcast. Under
-mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same reused buffers. In
-the shm jobs a ``buffer stream`` row bounds all-reduces from 1 MiB: every rank reads and writes
-its own buffer once through a cache-sized scratch, all at once, which no all-reduce that
-leaves its result in the caller's buffer can beat on the same machine; and a ``copy exchange``
-row times the copies the direct all-reduce makes at p = 2 without its sums: every rank copies
-its buffer into its area of the shared workspace and its neighbour's copy back, a round at a
-time, so it shows how fast data moves between the cores in that job.
+ours against one of MPI's would compare moments rather than implementations. Every collective
+runs 4 B to 256 MiB by 4x unless ``--sizes`` says otherwise. Sizes and bandwidths follow
+nccl-tests: an all-gather's size is its gathered output (each rank sends size / p); algbw =
+bytes / time; busbw = algbw * 2(p-1)/p for all-reduce, * (p-1)/p for all-gather, * 1 for
+broadcast. Under mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same
+reused buffers. In the shm jobs a ``buffer stream`` row bounds all-reduces from 1 MiB: every
+rank reads and writes its own buffer once through a cache-sized scratch, all at once, which no
+all-reduce that leaves its result in the caller's buffer can beat on the same machine; and a
+``copy exchange`` row times the copies the direct all-reduce makes at p = 2 without its sums:
+every rank copies its buffer into its area of the shared workspace and its neighbour's copy
+back, a round at a time, so it shows how fast data moves between the cores in that job.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
@@ -40,9 +41,9 @@ common.one_thread_per_rank()
 import argparse  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
-DEFAULT_SIZES = {"all_reduce": [4 ** k for k in range(1, 15)],          # 4 B .. 256 MiB
-                 "all_gather": [256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20],
-                 "broadcast": [256, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]}
+# 4 B .. 256 MiB by 4x for every collective; an all-gather's size is its gathered output, as in
+# nccl-tests (each rank sends size / p), so 256 MiB is 256 MiB out and 256 / p MiB in per rank
+DEFAULT_SIZES = {c: [4 ** k for k in range(1, 15)] for c in COLLECTIVES}
 NATIVE_NAMES = {"all_reduce": "MPI_Allreduce", "all_gather": "MPI_Allgather",
                 "broadcast": "MPI_Bcast"}
 ITEMSIZE = 4  # float32
@@ -61,6 +62,12 @@ def element_count(collective: str, nbytes: int, p: int) -> int:
     """float32 elements of the message (for all-gather: of the gathered total, a multiple of p)."""
     unit = ITEMSIZE * (p if collective == "all_gather" else 1)
     return max(1, nbytes // unit) * unit // ITEMSIZE
+
+
+def message_counts(collective: str, sizes: Sequence[int], p: int) -> List[int]:
+    """The distinct element counts of ``sizes`` (tiny all-gathers round up to one float32 per
+    rank, so e.g. 4 B and 16 B are the same 16-byte message at p = 4: timed once)."""
+    return sorted({element_count(collective, nbytes, p) for nbytes in sizes})
 
 
 def schedule(nbytes: int, iters: int) -> Tuple[int, int]:
@@ -175,9 +182,9 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
         impls += [(STREAM, _stream_call, dist.barrier), (EXCHANGE, _exchange_call, dist.barrier)]
     rows = []
     for collective in job["collectives"]:
-        for nbytes in job["sizes"][collective]:
-            count = element_count(collective, nbytes, p)
-            calls, batches = schedule(count * ITEMSIZE, job["iters"])
+        for count in message_counts(collective, job["sizes"][collective], p):
+            nbytes = count * ITEMSIZE
+            calls, batches = schedule(nbytes, job["iters"])
             for label, make, barrier in impls:  # ours and the peers alternate, size by size
                 if label in REFERENCES and (collective != "all_reduce"
                                             or nbytes < STREAM_MIN_BYTES):
@@ -193,13 +200,14 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                 seconds = common.slowest_median(dist.all_gather_object(times))
                 algorithm = {NATIVE: NATIVE_NAMES[collective], STREAM: "read_write_once",
                              EXCHANGE: "copy_in_copy_out"}.get(
-                    label) or algorithms.select(collective, transport, count * ITEMSIZE)
+                    label) or algorithms.select(collective, transport, nbytes)
                 rows.append(dict(collective=collective, world_size=p, backend=label,
-                                 bytes=count * ITEMSIZE, seconds=seconds, algorithm=algorithm,
+                                 bytes=nbytes, seconds=seconds, algorithm=algorithm,
                                  calls_per_batch=calls, batches=batches))
+                del buffers, call  # before the next buffers: 256 MiB messages, p ranks
                 if rank == 0:
-                    busbw = count * ITEMSIZE / seconds * bus_factor(collective, p) / 1e9
-                    print(f"{collective} p={p} {common.format_size(count * ITEMSIZE)} "
+                    busbw = nbytes / seconds * bus_factor(collective, p) / 1e9
+                    print(f"{collective} p={p} {common.format_size(nbytes)} "
                           f"{label}: {seconds * 1e6:.1f} us, busbw {busbw:.3g} GB/s", flush=True)
     return {"rows": rows}
 
@@ -225,7 +233,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--world-sizes", default="2,4", help="default: %(default)s")
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
     parser.add_argument("--sizes", help="message sizes for every collective, e.g. 4,1K,16M "
-                        "(default: 4 B..256 MiB by 4x for all_reduce, 256 B..64 MiB for the others)")
+                        "(default: 4 B..256 MiB by 4x; all_gather: the gathered output)")
     parser.add_argument("--max-size", default="256M", help="drop sizes above this")
     parser.add_argument("--iters", type=int, default=20,
                         help="timed batches per point (large messages: fewer, at least 5)")

@@ -124,29 +124,50 @@ def goals_table(rows: Sequence[dict]) -> str:
                                  [[g, m, common.verdict(ok)] for g, m, ok in goals(rows)], "llr")
 
 
-def plot(rows: Sequence[dict], path: str) -> None:
+def plot(rows: Sequence[dict], path: str) -> List[str]:
+    """Bus bandwidth against size, log-log: one column per collective, one row per world size,
+    one line per backend (the same colour in every panel). Returns the panels' titles."""
     plt = common.pyplot()
-    reduce_rows = [r for r in rows if r["collective"] == "all_reduce"]
-    sizes = sorted({r["world_size"] for r in reduce_rows})
-    if not sizes:
-        return
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False)
-    for ax, p in zip(axes[0], sizes):
-        for backend in BACKEND_ORDER:
-            points = sorted((r["bytes"], bandwidths(r)[1]) for r in reduce_rows
-                            if r["world_size"] == p and r["backend"] == backend)
-            if points:
-                ax.plot(*zip(*points), marker="o", label=backend,
-                        linestyle={NATIVE: "--", STREAM: ":", EXCHANGE: "-."}.get(backend, "-"))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"all_reduce float32 SUM, p = {p}")
-        ax.set_xlabel("message size (bytes)")
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    collectives = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
+    world_sizes = sorted({r["world_size"] for r in rows})
+    if not collectives:
+        return []
+    fig, axes = plt.subplots(len(world_sizes), len(collectives), sharex=True, sharey=True,
+                             figsize=(5 * len(collectives), 3.8 * len(world_sizes) + 0.8),
+                             squeeze=False)
+    colours = {b: f"C{i}" for i, b in enumerate(BACKEND_ORDER)}
+    styles = {NATIVE: "--", STREAM: ":", EXCHANGE: "-."}
+    handles: Dict[str, object] = {}
+    titles = []
+    for ax_row, p in zip(axes, world_sizes):
+        for ax, collective in zip(ax_row, collectives):
+            for backend in BACKEND_ORDER:
+                points = sorted((r["bytes"], bandwidths(r)[1]) for r in rows
+                                if (r["collective"], r["world_size"], r["backend"]) ==
+                                (collective, p, backend))
+                if points:
+                    handles[backend], = ax.plot(*zip(*points), marker="o", markersize=3,
+                                                label=backend, color=colours[backend],
+                                                linestyle=styles.get(backend, "-"))
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=16))
+            ax.xaxis.set_major_formatter(FuncFormatter(
+                lambda x, _: common.format_size(int(round(x))) if x >= 1 else ""))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            titles.append(f"{collective}, p = {p}")
+            ax.set_title(titles[-1])
+            ax.grid(True, which="both", alpha=0.3)
+        ax_row[0].set_ylabel("bus bandwidth (GB/s)")
+    for ax in axes[-1]:
+        ax.set_xlabel("message size (all_gather: gathered output)")
+    fig.suptitle("float32 collectives: bus bandwidth (nccl-tests definition) vs size")
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06 if len(world_sizes) > 1 else 0.1, 1, 1))
     common.save_figure(fig, path)
+    return titles
 
 
 def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine: str) -> str:
@@ -155,8 +176,10 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "float32 buffers reused by every call. Time: median per-call time over batches of "
         "calls, each batch started right after a barrier; the slowest rank's median; the "
         "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
+        "Sizes as in nccl-tests: an all_gather's size is its gathered output (each rank "
+        "sends size / p; at least one float32 per rank). "
         "algbw = bytes / time; busbw = algbw x 2(p-1)/p (all_reduce), x (p-1)/p "
-        "(all_gather, bytes = gathered total), x 1 (broadcast). Speed vs MPI native = MPI "
+        "(all_gather), x 1 (broadcast). Speed vs MPI native = MPI "
         "time / our time (> 1: ours is faster). GB/s = 10^9 B/s. Buffer stream (shm jobs, "
         "all_reduce from 1 MiB): every rank reads and writes its own buffer once through a "
         "1 MiB scratch, all ranks at once, timed like an all-reduce and shown with its "
