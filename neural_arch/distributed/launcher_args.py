@@ -13,7 +13,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# The config lived in this module first: launcher.py and callers still import it from here.
+# Re-exported: launcher.py and its callers take the whole configuration from this module.
 from .launcher_config import (BACKENDS, SECRET_VAR, LaunchConfig, Target, cpu_count,
                               resolve_nproc)
 

@@ -257,7 +257,7 @@ class MpiTransport(Transport):
         ``mpiexec --with-ft ulfm``) a death makes requests fail instead of aborting the job.
         The news may reach this rank a moment after the failed request, so look a few times."""
         MPI, comm = self._mpi, self._comm
-        for attempt in range(_FAILED_LOOKS):
+        for _ in range(_FAILED_LOOKS):
             try:
                 group = comm.Get_failed()
             except (AttributeError, NotImplementedError, MPI.Exception):
