@@ -11,7 +11,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms, plain_all_reduce
+from . import algorithms, short_paths
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
 from .reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
@@ -56,7 +56,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
                async_op: bool = False, algorithm: Optional[str] = None):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
     if type(tensor) is np.ndarray and group is None and not async_op and algorithm is None:
-        done = plain_all_reduce.all_reduce(tensor, op)
+        done = short_paths.all_reduce(tensor, op)
         if done is not None:
             return done
     pg = _group(group, "all_reduce")
@@ -77,6 +77,10 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
 def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
               async_op: bool = False, algorithm: Optional[str] = None):
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank; returns ``tensor``."""
+    if type(tensor) is np.ndarray and group is None and not async_op and algorithm is None:
+        done = short_paths.broadcast(tensor, src)
+        if done is not None:
+            return done
     pg = _group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
     arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)

@@ -1,15 +1,16 @@
-"""The short path of ``all_reduce`` (a NumPy array, default group, synchronous, no profiler)
-against the general path and NumPy, on real processes; and the calls it must leave alone."""
+"""The short paths of ``all_reduce`` and ``broadcast`` (a NumPy array, default group,
+synchronous, no profiler) against the general path and NumPy, on real processes; and the calls
+they must leave alone."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from collective_references import DTYPES, OPS, expected_reduction, inputs_of
 from dist_harness import installed_backends, run_ranks
 from neural_arch import distributed as dist
-from neural_arch.distributed import plain_all_reduce
+from neural_arch.distributed import short_paths
 from neural_arch.distributed.profiler import CommunicationProfiler, trace_collectives
-from collective_references import DTYPES, OPS, expected_reduction, inputs_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,7 +24,7 @@ def _expected(ws: int, shape, dtype, op) -> np.ndarray:
 
 
 def _every_op_and_dtype(rank, ws):
-    plain_all_reduce._PLANS.clear()
+    short_paths._PLANS.clear()
     for dtype in DTYPES:
         for op in OPS:
             if op is dist.ReduceOp.AVERAGE and np.dtype(dtype).kind != "f":
@@ -34,7 +35,7 @@ def _every_op_and_dtype(rank, ws):
                 np.testing.assert_array_equal(x, _expected(ws, shape, dtype, op),
                                               err_msg=f"{dtype} {op} {shape}")
     # the short path was the one taken: it remembered each (dtype, op) it ran
-    return sorted((str(d), op.name) for d, op in plain_all_reduce._PLANS)
+    return sorted((str(d), op.name) for d, op in short_paths._PLANS)
 
 
 @pytest.mark.parametrize("backend", installed_backends())
@@ -104,3 +105,72 @@ def _mismatched_ops(rank, ws):
 def test_ranks_calling_different_ops_raise_naming_both():
     for message in run_ranks(_mismatched_ops, 2, "shm", timeout=60):
         assert "all_reduce:sum" in message and "all_reduce:max" in message, message
+
+
+# ----- broadcast ------------------------------------------------------------------------------
+def _broadcast_every_dtype_shape_and_root(rank, ws):
+    short_paths._BROADCAST_DTYPES.clear()
+    short_paths._BROADCAST_NAMES.clear()
+    for dtype in DTYPES:
+        for shape in [(0,), (1,), (ws - 1,), (7,), (3, 5), (2, 3, 4)]:
+            for root in range(ws):
+                x = (np.arange(int(np.prod(shape))) * (rank + 1) + rank).astype(dtype)
+                x = x.reshape(shape)
+                assert dist.broadcast(x, root) is x
+                want = (np.arange(x.size) * (root + 1) + root).astype(dtype).reshape(shape)
+                np.testing.assert_array_equal(x, want, err_msg=f"{dtype} {shape} root {root}")
+    # the short path was the one taken: it remembered each dtype and root it ran
+    return (sorted(map(str, short_paths._BROADCAST_DTYPES)),
+            sorted(short_paths._BROADCAST_NAMES.items()))
+
+
+@pytest.mark.parametrize("backend", installed_backends())
+@pytest.mark.parametrize("ws", [2, 3])
+def test_broadcast_of_every_dtype_shape_and_root_matches_the_root(backend, ws):
+    for dtypes, names in run_ranks(_broadcast_every_dtype_shape_and_root, ws, backend,
+                                   timeout=90):
+        assert dtypes == sorted(np.dtype(d).name for d in DTYPES)
+        assert names == [(root, f"broadcast:{root}") for root in range(ws)]
+
+
+def _broadcasts_left_to_the_general_path(rank, ws):
+    from neural_arch.core.tensor import Tensor
+    seen = []
+    base = np.arange(12, dtype=np.float64).reshape(3, 4) * (rank + 1)
+    dist.broadcast(base[:, ::2], 1)  # strided: staged through a copy, written back
+    seen.append(base.tolist())
+    frozen = np.full(3, float(rank))  # read-only: fine on the root, refused elsewhere
+    frozen.flags.writeable = rank != 0
+    dist.broadcast(frozen, 0)
+    seen.append(frozen.tolist())
+    if rank != 0:  # refused before any message, so the root need not take part
+        frozen.flags.writeable = False
+        try:
+            dist.broadcast(frozen, 0)
+        except ValueError as exc:
+            seen[-1] = ("read-only" in str(exc), seen[-1])
+    for bad in (True, ws, -1):  # a bool, or a rank out of range: the general path's error
+        try:
+            dist.broadcast(np.zeros(2), bad)
+        except (TypeError, ValueError) as exc:
+            seen.append(type(exc).__name__)
+    numpy_root = np.full(2, rank + 1.0)  # a NumPy integer rank is accepted, as in PyTorch
+    dist.broadcast(numpy_root, np.int64(ws - 1))
+    seen.append(numpy_root.tolist())
+    # one rank passes a Tensor (general path), the others an array (short path): they agree
+    mixed = Tensor(np.full(3, rank + 5.0)) if rank == 0 else np.full(3, rank + 5.0)
+    out = dist.broadcast(mixed, 0)
+    seen.append((out.data if rank == 0 else out).tolist())
+    return seen
+
+
+def test_broadcasts_the_short_path_leaves_alone_still_work():
+    ws = 3
+    for rank, seen in enumerate(run_ranks(_broadcasts_left_to_the_general_path, ws, "shm")):
+        base = np.arange(12, dtype=np.float64).reshape(3, 4) * (rank + 1)
+        base[:, ::2] = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2] * 2
+        assert seen[0] == base.tolist()
+        assert seen[1] == ([0.0] * 3 if rank == 0 else (True, [0.0] * 3))
+        assert seen[2:5] == ["TypeError", "ValueError", "ValueError"]
+        assert seen[5] == [float(ws)] * 2
+        assert seen[6] == [5.0] * 3
