@@ -194,7 +194,7 @@ def test_candidate_addresses_leave_out_loopback(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     hosts = mpi_heartbeat.candidate_hosts()
     assert hosts and len(set(hosts)) == len(hosts)
-    assert hosts == ["127.0.0.1"] or not any(mpi_heartbeat._is_loopback(h) for h in hosts)
+    assert hosts == ["127.0.0.1"] or not any(mpi_heartbeat.is_loopback(h) for h in hosts)
     monkeypatch.setenv("MASTER_ADDR", "node17.cluster")
     assert mpi_heartbeat.candidate_hosts()[0] == "node17.cluster"
 

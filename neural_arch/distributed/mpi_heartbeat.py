@@ -16,7 +16,6 @@ peer is out of pid sight), ``store`` (always) or ``pid`` (never).
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -28,6 +27,7 @@ import numpy as np
 
 from . import heartbeat
 from .errors import DistributedError
+from .store_server import is_loopback
 from .transports.base import Fingerprint
 
 MODE_ENV = "NEURAL_ARCH_MPI_HEARTBEAT"
@@ -43,13 +43,6 @@ def mode_from_env(environ: Optional[Mapping[str, str]] = None) -> str:
     if mode not in MODES:
         raise ValueError(f"{MODE_ENV}={environ[MODE_ENV]!r}: use one of {MODES}")
     return mode
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def candidate_hosts() -> List[str]:
@@ -69,7 +62,7 @@ def candidate_hosts() -> List[str]:
         pass
     hosts.append(name)
     unique = [h for i, h in enumerate(hosts) if h and h not in hosts[:i]]
-    reachable = [h for h in unique if not _is_loopback(h)]
+    reachable = [h for h in unique if not is_loopback(h)]
     return reachable or ["127.0.0.1"]
 
 

@@ -142,14 +142,15 @@ def _disconnected(conn: socket.socket) -> bool:
         return True
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback (a server there listens on it alone)."""
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # Non-loopback names may resolve to 127.0.1.1 locally; listening everywhere avoids that trap.
-    bind_host = host if _is_loopback(host) else ("::" if family == socket.AF_INET6 else "")
+    bind_host = host if is_loopback(host) else ("::" if family == socket.AF_INET6 else "")
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
