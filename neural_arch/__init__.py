@@ -9,6 +9,7 @@ import importlib
 from typing import Any
 
 from . import functional
+from .backends import default_device, set_default_device
 from .core import (Tensor, arange, cat, concatenate, enable_grad, eye, from_numpy, full,
                    get_rng, gradcheck, is_grad_enabled, manual_seed, no_grad, ones, ones_like,
                    rand, randn, set_grad_enabled, stack, tensor, where, zeros, zeros_like)
@@ -35,5 +36,6 @@ __all__ = [
     "Tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "gradcheck",
     "concatenate", "cat", "stack", "where", "tensor", "zeros", "ones", "full", "eye", "randn",
     "rand", "arange", "zeros_like", "ones_like", "from_numpy", "manual_seed", "get_rng",
-    "functional", "float16", "float32", "float64", "int32", "int64", "bool_", "__version__",
+    "default_device", "set_default_device", "functional", "float16", "float32", "float64",
+    "int32", "int64", "bool_", "__version__",
 ]

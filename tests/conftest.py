@@ -13,6 +13,9 @@ for path in (os.path.dirname(_TESTS), _TESTS):  # the package, and test modules 
 
 from dist_harness import installed_backends  # noqa: E402
 
+# The tests place their tensors themselves; a shell's default device would move them.
+os.environ.pop("NEURAL_ARCH_DEVICE", None)
+
 BACKENDS = installed_backends()
 
 

@@ -48,8 +48,14 @@ _jobs_lock = threading.Lock()
 _groups = threading.local()
 
 
-def get_unique_id() -> tuple:
-    return tuple(b - 256 if b > 127 else b for b in os.urandom(128))  # signed chars, as x86
+# How this CuPy passes NCCL's unique id: CuPy 13 and older take a tuple of C chars (signed on
+# x86), CuPy 14 takes bytes; each refuses the other form.
+ID_FORMAT = "signed-chars"
+
+
+def get_unique_id():
+    raw = os.urandom(128)
+    return raw if ID_FORMAT == "bytes" else tuple(b - 256 if b > 127 else b for b in raw)
 
 
 def groupStart() -> None:  # noqa: N802 - CuPy's name
@@ -70,8 +76,12 @@ def _write(ptr: int, values: np.ndarray) -> None:
 
 
 class NcclCommunicator:
-    def __init__(self, ndev: int, commId: tuple, rank: int) -> None:  # noqa: N803
-        if any(not -128 <= v <= 127 for v in commId):  # a C char on x86 is signed
+    def __init__(self, ndev: int, commId, rank: int) -> None:  # noqa: N803
+        wanted = bytes if ID_FORMAT == "bytes" else tuple
+        if not isinstance(commId, wanted):
+            raise TypeError(f"Argument 'commId' has incorrect type (expected "
+                            f"{wanted.__name__}, got {type(commId).__name__})")
+        if wanted is tuple and any(not -128 <= v <= 127 for v in commId):  # signed, as x86
             raise OverflowError("value too large to convert to char")
         key = bytes(v & 0xFF for v in commId)
         with _jobs_lock:

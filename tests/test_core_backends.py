@@ -24,7 +24,7 @@ def test_registry_resolves_arrays_tensors_and_devices():
     assert backends.backend_for("cpu") is numpy_backend
     assert backends.xp_of(np.ones(1)) is np
     assert backends.device_type("cuda:1") == "cuda" and backends.device_type(None) == "cpu"
-    assert backends.available_backends() == ["cupy", "numpy"]
+    assert backends.available_backends() == ["cupy", "numba", "numpy"]
     with pytest.raises(ValueError, match="unknown backend 'jax'; registered backends"):
         backends.get_backend("jax")
     with pytest.raises(ValueError, match="unknown device 'tpu:0'"):

@@ -110,6 +110,40 @@ def test_bias_gelu_on_host(on_host, approximate):
     np.testing.assert_allclose(gb, rb, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_bias_gelu_when_the_grid_stride_loop_wraps_rows(on_host, monkeypatch, blocks):
+    # a capped grid makes each thread step by blocks * 256 elements, crossing rows of 70
+    monkeypatch.setattr(on_host, "_MAX_GRID_STRIDE_BLOCKS", blocks)
+    x, bias, g = _data((9, 70), 7), _data(70, 8), _data((9, 70), 9)
+    np.testing.assert_allclose(on_host.bias_gelu_forward(x, bias),
+                               R.bias_gelu_forward(x, bias), rtol=1e-5, atol=1e-6)
+    gx, _ = on_host.bias_gelu_backward(g, x, bias, "tanh")
+    np.testing.assert_allclose(gx, R.bias_gelu_backward(g, x, bias, "tanh")[0], rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_keeps_relative_accuracy_in_the_negative_tail(on_host, approximate):
+    # 1 + erf(v / sqrt 2) and 1 + tanh(u) cancel to zero in float32 long before GELU underflows
+    x = np.linspace(-9.0, -3.0, 64, dtype=np.float32).reshape(4, 16)
+    bias, g = np.zeros(16, np.float32), np.ones((4, 16), np.float32)
+    out = on_host.bias_gelu_forward(x, bias, approximate)
+    np.testing.assert_allclose(out, R.bias_gelu_forward(x, bias, approximate), rtol=2e-5, atol=0)
+    gx, _ = on_host.bias_gelu_backward(g, x, bias, approximate)
+    np.testing.assert_allclose(gx, R.bias_gelu_backward(g, x, bias, approximate)[0], rtol=2e-5,
+                               atol=0)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_of_huge_logits_keeps_small_losses_exact(on_host, smoothing):
+    # near 3e4 float32 steps by 1/512: a loss taken as lse - z[t] would round to that grid
+    logits = np.array([[1e4, 0.0, -1e4], [-3e4, -3e4, -3e4], [3e4, 3e4 - 2.0, 3e4]], np.float32)
+    target = np.array([0, 2, 1])
+    loss, _ = on_host.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    ref_loss, _ = R.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("rows,classes", [(1, 1), (6, 10), (3, 1000)])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_cross_entropy_on_host(on_host, rows, classes, smoothing):
@@ -158,3 +192,33 @@ def test_multi_tensor_adamw_on_host(on_host):
     for got_list, ref_list in zip(mine, (params, avgs, sqs)):
         for got, ref in zip(got_list, ref_list):
             np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-7)
+
+
+def _placed(values: np.ndarray, misaligned: bool) -> np.ndarray:
+    """A copy of ``values`` whose data starts 16-byte aligned, or 4 bytes past such a start."""
+    base = np.empty(values.size + 4, np.float32)
+    start = (-base.ctypes.data % 16) // 4 + (1 if misaligned else 0)
+    placed = base[start:start + values.size]
+    placed[...] = values
+    assert (placed.ctypes.data % 16 != 0) == misaligned
+    return placed
+
+
+def test_multi_tensor_adamw_vector_and_scalar_paths_agree_bit_for_bit(on_host):
+    # aligned tensors take the float4 path (with a scalar tail); a misaligned one, the scalar path
+    sizes = [2 * 4096 + 3, 5, 4099, 1]
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.05)
+    start = [[_data(n, 40 + 4 * i + k) for i, n in enumerate(sizes)] for k in range(4)]
+    start[3] = [np.abs(a) for a in start[3]]  # exp_avg_sq >= 0
+    results = []
+    for misaligned in (False, True):
+        p, g, m, v = ([_placed(a, misaligned) for a in arrays] for arrays in start)
+        on_host.adamw_step(p, g, m, v, step=3, **hyper)
+        results.append((p, m, v))
+    for aligned, scalar in zip(*results):
+        for a, b in zip(aligned, scalar):
+            np.testing.assert_array_equal(a, b)
+    p, g, m, v = ([a.copy() for a in arrays] for arrays in start)
+    R.adamw_step(p, g, m, v, step=3, **hyper)
+    for got, ref in zip(results[0][0], p):
+        np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-7)

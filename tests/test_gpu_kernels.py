@@ -49,6 +49,26 @@ def test_bias_gelu(approximate, shape):
     _close(gb, rb, 1e-4, 1e-4)
 
 
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_bias_gelu_when_the_grid_stride_loop_wraps_rows(monkeypatch, blocks):
+    monkeypatch.setattr(K, "_MAX_GRID_STRIDE_BLOCKS", blocks)
+    x, bias, g = _data((33, 257), 7), _data(257, 8), _data((33, 257), 9)
+    _close(K.bias_gelu_forward(cp.asarray(x), cp.asarray(bias)), R.bias_gelu_forward(x, bias),
+           1e-5, 1e-6)
+    gx, _ = K.bias_gelu_backward(cp.asarray(g), cp.asarray(x), cp.asarray(bias), "tanh")
+    _close(gx, R.bias_gelu_backward(g, x, bias, "tanh")[0], 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_keeps_relative_accuracy_in_the_negative_tail(approximate):
+    x = np.linspace(-9.0, -3.0, 64, dtype=np.float32).reshape(4, 16)
+    bias, g = np.zeros(16, np.float32), np.ones((4, 16), np.float32)
+    out = K.bias_gelu_forward(cp.asarray(x), cp.asarray(bias), approximate)
+    _close(out, R.bias_gelu_forward(x, bias, approximate), 2e-5, 0)
+    gx, _ = K.bias_gelu_backward(cp.asarray(g), cp.asarray(x), cp.asarray(bias), approximate)
+    _close(gx, R.bias_gelu_backward(g, x, bias, approximate)[0], 2e-5, 0)
+
+
 def test_gelu_without_bias_and_non_contiguous_input():
     x = _data((64, 96), 4, 2.0)
     strided = cp.asarray(x)[:, ::3]
@@ -128,6 +148,29 @@ def test_multi_tensor_adamw(maximize):
     for got_list, ref_list in zip(gpu, (params, avgs, sqs)):
         for got, ref in zip(got_list, ref_list):
             _close(got, ref, 1e-5, 1e-6)
+
+
+def test_multi_tensor_adamw_vector_and_scalar_paths_agree_bit_for_bit():
+    # fresh CuPy arrays are aligned (float4 path); views one element in are not (scalar path)
+    sizes = [2 * 4096 + 3, 5, 4099, 1]
+    hyper = dict(lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.05)
+    start = [[_data(n, 40 + 4 * i + k) for i, n in enumerate(sizes)] for k in range(4)]
+    start[3] = [np.abs(a) for a in start[3]]
+
+    def placed(values, misaligned):
+        if not misaligned:
+            return cp.asarray(values)
+        base = cp.zeros(values.size + 1, cp.float32)
+        base[1:] = cp.asarray(values)
+        return base[1:]
+
+    results = []
+    for misaligned in (False, True):
+        p, g, m, v = ([placed(a, misaligned) for a in arrays] for arrays in start)
+        K.adamw_step(p, g, m, v, step=3, **hyper)
+        results.append([cp.asnumpy(a) for a in p + m + v])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_adamw_rejects_non_contiguous_parameters():

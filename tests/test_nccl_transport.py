@@ -134,6 +134,19 @@ def test_all_reduce_algorithms_over_nccl(fake, world_size, algorithm):
         np.testing.assert_array_equal(buf, np.arange(10) * factor)
 
 
+@pytest.mark.parametrize("id_format", ["signed-chars", "bytes"])
+def test_the_unique_id_reaches_nccl_in_the_form_this_cupy_takes(fake, monkeypatch, id_format):
+    monkeypatch.setattr(fake_nccl, "ID_FORMAT", id_format)
+
+    def reduce(rank, t):
+        buf = np.full(3, rank + 1.0)
+        algorithms.all_reduce(t, buf, ReduceOp.SUM, Fingerprint("ar", 1, "float64", 3), "native")
+        return buf
+
+    for buf in _on_ranks(reduce):
+        np.testing.assert_array_equal(buf, np.full(3, 3.0))
+
+
 def test_native_collectives_on_host_and_device_arrays(fake):
     def collectives(rank, t):
         native = t.native_collectives()

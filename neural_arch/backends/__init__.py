@@ -3,16 +3,21 @@
 A backend module exposes ``name``, ``device``, ``xp`` (the array namespace), ``array_type``,
 ``asarray(data, dtype=None)``, ``to_numpy(array)`` and ``erf(array)``. Backends are imported
 lazily so that a missing optional library (CuPy) only matters when it is asked for.
+
+The default device of new tensors is ``set_default_device(...)`` if set, else the environment
+variable ``NEURAL_ARCH_DEVICE`` (read on every call), else "cpu".
 """
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 _MODULES: Dict[str, str] = {
     "numpy": "neural_arch.backends.numpy_backend",
     "cupy": "neural_arch.backends.cupy_backend",
+    "numba": "neural_arch.backends.numba_backend",
 }
 _DEVICE_TO_BACKEND = {"cpu": "numpy", "cuda": "cupy", "gpu": "cupy"}
 _loaded: Dict[str, ModuleType] = {}
@@ -24,7 +29,7 @@ def available_backends() -> list:
 
 
 def get_backend(name: str) -> ModuleType:
-    """Return the backend module registered as ``name`` ("numpy" or "cupy")."""
+    """Return the backend module registered as ``name`` ("numpy", "cupy" or "numba")."""
     module = _loaded.get(name)
     if module is None:
         if name not in _MODULES:
@@ -66,6 +71,51 @@ def xp_of(array: Any) -> ModuleType:
     return backend_for(array).xp
 
 
+ENV_DEVICE = "NEURAL_ARCH_DEVICE"
+_ACCEPTED = "'cpu', 'cuda', 'cuda:N' or 'gpu'"
+_ENV_KEY = os.environ.encodekey(ENV_DEVICE)
+_override: Optional[str] = None
+_parsed: Dict[Any, str] = {None: "cpu"}  # raw environment value -> "cpu" / "cuda"
+
+
+def _parse(value: Any, source: str) -> str:
+    text = str(value).strip().lower()
+    kind, _, index = text.partition(":")
+    if kind in _DEVICE_TO_BACKEND and (not index or index.isdigit()):
+        return device_type(kind)
+    raise ValueError(f"{source}={value!r} is not a device; expected {_ACCEPTED}")
+
+
+def default_device() -> str:
+    """The device ("cpu" or "cuda") that new tensors from host data land on."""
+    if _override is not None:
+        return _override
+    # Every Tensor(ndarray) asks, so read the mapping behind os.environ (~20 ns; it sees every
+    # os.environ / monkeypatch.setenv change): os.environ.get costs ~0.7 us when the variable
+    # is unset, as it raises and catches KeyError.
+    try:
+        raw = os.environ._data.get(_ENV_KEY)  # type: ignore[attr-defined]
+    except AttributeError:  # os.environ replaced by a plain mapping
+        raw = os.environ.get(ENV_DEVICE)
+    device = _parsed.get(raw)
+    if device is None:
+        value = os.environ.get(ENV_DEVICE, "")
+        device = _parse(value, ENV_DEVICE) if value.strip() else "cpu"
+        _parsed[raw] = device
+    return device
+
+
+def set_default_device(device: Optional[str]) -> None:
+    """Make ``device`` ("cpu", "cuda", "cuda:N", "gpu") the default for new tensors, ahead of
+    ``NEURAL_ARCH_DEVICE``; ``None`` goes back to the environment variable (or "cpu").
+
+    As everywhere in the framework, a CUDA index is accepted but arrays go to CuPy's current
+    device (select it with ``cupy.cuda.Device(N).use()``)."""
+    global _override
+    _override = None if device is None else _parse(device, "set_default_device: device")
+
+
 _NUMPY = get_backend("numpy")
 
-__all__ = ["available_backends", "get_backend", "backend_for", "device_type", "xp_of"]
+__all__ = ["ENV_DEVICE", "available_backends", "backend_for", "default_device", "device_type",
+           "get_backend", "set_default_device", "xp_of"]

@@ -13,6 +13,7 @@ except ImportError as exc:  # the optional dependency is absent
     _IMPORT_ERROR: Any = exc
 else:
     _IMPORT_ERROR = None
+_device_seen = False  # a device, once found, stays for the process's life
 
 
 def _unavailable_reason() -> str:
@@ -27,14 +28,18 @@ def _unavailable_reason() -> str:
 
 def is_available() -> bool:
     """True when CuPy imports and at least one CUDA device answers."""
-    return _unavailable_reason() == ""
+    return _device_seen or _unavailable_reason() == ""
 
 
 def require() -> Any:
     """Return the ``cupy`` module, or raise RuntimeError saying why the GPU cannot be used."""
+    global _device_seen
+    if _device_seen:  # every array op comes here: a driver query each time cost microseconds
+        return _cupy
     reason = _unavailable_reason()
     if reason:
         raise RuntimeError(f"device 'cuda' is not available: {reason}")
+    _device_seen = True
     return _cupy
 
 

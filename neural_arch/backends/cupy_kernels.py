@@ -26,6 +26,8 @@ _functions: Dict[Tuple[str, int], Any] = {}
 _constants: Dict[Tuple[str, int, int], Any] = {}
 _chunk_tables: Dict[Tuple[Tuple[int, ...], int], Tuple[Any, Any, Any]] = {}
 _MAX_CACHED_TABLES = 16
+_pointer_tables: Dict[Tuple[bytes, int], Any] = {}
+_dtype_names: Dict[Any, str] = {}
 _lock = threading.Lock()
 _GELU_KERNELS = {
     ("none", "forward"): "bias_gelu_erf_forward", ("tanh", "forward"): "bias_gelu_tanh_forward",
@@ -60,6 +62,15 @@ def launch(name: str, grid: Tuple[int, ...], block: Tuple[int, ...], args: Tuple
     function(grid, block, packed)
 
 
+def dtype_name(dtype: Any) -> str:
+    """``dtype.name``, remembered: NumPy computes the name in Python, microseconds a call, and a
+    multi-tensor launch checks four arrays per tensor."""
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = dtype.name
+    return name
+
+
 def _device_array(op: str, what: str, array: Any, dtypes: Tuple[str, ...] = ("float32",),
                   contiguous: bool = False) -> Any:
     """``array`` as a C-contiguous CuPy array (copied if needed, unless ``contiguous`` demands
@@ -67,7 +78,7 @@ def _device_array(op: str, what: str, array: Any, dtypes: Tuple[str, ...] = ("fl
     cp = _cp()
     if not isinstance(array, cp.ndarray):
         raise TypeError(f"{op}: {what} must be a CuPy array, got {type(array).__name__}")
-    if array.dtype.name not in dtypes:
+    if dtype_name(array.dtype) not in dtypes:
         raise TypeError(f"{op}: {what} has dtype {array.dtype}; this kernel takes {dtypes}")
     if array.flags.c_contiguous:
         return array
@@ -247,12 +258,26 @@ def adamw_step(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[A
     sizes, block_tensor, block_start = _device_chunk_table(tuple(int(p.size) for p in lists[0]))
     if block_tensor.size == 0:
         return
-    pointers = cp.asarray(multi_tensor.pointer_table(*lists))  # grads change every step
+    pointers = _device_pointer_table(lists)
     bias_correction1 = 1.0 - beta1 ** step
     launch("adamw_multi_tensor", (int(block_tensor.size),), (_THREADS,),
            (pointers[0], pointers[1], pointers[2], pointers[3], sizes, block_tensor, block_start,
             multi_tensor.CHUNK, 1.0 - lr * weight_decay, beta2, 1.0 - beta1, 1.0 - beta2,
             lr / bias_correction1, math.sqrt(1.0 - beta2 ** step), eps, int(bool(maximize))))
+
+
+def _device_pointer_table(lists: Sequence[Sequence[Any]]) -> Any:
+    """The device copy of the lists' pointer table, cached by its contents: parameters and
+    optimizer state keep their addresses, and CuPy's pool hands each step's gradients the same
+    few, so most steps skip a host-to-device copy."""
+    table = multi_tensor.pointer_table(*lists)
+    key = (table.tobytes(), _cp().cuda.Device().id)
+    pointers = _pointer_tables.get(key)
+    if pointers is None:
+        if len(_pointer_tables) >= _MAX_CACHED_TABLES:
+            _pointer_tables.clear()
+        pointers = _pointer_tables[key] = _cp().asarray(table)
+    return pointers
 
 
 def _device_chunk_table(sizes: Tuple[int, ...]) -> Tuple[Any, Any, Any]:
@@ -285,7 +310,7 @@ def unscale_and_check_inf(grads: Sequence[Any], inv_scale: float,
               for i, g in enumerate(grads)]
     for g in arrays:
         if g.size:
-            launch(_UNSCALE_KERNELS[g.dtype.name], (_grid_stride_blocks(g.size),), (_THREADS,),
+            launch(_UNSCALE_KERNELS[dtype_name(g.dtype)], (_grid_stride_blocks(g.size),), (_THREADS,),
                    (g, g.size, float(inv_scale), flag))
     return flag
 

@@ -4,6 +4,10 @@ Numba is optional (the ``fast`` extra). ``compiled(fn)`` wraps a plain-Python lo
 ``numba.njit(cache=True, nogil=True)`` on first call and returns None when Numba is missing or
 switched off with ``NEURAL_ARCH_NUMBA=0``; callers then use their NumPy form. Compilation is
 lazy, so importing a kernel module costs nothing until a kernel runs.
+
+As a registry backend (``get_backend("numba")``) its arrays are NumPy arrays: the array-module
+interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``) is the NumPy backend's,
+so ``backend_for`` still answers "numpy" for them.
 """
 from __future__ import annotations
 
@@ -12,10 +16,18 @@ import os
 import threading
 from typing import Any, Callable, Dict, Optional
 
+from . import numpy_backend as _host
+
 ENV_SWITCH = "NEURAL_ARCH_NUMBA"
 
 name = "numba"
 device = "cpu"
+xp = _host.xp
+array_type = _host.array_type
+array_types = _host.array_types
+asarray = _host.asarray
+to_numpy = _host.to_numpy
+erf = _host.erf
 
 _lock = threading.Lock()
 _state: Dict[str, Any] = {}
@@ -81,4 +93,5 @@ def reset() -> None:
     _state.clear()
 
 
-__all__ = ["ENV_SWITCH", "compiled", "is_available", "reset", "unavailable_reason"]
+__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "is_available",
+           "name", "reset", "to_numpy", "unavailable_reason", "xp"]

@@ -1,4 +1,7 @@
-"""Tensor factories (``tensor``, ``zeros``, ``randn``, ...). Float results default to float32."""
+"""Tensor factories (``tensor``, ``zeros``, ``randn``, ...). Float results default to float32.
+
+With ``device=None`` a factory's tensor lands on ``neural_arch.backends.default_device()``.
+"""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -23,7 +26,10 @@ def _make(array: Any, requires_grad: bool, device: Optional[str]) -> Tensor:
 def tensor(data: Any, dtype: Any = None, requires_grad: bool = False,
            device: Optional[str] = None) -> Tensor:
     """A new tensor holding a copy of ``data``."""
-    source = data.data if isinstance(data, Tensor) else data
+    if isinstance(data, Tensor):
+        source, device = data.data, device or data.device  # a copy stays where its source is
+    else:
+        source = data
     copied = source.copy() if hasattr(source, "copy") and hasattr(source, "shape") else source
     return Tensor(copied, requires_grad=requires_grad, dtype=dtype, device=device)
 
@@ -32,7 +38,8 @@ def from_numpy(array: np.ndarray, requires_grad: bool = False) -> Tensor:
     """A tensor sharing memory with ``array`` (its dtype is kept)."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(array).__name__}")
-    return Tensor(array, requires_grad=requires_grad)
+    # always the host: a copy to the default device would no longer share memory
+    return Tensor(array, requires_grad=requires_grad, device="cpu")
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False,

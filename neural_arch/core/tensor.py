@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple
 
-from ..backends import backend_for, device_type, get_backend
+from ..backends import backend_for, default_device, device_type, get_backend
 from . import autograd
 from .dtypes import default_dtype_for, is_floating, resolve_dtype
 from .grad_mode import GRAD_MODE
@@ -21,14 +21,18 @@ _as_numpy = _NUMPY.xp.asarray
 
 
 def _to_array(data: Any, dtype: Any, device: Any) -> Any:
-    if isinstance(data, Tensor):
-        array = data.data
-    elif type(data) is _NDARRAY:
+    # Host data (Python values, NumPy arrays) with device=None goes to the default device; a
+    # Tensor or a device array is already placed and stays. Op results never come through here
+    # (they are built by `_constant` / `_node`), so they keep their inputs' device.
+    placed = False
+    if type(data) is _NDARRAY:  # the common case first
         array = data
+    elif isinstance(data, Tensor):
+        array, placed = data.data, True
     elif isinstance(data, _NUMPY.array_types):  # NumPy scalars and ndarray subclasses
         array = _as_numpy(data)
     elif hasattr(data, "__cuda_array_interface__"):
-        array = data
+        array, placed = data, True
     else:
         array = _as_numpy(data)
         if array.dtype.kind not in "biuf":
@@ -42,10 +46,17 @@ def _to_array(data: Any, dtype: Any, device: Any) -> Any:
         wanted = resolve_dtype(dtype)
         if array.dtype != wanted:
             array = array.astype(wanted)
-    if device is not None:
-        target = get_backend("numpy" if device_type(device) == "cpu" else "cupy")
-        if backend_for(array) is not target:
-            array = target.asarray(array)
+    if device is None:
+        if placed:
+            return array
+        kind = default_device()
+        if kind == "cpu":
+            return array
+    else:
+        kind = device_type(device)
+    target = _NUMPY if kind == "cpu" else get_backend("cupy")
+    if backend_for(array) is not target:
+        array = target.asarray(array)
     return array
 
 

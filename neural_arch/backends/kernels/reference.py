@@ -18,8 +18,22 @@ _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)
 _TANH_CUBIC = 0.044715
-# math.erf, not the framework's polynomial erf: the reference must not share code with the tested
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+# math.erfc, not the framework's polynomial erf: the reference must not share code with the
+# tested. Phi(v) = erfc(-v / sqrt 2) / 2 stays accurate in the negative tail, where 1 + erf is 0.
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
+
+def _normal_cdf(v: np.ndarray) -> np.ndarray:
+    return 0.5 * _erfc(-v * _SQRT_HALF)
+
+
+def _tanh_halves(v: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """((1 + tanh u) / 2, (1 - tanh u) / 2) for GELU's tanh argument u, as logistic functions
+    (1 + tanh u cancels to 0 in the negative tail)."""
+    u = _TANH_SCALE * (v + _TANH_CUBIC * v ** 3)
+    e = np.exp(-2.0 * np.abs(u))
+    big, small = 1.0 / (1.0 + e), e / (1.0 + e)
+    return np.where(u >= 0, big, small), np.where(u >= 0, small, big)
 
 
 def _f64(array: Any) -> np.ndarray:
@@ -38,8 +52,8 @@ def bias_gelu_forward(x: Any, bias: Optional[Any] = None, approximate: str = "no
     validate.approximate_mode("bias_gelu_forward", approximate)
     v = _biased("bias_gelu_forward", x, bias)
     if approximate == "tanh":
-        return 0.5 * v * (1.0 + np.tanh(_TANH_SCALE * (v + _TANH_CUBIC * v ** 3)))
-    return 0.5 * v * (1.0 + _erf(v * _SQRT_HALF))
+        return v * _tanh_halves(v)[0]
+    return v * _normal_cdf(v)
 
 
 def bias_gelu_backward(grad_out: Any, x: Any, bias: Optional[Any] = None,
@@ -49,11 +63,10 @@ def bias_gelu_backward(grad_out: Any, x: Any, bias: Optional[Any] = None,
     v = _biased("bias_gelu_backward", x, bias)
     validate.same_shape("bias_gelu_backward", "grad_out", grad_out, x.shape)
     if approximate == "tanh":
-        t = np.tanh(_TANH_SCALE * (v + _TANH_CUBIC * v ** 3))
-        slope = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _TANH_SCALE * (
-            1.0 + 3.0 * _TANH_CUBIC * v * v)
+        plus, minus = _tanh_halves(v)  # 1 - tanh^2 = 4 plus minus
+        slope = plus + 2.0 * v * plus * minus * _TANH_SCALE * (1.0 + 3.0 * _TANH_CUBIC * v * v)
     else:
-        slope = 0.5 * (1.0 + _erf(v * _SQRT_HALF)) + v * _INV_SQRT_2PI * np.exp(-0.5 * v * v)
+        slope = _normal_cdf(v) + v * _INV_SQRT_2PI * np.exp(-0.5 * v * v)
     grad = _f64(grad_out) * slope
     grad_bias = None if bias is None else grad.reshape(-1, v.shape[-1]).sum(axis=0)
     return grad, grad_bias

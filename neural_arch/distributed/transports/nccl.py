@@ -71,9 +71,10 @@ def _is_device_array(buf: Any) -> bool:
     return type(buf).__module__.split(".", 1)[0] == "cupy"
 
 
-def _unique_id_candidates(raw: bytes) -> List[tuple]:
-    """NCCL's id as CuPy takes it: a tuple of C chars, signed or unsigned by platform."""
-    return [tuple(b - 256 if b > 127 else b for b in raw), tuple(raw)]
+def _unique_id_candidates(raw: bytes) -> List[Any]:
+    """NCCL's id in each form some CuPy takes: bytes (CuPy 14), or a tuple of C chars, signed
+    or unsigned by platform (older CuPy)."""
+    return [raw, tuple(b - 256 if b > 127 else b for b in raw), tuple(raw)]
 
 
 class NcclTransport(Transport):
@@ -118,7 +119,8 @@ class NcclTransport(Transport):
                         outcome["comm"] = self._nccl.NcclCommunicator(self.world_size, candidate,
                                                                       self.rank)
                         return
-                    except OverflowError:  # the other char signedness is the platform's
+                    except (TypeError, OverflowError) as exc:  # another CuPy's id form
+                        outcome["error"] = exc
                         continue
                     except Exception as exc:  # NcclError: reported on the caller's thread
                         outcome["error"] = exc
