@@ -78,6 +78,9 @@ class ndarray:  # noqa: N801 - the CuPy name
         transfers["to_device"] += 1
         self._host[key] = value._host if isinstance(value, ndarray) else value
 
+    def reshape(self, *shape: Any) -> "ndarray":
+        return ndarray(self._host.reshape(*shape), copy=False)
+
     def copy(self) -> "ndarray":
         return ndarray(self._host)
 

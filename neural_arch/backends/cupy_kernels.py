@@ -80,7 +80,10 @@ def _device_array(op: str, what: str, array: Any, dtypes: Tuple[str, ...] = ("fl
         raise TypeError(f"{op}: {what} must be a CuPy array, got {type(array).__name__}")
     if dtype_name(array.dtype) not in dtypes:
         raise TypeError(f"{op}: {what} has dtype {array.dtype}; this kernel takes {dtypes}")
-    if array.flags.c_contiguous:
+    # CuPy's public flags build an object per read (~0.5 us); its _c_contiguous field is the
+    # same bit, and a multi-tensor launch reads it for four arrays per tensor
+    c_contiguous = getattr(array, "_c_contiguous", None)
+    if c_contiguous if c_contiguous is not None else array.flags.c_contiguous:
         return array
     if contiguous:
         raise ValueError(f"{op}: {what} (shape {array.shape}, strides {array.strides}) is "
@@ -94,6 +97,8 @@ def _filled(value: float, size: int) -> Any:
     key = (str(value), size, cp.cuda.Device().id)
     array = _constants.get(key)
     if array is None:
+        if len(_constants) >= _MAX_CACHED_TABLES:  # shapes that keep changing must not pile up
+            _constants.clear()
         array = _constants[key] = cp.full(size, value, dtype=cp.float32)
     return array
 
@@ -144,8 +149,12 @@ def bias_gelu_backward(grad_out: Any, x: Any, bias: Optional[Any] = None,
     if x.size:
         launch(_GELU_KERNELS[approximate, "backward"], (_grid_stride_blocks(x.size),), (_THREADS,),
                (g, x, b, grad, x.size, features))
-    grad_bias = None if bias is None else grad.reshape(-1, features).sum(axis=0)
-    return grad, grad_bias
+    if bias is None:
+        return grad, None
+    # the column sum as ones @ grad: a matrix-vector product (cuBLAS) ran 4.5x faster than
+    # CuPy's sum(axis=0) on a 16384 x 3072 gradient
+    rows = x.size // features
+    return grad, _filled(1.0, rows) @ grad.reshape(rows, features)
 
 
 # ----- softmax cross-entropy -----------------------------------------------------------------

@@ -55,6 +55,37 @@ def stage_on_host(device_array: Any) -> HostStaged:
     return staged
 
 
+def copy_into_host(view: np.ndarray, array: Any) -> None:
+    """Copy ``array`` (NumPy or CuPy) into the flat host buffer ``view``. A device array goes
+    from the GPU straight into ``view`` (a DDP bucket, maybe shared memory), with no temporary."""
+    flat = array.reshape(-1)
+    if not _on_device(array):
+        view[...] = flat
+    elif flat.dtype == view.dtype and view.flags.c_contiguous:
+        with array.device:
+            flat.get(out=view)
+    else:
+        with array.device:
+            view[...] = flat.get()
+
+
+def copy_from_host(host: np.ndarray, like: Any, out: Optional[Any] = None) -> Any:
+    """``host`` copied into ``out`` (NumPy or CuPy), or, without ``out``, into a new array on
+    ``like``'s side (host or ``like``'s GPU)."""
+    target = like if out is None else out
+    if not _on_device(target):
+        if out is None:
+            return host.copy()
+        out[...] = host
+        return out
+    cupy = __import__("cupy")
+    with target.device:
+        if out is None:
+            return cupy.asarray(host)
+        out[...] = cupy.asarray(host)
+    return out
+
+
 def array_of(tensor: Any, what: str = "tensor") -> np.ndarray:
     """The NumPy array behind a ``Tensor`` (its ``.data``) or an array; TypeError otherwise.
     CuPy arrays (bare or in a Tensor) come back as a ``HostStaged`` host copy."""

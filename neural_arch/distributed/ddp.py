@@ -24,8 +24,10 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from ..backends.numba_kernels import cast_to_float16
+from ..core import Tensor
 from ..nn import Module
 from . import collectives
+from .buffers import copy_from_host, copy_into_host
 from .process_group import get_world_size, is_initialized
 from .reduce_ops import ReduceOp
 from .bucket_storage import bucket_storage
@@ -57,16 +59,14 @@ class _Bucket:
                 view[...] = 0
             else:
                 self.used[i] = True
-                view[...] = p.grad.reshape(-1)
+                copy_into_host(view, p.grad)  # GPU gradients are staged through the bucket
 
     def unpack(self, keep: Optional[np.ndarray] = None) -> None:
         for i, p, view in self.views():
             if keep is not None and not keep[i]:
                 p.grad = None
-            elif p.grad is None:
-                p.grad = view.reshape(p.data.shape).copy()
             else:
-                p.grad[...] = view.reshape(p.data.shape)
+                p.grad = copy_from_host(view.reshape(p.data.shape), p.data, out=p.grad)
 
 
 class DistributedDataParallel(Module):
@@ -134,8 +134,8 @@ class DistributedDataParallel(Module):
         if self.broadcast_buffers and hasattr(self.module, "named_buffers"):
             tensors += [b for _, b in self.module.named_buffers()]
         for t in tensors:
-            data = t.data if hasattr(t, "data") else t
-            if isinstance(data, np.ndarray) and data.size:
+            data = t.data if isinstance(t, Tensor) else t  # an array's .data is a memoryview
+            if getattr(data, "size", 0):  # NumPy, or CuPy (staged through the host)
                 collectives.broadcast(data, src=0, group=self._group)
 
     def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[_Bucket]:

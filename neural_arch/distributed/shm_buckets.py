@@ -35,6 +35,7 @@ import _posixshmem
 import numpy as np
 
 from . import object_collectives
+from .buffers import copy_from_host
 from .errors import CollectiveMismatchError, DistributedError
 from .process_group import ProcessGroup
 from .transports.shm import attach_segment, create_segment, unlink_segment
@@ -151,14 +152,16 @@ class SharedBucketArena:
                 continue
             lo, hi = offsets[j], offsets[j + 1]
             grad = param.grad
-            if grad is None:
+            on_host = isinstance(param.data, np.ndarray)
+            if grad is None and on_host:
                 grad = param.grad = np.empty(param.data.shape, dtype=dtype)
             if isinstance(grad, np.ndarray) and grad.flags.c_contiguous:
                 self.gather(index, lo, hi, grad.reshape(-1))
-            else:
+            else:  # a strided or a GPU gradient: gathered on the host, then copied over
                 staged = np.empty(hi - lo, dtype=dtype)
                 self.gather(index, lo, hi, staged)
-                grad[...] = staged.reshape(param.data.shape)
+                param.grad = copy_from_host(staged.reshape(param.data.shape), param.data,
+                                            out=grad)
 
     def release(self) -> None:
         """After unpacking: tell the peers this rank no longer reads their copies."""

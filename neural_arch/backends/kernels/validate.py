@@ -82,8 +82,9 @@ def tensor_lists(op: str, **lists: Sequence[Any]) -> int:
         raise ValueError(f"{op}: tensor lists differ in length: {lengths}")
     names = list(lists)
     for i, group in enumerate(zip(*lists.values())):
-        shapes = {name: tuple(a.shape) for name, a in zip(names, group)}
-        if len(set(shapes.values())) != 1:
+        shape = group[0].shape
+        if any(a.shape != shape for a in group):  # the dict only for the message: hot path
+            shapes = {name: tuple(a.shape) for name, a in zip(names, group)}
             raise ValueError(f"{op}: tensor {i} has mismatched shapes {shapes}")
     return next(iter(lengths.values()))
 
