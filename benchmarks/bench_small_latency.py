@@ -1,11 +1,13 @@
-"""Where the time of a small all-reduce goes, layer by layer, on the shared-memory backend.
+"""Where the time of a small all-reduce and broadcast goes, layer by layer, on the shm backend.
 
-Four rows, all timed in the same job on the same buffer: the bare barrier on the shared
+Seven rows, all timed in the same job on the same buffer: the bare barrier on the shared
 arrival counters; the direct shared-memory all-reduce called as an algorithm (one barrier
 plus its copies and checks); the public ``dist.all_reduce`` on its short path (a NumPy array,
 the default group, synchronous); and the public call forced onto its general path
 (``algorithm="auto"``), which every other kind of call takes. The last two each add their
-layer to the algorithm row. Each layer is timed in batches of calls, each batch right after
+layer to the algorithm row. The broadcast from rank 0 gets the same three rows: the
+shared-memory broadcast as an algorithm, ``dist.broadcast`` on its short path, and on its
+general path (forced with ``algorithm="auto"``). Each layer is timed in batches of calls, each batch right after
 a barrier, the layers taking turns batch by batch (a slow spell of a shared machine then falls
 on all of them alike); a rank's time is its median per-call time, the reported time the
 slowest rank's, and the whole job runs ``--repeats`` times (median of those).
@@ -31,8 +33,10 @@ from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
 SECTION = "bench_small_latency"
 SCRIPT = os.path.abspath(__file__)
 LAYERS = ("barrier on the arrival counters", "shm_direct all-reduce (algorithm only)",
-          "dist.all_reduce, short path", "dist.all_reduce, general path")
-BUILDS_ON = (None, 0, 1, 1)  # the row whose time each layer adds to
+          "dist.all_reduce, short path", "dist.all_reduce, general path",
+          "shm_direct broadcast (algorithm only)", "dist.broadcast, short path",
+          "dist.broadcast, general path")
+BUILDS_ON = (None, 0, 1, 1, 0, 4, 4)  # the row whose time each layer adds to
 GOAL_US = 8.0  # the 4-byte shm all-reduce at p=2
 
 
@@ -60,8 +64,15 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
         seq[0] += 1
         shm_direct.all_reduce(transport, x, ReduceOp.SUM, fp._replace(seq=seq[0]))
 
+    bcast_fp = Fingerprint("bench_broadcast", 0, "float32", x.size, 0)
+
+    def broadcast_algorithm_only():
+        seq[0] += 1
+        shm_direct.broadcast(transport, x, 0, bcast_fp._replace(seq=seq[0]))
+
     calls = [bare_barrier, algorithm_only, lambda: dist.all_reduce(x),
-             lambda: dist.all_reduce(x, algorithm="auto")]
+             lambda: dist.all_reduce(x, algorithm="auto"), broadcast_algorithm_only,
+             lambda: dist.broadcast(x, 0), lambda: dist.broadcast(x, 0, algorithm="auto")]
     times: List[List[float]] = [[] for _ in calls]
     for _ in range(job["batches"]):
         for call, batch_times in zip(calls, times):
@@ -72,18 +83,23 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     dist.all_reduce(x)
     if not np.all(x == p * (p + 1) / 2):
         raise RuntimeError(f"all_reduce on rank {rank} of {p} gave {x[:4]}")
+    x[...] = rank + 1
+    dist.broadcast(x, 0)
+    if not np.all(x == 1):
+        raise RuntimeError(f"broadcast from rank 0 on rank {rank} of {p} gave {x[:4]}")
     return {"world_size": p, "seconds": seconds}
 
 
 def report(runs: Dict[int, List[List[float]]], failures: Sequence[str], command: str,
            machine: str, job: Dict[str, Any]) -> str:
-    method = (f"float32 all-reduce of {common.format_size(job['bytes'])} (SUM) on the shm backend. "
+    method = (f"float32 all-reduce (SUM) and broadcast (from rank 0) of "
+              f"{common.format_size(job['bytes'])} on the shm backend. "
               f"Time per call: median over {job['batches']} batches of {job['calls']} calls, "
               "each batch started after a barrier, the layers taking turns batch by batch; "
               "the slowest rank's median; the median over "
-              "the runs of the job (--repeats). Added: over the barrier row (algorithm) or the "
-              "algorithm row (the two public paths).")
-    lines = common.section_head("Small all-reduce, layer by layer "
+              "the runs of the job (--repeats). Added: over the barrier row (the algorithms) "
+              "or the collective's algorithm row (its two public paths).")
+    lines = common.section_head("Small all-reduce and broadcast, layer by layer "
                                 "(`benchmarks/bench_small_latency.py`)",
                                 command, machine, method)
     goal = None

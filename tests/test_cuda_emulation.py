@@ -222,3 +222,20 @@ def test_multi_tensor_adamw_vector_and_scalar_paths_agree_bit_for_bit(on_host):
     R.adamw_step(p, g, m, v, step=3, **hyper)
     for got, ref in zip(results[0][0], p):
         np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-7)
+
+
+def test_cross_entropy_backward_can_skip_the_syncing_target_check(on_host, monkeypatch):
+    # the range check reads a flag back from the device; the autograd op's backward skips it
+    # for the targets its forward already checked
+    checks = []
+    monkeypatch.setattr(on_host.validate, "target_values", lambda *args: checks.append(args))
+    logits, target = _data((3, 5), 30), np.array([0, 4, 2])
+    loss, lse = on_host.cross_entropy_forward(logits, target)
+    on_host.cross_entropy_backward(np.ones(3, np.float32), logits, target, lse,
+                                   check_targets=False)
+    assert len(checks) == 1
+    grad = on_host.cross_entropy_backward(np.ones(3, np.float32), logits, target, lse)
+    assert len(checks) == 2
+    ref = R.cross_entropy_backward(np.ones(3), logits, target, R.cross_entropy_forward(
+        logits, target)[1])
+    np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6)

@@ -20,7 +20,9 @@ if _DEVICES == 0:
 import neural_arch.functional as F  # noqa: E402
 from neural_arch.backends import cupy_kernels as K  # noqa: E402
 from neural_arch.backends.kernels import reference as R  # noqa: E402
+from neural_arch.backends.kernels import tensor_ops  # noqa: E402
 from neural_arch.core import Tensor  # noqa: E402
+from neural_arch.core.fused_activations import ENV_FUSED_KERNELS  # noqa: E402
 from neural_arch.optim import AdamW  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -197,7 +199,7 @@ def test_unscale_and_check_inf(dtype):
                                rtol=1e-3 if dtype == np.float16 else 1e-7)
 
 
-def test_fused_ops_match_functional_on_cuda():
+def test_fused_ops_match_functional_on_cuda(monkeypatch):
     x = Tensor(_data((6, 8, 32), 15, 2.0), device="cuda", requires_grad=True)
     w = Tensor(_data(32, 16), device="cuda", requires_grad=True)
     b = Tensor(_data(32, 17), device="cuda", requires_grad=True)
@@ -207,12 +209,100 @@ def test_fused_ops_match_functional_on_cuda():
     fused = [cp.asnumpy(t.grad) for t in (x, w, b)]
     for t in (x, w, b):
         t.grad = None
+    monkeypatch.setenv(ENV_FUSED_KERNELS, "0")  # else F runs these same kernels
+    spies = _spy_on_fused_ops(monkeypatch)
     ref = F.cross_entropy(F.gelu(F.layer_norm(x, 32, w, b) + b).reshape(-1, 32),
                           cp.asarray(np.arange(48) % 32))
     ref.backward()
+    assert not any(spies.values()), "the reference went through the fused ops"
     assert abs(float(out.data) - float(ref.data)) < 1e-5
     for got, t in zip(fused, (x, w, b)):
         np.testing.assert_allclose(got, cp.asnumpy(t.grad), rtol=1e-4, atol=1e-5)
+
+
+def _spy_on_fused_ops(monkeypatch):
+    """{name: calls} of the fused tensor ops, which keep working; F looks them up per call."""
+    calls = {}
+    for name in ("fused_bias_gelu", "fused_cross_entropy", "fused_layer_norm"):
+        calls[name] = []
+        monkeypatch.setattr(tensor_ops, name, _spy(getattr(tensor_ops, name), calls[name]))
+    return calls
+
+
+def _spy(op, calls):
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return op(*args, **kwargs)
+    return spy
+
+
+def _functional_fused_and_not(monkeypatch, fn, leaves, op):
+    """(output, grads) of ``fn`` with the fused kernels on, then off; checks that F used the
+    fused ``op`` exactly when they were on. A float64 weight makes the upstream gradient
+    float64, which the kernels must accept."""
+    spies = _spy_on_fused_ops(monkeypatch)
+    results = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv(ENV_FUSED_KERNELS, switch)
+        for t in leaves:
+            t.grad = None
+        out = fn()
+        weights = np.linspace(-1.0, 1.0, out.data.size).reshape(out.data.shape)
+        (out * Tensor(weights, device="cuda")).sum().backward()
+        assert out.data.dtype == cp.float32
+        results.append((cp.asnumpy(out.data), [cp.asnumpy(t.grad) for t in leaves]))
+        assert len(spies[op]) == 1, f"{op} ran {len(spies[op])} times with the switch at {switch}"
+    return results
+
+
+def _assert_agree(results, rtol=1e-4, atol=1e-5):
+    (fused_out, fused_grads), (plain_out, plain_grads) = results
+    np.testing.assert_allclose(fused_out, plain_out, rtol=rtol, atol=atol)
+    for got, expected in zip(fused_grads, plain_grads):
+        assert got.dtype == expected.dtype == np.float32
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_functional_gelu_runs_the_kernel_on_cuda(monkeypatch, approximate):
+    x = Tensor(_data((4, 16, 96), 18, 3.0), device="cuda", requires_grad=True)
+    _assert_agree(_functional_fused_and_not(
+        monkeypatch, lambda: F.gelu(x, approximate=approximate), [x], "fused_bias_gelu"))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_functional_cross_entropy_runs_the_kernel_on_cuda(monkeypatch, reduction, smoothing):
+    z = Tensor(_data((64, 1000), 19, 4.0), device="cuda", requires_grad=True)
+    target = np.random.default_rng(20).integers(0, 1000, 64)
+    target[::5] = 7
+    _assert_agree(_functional_fused_and_not(
+        monkeypatch, lambda: F.cross_entropy(z, cp.asarray(target), reduction=reduction,
+                                             ignore_index=7, label_smoothing=smoothing),
+        [z], "fused_cross_entropy"))
+
+
+@pytest.mark.parametrize("affine", [(True, True), (True, False), (False, False)])
+def test_functional_layer_norm_runs_the_kernel_on_cuda(monkeypatch, affine):
+    x = Tensor(_data((4, 30, 768), 21, 3.0, 2.0), device="cuda", requires_grad=True)
+    w, b = (Tensor(_data(768, seed), device="cuda", requires_grad=True) if on else None
+            for on, seed in zip(affine, (22, 23)))
+    leaves = [t for t in (x, w, b) if t is not None]
+    _assert_agree(_functional_fused_and_not(
+        monkeypatch, lambda: F.layer_norm(x, 768, w, b, eps=1e-6), leaves, "fused_layer_norm"),
+        atol=1e-4)
+
+
+def test_functional_falls_back_where_the_kernels_do_not_apply(monkeypatch):
+    spies = _spy_on_fused_ops(monkeypatch)
+    x64 = Tensor(_data((4, 8), 24).astype(np.float64), device="cuda")
+    F.gelu(x64), F.layer_norm(x64, 8), F.cross_entropy(x64, cp.arange(4))
+    x3 = Tensor(_data((2, 3, 8), 25), device="cuda")
+    assert F.layer_norm(x3, (3, 8)).data.shape == (2, 3, 8)
+    logits = Tensor(_data((4, 8), 26), device="cuda")
+    F.cross_entropy(logits, cp.full((4, 8), 1.0 / 8, cp.float32))  # probability targets
+    F.cross_entropy(Tensor(_data((2, 8, 3), 27), device="cuda"), cp.zeros((2, 3), cp.int64))
+    assert not any(spies.values())
 
 
 def test_fused_adamw_matches_adamw_on_cuda():
@@ -230,3 +320,22 @@ def test_fused_adamw_matches_adamw_on_cuda():
     for a, b in zip(fused, plain):
         np.testing.assert_allclose(cp.asnumpy(a.data), cp.asnumpy(b.data), rtol=1e-5, atol=1e-6)
     assert opt_fused.state[fused[0]]["step"] == 3
+
+
+def test_gpt_trains_on_the_gpu_with_token_ids_on_either_side():
+    from neural_arch.core import manual_seed
+    from neural_arch.models import GPT
+    from neural_arch.models.gpt import GPTConfig
+    config = GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=32)
+    tokens = np.random.default_rng(3).integers(0, 50, (2, 16))
+    losses = {}
+    for device, ids in (("cpu", tokens), ("cuda", tokens),
+                        ("cuda-ids", Tensor(tokens, device="cuda"))):
+        manual_seed(0)
+        model = GPT(config).to("cpu" if device == "cpu" else "cuda")
+        _, loss = model(ids, ids)
+        loss.backward()
+        losses[device] = float(loss.item())
+        assert all(p.grad is not None for p in model.parameters())
+    assert losses["cuda"] == losses["cuda-ids"]
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-5)

@@ -14,6 +14,8 @@ import os
 from types import ModuleType
 from typing import Any, Dict, Optional
 
+from .._environ import raw_reader
+
 _MODULES: Dict[str, str] = {
     "numpy": "neural_arch.backends.numpy_backend",
     "cupy": "neural_arch.backends.cupy_backend",
@@ -73,7 +75,7 @@ def xp_of(array: Any) -> ModuleType:
 
 ENV_DEVICE = "NEURAL_ARCH_DEVICE"
 _ACCEPTED = "'cpu', 'cuda', 'cuda:N' or 'gpu'"
-_ENV_KEY = os.environ.encodekey(ENV_DEVICE)
+_read_env_device = raw_reader(ENV_DEVICE)  # every Tensor(ndarray) asks: ~20 ns a read
 _override: Optional[str] = None
 _parsed: Dict[Any, str] = {None: "cpu"}  # raw environment value -> "cpu" / "cuda"
 
@@ -90,13 +92,7 @@ def default_device() -> str:
     """The device ("cpu" or "cuda") that new tensors from host data land on."""
     if _override is not None:
         return _override
-    # Every Tensor(ndarray) asks, so read the mapping behind os.environ (~20 ns; it sees every
-    # os.environ / monkeypatch.setenv change): os.environ.get costs ~0.7 us when the variable
-    # is unset, as it raises and catches KeyError.
-    try:
-        raw = os.environ._data.get(_ENV_KEY)  # type: ignore[attr-defined]
-    except AttributeError:  # os.environ replaced by a plain mapping
-        raw = os.environ.get(ENV_DEVICE)
+    raw = _read_env_device()
     device = _parsed.get(raw)
     if device is None:
         value = os.environ.get(ENV_DEVICE, "")

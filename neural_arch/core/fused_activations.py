@@ -1,9 +1,19 @@
-"""Activations with hand-written backward passes: softmax, log_softmax, gelu."""
+"""Activations with hand-written backward passes: softmax, log_softmax, gelu.
+
+Also the switch shared by ``gelu``, ``cross_entropy`` and ``layer_norm``: on float32 CuPy
+tensors they run the fused CUDA kernels (``neural_arch.backends.kernels.tensor_ops``) whenever
+the arguments are ones those kernels compute exactly; ``NEURAL_ARCH_FUSED_KERNELS=0`` turns
+that off.
+"""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+import os
+from typing import Any, Dict, Optional
 
+import numpy as np
+
+from .._environ import raw_reader
 from ..backends import backend_for, xp_of
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
@@ -12,6 +22,45 @@ _SQRT_HALF = math.sqrt(0.5)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)
 _TANH_CUBIC = 0.044715
+_APPROXIMATIONS = ("none", "tanh")
+
+ENV_FUSED_KERNELS = "NEURAL_ARCH_FUSED_KERNELS"
+_read_env_fused = raw_reader(ENV_FUSED_KERNELS)
+_fused_switch: Dict[Any, bool] = {None: True}  # raw environment value -> enabled
+_NDARRAY = np.ndarray
+_FLOAT32 = np.dtype(np.float32)
+INT32_MAX = 2 ** 31 - 1  # the kernels index rows, classes and features with int32
+
+
+def fused_kernels_enabled() -> bool:
+    """False when ``NEURAL_ARCH_FUSED_KERNELS`` is "0"; read on every call."""
+    raw = _read_env_fused()
+    enabled = _fused_switch.get(raw)
+    if enabled is None:
+        enabled = _fused_switch[raw] = os.environ.get(ENV_FUSED_KERNELS, "").strip() != "0"
+    return enabled
+
+
+def on_cuda_float32(array: Any) -> bool:
+    """True for a float32 CuPy array while the fused kernels are switched on."""
+    if type(array) is _NDARRAY:  # the CPU path: one identity test
+        return False
+    # backend_for's test for CuPy, without importing CuPy
+    return (type(array).__module__.partition(".")[0] == "cupy"
+            and array.dtype == _FLOAT32 and fused_kernels_enabled())
+
+
+def fused_ops() -> Any:
+    """``neural_arch.backends.kernels.tensor_ops``, imported on first use: the core must not
+    load the kernel package and the optimizers it builds on just to run on the CPU."""
+    from ..backends.kernels import tensor_ops
+    return tensor_ops
+
+
+def _use_fused_gelu(xd: Any, approximate: str) -> bool:
+    """Whether the bias+GELU kernel computes ``gelu(x, approximate)`` for array ``xd``."""
+    return (on_cuda_float32(xd) and approximate in _APPROXIMATIONS and xd.ndim >= 1
+            and 0 < xd.shape[-1] <= INT32_MAX)
 
 
 def _record(x: Tensor, out: Any, backward: Any) -> Tensor:
@@ -59,6 +108,8 @@ def erf_array(x: Any) -> Any:
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula (both as in PyTorch)."""
     xd = x.data
+    if type(xd) is not _NDARRAY and _use_fused_gelu(xd, approximate):
+        return fused_ops().fused_bias_gelu(x, None, approximate)
     xp = xp_of(xd)
     if approximate == "none":
         cdf = erf_array(xd * _SQRT_HALF)

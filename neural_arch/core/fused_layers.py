@@ -1,9 +1,12 @@
 """Layer kernels with their own backward: linear, layer_norm, embedding, dropout."""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ..backends import xp_of
+from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .ops_shape import index_add
 from .random import get_rng
@@ -48,10 +51,28 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     return _node(out, parents, backward)
 
 
+def _use_fused_layer_norm(xd: Any, norm_shape: Tuple[int, ...], weight: Optional[Tensor],
+                          bias: Optional[Tensor], eps: Any) -> bool:
+    """Whether the LayerNorm kernel computes ``layer_norm`` for array ``xd``: it normalises
+    over the last dimension only, and takes float32 GPU weight and bias of that length."""
+    if not (on_cuda_float32(xd) and len(norm_shape) == 1 and xd.ndim >= 1):
+        return False
+    cols = xd.shape[-1]
+    if norm_shape[0] != cols or not 0 < cols <= INT32_MAX or xd.size // cols > INT32_MAX:
+        return False
+    for p in (weight, bias):
+        if p is not None and not (on_cuda_float32(p.data) and tuple(p.data.shape) == (cols,)):
+            return False
+    return isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, bool)
+
+
 def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
                weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Tensor:
-    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift."""
+    """Normalise over the trailing ``normalized_shape`` dims, then scale and shift.
+
+    Float32 GPU inputs normalised over their last dimension run the fused CUDA kernel (see
+    ``fused_activations.on_cuda_float32``)."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     norm_shape = tuple(normalized_shape)
@@ -64,6 +85,8 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
         if p is not None and tuple(p.data.shape) != norm_shape:
             raise ValueError(f"layer_norm: {label} shape {p.data.shape} must equal "
                              f"normalized_shape {norm_shape}")
+    if type(xd) is not _NDARRAY and _use_fused_layer_norm(xd, norm_shape, weight, bias, eps):
+        return fused_ops().fused_layer_norm(x, norm_shape, weight, bias, eps)
     xp = xp_of(xd)
     axes = tuple(range(xd.ndim - k, xd.ndim))
     batch_axes = tuple(range(xd.ndim - k))

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Tuple
 
+import numpy as np
+
 from ..backends import xp_of
+from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 
@@ -87,14 +90,35 @@ def _row_scale(g: Any, reduction: str, count: Any) -> Any:
     return g / count if reduction == "mean" else g
 
 
+def _use_fused_cross_entropy(ld: Any, td: Any, reduction: str, ignore_index: Any,
+                             label_smoothing: Any) -> bool:
+    """Whether the softmax cross-entropy kernel computes ``cross_entropy`` for logits array
+    ``ld`` and target array ``td``: (rows, classes) logits, integer targets (rows,), and an
+    ``ignore_index`` the kernel's int32 parameter holds."""
+    return (on_cuda_float32(ld) and ld.ndim == 2 and 0 < ld.shape[1] <= INT32_MAX
+            and ld.shape[0] <= INT32_MAX and reduction in _REDUCTIONS
+            and td.dtype.kind in "iu" and tuple(td.shape) == (ld.shape[0],)
+            and isinstance(ignore_index, (int, np.integer))
+            and -INT32_MAX - 1 <= ignore_index <= INT32_MAX
+            and isinstance(label_smoothing, (int, float, np.integer, np.floating))
+            and 0.0 <= label_smoothing <= 1.0)
+
+
 def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100,
                   label_smoothing: float = 0.0) -> Tensor:
-    """log_softmax + negative log-likelihood in one node; backward is softmax - onehot."""
+    """log_softmax + negative log-likelihood in one node; backward is softmax - onehot.
+
+    Float32 GPU logits with integer targets run the fused CUDA kernel (see
+    ``fused_activations.on_cuda_float32``)."""
     ld = logits.data
     _check_common("cross_entropy", ld, reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
     td = _as_array(target, ld)
+    if type(ld) is not _NDARRAY and _use_fused_cross_entropy(ld, td, reduction, ignore_index,
+                                                            label_smoothing):
+        return fused_ops().fused_cross_entropy(logits, td, reduction, ignore_index,
+                                               label_smoothing)
     if td.dtype.kind == "f":
         return _soft_cross_entropy(logits, td, reduction, label_smoothing)
     if td.dtype.kind not in "iu":

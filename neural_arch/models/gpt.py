@@ -55,6 +55,13 @@ class Block(Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _token_array(tokens: Any) -> Any:
+    """The array behind token ids: a Tensor's data or an array as it is (NumPy or CuPy, so ids
+    already on the GPU stay there), anything else through NumPy."""
+    data = tokens.data if isinstance(tokens, Tensor) else tokens
+    return data if hasattr(data, "shape") and hasattr(data, "dtype") else np.asarray(data)
+
+
 class GPT(Module):
     """Token + position embeddings, ``n_layer`` blocks, final LayerNorm and the LM head.
 
@@ -97,7 +104,7 @@ class GPT(Module):
     def forward(self, idx: Any, targets: Any = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Logits (batch, time, vocab) and, given int targets (batch, time), the mean
         cross-entropy (targets of -1 are ignored)."""
-        idx_data = np.asarray(idx.data if isinstance(idx, Tensor) else idx)
+        idx_data = _token_array(idx)
         if idx_data.ndim != 2 or idx_data.dtype.kind not in "iu":
             raise ValueError(f"GPT expects integer token ids of shape (batch, time), got "
                              f"{idx_data.dtype} {idx_data.shape}")
@@ -111,7 +118,7 @@ class GPT(Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
-        target_data = np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+        target_data = _token_array(targets)
         if target_data.shape != idx_data.shape:
             raise ValueError(f"targets shape {target_data.shape} does not match idx shape "
                              f"{idx_data.shape}")

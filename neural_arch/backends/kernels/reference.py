@@ -98,9 +98,10 @@ def cross_entropy_forward(logits: Any, target: Any, ignore_index: int = -100,
 
 
 def cross_entropy_backward(grad_loss: Any, logits: Any, target: Any, lse: Any,
-                           ignore_index: int = -100,
-                           label_smoothing: float = 0.0) -> np.ndarray:
-    """dL/dlogits given dL/dloss per row (``grad_loss``, shape (rows,))."""
+                           ignore_index: int = -100, label_smoothing: float = 0.0,
+                           check_targets: bool = True) -> np.ndarray:
+    """dL/dlogits given dL/dloss per row (``grad_loss``, shape (rows,)). The targets are
+    always checked here (``check_targets`` matters on the GPU, where a check syncs)."""
     t, valid = _checked_targets("cross_entropy_backward", logits, target, ignore_index,
                                 label_smoothing)
     rows, classes = logits.shape

@@ -48,7 +48,9 @@ def fused_bias_gelu(x: Tensor, bias: Optional[Tensor] = None,
     out = _like(kernels.bias_gelu_forward(xd, bd, approximate), xd)
 
     def backward(g: Any) -> tuple:
-        gx, gb = kernels.bias_gelu_backward(g, xd, bd, approximate)
+        # the engine passes gradients on in whatever dtype they arrive (a float64 weight
+        # downstream makes them float64); the kernels take the input's float32
+        gx, gb = kernels.bias_gelu_backward(_like(g, xd), xd, bd, approximate)
         return (_like(gx, xd),) if bias is None else (_like(gx, xd), _like(gb, bd))
 
     return _record(out, (x,) if bias is None else (x, bias), backward)
@@ -79,7 +81,8 @@ def fused_cross_entropy(logits: Tensor, target: Any, reduction: str = "mean",
             scale = g if reduction == "sum" else (g / count if count else g * 0)
             per_row = xp.broadcast_to(scale, (z.shape[0],))
         per_row = _like(xp.ascontiguousarray(per_row), z)
-        grad = kernels.cross_entropy_backward(per_row, z, t, lse, ignore_index, label_smoothing)
+        grad = kernels.cross_entropy_backward(per_row, z, t, lse, ignore_index, label_smoothing,
+                                              check_targets=False)  # the forward checked them
         return (_like(grad, z),)
 
     return _record(out, (logits,), backward)
@@ -104,7 +107,8 @@ def fused_layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
     out = _like(y, xd).reshape(xd.shape)
 
     def backward(g: Any) -> tuple:
-        dx, dw, db = kernels.layer_norm_backward(g.reshape(-1, cols), x2, wd, mean, rstd)
+        g2 = _like(g, xd).reshape(-1, cols)  # in the input's dtype, as in fused_bias_gelu
+        dx, dw, db = kernels.layer_norm_backward(g2, x2, wd, mean, rstd)
         grads: List[Any] = [_like(dx, xd).reshape(xd.shape)]
         if weight is not None:
             grads.append(_like(dw, weight.data).reshape(weight.data.shape))
