@@ -239,3 +239,25 @@ def test_cross_entropy_backward_can_skip_the_syncing_target_check(on_host, monke
     ref = R.cross_entropy_backward(np.ones(3), logits, target, R.cross_entropy_forward(
         logits, target)[1])
     np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_vector_and_scalar_paths_agree_bit_for_bit(on_host, monkeypatch, blocks,
+                                                             approximate):
+    # 64 features and aligned arrays take the float4 path; one misaligned array, the scalar one.
+    # A capped grid makes the float4 loop wrap rows too.
+    monkeypatch.setattr(on_host, "_MAX_GRID_STRIDE_BLOCKS", blocks)
+    rows, features = 7, 64
+    x, bias, g = _data(rows * features, 31, 3.0), _data(features, 32), _data(rows * features, 33)
+    results = []
+    for misaligned in (False, True):
+        xs = _placed(x, misaligned).reshape(rows, features)
+        out = on_host.bias_gelu_forward(xs, _placed(bias, False), approximate)
+        gx, _ = on_host.bias_gelu_backward(_placed(g, False).reshape(rows, features), xs,
+                                           _placed(bias, False), approximate)
+        results.append((out, gx))
+    for aligned, scalar in zip(*results):
+        np.testing.assert_array_equal(aligned, scalar)
+    ref = R.bias_gelu_forward(x.reshape(rows, features), bias, approximate)
+    np.testing.assert_allclose(results[0][0], ref, rtol=1e-5, atol=1e-6)

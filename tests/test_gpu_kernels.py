@@ -62,6 +62,27 @@ def test_bias_gelu_when_the_grid_stride_loop_wraps_rows(monkeypatch, blocks):
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_vector_and_scalar_paths_agree_bit_for_bit(approximate):
+    # fresh arrays with 768 features take the float4 path; a view one element in, the scalar one
+    rows, features = 33, 768
+    x, bias, g = _data(rows * features, 31, 3.0), _data(features, 32), _data(rows * features, 33)
+    results = []
+    for misaligned in (False, True):
+        xs = cp.asarray(x)
+        if misaligned:
+            base = cp.zeros(x.size + 1, cp.float32)
+            base[1:] = xs
+            xs = base[1:]
+        xs = xs.reshape(rows, features)
+        out = K.bias_gelu_forward(xs, cp.asarray(bias), approximate)
+        gx, _ = K.bias_gelu_backward(cp.asarray(g).reshape(rows, features), xs, cp.asarray(bias),
+                                     approximate)
+        results.append((cp.asnumpy(out), cp.asnumpy(gx)))
+    for aligned, scalar in zip(*results):
+        np.testing.assert_array_equal(aligned, scalar)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_bias_gelu_keeps_relative_accuracy_in_the_negative_tail(approximate):
     x = np.linspace(-9.0, -3.0, 64, dtype=np.float32).reshape(4, 16)
     bias, g = np.zeros(16, np.float32), np.ones((4, 16), np.float32)
@@ -197,6 +218,21 @@ def test_unscale_and_check_inf(dtype):
     assert float(flag[0]) == 1.0
     np.testing.assert_allclose(cp.asnumpy(bad)[[0, 2]].astype(np.float64), [0.3, 0.6],
                                rtol=1e-3 if dtype == np.float16 else 1e-7)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("bad_at", [None, 3, 1001])
+def test_unscale_vector_path_tail_and_misaligned_views(dtype, offset, bad_at):
+    # 1003 elements: whole 16-byte vectors plus a tail (offset 0), or all scalar (offset 1)
+    values = _data((1003,), 40, 50.0).astype(dtype)
+    if bad_at is not None:
+        values[bad_at] = np.inf
+    base = cp.zeros(values.size + offset, dtype)
+    base[offset:] = cp.asarray(values)
+    flag = K.unscale_and_check_inf([base[offset:]], 0.25)
+    assert float(flag[0]) == (0.0 if bad_at is None else 1.0)
+    np.testing.assert_array_equal(cp.asnumpy(base[offset:]), values * dtype(0.25))
 
 
 def test_fused_ops_match_functional_on_cuda(monkeypatch):
