@@ -280,12 +280,36 @@ def reuse_then_disagree(rank, p, store):
         t.close()
 
 
+def reuse_broadcast_then_disagree(rank, p, store):
+    """Prepared small broadcasts from every root, between all-reduces that use the same halves
+    and header areas; then the ranks name different roots."""
+    t = shm.create(rank, p, store, 30.0)
+    calls = Calls()
+    try:
+        buf, counts = np.zeros(5, np.int64), np.ones(3, np.float64)
+        for _ in range(3):
+            for root in range(p):
+                buf[...] = 10 * root + rank
+                shm_direct.broadcast(t, buf, root, calls.fp(f"broadcast:{root}", buf))
+                assert buf.tolist() == [10 * root + root] * 5, (root, buf)
+                shm_direct.all_reduce(t, counts, ReduceOp.SUM, calls.fp("all_reduce", counts))
+        root = 0 if rank == 0 else 1
+        shm_direct.broadcast(t, buf, root, calls.fp(f"broadcast:{root}", buf))
+        return "no error"
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("p", [2, 3])
-def test_a_reused_small_all_reduce_still_names_mismatches(tmp_path, p):
-    results = run_ranks(p, reuse_then_disagree, store_dir=str(tmp_path), timeout=100)
+@pytest.mark.parametrize("worker,names", [
+    (reuse_then_disagree, ("all_reduce:sum", "all_reduce:max")),
+    (reuse_broadcast_then_disagree, ("broadcast:0", "broadcast:1"))])
+def test_reused_prepared_collectives_deliver_and_still_name_mismatches(tmp_path, p, worker,
+                                                                      names):
+    results = run_ranks(p, worker, store_dir=str(tmp_path), timeout=100)
     for r in results:
         assert r.error == CollectiveMismatchError.__name__, r
-        assert "all_reduce:sum" in r.message and "all_reduce:max" in r.message, r.message
+        assert names[0] in r.message and names[1] in r.message, r.message
 
 
 def lonely_barrier(rank, p, store):

@@ -8,7 +8,8 @@ input area of that half and writes only its own slice of the result area.
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Vectors up
 to SMALL_BYTES take a one-barrier path in which every rank reduces the whole vector in that
-same order.
+same order; that path and broadcasts of up to SMALL_BYTES (one round) are prepared once per
+shape (``shm_prepared``).
 """
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ import numpy as np
 from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, ufunc_for
 from ..transports.base import Fingerprint
 from ..transports.shm import ShmTransport
-from ..transports.shm_sync import LINE_WORDS, SEQ0, SIG0
-from .shm_generations import (begin, check_open, mismatch, publish, signature, sync,
-                              workspace_views)
+from . import shm_prepared
+from .shm_generations import begin, sync, workspace_views
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
 # whole vector beats two barriers with a 1/p share each; 1 MiB rounds keep large vectors in cache.
@@ -74,60 +74,11 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
     if buf.nbytes <= min(SMALL_BYTES, t.layout.workspace_bytes):
         if len(t.direct_views) > MAX_CACHED_SHAPES:
             t.direct_views.clear()
-        small = _small_all_reduce(t, buf.dtype, buf.size, op)
+        small = shm_prepared.all_reduce(t, buf.dtype, buf.size, op)
         t.direct_views[(buf.dtype, buf.size, given)] = small  # keyed as callers name the op
         small(buf, fp)
         return
     _large_all_reduce(t, buf, op, fp)
-
-
-def _small_all_reduce(t: ShmTransport, dtype: np.dtype, n: int, op: ReduceOp):
-    """A prepared one-barrier all-reduce of ``n`` elements: everyone publishes its vector, then
-    reduces all of them in rank order. It does what ``begin`` and ``sync`` do, with what stays
-    the same from call to call (views, control words, the last signature) looked up once, here,
-    because on a vector of a few bytes such lookups are most of the collective's time."""
-    inputs, _ = workspace_views(t, dtype)
-    halves = tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1))
-    ufunc, average, scale = ufunc_for(op), op is ReduceOp.AVERAGE, dtype.type(t.world_size)
-    ctrl, rank, nbytes = t.ctrl, t.rank, n * dtype.itemsize
-    peers = t.layout.peers[rank]
-    peer_gen_words = tuple(t.layout.gen_words[q] for q in peers)
-    peer_lines = tuple(tuple((q, q * LINE_WORDS + 2 * h) for q in peers) for h in (0, 1))
-    own_lines = tuple(rank * LINE_WORDS + 2 * h for h in (0, 1))
-    header_sigs = t.header_sigs
-    signed: list = [None, 0]  # the fingerprint (but its seq) last signed, and its signature
-
-    def run(buf: np.ndarray, fp: Fingerprint) -> None:
-        if buf.ndim != 1:
-            _flat(buf, "all_reduce buffer")
-        if t._closed:
-            check_open(t, fp)  # raises
-        key = (fp.op, fp.dtype, fp.count, fp.group)
-        if key != signed[0]:
-            signed[:] = key, signature(t, fp, nbytes)
-        sig, seq, gen = signed[1], fp.seq, t.gen + 1
-        half = gen & 1
-        if header_sigs[half] != sig:
-            publish(t, half, fp, nbytes, sig)
-        else:  # what publish does when the header is in place already
-            ctrl[own_lines[half] + SIG0] = sig
-            ctrl[own_lines[half] + SEQ0] = seq
-        slots = halves[half]
-        slots[rank][...] = buf
-        t.arrive(gen)
-        for word in peer_gen_words:
-            if ctrl[word] < gen:
-                t.wait_arrivals(gen, fp.op, seq)
-                break
-        for peer, line in peer_lines[half]:
-            if ctrl[line + SIG0] != sig or ctrl[line + SEQ0] != seq:
-                mismatch(t, gen, fp, peer)
-        ufunc(slots[0], slots[1], out=buf)
-        for other in slots[2:]:
-            ufunc(buf, other, out=buf)
-        if average:
-            np.divide(buf, scale, out=buf)
-    return run
 
 
 def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
@@ -179,6 +130,15 @@ def broadcast(t: ShmTransport, buf: np.ndarray, root: int, fp: Fingerprint) -> N
     if t.world_size == 1:
         return
     data = buf.view(np.uint8)
+    if data.size <= min(SMALL_BYTES, t.layout.workspace_bytes):
+        key = ("broadcast", data.size, int(root))
+        small = t.direct_views.get(key)
+        if small is None:
+            if len(t.direct_views) > MAX_CACHED_SHAPES:
+                t.direct_views.clear()
+            small = t.direct_views[key] = shm_prepared.broadcast(t, data.size, int(root))
+        small(data, fp)
+        return
     # the input areas of one half are contiguous: the root fills all of them each round
     step = t.world_size * t.layout.workspace_bytes
     rounds = max(1, _ceil_div(data.size, step))
