@@ -261,3 +261,21 @@ def test_bias_gelu_vector_and_scalar_paths_agree_bit_for_bit(on_host, monkeypatc
         np.testing.assert_array_equal(aligned, scalar)
     ref = R.bias_gelu_forward(x.reshape(rows, features), bias, approximate)
     np.testing.assert_allclose(results[0][0], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("classes", [8, 7])  # float4 rows, and scalar ones
+def test_cross_entropy_with_masked_logits(on_host, smoothing, classes):
+    # -inf logits (masked classes) first, last and everywhere but the target
+    logits = _data((3, classes), 41, 2.0)
+    logits[0, 0] = logits[1, -1] = -np.inf
+    logits[2, 1:] = -np.inf
+    target = np.array([2, 0, 0])
+    loss, lse = on_host.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    ref_loss, ref_lse = R.cross_entropy_forward(logits, target, label_smoothing=smoothing)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-5)  # inf where smoothing
+    grad = on_host.cross_entropy_backward(np.ones(3, np.float32), logits, target, lse,
+                                          label_smoothing=smoothing)
+    ref = R.cross_entropy_backward(np.ones(3), logits, target, ref_lse, label_smoothing=smoothing)
+    np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6)
