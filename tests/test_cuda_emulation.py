@@ -161,7 +161,9 @@ def test_cross_entropy_on_host(on_host, rows, classes, smoothing):
     np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 33), (70, 300)])
+# 300, 4 and 2048 columns take the float4 register path (2048: two float4s per thread);
+# 2052 columns are too many for it and 33 not a multiple of 4
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 33), (70, 300), (3, 4), (3, 2048), (3, 2052)])
 def test_layer_norm_on_host(on_host, rows, cols):
     x = _data((rows, cols), 7, 3.0, 2.0)
     weight, bias, g = _data(cols, 8), _data(cols, 9), _data((rows, cols), 10)
@@ -279,3 +281,16 @@ def test_cross_entropy_with_masked_logits(on_host, smoothing, classes):
                                           label_smoothing=smoothing)
     ref = R.cross_entropy_backward(np.ones(3), logits, target, ref_lse, label_smoothing=smoothing)
     np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_layer_norm_of_a_misaligned_row_takes_the_memory_path(on_host):
+    rows, cols = 4, 300  # a multiple of 4, but the view starts 4 bytes past an aligned address
+    x = _data(rows * cols, 42, 3.0, 2.0)
+    weight, bias, g = _data(cols, 43), _data(cols, 44), _data((rows, cols), 45)
+    shifted = _placed(x, True).reshape(rows, cols)
+    y, mean, rstd = on_host.layer_norm_forward(shifted, weight, bias)
+    ry, rmean, rrstd = R.layer_norm_forward(x.reshape(rows, cols), weight, bias)
+    np.testing.assert_allclose(y, ry, rtol=1e-4, atol=1e-4)
+    dx, _, _ = on_host.layer_norm_backward(g, shifted, weight, mean, rstd)
+    rdx, _, _ = R.layer_norm_backward(g, x.reshape(rows, cols), weight, rmean, rrstd)
+    np.testing.assert_allclose(dx, rdx, rtol=1e-4, atol=1e-4)

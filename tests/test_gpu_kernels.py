@@ -128,7 +128,8 @@ def test_cross_entropy_huge_logits_and_bad_targets():
         K.cross_entropy_forward(logits, cp.asarray([3, 0]))
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 33), (300, 768), (2, 4097)])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 33), (300, 768), (2, 4097), (3, 2048),
+                                       (3, 2052)])
 def test_layer_norm(rows, cols):
     x = _data((rows, cols), 8, 3.0, 2.0)
     weight, bias, g = _data(cols, 9), _data(cols, 10), _data((rows, cols), 11)
