@@ -267,7 +267,6 @@ def adamw_step(params: Sequence[Any], grads: Sequence[Any], exp_avgs: Sequence[A
                       for i, a in enumerate(arrays)])
     if count == 0:
         return
-    cp = _cp()
     sizes, block_tensor, block_start = _device_chunk_table(tuple(int(p.size) for p in lists[0]))
     if block_tensor.size == 0:
         return
@@ -323,8 +322,8 @@ def unscale_and_check_inf(grads: Sequence[Any], inv_scale: float,
               for i, g in enumerate(grads)]
     for g in arrays:
         if g.size:
-            launch(_UNSCALE_KERNELS[dtype_name(g.dtype)], (_grid_stride_blocks(g.size),), (_THREADS,),
-                   (g, g.size, float(inv_scale), flag))
+            launch(_UNSCALE_KERNELS[dtype_name(g.dtype)], (_grid_stride_blocks(g.size),),
+                   (_THREADS,), (g, g.size, float(inv_scale), flag))
     return flag
 
 
