@@ -300,10 +300,35 @@ def reuse_broadcast_then_disagree(rank, p, store):
         t.close()
 
 
+def reuse_all_gather_then_disagree(rank, p, store):
+    """Prepared small all-gathers of two lengths, between broadcasts that use the same halves
+    and header areas; then one rank sends a longer block than the others."""
+    t = shm.create(rank, p, store, 30.0)
+    calls = Calls()
+    try:
+        for _ in range(3):
+            for n in (1, 5):
+                mine = np.arange(n, dtype=np.int32) + 100 * rank
+                out = np.empty(p * n, np.int32)
+                shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+                expected = np.concatenate([np.arange(n) + 100 * r for r in range(p)])
+                assert out.tolist() == expected.tolist(), (n, out)
+                flag = np.full(2, rank, np.float64)
+                shm_direct.broadcast(t, flag, p - 1, calls.fp("broadcast", flag))
+                assert flag.tolist() == [p - 1.0] * 2
+        mine = np.zeros(7 if rank == 0 else 6, np.int32)
+        out = np.empty(p * mine.size, np.int32)
+        shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+        return "no error"
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("p", [2, 3])
 @pytest.mark.parametrize("worker,names", [
     (reuse_then_disagree, ("all_reduce:sum", "all_reduce:max")),
-    (reuse_broadcast_then_disagree, ("broadcast:0", "broadcast:1"))])
+    (reuse_broadcast_then_disagree, ("broadcast:0", "broadcast:1")),
+    (reuse_all_gather_then_disagree, ("7 x int32", "6 x int32"))])
 def test_reused_prepared_collectives_deliver_and_still_name_mismatches(tmp_path, p, worker,
                                                                       names):
     results = run_ranks(p, worker, store_dir=str(tmp_path), timeout=100)

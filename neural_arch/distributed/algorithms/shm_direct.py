@@ -8,8 +8,8 @@ input area of that half and writes only its own slice of the result area.
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Vectors up
 to SMALL_BYTES take a one-barrier path in which every rank reduces the whole vector in that
-same order; that path and broadcasts of up to SMALL_BYTES (one round) are prepared once per
-shape (``shm_prepared``).
+same order; that path, and broadcasts and all-gathers of up to SMALL_BYTES (one round), are
+prepared once per shape (``shm_prepared``).
 """
 from __future__ import annotations
 
@@ -167,6 +167,15 @@ def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
     nbytes, step = src.size, t.layout.workspace_bytes
     if p == 1:
         dst[:] = src
+        return
+    if nbytes <= min(SMALL_BYTES, step):
+        key = ("all_gather", nbytes)
+        small = t.direct_views.get(key)
+        if small is None:
+            if len(t.direct_views) > MAX_CACHED_SHAPES:
+                t.direct_views.clear()
+            small = t.direct_views[key] = shm_prepared.all_gather(t, nbytes)
+        small(src, dst, fp)
         return
     inputs, _ = workspace_views(t, np.dtype(np.uint8))
     rounds = max(1, _ceil_div(nbytes, step))

@@ -99,3 +99,21 @@ def broadcast(t: ShmTransport, nbytes: int,
         if not is_root:
             data[...] = areas[gen & 1]
     return run
+
+
+def all_gather(t: ShmTransport,
+               nbytes: int) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
+    """A one-barrier all-gather of ``nbytes`` per rank: everyone publishes its block in its own
+    input area of the generation's half (as the general all-gather does), then copies all of
+    them out in rank order."""
+    areas = tuple(tuple(t.shared[t.layout.ws_input(h, r):t.layout.ws_input(h, r) + nbytes]
+                        for r in range(t.world_size)) for h in (0, 1))
+    generation, rank = _Generation(t, nbytes), t.rank
+
+    def run(src: np.ndarray, dst: np.ndarray, fp: Fingerprint) -> None:
+        gen = generation.open(fp)
+        blocks = areas[gen & 1]
+        blocks[rank][...] = src
+        generation.meet(gen, fp)
+        np.concatenate(blocks, out=dst)
+    return run
