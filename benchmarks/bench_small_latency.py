@@ -1,13 +1,15 @@
-"""Where the time of a small all-reduce and broadcast goes, layer by layer, on the shm backend.
+"""Where the time of a small all-reduce, broadcast and all-gather goes, layer by layer, on the
+shm backend.
 
-Seven rows, all timed in the same job on the same buffer: the bare barrier on the shared
+Ten rows, all timed in the same job on the same buffer: the bare barrier on the shared
 arrival counters; the direct shared-memory all-reduce called as an algorithm (one barrier
 plus its copies and checks); the public ``dist.all_reduce`` on its short path (a NumPy array,
 the default group, synchronous); and the public call forced onto its general path
 (``algorithm="auto"``), which every other kind of call takes. The last two each add their
 layer to the algorithm row. The broadcast from rank 0 gets the same three rows: the
 shared-memory broadcast as an algorithm, ``dist.broadcast`` on its short path, and on its
-general path (forced with ``algorithm="auto"``). Each layer is timed in batches of calls,
+general path (forced with ``algorithm="auto"``); and so does the all-gather
+(``dist.all_gather_into_tensor``, each rank sending the message size). Each layer is timed in batches of calls,
 each batch right after a barrier, the layers taking turns batch by batch (a slow spell of a
 shared machine then falls on all of them alike); a rank's time is its median per-call time,
 the reported time the slowest rank's, and the whole job runs ``--repeats`` times (median of
@@ -36,8 +38,9 @@ SCRIPT = os.path.abspath(__file__)
 LAYERS = ("barrier on the arrival counters", "shm_direct all-reduce (algorithm only)",
           "dist.all_reduce, short path", "dist.all_reduce, general path",
           "shm_direct broadcast (algorithm only)", "dist.broadcast, short path",
-          "dist.broadcast, general path")
-BUILDS_ON = (None, 0, 1, 1, 0, 4, 4)  # the row whose time each layer adds to
+          "dist.broadcast, general path", "shm_direct all-gather (algorithm only)",
+          "dist.all_gather_into_tensor, short path", "dist.all_gather_into_tensor, general path")
+BUILDS_ON = (None, 0, 1, 1, 0, 4, 4, 0, 7, 7)  # the row whose time each layer adds to
 GOAL_US = 8.0  # the 4-byte shm all-reduce at p=2
 
 
@@ -71,9 +74,18 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
         seq[0] += 1
         shm_direct.broadcast(transport, x, 0, bcast_fp._replace(seq=seq[0]))
 
+    gathered = np.zeros(p * x.size, np.float32)
+    gather_fp = Fingerprint("bench_all_gather", 0, "float32", x.size, 0)
+
+    def all_gather_algorithm_only():
+        seq[0] += 1
+        shm_direct.all_gather(transport, x, gathered, gather_fp._replace(seq=seq[0]))
+
     calls = [bare_barrier, algorithm_only, lambda: dist.all_reduce(x),
              lambda: dist.all_reduce(x, algorithm="auto"), broadcast_algorithm_only,
-             lambda: dist.broadcast(x, 0), lambda: dist.broadcast(x, 0, algorithm="auto")]
+             lambda: dist.broadcast(x, 0), lambda: dist.broadcast(x, 0, algorithm="auto"),
+             all_gather_algorithm_only, lambda: dist.all_gather_into_tensor(gathered, x),
+             lambda: dist.all_gather_into_tensor(gathered, x, algorithm="auto")]
     times: List[List[float]] = [[] for _ in calls]
     for _ in range(job["batches"]):
         for call, batch_times in zip(calls, times):
@@ -88,19 +100,23 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     dist.broadcast(x, 0)
     if not np.all(x == 1):
         raise RuntimeError(f"broadcast from rank 0 on rank {rank} of {p} gave {x[:4]}")
+    x[...] = rank + 1
+    dist.all_gather_into_tensor(gathered, x)
+    if not np.array_equal(gathered, np.repeat(np.arange(1, p + 1, dtype=np.float32), x.size)):
+        raise RuntimeError(f"all_gather on rank {rank} of {p} gave {gathered[:8]}")
     return {"world_size": p, "seconds": seconds}
 
 
 def report(runs: Dict[int, List[List[float]]], failures: Sequence[str], command: str,
            machine: str, job: Dict[str, Any]) -> str:
-    method = (f"float32 all-reduce (SUM) and broadcast (from rank 0) of "
-              f"{common.format_size(job['bytes'])} on the shm backend. "
+    method = (f"float32 all-reduce (SUM), broadcast (from rank 0) and all-gather (each rank "
+              f"sending) of {common.format_size(job['bytes'])} on the shm backend. "
               f"Time per call: median over {job['batches']} batches of {job['calls']} calls, "
               "each batch started after a barrier, the layers taking turns batch by batch; "
               "the slowest rank's median; the median over "
               "the runs of the job (--repeats). Added: over the barrier row (the algorithms) "
               "or the collective's algorithm row (its two public paths).")
-    lines = common.section_head("Small all-reduce and broadcast, layer by layer "
+    lines = common.section_head("Small all-reduce, broadcast and all-gather, layer by layer "
                                 "(`benchmarks/bench_small_latency.py`)",
                                 command, machine, method)
     goal = None

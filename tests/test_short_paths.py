@@ -1,4 +1,5 @@
-"""The short paths of ``all_reduce`` and ``broadcast`` (a NumPy array, default group,
+"""The short paths of ``all_reduce``, ``broadcast`` and ``all_gather_into_tensor`` (NumPy
+arrays, default group,
 synchronous, no profiler) against the general path and NumPy, on real processes; and the calls
 they must leave alone."""
 from __future__ import annotations
@@ -109,7 +110,7 @@ def test_ranks_calling_different_ops_raise_naming_both():
 
 # ----- broadcast ------------------------------------------------------------------------------
 def _broadcast_every_dtype_shape_and_root(rank, ws):
-    short_paths._BROADCAST_DTYPES.clear()
+    short_paths._DTYPE_NAMES.clear()
     short_paths._BROADCAST_NAMES.clear()
     for dtype in DTYPES:
         for shape in [(0,), (1,), (ws - 1,), (7,), (3, 5), (2, 3, 4)]:
@@ -120,7 +121,7 @@ def _broadcast_every_dtype_shape_and_root(rank, ws):
                 want = (np.arange(x.size) * (root + 1) + root).astype(dtype).reshape(shape)
                 np.testing.assert_array_equal(x, want, err_msg=f"{dtype} {shape} root {root}")
     # the short path was the one taken: it remembered each dtype and root it ran
-    return (sorted(map(str, short_paths._BROADCAST_DTYPES)),
+    return (sorted(map(str, short_paths._DTYPE_NAMES)),
             sorted(short_paths._BROADCAST_NAMES.items()))
 
 
@@ -174,3 +175,72 @@ def test_broadcasts_the_short_path_leaves_alone_still_work():
         assert seen[2:5] == ["TypeError", "ValueError", "ValueError"]
         assert seen[5] == [float(ws)] * 2
         assert seen[6] == [5.0] * 3
+
+
+# ----- all_gather_into_tensor -----------------------------------------------------------------
+def _all_gather_every_dtype_and_shape(rank, ws):
+    short_paths._DTYPE_NAMES.clear()
+    for dtype in DTYPES:
+        for shape in [(0,), (1,), (ws - 1,), (7,), (3, 5), (2, 3, 4)]:
+            x = (np.arange(int(np.prod(shape))) * (rank + 1) + rank).astype(dtype).reshape(shape)
+            out = np.full((ws,) + shape, -1, dtype)
+            assert dist.all_gather_into_tensor(out, x) is out
+            want = np.stack([(np.arange(x.size) * (r + 1) + r).astype(dtype).reshape(shape)
+                             for r in range(ws)])
+            np.testing.assert_array_equal(out, want, err_msg=f"{dtype} {shape}")
+            flat_out = np.full(ws * x.size, -1, dtype)  # a 1-D output of ws x size elements
+            dist.all_gather_into_tensor(flat_out, x)
+            np.testing.assert_array_equal(flat_out, want.reshape(-1))
+    # the short path was the one taken: it remembered each dtype it ran
+    return sorted(map(str, short_paths._DTYPE_NAMES))
+
+
+@pytest.mark.parametrize("backend", installed_backends())
+@pytest.mark.parametrize("ws", [2, 3])
+def test_all_gather_into_tensor_of_every_dtype_and_shape_matches_numpy(backend, ws):
+    for dtypes in run_ranks(_all_gather_every_dtype_and_shape, ws, backend, timeout=90):
+        assert dtypes == sorted(np.dtype(d).name for d in DTYPES)
+
+
+def _all_gathers_left_to_the_general_path(rank, ws):
+    from neural_arch.core.tensor import Tensor
+    seen = []
+    out = np.zeros((ws, 4))
+    dist.all_gather_into_tensor(out[:, ::-1], np.full(4, rank + 1.0))  # strided output
+    seen.append(out[:, 0].tolist())
+    wide = np.zeros((ws, 8))
+    dist.all_gather_into_tensor(out, wide[0, ::2] + rank)  # strided input (a copy here)
+    seen.append(out[:, 0].tolist())
+    frozen = np.zeros((ws, 2))
+    frozen.flags.writeable = False
+    for bad_out, exc_type in ((frozen, ValueError), (np.zeros(ws * 2 + 1), ValueError),
+                              (np.zeros(ws * 2, np.float32), ValueError),
+                              (np.zeros(ws * 2, np.uint8), TypeError)):
+        try:  # refused before any message: the general path's errors
+            dist.all_gather_into_tensor(bad_out, np.zeros(2))
+            seen.append("no error")
+        except exc_type as exc:
+            seen.append(type(exc).__name__)
+    # one rank passes a Tensor (general path), the others arrays (short path): they agree
+    source = Tensor(np.full(2, rank + 1.0)) if rank == 0 else np.full(2, rank + 1.0)
+    gathered = np.zeros((ws, 2))
+    dist.all_gather_into_tensor(gathered, source)
+    seen.append(gathered[:, 0].tolist())
+    # async work queued before a plain call runs first
+    first, second = np.full(3, rank + 1.0), np.zeros(ws * 3)
+    work = dist.all_reduce(first, async_op=True)
+    dist.all_gather_into_tensor(second, np.full(3, 10.0 * (rank + 1)))
+    work.wait(30)
+    seen.append((first.tolist(), second[::3].tolist()))
+    return seen
+
+
+def test_all_gathers_the_short_path_leaves_alone_still_work():
+    ws = 3
+    ranks = [float(r + 1) for r in range(ws)]
+    for seen in run_ranks(_all_gathers_left_to_the_general_path, ws, "shm"):
+        assert seen[0] == ranks
+        assert seen[1] == [0.0, 1.0, 2.0]
+        assert seen[2:6] == ["ValueError", "ValueError", "ValueError", "TypeError"]
+        assert seen[6] == ranks
+        assert seen[7] == ([float(sum(range(1, ws + 1)))] * 3, [10.0 * r for r in ranks])

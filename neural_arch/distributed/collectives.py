@@ -149,6 +149,11 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
                            group: Optional[ProcessGroup] = None, async_op: bool = False,
                            algorithm: Optional[str] = None):
     """``output_tensor`` (group size x input elements) gets every rank's input in rank order."""
+    if (type(output_tensor) is np.ndarray and type(input_tensor) is np.ndarray and group is None
+            and not async_op and algorithm is None):
+        done = short_paths.all_gather_into_tensor(output_tensor, input_tensor)
+        if done is not None:
+            return done
     pg = _group(group, "all_gather_into_tensor")
     src = checked_array(input_tensor, "all_gather_into_tensor input")
     out = checked_array(output_tensor, "all_gather_into_tensor output", writable=True)

@@ -1,5 +1,5 @@
-"""Short paths for the commonest collectives: a synchronous all-reduce or broadcast of a NumPy
-array on the default group, with no profiler attached.
+"""Short paths for the commonest collectives: a synchronous all-reduce, broadcast or
+all-gather (into a tensor) of NumPy arrays on the default group, with no profiler attached.
 
 The general path in ``collectives`` validates through several small layers (group lookup,
 dtype and op checks, a closure for the async queue, the tracer hook); for a 4-byte message on
@@ -21,7 +21,7 @@ from .transports.base import Fingerprint
 
 # (dtype, op) -> (fingerprint name, dtype name, the op the algorithm runs, divide at the end)
 _PLANS: dict = {}
-_BROADCAST_DTYPES: dict = {}  # dtype -> its name, for the dtypes collectives support
+_DTYPE_NAMES: dict = {}  # dtype -> its name, for the dtypes collectives support
 _BROADCAST_NAMES: dict = {}   # root -> the fingerprint's operation name
 
 
@@ -61,6 +61,13 @@ def all_reduce(arr: np.ndarray, op: Any) -> Optional[np.ndarray]:
     return arr
 
 
+def _dtype_name(dtype: np.dtype) -> Optional[str]:
+    if dtype.type not in SUPPORTED_DTYPES:
+        return None  # the general path raises the error
+    name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def broadcast(arr: np.ndarray, src: Any) -> Optional[np.ndarray]:
     """Broadcast ``arr`` from global rank ``src`` in place on the default group and return it;
     None when this call needs the general path. ``arr`` must be exactly a ``np.ndarray``."""
@@ -73,13 +80,33 @@ def broadcast(arr: np.ndarray, src: Any) -> Optional[np.ndarray]:
     flags = arr.flags
     if not flags.c_contiguous or not (flags.writeable or pg.rank == src):
         return None
-    dtype_name = _BROADCAST_DTYPES.get(arr.dtype)
+    dtype_name = _DTYPE_NAMES.get(arr.dtype) or _dtype_name(arr.dtype)
     if dtype_name is None:
-        if arr.dtype.type not in SUPPORTED_DTYPES:
-            return None
-        dtype_name = _BROADCAST_DTYPES[arr.dtype] = arr.dtype.name
+        return None
     name = _BROADCAST_NAMES.get(src) or _BROADCAST_NAMES.setdefault(src, f"broadcast:{src}")
     fp = Fingerprint(name, pg._next_seq(), dtype_name, arr.size, pg.group_id)
     buf = arr if arr.ndim == 1 else arr.reshape(-1)
     pg.run_now(algorithms.broadcast, "broadcast", fp.seq, pg.transport, buf, src, fp)
     return arr
+
+
+def all_gather_into_tensor(out: np.ndarray, src: np.ndarray) -> Optional[np.ndarray]:
+    """Gather every rank's ``src`` into ``out`` (rank order) on the default group and return
+    ``out``; None when this call needs the general path. Both must be exactly ``np.ndarray``."""
+    world = process_group._WORLD
+    if world is None or profiler._TRACER is not None:
+        return None
+    pg = world.default
+    size = pg.size
+    if size == 1 or out.dtype != src.dtype or out.size != size * src.size:
+        return None
+    if not (src.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+        return None
+    dtype_name = _DTYPE_NAMES.get(src.dtype) or _dtype_name(src.dtype)
+    if dtype_name is None:
+        return None
+    fp = Fingerprint("all_gather", pg._next_seq(), dtype_name, src.size, pg.group_id)
+    pg.run_now(algorithms.all_gather, "all_gather_into_tensor", fp.seq, pg.transport,
+               src if src.ndim == 1 else src.reshape(-1),
+               out if out.ndim == 1 else out.reshape(-1), fp)
+    return out

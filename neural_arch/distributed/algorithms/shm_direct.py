@@ -157,26 +157,33 @@ def broadcast(t: ShmTransport, buf: np.ndarray, root: int, fp: Fingerprint) -> N
 def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
                fp: Fingerprint) -> None:
     """``recvbuf`` (world_size x len(sendbuf), rank order) receives every rank's ``sendbuf``."""
+    try:
+        small = t.direct_views.get(("all_gather", sendbuf.dtype, sendbuf.size))
+    except AttributeError:
+        small = None  # not an array: _flat names the problem
+    if (small is not None and recvbuf.dtype == sendbuf.dtype and sendbuf.ndim == recvbuf.ndim == 1
+            and recvbuf.size == t.world_size * sendbuf.size and sendbuf.flags.c_contiguous
+            and recvbuf.flags.c_contiguous and recvbuf.flags.writeable):
+        small(sendbuf, recvbuf, fp)
+        return
     _flat(sendbuf, "all_gather sendbuf")
     _flat(recvbuf, "all_gather recvbuf", writable=True)
     p, n = t.world_size, sendbuf.size
     if recvbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
         raise ValueError(f"all_gather recvbuf must hold {p} x {n} {sendbuf.dtype} elements, got "
                          f"{recvbuf.size} {recvbuf.dtype}")
+    if p == 1:
+        recvbuf[:] = sendbuf
+        return
+    if sendbuf.nbytes <= min(SMALL_BYTES, t.layout.workspace_bytes):
+        if len(t.direct_views) > MAX_CACHED_SHAPES:
+            t.direct_views.clear()
+        key = ("all_gather", sendbuf.dtype, n)
+        small = t.direct_views[key] = shm_prepared.all_gather(t, sendbuf.dtype, n)
+        small(sendbuf, recvbuf, fp)
+        return
     src, dst = sendbuf.view(np.uint8), recvbuf.view(np.uint8)
     nbytes, step = src.size, t.layout.workspace_bytes
-    if p == 1:
-        dst[:] = src
-        return
-    if nbytes <= min(SMALL_BYTES, step):
-        key = ("all_gather", nbytes)
-        small = t.direct_views.get(key)
-        if small is None:
-            if len(t.direct_views) > MAX_CACHED_SHAPES:
-                t.direct_views.clear()
-            small = t.direct_views[key] = shm_prepared.all_gather(t, nbytes)
-        small(src, dst, fp)
-        return
     inputs, _ = workspace_views(t, np.dtype(np.uint8))
     rounds = max(1, _ceil_div(nbytes, step))
     gen, sig = begin(t, fp, nbytes)

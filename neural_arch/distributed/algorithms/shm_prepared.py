@@ -101,14 +101,14 @@ def broadcast(t: ShmTransport, nbytes: int,
     return run
 
 
-def all_gather(t: ShmTransport,
-               nbytes: int) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
-    """A one-barrier all-gather of ``nbytes`` per rank: everyone publishes its block in its own
-    input area of the generation's half (as the general all-gather does), then copies all of
-    them out in rank order."""
-    areas = tuple(tuple(t.shared[t.layout.ws_input(h, r):t.layout.ws_input(h, r) + nbytes]
-                        for r in range(t.world_size)) for h in (0, 1))
-    generation, rank = _Generation(t, nbytes), t.rank
+def all_gather(t: ShmTransport, dtype: np.dtype,
+               n: int) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
+    """A one-barrier all-gather of ``n`` elements per rank: everyone publishes its block in its
+    own input area of the generation's half (as the general all-gather does), then copies all
+    of them out in rank order."""
+    inputs, _ = workspace_views(t, dtype)
+    areas = tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1))
+    generation, rank = _Generation(t, n * dtype.itemsize), t.rank
 
     def run(src: np.ndarray, dst: np.ndarray, fp: Fingerprint) -> None:
         gen = generation.open(fp)
