@@ -6,7 +6,8 @@ half of the workspace (a broadcast root all of them); after everyone arrived it 
 input area of that half and writes only its own slice of the result area.
 
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
-copied by everyone from the shared result: results are bit-identical on all ranks. Vectors up
+copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks
+instead both reduce everything, with the operands in the same order. Vectors up
 to SMALL_BYTES take a one-barrier path in which every rank reduces the whole vector in that
 same order; that path, and broadcasts and all-gathers of up to SMALL_BYTES (one round), are
 prepared once per shape (``shm_prepared``).
@@ -78,7 +79,35 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
         t.direct_views[(buf.dtype, buf.size, given)] = small  # keyed as callers name the op
         small(buf, fp)
         return
-    _large_all_reduce(t, buf, op, fp)
+    if t.world_size == 2:
+        _pair_all_reduce(t, buf, op, fp)
+    else:
+        _large_all_reduce(t, buf, op, fp)
+
+
+def _pair_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """Two ranks: both reduce every round whole, as ``x0 op x1`` with the same operands in the
+    same order (so both get the same bits). Each rank copies its round into the workspace and
+    nothing back out, one barrier a round; splitting the work takes a copy out and a barrier
+    more, and measured 1.1-1.6x slower from 256 KiB to 64 MiB."""
+    inputs, _ = workspace_views(t, buf.dtype)
+    ufunc, rank = ufunc_for(op), t.rank
+    average, scale = op is ReduceOp.AVERAGE, buf.dtype.type(2)
+    step = min(ROUND_BYTES, t.layout.workspace_bytes) // buf.itemsize
+    gen, sig = begin(t, fp, buf.nbytes)
+    for lo in range(0, buf.size, step):
+        part = buf[lo:lo + step]
+        areas = inputs[gen & 1]
+        areas[rank][:part.size] = part
+        sync(t, gen, fp, sig if lo == 0 else 0)
+        other = areas[1 - rank][:part.size]
+        if rank == 0:
+            ufunc(part, other, out=part)
+        else:
+            ufunc(other, part, out=part)
+        if average:
+            np.divide(part, scale, out=part)
+        gen += 1
 
 
 def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
