@@ -89,7 +89,7 @@ def _pair_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerp
     """Two ranks: both reduce every round whole, as ``x0 op x1`` with the same operands in the
     same order (so both get the same bits). Each rank copies its round into the workspace and
     nothing back out, one barrier a round; splitting the work takes a copy out and a barrier
-    more, and measured 1.1-1.6x slower from 256 KiB to 64 MiB."""
+    more, and was slower at every size tried, 256 KiB to 64 MiB."""
     inputs, _ = workspace_views(t, buf.dtype)
     ufunc, rank = ufunc_for(op), t.rank
     average, scale = op is ReduceOp.AVERAGE, buf.dtype.type(2)
