@@ -173,6 +173,8 @@ def other_collectives(rank, p, store, workspace_bytes):
     t = shm.create(rank, p, store, 60.0, workspace_bytes=workspace_bytes)
     calls, failures = Calls(), []
     sizes = (0, 1, max(p - 1, 0), 13, 1031, 70_001)
+    if workspace_bytes == shm.DEFAULT_WORKSPACE_BYTES:
+        sizes += (300_007,)  # several 1 MiB broadcast rounds
     try:
         for n in sizes:
             for dtype in (np.float32, np.int64, np.float16):
