@@ -9,11 +9,11 @@ the default group, synchronous); and the public call forced onto its general pat
 layer to the algorithm row. The broadcast from rank 0 gets the same three rows: the
 shared-memory broadcast as an algorithm, ``dist.broadcast`` on its short path, and on its
 general path (forced with ``algorithm="auto"``); and so does the all-gather
-(``dist.all_gather_into_tensor``, each rank sending the message size). Each layer is timed in batches of calls,
-each batch right after a barrier, the layers taking turns batch by batch (a slow spell of a
-shared machine then falls on all of them alike); a rank's time is its median per-call time,
-the reported time the slowest rank's, and the whole job runs ``--repeats`` times (median of
-those).
+(``dist.all_gather_into_tensor``, each rank sending the message size). Each layer is timed in
+batches of calls, each batch right after a barrier, the layers taking turns batch by batch (a
+slow spell of a shared machine then falls on all of them alike); a rank's time is its median
+per-call time, the reported time the slowest rank's, and the whole job runs ``--repeats``
+times (median of those).
 
     python benchmarks/bench_small_latency.py [--world-sizes 2,4] [--bytes 4] [--calls 200]
         [--batches 50] [--repeats 5] [--output benchmarks/RESULTS.md]

@@ -7,10 +7,10 @@ input area of that half and writes only its own slice of the result area.
 
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks
-instead both reduce everything, with the operands in the same order. Vectors up
-to SMALL_BYTES take a one-barrier path in which every rank reduces the whole vector in that
-same order; that path, and broadcasts and all-gathers of up to SMALL_BYTES (one round), are
-prepared once per shape (``shm_prepared``).
+instead both reduce everything, with the operands in the same order. Vectors up to SMALL_BYTES
+take a one-barrier path in which every rank reduces the whole vector in that same order; that
+path, and broadcasts and all-gathers of up to SMALL_BYTES (one round), are prepared once per
+shape (``shm_prepared``).
 """
 from __future__ import annotations
 
