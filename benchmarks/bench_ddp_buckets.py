@@ -146,7 +146,7 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
         "DDP buckets in shared memory (`benchmarks/bench_ddp_buckets.py`)", command, machine,
         "Backend shm, float32, 25 MiB buckets, one BLAS thread per rank. Copy path: private "
         "buckets averaged by `all_reduce` (direct shared-memory algorithm: copy in, reduce, "
-        "copy out). Shared: buckets live in the shared segment (`shared_buckets=True`). "
+        "copy out; with two ranks copy in, and both ranks reduce). Shared: buckets live in the shared segment (`shared_buckets=True`). "
         f"Both storages alternate round by round; slowest rank's median of {job['repeats']} "
         f"syncs / {job['steps']} steps after {job['warmup']} warm-up rounds. "
         "Speedup: copy time / shared time."
