@@ -100,7 +100,7 @@ def _pair_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerp
     for lo in range(0, buf.size, step):
         part = buf[lo:lo + step]
         areas = inputs[gen & 1]
-        areas[rank][:part.size] = part
+        t.area_writer.write(areas[rank][:part.size], part)
         sync(t, gen, fp, sig if lo == 0 else 0)
         other = areas[1 - rank][:part.size]
         if rank == 0:
@@ -129,8 +129,8 @@ def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Finger
             s_lo, s_hi = _slice(m, p, rank, itemsize)
             mine = inputs[half][rank]
             # peers reduce the other slices; this rank's own slice needs no copy
-            mine[:s_lo] = buf[lo:lo + s_lo]
-            mine[s_hi:m] = buf[lo + s_hi:hi]
+            t.area_writer.write(mine[:s_lo], buf[lo:lo + s_lo])
+            t.area_writer.write(mine[s_hi:m], buf[lo + s_hi:hi])
         sync(t, gen, fp, sig if k == 0 else 0)
         if prev is not None:
             p_lo, p_hi, p_s_lo, p_s_hi = prev
@@ -178,7 +178,7 @@ def broadcast(t: ShmTransport, buf: np.ndarray, root: int, fp: Fingerprint) -> N
         lo, hi = k * step, min((k + 1) * step, data.size)
         start = t.layout.ws_input(gen & 1, 0)
         if t.rank == root:
-            t.shared[start:start + hi - lo] = data[lo:hi]
+            t.area_writer.write(t.shared[start:start + hi - lo], data[lo:hi])
         sync(t, gen, fp, sig if k == 0 else 0)
         if t.rank != root:
             data[lo:hi] = t.shared[start:start + hi - lo]
@@ -221,7 +221,7 @@ def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
     for k in range(rounds):
         lo, hi = k * step, min((k + 1) * step, nbytes)
         areas = inputs[gen & 1]
-        areas[t.rank][:hi - lo] = src[lo:hi]
+        t.area_writer.write(areas[t.rank][:hi - lo], src[lo:hi])
         sync(t, gen, fp, sig if k == 0 else 0)
         for r in range(p):
             dst[r * nbytes + lo:r * nbytes + hi] = areas[r][:hi - lo]
@@ -259,7 +259,7 @@ def reduce_scatter(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray, op
         mine = inputs[gen & 1][rank]
         for r in range(p):
             if r != rank or own_in_shm:
-                mine[r * step:r * step + m] = sendbuf[r * n + lo:r * n + hi]
+                t.area_writer.write(mine[r * step:r * step + m], sendbuf[r * n + lo:r * n + hi])
         sync(t, gen, fp, sig if k == 0 else 0)
         operands = [sendbuf[rank * n + lo:rank * n + hi] if r == rank and not own_in_shm
                     else inputs[gen & 1][r][rank * step:rank * step + m] for r in range(p)]

@@ -15,6 +15,8 @@ generation) and the per-rank arrival counters serve the direct collectives in
 Memory ordering: a writer copies its data, then stores the counter; a reader loads the counter,
 then the data. On x86-64 aligned 8-byte stores and loads are atomic and neither stores nor loads
 are reordered with each other, which is all this protocol needs; other CPUs would need fences.
+Large copies into the workspace may use streaming stores (``shm_stores``), which x86 does
+reorder with later stores; the streaming copy therefore ends with a full fence.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ..errors import CollectiveMismatchError, DistributedError, RendezvousError
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
 # The segment functions are also reached as shm.create_segment etc. by callers and tests.
 from .shm_segment import attach_segment, create_segment, unlink_segment
+from .shm_stores import AreaWriter
 from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SLEEP, SPIN_POLLS, Backoff, PeerWatch,
                        ShmLayout, sleep_until_ge, wake_sleepers)
 
@@ -73,6 +76,7 @@ class ShmTransport(Transport):
         self.direct_views: dict = {}
         self.direct_sigs: dict = {}
         self.header_sigs = [0, 0]
+        self.area_writer = AreaWriter()  # large copies into the workspace (see shm_stores)
         self.watch = PeerWatch(rank, [0] * world_size, self._peer_closed)
         self._closed = False
 
