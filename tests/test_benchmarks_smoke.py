@@ -17,6 +17,7 @@ from typing import Optional
 
 import pytest
 
+from neural_arch.backends import numba_backend
 from dist_harness import installed_backends
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -225,3 +226,20 @@ def test_small_latency_benchmark_reports_consistent_numbers(tmp_path):
     short_path_p2 = re.search(r"### p = 2 .*?\| dist.all_reduce, short path \| ([0-9.]+) \|",
                               text, re.DOTALL)
     assert short_path_p2.group(1) == goal.group(1)
+
+
+def test_shm_copies_benchmark_reports_every_job(tmp_path):
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_shm_copies.py", ["--repeats", "2", "--calls", "2",
+                                          "--output", str(output)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- bench_shm_copies:start -->") == 1
+    rows = re.findall(r"^\| (\d) \| (\d+) \| (\d+|-) \| (\d+) \| (\d+) \| (yes)? \|$", text,
+                      re.MULTILINE)
+    assert [row[0] for row in rows] == ["1", "2"], text
+    for _, into_peer, streamed, unread, _, spell in rows:
+        assert (streamed == "-") == (not numba_backend.is_available())
+        assert (spell == "yes") == (int(into_peer) > 5 * int(unread))
+    spells = sum(row[5] == "yes" for row in rows)
+    assert f"Jobs in a spell: {spells} of 2." in text

@@ -3,11 +3,12 @@
 Why a shared-memory transport wants one: a rank that rewrites the workspace area its peer read
 last round must first take those cache lines back from the peer's cache. Where the two cores
 sit on different core complexes (chiplets), or a virtual machine's cores do, that takes so long
-that a 1 MiB copy into the area was seen at 400-520 us instead of 55-115 us. Streaming stores
+that a 1 MiB copy into the area was seen at 415-498 us instead of 61-76 us. Streaming stores
 skip the read-for-ownership; the data goes out in whole lines while the peer's copies are
-dropped, which was seen at 60-115 us either way. They are no gain while the cores share a
-cache, and the peer then reads the data from memory instead of from a cache, so callers choose
-them only when plain copies are measured to be slow (``transports.shm_stores``).
+dropped: 61-83 us there (``benchmarks/bench_shm_copies.py``). While the cores share a cache
+they are slower (95-110 us) and the peer then reads the data from memory instead of from a
+cache, so callers choose them only when plain copies are measured to be slow
+(``transports.shm_stores``).
 
 NumPy has no such copy, so this module builds one from LLVM through Numba: 32-byte vector loads
 and stores marked ``!nontemporal`` (``vmovntps`` on x86-64, ``stnp`` on AArch64), then a full

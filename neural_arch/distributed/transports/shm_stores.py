@@ -2,11 +2,11 @@
 
 A rank rewriting the area its peer read a round ago must first take the cache lines back from
 the peer. While both cores share a cache that is cheap; where they do not (cores on different
-chiplets, or virtual cores the host moved apart) a 1 MiB plain copy into the area took 400-520
-us instead of 55-115, and a two-rank 16 MiB all-reduce 8-10 ms instead of 2-3. Streaming stores
-(``backends.numba_stream``) took 60-115 us in both cases, but while the cache is shared they
-cost the peer, who then reads the round from memory (2.8-4.9 ms against 2.3-3.4 ms), so they
-are used only while measured to be much faster.
+chiplets, or virtual cores the host moved apart) a 1 MiB plain copy into the area took 415-498
+us instead of 61-76, and a two-rank 16 MiB all-reduce ran at 1.6-2.1 GB/s instead of 3.8-11.
+Streaming stores (``backends.numba_stream``) took 61-83 us there, but 95-110 while the cache is
+shared, where they also cost the peer, who then reads the round from memory; so they are used
+only while measured to be much faster (``benchmarks/bench_shm_copies.py`` times each kind).
 
 ``AreaWriter.write`` times each large copy. Plain copies are the default; only once ``SLOW_STREAK`` in a row run
 slower than ``SLOW_BYTES_PER_S`` does the writer try streaming (building the Numba kernel then,
