@@ -67,8 +67,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
 
     def run():
         flat = Flat(arr)
-        algorithms.all_reduce(pg.transport, flat.buf, _summing(op), fp, algorithm)
-        finish_average(flat.buf, op, pg.size)
+        algorithms.all_reduce(pg.transport, flat.buf, op, fp, algorithm)
         flat.commit()
         return tensor
     return pg.run(run, async_op, fp, "all_reduce")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -33,6 +34,9 @@ _UFUNC = {
 }
 
 
+_AVERAGERS: Dict[tuple, Tuple[np.ufunc, Any]] = {}  # (dtype, count) -> averager()
+
+
 def as_reduce_op(op) -> ReduceOp:
     if isinstance(op, ReduceOp):
         return op
@@ -52,10 +56,34 @@ def reduce_into(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
     _UFUNC[op](acc, other, out=acc)
 
 
+def averager(dtype: np.dtype, count: int) -> Tuple[np.ufunc, Any]:
+    """The ufunc and scalar that turn a float sum of ``count`` values into their mean:
+    ``np.divide`` by ``count``, or, for a power-of-two ``count``, ``np.multiply`` by its
+    reciprocal. Both round the same exact quotient, so the bits are the same, and a
+    multiplication is the cheaper instruction."""
+    key = (dtype, count)
+    found = _AVERAGERS.get(key)
+    if found is None:
+        dtype = np.dtype(dtype)
+        reciprocal = dtype.type(1.0 / count)
+        if count & (count - 1) == 0 and float(reciprocal) == 1.0 / count:
+            found = (np.multiply, reciprocal)
+        else:
+            found = (np.divide, dtype.type(count))
+        _AVERAGERS[key] = found
+    return found
+
+
+def divide_by_count(values: np.ndarray, count: int, out: Optional[np.ndarray] = None) -> None:
+    """``out = values / count`` (in place without ``out``), through ``averager``."""
+    ufunc, scalar = averager(values.dtype, count)
+    ufunc(values, scalar, out=values if out is None else out)
+
+
 def finish_average(buf: np.ndarray, op: ReduceOp, world_size: int) -> None:
     """Divide a SUM by the world size when the op was AVERAGE (float dtypes only)."""
     if op is ReduceOp.AVERAGE and world_size > 1:
-        np.divide(buf, buf.dtype.type(world_size), out=buf)
+        divide_by_count(buf, world_size)
 
 
 def check_dtype_for_op(dtype: np.dtype, op: ReduceOp) -> None:

@@ -38,6 +38,7 @@ from . import object_collectives
 from .buffers import copy_from_host
 from .errors import CollectiveMismatchError, DistributedError
 from .process_group import ProcessGroup
+from .reduce_ops import averager
 from .transports.shm import attach_segment, create_segment, unlink_segment
 from .transports.shm_sync import LINE_WORDS, PAGE, sleep_until_ge, wait_ge, wake_sleepers
 
@@ -192,7 +193,7 @@ class SharedBucketArena:
         copies = [self._views[q][index] for q in range(self._size)]
         mine = copies[self._rank]
         dtype = mine.dtype
-        scale = dtype.type(self._size)
+        scale, factor = averager(dtype, self._size)
         step = max(1, CHUNK_BYTES // dtype.itemsize)
         # Ranks 0 and 1 may sum into their own copy (each element is read before it is
         # written); a later rank's own addend would be overwritten first, so it sums aside.
@@ -207,7 +208,7 @@ class SharedBucketArena:
             np.add(copies[0][a:b], copies[1][a:b], out=acc)
             for other in copies[2:]:
                 np.add(acc, other[a:b], out=acc)
-            np.divide(acc, scale, out=mine[a:b])
+            scale(acc, factor, out=mine[a:b])
 
     def _barrier(self, sig: int, seq: int, what: str) -> None:
         self._gen += 1

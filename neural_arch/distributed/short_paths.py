@@ -30,9 +30,7 @@ def _plan(dtype: np.dtype, op: ReduceOp) -> Optional[tuple]:
         check_dtype_for_op(dtype, op)
     except (TypeError, ValueError):
         return None  # the general path raises the error
-    average = op is ReduceOp.AVERAGE
-    plan = _PLANS[(dtype, op)] = (f"all_reduce:{OP_CODE[op]}", dtype.name,
-                                  ReduceOp.SUM if average else op, average)
+    plan = _PLANS[(dtype, op)] = (f"all_reduce:{OP_CODE[op]}", dtype.name)
     return plan
 
 
@@ -52,12 +50,10 @@ def all_reduce(arr: np.ndarray, op: Any) -> Optional[np.ndarray]:
     plan = _PLANS.get((arr.dtype, op)) or _plan(arr.dtype, op)
     if plan is None:
         return None
-    name, dtype_name, run_op, average = plan
+    name, dtype_name = plan
     fp = Fingerprint(name, pg._next_seq(), dtype_name, arr.size, pg.group_id)
     buf = arr if arr.ndim == 1 else arr.reshape(-1)
-    pg.run_now(algorithms.all_reduce, "all_reduce", fp.seq, pg.transport, buf, run_op, fp)
-    if average:
-        np.divide(buf, buf.dtype.type(pg.size), out=buf)
+    pg.run_now(algorithms.all_reduce, "all_reduce", fp.seq, pg.transport, buf, op, fp)
     return arr
 
 

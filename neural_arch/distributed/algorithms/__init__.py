@@ -10,7 +10,11 @@ not break every backend that lacks it. The variable is read when the package is 
 again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
 variable costs about as much as a whole small shared-memory all-reduce.
 
-Every function takes a sum, never an average: callers turn AVERAGE into SUM and divide after.
+``all_reduce`` takes AVERAGE as well: the direct shared-memory algorithm divides each round
+while it is still in cache, and the others sum, the mean being taken after in one more pass
+over the buffer.
+The other functions take a sum, never an average: their callers turn AVERAGE into SUM and
+divide after.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp
+from ..reduce_ops import ReduceOp, divide_by_count
 from ..transports.base import Fingerprint, Transport
 from . import dissemination, recursive_doubling, ring, tree
 
@@ -122,16 +126,21 @@ def _native(t: Transport):
 
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                algorithm: Optional[str] = None) -> str:
-    """In-place all-reduce of a 1-D contiguous buffer; returns the algorithm used."""
+    """In-place all-reduce of a 1-D contiguous buffer (AVERAGE included); returns the
+    algorithm used."""
     name = select("all_reduce", t, buf.nbytes, algorithm)
-    if name == "ring":
-        ring.all_reduce(t, buf, op, fp)
-    elif name == "recursive_doubling":
-        recursive_doubling.all_reduce(t, buf, op, fp)
-    elif name == "shm_direct":
+    if name == "shm_direct":
         _shm_direct().all_reduce(t, buf, op, fp)
+        return name
+    summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+    if name == "ring":
+        ring.all_reduce(t, buf, summed, fp)
+    elif name == "recursive_doubling":
+        recursive_doubling.all_reduce(t, buf, summed, fp)
     else:
-        _native(t).all_reduce(buf, op)
+        _native(t).all_reduce(buf, summed)
+    if op is ReduceOp.AVERAGE and t.world_size > 1:
+        divide_by_count(buf, t.world_size)
     return name
 
 

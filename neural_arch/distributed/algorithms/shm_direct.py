@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, ufunc_for
+from ..reduce_ops import (ReduceOp, as_reduce_op, averager, check_dtype_for_op, divide_by_count,
+                          ufunc_for)
 from ..transports.base import Fingerprint
 from ..transports.shm import ShmTransport
 from . import shm_prepared
@@ -94,7 +95,8 @@ def _pair_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerp
     more, and was slower at every size tried, 256 KiB to 64 MiB."""
     inputs, _ = workspace_views(t, buf.dtype)
     ufunc, rank = ufunc_for(op), t.rank
-    average, scale = op is ReduceOp.AVERAGE, buf.dtype.type(2)
+    average = op is ReduceOp.AVERAGE
+    scale, factor = averager(buf.dtype, 2)
     step = min(ROUND_BYTES, t.layout.workspace_bytes) // buf.itemsize
     gen, sig = begin(t, fp, buf.nbytes)
     for lo in range(0, buf.size, step):
@@ -108,7 +110,7 @@ def _pair_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerp
         else:
             ufunc(other, part, out=part)
         if average:
-            np.divide(part, scale, out=part)
+            scale(part, factor, out=part)
         gen += 1
 
 
@@ -116,7 +118,7 @@ def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Finger
     p, rank, itemsize = t.world_size, t.rank, buf.itemsize
     inputs, results = workspace_views(t, buf.dtype)
     ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
-    scale = buf.dtype.type(p)
+    scale, factor = averager(buf.dtype, p)
     step = min(ROUND_BYTES, t.layout.workspace_bytes) // itemsize
     rounds = _ceil_div(buf.size, step)
     gen, sig = begin(t, fp, buf.nbytes)
@@ -146,7 +148,7 @@ def _large_all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Finger
                 for other in operands[2:]:
                     ufunc(out, other, out=out)
                 if average:
-                    np.divide(out, scale, out=out)
+                    scale(out, factor, out=out)
                 buf[lo + s_lo:lo + s_hi] = out
             prev = (lo, hi, s_lo, s_hi)
         gen += 1
@@ -268,7 +270,7 @@ def reduce_scatter(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray, op
         for other in operands[2:]:
             ufunc(out, other, out=out)
         if op is ReduceOp.AVERAGE:
-            np.divide(out, out.dtype.type(p), out=out)
+            divide_by_count(out, p)
         gen += 1
 
 

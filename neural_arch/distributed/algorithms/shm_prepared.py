@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, ufunc_for
+from ..reduce_ops import ReduceOp, averager, ufunc_for
 from ..transports.base import Fingerprint
 from ..transports.shm import ShmTransport
 from ..transports.shm_sync import LINE_WORDS, SEQ0, SIG0
@@ -67,7 +67,8 @@ def all_reduce(t: ShmTransport, dtype: np.dtype, n: int,
     all of them in rank order (so every rank ends with the same bits)."""
     inputs, _ = workspace_views(t, dtype)
     halves = tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1))
-    ufunc, average, scale = ufunc_for(op), op is ReduceOp.AVERAGE, dtype.type(t.world_size)
+    ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
+    scale, factor = averager(dtype, t.world_size)
     generation, rank = _Generation(t, n * dtype.itemsize), t.rank
 
     def run(buf: np.ndarray, fp: Fingerprint) -> None:
@@ -79,7 +80,7 @@ def all_reduce(t: ShmTransport, dtype: np.dtype, n: int,
         for other in slots[2:]:
             ufunc(buf, other, out=buf)
         if average:
-            np.divide(buf, scale, out=buf)
+            scale(buf, factor, out=buf)
     return run
 
 
