@@ -158,11 +158,30 @@ def test_without_numba_slow_copies_stay_plain(monkeypatch):
         writer = AreaWriter("auto", clock=copies.clock)
         write_many(writer, SLOW_STREAK + 2 * EXPLORE_EVERY, copies)
         assert writer.stream is False and writer.kind == "plain"
-        with pytest.raises(ValueError, match="needs Numba.*NEURAL_ARCH_NUMBA=0"):
+        with pytest.raises(ValueError, match="needs the streaming copy.*NEURAL_ARCH_NUMBA=0"):
             AreaWriter("stream")
     finally:
         monkeypatch.delenv(numba_backend.ENV_SWITCH)
         numba_backend.reset()
+
+
+@needs_numba
+def test_a_kernel_that_cannot_be_built_leaves_copies_plain(monkeypatch):
+    import neural_arch.backends.numba_stream as numba_stream
+
+    def broken(dst, src):
+        raise RuntimeError("no vector stores here")
+    monkeypatch.setattr(shm_stores, "_built", {})
+    monkeypatch.setattr(numba_stream, "stream_copy", broken)
+    with pytest.warns(RuntimeWarning, match="could not be built.*no vector stores here"):
+        assert shm_stores.streaming_copy() is None
+    assert "no vector stores here" in shm_stores.why_no_streaming()
+    copies = ScriptedCopies(plain_ns=500e3, stream_ns=1.0)
+    writer = AreaWriter("auto", clock=copies.clock)
+    write_many(writer, SLOW_STREAK + EXPLORE_EVERY, copies)
+    assert writer.stream is False and writer.kind == "plain"
+    with pytest.raises(ValueError, match="needs the streaming copy.*no vector stores here"):
+        AreaWriter("stream")
 
 
 def test_choice_comes_from_the_environment(monkeypatch):

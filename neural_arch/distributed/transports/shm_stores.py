@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -34,16 +35,32 @@ EXPLORE_EVERY = 32
 SMOOTHING = 0.25  # weight of the newest cost in the running average
 
 Copy = Callable[[np.ndarray, np.ndarray], None]
+_built: Dict[str, Any] = {}  # the checked streaming copy, or why there is none
 
 
 def streaming_copy() -> Optional[Copy]:
-    """The streaming copy, or None where Numba is missing or switched off."""
+    """The streaming copy, built and checked once, or None (``why_no_streaming()`` says why)."""
     if not numba_backend.is_available():
         return None
-    from ...backends.numba_stream import stream_copy
-    warm = np.zeros(1024, np.uint8)
-    stream_copy(warm[64:], warm[:-64])  # compile (or load from Numba's cache) before timing
-    return stream_copy
+    if "copy" not in _built:
+        try:
+            from ...backends.numba_stream import stream_copy
+            # compile (or load from Numba's cache) before anything is timed, and check the bytes
+            source = np.arange(4096, dtype=np.uint32).view(np.uint8)
+            target = np.zeros(source.size + 64, np.uint8)
+            stream_copy(target[7:7 + source.size], source)
+            if not np.array_equal(target[7:7 + source.size], source):
+                raise RuntimeError("the streaming copy changed the bytes it copied")
+            _built.update(copy=stream_copy, why="")
+        except Exception as exc:  # an LLVM or Numba that cannot build it: copies stay plain
+            _built.update(copy=None, why=f"the streaming copy could not be built: {exc!r}")
+            warnings.warn(f"{_built['why']}; shared-memory copies stay plain", RuntimeWarning)
+    return _built["copy"]
+
+
+def why_no_streaming() -> str:
+    """Why ``streaming_copy()`` returns None ('' when it does not)."""
+    return numba_backend.unavailable_reason() or _built.get("why", "")
 
 
 def _choice() -> str:
@@ -67,8 +84,8 @@ class AreaWriter:
         if self.choice == "stream":
             self.stream = streaming_copy()
             if self.stream is None:
-                raise ValueError(f"{ENV_CHOICE}=stream needs Numba: "
-                                 f"{numba_backend.unavailable_reason()}")
+                raise ValueError(f"{ENV_CHOICE}=stream needs the streaming copy: "
+                                 f"{why_no_streaming()}")
 
     @property
     def kind(self) -> str:
