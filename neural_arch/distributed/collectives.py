@@ -179,8 +179,7 @@ def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.nda
         flat = Flat(out)
         send = Flat(inputs[0]).buf if len(inputs) == 1 else np.concatenate(
             [Flat(a).buf for a in inputs])
-        algorithms.reduce_scatter(pg.transport, send, flat.buf, _summing(op), fp, algorithm)
-        finish_average(flat.buf, op, pg.size)
+        algorithms.reduce_scatter(pg.transport, send, flat.buf, op, fp, algorithm)
         flat.commit()
         return result() if callable(result) else result
     return pg.run(run, async_op, fp, "reduce_scatter")

@@ -10,11 +10,10 @@ not break every backend that lacks it. The variable is read when the package is 
 again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
 variable costs about as much as a whole small shared-memory all-reduce.
 
-``all_reduce`` takes AVERAGE as well: the direct shared-memory algorithm divides each round
-while it is still in cache, and the others sum, the mean being taken after in one more pass
-over the buffer.
-The other functions take a sum, never an average: their callers turn AVERAGE into SUM and
-divide after.
+``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: the direct shared-memory
+algorithms divide each round while it is still in cache, and the others sum, the mean being
+taken after in one more pass over the result. ``reduce`` takes a sum, never an average: its
+caller turns AVERAGE into SUM and divides after.
 """
 from __future__ import annotations
 
@@ -171,12 +170,16 @@ def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Finge
 def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
                    fp: Fingerprint, algorithm: Optional[str] = None) -> str:
     name = select("reduce_scatter", t, sendbuf.nbytes, algorithm)
-    if name == "ring":
-        ring.reduce_scatter(t, sendbuf, recvbuf, op, fp)
-    elif name == "shm_direct":
+    if name == "shm_direct":
         _shm_direct().reduce_scatter(t, sendbuf, recvbuf, op, fp)
+        return name
+    summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+    if name == "ring":
+        ring.reduce_scatter(t, sendbuf, recvbuf, summed, fp)
     else:
-        _native(t).reduce_scatter(sendbuf, recvbuf, op)
+        _native(t).reduce_scatter(sendbuf, recvbuf, summed)
+    if op is ReduceOp.AVERAGE and t.world_size > 1:
+        divide_by_count(recvbuf, t.world_size)
     return name
 
 
