@@ -193,6 +193,13 @@ def other_collectives(rank, p, store, workspace_bytes):
                                            for r in range(p)])
                 if not np.array_equal(out, gathered):
                     failures.append(("all_gather", n))
+                # in place: this rank's block of the output is the input
+                out = np.full(p * n, -1, dtype)
+                out[rank * n:(rank + 1) * n] = mine
+                shm_direct.all_gather(t, out[rank * n:(rank + 1) * n], out,
+                                      calls.fp("all_gather", mine))
+                if not np.array_equal(out, gathered):
+                    failures.append(("all_gather in place", n))
                 # reduce-scatter, out of place and in place
                 for op in (ReduceOp.SUM, ReduceOp.MAX):
                     send = rank_input(rank, p, p * n, dtype, op)

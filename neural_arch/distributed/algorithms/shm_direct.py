@@ -219,13 +219,18 @@ def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
     nbytes, step = src.size, t.layout.workspace_bytes
     inputs, _ = workspace_views(t, np.dtype(np.uint8))
     rounds = max(1, _ceil_div(nbytes, step))
+    own = dst[t.rank * nbytes:(t.rank + 1) * nbytes]
+    in_place = own.ctypes.data == src.ctypes.data  # sendbuf is this rank's block of recvbuf
+    peers = t.layout.peers[t.rank]
     gen, sig = begin(t, fp, nbytes)
     for k in range(rounds):
         lo, hi = k * step, min((k + 1) * step, nbytes)
         areas = inputs[gen & 1]
         t.area_writer.write(areas[t.rank][:hi - lo], src[lo:hi])
+        if not in_place:  # while the peers may still be copying theirs in
+            own[lo:hi] = src[lo:hi]
         sync(t, gen, fp, sig if k == 0 else 0)
-        for r in range(p):
+        for r in peers:
             dst[r * nbytes + lo:r * nbytes + hi] = areas[r][:hi - lo]
         gen += 1
 
