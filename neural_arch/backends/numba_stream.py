@@ -11,9 +11,9 @@ cache, so callers choose them only when plain copies are measured to be slow
 (``transports.shm_stores``).
 
 NumPy has no such copy, so this module builds one from LLVM through Numba: 32-byte vector loads
-and stores marked ``!nontemporal`` (``vmovntps`` on x86-64, ``stnp`` on AArch64), then a full
-fence, because streaming stores are not ordered with later ordinary stores and a peer must see
-the data before it sees the counter that says the data is there. Importing this module imports
+and stores marked ``!nontemporal`` (``vmovntps`` on x86-64), then a full fence, because
+streaming stores are not ordered with later ordinary stores and a peer must see the data
+before it sees the counter that says the data is there. Importing this module imports
 Numba; ``numba_backend.is_available()`` says whether it can be used.
 """
 from __future__ import annotations
