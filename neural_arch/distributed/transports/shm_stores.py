@@ -8,11 +8,12 @@ Streaming stores (``backends.numba_stream``) took 61-83 us there, but 95-110 whi
 shared, where they also cost the peer, who then reads the round from memory; so they are used
 only while measured to be much faster (``benchmarks/bench_shm_copies.py`` times each kind).
 
-``AreaWriter.write`` times each large copy. Plain copies are the default; only once ``SLOW_STREAK`` in a row run
-slower than ``SLOW_BYTES_PER_S`` does the writer try streaming (building the Numba kernel then,
-so a fast machine never pays for it). From then on it keeps a running cost per byte of each kind,
-uses streaming while plain costs more than ``SWITCH_FACTOR`` times as much, and spends one
-write in ``EXPLORE_EVERY`` on the other kind to notice when the machine changes.
+``AreaWriter.write`` times each large copy. Plain copies are the default; only once
+``SLOW_STREAK`` in a row run slower than ``SLOW_BYTES_PER_S`` does the writer try streaming
+(building the Numba kernel then, so a fast machine never pays for it). From then on it keeps a
+running cost per byte of each kind, uses streaming while plain costs more than
+``SWITCH_FACTOR`` times as much, and spends one write in ``EXPLORE_EVERY`` on the other kind to
+notice when the machine changes.
 ``NEURAL_ARCH_SHM_STORES`` = ``plain`` or ``stream`` fixes the choice (``auto`` is the default).
 """
 from __future__ import annotations
@@ -77,7 +78,7 @@ class AreaWriter:
                  clock: Callable[[], int] = time.perf_counter_ns) -> None:
         self.choice = choice if choice is not None else _choice()
         self.clock = clock
-        # None: not wanted yet; False: wanted, but Numba is missing or switched off
+        # None: not wanted yet; False: wanted, but there is none (see why_no_streaming)
         self.stream: Any = None
         self.cost: Dict[str, Optional[float]] = {"plain": None, "stream": None}  # ns per byte
         self.writes = self.slow_streak = 0
