@@ -30,7 +30,8 @@ def _check_algorithm(collective: str, algorithm: Optional[str]) -> None:
 
 
 def _summing(op: ReduceOp) -> ReduceOp:
-    """Algorithms add; AVERAGE is divided once at the end (``finish_average``)."""
+    """The tree reduce adds; its AVERAGE is divided once at the end (``finish_average``).
+    ``all_reduce`` and ``reduce_scatter`` hand AVERAGE to the algorithm layer instead."""
     return ReduceOp.SUM if op is ReduceOp.AVERAGE else op
 
 
