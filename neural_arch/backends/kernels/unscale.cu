@@ -29,59 +29,61 @@ __device__ __forceinline__ float nf_unscaled(float value, float inv_scale, bool*
     return value * inv_scale;
 }
 
-extern "C" __global__ void unscale_check_inf_f32(float* __restrict__ grad, long long n,
-                                                 float inv_scale, float* __restrict__ found_inf) {
+// A thread's 16-byte vector for each storage type, and how many elements it holds.
+template <typename T> struct nf_vector;
+template <> struct nf_vector<float> {
+    typedef float4 type;
+    static const int width = 4;
+};
+template <> struct nf_vector<unsigned short> {  // raw half bits
+    typedef uint4 type;
+    static const int width = 8;
+};
+
+__device__ __forceinline__ void nf_unscale(float* value, float inv_scale, bool* bad) {
+    *value = nf_unscaled(*value, inv_scale, bad);
+}
+
+__device__ __forceinline__ void nf_unscale(unsigned short* bits, float inv_scale, bool* bad) {
+    *bits = nf_float_to_half(nf_unscaled(nf_half_to_float(*bits), inv_scale, bad));
+}
+
+template <typename T>
+__device__ __forceinline__ void nf_unscale_check_inf(T* __restrict__ grad, long long n,
+                                                     float inv_scale,
+                                                     float* __restrict__ found_inf) {
+    typedef typename nf_vector<T>::type Vector;
+    const int width = nf_vector<T>::width;
     const long long stride = (long long)blockDim.x * gridDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     bool bad = false;
     long long scalar_from = 0;
     if ((reinterpret_cast<unsigned long long>(grad) & 15ULL) == 0) {
-        float4* vectors = reinterpret_cast<float4*>(grad);
-        for (long long j = first; j < n / 4; j += stride) {
-            float4 v = vectors[j];
-            v.x = nf_unscaled(v.x, inv_scale, &bad);
-            v.y = nf_unscaled(v.y, inv_scale, &bad);
-            v.z = nf_unscaled(v.z, inv_scale, &bad);
-            v.w = nf_unscaled(v.w, inv_scale, &bad);
-            vectors[j] = v;
+        Vector* vectors = reinterpret_cast<Vector*>(grad);
+        for (long long j = first; j < n / width; j += stride) {
+            union {
+                Vector whole;
+                T lanes[width];
+            } v;
+            v.whole = vectors[j];
+#pragma unroll
+            for (int k = 0; k < width; ++k) nf_unscale(&v.lanes[k], inv_scale, &bad);
+            vectors[j] = v.whole;
         }
-        scalar_from = n / 4 * 4;
+        scalar_from = n / width * width;
     }
     for (long long i = scalar_from + first; i < n; i += stride) {
-        grad[i] = nf_unscaled(grad[i], inv_scale, &bad);
+        nf_unscale(&grad[i], inv_scale, &bad);
     }
     if (bad) *found_inf = 1.0f;
 }
 
-__device__ __forceinline__ unsigned int nf_unscaled_pair(unsigned int pair, float inv_scale,
-                                                         bool* bad) {
-    const unsigned short low = nf_float_to_half(
-        nf_unscaled(nf_half_to_float((unsigned short)(pair & 0xffffu)), inv_scale, bad));
-    const unsigned short high = nf_float_to_half(
-        nf_unscaled(nf_half_to_float((unsigned short)(pair >> 16)), inv_scale, bad));
-    return (unsigned int)low | ((unsigned int)high << 16);
+extern "C" __global__ void unscale_check_inf_f32(float* __restrict__ grad, long long n,
+                                                 float inv_scale, float* __restrict__ found_inf) {
+    nf_unscale_check_inf(grad, n, inv_scale, found_inf);
 }
 
 extern "C" __global__ void unscale_check_inf_f16(unsigned short* __restrict__ grad, long long n,
                                                  float inv_scale, float* __restrict__ found_inf) {
-    const long long stride = (long long)blockDim.x * gridDim.x;
-    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    bool bad = false;
-    long long scalar_from = 0;
-    if ((reinterpret_cast<unsigned long long>(grad) & 15ULL) == 0) {
-        uint4* vectors = reinterpret_cast<uint4*>(grad);  // 8 halves, little-endian pairs
-        for (long long j = first; j < n / 8; j += stride) {
-            uint4 v = vectors[j];
-            v.x = nf_unscaled_pair(v.x, inv_scale, &bad);
-            v.y = nf_unscaled_pair(v.y, inv_scale, &bad);
-            v.z = nf_unscaled_pair(v.z, inv_scale, &bad);
-            v.w = nf_unscaled_pair(v.w, inv_scale, &bad);
-            vectors[j] = v;
-        }
-        scalar_from = n / 8 * 8;
-    }
-    for (long long i = scalar_from + first; i < n; i += stride) {
-        grad[i] = nf_float_to_half(nf_unscaled(nf_half_to_float(grad[i]), inv_scale, &bad));
-    }
-    if (bad) *found_inf = 1.0f;
+    nf_unscale_check_inf(grad, n, inv_scale, found_inf);
 }
