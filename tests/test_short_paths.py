@@ -94,6 +94,39 @@ def test_calls_the_short_path_leaves_alone_still_work(ws):
         assert seen[5] == 1
 
 
+def _prepared_calls(rank, ws):
+    """How many short-path all-reduces went through ``algorithms.all_reduce`` (the rest ran
+    the prepared form straight away), and their results."""
+    from neural_arch.distributed import algorithms
+    general = algorithms.all_reduce
+    routed = []
+
+    def counting(*args, **kwargs):
+        routed.append(args[1].size)
+        return general(*args, **kwargs)
+    algorithms.all_reduce = counting
+    try:
+        sums = []
+        for i in range(5):
+            for n in (3, 300_000):  # small vectors are prepared; large ones never are
+                x = np.full(n, float(rank + i), np.float32)
+                dist.all_reduce(x)
+                sums.append(float(x[0]))
+        return routed, sums
+    finally:
+        algorithms.all_reduce = general
+
+
+@pytest.mark.parametrize("env,routed", [({}, [3] + [300_000] * 5),
+                                        ({"NEURAL_ARCH_ALLREDUCE_ALGO": "ring"}, [3, 300_000] * 5)])
+def test_prepared_small_all_reduces_skip_the_algorithm_layer(env, routed):
+    """After the first call of a shape, a small all-reduce on shm runs its prepared form; an
+    algorithm named in the environment sends every call through the selection again."""
+    for seen, sums in run_ranks(_prepared_calls, 2, "shm", env=env):
+        assert seen == routed
+        assert sums == [2.0 * i + 1 for i in range(5) for _ in (3, 300_000)]
+
+
 def _mismatched_ops(rank, ws):
     op = dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX
     try:

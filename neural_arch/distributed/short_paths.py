@@ -53,7 +53,11 @@ def all_reduce(arr: np.ndarray, op: Any) -> Optional[np.ndarray]:
     name, dtype_name = plan
     fp = Fingerprint(name, pg._next_seq(), dtype_name, arr.size, pg.group_id)
     buf = arr if arr.ndim == 1 else arr.reshape(-1)
-    pg.run_now(algorithms.all_reduce, "all_reduce", fp.seq, pg.transport, buf, op, fp)
+    prepared = algorithms.prepared_all_reduce(pg.transport, arr.dtype, arr.size, op)
+    if prepared is not None:
+        pg.run_now(prepared, "all_reduce", fp.seq, buf, fp)
+    else:
+        pg.run_now(algorithms.all_reduce, "all_reduce", fp.seq, pg.transport, buf, op, fp)
     return arr
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -141,6 +141,19 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(buf, t.world_size)
     return name
+
+
+def prepared_all_reduce(t: Transport, dtype: np.dtype, n: int,
+                        op: ReduceOp) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
+    """What ``all_reduce(t, buf, op, fp)`` with no algorithm named runs for a 1-D, contiguous,
+    writable ``buf`` of ``n`` elements of ``dtype``, as one call ``(buf, fp)``, once an earlier
+    call of that shape has prepared it; otherwise None (call ``all_reduce``). Small vectors on
+    shared memory are prepared (``shm_direct``); the environment's algorithm choice turns this
+    off, since it may name another algorithm."""
+    views = getattr(t, "direct_views", None)
+    if views is None or _env_all_reduce is not None:
+        return None
+    return views.get((dtype, n, op))
 
 
 def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,

@@ -10,7 +10,7 @@ copied by everyone from the shared result: results are bit-identical on all rank
 instead both reduce everything, with the operands in the same order. Vectors up to SMALL_BYTES
 take a one-barrier path in which every rank reduces the whole vector in that same order; that
 path, and broadcasts and all-gathers of up to SMALL_BYTES (one round), are prepared once per
-shape (``shm_prepared``).
+shape (``shm_prepared``); a prepared all-reduce that runs often is compiled (``shm_compiled``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..reduce_ops import (ReduceOp, as_reduce_op, averager, check_dtype_for_op, 
                           ufunc_for)
 from ..transports.base import Fingerprint
 from ..transports.shm import ShmTransport
-from . import shm_prepared
+from . import shm_compiled, shm_prepared
 from .shm_generations import begin, sync, workspace_views
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
@@ -67,9 +67,11 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
         small = t.direct_views.get((buf.dtype, buf.size, op))
     except AttributeError:
         small = None  # not an array: _flat names the problem
-    if small is not None and buf.flags.c_contiguous:
-        small(buf, fp)
-        return
+    if small is not None and buf.ndim == 1:
+        flags = buf.flags
+        if flags.c_contiguous and flags.writeable:
+            small(buf, fp)
+            return
     _flat(buf, "all_reduce buffer", writable=True)
     given, op = op, as_reduce_op(op)
     check_dtype_for_op(buf.dtype, op)
@@ -78,8 +80,9 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
     if buf.nbytes <= min(SMALL_BYTES, t.layout.workspace_bytes):
         if len(t.direct_views) > MAX_CACHED_SHAPES:
             t.direct_views.clear()
-        small = shm_prepared.all_reduce(t, buf.dtype, buf.size, op)
-        t.direct_views[(buf.dtype, buf.size, given)] = small  # keyed as callers name the op
+        key = (buf.dtype, buf.size, given)  # keyed as callers name the op
+        small = t.direct_views[key] = shm_compiled.tiered(
+            t, key, shm_prepared.all_reduce(t, buf.dtype, buf.size, op), buf.dtype, buf.size, op)
         small(buf, fp)
         return
     if t.world_size == 2:

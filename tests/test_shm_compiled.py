@@ -1,0 +1,236 @@
+"""The compiled small all-reduce (``shm_compiled``): the direct-collective checks of
+``test_shm_direct`` with every small all-reduce compiled, ranks on the compiled and the Python
+path in one job, the change-over after HOT_CALLS calls, and its errors."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import numpy as np
+import pytest
+
+from neural_arch.distributed.algorithms import shm_compiled, shm_direct
+from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
+from neural_arch.distributed.reduce_ops import ReduceOp
+from neural_arch.distributed.transports import shm
+from neural_arch.distributed.transports.base import Fingerprint
+from shm_testing import kill_self, run_ranks, shm_names_of
+from test_shm_direct import (Calls, check_all_reduce_matrix, nan_payloads,
+                             random_floats_identical, rank_input, reference)
+
+pytest.importorskip("numba", reason="the compiled small all-reduce needs Numba")
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """Every small all-reduce of the rank processes compiled from its first call."""
+    monkeypatch.setenv(shm_compiled.ENV_CHOICE, "compiled")
+    monkeypatch.delenv("NEURAL_ARCH_NUMBA", raising=False)
+
+
+def prepared_kinds(t) -> set:
+    """Where the prepared all-reduces of ``t`` run: 'compiled', 'python' or 'counting'."""
+    kinds = set()
+    for key, run in t.direct_views.items():
+        if isinstance(key, tuple) and len(key) == 3 and isinstance(key[2], ReduceOp):
+            kinds.add("counting" if run.__qualname__.startswith("tiered.") else
+                      "compiled" if run.__module__ == shm_compiled.__name__ else "python")
+    return kinds
+
+
+def matrix_then_kinds(rank, p, store):
+    failures = check_all_reduce_matrix(rank, p, store, shm.DEFAULT_WORKSPACE_BYTES, False)
+    return failures, shm_compiled.why_not_compiled()
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_compiled_all_reduce_exact(tmp_path, compiled, p):
+    results = run_ranks(p, matrix_then_kinds, store_dir=str(tmp_path), timeout=250)
+    for r in results:
+        assert r.ok, r
+        failures, why = r.value
+        assert failures == [], f"rank {r.rank} wrong results for {failures}"
+        assert why == "", why
+    assert shm_names_of(r.pid for r in results) == []
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_compiled_random_floats_match_the_rank_order_reduction(tmp_path, compiled, p):
+    results = run_ranks(p, random_floats_identical, 64 << 10, store_dir=str(tmp_path),
+                        timeout=250)
+    assert all(r.ok for r in results), results
+    for r in results:
+        failures, digests = r.value
+        assert failures == [], f"rank {r.rank}: {failures}"
+        assert digests == results[0].value[1]
+
+
+def test_compiled_nan_payloads_bit_identical(tmp_path, compiled):
+    results = run_ranks(3, nan_payloads, store_dir=str(tmp_path), timeout=120)
+    assert all(r.ok for r in results), results
+    assert all(r.value == results[0].value for r in results)
+
+
+def mixed_paths(rank, p, store):
+    """Even ranks compiled, odd ranks in Python, in one job: random floats and exact ints."""
+    os.environ[shm_compiled.ENV_CHOICE] = "compiled" if rank % 2 == 0 else "python"
+    t = shm.create(rank, p, store, 60.0)
+    calls, digests, failures = Calls(), [], []
+    try:
+        for n in (1, 7, 4099):
+            for dtype in (np.float32, np.float64):
+                for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.PRODUCT):
+                    for round_ in range(3):  # both halves of the workspace, and back
+                        g = np.random.default_rng([rank, n, round_, np.dtype(dtype).num])
+                        buf = g.uniform(0.5, 1.5, n).astype(dtype)
+                        shm_direct.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
+                        digests.append(hashlib.sha256(buf.tobytes()).hexdigest())
+            for dtype in (np.int32, np.int64):
+                buf = rank_input(rank, p, n, dtype, ReduceOp.SUM)
+                shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+                if not np.array_equal(buf, reference(p, n, dtype, ReduceOp.SUM)):
+                    failures.append((n, np.dtype(dtype).name))
+        return failures, digests, prepared_kinds(t)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_compiled_and_python_ranks_meet_with_the_same_bits(tmp_path, p):
+    results = run_ranks(p, mixed_paths, store_dir=str(tmp_path), timeout=200)
+    assert all(r.ok for r in results), results
+    for r in results:
+        failures, digests, kinds = r.value
+        assert failures == [], f"rank {r.rank}: {failures}"
+        assert digests == results[0].value[1], f"rank {r.rank} differs from rank 0"
+        assert kinds == ({"compiled"} if r.rank % 2 == 0 else {"python"}), (r.rank, kinds)
+
+
+def change_over(rank, p, store):
+    """Kinds of the prepared all-reduce before and after HOT_CALLS calls (auto choice)."""
+    os.environ[shm_compiled.ENV_CHOICE] = "auto"
+    t = shm.create(rank, p, store, 60.0)
+    calls, seen, sums = Calls(), [], []
+    try:
+        for i in range(shm_compiled.HOT_CALLS + 3):
+            if i in (0, shm_compiled.HOT_CALLS - 1, shm_compiled.HOT_CALLS + 2):
+                seen.append(prepared_kinds(t))
+            buf = np.full(3, i + rank, np.float64)
+            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            sums.append(float(buf[0]))
+        minmax = np.full(3, float(rank))  # MIN is never compiled
+        for _ in range(shm_compiled.HOT_CALLS + 1):
+            shm_direct.all_reduce(t, minmax, ReduceOp.MIN, calls.fp("all_reduce", minmax))
+        seen.append(prepared_kinds(t))
+        return seen, sums
+    finally:
+        t.close()
+
+
+def test_a_prepared_all_reduce_is_compiled_after_hot_calls(tmp_path):
+    results = run_ranks(2, change_over, store_dir=str(tmp_path), timeout=120)
+    assert all(r.ok for r in results), results
+    for r in results:
+        seen, sums = r.value
+        assert seen == [set(), {"counting"}, {"compiled"}, {"compiled", "python"}], seen
+        assert sums == [2.0 * i + 1 for i in range(shm_compiled.HOT_CALLS + 3)]
+
+
+def stays_python(rank, p, store, env):
+    os.environ.update(env)
+    t = shm.create(rank, p, store, 60.0)
+    calls = Calls()
+    try:
+        for _ in range(shm_compiled.HOT_CALLS + 2):
+            buf = np.ones(2, np.float32)
+            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+        return prepared_kinds(t)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("env", [{shm_compiled.ENV_CHOICE: "python"},
+                                 {shm_compiled.ENV_CHOICE: "compiled", "NEURAL_ARCH_NUMBA": "0"}])
+def test_switched_off_the_all_reduce_stays_in_python(tmp_path, env):
+    results = run_ranks(2, stays_python, env, store_dir=str(tmp_path), timeout=120)
+    assert [r.value for r in results] == [{"python"}, {"python"}], results
+
+
+def test_an_unknown_choice_is_named(monkeypatch):
+    monkeypatch.setenv(shm_compiled.ENV_CHOICE, "fastest")
+    with pytest.raises(ValueError, match="NEURAL_ARCH_SHM_SMALL='fastest'"):
+        shm_compiled.choice()
+
+
+def late_peer(rank, p, store):
+    """The last rank comes late to every other call, so the others wait past the polls, and
+    some fall asleep in the kernel and must be woken by the late rank's compiled arrival."""
+    t = shm.create(rank, p, store, 60.0)
+    calls, sums = Calls(), []
+    try:
+        for i in range(12):
+            if rank == p - 1 and i % 2:
+                time.sleep(0.02 * (i % 4))
+            buf = np.full(5, float(rank + i), np.float32)
+            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            sums.append(float(buf[0]))
+        return sums, prepared_kinds(t)
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_late_peers_are_waited_for_and_woken(tmp_path, compiled, p):
+    results = run_ranks(p, late_peer, store_dir=str(tmp_path), timeout=120)
+    assert all(r.ok for r in results), results
+    for r in results:
+        sums, kinds = r.value
+        assert sums == [float(sum(range(p)) + p * i) for i in range(12)]
+        assert kinds == {"compiled"}
+
+
+def mismatched_ops(rank, p, store):
+    t = shm.create(rank, p, store, 30.0)
+    try:
+        buf = np.ones(4, np.float32)
+        op = ReduceOp.PRODUCT if rank == 1 else ReduceOp.SUM
+        name = f"all_reduce:{op.name.lower()}"
+        for seq in (1, 2):  # the first call passes the header; the second compares signatures
+            fp = Fingerprint(name if seq == 2 else "all_reduce", seq, "float32", buf.size)
+            shm_direct.all_reduce(t, buf, op if seq == 2 else ReduceOp.SUM, fp)
+        return "no error"
+    finally:
+        t.close()
+
+
+def test_compiled_mismatch_names_both_sides(tmp_path, compiled):
+    results = run_ranks(2, mismatched_ops, store_dir=str(tmp_path), timeout=100)
+    for r in results:
+        assert r.error == CollectiveMismatchError.__name__, r
+        assert r.peer == 1 - r.rank
+        assert "all_reduce:sum" in r.message and "all_reduce:product" in r.message
+
+
+def killed_while_compiled(rank, p, store):
+    t = shm.create(rank, p, store, 60.0)
+    calls = Calls()
+    try:
+        for i in range(40):
+            if rank == 1 and i == 30:
+                kill_self()
+            buf = np.ones(3, np.float32)
+            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+        return "no error"
+    finally:
+        t.close()
+
+
+def test_a_killed_peer_is_named_on_the_compiled_path(tmp_path, compiled):
+    results = run_ranks(3, killed_while_compiled, store_dir=str(tmp_path), timeout=100)
+    assert results[1].exitcode == -9
+    for r in (results[0], results[2]):
+        assert r.error == PeerFailureError.__name__, r
+        assert r.peer == 1 and "peer rank 1" in r.message
+    assert shm_names_of(r.pid for r in results) == []
