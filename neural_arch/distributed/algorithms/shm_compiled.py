@@ -37,7 +37,6 @@ from .shm_generations import check_open, mismatch, publish, signature
 ENV_CHOICE = "NEURAL_ARCH_SHM_SMALL"
 CHOICES = ("auto", "python", "compiled")
 HOT_CALLS = 32
-POLLS_PER_SPIN = 64  # compiled polls per Python poll of the adaptive budget (shm_sync)
 COMPILED_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 COMPILED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVERAGE)
 
@@ -138,8 +137,9 @@ def all_reduce(t: ShmTransport, dtype: np.dtype, n: int, op: ReduceOp) -> Option
         sig, gen = signed[1], t.gen + 1
         if t.header_sigs[gen & 1] != sig:
             publish(t, gen & 1, fp, nbytes, sig)
-        status = kernel(buf, words, areas, rank, gen, sig, fp.seq,
-                        watch.spin_polls * POLLS_PER_SPIN, product, divisor, False)
+        # a compiled poll (with pause) takes about as long as a Python one: the same budget
+        status = kernel(buf, words, areas, rank, gen, sig, fp.seq, watch.spin_polls, product,
+                        divisor, False)
         t.gen = gen
         if status:
             _settle(status, buf, gen, fp, sig)
