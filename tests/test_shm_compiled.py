@@ -16,8 +16,8 @@ from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
 from shm_testing import kill_self, run_ranks, shm_names_of
-from test_shm_direct import (Calls, check_all_reduce_matrix, nan_payloads,
-                             random_floats_identical, rank_input, reference)
+from test_shm_direct import (Calls, check_all_reduce_matrix, mismatched, nan_payloads,
+                             other_collectives, random_floats_identical, rank_input, reference)
 
 pytest.importorskip("numba", reason="the compiled small all-reduce needs Numba")
 pytestmark = pytest.mark.timeout(300)
@@ -30,11 +30,14 @@ def compiled(monkeypatch):
     monkeypatch.delenv("NEURAL_ARCH_NUMBA", raising=False)
 
 
-def prepared_kinds(t) -> set:
-    """Where the prepared all-reduces of ``t`` run: 'compiled', 'python' or 'counting'."""
+def prepared_kinds(t, collective: str = "all_reduce") -> set:
+    """Where the prepared ``collective``s of ``t`` run: 'compiled', 'python' or 'counting'."""
     kinds = set()
     for key, run in t.direct_views.items():
-        if isinstance(key, tuple) and len(key) == 3 and isinstance(key[2], ReduceOp):
+        if not isinstance(key, tuple) or len(key) != 3:
+            continue  # the views of one dtype
+        kind = key[0] if isinstance(key[0], str) else "all_reduce"
+        if kind == collective:
             kinds.add("counting" if run.__qualname__.startswith("tiered.") else
                       "compiled" if run.__module__ == shm_compiled.__name__ else "python")
     return kinds
@@ -73,6 +76,15 @@ def test_compiled_nan_payloads_bit_identical(tmp_path, compiled):
     assert all(r.value == results[0].value for r in results)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_compiled_broadcast_and_all_gather_exact(tmp_path, compiled, p):
+    results = run_ranks(p, other_collectives, shm.DEFAULT_WORKSPACE_BYTES,
+                        store_dir=str(tmp_path), timeout=250)
+    for r in results:
+        assert r.ok, r
+        assert r.value == [], f"rank {r.rank} wrong results for {r.value}"
+
+
 def mixed_paths(rank, p, store):
     """Even ranks compiled, odd ranks in Python, in one job: random floats and exact ints."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled" if rank % 2 == 0 else "python"
@@ -92,7 +104,19 @@ def mixed_paths(rank, p, store):
                 shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
                 if not np.array_equal(buf, reference(p, n, dtype, ReduceOp.SUM)):
                     failures.append((n, np.dtype(dtype).name))
-        return failures, digests, prepared_kinds(t)
+            for root in range(p):
+                data = np.arange(n, dtype=np.float16) + root
+                buf = data.copy() if rank == root else np.zeros(n, np.float16)
+                shm_direct.broadcast(t, buf, root, calls.fp("broadcast", buf))
+                if not np.array_equal(buf, data):
+                    failures.append((n, "broadcast", root))
+            mine = np.arange(n, dtype=np.int64) * (rank + 1)
+            out = np.zeros(p * n, np.int64)
+            shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+            if not np.array_equal(out, np.concatenate([np.arange(n) * (r + 1) for r in range(p)])):
+                failures.append((n, "all_gather"))
+        kinds = [prepared_kinds(t, c) for c in ("all_reduce", "broadcast", "all_gather")]
+        return failures, digests, kinds
     finally:
         t.close()
 
@@ -105,7 +129,8 @@ def test_compiled_and_python_ranks_meet_with_the_same_bits(tmp_path, p):
         failures, digests, kinds = r.value
         assert failures == [], f"rank {r.rank}: {failures}"
         assert digests == results[0].value[1], f"rank {r.rank} differs from rank 0"
-        assert kinds == ({"compiled"} if r.rank % 2 == 0 else {"python"}), (r.rank, kinds)
+        want = {"compiled"} if r.rank % 2 == 0 else {"python"}
+        assert kinds == [want] * 3, (r.rank, kinds)
 
 
 def change_over(rank, p, store):
@@ -124,18 +149,29 @@ def change_over(rank, p, store):
         for _ in range(shm_compiled.HOT_CALLS + 1):
             shm_direct.all_reduce(t, minmax, ReduceOp.MIN, calls.fp("all_reduce", minmax))
         seen.append(prepared_kinds(t))
+        for i in range(shm_compiled.HOT_CALLS + 1):
+            if i == shm_compiled.HOT_CALLS - 1:
+                seen.append(prepared_kinds(t, "broadcast") | prepared_kinds(t, "all_gather"))
+            one = np.full(2, float(rank + i))
+            shm_direct.broadcast(t, one, 0, calls.fp("broadcast", one))
+            both = np.zeros(2 * p)
+            shm_direct.all_gather(t, one, both, calls.fp("all_gather", one))
+            sums.append(float(both.sum()))
+        seen.append(prepared_kinds(t, "broadcast") | prepared_kinds(t, "all_gather"))
         return seen, sums
     finally:
         t.close()
 
 
-def test_a_prepared_all_reduce_is_compiled_after_hot_calls(tmp_path):
+def test_prepared_collectives_are_compiled_after_hot_calls(tmp_path):
     results = run_ranks(2, change_over, store_dir=str(tmp_path), timeout=120)
     assert all(r.ok for r in results), results
     for r in results:
         seen, sums = r.value
-        assert seen == [set(), {"counting"}, {"compiled"}, {"compiled", "python"}], seen
-        assert sums == [2.0 * i + 1 for i in range(shm_compiled.HOT_CALLS + 3)]
+        assert seen == [set(), {"counting"}, {"compiled"}, {"compiled", "python"},
+                        {"counting"}, {"compiled"}], seen
+        hot = shm_compiled.HOT_CALLS
+        assert sums == [2.0 * i + 1 for i in range(hot + 3)] + [4.0 * i for i in range(hot + 1)]
 
 
 def stays_python(rank, p, store, env):
@@ -211,6 +247,14 @@ def test_compiled_mismatch_names_both_sides(tmp_path, compiled):
         assert r.error == CollectiveMismatchError.__name__, r
         assert r.peer == 1 - r.rank
         assert "all_reduce:sum" in r.message and "all_reduce:product" in r.message
+
+
+def test_compiled_broadcast_against_an_all_reduce_is_named(tmp_path, compiled):
+    results = run_ranks(2, mismatched, "op", store_dir=str(tmp_path), timeout=100)
+    for r in results:
+        assert r.error == CollectiveMismatchError.__name__, r
+        assert r.peer == 1 - r.rank
+        assert "all_reduce" in r.message and "broadcast" in r.message
 
 
 def killed_while_compiled(rank, p, store):

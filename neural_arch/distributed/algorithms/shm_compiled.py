@@ -1,19 +1,20 @@
-"""The prepared small all-reduce, compiled once it runs often.
+"""The prepared small all-reduce, broadcast and all-gather, compiled once they run often.
 
-On a 4-byte vector the Python of ``shm_prepared.all_reduce`` costs several times its barrier:
-writing the signature, arriving, polling, checking the peers and reducing are each a NumPy
-scalar or ufunc call. ``shm_numba.small_all_reduce`` takes the same steps on the same words
-and areas in one compiled call, so a rank on this path and a rank on the Python one meet in the
-same generation and end with the same bits: sums and products in rank order in the vector's
-dtype, and a mean through float64 (one rounding of the exact quotient to float32, as NumPy's
-float32 division gives, since float64 carries more than twice float32's precision).
+On a 4-byte vector the Python of ``shm_prepared``'s collectives costs several times their
+barrier: writing the signature, arriving, polling, checking the peers, reducing or copying are
+each a NumPy scalar or ufunc call. ``shm_numba`` takes the same steps on the same words and
+areas in one compiled call, so a rank on the compiled path and a rank on the Python one meet
+in the same generation and end with the same bits. An all-reduce sums or multiplies in rank
+order in the vector's dtype, and a mean goes through float64: one rounding of the exact quotient
+to float32, as NumPy's float32 division gives, since float64 carries more than twice float32's
+precision. Broadcasts and all-gathers copy bytes, so every dtype is compiled.
 
 Everything rare stays in Python: writing the full header when the fingerprint changes, waking a
 peer asleep in the kernel, waiting beyond a short poll (with the timeout and the liveness
-checks), naming a mismatch. Compiled: SUM, PRODUCT and AVERAGE of native float32, float64,
-int32 and int64; MIN and MAX (NumPy's NaN rules) and float16 stay in Python.
+checks), naming a mismatch. All-reduces compiled: SUM, PRODUCT and AVERAGE of native float32,
+float64, int32 and int64; MIN and MAX (NumPy's NaN rules) and float16 stay in Python.
 
-A prepared all-reduce changes over after ``HOT_CALLS`` calls, so a job that makes few never
+A prepared collective changes over after ``HOT_CALLS`` calls, so a job that makes few never
 imports Numba for it (importing it and loading the cached machine code take about half a
 second). ``NEURAL_ARCH_SHM_SMALL`` = ``python`` never compiles, ``compiled`` compiles at the
 first call, ``auto`` (the default) waits for ``HOT_CALLS``.
@@ -40,7 +41,6 @@ HOT_CALLS = 32
 COMPILED_DTYPES = (np.float32, np.float64, np.int32, np.int64)
 COMPILED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVERAGE)
 
-Run = Callable[[np.ndarray, Fingerprint], None]
 _built: Dict[str, Any] = {}  # the kernel module, or why there is none
 
 
@@ -52,7 +52,7 @@ def choice() -> str:
 
 
 def why_not_compiled() -> str:
-    """Why prepared all-reduces stay in Python ('' when they are compiled or not tried yet)."""
+    """Why prepared collectives stay in Python ('' when they are compiled or not tried yet)."""
     return _built.get("why", "")
 
 
@@ -67,90 +67,180 @@ def _kernels() -> Optional[Any]:
             _check(shm_numba)
             _built.update(module=shm_numba, why="")
         except Exception as exc:  # an LLVM or Numba that cannot build it
-            _built.update(module=None, why=f"the compiled small all-reduce failed: {exc!r}")
-            warnings.warn(f"{_built['why']}; small shared-memory all-reduces stay in Python",
+            _built.update(module=None, why=f"the compiled small collectives failed: {exc!r}")
+            warnings.warn(f"{_built['why']}; small shared-memory collectives stay in Python",
                           RuntimeWarning)
     return _built["module"]
 
 
 def _check(kernels: Any) -> None:
-    """Compile (or load from Numba's cache) and run one rank's generation on private memory."""
-    words = np.zeros(32, np.int64)
-    areas = np.zeros((6, 8), np.float32)  # two ranks: rows (half, rank), result rows unused
-    areas[1, :3] = [0.5, -2.0, 7.0]  # the peer's input, as if it had arrived
-    words[16], words[16 + 1], words[16 + 2] = 1, 99, 5  # peer 1: GEN, SIG0, SEQ0
-    buf = np.array([1.0, 2.0, 3.0], np.float32)
+    """Compile (or load from Numba's cache) each kernel and run it as rank 0 of two on private
+    memory: the peer, rank 1, has published its input and signature at generation 2."""
+    def peer_arrived(arrived: bool) -> np.ndarray:
+        words = np.zeros(32, np.int64)
+        words[16], words[17], words[18] = 2 if arrived else 1, 99, 5  # rank 1: GEN, SIG0, SEQ0
+        return words
+
+    def expect(what: str, got: Any, want: Any) -> None:
+        if got != want:
+            raise RuntimeError(f"{what} gave {got!r}, not {want!r}")
+
+    areas = np.zeros((6, 8), np.float32)  # rows (half, rank); the result rows stay unused
+    areas[1, :3] = [0.5, -2.0, 7.0]
+    buf, words = np.array([1.0, 2.0, 3.0], np.float32), peer_arrived(False)
     status = kernels.small_all_reduce(buf, words, areas, 0, 2, 99, 5, 4, False, 0.0, False)
-    if status != kernels.WAIT or words[0] != 2:
-        raise RuntimeError(f"its first generation gave status {status}, arrival {words[0]}")
-    words[16] = 2
-    status = kernels.small_all_reduce(buf, words, areas, 0, 2, 99, 5, 4, False, 0.0, True)
-    if status != 0 or not np.array_equal(buf, [1.5, 0.0, 10.0]):
-        raise RuntimeError(f"it reduced to {buf.tolist()} (status {status})")
+    expect("the all-reduce before the peer arrived", (status, words[0]), (kernels.WAIT, 2))
+    status = kernels.small_all_reduce(buf, peer_arrived(True), areas, 0, 2, 99, 5, 4, False,
+                                      0.0, True)
+    expect("the all-reduce", (status, buf.tolist()), (0, [1.5, 0.0, 10.0]))
+    areas = np.zeros((6, 8), np.uint8)
+    areas[0, :2] = [5, 6]  # a broadcast's data sits in the half's first area, whoever the root
+    data = np.array([1, 2], np.uint8)
+    status = kernels.small_broadcast(data, peer_arrived(True), areas, 0, 1, 2, 99, 5, 4, False)
+    expect("the broadcast from rank 1", (status, data.tolist()), (0, [5, 6]))
+    data = np.array([1, 2], np.uint8)
+    status = kernels.small_broadcast(data, peer_arrived(True), areas, 0, 0, 2, 99, 5, 4, False)
+    expect("the broadcast from rank 0", (status, areas[0, :2].tolist()), (0, [1, 2]))
+    areas[1, :2] = [7, 9]
+    dst = np.zeros(4, np.uint8)
+    status = kernels.small_all_gather(np.array([3, 4], np.uint8), dst, peer_arrived(True), areas,
+                                      0, 2, 99, 5, 4, False)
+    expect("the all-gather", (status, dst.tolist()), (0, [3, 4, 7, 9]))
 
 
-def _may_compile(dtype: np.dtype, op: ReduceOp) -> bool:
-    return (dtype.type in COMPILED_DTYPES and dtype.isnative and op in COMPILED_OPS
-            and os.environ.get(numba_backend.ENV_SWITCH, "1").strip() != "0"
+def may_compile_all_reduce(dtype: np.dtype, op: ReduceOp) -> bool:
+    """Whether an all-reduce of ``dtype`` and ``op`` has a compiled form (not yet built)."""
+    return dtype.type in COMPILED_DTYPES and dtype.isnative and op in COMPILED_OPS
+
+
+def _numba_allowed() -> bool:
+    return (os.environ.get(numba_backend.ENV_SWITCH, "1").strip() != "0"
             and importlib.util.find_spec("numba") is not None)
 
 
-def tiered(t: ShmTransport, key: Any, python_run: Run, dtype: np.dtype, n: int,
-           op: ReduceOp) -> Run:
-    """What ``t.direct_views[key]`` should hold for a prepared all-reduce: ``python_run``, or
-    the compiled run (now, or in place of ``python_run`` once it has made HOT_CALLS calls)."""
+def tiered(t: ShmTransport, key: Any, python_run: Callable[..., None],
+           compiled: Callable[[], Optional[Callable[..., None]]],
+           eligible: bool = True) -> Callable[..., None]:
+    """What ``t.direct_views[key]`` should hold for a prepared collective: ``python_run``, or
+    what ``compiled()`` builds (now, or in place of ``python_run`` after HOT_CALLS calls)."""
     mode = choice()
-    if mode == "python" or not _may_compile(dtype, op):
+    if mode == "python" or not eligible or not _numba_allowed():
         return python_run
     if mode == "compiled":
-        return all_reduce(t, dtype, n, op) or python_run
+        return compiled() or python_run
     calls = [0]
 
-    def run(buf: np.ndarray, fp: Fingerprint) -> None:
-        python_run(buf, fp)
+    def run(*args: Any) -> None:
+        python_run(*args)
         calls[0] += 1
         if calls[0] >= HOT_CALLS and t.direct_views.get(key) is run:
-            t.direct_views[key] = all_reduce(t, dtype, n, op) or python_run
+            t.direct_views[key] = compiled() or python_run
     return run
 
 
-def all_reduce(t: ShmTransport, dtype: np.dtype, n: int, op: ReduceOp) -> Optional[Run]:
-    """The compiled one-barrier all-reduce of ``n`` elements, or None without the kernel."""
-    kernels = _kernels()
-    if kernels is None:
-        return None
-    layout, p, rank, nbytes = t.layout, t.world_size, t.rank, n * dtype.itemsize
-    words = t.shared[:layout.rank_headers_at].view(np.int64)
-    start = layout.ws_input(0, 0)
-    areas = t.shared[start:start + 2 * (p + 1) * layout.workspace_bytes].view(dtype)
-    areas = areas.reshape(2 * (p + 1), -1)
-    product, divisor = op is ReduceOp.PRODUCT, float(p) if op is ReduceOp.AVERAGE else 0.0
-    kernel, watch, signed = kernels.small_all_reduce, t.watch, [None, 0]
-    gen_address = t._base_address + 8 * layout.gen_words[rank]
+class _Generation:
+    """Around each compiled generation: the signature and header before it (as
+    ``shm_generations.begin`` writes them), and after it the rare work left to Python."""
 
-    def run(buf: np.ndarray, fp: Fingerprint) -> None:
+    def __init__(self, t: ShmTransport, nbytes: int, kernels: Any) -> None:
+        self.t, self.nbytes, self.kernels, self.signed = t, nbytes, kernels, [None, 0]
+        self.gen_address = t._base_address + 8 * t.layout.gen_words[t.rank]
+
+    def begin(self, fp: Fingerprint) -> tuple[int, int]:
+        """(generation, signature) of this call, the header published if it changed."""
+        t, signed = self.t, self.signed
         if t._closed:
             check_open(t, fp)  # raises
         key = (fp.op, fp.dtype, fp.count, fp.group)
         if key != signed[0]:
-            signed[:] = key, signature(t, fp, nbytes)
+            signed[:] = key, signature(t, fp, self.nbytes)
         sig, gen = signed[1], t.gen + 1
         if t.header_sigs[gen & 1] != sig:
-            publish(t, gen & 1, fp, nbytes, sig)
+            publish(t, gen & 1, fp, self.nbytes, sig)
+        return gen, sig
+
+    def settle(self, status: int, gen: int, fp: Fingerprint, resume: Callable[[], int]) -> None:
+        """Wake a sleeping peer, wait for late ones and finish (``resume``), name a mismatch."""
+        kernels = self.kernels
+        if status & kernels.WAKE and futex.AVAILABLE:
+            futex.wake(self.gen_address)
+        if status & kernels.WAIT:
+            self.t.wait_arrivals(gen, fp.op, fp.seq)
+            status = resume()
+        if status >= kernels.MISMATCH:
+            mismatch(self.t, gen, fp, status // kernels.MISMATCH - 1)
+
+
+def _views(t: ShmTransport, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The control words, and the workspace as rows of its areas in ``dtype``."""
+    layout = t.layout
+    words = t.shared[:layout.rank_headers_at].view(np.int64)
+    start = layout.ws_input(0, 0)
+    areas = t.shared[start:start + 2 * (t.world_size + 1) * layout.workspace_bytes]
+    return words, areas.view(dtype).reshape(2 * (t.world_size + 1), -1)
+
+
+def all_reduce(t: ShmTransport, dtype: np.dtype, n: int,
+               op: ReduceOp) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
+    """The compiled one-barrier all-reduce of ``n`` elements, or None without the kernels."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    words, areas = _views(t, dtype)
+    product, divisor = op is ReduceOp.PRODUCT, float(t.world_size) if op is ReduceOp.AVERAGE \
+        else 0.0
+    kernel, watch, rank = kernels.small_all_reduce, t.watch, t.rank
+    generation = _Generation(t, n * dtype.itemsize, kernels)
+
+    def run(buf: np.ndarray, fp: Fingerprint) -> None:
+        gen, sig = generation.begin(fp)
         # a compiled poll (with pause) takes about as long as a Python one: the same budget
         status = kernel(buf, words, areas, rank, gen, sig, fp.seq, watch.spin_polls, product,
                         divisor, False)
         t.gen = gen
         if status:
-            _settle(status, buf, gen, fp, sig)
+            generation.settle(status, gen, fp, lambda: kernel(
+                buf, words, areas, rank, gen, sig, fp.seq, 0, product, divisor, True))
+    return run
 
-    def _settle(status: int, buf: np.ndarray, gen: int, fp: Fingerprint, sig: int) -> None:
-        if status & kernels.WAKE and futex.AVAILABLE:
-            futex.wake(gen_address)
-        if status & kernels.WAIT:
-            t.wait_arrivals(gen, fp.op, fp.seq)
-            status = kernel(buf, words, areas, rank, gen, sig, fp.seq, 0, product, divisor,
-                            True)
-        if status >= kernels.MISMATCH:
-            mismatch(t, gen, fp, status // kernels.MISMATCH - 1)
+
+def broadcast(t: ShmTransport, nbytes: int,
+              root: int) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
+    """The compiled one-barrier broadcast of ``nbytes`` (a uint8 vector) from ``root``."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    words, areas = _views(t, np.dtype(np.uint8))
+    kernel, watch, rank = kernels.small_broadcast, t.watch, t.rank
+    generation = _Generation(t, nbytes, kernels)
+
+    def run(data: np.ndarray, fp: Fingerprint) -> None:
+        gen, sig = generation.begin(fp)
+        status = kernel(data, words, areas, rank, root, gen, sig, fp.seq, watch.spin_polls,
+                        False)
+        t.gen = gen
+        if status:
+            generation.settle(status, gen, fp, lambda: kernel(
+                data, words, areas, rank, root, gen, sig, fp.seq, 0, True))
+    return run
+
+
+def all_gather(t: ShmTransport, dtype: np.dtype,
+               n: int) -> Optional[Callable[[np.ndarray, np.ndarray, Fingerprint], None]]:
+    """The compiled one-barrier all-gather of ``n`` elements of ``dtype`` per rank."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    words, areas = _views(t, np.dtype(np.uint8))
+    kernel, watch, rank = kernels.small_all_gather, t.watch, t.rank
+    generation = _Generation(t, n * dtype.itemsize, kernels)
+
+    def run(src: np.ndarray, dst: np.ndarray, fp: Fingerprint) -> None:
+        gen, sig = generation.begin(fp)
+        src, dst = src.view(np.uint8), dst.view(np.uint8)
+        status = kernel(src, dst, words, areas, rank, gen, sig, fp.seq, watch.spin_polls, False)
+        t.gen = gen
+        if status:
+            generation.settle(status, gen, fp, lambda: kernel(
+                src, dst, words, areas, rank, gen, sig, fp.seq, 0, True))
     return run

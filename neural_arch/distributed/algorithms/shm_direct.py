@@ -10,9 +10,11 @@ copied by everyone from the shared result: results are bit-identical on all rank
 instead both reduce everything, with the operands in the same order. Vectors up to SMALL_BYTES
 take a one-barrier path in which every rank reduces the whole vector in that same order; that
 path, and broadcasts and all-gathers of up to SMALL_BYTES (one round), are prepared once per
-shape (``shm_prepared``); a prepared all-reduce that runs often is compiled (``shm_compiled``).
+shape (``shm_prepared``), and compiled once they run often (``shm_compiled``).
 """
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 
@@ -82,7 +84,9 @@ def all_reduce(t: ShmTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) 
             t.direct_views.clear()
         key = (buf.dtype, buf.size, given)  # keyed as callers name the op
         small = t.direct_views[key] = shm_compiled.tiered(
-            t, key, shm_prepared.all_reduce(t, buf.dtype, buf.size, op), buf.dtype, buf.size, op)
+            t, key, shm_prepared.all_reduce(t, buf.dtype, buf.size, op),
+            partial(shm_compiled.all_reduce, t, buf.dtype, buf.size, op),
+            shm_compiled.may_compile_all_reduce(buf.dtype, op))
         small(buf, fp)
         return
     if t.world_size == 2:
@@ -172,7 +176,9 @@ def broadcast(t: ShmTransport, buf: np.ndarray, root: int, fp: Fingerprint) -> N
         if small is None:
             if len(t.direct_views) > MAX_CACHED_SHAPES:
                 t.direct_views.clear()
-            small = t.direct_views[key] = shm_prepared.broadcast(t, data.size, int(root))
+            small = t.direct_views[key] = shm_compiled.tiered(
+                t, key, shm_prepared.broadcast(t, data.size, int(root)),
+                partial(shm_compiled.broadcast, t, data.size, int(root)))
         small(data, fp)
         return
     # the input areas of one half are contiguous: the root fills up to all of them each round
@@ -215,7 +221,9 @@ def all_gather(t: ShmTransport, sendbuf: np.ndarray, recvbuf: np.ndarray,
         if len(t.direct_views) > MAX_CACHED_SHAPES:
             t.direct_views.clear()
         key = ("all_gather", sendbuf.dtype, n)
-        small = t.direct_views[key] = shm_prepared.all_gather(t, sendbuf.dtype, n)
+        small = t.direct_views[key] = shm_compiled.tiered(
+            t, key, shm_prepared.all_gather(t, sendbuf.dtype, n),
+            partial(shm_compiled.all_gather, t, sendbuf.dtype, n))
         small(sendbuf, recvbuf, fp)
         return
     src, dst = sendbuf.view(np.uint8), recvbuf.view(np.uint8)

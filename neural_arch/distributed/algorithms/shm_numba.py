@@ -1,9 +1,9 @@
-"""The small shared-memory all-reduce as one compiled function (see ``shm_compiled``).
+"""The prepared small shared-memory collectives as compiled functions (see ``shm_compiled``).
 
-``small_all_reduce`` takes the steps of ``shm_prepared.all_reduce`` on the same control words
-and workspace areas: copy this rank's vector into its input area of the generation's half,
-publish the fingerprint's signature and sequence number, arrive, poll every peer's arrival,
-check the peers' signatures, and reduce all input areas in rank order into the caller's vector.
+Each takes the steps of its ``shm_prepared`` counterpart on the same control words and
+workspace areas: write this rank's data into its input area of the generation's half, publish
+the fingerprint's signature and sequence number, arrive, poll every peer's arrival, check the
+peers' signatures, then reduce or copy out of the input areas.
 
 Peers read and write the control words while this code runs, so every access to them is an
 atomic 8-byte load (acquire) or store (release), built from LLVM through Numba. Plain array
@@ -71,45 +71,72 @@ def cpu_relax(typingctx):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def small_all_reduce(buf, words, areas, rank, gen, sig, seq, polls, product, divisor,
-                     resume):  # pragma: no cover - compiled
-    """One generation of the one-barrier all-reduce; returns a status (module constants).
-
-    ``words``: the int64 control words. ``areas``: the workspace as rows of its areas, row
-    ``half * (p + 1) + r`` being rank r's input area of that half. ``divisor`` > 0 divides the
-    sum (AVERAGE); ``product`` multiplies instead of adding. With ``resume`` the vector was
-    published and every peer has arrived: only the checks and the reduction are left.
-    """
-    p = areas.shape[0] // 2 - 1
+def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
+    """Publish the signature and sequence number, arrive at ``gen``, note a peer asleep on
+    this rank's counter (WAKE) and poll every peer's arrival (WAIT if one is late)."""
     half = gen & 1
-    first = half * (p + 1)
-    n = buf.size
+    line = rank * LINE_WORDS
+    store_release(words, line + SIG0 + 2 * half, sig)
+    store_release(words, line + SEQ0 + 2 * half, seq)
+    store_release(words, line + GEN, gen)
     status = 0
-    if not resume:
-        own = areas[first + rank]
-        for i in range(n):
-            own[i] = buf[i]
-        line = rank * LINE_WORDS
-        store_release(words, line + SIG0 + 2 * half, sig)
-        store_release(words, line + SEQ0 + 2 * half, seq)
-        store_release(words, line + GEN, gen)
-        for q in range(p):
-            if q != rank and load_acquire(words, q * LINE_WORDS + SLEEP) == line + GEN + 1:
-                status = WAKE
-        for q in range(p):
-            if q != rank:
-                left = polls
-                while load_acquire(words, q * LINE_WORDS + GEN) < gen:
-                    left -= 1
-                    if left <= 0:
-                        return status | WAIT
-                    cpu_relax()
+    for q in range(p):
+        if q != rank and load_acquire(words, q * LINE_WORDS + SLEEP) == line + GEN + 1:
+            status = WAKE
+    for q in range(p):
+        if q != rank:
+            left = polls
+            while load_acquire(words, q * LINE_WORDS + GEN) < gen:
+                left -= 1
+                if left <= 0:
+                    return status | WAIT
+                cpu_relax()
+    return status
+
+
+@njit(cache=True, nogil=True)
+def _mismatch(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
+    """0, or MISMATCH times (1 + the first peer that published another signature or seq)."""
+    half = gen & 1
     for q in range(p):
         if q != rank:
             line = q * LINE_WORDS + 2 * half
             if (load_acquire(words, line + SIG0) != sig
                     or load_acquire(words, line + SEQ0) != seq):
-                return status | (q + 1) * MISMATCH
+                return (q + 1) * MISMATCH
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _generation(words, rank, p, gen, sig, seq, polls, resume):  # pragma: no cover - compiled
+    """``_meet`` (unless resuming), then ``_mismatch`` once every peer has arrived: a status
+    with no bit but WAKE set means the collective may read the peers' areas."""
+    status = 0 if resume else _meet(words, rank, p, gen, sig, seq, polls)
+    if status & WAIT:
+        return status
+    return status | _mismatch(words, rank, p, gen, sig, seq)
+
+
+# Each collective below is one generation and returns a status (the constants above).
+# ``words``: the int64 control words. ``areas``: the workspace as rows of its areas, row
+# ``half * (p + 1) + r`` being rank r's input area of that half. With ``resume`` this rank
+# has published and every peer has arrived: only the checks and the copies out are left.
+
+@njit(cache=True, nogil=True)
+def small_all_reduce(buf, words, areas, rank, gen, sig, seq, polls, product, divisor,
+                     resume):  # pragma: no cover - compiled
+    """Everyone publishes ``buf``, then reduces all of them in rank order into it:
+    ``product`` multiplies instead of adding, ``divisor`` > 0 divides the sum (AVERAGE)."""
+    p = areas.shape[0] // 2 - 1
+    first = (gen & 1) * (p + 1)
+    n = buf.size
+    if not resume:
+        own = areas[first + rank]
+        for i in range(n):
+            own[i] = buf[i]
+    status = _generation(words, rank, p, gen, sig, seq, polls, resume)
+    if status & ~WAKE:
+        return status
     a, b = areas[first], areas[first + 1]
     if product:
         for i in range(n):
@@ -128,4 +155,45 @@ def small_all_reduce(buf, words, areas, rank, gen, sig, seq, polls, product, div
     if divisor > 0:
         for i in range(n):
             buf[i] = buf[i] / divisor
+    return status
+
+
+@njit(cache=True, nogil=True)
+def small_broadcast(data, words, areas, rank, root, gen, sig, seq, polls,
+                    resume):  # pragma: no cover - compiled
+    """The root publishes ``data`` (bytes) in the half's first input area; the others copy it."""
+    p = areas.shape[0] // 2 - 1
+    area = areas[(gen & 1) * (p + 1)]
+    n = data.size
+    if not resume and rank == root:
+        for i in range(n):
+            area[i] = data[i]
+    status = _generation(words, rank, p, gen, sig, seq, polls, resume)
+    if status & ~WAKE:
+        return status
+    if rank != root:
+        for i in range(n):
+            data[i] = area[i]
+    return status
+
+
+@njit(cache=True, nogil=True)
+def small_all_gather(src, dst, words, areas, rank, gen, sig, seq, polls,
+                     resume):  # pragma: no cover - compiled
+    """Everyone publishes ``src`` (bytes) in its input area; all copy every area, in rank
+    order, into ``dst``. ``src`` may be this rank's block of ``dst``: it is read first."""
+    p = areas.shape[0] // 2 - 1
+    first = (gen & 1) * (p + 1)
+    n = src.size
+    if not resume:
+        own = areas[first + rank]
+        for i in range(n):
+            own[i] = src[i]
+    status = _generation(words, rank, p, gen, sig, seq, polls, resume)
+    if status & ~WAKE:
+        return status
+    for r in range(p):
+        area = areas[first + r]
+        for i in range(n):
+            dst[r * n + i] = area[i]
     return status
