@@ -126,10 +126,9 @@ def _exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     the direct all-reduce does): its copies at p = 2, without the sums."""
     import numpy as np
     from neural_arch import distributed as dist
-    from neural_arch.distributed.algorithms.shm_generations import workspace_views
     from neural_arch.distributed.process_group import resolve_group
     buf, t = b["buf"], resolve_group(None).transport
-    inputs, _ = workspace_views(t, buf.dtype)
+    inputs, _ = t.native_collectives().views(buf.dtype)
     step = min(STREAM_STEP_BYTES, t.layout.workspace_bytes) // ITEMSIZE
     mine, peer = t.rank, (t.rank + 1) % t.world_size
     rounds = [0]  # over all calls: a call must not start in the half its last round used

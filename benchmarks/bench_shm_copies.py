@@ -42,15 +42,14 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
 
     import numpy as np
     from neural_arch import distributed as dist
-    from neural_arch.distributed.algorithms.shm_generations import workspace_views
     from neural_arch.distributed.process_group import resolve_group
-    from neural_arch.distributed.transports.shm_stores import streaming_copy
+    from neural_arch.distributed.transports.shm.writer import streaming_copy
     transport = resolve_group(None).transport
     rank, p = dist.get_rank(), dist.get_world_size()
     if p != 2:
         raise RuntimeError(f"bench_shm_copies runs on two ranks, got {p}")
     stream = streaming_copy()
-    inputs, results = workspace_views(transport, np.dtype(np.float32))
+    inputs, results = transport.native_collectives().views(np.dtype(np.float32))
     step = ROUND_BYTES // 4
     buf = np.arange(BUFFER_BYTES // 4, dtype=np.float32) + rank
     received = np.empty_like(buf)

@@ -47,12 +47,12 @@ GOAL_US = 8.0  # the 4-byte shm all-reduce at p=2
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     import numpy as np
     from neural_arch import distributed as dist
-    from neural_arch.distributed.algorithms import shm_direct
     from neural_arch.distributed.process_group import resolve_group
     from neural_arch.distributed.reduce_ops import ReduceOp
     from neural_arch.distributed.transports.base import Fingerprint
     rank, p = dist.get_rank(), dist.get_world_size()
     transport = resolve_group(None).transport
+    direct = transport.native_collectives()  # shared memory's own collectives
     x = np.zeros(max(1, job["bytes"] // 4), np.float32)
     for _ in range(job["calls"]):  # warm-up: caches of views and plans are filled
         dist.all_reduce(x)
@@ -60,26 +60,27 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     seq = [0]
 
     def bare_barrier():
-        gen = transport.gen + 1
-        transport.arrive(gen)
-        transport.wait_arrivals(gen, "bench_barrier", None)
+        g = transport.generation
+        gen = g.gen + 1
+        g.arrive(gen)
+        g.wait(gen, "bench_barrier", None)
 
     def algorithm_only():
         seq[0] += 1
-        shm_direct.all_reduce(transport, x, ReduceOp.SUM, fp._replace(seq=seq[0]))
+        direct.all_reduce(x, ReduceOp.SUM, fp._replace(seq=seq[0]))
 
     bcast_fp = Fingerprint("bench_broadcast", 0, "float32", x.size, 0)
 
     def broadcast_algorithm_only():
         seq[0] += 1
-        shm_direct.broadcast(transport, x, 0, bcast_fp._replace(seq=seq[0]))
+        direct.broadcast(x, 0, bcast_fp._replace(seq=seq[0]))
 
     gathered = np.zeros(p * x.size, np.float32)
     gather_fp = Fingerprint("bench_all_gather", 0, "float32", x.size, 0)
 
     def all_gather_algorithm_only():
         seq[0] += 1
-        shm_direct.all_gather(transport, x, gathered, gather_fp._replace(seq=seq[0]))
+        direct.all_gather(x, gathered, gather_fp._replace(seq=seq[0]))
 
     calls = [bare_barrier, algorithm_only, lambda: dist.all_reduce(x),
              lambda: dist.all_reduce(x, algorithm="auto"), broadcast_algorithm_only,

@@ -12,8 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.transports import futex, shm_sync
-from neural_arch.distributed.transports.shm_sync import (PeerWatch, sleep_until_ge,
+from neural_arch.distributed.transports.shm import futex
+from neural_arch.distributed.transports.shm import waiting as shm_sync
+from neural_arch.distributed.transports.shm.waiting import (PeerWatch, sleep_until_ge,
                                                          wake_sleepers)
 
 pytestmark = [pytest.mark.timeout(120),

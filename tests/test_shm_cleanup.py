@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neural_arch.distributed.algorithms import shm_direct
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
@@ -38,7 +37,7 @@ def work_then_leave(rank, p, store, how):
     # the name is unlinked as soon as every rank mapped it; the mapping keeps working
     listed = segment_exists(t.segment_name)
     buf = np.full(1000, rank + 1.0)
-    shm_direct.all_reduce(t, buf, ReduceOp.SUM, Fingerprint("all_reduce", 1, "float64", 1000))
+    t.collectives.all_reduce(buf, ReduceOp.SUM, Fingerprint("all_reduce", 1, "float64", 1000))
     if how == "raise":
         raise RuntimeError("failing on purpose without closing")
     t.close()
@@ -64,7 +63,7 @@ def loop_until_killed(rank, p, store, marker_dir):
     seq = 0
     while True:
         seq += 1
-        shm_direct.all_reduce(t, buf, ReduceOp.MAX, Fingerprint("all_reduce", seq, "float32",
+        t.collectives.all_reduce(buf, ReduceOp.MAX, Fingerprint("all_reduce", seq, "float32",
                                                                 buf.size))
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.algorithms import shm_compiled, shm_direct
+from neural_arch.distributed.transports.shm import compiled as shm_compiled
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
@@ -33,12 +33,9 @@ def compiled(monkeypatch):
 def prepared_kinds(t, collective: str = "all_reduce") -> set:
     """Where the prepared ``collective``s of ``t`` run: 'compiled', 'python' or 'counting'."""
     kinds = set()
-    for key, run in t.direct_views.items():
-        if not isinstance(key, tuple) or len(key) != 3:
-            continue  # the views of one dtype
-        kind = key[0] if isinstance(key[0], str) else "all_reduce"
-        if kind == collective:
-            kinds.add("counting" if run.__qualname__.startswith("tiered.") else
+    for key, run in t.collectives.plans.items():
+        if key[0] == collective:  # plans are keyed (collective, ...)
+            kinds.add("counting" if run.__qualname__.startswith("build.") else
                       "compiled" if run.__module__ == shm_compiled.__name__ else "python")
     return kinds
 
@@ -97,22 +94,22 @@ def mixed_paths(rank, p, store):
                     for round_ in range(3):  # both halves of the workspace, and back
                         g = np.random.default_rng([rank, n, round_, np.dtype(dtype).num])
                         buf = g.uniform(0.5, 1.5, n).astype(dtype)
-                        shm_direct.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
+                        t.collectives.all_reduce(buf, op, calls.fp("all_reduce", buf))
                         digests.append(hashlib.sha256(buf.tobytes()).hexdigest())
             for dtype in (np.int32, np.int64):
                 buf = rank_input(rank, p, n, dtype, ReduceOp.SUM)
-                shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+                t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
                 if not np.array_equal(buf, reference(p, n, dtype, ReduceOp.SUM)):
                     failures.append((n, np.dtype(dtype).name))
             for root in range(p):
                 data = np.arange(n, dtype=np.float16) + root
                 buf = data.copy() if rank == root else np.zeros(n, np.float16)
-                shm_direct.broadcast(t, buf, root, calls.fp("broadcast", buf))
+                t.collectives.broadcast(buf, root, calls.fp("broadcast", buf))
                 if not np.array_equal(buf, data):
                     failures.append((n, "broadcast", root))
             mine = np.arange(n, dtype=np.int64) * (rank + 1)
             out = np.zeros(p * n, np.int64)
-            shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+            t.collectives.all_gather(mine, out, calls.fp("all_gather", mine))
             if not np.array_equal(out, np.concatenate([np.arange(n) * (r + 1) for r in range(p)])):
                 failures.append((n, "all_gather"))
         kinds = [prepared_kinds(t, c) for c in ("all_reduce", "broadcast", "all_gather")]
@@ -143,19 +140,19 @@ def change_over(rank, p, store):
             if i in (0, shm_compiled.HOT_CALLS - 1, shm_compiled.HOT_CALLS + 2):
                 seen.append(prepared_kinds(t))
             buf = np.full(3, i + rank, np.float64)
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
             sums.append(float(buf[0]))
         minmax = np.full(3, float(rank))  # MIN is never compiled
         for _ in range(shm_compiled.HOT_CALLS + 1):
-            shm_direct.all_reduce(t, minmax, ReduceOp.MIN, calls.fp("all_reduce", minmax))
+            t.collectives.all_reduce(minmax, ReduceOp.MIN, calls.fp("all_reduce", minmax))
         seen.append(prepared_kinds(t))
         for i in range(shm_compiled.HOT_CALLS + 1):
             if i == shm_compiled.HOT_CALLS - 1:
                 seen.append(prepared_kinds(t, "broadcast") | prepared_kinds(t, "all_gather"))
             one = np.full(2, float(rank + i))
-            shm_direct.broadcast(t, one, 0, calls.fp("broadcast", one))
+            t.collectives.broadcast(one, 0, calls.fp("broadcast", one))
             both = np.zeros(2 * p)
-            shm_direct.all_gather(t, one, both, calls.fp("all_gather", one))
+            t.collectives.all_gather(one, both, calls.fp("all_gather", one))
             sums.append(float(both.sum()))
         seen.append(prepared_kinds(t, "broadcast") | prepared_kinds(t, "all_gather"))
         return seen, sums
@@ -181,7 +178,7 @@ def stays_python(rank, p, store, env):
     try:
         for _ in range(shm_compiled.HOT_CALLS + 2):
             buf = np.ones(2, np.float32)
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
         return prepared_kinds(t)
     finally:
         t.close()
@@ -210,7 +207,7 @@ def late_peer(rank, p, store):
             if rank == p - 1 and i % 2:
                 time.sleep(0.02 * (i % 4))
             buf = np.full(5, float(rank + i), np.float32)
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
             sums.append(float(buf[0]))
         return sums, prepared_kinds(t)
     finally:
@@ -235,7 +232,7 @@ def mismatched_ops(rank, p, store):
         name = f"all_reduce:{op.name.lower()}"
         for seq in (1, 2):  # the first call passes the header; the second compares signatures
             fp = Fingerprint(name if seq == 2 else "all_reduce", seq, "float32", buf.size)
-            shm_direct.all_reduce(t, buf, op if seq == 2 else ReduceOp.SUM, fp)
+            t.collectives.all_reduce(buf, op if seq == 2 else ReduceOp.SUM, fp)
         return "no error"
     finally:
         t.close()
@@ -265,7 +262,7 @@ def killed_while_compiled(rank, p, store):
             if rank == 1 and i == 30:
                 kill_self()
             buf = np.ones(3, np.float32)
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
         return "no error"
     finally:
         t.close()

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.algorithms import shm_direct
+from neural_arch.distributed.transports.shm import direct
 from neural_arch.distributed.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                             PeerFailureError)
 from neural_arch.distributed.reduce_ops import ReduceOp
@@ -79,7 +79,7 @@ def check_all_reduce_matrix(rank, p, store, workspace_bytes, large):
     try:
         for n, dtype, op in all_reduce_cases(p, large):
             buf = rank_input(rank, p, n, dtype, op)
-            shm_direct.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, op, calls.fp("all_reduce", buf))
             if not np.array_equal(buf, reference(p, n, dtype, op)):
                 failures.append((n, np.dtype(dtype).name, op.name))
         return failures
@@ -123,7 +123,7 @@ def random_floats_identical(rank, p, store, workspace_bytes):
                     if op is ReduceOp.AVERAGE:
                         expected = expected / np.asarray(p, dtype)
                     buf = inputs[rank].copy()
-                    shm_direct.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
+                    t.collectives.all_reduce(buf, op, calls.fp("all_reduce", buf))
                     if not np.array_equal(buf.view(np.uint8), expected.view(np.uint8)):
                         failures.append((n, np.dtype(dtype).name, op.name))
                     digests.append(hashlib.sha256(buf.tobytes()).hexdigest())
@@ -153,7 +153,7 @@ def nan_payloads(rank, p, store):
             buf = np.linspace(-1, 1, n).astype(np.float32)
             bits = buf.view(np.uint32)
             bits[::3] = 0x7FC00000 + rank + 1  # quiet NaNs, a payload per rank
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, Fingerprint("all_reduce", n, "float32",
+            t.collectives.all_reduce(buf, ReduceOp.SUM, Fingerprint("all_reduce", n, "float32",
                                                                     n))
             assert np.isnan(buf[::3]).all()
             digests.append(hashlib.sha256(buf.tobytes()).hexdigest())
@@ -182,13 +182,13 @@ def other_collectives(rank, p, store, workspace_bytes):
                 for root in range(p):
                     data = (np.arange(n) * (root + 3) % 1000).astype(dtype)
                     buf = data.copy() if rank == root else np.full(n, -1, dtype)
-                    shm_direct.broadcast(t, buf, root, calls.fp("broadcast", buf))
+                    t.collectives.broadcast(buf, root, calls.fp("broadcast", buf))
                     if not np.array_equal(buf, data):
                         failures.append(("broadcast", n, root))
                 # all-gather in rank order
                 mine = (np.arange(n) % 97 + 100 * rank).astype(dtype)
                 out = np.full(p * n, -1, dtype)
-                shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+                t.collectives.all_gather(mine, out, calls.fp("all_gather", mine))
                 gathered = np.concatenate([(np.arange(n) % 97 + 100 * r).astype(dtype)
                                            for r in range(p)])
                 if not np.array_equal(out, gathered):
@@ -196,7 +196,7 @@ def other_collectives(rank, p, store, workspace_bytes):
                 # in place: this rank's block of the output is the input
                 out = np.full(p * n, -1, dtype)
                 out[rank * n:(rank + 1) * n] = mine
-                shm_direct.all_gather(t, out[rank * n:(rank + 1) * n], out,
+                t.collectives.all_gather(out[rank * n:(rank + 1) * n], out,
                                       calls.fp("all_gather", mine))
                 if not np.array_equal(out, gathered):
                     failures.append(("all_gather in place", n))
@@ -205,18 +205,18 @@ def other_collectives(rank, p, store, workspace_bytes):
                     send = rank_input(rank, p, p * n, dtype, op)
                     full = reference(p, p * n, dtype, op)
                     recv = np.full(n, -1, dtype)
-                    shm_direct.reduce_scatter(t, send, recv, op, calls.fp("reduce_scatter", send))
+                    t.collectives.reduce_scatter(send, recv, op, calls.fp("reduce_scatter", send))
                     if not np.array_equal(recv, full[rank * n:(rank + 1) * n]):
                         failures.append(("reduce_scatter", n, op.name))
                     inplace = send.copy()
                     view = inplace[rank * n:(rank + 1) * n]
-                    shm_direct.reduce_scatter(t, inplace, view, op,
+                    t.collectives.reduce_scatter(inplace, view, op,
                                               calls.fp("reduce_scatter", inplace))
                     if not np.array_equal(view, full[rank * n:(rank + 1) * n]):
                         failures.append(("reduce_scatter in place", n, op.name))
             avg_send = rank_input(rank, p, p * n, np.float64, ReduceOp.AVERAGE)
             avg_recv = np.empty(n)
-            shm_direct.reduce_scatter(t, avg_send, avg_recv, ReduceOp.AVERAGE,
+            t.collectives.reduce_scatter(avg_send, avg_recv, ReduceOp.AVERAGE,
                                       calls.fp("reduce_scatter", avg_send))
             avg_full = reference(p, p * n, np.float64, ReduceOp.AVERAGE)
             if not np.array_equal(avg_recv, avg_full[rank * n:(rank + 1) * n]):
@@ -243,7 +243,7 @@ def barrier_orders(rank, p, store, marker_dir):
             if rank == round_no % p:
                 time.sleep(0.05)  # the late rank: nobody may pass the barrier before it
             open(os.path.join(marker_dir, f"{round_no}.{rank}"), "w").close()
-            shm_direct.barrier(t, Fingerprint("barrier", round_no, "", 0))
+            t.collectives.barrier(Fingerprint("barrier", round_no, "", 0))
             seen.append(sum(os.path.exists(os.path.join(marker_dir, f"{round_no}.{r}"))
                             for r in range(p)))
         return seen
@@ -266,10 +266,10 @@ def mismatched(rank, p, store, kind):
     try:
         buf = np.ones(4 if rank == 0 or kind != "count" else 5, np.float32)
         if kind == "op" and rank == 1:
-            shm_direct.broadcast(t, buf, 0, Fingerprint("broadcast", 1, "float32", 4))
+            t.collectives.broadcast(buf, 0, Fingerprint("broadcast", 1, "float32", 4))
         else:
             seq = 2 if kind == "seq" and rank == p - 1 else 1
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM,
+            t.collectives.all_reduce(buf, ReduceOp.SUM,
                                   Fingerprint("all_reduce", seq, "float32", buf.size))
         return "no error"
     finally:
@@ -303,13 +303,13 @@ def reuse_then_disagree(rank, p, store):
         for name in ("all_reduce:sum", "ddp_bucket", "all_reduce:sum"):
             for _ in range(3):
                 buf[...] = rank + 1
-                shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp(name, buf))
+                t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp(name, buf))
                 assert buf.tolist() == [p * (p + 1) / 2] * 4, (name, buf)
                 other = np.full(8, 7.0 if rank == 0 else 0.0)
-                shm_direct.broadcast(t, other, 0, calls.fp("broadcast", other))
+                t.collectives.broadcast(other, 0, calls.fp("broadcast", other))
                 assert other.tolist() == [7.0] * 8
         name = "all_reduce:sum" if rank == 0 else "all_reduce:max"
-        shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp(name, buf))
+        t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp(name, buf))
         return "no error"
     finally:
         t.close()
@@ -325,11 +325,11 @@ def reuse_broadcast_then_disagree(rank, p, store):
         for _ in range(3):
             for root in range(p):
                 buf[...] = 10 * root + rank
-                shm_direct.broadcast(t, buf, root, calls.fp(f"broadcast:{root}", buf))
+                t.collectives.broadcast(buf, root, calls.fp(f"broadcast:{root}", buf))
                 assert buf.tolist() == [10 * root + root] * 5, (root, buf)
-                shm_direct.all_reduce(t, counts, ReduceOp.SUM, calls.fp("all_reduce", counts))
+                t.collectives.all_reduce(counts, ReduceOp.SUM, calls.fp("all_reduce", counts))
         root = 0 if rank == 0 else 1
-        shm_direct.broadcast(t, buf, root, calls.fp(f"broadcast:{root}", buf))
+        t.collectives.broadcast(buf, root, calls.fp(f"broadcast:{root}", buf))
         return "no error"
     finally:
         t.close()
@@ -345,15 +345,15 @@ def reuse_all_gather_then_disagree(rank, p, store):
             for n in (1, 5):
                 mine = np.arange(n, dtype=np.int32) + 100 * rank
                 out = np.empty(p * n, np.int32)
-                shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+                t.collectives.all_gather(mine, out, calls.fp("all_gather", mine))
                 expected = np.concatenate([np.arange(n) + 100 * r for r in range(p)])
                 assert out.tolist() == expected.tolist(), (n, out)
                 flag = np.full(2, rank, np.float64)
-                shm_direct.broadcast(t, flag, p - 1, calls.fp("broadcast", flag))
+                t.collectives.broadcast(flag, p - 1, calls.fp("broadcast", flag))
                 assert flag.tolist() == [p - 1.0] * 2
         mine = np.zeros(7 if rank == 0 else 6, np.int32)
         out = np.empty(p * mine.size, np.int32)
-        shm_direct.all_gather(t, mine, out, calls.fp("all_gather", mine))
+        t.collectives.all_gather(mine, out, calls.fp("all_gather", mine))
         return "no error"
     finally:
         t.close()
@@ -377,7 +377,7 @@ def lonely_barrier(rank, p, store):
     t.timeout = 0.5  # after the rendezvous, which may be slow on a loaded machine
     try:
         if rank == 0:
-            shm_direct.barrier(t, Fingerprint("barrier", 7, "", 0))
+            t.collectives.barrier(Fingerprint("barrier", 7, "", 0))
             return "passed"
         time.sleep(3.0)  # alive but never arrives
         return "slept"
@@ -400,11 +400,11 @@ def killed_mid_job(rank, p, store):
     try:
         buf = np.ones(1000, np.float32)
         for _ in range(3):
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, ReduceOp.SUM, calls.fp("all_reduce", buf))
         if rank == 1:
             kill_self()
         big = np.ones(300_000, np.float32)
-        shm_direct.all_reduce(t, big, ReduceOp.SUM, calls.fp("all_reduce", big))
+        t.collectives.all_reduce(big, ReduceOp.SUM, calls.fp("all_reduce", big))
         return "no error"
     finally:
         t.close()
@@ -425,14 +425,14 @@ def validation_errors(rank, p, store):
     found = []
     fp = Fingerprint("x", 1, "float32", 4)
     cases = [
-        lambda: shm_direct.all_reduce(t, [1.0, 2.0], ReduceOp.SUM, fp),
-        lambda: shm_direct.all_reduce(t, np.ones((2, 2), np.float32), ReduceOp.SUM, fp),
-        lambda: shm_direct.all_reduce(t, np.ones(8, np.float32)[::2], ReduceOp.SUM, fp),
-        lambda: shm_direct.all_reduce(t, np.ones(4, np.int32), ReduceOp.AVERAGE, fp),
-        lambda: shm_direct.all_reduce(t, np.ones(4, np.uint8), ReduceOp.SUM, fp),
-        lambda: shm_direct.broadcast(t, np.ones(4, np.float32), p, fp),
-        lambda: shm_direct.all_gather(t, np.ones(4, np.float32), np.ones(5, np.float32), fp),
-        lambda: shm_direct.reduce_scatter(t, np.ones(5, np.float32), np.ones(2, np.float32),
+        lambda: t.collectives.all_reduce([1.0, 2.0], ReduceOp.SUM, fp),
+        lambda: t.collectives.all_reduce(np.ones((2, 2), np.float32), ReduceOp.SUM, fp),
+        lambda: t.collectives.all_reduce(np.ones(8, np.float32)[::2], ReduceOp.SUM, fp),
+        lambda: t.collectives.all_reduce(np.ones(4, np.int32), ReduceOp.AVERAGE, fp),
+        lambda: t.collectives.all_reduce(np.ones(4, np.uint8), ReduceOp.SUM, fp),
+        lambda: t.collectives.broadcast(np.ones(4, np.float32), p, fp),
+        lambda: t.collectives.all_gather(np.ones(4, np.float32), np.ones(5, np.float32), fp),
+        lambda: t.collectives.reduce_scatter(np.ones(5, np.float32), np.ones(2, np.float32),
                                           ReduceOp.SUM, fp),
     ]
     try:
@@ -442,7 +442,7 @@ def validation_errors(rank, p, store):
                 found.append("no error")
             except (TypeError, ValueError) as e:
                 found.append(f"{type(e).__name__}: {e}")
-        return found, shm_direct.supports_direct(t)
+        return found, (t.native_collectives() is t.collectives)
     finally:
         t.close()
 
@@ -458,17 +458,16 @@ def test_bad_arguments_raise_before_any_communication(tmp_path):
             "ValueError", "ValueError"], found
         assert "(2, 2)" in found[1] and "int32" in found[3] and "uint8" in found[4]
         assert "2" in found[5] and "5" in found[6]
-    assert shm_direct.supports_direct(object()) is False
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
 def test_slices_partition_every_round(p):
     for itemsize in (2, 4, 8):
         for m in (0, 1, p - 1, p, 17, 1000, 262_144 // itemsize):
-            parts = [shm_direct._slice(m, p, r, itemsize) for r in range(p)]
+            parts = [direct._slice(m, p, r, itemsize) for r in range(p)]
             covered = np.zeros(m, np.int64)
             for lo, hi in parts:
                 assert 0 <= lo <= hi <= m
                 covered[lo:hi] += 1
-                assert lo * itemsize % shm_direct.ALIGN_BYTES == 0 or lo == m
+                assert lo * itemsize % direct.ALIGN_BYTES == 0 or lo == m
             assert np.all(covered == 1), (p, itemsize, m, parts)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from neural_arch.backends import numba_backend
-from neural_arch.distributed.algorithms import shm_direct
 from neural_arch.distributed.reduce_ops import ReduceOp
-from neural_arch.distributed.transports import shm, shm_stores
+from neural_arch.distributed.transports import shm
+from neural_arch.distributed.transports.shm import writer as shm_stores
 from neural_arch.distributed.transports.base import Fingerprint
-from neural_arch.distributed.transports.shm_stores import (EXPLORE_EVERY, MIN_TIMED_BYTES,
+from neural_arch.distributed.transports.shm.writer import (EXPLORE_EVERY, MIN_TIMED_BYTES,
                                                            SLOW_STREAK, AreaWriter)
 from shm_testing import run_ranks, shm_names_of
 
@@ -27,7 +27,7 @@ MIB = 1 << 20
 @pytest.mark.parametrize("nbytes", [0, 1, 31, 32, 33, 63, 64, 65, 1000, 4096 + 7, MIB + 3])
 @pytest.mark.parametrize("dst_offset,src_offset", [(0, 0), (1, 0), (0, 3), (17, 5), (32, 31)])
 def test_stream_copy_copies_every_byte(nbytes, dst_offset, src_offset):
-    from neural_arch.backends.numba_stream import stream_copy
+    from neural_arch.distributed.transports.shm.stream import stream_copy
     rng = np.random.default_rng(nbytes)
     source = rng.integers(0, 256, nbytes + 64, dtype=np.uint8)
     target = np.zeros(nbytes + 128, np.uint8)
@@ -41,7 +41,7 @@ def test_stream_copy_copies_every_byte(nbytes, dst_offset, src_offset):
 @needs_numba
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64])
 def test_stream_copy_keeps_values_of_every_dtype(dtype):
-    from neural_arch.backends.numba_stream import stream_copy
+    from neural_arch.distributed.transports.shm.stream import stream_copy
     source = (np.arange(100_003) % 251 - 125).astype(dtype)
     target = np.empty_like(source)
     stream_copy(target, source)
@@ -50,7 +50,7 @@ def test_stream_copy_keeps_values_of_every_dtype(dtype):
 
 @needs_numba
 def test_stream_copy_rejects_mismatched_arrays():
-    from neural_arch.backends.numba_stream import stream_copy
+    from neural_arch.distributed.transports.shm.stream import stream_copy
     with pytest.raises(ValueError, match="float32.*float64"):
         stream_copy(np.empty(4, np.float32), np.empty(4, np.float64))
     with pytest.raises(ValueError, match=r"\[4\].*\[5\]"):
@@ -167,7 +167,7 @@ def test_without_numba_slow_copies_stay_plain(monkeypatch):
 
 @needs_numba
 def test_a_kernel_that_cannot_be_built_leaves_copies_plain(monkeypatch):
-    import neural_arch.backends.numba_stream as numba_stream
+    import neural_arch.distributed.transports.shm.stream as numba_stream
 
     def broken(dst, src):
         raise RuntimeError("no vector stores here")
@@ -200,7 +200,7 @@ def streamed_collectives(rank, p, store):
     """Run each direct collective with sizes that take several streamed rounds; return the
     failures, how many copies streamed, and digests of the float results."""
     t = shm.create(rank, p, store, 60.0)
-    writer = t.area_writer = AreaWriter("stream")
+    writer = t.collectives.writer = AreaWriter("stream")
     counted = {"calls": 0}
     stream = writer.stream
 
@@ -219,7 +219,7 @@ def streamed_collectives(rank, p, store):
             i = np.arange(n)
             # all-reduce: integers, exact in every dtype
             buf = ((rank + 1) * (i % 7 - 3)).astype(dtype)
-            shm_direct.all_reduce(t, buf, ReduceOp.SUM, fp("all_reduce", buf))
+            t.collectives.all_reduce(buf, ReduceOp.SUM, fp("all_reduce", buf))
             if not np.array_equal(buf, (p * (p + 1) // 2 * (i % 7 - 3)).astype(dtype)):
                 failures.append(("all_reduce", n))
             # all-reduce of random floats: the rank-order sum, the same bits everywhere
@@ -230,26 +230,26 @@ def streamed_collectives(rank, p, store):
                 for other in inputs[1:]:
                     np.add(expected, other, out=expected)
                 buf = inputs[rank].copy()
-                shm_direct.all_reduce(t, buf, ReduceOp.SUM, fp("all_reduce", buf))
+                t.collectives.all_reduce(buf, ReduceOp.SUM, fp("all_reduce", buf))
                 if not np.array_equal(buf.view(np.uint8), expected.view(np.uint8)):
                     failures.append(("all_reduce floats", n))
                 digests.append(hashlib.sha256(buf.tobytes()).hexdigest())
             for root in range(p):
                 data = (i * (root + 3) % 1000).astype(dtype)
                 buf = data.copy() if rank == root else np.full(n, -1, dtype)
-                shm_direct.broadcast(t, buf, root, fp("broadcast", buf))
+                t.collectives.broadcast(buf, root, fp("broadcast", buf))
                 if not np.array_equal(buf, data):
                     failures.append(("broadcast", n, root))
             mine = (i % 97 + 100 * rank).astype(dtype)
             out = np.full(p * n, -1, dtype)
-            shm_direct.all_gather(t, mine, out, fp("all_gather", mine))
+            t.collectives.all_gather(mine, out, fp("all_gather", mine))
             if not np.array_equal(out, np.concatenate([(i % 97 + 100 * r).astype(dtype)
                                                        for r in range(p)])):
                 failures.append(("all_gather", n))
             send = np.concatenate([((r + 1) * (rank + 1) * (i % 5)).astype(dtype)
                                    for r in range(p)])
             recv = np.full(n, -1, dtype)
-            shm_direct.reduce_scatter(t, send, recv, ReduceOp.SUM, fp("reduce_scatter", send))
+            t.collectives.reduce_scatter(send, recv, ReduceOp.SUM, fp("reduce_scatter", send))
             if not np.array_equal(recv, ((rank + 1) * p * (p + 1) // 2 * (i % 5)).astype(dtype)):
                 failures.append(("reduce_scatter", n))
         return failures, counted["calls"], digests

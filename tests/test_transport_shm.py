@@ -13,7 +13,8 @@ from neural_arch.distributed.errors import (CollectiveMismatchError, CollectiveT
                                             DistributedError, PeerFailureError)
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
-from neural_arch.distributed.transports.shm_sync import ShmLayout, pid_alive
+from neural_arch.distributed.transports.shm.layout import ShmLayout
+from neural_arch.distributed.transports.shm.waiting import pid_alive
 from shm_testing import kill_self, run_ranks, shm_names_of
 
 pytestmark = pytest.mark.timeout(180)

@@ -13,7 +13,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import object_collectives
-from .algorithms.shm_direct import supports_direct
 from .process_group import ProcessGroup, resolve_group
 from .shm_buckets import SharedBucketArena, SharedBucketsUnavailable, Spec
 
@@ -33,7 +32,7 @@ def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
     if gradient_compression:
         return "gradient_compression=True all-reduces float16 copies, not the buckets"
     t = pg.transport
-    if not supports_direct(t) or t.world_size != pg.size:
+    if t is None or t.name != "shm" or t.native_collectives() is None or t.world_size != pg.size:
         return (f"the group (ranks {list(pg.ranks)}, backend {pg.backend!r}) is not the whole "
                 "world of an shm transport")
     for n, dt in specs:

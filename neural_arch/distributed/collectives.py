@@ -4,6 +4,14 @@ Each call validates its arguments on the calling thread (errors name the offendi
 takes the group's next sequence number, and runs the chosen algorithm on flat contiguous
 buffers, now or, with ``async_op=True``, on the group's queue. Tensors are changed in place and
 returned. ``src``/``dst`` are global ranks, as in PyTorch.
+
+A synchronous all-reduce, broadcast or all-gather of a NumPy array on the default group, with
+no profiler attached, first asks for the plan its transport prepared for that shape
+(``process_group.planned``; shared memory makes one per small vector): once an earlier call
+made it, the plan runs straight away, with the fingerprint the general path would build and
+after any queued async work. On a 4-byte vector the checks and layers of the general path
+cost about as much as the collective itself. Every other call, and every one with arguments
+the general path must check, goes the general way.
 """
 from __future__ import annotations
 
@@ -11,10 +19,21 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms, short_paths
+from . import algorithms, process_group, profiler
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .process_group import ProcessGroup, resolve_group
-from .reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
+from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op, finish_average
+
+_ALL_REDUCE_NAMES = {op: f"all_reduce:{code}" for op, code in OP_CODE.items()}
+
+
+def _plan(key: tuple) -> Optional[tuple]:
+    """(default group, plan) that runs ``key`` now, or None (then the general path runs)."""
+    planned = process_group.planned()
+    if planned is None or profiler.current_tracer() is not None:
+        return None
+    run = planned[1].get(key)
+    return None if run is None else (planned[0], run)
 
 
 def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
@@ -56,10 +75,15 @@ def _no_list_off_root(items: Any, what: str, pg: ProcessGroup, root_arg: str, ro
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
                async_op: bool = False, algorithm: Optional[str] = None):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
-    if type(tensor) is np.ndarray and group is None and not async_op and algorithm is None:
-        done = short_paths.all_reduce(tensor, op)
-        if done is not None:
-            return done
+    if (type(tensor) is np.ndarray and type(op) is ReduceOp and group is None and not async_op
+            and algorithm is None and algorithms.environment_choice() is None):
+        found = _plan(("all_reduce", tensor.dtype, tensor.size, op))
+        flags = tensor.flags
+        if found is not None and flags.c_contiguous and flags.writeable:
+            pg, run = found
+            fp = pg.fingerprint(_ALL_REDUCE_NAMES[op], tensor.dtype, tensor.size)
+            pg.run_now(run, "all_reduce", fp.seq, tensor.reshape(-1), fp)
+            return tensor
     pg = _group(group, "all_reduce")
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
@@ -77,10 +101,15 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
 def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
               async_op: bool = False, algorithm: Optional[str] = None):
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank; returns ``tensor``."""
-    if type(tensor) is np.ndarray and group is None and not async_op and algorithm is None:
-        done = short_paths.broadcast(tensor, src)
-        if done is not None:
-            return done
+    if (type(tensor) is np.ndarray and type(src) is int and group is None and not async_op
+            and algorithm is None and tensor.dtype.type in SUPPORTED_DTYPES):
+        found = _plan(("broadcast", tensor.nbytes, src))
+        flags = tensor.flags
+        if found is not None and flags.c_contiguous and (flags.writeable or found[0].rank == src):
+            pg, run = found
+            fp = pg.fingerprint(f"broadcast:{src}", tensor.dtype, tensor.size)
+            pg.run_now(run, "broadcast", fp.seq, tensor.reshape(-1).view(np.uint8), fp)
+            return tensor
     pg = _group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
     arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)
@@ -151,9 +180,15 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
     """``output_tensor`` (group size x input elements) gets every rank's input in rank order."""
     if (type(output_tensor) is np.ndarray and type(input_tensor) is np.ndarray and group is None
             and not async_op and algorithm is None):
-        done = short_paths.all_gather_into_tensor(output_tensor, input_tensor)
-        if done is not None:
-            return done
+        out, src = output_tensor, input_tensor
+        found = _plan(("all_gather", src.dtype, src.size))
+        if (found is not None and out.dtype == src.dtype and out.size == found[0].size * src.size
+                and src.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
+            pg, run = found
+            fp = pg.fingerprint("all_gather", src.dtype, src.size)
+            pg.run_now(run, "all_gather_into_tensor", fp.seq, src.reshape(-1), out.reshape(-1),
+                       fp)
+            return out
     pg = _group(group, "all_gather_into_tensor")
     src = checked_array(input_tensor, "all_gather_into_tensor input")
     out = checked_array(output_tensor, "all_gather_into_tensor output", writable=True)

@@ -32,6 +32,12 @@ class _World:
         self.default = ProcessGroup(0, range(info.world_size), info.rank, transport, self.queue,
                                     backend, timeout, trusted)
         self.groups = [self.default]
+        # The small-collective plans of the transport's own collectives, when those serve the
+        # default group (see ``planned``).
+        native = transport.native_collectives() if transport is not None else None
+        self.planned = None
+        if native is not None and native.preferred and getattr(native, "plans", None) is not None:
+            self.planned = (self.default, native.plans)
 
 
 _WORLD: Optional[_World] = None
@@ -132,6 +138,16 @@ def world() -> _World:
         raise RuntimeError("the default process group is not initialized; call "
                            "init_process_group() first")
     return _WORLD
+
+
+def planned() -> Optional[tuple]:
+    """(the default group, the plans of its transport's collectives), or None when calls on the
+    default group have no plans to run (not initialised, one rank, a transport without them).
+    The plans map ``("all_reduce", dtype, n, op)``, ``("broadcast", nbytes, root)`` and
+    ``("all_gather", dtype, n)`` to a callable made once that shape was first run; the public
+    collectives call it directly for NumPy arrays (see ``collectives``)."""
+    w = _WORLD
+    return None if w is None else w.planned
 
 
 def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:

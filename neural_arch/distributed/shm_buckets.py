@@ -17,8 +17,9 @@ has announced (``release``) that it finished unpacking the previous sync, since 
 reads the other ranks' copies. That wait almost never blocks (peers released before their
 forward pass), and it keeps the segment at the size of the private buckets it replaces.
 
-The arena's barrier has its own counters (one 128-byte line per rank), apart from the
-transport's generations, so it composes with the direct collectives queued around it.
+The arena runs the shared-memory barrier (``transports.shm.Generation``) on control lines of
+its own segment, apart from the transport's, so it composes with the direct collectives queued
+around it.
 Every wait is bounded by the group's timeout and watches the peers' liveness. Memory ordering
 is that of ``transports.shm``: data is written before the counter that publishes it, and read
 after the counter was seen (enough on x86-64).
@@ -39,16 +40,15 @@ from .buffers import copy_from_host
 from .errors import CollectiveMismatchError, DistributedError
 from .process_group import ProcessGroup
 from .reduce_ops import averager
-from .transports.shm import attach_segment, create_segment, unlink_segment
-from .transports.shm_sync import LINE_WORDS, PAGE, sleep_until_ge, wait_ge, wake_sleepers
+from .transports.shm import Generation, attach_segment, create_segment, unlink_segment
+from .transports.shm.layout import LINE_WORDS, PAGE, SPARE
+from .transports.shm.waiting import wait_ge
 
 Spec = Tuple[int, np.dtype]  # (elements, dtype) of one bucket
 
 OP = "shared_bucket_all_reduce"
 ACQUIRE_OP = "shared_bucket_acquire"
-# Words of a rank's control line: barrier generation, syncs whose results it finished
-# reading, and the signature and sequence number of its barrier at each generation parity.
-ARRIVED, RELEASED, SIG0, SEQ0, SLEEP = 0, 1, 2, 3, 6  # SIG0/SEQ0 + 2: the odd-parity slots
+RELEASED = SPARE  # the word of a rank's control line counting syncs it finished reading
 ALIGN_BYTES = 64            # slice boundaries fall on cache lines
 CHUNK_BYTES = 256 << 10     # partial sums stay in cache while the next rank's slice is added
 _FINISH = "end of a sync"
@@ -100,8 +100,7 @@ class SharedBucketArena:
         layout = _Layout(p, specs)
         self._ctrl = memoryview(mm)[:layout.ctrl_bytes].cast("q")
         raw = np.frombuffer(mm, np.uint8)
-        self._base_address = raw.ctypes.data
-        self._peer_sleep_words = [q * LINE_WORDS + SLEEP for q in self._peers]
+        self._generation = Generation(self._ctrl, raw.ctypes.data, rank, p, self._t)
         self._views = [[raw[layout.bucket(q, i):layout.bucket(q, i) + n * np.dtype(dt).itemsize]
                         .view(dt) for i, (n, dt) in enumerate(specs)] for q in range(p)]
         self.flats = self._views[rank]  # this rank's buckets: DDP packs gradients into them
@@ -111,7 +110,6 @@ class SharedBucketArena:
         self._finish_sig = self._signature(_FINISH)
         self._labels = dict(zip(self._sigs + [self._finish_sig], labels + [_FINISH]))
         self._scratch: dict = {}
-        self._gen = 0        # last barrier generation this rank arrived at
         self._released = 0   # syncs whose results this rank finished reading
         self._acquired = False
 
@@ -211,31 +209,20 @@ class SharedBucketArena:
             scale(acc, factor, out=mine[a:b])
 
     def _barrier(self, sig: int, seq: int, what: str) -> None:
-        self._gen += 1
-        gen, ctrl, line = self._gen, self._ctrl, self._rank * LINE_WORDS
-        # Two signature slots by parity: a peer reaches generation gen + 2, and rewrites the
-        # slot read here, only after this rank has arrived at gen + 1, i.e. finished checking.
-        slot = 2 * (gen & 1)
-        ctrl[line + SIG0 + slot] = sig
-        ctrl[line + SEQ0 + slot] = seq
-        ctrl[line + ARRIVED] = gen  # last: peers read the signature once they see the arrival
-        wake_sleepers(ctrl, line + ARRIVED, self._peer_sleep_words, self._base_address)
-        watch, timeout = self._t.watch, self._t.timeout
-        for peer in self._peers:
-            word = peer * LINE_WORDS
-            if ctrl[word + ARRIVED] < gen:
-                sleep_until_ge(ctrl, word + ARRIVED, gen, peer, watch, timeout, OP, seq, what,
-                               line + SLEEP, self._base_address)
-            if ctrl[word + SIG0 + slot] != sig or ctrl[word + SEQ0 + slot] != seq:
-                theirs = self._labels.get(ctrl[word + SIG0 + slot], "an unknown bucket layout")
-                raise CollectiveMismatchError(
-                    f"expected {self._labels[sig]} at #{seq} but peer rank {peer} is at {theirs} "
-                    f"#{ctrl[word + SEQ0 + slot]}: ranks are out of step (they issued different "
-                    "collectives before this one)",
-                    rank=self._rank, peer=peer, op=OP, seq=seq)
+        g = self._generation
+        gen = g.gen + 1
+        g.publish(gen, sig, seq)
+        peer = g.meet(gen, sig, seq, OP, what)
+        if peer >= 0:
+            their_sig, their_seq = g.published(peer, gen)
+            theirs = self._labels.get(their_sig, "an unknown bucket layout")
+            raise CollectiveMismatchError(
+                f"expected {self._labels[sig]} at #{seq} but peer rank {peer} is at {theirs} "
+                f"#{their_seq}: ranks are out of step (they issued different collectives before "
+                "this one)", rank=self._rank, peer=peer, op=OP, seq=seq)
 
     def _check_open(self, op: str, seq: int) -> None:
-        if self._t._closed:
+        if self._t.closed:
             raise DistributedError("the shared-memory transport is closed; shared buckets can no "
                                    "longer be synchronised", rank=self._rank, op=op, seq=seq)
 

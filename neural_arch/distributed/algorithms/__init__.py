@@ -1,25 +1,26 @@
 """Choosing the algorithm that runs a collective.
 
-``all_reduce`` picks, unless told otherwise: the direct shared-memory algorithm when the group
-is the whole world of an shm transport; recursive doubling below ``SMALL_MESSAGE_BYTES``; the
-ring above. ``algorithm=`` (per call) or the ``NEURAL_ARCH_ALLREDUCE_ALGO`` environment variable
-forces one of ``ALGORITHMS["all_reduce"]``; ``"native"`` runs the transport's own collective
-(MPI's ``Allreduce``). A name that cannot run on the transport raises ValueError when passed per
+A collective runs the transport's own (``native_collectives()``) when the transport prefers it
+(shared memory's direct collectives through its workspace, named ``shm_direct``); otherwise
+``all_reduce`` takes recursive doubling below ``SMALL_MESSAGE_BYTES`` and the ring above,
+``broadcast`` a tree, and so on. ``algorithm=`` (per call) or the
+``NEURAL_ARCH_ALLREDUCE_ALGO`` environment variable forces one of ``ALGORITHMS["all_reduce"]``;
+``"native"`` runs the transport's own collective whatever it is (MPI's ``Allreduce``), and
+``"shm_direct"`` only where that is the shared-memory one. A name that cannot run on the transport raises ValueError when passed per
 call; from the environment it falls back to the automatic choice, so one exported setting does
 not break every backend that lacks it. The variable is read when the package is imported and
 again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
 variable costs about as much as a whole small shared-memory all-reduce.
 
-``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: the direct shared-memory
-algorithms divide each round while it is still in cache, and the others sum, the mean being
-taken after in one more pass over the result. ``reduce`` takes a sum, never an average: its
+``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
+is (the shared-memory ones divide each round while it is still in cache), and the others sum,
+the mean being taken after in one more pass over the result. ``reduce`` takes a sum, never an average: its
 caller turns AVERAGE into SUM and divides after.
 """
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -52,28 +53,10 @@ def read_environment() -> None:
 
 read_environment()
 
-_UNLOADED = object()
-_direct_module = _UNLOADED
 
-
-def _shm_direct():
-    """The direct shm module, or None when it is not part of the installation."""
-    global _direct_module
-    if _direct_module is _UNLOADED:
-        name = f"{__name__}.shm_direct"
-        try:
-            _direct_module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            _direct_module = None
-    return _direct_module
-
-
-def _direct_ok(t: Transport) -> bool:
-    module = _shm_direct()
-    return module is not None and bool(module.supports_direct(t))
-
+def environment_choice() -> Optional[str]:
+    """The all-reduce algorithm ``NEURAL_ARCH_ALLREDUCE_ALGO`` named when last read, or None."""
+    return _env_all_reduce
 
 def normalize(collective: str, algorithm: str) -> str:
     """Canonical algorithm name; ValueError listing the choices for an unknown one."""
@@ -87,12 +70,16 @@ def normalize(collective: str, algorithm: str) -> str:
     return name
 
 
+_NATIVE = ("native", "shm_direct")  # names that run the transport's own collectives
+
+
 def _runnable(name: str, t: Transport) -> Optional[str]:
     """Why ``name`` cannot run on ``t``, or None when it can."""
-    if name == "shm_direct" and not _direct_ok(t):
+    native = t.native_collectives() if name in _NATIVE else None
+    if name == "shm_direct" and (native is None or native.name != "shm_direct"):
         return (f"shm_direct needs the whole world of an shm transport; this group runs on "
                 f"{type(t).__name__} ({t.name})")
-    if name == "native" and t.native_collectives() is None:
+    if name == "native" and native is None:
         return f"the {t.name} transport of this group offers no native collectives"
     return None
 
@@ -111,16 +98,14 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
             return name
         if explicit:
             raise ValueError(f"{collective} algorithm {name!r} cannot run here: {reason}")
-    if t.world_size > 1 and _direct_ok(t):
-        return "shm_direct"
+    if t.world_size > 1:
+        native = t.native_collectives()
+        if native is not None and native.preferred:
+            return native.name
     if collective == "all_reduce":
         return "recursive_doubling" if nbytes < SMALL_MESSAGE_BYTES else "ring"
     return {"broadcast": "tree", "all_gather": "ring", "reduce_scatter": "ring",
             "barrier": "dissemination"}[collective]
-
-
-def _native(t: Transport):
-    return t.native_collectives()
 
 
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
@@ -128,69 +113,47 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     """In-place all-reduce of a 1-D contiguous buffer (AVERAGE included); returns the
     algorithm used."""
     name = select("all_reduce", t, buf.nbytes, algorithm)
-    if name == "shm_direct":
-        _shm_direct().all_reduce(t, buf, op, fp)
+    if name in _NATIVE:
+        t.native_collectives().all_reduce(buf, op, fp)
         return name
     summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
     if name == "ring":
         ring.all_reduce(t, buf, summed, fp)
-    elif name == "recursive_doubling":
-        recursive_doubling.all_reduce(t, buf, summed, fp)
     else:
-        _native(t).all_reduce(buf, summed)
+        recursive_doubling.all_reduce(t, buf, summed, fp)
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(buf, t.world_size)
     return name
 
 
-def prepared_all_reduce(t: Transport, dtype: np.dtype, n: int,
-                        op: ReduceOp) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
-    """What ``all_reduce(t, buf, op, fp)`` with no algorithm named runs for a 1-D, contiguous,
-    writable ``buf`` of ``n`` elements of ``dtype``, as one call ``(buf, fp)``, once an earlier
-    call of that shape has prepared it; otherwise None (call ``all_reduce``). Small vectors on
-    shared memory are prepared (``shm_direct``); the environment's algorithm choice turns this
-    off, since it may name another algorithm."""
-    views = getattr(t, "direct_views", None)
-    if views is None or _env_all_reduce is not None:
-        return None
-    return views.get((dtype, n, op))
-
-
 def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
               algorithm: Optional[str] = None) -> str:
     name = select("broadcast", t, buf.nbytes, algorithm)
-    if name == "tree":
-        tree.broadcast(t, buf, root, fp)
-    elif name == "shm_direct":
-        _shm_direct().broadcast(t, buf, root, fp)
+    if name in _NATIVE:
+        t.native_collectives().broadcast(buf, root, fp)
     else:
-        _native(t).broadcast(buf, root)
+        tree.broadcast(t, buf, root, fp)
     return name
 
 
 def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint,
                algorithm: Optional[str] = None) -> str:
     name = select("all_gather", t, recvbuf.nbytes, algorithm)
-    if name == "ring":
-        ring.all_gather(t, sendbuf, recvbuf, fp)
-    elif name == "shm_direct":
-        _shm_direct().all_gather(t, sendbuf, recvbuf, fp)
+    if name in _NATIVE:
+        t.native_collectives().all_gather(sendbuf, recvbuf, fp)
     else:
-        _native(t).all_gather(sendbuf, recvbuf)
+        ring.all_gather(t, sendbuf, recvbuf, fp)
     return name
 
 
 def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
                    fp: Fingerprint, algorithm: Optional[str] = None) -> str:
     name = select("reduce_scatter", t, sendbuf.nbytes, algorithm)
-    if name == "shm_direct":
-        _shm_direct().reduce_scatter(t, sendbuf, recvbuf, op, fp)
+    if name in _NATIVE:
+        t.native_collectives().reduce_scatter(sendbuf, recvbuf, op, fp)
         return name
-    summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
-    if name == "ring":
-        ring.reduce_scatter(t, sendbuf, recvbuf, summed, fp)
-    else:
-        _native(t).reduce_scatter(sendbuf, recvbuf, summed)
+    ring.reduce_scatter(t, sendbuf, recvbuf, ReduceOp.SUM if op is ReduceOp.AVERAGE else op,
+                        fp)
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(recvbuf, t.world_size)
     return name
@@ -198,12 +161,10 @@ def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: R
 
 def barrier(t: Transport, fp: Fingerprint, algorithm: Optional[str] = None) -> str:
     name = select("barrier", t, 0, algorithm)
-    if name == "dissemination":
-        dissemination.barrier(t, fp)
-    elif name == "shm_direct":
-        _shm_direct().barrier(t, fp)
+    if name in _NATIVE:
+        t.native_collectives().barrier(fp)
     else:
-        _native(t).barrier()
+        dissemination.barrier(t, fp)
     return name
 
 

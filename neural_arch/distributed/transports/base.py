@@ -101,7 +101,11 @@ class Transport(ABC):
         """Release sockets, segments and threads. Safe to call twice."""
 
     def native_collectives(self):
-        """An object with the transport's own collectives (MPI's), or None."""
+        """The transport's own collectives, or None. The object has ``all_reduce(buf, op, fp)``
+        (AVERAGE included), ``broadcast(buf, root, fp)``, ``all_gather(sendbuf, recvbuf, fp)``,
+        ``reduce_scatter(sendbuf, recvbuf, op, fp)`` and ``barrier(fp)`` on 1-D contiguous
+        buffers, a ``name`` (the algorithm name callers see) and ``preferred``: whether
+        ``algorithms.select`` should choose them over the portable algorithms by default."""
         return None
 
     def check_peer_rank(self, peer, fp: Fingerprint) -> None:

@@ -23,7 +23,13 @@ _MPI_OPS = {ReduceOp.SUM: "SUM", ReduceOp.AVERAGE: "SUM", ReduceOp.PRODUCT: "PRO
 
 
 class MpiCollectives:
-    """MPI's own collectives on the transport's communicator, bounded by its timeout."""
+    """MPI's own collectives on the transport's communicator, bounded by its timeout.
+
+    ``fp`` (the caller's fingerprint) is accepted as every native collective takes it; MPI
+    numbers its own operations and does not need it."""
+
+    name = "native"
+    preferred = False  # chosen only when asked for: the portable algorithms are the default
 
     def __init__(self, transport: MpiTransport) -> None:
         self._t, self._seq = transport, 0
@@ -38,7 +44,8 @@ class MpiCollectives:
         with t._lock:
             t._wait([request_fn(t._comm)], [], fp)
 
-    def all_reduce(self, buf: np.ndarray, op=ReduceOp.SUM) -> np.ndarray:
+    def all_reduce(self, buf: np.ndarray, op=ReduceOp.SUM,
+                   fp: Optional[Fingerprint] = None) -> np.ndarray:
         op = as_reduce_op(op)
         check_dtype_for_op(buf.dtype, op)
         _check_contiguous(buf, "all_reduce")
@@ -47,7 +54,8 @@ class MpiCollectives:
         finish_average(buf, op, self._t.world_size)
         return buf
 
-    def all_gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray) -> np.ndarray:
+    def all_gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray,
+                   fp: Optional[Fingerprint] = None) -> np.ndarray:
         _check_contiguous(sendbuf, "all_gather")
         _check_contiguous(recvbuf, "all_gather")
         if recvbuf.size != sendbuf.size * self._t.world_size or recvbuf.dtype != sendbuf.dtype:
@@ -56,7 +64,8 @@ class MpiCollectives:
         self._run("mpi.all_gather", lambda c: c.Iallgather(sendbuf, recvbuf), sendbuf)
         return recvbuf
 
-    def broadcast(self, buf: np.ndarray, root: int = 0) -> np.ndarray:
+    def broadcast(self, buf: np.ndarray, root: int = 0,
+                  fp: Optional[Fingerprint] = None) -> np.ndarray:
         _check_contiguous(buf, "broadcast")
         if not 0 <= root < self._t.world_size:
             raise ValueError(f"broadcast root {root} is outside [0, {self._t.world_size})")
@@ -64,7 +73,7 @@ class MpiCollectives:
         return buf
 
     def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray,
-                       op=ReduceOp.SUM) -> np.ndarray:
+                       op=ReduceOp.SUM, fp: Optional[Fingerprint] = None) -> np.ndarray:
         op = as_reduce_op(op)
         check_dtype_for_op(sendbuf.dtype, op)
         _check_contiguous(sendbuf, "reduce_scatter")
@@ -79,7 +88,7 @@ class MpiCollectives:
         finish_average(recvbuf, op, self._t.world_size)
         return recvbuf
 
-    def barrier(self) -> None:
+    def barrier(self, fp: Optional[Fingerprint] = None) -> None:
         self._run("mpi.barrier", lambda c: c.Ibarrier())
 
 

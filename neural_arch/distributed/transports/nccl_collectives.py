@@ -8,16 +8,21 @@ a NCCL sum divided once by the world size.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from ..reduce_ops import ReduceOp, finish_average
+from .base import Fingerprint
 from .nccl import _OPS, NcclTransport, _is_device_array, check_reduction
 
 
 class NcclCollectives:
-    """All-reduce, all-gather, broadcast, reduce-scatter and barrier through NCCL."""
+    """All-reduce, all-gather, broadcast, reduce-scatter and barrier through NCCL (``fp`` is
+    accepted as every native collective takes it; NCCL orders its own operations)."""
+
+    name = "native"
+    preferred = False  # chosen only when asked for, as MPI's
 
     def __init__(self, transport: NcclTransport) -> None:
         self._t = transport
@@ -51,7 +56,8 @@ class NcclCollectives:
             else:
                 finish_average(buf, op, self._t.world_size)
 
-    def all_reduce(self, buf: Any, op: Any = ReduceOp.SUM) -> Any:
+    def all_reduce(self, buf: Any, op: Any = ReduceOp.SUM,
+                   fp: Optional[Fingerprint] = None) -> Any:
         op = check_reduction(buf.dtype, op)
         t = self._t
         kind, code = t._nccl_type(buf.dtype), getattr(t._nccl, _OPS[op])
@@ -61,7 +67,8 @@ class NcclCollectives:
         self._finish_average(buf, op)
         return buf
 
-    def all_gather(self, sendbuf: Any, recvbuf: Any) -> Any:
+    def all_gather(self, sendbuf: Any, recvbuf: Any,
+                   fp: Optional[Fingerprint] = None) -> Any:
         t = self._t
         if recvbuf.size != sendbuf.size * t.world_size or recvbuf.dtype != sendbuf.dtype:
             raise ValueError(f"all_gather needs recvbuf of {sendbuf.size * t.world_size} x "
@@ -73,7 +80,7 @@ class NcclCollectives:
                              .allGather(src.data.ptr, dst.data.ptr, src.size, kind, stream))
         return recvbuf
 
-    def broadcast(self, buf: Any, root: int = 0) -> Any:
+    def broadcast(self, buf: Any, root: int = 0, fp: Optional[Fingerprint] = None) -> Any:
         t = self._t
         if not 0 <= root < t.world_size:
             raise ValueError(f"broadcast root {root} is outside [0, {t.world_size})")
@@ -83,7 +90,8 @@ class NcclCollectives:
                              .broadcast(dev.data.ptr, dev.data.ptr, dev.size, kind, root, stream))
         return buf
 
-    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM) -> Any:
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: Any = ReduceOp.SUM,
+                       fp: Optional[Fingerprint] = None) -> Any:
         op = check_reduction(sendbuf.dtype, op)
         t = self._t
         if sendbuf.size != recvbuf.size * t.world_size or recvbuf.dtype != sendbuf.dtype:
@@ -99,7 +107,7 @@ class NcclCollectives:
         self._finish_average(recvbuf, op)
         return recvbuf
 
-    def barrier(self) -> None:
+    def barrier(self, fp: Optional[Fingerprint] = None) -> None:
         """A one-byte all-reduce: returns once every rank has queued and finished it."""
         t = self._t
         token = np.zeros(1, dtype=np.uint8)

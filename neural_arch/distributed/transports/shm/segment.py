@@ -13,7 +13,7 @@ import threading
 
 import _posixshmem
 
-from ..errors import RendezvousError
+from ...errors import RendezvousError
 
 # Names this process created and has not unlinked yet. While there are any, an atexit hook and
 # a SIGTERM handler (chained to the previous one) unlink them; once all ranks have mapped a

@@ -8,7 +8,7 @@ skip the read-for-ownership; the data goes out in whole lines while the peer's c
 dropped: 61-83 us there (``benchmarks/bench_shm_copies.py``). While the cores share a cache
 they are slower (95-110 us) and the peer then reads the data from memory instead of from a
 cache, so callers choose them only when plain copies are measured to be slow
-(``transports.shm_stores``).
+(``writer``).
 
 NumPy has no such copy, so this module builds one from LLVM through Numba: 32-byte vector loads
 and stores marked ``!nontemporal`` (``vmovntps`` on x86-64), then a full fence, because

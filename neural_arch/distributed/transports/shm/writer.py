@@ -4,7 +4,7 @@ A rank rewriting the area its peer read a round ago must first take the cache li
 the peer. While both cores share a cache that is cheap; where they do not (cores on different
 chiplets, or virtual cores the host moved apart) a 1 MiB plain copy into the area took 415-498
 us instead of 61-76, and a two-rank 16 MiB all-reduce ran at 1.6-2.1 GB/s instead of 3.8-11.
-Streaming stores (``backends.numba_stream``) took 61-83 us there, but 95-110 while the cache is
+Streaming stores (``stream``) took 61-83 us there, but 95-110 while the cache is
 shared, where they also cost the peer, who then reads the round from memory; so they are used
 only while measured to be much faster (``benchmarks/bench_shm_copies.py`` times each kind).
 
@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from ...backends import numba_backend
+from ....backends import numba_backend
 
 ENV_CHOICE = "NEURAL_ARCH_SHM_STORES"
 MIN_TIMED_BYTES = 256 << 10  # below this a copy stays in cache and timing it says little
@@ -45,7 +45,7 @@ def streaming_copy() -> Optional[Copy]:
         return None
     if "copy" not in _built:
         try:
-            from ...backends.numba_stream import stream_copy
+            from .stream import stream_copy
             # compile (or load from Numba's cache) before anything is timed, and check the bytes
             source = np.arange(4096, dtype=np.uint32).view(np.uint8)
             target = np.zeros(source.size + 64, np.uint8)

@@ -9,13 +9,13 @@ with SIGKILL afterwards. Until then the creator also unlinks on close, at exit a
 Each ordered pair (src -> dst) has a ring of slots with two counters: chunks written (by src)
 and chunks read (by dst). A message is its header (checked by the receiver) in the first slot's
 header area, and its bytes cut into slot-sized chunks. The workspace (two halves, alternated by
-generation) and the per-rank arrival counters serve the direct collectives in
-``algorithms.shm_direct``.
+generation) and the per-rank control lines serve the transport's own collectives
+(``collectives``, on the barrier of ``generation``).
 
 Memory ordering: a writer copies its data, then stores the counter; a reader loads the counter,
 then the data. On x86-64 aligned 8-byte stores and loads are atomic and neither stores nor loads
 are reordered with each other, which is all this protocol needs; other CPUs would need fences.
-Large copies into the workspace may use streaming stores (``shm_stores``), which x86 does
+Large copies into the workspace may use streaming stores (``writer``), which x86 does
 reorder with later stores; the streaming copy therefore ends with a full fence.
 """
 from __future__ import annotations
@@ -27,13 +27,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import CollectiveMismatchError, DistributedError, RendezvousError
-from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
-# The segment functions are also reached as shm.create_segment etc. by callers and tests.
-from .shm_segment import attach_segment, create_segment, unlink_segment
-from .shm_stores import AreaWriter
-from .shm_sync import (CLOSED, GEN, MIN_SPIN_POLLS, PID, SLEEP, SPIN_POLLS, Backoff, PeerWatch,
-                       ShmLayout, sleep_until_ge, wake_sleepers)
+from ...errors import CollectiveMismatchError, DistributedError, RendezvousError
+from ..base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+from .collectives import ShmCollectives
+from .generation import Generation
+from .layout import CLOSED, PID, ShmLayout
+from .segment import attach_segment, create_segment, unlink_segment
+from .waiting import MIN_SPIN_POLLS, SPIN_POLLS, Backoff, PeerWatch
 
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
@@ -66,19 +66,11 @@ class ShmTransport(Transport):
         self.shared = np.frombuffer(mm, np.uint8)
         self._sent = [0] * world_size
         self._received = [0] * world_size
-        self.gen = 0  # last generation of the direct-collective barrier this rank arrived at
-        self._gen_word = layout.rank_word(rank, GEN)
-        self._sleep_word = layout.rank_word(rank, SLEEP)
-        self._peer_sleep_words = [layout.rank_word(peer, SLEEP) for peer in layout.peers[rank]]
-        self._base_address = self.shared.ctypes.data
-        # Direct collectives keep their per-dtype views of the workspace, fingerprint signatures
-        # and the signature last written to each header area here (see algorithms.shm_direct).
-        self.direct_views: dict = {}
-        self.direct_sigs: dict = {}
-        self.header_sigs = [0, 0]
-        self.area_writer = AreaWriter()  # large copies into the workspace (see shm_stores)
+        self.base_address = self.shared.ctypes.data
+        self.closed = False
         self.watch = PeerWatch(rank, [0] * world_size, self._peer_closed)
-        self._closed = False
+        self.generation = Generation(self.ctrl, self.base_address, rank, world_size, self)
+        self.collectives = ShmCollectives(self)
 
     # ----- rendezvous -----------------------------------------------------------------
     def _join(self) -> None:
@@ -94,26 +86,14 @@ class ShmTransport(Transport):
             backoff.pause(missing)
         unlink_segment(self.segment_name)
         pids = [ctrl[layout.rank_word(r, PID)] for r in range(self.world_size)]
-        self.watch = PeerWatch(self.rank, pids, self._peer_closed)
+        self.watch.know(pids)
 
     def _peer_closed(self, peer: int) -> bool:
         return self.ctrl[self.layout.rank_word(peer, CLOSED)] != 0
 
-    # ----- direct-collective barrier --------------------------------------------------
-    def arrive(self, gen: int) -> None:
-        """Tell every rank that this rank reached generation ``gen`` (its data is in place)."""
-        self.gen = gen
-        self.ctrl[self._gen_word] = gen
-        wake_sleepers(self.ctrl, self._gen_word, self._peer_sleep_words, self._base_address)
-
-    def wait_arrivals(self, gen: int, op: str, seq: Optional[int]) -> None:
-        """Block until every rank has arrived at generation ``gen``."""
-        ctrl, words = self.ctrl, self.layout.gen_words
-        for peer in self.layout.peers[self.rank]:
-            if ctrl[words[peer]] < gen:
-                sleep_until_ge(ctrl, words[peer], gen, peer, self.watch, self.timeout, op, seq,
-                               f"every rank to reach generation {gen} of the shared workspace",
-                               self._sleep_word, self._base_address)
+    def native_collectives(self) -> Optional[ShmCollectives]:
+        """The direct collectives through the workspace (None once closed)."""
+        return None if self.closed else self.collectives
 
     # ----- point to point -------------------------------------------------------------
     def _check_peer(self, peer: int, what: str) -> None:
@@ -163,7 +143,7 @@ class ShmTransport(Transport):
 
     def _transfer(self, out_msg, in_msg, fp: Fingerprint, what: str) -> None:
         """Move one outgoing and/or one incoming message, whichever can progress, until done."""
-        if self._closed:
+        if self.closed:
             raise DistributedError("the shared-memory transport is closed", rank=self.rank,
                                    op=fp.op, seq=fp.seq)
         chunk_bytes = self.layout.slot_bytes
@@ -229,15 +209,15 @@ class ShmTransport(Transport):
 
     # ----- teardown -------------------------------------------------------------------
     def close(self) -> None:
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         try:
             self.ctrl[self.layout.rank_word(self.rank, CLOSED)] = 1
         except (ValueError, IndexError):
             pass
         unlink_segment(self.segment_name)
-        self.direct_views.clear()
+        self.collectives.close()
         self.ctrl.release()
         self.shared = None
         try:

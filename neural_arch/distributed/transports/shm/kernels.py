@@ -1,6 +1,6 @@
-"""The prepared small shared-memory collectives as compiled functions (see ``shm_compiled``).
+"""The prepared small shared-memory collectives as compiled functions (see ``compiled``).
 
-Each takes the steps of its ``shm_prepared`` counterpart on the same control words and
+Each takes the steps of its Python form in ``plans`` on the same control words and
 workspace areas: write this rank's data into its input area of the generation's half, publish
 the fingerprint's signature and sequence number, arrive, poll every peer's arrival, check the
 peers' signatures, then reduce or copy out of the input areas.
@@ -23,7 +23,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..transports.shm_sync import GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
+from .layout import GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
 
 # Bits of the status word small_all_reduce returns; 0 is done.
 WAKE = 1      # a peer sleeps on this rank's arrival counter: wake it

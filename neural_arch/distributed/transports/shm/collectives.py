@@ -1,0 +1,237 @@
+"""The shared-memory transport's own collectives: what ``native_collectives()`` returns.
+
+``algorithms.select`` runs these whenever a group is the whole world of an shm transport
+(``preferred``). Each call is checked here; a vector of up to ``direct.SMALL_BYTES`` runs its
+plan (``plans``: one per collective, dtype and shape, prepared once), a larger one the
+round-based algorithms of ``direct``. This object holds everything those keep between calls:
+the workspace views per dtype, the fingerprint signatures, the header last written to each
+header area, the plans and the workspace writer. Its barrier is the transport's ``generation``.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Any, Optional
+
+import numpy as np
+
+from ...errors import CollectiveMismatchError, DistributedError
+from ...reduce_ops import as_reduce_op, check_dtype_for_op
+from ..base import HEADER_SIZE, Fingerprint, pack_header, unpack_header
+from . import direct, plans
+from .writer import AreaWriter
+
+MAX_SIGNATURES = 4096
+
+
+def _flat(buf: Any, what: str, writable: bool = False) -> np.ndarray:
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{what} must be a NumPy array, got {type(buf).__name__}")
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError(f"{what} must be a 1-D C-contiguous array, got shape {buf.shape} "
+                         f"with strides {buf.strides}")
+    if writable and not buf.flags.writeable:
+        raise ValueError(f"{what} must be writable (shape {buf.shape}, dtype {buf.dtype})")
+    return buf
+
+
+class ShmCollectives:
+    """All-reduce, broadcast, all-gather, reduce-scatter and barrier of one ``ShmTransport``."""
+
+    name = "shm_direct"  # the algorithm name callers see (and may force)
+    preferred = True     # chosen over ring and tree whenever it can run
+
+    def __init__(self, transport: Any) -> None:
+        self.t, self.layout, self.generation = transport, transport.layout, transport.generation
+        self.rank, self.world_size = transport.rank, transport.world_size
+        self.writer = AreaWriter()  # large copies into the workspace
+        self.plans: dict = {}       # the prepared small collectives (see plans)
+        self.header_sigs = [0, 0]   # the signature whose header each header area holds
+        self._views: dict = {}
+        self._sigs: dict = {}
+
+    # ----- the collectives -------------------------------------------------------------------
+    def all_reduce(self, buf: np.ndarray, op: Any, fp: Fingerprint) -> None:
+        """Reduce ``buf`` over all ranks in place; bit-identical results everywhere."""
+        try:
+            run = self.plans.get(("all_reduce", buf.dtype, buf.size, op))
+        except AttributeError:
+            run = None  # not an array: _flat names the problem
+        if run is not None and buf.ndim == 1:
+            flags = buf.flags
+            if flags.c_contiguous and flags.writeable:
+                run(buf, fp)
+                return
+        _flat(buf, "all_reduce buffer", writable=True)
+        given, op = op, as_reduce_op(op)
+        check_dtype_for_op(buf.dtype, op)
+        if self.world_size == 1:
+            return
+        if buf.nbytes <= self._small_bytes():
+            plans.build(self, ("all_reduce", buf.dtype, buf.size, given))(buf, fp)
+        elif self.world_size == 2:
+            direct.pair_all_reduce(self, buf, op, fp)
+        else:
+            direct.large_all_reduce(self, buf, op, fp)
+
+    def broadcast(self, buf: np.ndarray, root: int, fp: Fingerprint) -> None:
+        """Copy ``root``'s ``buf`` into every rank's ``buf`` in place."""
+        _flat(buf, "broadcast buffer", writable=self.rank != root)
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.world_size:
+            raise ValueError(f"broadcast root {root!r} is outside 0..{self.world_size - 1}")
+        if self.world_size == 1:
+            return
+        data = buf.view(np.uint8)
+        if data.size > self._small_bytes():
+            direct.broadcast(self, data, int(root), fp)
+            return
+        key = ("broadcast", data.size, int(root))
+        (self.plans.get(key) or plans.build(self, key))(data, fp)
+
+    def all_gather(self, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:
+        """``recvbuf`` (world_size x len(sendbuf), rank order) receives every rank's ``sendbuf``."""
+        try:
+            run = self.plans.get(("all_gather", sendbuf.dtype, sendbuf.size))
+        except AttributeError:
+            run = None  # not an array: _flat names the problem
+        if (run is not None and recvbuf.dtype == sendbuf.dtype and sendbuf.ndim == recvbuf.ndim
+                == 1 and recvbuf.size == self.world_size * sendbuf.size
+                and sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
+                and recvbuf.flags.writeable):
+            run(sendbuf, recvbuf, fp)
+            return
+        _flat(sendbuf, "all_gather sendbuf")
+        _flat(recvbuf, "all_gather recvbuf", writable=True)
+        p, n = self.world_size, sendbuf.size
+        if recvbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
+            raise ValueError(f"all_gather recvbuf must hold {p} x {n} {sendbuf.dtype} elements, "
+                             f"got {recvbuf.size} {recvbuf.dtype}")
+        if p == 1:
+            recvbuf[:] = sendbuf
+        elif sendbuf.nbytes > self._small_bytes():
+            direct.all_gather(self, sendbuf, recvbuf, fp)
+        else:
+            key = ("all_gather", sendbuf.dtype, n)
+            (self.plans.get(key) or plans.build(self, key))(sendbuf, recvbuf, fp)
+
+    def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Any,
+                       fp: Fingerprint) -> None:
+        """``recvbuf`` (length n) receives chunk ``rank`` of the reduction of ``sendbuf``."""
+        _flat(sendbuf, "reduce_scatter sendbuf")
+        _flat(recvbuf, "reduce_scatter recvbuf", writable=True)
+        op = as_reduce_op(op)
+        check_dtype_for_op(sendbuf.dtype, op)
+        p, n = self.world_size, recvbuf.size
+        if sendbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
+            raise ValueError(f"reduce_scatter sendbuf must hold {p} x {n} {recvbuf.dtype} "
+                             f"elements, got {sendbuf.size} {sendbuf.dtype}")
+        if p == 1:
+            recvbuf[:] = sendbuf
+        else:
+            direct.reduce_scatter(self, sendbuf, recvbuf, op, fp)
+
+    def barrier(self, fp: Fingerprint) -> None:
+        """Return once every rank has called ``barrier`` with the same fingerprint."""
+        if self.world_size > 1:
+            direct.barrier(self, fp)
+
+    def _small_bytes(self) -> int:
+        return min(direct.SMALL_BYTES, self.layout.workspace_bytes)
+
+    # ----- one generation, as the algorithms take it ------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.t.closed
+
+    def check_open(self, fp: Fingerprint) -> None:
+        """Raise DistributedError if the transport was closed (its shared memory is gone)."""
+        if self.t.closed:
+            raise DistributedError("the shared-memory transport is closed", rank=self.rank,
+                                   op=fp.op, seq=fp.seq)
+
+    def begin(self, fp: Fingerprint, nbytes: int) -> tuple[int, int]:
+        """Publish this rank's fingerprint for the next generation; return (gen, signature)."""
+        self.check_open(fp)
+        gen, sig = self.generation.gen + 1, self.signature(fp, nbytes)
+        if self.header_sigs[gen & 1] != sig:
+            self.publish_header(gen, fp, nbytes, sig)
+        self.generation.publish(gen, sig, fp.seq)
+        return gen, sig
+
+    def sync(self, gen: int, fp: Fingerprint, sig: int = 0) -> None:
+        """Arrive at ``gen``, wait for every rank; with ``sig``, check everyone's fingerprint."""
+        g = self.generation
+        if sig:
+            peer = g.meet(gen, sig, fp.seq, fp.op)
+            if peer >= 0:
+                self.mismatch(gen, fp, peer)
+        else:
+            g.arrive(gen)
+            g.wait(gen, fp.op, fp.seq)
+
+    def signature(self, fp: Fingerprint, nbytes: int) -> int:
+        """A nonzero 64-bit word that differs between collectives a rank must not mix up."""
+        key = (fp.op, fp.dtype, fp.count, fp.group, nbytes)
+        sig = self._sigs.get(key)
+        if sig is None:
+            if len(self._sigs) >= MAX_SIGNATURES:
+                self._sigs.clear()
+            sig = self._sigs[key] = zlib.crc32(pack_header(fp._replace(seq=0), nbytes)) + 1
+        return sig
+
+    def publish_header(self, gen: int, fp: Fingerprint, nbytes: int, sig: int) -> None:
+        """Write the full header (what a peer decodes to name a mismatch) for ``gen``'s parity."""
+        half = gen & 1
+        start = self.layout.rank_header(self.rank, half)
+        self.t.shared[start:start + HEADER_SIZE] = np.frombuffer(
+            pack_header(fp._replace(seq=0), nbytes), np.uint8)
+        self.header_sigs[half] = sig
+
+    def mismatch(self, gen: int, fp: Fingerprint, peer: int) -> None:
+        """Raise CollectiveMismatchError naming ``fp`` and what ``peer`` published at ``gen``."""
+        start = self.layout.rank_header(peer, gen & 1)
+        seq = self.generation.published(peer, gen)[1]
+        try:
+            got, nbytes = unpack_header(bytes(self.t.shared[start:start + HEADER_SIZE]))
+            theirs = f"{got._replace(seq=seq).describe()} with {nbytes} bytes"
+        except ValueError:
+            theirs = "something that is not a direct shared-memory collective"
+        raise CollectiveMismatchError(
+            f"expected {fp.describe()} but peer rank {peer} called {theirs}: ranks called "
+            "different collectives", rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
+
+    # ----- the workspace ---------------------------------------------------------------------
+    def views(self, dtype: np.dtype) -> tuple:
+        """Typed views of the workspace: ``inputs[half][rank]`` and ``results[half]``."""
+        views = self._views.get(dtype)
+        if views is None:
+            layout, size = self.layout, self.layout.workspace_bytes
+            area = self._area
+            inputs = [[area(layout.ws_input(h, r), size, dtype) for r in range(self.world_size)]
+                      for h in (0, 1)]
+            results = [area(layout.ws_result(h), size, dtype) for h in (0, 1)]
+            views = self._views[dtype] = (inputs, results)
+        return views
+
+    def half_inputs(self, half: int) -> np.ndarray:
+        """Every input area of one half as one byte vector (they lie back to back)."""
+        size = self.world_size * self.layout.workspace_bytes
+        return self._area(self.layout.ws_input(half, 0), size, np.dtype(np.uint8))
+
+    def workspace_rows(self, dtype: np.dtype) -> np.ndarray:
+        """The whole workspace as rows of its areas, row ``half * (p + 1) + r`` being rank r's
+        input area of that half (the compiled plans index it so)."""
+        rows = 2 * (self.world_size + 1)
+        whole = self._area(self.layout.ws_input(0, 0), rows * self.layout.workspace_bytes, dtype)
+        return whole.reshape(rows, -1)
+
+    def control_words(self) -> np.ndarray:
+        """The control lines as an int64 array (the compiled plans poll them)."""
+        return self.t.shared[:self.layout.rank_headers_at].view(np.int64)
+
+    def _area(self, start: int, nbytes: int, dtype: Optional[np.dtype]) -> np.ndarray:
+        return self.t.shared[start:start + nbytes].view(dtype)
+
+    def close(self) -> None:
+        """Drop every view of the segment, so the transport can unmap it."""
+        self.plans.clear()
+        self._views.clear()

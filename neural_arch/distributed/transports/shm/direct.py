@@ -1,0 +1,190 @@
+"""The round-based direct collectives through the shared-memory workspace.
+
+Each collective is a few generations of the barrier (``generation``): before arriving a rank
+writes only its own input area of the current half of the workspace (a broadcast root all of
+them); after everyone arrived it reads any input area of that half and writes only its own
+slice of the result area. ``ShmCollectives`` validates the arguments and sends vectors of up
+to SMALL_BYTES to a plan (``plans``) instead; the functions here take it as ``c`` and hold no
+state of their own.
+
+All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
+copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks
+instead both reduce everything, with the operands in the same order. ``reference.py`` beside
+this file is the same all-reduce without rounds or slices, to read first.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
+from ..base import Fingerprint
+
+# Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
+# whole vector beats two barriers with a 1/p share each; 1 MiB rounds keep large vectors in
+# cache, and let a broadcast's root fill one half of the workspace while the others read the
+# other (4 and 16 MiB broadcasts at p = 2 took 1.3-1.5x as long in one round per workspace).
+SMALL_BYTES = 128 << 10     # at or below: every rank reduces the whole vector, one barrier
+ROUND_BYTES = 1 << 20       # all-reduce data per round (split in p slices), broadcast data
+ALIGN_BYTES = 64            # slice boundaries fall on cache lines
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _slice(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """This rank's part of ``m`` elements: cache-line aligned, the last parts may be empty."""
+    align = max(1, ALIGN_BYTES // itemsize)
+    per = _ceil_div(_ceil_div(m, p), align) * align
+    return min(rank * per, m), min((rank + 1) * per, m)
+
+
+# ----- all-reduce ---------------------------------------------------------------------------
+def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """Two ranks: both reduce every round whole, as ``x0 op x1`` with the same operands in the
+    same order (so both get the same bits). Each rank copies its round into the workspace and
+    nothing back out, one barrier a round; splitting the work takes a copy out and a barrier
+    more, and was slower at every size tried, 256 KiB to 64 MiB."""
+    inputs, _ = c.views(buf.dtype)
+    ufunc, rank = ufunc_for(op), c.rank
+    average = op is ReduceOp.AVERAGE
+    scale, factor = averager(buf.dtype, 2)
+    step = min(ROUND_BYTES, c.layout.workspace_bytes) // buf.itemsize
+    gen, sig = c.begin(fp, buf.nbytes)
+    for lo in range(0, buf.size, step):
+        part = buf[lo:lo + step]
+        areas = inputs[gen & 1]
+        c.writer.write(areas[rank][:part.size], part)
+        c.sync(gen, fp, sig if lo == 0 else 0)
+        other = areas[1 - rank][:part.size]
+        if rank == 0:
+            ufunc(part, other, out=part)
+        else:
+            ufunc(other, part, out=part)
+        if average:
+            scale(part, factor, out=part)
+        gen += 1
+
+
+def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """Three or more ranks: in each round rank r reduces slice r of everyone's inputs into the
+    result area; after the next generation's barrier everyone copies the other slices out."""
+    p, rank, itemsize = c.world_size, c.rank, buf.itemsize
+    inputs, results = c.views(buf.dtype)
+    ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
+    scale, factor = averager(buf.dtype, p)
+    step = min(ROUND_BYTES, c.layout.workspace_bytes) // itemsize
+    rounds = _ceil_div(buf.size, step)
+    gen, sig = c.begin(fp, buf.nbytes)
+    prev = None  # (start, stop, own slice) of the previous round, copied out after its barrier
+    for k in range(rounds + 1):
+        half = gen & 1
+        if k < rounds:
+            lo, hi = k * step, min((k + 1) * step, buf.size)
+            m = hi - lo
+            s_lo, s_hi = _slice(m, p, rank, itemsize)
+            mine = inputs[half][rank]
+            # peers reduce the other slices; this rank's own slice needs no copy
+            c.writer.write(mine[:s_lo], buf[lo:lo + s_lo])
+            c.writer.write(mine[s_hi:m], buf[lo + s_hi:hi])
+        c.sync(gen, fp, sig if k == 0 else 0)
+        if prev is not None:
+            p_lo, p_hi, p_s_lo, p_s_hi = prev
+            done = results[half ^ 1]
+            buf[p_lo:p_lo + p_s_lo] = done[:p_s_lo]
+            buf[p_lo + p_s_hi:p_hi] = done[p_s_hi:p_hi - p_lo]
+        if k < rounds:
+            if s_hi > s_lo:
+                out = results[half][s_lo:s_hi]
+                operands = [buf[lo + s_lo:lo + s_hi] if r == rank else inputs[half][r][s_lo:s_hi]
+                            for r in range(p)]
+                ufunc(operands[0], operands[1], out=out)
+                for other in operands[2:]:
+                    ufunc(out, other, out=out)
+                if average:
+                    scale(out, factor, out=out)
+                buf[lo + s_lo:lo + s_hi] = out
+            prev = (lo, hi, s_lo, s_hi)
+        gen += 1
+
+
+# ----- broadcast, all-gather, reduce-scatter, barrier ----------------------------------------
+def broadcast(c: Any, data: np.ndarray, root: int, fp: Fingerprint) -> None:
+    """Copy ``root``'s bytes ``data`` into every rank's ``data``, in rounds through the input
+    areas of a half (contiguous: the root fills up to all of them each round)."""
+    step = min(c.world_size * c.layout.workspace_bytes, ROUND_BYTES)
+    rounds = max(1, _ceil_div(data.size, step))
+    gen, sig = c.begin(fp, data.size)
+    for k in range(rounds):
+        lo, hi = k * step, min((k + 1) * step, data.size)
+        area = c.half_inputs(gen & 1)[:hi - lo]
+        if c.rank == root:
+            c.writer.write(area, data[lo:hi])
+        c.sync(gen, fp, sig if k == 0 else 0)
+        if c.rank != root:
+            data[lo:hi] = area
+        gen += 1
+
+
+def all_gather(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:
+    """``recvbuf`` (world_size x len(sendbuf), rank order) receives every rank's ``sendbuf``."""
+    src, dst = sendbuf.view(np.uint8), recvbuf.view(np.uint8)
+    nbytes, step = src.size, c.layout.workspace_bytes
+    inputs, _ = c.views(np.dtype(np.uint8))
+    rounds = max(1, _ceil_div(nbytes, step))
+    own = dst[c.rank * nbytes:(c.rank + 1) * nbytes]
+    in_place = own.ctypes.data == src.ctypes.data  # sendbuf is this rank's block of recvbuf
+    peers = c.generation.peers
+    gen, sig = c.begin(fp, nbytes)
+    for k in range(rounds):
+        lo, hi = k * step, min((k + 1) * step, nbytes)
+        areas = inputs[gen & 1]
+        c.writer.write(areas[c.rank][:hi - lo], src[lo:hi])
+        if not in_place:  # while the peers may still be copying theirs in
+            own[lo:hi] = src[lo:hi]
+        c.sync(gen, fp, sig if k == 0 else 0)
+        for r in peers:
+            dst[r * nbytes + lo:r * nbytes + hi] = areas[r][:hi - lo]
+        gen += 1
+
+
+def reduce_scatter(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
+                   fp: Fingerprint) -> None:
+    """``recvbuf`` (length n) receives chunk ``rank`` of the reduction of ``sendbuf`` (p x n)."""
+    p, rank, n = c.world_size, c.rank, recvbuf.size
+    ufunc, itemsize = ufunc_for(op), sendbuf.itemsize
+    inputs, _ = c.views(sendbuf.dtype)
+    step = c.layout.workspace_bytes // p // itemsize
+    align = max(1, ALIGN_BYTES // itemsize)
+    if step > align:
+        step = step // align * align
+    rounds = max(1, _ceil_div(n, step))
+    # an in-place call (recvbuf inside sendbuf) must not overwrite this rank's own piece
+    # before reading it, so then that piece goes through the workspace too
+    own_in_shm = np.may_share_memory(sendbuf, recvbuf)
+    gen, sig = c.begin(fp, sendbuf.nbytes)
+    for k in range(rounds):
+        lo, hi = k * step, min((k + 1) * step, n)
+        m = hi - lo
+        mine = inputs[gen & 1][rank]
+        for r in range(p):
+            if r != rank or own_in_shm:
+                c.writer.write(mine[r * step:r * step + m], sendbuf[r * n + lo:r * n + hi])
+        c.sync(gen, fp, sig if k == 0 else 0)
+        operands = [sendbuf[rank * n + lo:rank * n + hi] if r == rank and not own_in_shm
+                    else inputs[gen & 1][r][rank * step:rank * step + m] for r in range(p)]
+        out = recvbuf[lo:hi]
+        ufunc(operands[0], operands[1], out=out)
+        for other in operands[2:]:
+            ufunc(out, other, out=out)
+        if op is ReduceOp.AVERAGE:
+            divide_by_count(out, p)
+        gen += 1
+
+
+def barrier(c: Any, fp: Fingerprint) -> None:
+    """Return once every rank has called ``barrier`` with the same fingerprint."""
+    gen, sig = c.begin(fp, 0)
+    c.sync(gen, fp, sig)

@@ -1,0 +1,148 @@
+"""One plan per small collective shape: prepared once, then run in one generation a call.
+
+On a vector of a few bytes, looking up views, control words and signatures is most of a
+direct collective's time. A plan is built the first time a shape is seen, keyed
+``("all_reduce", dtype, n, op)``, ``("broadcast", nbytes, root)`` or ``("all_gather", dtype,
+n)``, and kept in ``ShmCollectives.plans``: it takes the steps of the general algorithm in
+``direct`` (same workspace areas, same generation, same checks), with everything that stays the
+same from call to call looked up when it was built. A plan has two forms: the Python one below,
+and a compiled one (``compiled``) that takes the same steps on the same words in one call, so
+ranks on different forms meet in the same generation and end with the same bits. A plan
+starts in Python and changes to its compiled form once it runs often (``compiled.choice``).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable, Dict
+
+import numpy as np
+
+from ...reduce_ops import ReduceOp, averager, ufunc_for
+from ..base import Fingerprint
+from . import compiled
+
+MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
+
+
+class Stamp:
+    """What every call of a plan starts with: the signature of its fingerprint (looked up again
+    only when the fingerprint but its sequence number changes) and the header a peer decodes to
+    name a mismatch (rewritten only when it changed). ``begin`` returns (generation, signature)."""
+
+    __slots__ = ("c", "nbytes", "key", "sig")
+
+    def __init__(self, c: Any, nbytes: int) -> None:
+        self.c, self.nbytes, self.key, self.sig = c, nbytes, None, 0
+
+    def begin(self, fp: Fingerprint) -> tuple[int, int]:
+        c = self.c
+        if c.closed:
+            c.check_open(fp)  # raises
+        key = (fp.op, fp.dtype, fp.count, fp.group)
+        if key != self.key:
+            self.key, self.sig = key, c.signature(fp, self.nbytes)
+        sig, gen = self.sig, c.generation.gen + 1
+        if c.header_sigs[gen & 1] != sig:
+            c.publish_header(gen, fp, self.nbytes, sig)
+        return gen, sig
+
+    def meet(self, gen: int, fp: Fingerprint) -> None:
+        """Publish, arrive at ``gen``, wait for every peer, and check that all called ``fp``."""
+        c, sig = self.c, self.sig
+        g = c.generation
+        g.publish(gen, sig, fp.seq)
+        peer = g.meet(gen, sig, fp.seq, fp.op)
+        if peer >= 0:
+            c.mismatch(gen, fp, peer)
+
+
+def python_all_reduce(c: Any, stamp: Stamp, dtype: np.dtype, n: int,
+                      op: ReduceOp) -> Callable[[np.ndarray, Fingerprint], None]:
+    """Everyone publishes its vector, then reduces all of them in rank order (so every rank
+    ends with the same bits)."""
+    inputs, _ = c.views(dtype)
+    halves = tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1))
+    ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
+    scale, factor = averager(dtype, c.world_size)
+    rank = c.rank
+
+    def run(buf: np.ndarray, fp: Fingerprint) -> None:
+        gen = stamp.begin(fp)[0]
+        slots = halves[gen & 1]
+        slots[rank][...] = buf
+        stamp.meet(gen, fp)
+        ufunc(slots[0], slots[1], out=buf)
+        for other in slots[2:]:
+            ufunc(buf, other, out=buf)
+        if average:
+            scale(buf, factor, out=buf)
+    return run
+
+
+def python_broadcast(c: Any, stamp: Stamp, nbytes: int,
+                     root: int) -> Callable[[np.ndarray, Fingerprint], None]:
+    """The root publishes the bytes in the half's first input area (where the general
+    broadcast puts them too); the others copy them out."""
+    areas = tuple(c.views(np.dtype(np.uint8))[0][h][0][:nbytes] for h in (0, 1))
+    is_root = c.rank == root
+
+    def run(data: np.ndarray, fp: Fingerprint) -> None:
+        gen = stamp.begin(fp)[0]
+        if is_root:
+            areas[gen & 1][...] = data
+        stamp.meet(gen, fp)
+        if not is_root:
+            data[...] = areas[gen & 1]
+    return run
+
+
+def python_all_gather(c: Any, stamp: Stamp, dtype: np.dtype,
+                      n: int) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
+    """Everyone publishes its block in its own input area of the half (as the general
+    all-gather does), then copies all of them out in rank order."""
+    inputs, _ = c.views(dtype)
+    areas = tuple(tuple(a[:n] for a in inputs[h]) for h in (0, 1))
+    rank = c.rank
+
+    def run(src: np.ndarray, dst: np.ndarray, fp: Fingerprint) -> None:
+        gen = stamp.begin(fp)[0]
+        blocks = areas[gen & 1]
+        blocks[rank][...] = src
+        stamp.meet(gen, fp)
+        np.concatenate(blocks, out=dst)
+    return run
+
+
+_PYTHON = {"all_reduce": python_all_reduce, "broadcast": python_broadcast,
+           "all_gather": python_all_gather}
+_COMPILED = {"all_reduce": compiled.all_reduce, "broadcast": compiled.broadcast,
+             "all_gather": compiled.all_gather}
+
+
+def build(c: Any, key: tuple) -> Callable[..., None]:
+    """The plan for ``key``, stored in ``c.plans``: its Python form, or its compiled form now
+    or after ``compiled.HOT_CALLS`` calls, as ``compiled.choice()`` says."""
+    plans: Dict[tuple, Callable[..., None]] = c.plans
+    if len(plans) >= MAX_PLANS:
+        plans.clear()
+    kind, args = key[0], key[1:]
+    nbytes = args[0] if kind == "broadcast" else args[0].itemsize * args[1]
+    stamp = Stamp(c, nbytes)  # both forms begin the same way, with the same cached signature
+    python_run = _PYTHON[kind](c, stamp, *args)
+    make_compiled = partial(_COMPILED[kind], c, stamp, *args)
+    eligible = kind != "all_reduce" or compiled.may_compile_all_reduce(key[1], key[3])
+    mode = compiled.choice() if eligible and compiled.allowed() else "python"
+    if mode == "python":
+        run = python_run
+    elif mode == "compiled":
+        run = make_compiled() or python_run
+    else:
+        calls = [0]
+
+        def run(*call_args: Any) -> None:
+            python_run(*call_args)
+            calls[0] += 1
+            if calls[0] >= compiled.HOT_CALLS and plans.get(key) is run:
+                plans[key] = make_compiled() or python_run
+    plans[key] = run
+    return run
