@@ -188,7 +188,7 @@ def step_rows(steps: int, quick: bool) -> List[Tuple[str, float, float]]:
     from neural_arch.core import Tensor
     from neural_arch.models import GPT, MLP
     from neural_arch.models.gpt import GPTConfig
-    from neural_arch.backends.cupy_kernels import FusedAdamW
+    from neural_arch.optim.fused_adamw import FusedAdamW
     from neural_arch.optim import SGD
     rng = np.random.default_rng(0)
     batch = 128 if quick else 512

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 import neural_arch.functional as F
-from neural_arch.backends.kernels import tensor_ops
-from neural_arch.core import Tensor
+from neural_arch.core import Tensor, fused_kernels
 from neural_arch.core.fused_activations import (ENV_FUSED_KERNELS, _use_fused_gelu,
                                                 fused_kernels_enabled, on_cuda_float32)
 from neural_arch.core.fused_layers import _use_fused_layer_norm
@@ -177,7 +176,7 @@ def stubs(monkeypatch):
     recorders = {name: _Recorder() for name in
                  ("fused_bias_gelu", "fused_cross_entropy", "fused_layer_norm")}
     for name, recorder in recorders.items():
-        monkeypatch.setattr(tensor_ops, name, recorder)
+        monkeypatch.setattr(fused_kernels, name, recorder)
     return recorders
 
 
@@ -270,13 +269,13 @@ def _assert_paths_agree(fn, leaves, monkeypatch, spy, rtol=2e-5, atol=2e-6):
 
 class _Spy:
     def __init__(self, monkeypatch, name):
-        self.calls, real = [], getattr(tensor_ops, name)
+        self.calls, real = [], getattr(fused_kernels, name)
 
         def spy(*args, **kwargs):
             self.calls.append(args)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(tensor_ops, name, spy)
+        monkeypatch.setattr(fused_kernels, name, spy)
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -319,9 +318,9 @@ def test_modules_reach_the_fused_ops(stubs):
 
 
 def test_importing_the_framework_loads_neither_the_kernels_nor_cupy():
-    # the core reaches tensor_ops only when a GPU tensor asks, so CuPy stays optional
+    # the core reaches fused_kernels only when a GPU tensor asks, so CuPy stays optional
     code = ("import sys, neural_arch.functional; "
-            "print(sorted(m for m in ('cupy', 'neural_arch.backends.kernels.tensor_ops') "
+            "print(sorted(m for m in ('cupy', 'neural_arch.core.fused_kernels') "
             "if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != "NEURAL_ARCH_DEVICE"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -20,10 +20,10 @@ if _DEVICES == 0:
 import neural_arch.functional as F  # noqa: E402
 from neural_arch.backends import cupy_kernels as K  # noqa: E402
 from neural_arch.backends.kernels import reference as R  # noqa: E402
-from neural_arch.backends.kernels import tensor_ops  # noqa: E402
-from neural_arch.core import Tensor  # noqa: E402
+from neural_arch.core import Tensor, fused_kernels  # noqa: E402
 from neural_arch.core.fused_activations import ENV_FUSED_KERNELS  # noqa: E402
 from neural_arch.optim import AdamW  # noqa: E402
+from neural_arch.optim.fused_adamw import FusedAdamW  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -240,8 +240,9 @@ def test_fused_ops_match_functional_on_cuda(monkeypatch):
     x = Tensor(_data((6, 8, 32), 15, 2.0), device="cuda", requires_grad=True)
     w = Tensor(_data(32, 16), device="cuda", requires_grad=True)
     b = Tensor(_data(32, 17), device="cuda", requires_grad=True)
-    out = K.fused_cross_entropy(K.fused_bias_gelu(K.fused_layer_norm(x, 32, w, b), b)
-                                .reshape(-1, 32), cp.asarray(np.arange(48) % 32))
+    out = fused_kernels.fused_cross_entropy(
+        fused_kernels.fused_bias_gelu(fused_kernels.fused_layer_norm(x, 32, w, b), b)
+        .reshape(-1, 32), cp.asarray(np.arange(48) % 32))
     out.backward()
     fused = [cp.asnumpy(t.grad) for t in (x, w, b)]
     for t in (x, w, b):
@@ -262,7 +263,7 @@ def _spy_on_fused_ops(monkeypatch):
     calls = {}
     for name in ("fused_bias_gelu", "fused_cross_entropy", "fused_layer_norm"):
         calls[name] = []
-        monkeypatch.setattr(tensor_ops, name, _spy(getattr(tensor_ops, name), calls[name]))
+        monkeypatch.setattr(fused_kernels, name, _spy(getattr(fused_kernels, name), calls[name]))
     return calls
 
 
@@ -346,7 +347,7 @@ def test_fused_adamw_matches_adamw_on_cuda():
     shapes = [(50, 20), (20,), (7, 3)]
     fused = [Tensor(_data(s, i), device="cuda", requires_grad=True) for i, s in enumerate(shapes)]
     plain = [Tensor(_data(s, i), device="cuda", requires_grad=True) for i, s in enumerate(shapes)]
-    opt_fused = K.FusedAdamW(fused, lr=1e-2, weight_decay=0.1)
+    opt_fused = FusedAdamW(fused, lr=1e-2, weight_decay=0.1)
     opt_plain = AdamW(plain, lr=1e-2, weight_decay=0.1)
     for step in range(3):
         for i, (a, b) in enumerate(zip(fused, plain)):

@@ -1,9 +1,9 @@
 """The host-side plumbing of the fused kernels, checked on the CPU.
 
-The autograd ops of ``kernels.tensor_ops`` run the float64 references on NumPy tensors, so
-their graph wiring is compared here with ``neural_arch.functional``; ``FusedAdamW`` is run
-with the references standing in for the CUDA kernels; the multi-tensor block table and the
-kernel argument packing are checked directly.
+The autograd ops of ``core.fused_kernels`` run the float64 references on NumPy tensors, so
+their graph wiring is compared here with ``neural_arch.functional``; ``optim.fused_adamw``'s
+``FusedAdamW`` is run with the references standing in for the CUDA kernels; the multi-tensor
+block table and the kernel argument packing are checked directly.
 """
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import neural_arch.functional as F
-from neural_arch.backends.kernels import multi_tensor, pack_args, reference, tensor_ops
+from neural_arch.backends.kernels import multi_tensor, pack_args, reference
 from neural_arch.core import Tensor
-from neural_arch.optim import AdamW
+from neural_arch.core import fused_kernels
+from neural_arch.optim import AdamW, fused_adamw
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,11 +46,11 @@ def _assert_same(fused, plain, rtol=2e-5, atol=2e-6):
 def test_fused_bias_gelu_matches_functional(approximate):
     x, b = _tensor((5, 3, 16), 0, 2.0), _tensor(16, 1)
     weights = Tensor(np.random.default_rng(2).standard_normal((5, 3, 16)).astype(np.float32))
-    fused = _grads(lambda: (tensor_ops.fused_bias_gelu(x, b, approximate) * weights).sum(),
+    fused = _grads(lambda: (fused_kernels.fused_bias_gelu(x, b, approximate) * weights).sum(),
                    [x, b])
     plain = _grads(lambda: (F.gelu(x + b, approximate=approximate) * weights).sum(), [x, b])
     _assert_same(fused, plain)
-    no_bias = tensor_ops.fused_bias_gelu(x, None, approximate)
+    no_bias = fused_kernels.fused_bias_gelu(x, None, approximate)
     assert no_bias.dtype == np.float32
     np.testing.assert_allclose(no_bias.data, F.gelu(x, approximate=approximate).data,
                                rtol=1e-6, atol=1e-7)
@@ -68,12 +69,12 @@ def test_fused_cross_entropy_matches_functional(reduction, smoothing):
             return (out * weights).sum() if reduction == "none" else out
         return _grads(loss, [z])
 
-    _assert_same(run(tensor_ops.fused_cross_entropy), run(F.cross_entropy))
+    _assert_same(run(fused_kernels.fused_cross_entropy), run(F.cross_entropy))
 
 
 def test_fused_cross_entropy_mean_of_all_ignored_is_nan_with_zero_grad():
     z = _tensor((2, 3), 4)
-    out = tensor_ops.fused_cross_entropy(z, np.array([-100, -100]))
+    out = fused_kernels.fused_cross_entropy(z, np.array([-100, -100]))
     assert np.isnan(out.data)
     out.backward()
     assert not z.grad.any()
@@ -82,17 +83,17 @@ def test_fused_cross_entropy_mean_of_all_ignored_is_nan_with_zero_grad():
 def test_fused_layer_norm_matches_functional():
     x, w, b = _tensor((4, 3, 10), 5, 2.0), _tensor((3, 10), 6), _tensor((3, 10), 7)
     weights = Tensor(np.random.default_rng(8).standard_normal((4, 3, 10)).astype(np.float32))
-    fused = _grads(lambda: (tensor_ops.fused_layer_norm(x, (3, 10), w, b) * weights).sum(),
+    fused = _grads(lambda: (fused_kernels.fused_layer_norm(x, (3, 10), w, b) * weights).sum(),
                    [x, w, b])
     plain = _grads(lambda: (F.layer_norm(x, (3, 10), w, b) * weights).sum(), [x, w, b])
     _assert_same(fused, plain, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match=r"normalized_shape \(4,\) does not match"):
-        tensor_ops.fused_layer_norm(x, 4)
+        fused_kernels.fused_layer_norm(x, 4)
 
 
 def test_fused_ops_record_no_graph_without_grad():
     x = Tensor(np.ones((2, 4), np.float32))
-    out = tensor_ops.fused_layer_norm(x, 4)
+    out = fused_kernels.fused_layer_norm(x, 4)
     assert not out.requires_grad and out._backward is None
 
 
@@ -103,13 +104,13 @@ def test_fused_adamw_matches_adamw_through_the_kernel_path(monkeypatch):
         calls.append(array.shape)
         return reference
 
-    monkeypatch.setattr(tensor_ops, "optimizer_kernels", reference_kernels)
+    monkeypatch.setattr(fused_adamw, "optimizer_kernels", reference_kernels)
     shapes = [(6, 4), (4,), (3, 3)]
     fused = [_tensor(s, 10 + i) for i, s in enumerate(shapes)]
     plain = [Tensor(p.data.copy(), requires_grad=True) for p in fused]
     ams = Tensor(np.ones(3, np.float32), requires_grad=True)
     ams_plain = Tensor(np.ones(3, np.float32), requires_grad=True)
-    opt = tensor_ops.FusedAdamW([{"params": fused}, {"params": [ams], "amsgrad": True}],
+    opt = fused_adamw.FusedAdamW([{"params": fused}, {"params": [ams], "amsgrad": True}],
                                 lr=0.05, weight_decay=0.1)
     ref = AdamW([{"params": plain}, {"params": [ams_plain], "amsgrad": True}], lr=0.05,
                 weight_decay=0.1)
@@ -132,7 +133,7 @@ def test_fused_adamw_matches_adamw_through_the_kernel_path(monkeypatch):
 
 def test_fused_adamw_on_cpu_arrays_is_adamw():
     p, q = _tensor((5,), 12), _tensor((5,), 12)
-    opt, ref = tensor_ops.FusedAdamW([p], lr=0.1), AdamW([q], lr=0.1)
+    opt, ref = fused_adamw.FusedAdamW([p], lr=0.1), AdamW([q], lr=0.1)
     p.grad = q.grad = np.arange(5, dtype=np.float32)
     opt.step()
     ref.step()

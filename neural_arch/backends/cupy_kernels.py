@@ -7,9 +7,10 @@ signature of its float64 definition in ``neural_arch.backends.kernels.reference`
 compute in float32 (the unscale kernel also takes float16). Importing this module never needs
 CuPy; calling a kernel without CuPy or a GPU raises RuntimeError saying why.
 
-Autograd-aware forms for tensors (``fused_bias_gelu``, ``fused_cross_entropy``,
-``fused_layer_norm``) and the ``FusedAdamW`` optimizer are in
-``neural_arch.backends.kernels.tensor_ops`` and re-exported here.
+Only arrays come in and out. The autograd-aware forms for tensors (``fused_bias_gelu``,
+``fused_cross_entropy``, ``fused_layer_norm``) are in ``neural_arch.core.fused_kernels`` and the
+``FusedAdamW`` optimizer in ``neural_arch.optim.fused_adamw``: they sit above the backends and
+call these functions.
 """
 from __future__ import annotations
 
@@ -327,12 +328,8 @@ def unscale_and_check_inf(grads: Sequence[Any], inv_scale: float,
     return flag
 
 
-from .kernels.tensor_ops import (FusedAdamW, fused_bias_gelu, fused_cross_entropy,  # noqa: E402
-                                 fused_layer_norm)
-
 __all__ = [
-    "FusedAdamW", "adamw_step", "bias_gelu_backward", "bias_gelu_forward",
-    "cross_entropy_backward", "cross_entropy_forward", "fused_bias_gelu", "fused_cross_entropy",
-    "fused_layer_norm", "is_available", "launch", "layer_norm_backward", "layer_norm_forward",
-    "unscale_and_check_inf",
+    "adamw_step", "bias_gelu_backward", "bias_gelu_forward", "cross_entropy_backward",
+    "cross_entropy_forward", "is_available", "launch", "layer_norm_backward",
+    "layer_norm_forward", "unscale_and_check_inf",
 ]

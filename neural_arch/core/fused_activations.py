@@ -1,7 +1,7 @@
 """Activations with hand-written backward passes: softmax, log_softmax, gelu.
 
 Also the switch shared by ``gelu``, ``cross_entropy`` and ``layer_norm``: on float32 CuPy
-tensors they run the fused CUDA kernels (``neural_arch.backends.kernels.tensor_ops``) whenever
+tensors they run the fused CUDA kernels (through ``neural_arch.core.fused_kernels``) whenever
 the arguments are ones those kernels compute exactly; ``NEURAL_ARCH_FUSED_KERNELS=0`` turns
 that off.
 """
@@ -51,10 +51,10 @@ def on_cuda_float32(array: Any) -> bool:
 
 
 def fused_ops() -> Any:
-    """``neural_arch.backends.kernels.tensor_ops``, imported on first use: the core must not
-    load the kernel package and the optimizers it builds on just to run on the CPU."""
-    from ..backends.kernels import tensor_ops
-    return tensor_ops
+    """``neural_arch.core.fused_kernels``, imported on first use: the core must not load the
+    kernel package just to run on the CPU."""
+    from . import fused_kernels
+    return fused_kernels
 
 
 def _use_fused_gelu(xd: Any, approximate: str) -> bool:

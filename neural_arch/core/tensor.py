@@ -1,6 +1,9 @@
 """``Tensor``: an array plus the record of how it was computed.
 
-Operations live in the ``ops_*`` modules and are bound as methods at the bottom of this file.
+Every operator and method a Tensor has is named in the class body below. The operations
+themselves live in the ``ops_*`` modules (which import this one), so the body names them through
+``op_refs.OpRef`` stand-ins that the bottom of this file swaps for the functions.
+
 An op output stores its parents and a backward closure ``grad -> tuple of parent grads``; the
 engine in ``autograd.py`` walks that graph. Rarely used per-tensor state (name, hooks,
 retain_grad) lives in one optional dict, ``_meta``, so creating an op output stays cheap.
@@ -13,6 +16,7 @@ from ..backends import backend_for, default_device, device_type, get_backend
 from . import autograd
 from .dtypes import default_dtype_for, is_floating, resolve_dtype
 from .grad_mode import GRAD_MODE
+from .op_refs import OpRef, bind_op_refs
 
 _NUMPY = get_backend("numpy")
 _NDARRAY = _NUMPY.array_type
@@ -58,6 +62,12 @@ def _to_array(data: Any, dtype: Any, device: Any) -> Any:
     if backend_for(array) is not target:
         array = target.asarray(array)
     return array
+
+
+# Stand-ins for the ops_* modules (see op_refs): `_ew.add` in the class body names
+# ops_elementwise.add, and the bottom of this file puts that function in its place.
+_ew, _la, _rd, _sh, _misc = (OpRef(name) for name in (
+    "ops_elementwise", "ops_linalg", "ops_reduce", "ops_shape", "ops_misc"))
 
 
 class Tensor:
@@ -241,6 +251,57 @@ class Tensor:
             index = index.data
         self.data[index] = value.data if isinstance(value, Tensor) else value
 
+    # ----------------------------------------------------------------- operations
+    # Last in the body: names such as `sum`, `max` and `float` shadow the builtins from here on.
+    __add__ = __radd__ = add = _ew.add
+    __sub__ = sub = _ew.sub
+    __rsub__ = _ew.rsub
+    __mul__ = __rmul__ = mul = _ew.mul
+    __truediv__ = div = _ew.div
+    __rtruediv__ = _ew.rdiv
+    __pow__ = pow = _ew.pow
+    __rpow__ = _ew.rpow
+    __neg__ = neg = _ew.neg
+    __matmul__ = matmul = _la.matmul
+    __rmatmul__ = _la.rmatmul
+    __lt__ = lt = _ew.lt
+    __le__ = le = _ew.le
+    __gt__ = gt = _ew.gt
+    __ge__ = ge = _ew.ge
+    __eq__ = eq = _ew.eq  # elementwise; __hash__ is set at the top, so tensors stay hashable
+    __ne__ = ne = _ew.ne
+    __and__, __or__, __xor__ = _ew.logical_and, _ew.logical_or, _ew.logical_xor
+    __invert__ = _ew.logical_not
+    exp, log, tanh, sqrt, abs = _ew.exp, _ew.log, _ew.tanh, _ew.sqrt, _ew.abs
+    relu, sigmoid = _ew.relu, _ew.sigmoid
+    clip = clamp = _ew.clip
+    sum, mean, var, std = _rd.sum, _rd.mean, _rd.var, _rd.std
+    max, min, argmax, argmin = _rd.max, _rd.min, _rd.argmax, _rd.argmin
+    __getitem__ = _sh.getitem
+    reshape = view = _sh.reshape
+    expand = broadcast_to = _sh.expand
+    transpose, permute, swapaxes = _sh.transpose, _sh.permute, _sh.swapaxes
+    unsqueeze, squeeze, flatten = _sh.unsqueeze, _sh.squeeze, _sh.flatten
+    masked_fill = _sh.masked_fill
+    T = property(_sh.transpose, doc="All axes reversed.")
+    astype, to, clone = _misc.astype, _misc.to, _misc.clone
+
+    # shorthands for `to` and `astype` (ops_misc is imported at the bottom of this file)
+    def cpu(self) -> "Tensor":
+        return ops_misc.to(self, "cpu")
+
+    def cuda(self) -> "Tensor":
+        return ops_misc.to(self, "cuda")
+
+    def float(self) -> "Tensor":
+        return ops_misc.astype(self, "float32")
+
+    def double(self) -> "Tensor":
+        return ops_misc.astype(self, "float64")
+
+    def long(self) -> "Tensor":
+        return ops_misc.astype(self, "int64")
+
 
 def _constant(data: Any) -> Tensor:
     """Wrap an op result that records no graph."""
@@ -276,6 +337,8 @@ def make_result(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> T
     return _constant(data)
 
 
-from . import methods as _methods  # noqa: E402  (binds the operations as Tensor methods)
+# The op modules import this one, so they come last; only then can the stand-ins be resolved.
+from . import ops_elementwise, ops_linalg, ops_misc, ops_reduce, ops_shape  # noqa: E402
 
-_methods.bind(Tensor)
+bind_op_refs(Tensor, (ops_elementwise, ops_linalg, ops_misc, ops_reduce, ops_shape))
+del _ew, _la, _rd, _sh, _misc

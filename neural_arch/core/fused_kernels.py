@@ -1,33 +1,23 @@
-"""The fused kernels as autograd ops on ``Tensor``s, and an AdamW that steps in one launch.
+"""The fused kernels as autograd ops on ``Tensor``s.
 
 Each op is one graph node whose forward and backward call the array-level kernels: the CUDA
 ones (``neural_arch.backends.cupy_kernels``) for tensors on the GPU, the float64 references
-(``kernels.reference``, results cast back to the input's dtype) for tensors on the CPU, so the
-same code runs and is checked on either device. Results match ``neural_arch.functional``'s
-``gelu``, ``cross_entropy`` and ``layer_norm`` up to float32 rounding.
+(``backends.kernels.reference``, results cast back to the input's dtype) for tensors on the
+CPU, so the same code runs and is checked on either device. Results match
+``neural_arch.functional``'s ``gelu``, ``cross_entropy`` and ``layer_norm`` up to float32
+rounding. They live in the core, not with the kernels, because they build graph nodes: the
+backends stay array-level and import nothing from the layers above them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
-from .. import backend_for
-from ...core.grad_mode import GRAD_MODE
-from ...core.tensor import Tensor, _constant, _node
-from ...optim.adam import AdamW
-from . import reference
+from ..backends import backend_for
+from ..backends.kernels.dispatch import kernels_for
+from .grad_mode import GRAD_MODE
+from .tensor import Tensor, _constant, _node
 
 _REDUCTIONS = ("mean", "sum", "none")
-_FLOAT32 = np.dtype(np.float32)  # compared, not named: dtype.name costs microseconds
-
-
-def kernels_for(array: Any) -> Any:
-    """The module whose functions run on ``array``: CUDA kernels for CuPy, references else."""
-    if backend_for(array).name == "cupy":
-        from .. import cupy_kernels
-        return cupy_kernels
-    return reference
 
 
 def _like(array: Any, ref: Any) -> Any:
@@ -120,61 +110,4 @@ def fused_layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
     return _record(out, parents, backward)
 
 
-def optimizer_kernels(array: Any) -> Any:
-    """The kernels ``FusedAdamW`` uses for a parameter array, or None to use AdamW's rule."""
-    return kernels_for(array) if backend_for(array).name == "cupy" else None
-
-
-class FusedAdamW(AdamW):
-    """``AdamW`` whose float32, C-contiguous GPU parameters are updated by one kernel launch per
-    parameter group (and step count). Other parameters (CPU, float64, AMSGrad groups) take
-    ``AdamW``'s own step; state and ``state_dict`` are ``AdamW``'s."""
-
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        loss = self._evaluate_closure(closure)
-        leftover_groups = []
-        for group in self.param_groups:
-            batches: Dict[Tuple[int, int], List[Any]] = {}
-            leftover = []
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                kernels = None if group["amsgrad"] else optimizer_kernels(param.data)
-                if kernels is None or not _fusable(param):
-                    leftover.append(param)
-                    continue
-                state = self.state[param]
-                if not state:
-                    xp = backend_for(param.data).xp
-                    state.update(step=0, exp_avg=xp.zeros_like(param.data),
-                                 exp_avg_sq=xp.zeros_like(param.data))
-                state["step"] += 1
-                batches.setdefault((id(kernels), state["step"]), [kernels]).append(param)
-            for (_, step), (kernels, *params) in batches.items():
-                self._fused_update(kernels, params, group, step)
-            leftover_groups.append(dict(group, params=leftover))
-        if any(g["params"] for g in leftover_groups):
-            groups, self.param_groups = self.param_groups, leftover_groups
-            try:
-                super().step()
-            finally:
-                self.param_groups = groups
-        return loss
-
-    def _fused_update(self, kernels: Any, params: List[Any], group: dict, step: int) -> None:
-        beta1, beta2 = group["betas"]
-        states = [self.state[p] for p in params]
-        kernels.adamw_step([p.data for p in params], [p.grad for p in params],
-                           [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                           step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                           weight_decay=group["weight_decay"], maximize=group["maximize"])
-
-
-def _fusable(param: Any) -> bool:
-    data, grad = param.data, param.grad
-    return (data.dtype == _FLOAT32 and grad.dtype == _FLOAT32
-            and data.flags.c_contiguous and grad.shape == data.shape)
-
-
-__all__ = ["FusedAdamW", "fused_bias_gelu", "fused_cross_entropy", "fused_layer_norm",
-           "kernels_for", "optimizer_kernels"]
+__all__ = ["fused_bias_gelu", "fused_cross_entropy", "fused_layer_norm"]
