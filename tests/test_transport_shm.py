@@ -228,8 +228,8 @@ def test_sendrecv_to_itself_copies(tmp_path):
 
 
 def test_create_rejects_bad_arguments():
-    for kwargs, message in (({"rank": 2, "world_size": 2}, "got 2"),
-                            ({"rank": -1, "world_size": 2}, "got -1"),
+    for kwargs, message in (({"rank": 2, "world_size": 2}, "rank 2 is outside"),
+                            ({"rank": -1, "world_size": 2}, "rank -1 is outside"),
                             ({"rank": 0, "world_size": 0}, "got 0"),
                             ({"rank": 0, "world_size": 2, "timeout": 0}, "got 0")):
         with pytest.raises(ValueError, match=message):

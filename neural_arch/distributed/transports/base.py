@@ -67,6 +67,16 @@ def check_header(expected: Fingerprint, got: Fingerprint, nbytes: int, expected_
             f"{peer} sent {nbytes} bytes", rank=rank, peer=peer, op=expected.op, seq=expected.seq)
 
 
+def check_job(rank, world_size, timeout) -> None:
+    """ValueError unless ``rank`` of ``world_size`` ranks and ``timeout`` seconds make sense."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+
+
 class Transport(ABC):
     """Point-to-point byte movement between the ranks of one job.
 

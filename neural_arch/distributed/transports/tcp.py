@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import heartbeat
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
-from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+from .base import (HEADER_SIZE, Fingerprint, Transport, check_header, check_job, pack_header,
+                   unpack_header)
 from .tcp_mesh import build_mesh
 
 _GOODBYE = pack_header(Fingerprint("__goodbye__", 0, "", 0, 0xFFFFFFFF), 0)
@@ -72,12 +73,7 @@ class TcpTransport(Transport):
     def __init__(self, rank: int, world_size: int, store, timeout: float,
                  secret: Optional[bytes] = None, host: Optional[str] = None,
                  prefix: str = "tcp") -> None:
-        if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-        if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank!r} is outside [0, {world_size})")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        check_job(rank, world_size, timeout)
         super().__init__(rank, world_size, float(timeout))
         self._socks: dict[int, socket.socket] = (
             build_mesh(rank, world_size, store, self.timeout, secret=secret, host=host,

@@ -23,7 +23,8 @@ from .writer import AreaWriter
 MAX_SIGNATURES = 4096
 
 
-def _flat(buf: Any, what: str, writable: bool = False) -> np.ndarray:
+def checked_vector(buf: Any, what: str, writable: bool = False) -> np.ndarray:
+    """``buf`` if it is a 1-D C-contiguous NumPy array (writable if asked); else the error."""
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"{what} must be a NumPy array, got {type(buf).__name__}")
     if buf.ndim != 1 or not buf.flags.c_contiguous:
@@ -55,13 +56,13 @@ class ShmCollectives:
         try:
             run = self.plans.get(("all_reduce", buf.dtype, buf.size, op))
         except AttributeError:
-            run = None  # not an array: _flat names the problem
+            run = None  # not an array: checked_vector names it
         if run is not None and buf.ndim == 1:
             flags = buf.flags
             if flags.c_contiguous and flags.writeable:
                 run(buf, fp)
                 return
-        _flat(buf, "all_reduce buffer", writable=True)
+        checked_vector(buf, "all_reduce buffer", writable=True)
         given, op = op, as_reduce_op(op)
         check_dtype_for_op(buf.dtype, op)
         if self.world_size == 1:
@@ -75,7 +76,7 @@ class ShmCollectives:
 
     def broadcast(self, buf: np.ndarray, root: int, fp: Fingerprint) -> None:
         """Copy ``root``'s ``buf`` into every rank's ``buf`` in place."""
-        _flat(buf, "broadcast buffer", writable=self.rank != root)
+        checked_vector(buf, "broadcast buffer", writable=self.rank != root)
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.world_size:
             raise ValueError(f"broadcast root {root!r} is outside 0..{self.world_size - 1}")
         if self.world_size == 1:
@@ -92,19 +93,15 @@ class ShmCollectives:
         try:
             run = self.plans.get(("all_gather", sendbuf.dtype, sendbuf.size))
         except AttributeError:
-            run = None  # not an array: _flat names the problem
+            run = None  # not an array: checked_vector names it
         if (run is not None and recvbuf.dtype == sendbuf.dtype and sendbuf.ndim == recvbuf.ndim
                 == 1 and recvbuf.size == self.world_size * sendbuf.size
                 and sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
                 and recvbuf.flags.writeable):
             run(sendbuf, recvbuf, fp)
             return
-        _flat(sendbuf, "all_gather sendbuf")
-        _flat(recvbuf, "all_gather recvbuf", writable=True)
+        self._check_blocks("all_gather", sendbuf, recvbuf, recvbuf, sendbuf)
         p, n = self.world_size, sendbuf.size
-        if recvbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
-            raise ValueError(f"all_gather recvbuf must hold {p} x {n} {sendbuf.dtype} elements, "
-                             f"got {recvbuf.size} {recvbuf.dtype}")
         if p == 1:
             recvbuf[:] = sendbuf
         elif sendbuf.nbytes > self._small_bytes():
@@ -116,15 +113,10 @@ class ShmCollectives:
     def reduce_scatter(self, sendbuf: np.ndarray, recvbuf: np.ndarray, op: Any,
                        fp: Fingerprint) -> None:
         """``recvbuf`` (length n) receives chunk ``rank`` of the reduction of ``sendbuf``."""
-        _flat(sendbuf, "reduce_scatter sendbuf")
-        _flat(recvbuf, "reduce_scatter recvbuf", writable=True)
+        self._check_blocks("reduce_scatter", sendbuf, recvbuf, sendbuf, recvbuf)
         op = as_reduce_op(op)
         check_dtype_for_op(sendbuf.dtype, op)
-        p, n = self.world_size, recvbuf.size
-        if sendbuf.size != p * n or recvbuf.dtype != sendbuf.dtype:
-            raise ValueError(f"reduce_scatter sendbuf must hold {p} x {n} {recvbuf.dtype} "
-                             f"elements, got {sendbuf.size} {sendbuf.dtype}")
-        if p == 1:
+        if self.world_size == 1:
             recvbuf[:] = sendbuf
         else:
             direct.reduce_scatter(self, sendbuf, recvbuf, op, fp)
@@ -133,6 +125,18 @@ class ShmCollectives:
         """Return once every rank has called ``barrier`` with the same fingerprint."""
         if self.world_size > 1:
             direct.barrier(self, fp)
+
+    def _check_blocks(self, what: str, sendbuf: Any, recvbuf: Any, whole: np.ndarray,
+                      block: np.ndarray) -> None:
+        """Both buffers 1-D and contiguous, ``recvbuf`` writable, and ``whole`` holding
+        world_size blocks of ``block``'s elements and dtype."""
+        checked_vector(sendbuf, f"{what} sendbuf")
+        checked_vector(recvbuf, f"{what} recvbuf", writable=True)
+        p, n = self.world_size, block.size
+        if whole.size != p * n or whole.dtype != block.dtype:
+            name = "recvbuf" if whole is recvbuf else "sendbuf"
+            raise ValueError(f"{what} {name} must hold {p} x {n} {block.dtype} elements, got "
+                             f"{whole.size} {whole.dtype}")
 
     def _small_bytes(self) -> int:
         return min(direct.SMALL_BYTES, self.layout.workspace_bytes)

@@ -130,64 +130,59 @@ def _settle(c: Any, kernels: Any, status: int, gen: int, fp: Fingerprint,
         c.mismatch(gen, fp, status // kernels.MISMATCH - 1)
 
 
-def _form(c: Any, stamp: Any, kernels: Any, kernel: Callable[..., int],
-          call: Callable[..., int]) -> Callable[..., None]:
-    """Wrap ``call(kernel, args, gen, sig, seq, polls, resume)`` as a plan's form."""
+def _form(c: Any, stamp: Any, dtype: np.dtype, kernel_name: str,
+          call: Callable[..., int]) -> Optional[Callable[..., None]]:
+    """A plan's compiled form, or None without the kernels: each call begins as the Python form
+    does (``stamp``), then ``call(kernel, words, areas, args, gen, sig, seq, polls, resume)``
+    runs the kernel on the call's ``args`` (its last is the fingerprint), the workspace seen as
+    rows of ``dtype``."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    kernel, words, areas = getattr(kernels, kernel_name), c.control_words(), \
+        c.workspace_rows(dtype)
     g, watch = c.generation, c.t.watch
 
     def run(*args: Any) -> None:
         fp = args[-1]
         gen, sig = stamp.begin(fp)
         # a compiled poll (with pause) takes about as long as a Python one: the same budget
-        status = call(kernel, args, gen, sig, fp.seq, watch.spin_polls, False)
+        status = call(kernel, words, areas, args, gen, sig, fp.seq, watch.spin_polls, False)
         g.gen = gen
         if status:
-            _settle(c, kernels, status, gen, fp,
-                    lambda: call(kernel, args, gen, sig, fp.seq, 0, True))
+            _settle(c, kernels, status, gen, fp, lambda: call(kernel, words, areas, args, gen,
+                                                              sig, fp.seq, 0, True))
     return run
 
 
 def all_reduce(c: Any, stamp: Any, dtype: np.dtype, n: int,
                op: ReduceOp) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
-    """The compiled one-generation all-reduce of ``n`` elements, or None without the kernels."""
-    kernels = _kernels()
-    if kernels is None:
-        return None
-    words, areas = c.control_words(), c.workspace_rows(dtype)
-    product = op is ReduceOp.PRODUCT
+    """The compiled one-generation all-reduce of ``n`` elements."""
+    product, rank = op is ReduceOp.PRODUCT, c.rank
     divisor = float(c.world_size) if op is ReduceOp.AVERAGE else 0.0
-    rank = c.rank
 
-    def call(kernel, args, gen, sig, seq, polls, resume):
+    def call(kernel, words, areas, args, gen, sig, seq, polls, resume):
         return kernel(args[0], words, areas, rank, gen, sig, seq, polls, product, divisor,
                       resume)
-    return _form(c, stamp, kernels, kernels.small_all_reduce, call)
+    return _form(c, stamp, dtype, "small_all_reduce", call)
 
 
 def broadcast(c: Any, stamp: Any, nbytes: int,
               root: int) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
     """The compiled one-generation broadcast of ``nbytes`` (a uint8 vector) from ``root``."""
-    kernels = _kernels()
-    if kernels is None:
-        return None
-    words, areas = c.control_words(), c.workspace_rows(np.dtype(np.uint8))
     rank = c.rank
 
-    def call(kernel, args, gen, sig, seq, polls, resume):
+    def call(kernel, words, areas, args, gen, sig, seq, polls, resume):
         return kernel(args[0], words, areas, rank, root, gen, sig, seq, polls, resume)
-    return _form(c, stamp, kernels, kernels.small_broadcast, call)
+    return _form(c, stamp, np.dtype(np.uint8), "small_broadcast", call)
 
 
 def all_gather(c: Any, stamp: Any, dtype: np.dtype,
                n: int) -> Optional[Callable[[np.ndarray, np.ndarray, Fingerprint], None]]:
     """The compiled one-generation all-gather of ``n`` elements of ``dtype`` per rank."""
-    kernels = _kernels()
-    if kernels is None:
-        return None
-    words, areas = c.control_words(), c.workspace_rows(np.dtype(np.uint8))
     rank = c.rank
 
-    def call(kernel, args, gen, sig, seq, polls, resume):
+    def call(kernel, words, areas, args, gen, sig, seq, polls, resume):
         return kernel(args[0].view(np.uint8), args[1].view(np.uint8), words, areas, rank, gen,
                       sig, seq, polls, resume)
-    return _form(c, stamp, kernels, kernels.small_all_gather, call)
+    return _form(c, stamp, np.dtype(np.uint8), "small_all_gather", call)

@@ -117,6 +117,19 @@ def _generation(words, rank, p, gen, sig, seq, polls, resume):  # pragma: no cov
     return status | _mismatch(words, rank, p, gen, sig, seq)
 
 
+@njit(cache=True, nogil=True)
+def _publish_and_meet(src, words, areas, rank, gen, sig, seq, polls,
+                      resume):  # pragma: no cover - compiled
+    """Copy ``src`` into this rank's input area of ``gen``'s half (unless resuming), then run
+    the generation (see ``_generation``)."""
+    p = areas.shape[0] // 2 - 1
+    if not resume:
+        own = areas[(gen & 1) * (p + 1) + rank]
+        for i in range(src.size):
+            own[i] = src[i]
+    return _generation(words, rank, p, gen, sig, seq, polls, resume)
+
+
 # Each collective below is one generation and returns a status (the constants above).
 # ``words``: the int64 control words. ``areas``: the workspace as rows of its areas, row
 # ``half * (p + 1) + r`` being rank r's input area of that half. With ``resume`` this rank
@@ -127,16 +140,11 @@ def small_all_reduce(buf, words, areas, rank, gen, sig, seq, polls, product, div
                      resume):  # pragma: no cover - compiled
     """Everyone publishes ``buf``, then reduces all of them in rank order into it:
     ``product`` multiplies instead of adding, ``divisor`` > 0 divides the sum (AVERAGE)."""
-    p = areas.shape[0] // 2 - 1
-    first = (gen & 1) * (p + 1)
-    n = buf.size
-    if not resume:
-        own = areas[first + rank]
-        for i in range(n):
-            own[i] = buf[i]
-    status = _generation(words, rank, p, gen, sig, seq, polls, resume)
+    status = _publish_and_meet(buf, words, areas, rank, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status
+    p = areas.shape[0] // 2 - 1
+    first, n = (gen & 1) * (p + 1), buf.size
     a, b = areas[first], areas[first + 1]
     if product:
         for i in range(n):
@@ -182,16 +190,11 @@ def small_all_gather(src, dst, words, areas, rank, gen, sig, seq, polls,
                      resume):  # pragma: no cover - compiled
     """Everyone publishes ``src`` (bytes) in its input area; all copy every area, in rank
     order, into ``dst``. ``src`` may be this rank's block of ``dst``: it is read first."""
-    p = areas.shape[0] // 2 - 1
-    first = (gen & 1) * (p + 1)
-    n = src.size
-    if not resume:
-        own = areas[first + rank]
-        for i in range(n):
-            own[i] = src[i]
-    status = _generation(words, rank, p, gen, sig, seq, polls, resume)
+    status = _publish_and_meet(src, words, areas, rank, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status
+    p = areas.shape[0] // 2 - 1
+    first, n = (gen & 1) * (p + 1), src.size
     for r in range(p):
         area = areas[first + r]
         for i in range(n):

@@ -28,8 +28,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import CollectiveMismatchError, DistributedError, RendezvousError
-from ..base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
-from .collectives import ShmCollectives
+from ..base import (HEADER_SIZE, Fingerprint, Transport, check_header, check_job, pack_header,
+                    unpack_header)
+from .collectives import ShmCollectives, checked_vector
 from .generation import Generation
 from .layout import CLOSED, PID, ShmLayout
 from .segment import attach_segment, create_segment, unlink_segment
@@ -41,14 +42,7 @@ DEFAULT_WORKSPACE_BYTES = 2 << 20
 
 
 def _byte_view(buf: Any, what: str, writable: bool = False) -> np.ndarray:
-    if not isinstance(buf, np.ndarray):
-        raise TypeError(f"{what} needs a NumPy array, got {type(buf).__name__}")
-    if buf.ndim != 1 or not buf.flags.c_contiguous:
-        raise ValueError(f"{what} needs a 1-D C-contiguous array, got shape {buf.shape} with "
-                         f"strides {buf.strides}")
-    if writable and not buf.flags.writeable:
-        raise ValueError(f"{what} needs a writable array (shape {buf.shape}, dtype {buf.dtype})")
-    return buf.view(np.uint8)
+    return checked_vector(buf, what, writable).view(np.uint8)
 
 
 class ShmTransport(Transport):
@@ -233,12 +227,7 @@ def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm
 
     ``store`` is any object with ``set(key, bytes)`` and a blocking ``get(key) -> bytes``.
     """
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
-    if not timeout > 0:
-        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    check_job(rank, world_size, timeout)
     key = f"{prefix}/nf_segment"
     if rank == 0:
         layout = ShmLayout(world_size, slots, slot_bytes, workspace_bytes)
