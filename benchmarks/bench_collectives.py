@@ -15,7 +15,9 @@ rank reads and writes its own buffer once through a cache-sized scratch, all at 
 all-reduce that leaves its result in the caller's buffer can beat on the same machine; and a
 ``copy exchange`` row times the copies the direct all-reduce makes at p = 2 without its sums:
 every rank copies its buffer into its area of the shared workspace and its neighbour's copy
-back, a round at a time, so it shows how fast data moves between the cores in that job.
+back, a round at a time, so it shows how fast data moves between the cores in that job. Two
+more shm rows from 1 MiB show what users see: ``shm AVERAGE`` (the op DDP uses) and ``shm
+plain loop`` (calls timed one by one in a plain loop, no barrier between them).
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
@@ -32,7 +34,8 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
 
 import bench_common as common  # noqa: E402
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
-from collectives_report import (COLLECTIVES, EXCHANGE, NATIVE, STREAM,  # noqa: E402,F401
+from collectives_report import (AVERAGE, COLLECTIVES, EXCHANGE, LOOP, NATIVE,  # noqa: E402,F401
+                                STREAM,
                                 bandwidths, bus_factor, goals, median_over_runs, plot, report,
                                 tables)
 
@@ -54,6 +57,8 @@ MIN_BATCHES = 5
 STREAM_MIN_BYTES = 1 << 20  # the buffer stream and copy exchange: all-reduces this large
 STREAM_STEP_BYTES = 1 << 20  # the stream's scratch and the exchange's round: stay in cache
 REFERENCES = (STREAM, EXCHANGE)
+VARIANTS = (AVERAGE, LOOP)   # our all-reduce as users call it, beside the batched SUM
+LOOP_WARMUP_CALLS = 10
 SECTION = "bench_collectives"
 SCRIPT = os.path.abspath(__file__)
 
@@ -92,6 +97,25 @@ def _our_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     if collective == "all_gather":
         return lambda: dist.all_gather_into_tensor(b["out"], b["send"])
     return lambda: dist.broadcast(b["buf"], src=0)
+
+
+def _average_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    from neural_arch import distributed as dist
+    return lambda: dist.all_reduce(b["buf"], dist.ReduceOp.AVERAGE)
+
+
+def time_plain_loop(call: Callable[[], Any], calls: int) -> List[float]:
+    """Seconds of each of ``calls`` calls made back to back (after LOOP_WARMUP_CALLS untimed
+    ones), with no barrier in between: a user's own timing loop."""
+    import time
+    for _ in range(LOOP_WARMUP_CALLS):
+        call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _native_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
@@ -145,13 +169,13 @@ def _exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
 
 
 def _check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int,
-           p: int) -> None:
+           p: int, average: bool = False) -> None:
     """One call on known inputs must give the known result; then every buffer is zeroed, so
     that the timed sums stay finite (and every page is written, not a shared zero page)."""
     import numpy as np
     if collective == "all_reduce":
         b["buf"][...] = rank + 1
-        got, expected = b["buf"], np.float32(p * (p + 1) / 2)
+        got, expected = b["buf"], np.float32(p * (p + 1) / 2 / (p if average else 1))
     elif collective == "all_gather":
         b["send"][...] = rank + 1
         got = b["out"]
@@ -178,24 +202,29 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
         from mpi4py import MPI
         impls.append((NATIVE, _native_call, MPI.COMM_WORLD.Barrier))
     if backend == "shm":
-        impls += [(STREAM, _stream_call, dist.barrier), (EXCHANGE, _exchange_call, dist.barrier)]
+        impls += [(AVERAGE, _average_call, dist.barrier), (LOOP, _our_call, None),
+                  (STREAM, _stream_call, dist.barrier), (EXCHANGE, _exchange_call, dist.barrier)]
     rows = []
     for collective in job["collectives"]:
         for count in message_counts(collective, job["sizes"][collective], p):
             nbytes = count * ITEMSIZE
             calls, batches = schedule(nbytes, job["iters"])
             for label, make, barrier in impls:  # ours and the peers alternate, size by size
-                if label in REFERENCES and (collective != "all_reduce"
-                                            or nbytes < STREAM_MIN_BYTES):
+                if label in REFERENCES + VARIANTS and (collective != "all_reduce"
+                                                       or nbytes < STREAM_MIN_BYTES):
                     continue
                 buffers = _buffers(collective, count, p)
                 call = make(collective, buffers)
-                checked = label not in REFERENCES
+                checked, average = label not in REFERENCES, label == AVERAGE
                 if checked:
-                    _check(collective, buffers, call, rank, p)
-                times = common.time_batches(call, barrier, calls, batches)
+                    _check(collective, buffers, call, rank, p, average)
+                if label == LOOP:
+                    dist.barrier()
+                    times = time_plain_loop(call, calls * batches)
+                else:
+                    times = common.time_batches(call, barrier, calls, batches)
                 if checked:  # still right after the timed calls
-                    _check(collective, buffers, call, rank, p)
+                    _check(collective, buffers, call, rank, p, average)
                 seconds = common.slowest_median(dist.all_gather_object(times))
                 algorithm = {NATIVE: NATIVE_NAMES[collective], STREAM: "read_write_once",
                              EXCHANGE: "copy_in_copy_out"}.get(

@@ -14,7 +14,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 NATIVE = "MPI native"
 STREAM = "buffer stream"
 EXCHANGE = "copy exchange"
-BACKEND_ORDER = ("shm", "tcp", "mpi", NATIVE, STREAM, EXCHANGE)
+AVERAGE = "shm AVERAGE"     # the shm all-reduce with ReduceOp.AVERAGE (DDP's op)
+LOOP = "shm plain loop"     # the shm all-reduce timed call by call, as a user's loop would
+BACKEND_ORDER = ("shm", AVERAGE, LOOP, "tcp", "mpi", NATIVE, STREAM, EXCHANGE)
 PEERS = (NATIVE, STREAM, EXCHANGE)  # rows measured beside ours, given no ratio
 
 
@@ -137,7 +139,8 @@ def plot(rows: Sequence[dict], path: str) -> List[str]:
                              figsize=(5 * len(collectives), 3.8 * len(world_sizes) + 0.8),
                              squeeze=False)
     colours = {b: f"C{i}" for i, b in enumerate(BACKEND_ORDER)}
-    styles = {NATIVE: "--", STREAM: ":", EXCHANGE: "-."}
+    styles = {NATIVE: "--", STREAM: ":", EXCHANGE: "-.", AVERAGE: (0, (1, 1)),
+              LOOP: (0, (3, 1, 1, 1))}
     handles: Dict[str, object] = {}
     titles = []
     for ax_row, p in zip(axes, world_sizes):
@@ -187,7 +190,11 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "the caller's buffer, so a bound for all of them on this machine. Copy exchange (the "
         "same jobs and sizes): every rank copies its buffer into its area of the shared "
         "workspace and its neighbour's copy back, 1 MiB and one barrier per round: the "
-        "copies the direct all-reduce makes at p = 2, without its sums.")
+        "copies the direct all-reduce makes at p = 2, without its sums. Shm AVERAGE (same "
+        "jobs and sizes): the all-reduce with ReduceOp.AVERAGE, as DDP calls it. Shm plain "
+        "loop (same jobs and sizes): the SUM all-reduce called in a plain loop with no "
+        "barriers, each call timed on its own, the median after 10 untimed calls: what a "
+        "user timing their own loop sees.")
     lines += ["### Goals", "", goals_table(rows), "", runs_line(rows), ""]
     lines += [f"Failed job: {f}" for f in failures]
     lines += ["", tables(rows)]
