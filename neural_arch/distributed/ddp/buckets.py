@@ -12,10 +12,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import object_collectives
-from .algorithms.shm_direct import supports_direct
-from .process_group import ProcessGroup, resolve_group
-from .shm_buckets import SharedBucketArena, SharedBucketsUnavailable, Spec
+from .. import object_collectives
+from ..algorithms.shm_direct import supports_direct
+from ..group.world import ProcessGroup, resolve_group
+from ..shm_buckets import SharedBucketArena, SharedBucketsUnavailable, Spec
 
 
 class PrivateBuckets:

@@ -14,7 +14,7 @@ Bucket storage comes from ``bucket_storage.bucket_storage``: on the whole world 
 transport the buckets live in shared memory (``shared_buckets``), so gradients are packed
 straight into the segment the averaging reads and nothing is copied in or out of a workspace.
 
-``naive_ddp.py`` holds the idea in its simplest form (one all-reduce per parameter).
+``naive.py`` holds the idea in its simplest form (one all-reduce per parameter).
 """
 from __future__ import annotations
 
@@ -23,15 +23,15 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from ..backends.numba_kernels import cast_to_float16
-from ..core import Tensor
-from ..nn import Module
-from . import collectives
-from .buffers import copy_from_host, copy_into_host
-from .process_group import get_world_size, is_initialized
-from .reduce_ops import ReduceOp
-from .bucket_storage import bucket_storage
-from .shm_buckets import SharedBucketArena
+from ...backends.numba_kernels import cast_to_float16
+from ...core import Tensor
+from ...nn import Module
+from .. import collectives
+from ..buffers import copy_from_host, copy_into_host
+from ..group.world import get_world_size, is_initialized
+from ..reduce_ops import ReduceOp
+from ..shm_buckets import SharedBucketArena
+from .buckets import bucket_storage
 
 
 class _Bucket:
