@@ -150,7 +150,7 @@ def _exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     the direct all-reduce does): its copies at p = 2, without the sums."""
     import numpy as np
     from neural_arch import distributed as dist
-    from neural_arch.distributed.process_group import resolve_group
+    from neural_arch.distributed.group.world import resolve_group
     buf, t = b["buf"], resolve_group(None).transport
     inputs, _ = t.native_collectives().views(buf.dtype)
     step = min(STREAM_STEP_BYTES, t.layout.workspace_bytes) // ITEMSIZE
@@ -194,7 +194,7 @@ def _check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: in
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     from neural_arch import distributed as dist
     from neural_arch.distributed import algorithms
-    from neural_arch.distributed.process_group import resolve_group
+    from neural_arch.distributed.group.world import resolve_group
     rank, p, backend = dist.get_rank(), dist.get_world_size(), job["backend"]
     transport = resolve_group(None).transport
     impls: List[Tuple[str, Callable, Callable[[], Any]]] = [(backend, _our_call, dist.barrier)]

@@ -42,7 +42,7 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
 
     import numpy as np
     from neural_arch import distributed as dist
-    from neural_arch.distributed.process_group import resolve_group
+    from neural_arch.distributed.group.world import resolve_group
     from neural_arch.distributed.transports.shm.writer import streaming_copy
     transport = resolve_group(None).transport
     rank, p = dist.get_rank(), dist.get_world_size()

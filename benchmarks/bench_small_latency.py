@@ -47,7 +47,7 @@ GOAL_US = 8.0  # the 4-byte shm all-reduce at p=2
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     import numpy as np
     from neural_arch import distributed as dist
-    from neural_arch.distributed.process_group import resolve_group
+    from neural_arch.distributed.group.world import resolve_group
     from neural_arch.distributed.reduce_ops import ReduceOp
     from neural_arch.distributed.transports.base import Fingerprint
     rank, p = dist.get_rank(), dist.get_world_size()

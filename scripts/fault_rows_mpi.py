@@ -2,8 +2,8 @@
 
 A stopped rank on one host (found by the pid watch), and, with a pid namespace per rank
 standing in for other hosts, a stopped rank (found by the heartbeat store of
-``neural_arch.distributed.mpi_heartbeat``) and a killed one under ``mpiexec --with-ft ulfm``
-(found by MPI's own failure report). ``Row`` is the report's row type; times are from the
+``neural_arch.distributed.health.mpi_heartbeat``) and a killed one under
+``mpiexec --with-ft ulfm`` (found by MPI's own failure report). ``Row`` is the report's row type; times are from the
 moment of the fault to the last survivor's error.
 """
 from __future__ import annotations

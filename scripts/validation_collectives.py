@@ -23,7 +23,7 @@ def sizes(n: int) -> list[int]:
 def algorithms_for(collective: str) -> list:
     """``None`` (the automatic choice) and every named algorithm this transport can run."""
     from neural_arch.distributed import algorithms
-    from neural_arch.distributed.process_group import world
+    from neural_arch.distributed.group.world import world
     usable = [None]
     for name in algorithms.ALGORITHMS[collective]:
         try:

@@ -133,7 +133,7 @@ def main(argv: Optional[list] = None) -> int:
     from neural_arch import distributed as dist
     from neural_arch.distributed.checkpoint import (DistributedCheckpointManager,
                                                     setup_fault_tolerant_training)
-    from neural_arch.distributed.preemption import PreemptionHandler
+    from neural_arch.distributed.health.preemption import PreemptionHandler
     from neural_arch.nn.serialization import save_state_dict
 
     out = Path(args.out)

@@ -40,7 +40,7 @@ def _write_json(path: Path, payload: dict) -> None:
 
 def _close_socket_on_trigger(out: Path, rank: int, world_size: int) -> None:
     """Shut down this rank's connection to the next rank once the trigger file appears."""
-    from neural_arch.distributed.process_group import world
+    from neural_arch.distributed.group.world import world
     while not (out / "close_socket").exists():
         time.sleep(0.005)
     peer, injected = (rank + 1) % world_size, time.time()

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from neural_arch.distributed import auth
-from neural_arch.distributed.auth import client_handshake, job_secret, server_handshake
 from neural_arch.distributed.errors import AuthenticationError
+from neural_arch.distributed.rendezvous import auth
+from neural_arch.distributed.rendezvous.auth import client_handshake, job_secret, server_handshake
 
 pytestmark = pytest.mark.timeout(60)
 

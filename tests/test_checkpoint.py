@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 import neural_arch as na
 from neural_arch.distributed.checkpoint import (DistributedCheckpointManager, NoCheckpointError,
                                                 setup_fault_tolerant_training)
-from neural_arch.distributed.checkpoint_format import decode, encode
-from neural_arch.distributed.loss_scaler import LossScaler
+from neural_arch.distributed.checkpoint.format import decode, encode
+from neural_arch.distributed.ddp.loss_scaler import LossScaler
 from neural_arch.nn.serialization import load_state_dict_file
 
 from checkpoint_training_job import TrainingJob

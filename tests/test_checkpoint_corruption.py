@@ -116,8 +116,8 @@ def test_no_good_checkpoint_is_a_clear_error(saved, caplog):
 
 CRASHING_SAVE = """
 import os, sys
-from neural_arch.distributed import checkpoint_format
 from neural_arch.distributed.checkpoint import DistributedCheckpointManager
+from neural_arch.distributed.checkpoint import format as checkpoint_format
 sys.path.insert(0, {tests!r})
 from checkpoint_training_job import TrainingJob
 

@@ -22,7 +22,7 @@ from neural_arch import distributed as dist
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed import algorithms as algos
 from neural_arch.distributed.algorithms.exchange import chunk_bounds
-from neural_arch.distributed.process_group import resolve_group
+from neural_arch.distributed.group.world import resolve_group
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -77,7 +77,7 @@ def test_shuffle_without_seed_follows_manual_seed():
 
 
 def test_sampler_decides_the_indices():
-    from neural_arch.distributed.sampler import DistributedSampler
+    from neural_arch.distributed.ddp.sampler import DistributedSampler
 
     ds = _dataset(10)
     loader = DataLoader(ds, batch_size=4, sampler=[9, 1, 1, 4, 0])

@@ -1,8 +1,8 @@
 """Rendezvous information from launcher environments (ours, Open MPI, PMI, SLURM) and URLs."""
 import pytest
 
-from neural_arch.distributed.env import (RendezvousInfo, expand_nodelist, is_launched_by_mpi,
-                                         resolve)
+from neural_arch.distributed.rendezvous.env import (RendezvousInfo, expand_nodelist,
+                                                    is_launched_by_mpi, resolve)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from neural_arch.distributed.auth import server_handshake
 from neural_arch.distributed.errors import AuthenticationError
-from neural_arch.distributed.store import (ADD, CHECK, DELETE, GET, MAX_KEY_BYTES, SET, WAIT,
-                                           FrameError, Request, decode_keys, encode_keys,
-                                           encode_request, read_request)
+from neural_arch.distributed.rendezvous.auth import server_handshake
+from neural_arch.distributed.rendezvous.store import (ADD, CHECK, DELETE, GET, MAX_KEY_BYTES, SET,
+                                                      WAIT, FrameError, Request, decode_keys,
+                                                      encode_keys, encode_request, read_request)
 from neural_arch.distributed.transports.base import (HEADER_SIZE, Fingerprint, pack_header,
                                                      unpack_header)
 

@@ -154,7 +154,7 @@ def test_collectives_on_cupy_arrays_two_ranks_one_gpu():
 def test_nccl_transport_one_rank_native_collectives():
     import cupy as cp
 
-    from neural_arch.distributed.store import TCPStore
+    from neural_arch.distributed.rendezvous.store import TCPStore
     from neural_arch.distributed.transports.nccl import NcclTransport
     from dist_harness import free_port
     assert transports.is_available("nccl")

@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed import heartbeat
 from neural_arch.distributed.errors import PeerFailureError
-from neural_arch.distributed.heartbeat import HeartbeatConfig
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.health import heartbeat
+from neural_arch.distributed.health.heartbeat import HeartbeatConfig
+from neural_arch.distributed.rendezvous.store import TCPStore
 
 from dist_harness import RankFailed, mpi_available, run_ranks
 
@@ -149,7 +149,7 @@ def test_other_ranks_hear_rank0s_verdict_and_acknowledge_it(server):
 
 STORE_SERVER = """
 import sys, time
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.rendezvous.store import TCPStore
 store = TCPStore("127.0.0.1", 0, is_server=True, secret=sys.argv[1].encode(), timeout=30)
 print(store.port, flush=True)
 time.sleep(60)

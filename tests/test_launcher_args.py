@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from neural_arch.distributed.launcher import main
-from neural_arch.distributed.launcher_args import (LaunchConfig, build_parser, cpu_count,
-                                                   parse_launcher_args, split_command_line)
+from neural_arch.distributed.launch.args import (LaunchConfig, build_parser, cpu_count,
+                                                 parse_launcher_args, split_command_line)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dist_harness import mpi_available
-from neural_arch.distributed import mpi_heartbeat
+from neural_arch.distributed.health import mpi_heartbeat
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_ENV = {"NEURAL_ARCH_HEARTBEAT_INTERVAL": "0.2", "NEURAL_ARCH_HEARTBEAT_TIMEOUT": "2.0"}
@@ -27,7 +27,7 @@ JOB = textwrap.dedent("""
     victim, how, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
     if os.environ.get("UNREACHABLE_RANK") == str(rank):
-        from neural_arch.distributed import mpi_heartbeat
+        from neural_arch.distributed.health import mpi_heartbeat
         mpi_heartbeat._connect = lambda *args: (None, "connection refused for the test")
     import warnings
     warnings.simplefilter("always")

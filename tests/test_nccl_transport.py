@@ -18,7 +18,7 @@ import fake_nccl
 from neural_arch.distributed import algorithms, transports
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
 from neural_arch.distributed.reduce_ops import ReduceOp
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.rendezvous.store import TCPStore
 from neural_arch.distributed.transports.base import Fingerprint
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dist_harness import run_ranks
-from neural_arch.distributed.preemption import PreemptionHandler, any_rank_requested
+from neural_arch.distributed.health.preemption import PreemptionHandler, any_rank_requested
 
 pytestmark = pytest.mark.timeout(60)
 

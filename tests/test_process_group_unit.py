@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from neural_arch import distributed as dist
-from neural_arch.distributed import backend_choice
-from neural_arch.distributed import process_group as pgm
 from neural_arch.distributed.algorithms import ring
-from neural_arch.distributed.env import RendezvousInfo
+from neural_arch.distributed.group import backend_choice
+from neural_arch.distributed.group import world as pgm
 from neural_arch.distributed.reduce_ops import ReduceOp
+from neural_arch.distributed.rendezvous.env import RendezvousInfo
 from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.work import CommQueue
 from threaded_transport import Fabric, run_threads

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from neural_arch.distributed.sampler import DistributedSampler
+from neural_arch.distributed.ddp.sampler import DistributedSampler
 
 pytestmark = pytest.mark.timeout(60)
 

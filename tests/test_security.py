@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.rendezvous.store import TCPStore
 
 import fault_injection_job
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dist_harness import RankFailed, run_ranks
-from neural_arch.distributed.shm_buckets import ALIGN_BYTES, _slices
+from neural_arch.distributed.ddp.shared_buckets import ALIGN_BYTES, _slices
 from shm_testing import shm_names_of
 from test_ddp import (check_against_reference, make_model, make_optimizer, train_ddp,
                       train_reference)
@@ -147,12 +147,12 @@ def slow_rank_worker(rank: int, world_size: int, slow_step: str):
     if rank == 1:
         # "unpack": reads the results late, while rank 0 already packs the next sync;
         # "_reduce_slice": its slices are final late, while rank 0 wants to unpack them
-        original = getattr(model._arena, slow_step)
+        original = getattr(model._storage, slow_step)
 
         def slow(*args):
             time.sleep(0.3)
             original(*args)
-        setattr(model._arena, slow_step, slow)
+        setattr(model._storage, slow_step, slow)
     results = []
     for step in range(3):
         for p in net.parameters():
@@ -225,7 +225,7 @@ def test_subgroup_keeps_private_buckets():
 
 
 def no_room_worker(rank: int, world_size: int, shared):
-    from neural_arch.distributed import shm_buckets
+    from neural_arch.distributed.ddp import shared_buckets as shm_buckets
     if rank == 0:  # as if /dev/shm were full
         shm_buckets._create_reserved = lambda name, size: (None, "/dev/shm has no room (test)")
     return choice_worker(rank, world_size, shared)
@@ -239,7 +239,7 @@ def test_segment_that_cannot_be_made_falls_back_or_raises_on_every_rank():
 
 def skipped_seq_worker(rank: int, world_size: int):
     from neural_arch.distributed import CollectiveMismatchError, DistributedDataParallel
-    from neural_arch.distributed.process_group import world
+    from neural_arch.distributed.group.world import world
     from neural_arch.models import MLP
     model = DistributedDataParallel(MLP([4, 6, 2]), shared_buckets=True)
     for p in model.parameters():
@@ -264,7 +264,7 @@ def test_ranks_out_of_step_raise_a_mismatch_naming_both():
 def test_segment_without_room_is_reported_and_removed(monkeypatch):
     import errno
 
-    from neural_arch.distributed import shm_buckets
+    from neural_arch.distributed.ddp import shared_buckets as shm_buckets
 
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -282,12 +282,12 @@ def killed_peer_worker(rank: int, world_size: int):
     import signal
 
     from neural_arch.distributed import DistributedDataParallel, PeerFailureError
-    from neural_arch.distributed.process_group import world
+    from neural_arch.distributed.group.world import world
     from neural_arch.models import MLP
     model = DistributedDataParallel(MLP([16, 32, 32, 4]), bucket_size_mb=0.0002,
                                     shared_buckets=True)
     assert len(model._buckets) >= 3
-    arena = model._arena
+    arena = model._storage
     pids = list(world().transport.watch.pids)
     if rank == 1:
         reduce_slice = arena._reduce_slice

@@ -9,10 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from neural_arch.distributed.auth import client_handshake
 from neural_arch.distributed.errors import (AuthenticationError, CollectiveTimeoutError,
                                             RendezvousError)
-from neural_arch.distributed.store import (ADD, GET, SET, TCPStore, barrier, encode_request)
+from neural_arch.distributed.rendezvous.auth import client_handshake
+from neural_arch.distributed.rendezvous.store import (ADD, GET, SET, TCPStore, barrier,
+                                                      encode_request)
 
 pytestmark = pytest.mark.timeout(90)
 SECRET = b"store-test-secret"

@@ -14,9 +14,9 @@ import threading
 import numpy as np
 import pytest
 
-from neural_arch.distributed.auth import client_handshake
 from neural_arch.distributed.errors import AuthenticationError, RendezvousError
-from neural_arch.distributed.store import TCPStore
+from neural_arch.distributed.rendezvous.auth import client_handshake
+from neural_arch.distributed.rendezvous.store import TCPStore
 from neural_arch.distributed.transports import tcp
 from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.tcp_mesh import address_key

@@ -271,7 +271,7 @@ def test_pid_alive_sees_zombies_and_reaped_children():
 
 
 def ring_over_tcp_store(rank, p, _unused_store, port, secret):
-    from neural_arch.distributed.store import TCPStore
+    from neural_arch.distributed.rendezvous.store import TCPStore
     store = TCPStore("127.0.0.1", port, world_size=p, secret=secret, timeout=30.0)
     try:
         return ring_exchange(rank, p, store, [(5, np.float64), (70_001, np.int32)], {})
@@ -280,7 +280,7 @@ def ring_over_tcp_store(rank, p, _unused_store, port, secret):
 
 
 def test_rendezvous_through_the_tcp_store(tmp_path):
-    store_module = pytest.importorskip("neural_arch.distributed.store")
+    store_module = pytest.importorskip("neural_arch.distributed.rendezvous.store")
     if not hasattr(store_module, "TCPStore"):
         pytest.skip("the TCP store is not part of this installation")
     secret = os.urandom(32)

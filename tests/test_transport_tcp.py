@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.auth import client_handshake
 from neural_arch.distributed.errors import (AuthenticationError, CollectiveMismatchError,
                                             PeerFailureError)
-from neural_arch.distributed.store import TCPStore, barrier
+from neural_arch.distributed.rendezvous.auth import client_handshake
+from neural_arch.distributed.rendezvous.store import TCPStore, barrier
 from neural_arch.distributed.transports import tcp
 from neural_arch.distributed.transports.base import Fingerprint
 

@@ -3,34 +3,43 @@
 Collectives and process-group functions follow PyTorch's ``torch.distributed``. Training tools
 (``DistributedDataParallel``, ``DistributedSampler``, the launcher) are imported on first use,
 so ``import neural_arch.distributed`` stays light.
+
+Subsystems live in subpackages: ``group/`` (process groups and the world), ``ddp/`` (data
+parallel training), ``checkpoint/``, ``launch/`` (the launcher's parts), ``rendezvous/`` (the
+store, authentication, the launch environment) and ``health/`` (heartbeat, preemption). Their
+modules used to sit at the top level; ``_moved`` keeps those old paths importable.
 """
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
+from . import _moved  # first: it installs the finder that keeps old module paths importable
 from .collectives import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
                           barrier, broadcast, broadcast_object_list, gather, recv, reduce,
                           reduce_scatter, reduce_scatter_tensor, scatter, send)
 from .errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
                      DistributedError, PeerFailureError, RendezvousError)
-from .process_group import (ProcessGroup, destroy_process_group, get_backend,
-                            get_distributed_info, get_local_rank, get_rank, get_world_size,
-                            init_process_group, is_initialized, new_group)
+from .group import (ProcessGroup, destroy_process_group, get_backend, get_distributed_info,
+                    get_local_rank, get_rank, get_world_size, init_process_group, is_initialized,
+                    new_group)
 from .reduce_ops import ReduceOp
 from .work import Work
 
 _LAZY = {
-    "DistributedDataParallel": ".ddp",
-    "DistributedSampler": ".sampler",
-    "launch_distributed_training": ".launcher",
-    "DistributedLauncher": ".launcher",
+    "DistributedDataParallel": ".ddp.data_parallel",
+    "DistributedSampler": ".ddp.sampler",
+    "launch_distributed_training": ".launch.supervisor",
+    "DistributedLauncher": ".launch.supervisor",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        moved = _moved.import_moved(name)  # an old module path, as ``dist.process_group``
+        if moved is not None:
+            return moved
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value

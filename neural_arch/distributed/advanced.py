@@ -1,6 +1,8 @@
 """Advanced data-parallel training: accumulation, clipping, mixed precision, loss scaling,
 communication profiling, and (from ``checkpoint``) checkpointing and fault-tolerant resume.
 
+This is the public face of those tools, gathered from where they live: ``ddp/advanced.py``
+(the wrapper and its config), ``ddp/loss_scaler.py``, ``profiler.py`` and ``checkpoint/``.
 The checkpoint names are imported on first use, so this module imports without them.
 """
 from __future__ import annotations
@@ -8,8 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .advanced_ddp import AdvancedDistributedDataParallel, DistributedTrainingConfig
-from .loss_scaler import LossScaler
+from .ddp.advanced import AdvancedDistributedDataParallel, DistributedTrainingConfig
+from .ddp.loss_scaler import LossScaler
 from .profiler import (CommunicationProfiler, current_tracer, set_collective_tracer,
                        trace_collectives)
 

@@ -7,7 +7,7 @@ returned. ``src``/``dst`` are global ranks, as in PyTorch.
 
 A synchronous all-reduce, broadcast or all-gather of a NumPy array on the default group, with
 no profiler attached, first asks for the plan its transport prepared for that shape
-(``process_group.planned``; shared memory makes one per small vector): once an earlier call
+(``group.world.planned``; shared memory makes one per small vector): once an earlier call
 made it, the plan runs straight away, with the fingerprint the general path would build and
 after any queued async work. On a 4-byte vector the checks and layers of the general path
 cost about as much as the collective itself. Every other call, and every one with arguments
@@ -19,9 +19,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms, process_group, profiler
+from . import algorithms, profiler
+from .group import world
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
-from .process_group import ProcessGroup, resolve_group
+from .group.world import ProcessGroup, resolve_group
 from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op, finish_average
 
 _ALL_REDUCE_NAMES = {op: f"all_reduce:{code}" for op, code in OP_CODE.items()}
@@ -29,7 +30,7 @@ _ALL_REDUCE_NAMES = {op: f"all_reduce:{code}" for op, code in OP_CODE.items()}
 
 def _plan(key: tuple) -> Optional[tuple]:
     """(default group, plan) that runs ``key`` now, or None (then the general path runs)."""
-    planned = process_group.planned()
+    planned = world.planned()
     if planned is None or profiler.current_tracer() is not None:
         return None
     run = planned[1].get(key)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import algorithms
 from .buffers import Flat
-from .process_group import ProcessGroup, resolve_group
+from .group.world import ProcessGroup, resolve_group
 
 _MISSING = object()
 

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from .algorithms import exchange
 from .buffers import Flat, checked_array
-from .process_group import ProcessGroup, resolve_group
+from .group.world import ProcessGroup, resolve_group
 
 
 def _p2p(tensor: Any, peer_rank: int, group: Optional[ProcessGroup], tag: int,

@@ -48,7 +48,7 @@ class _OpStats:
 
 
 def _current_rank() -> int:
-    from .process_group import get_rank, is_initialized
+    from .group.world import get_rank, is_initialized
     return get_rank() if is_initialized() else 0
 
 

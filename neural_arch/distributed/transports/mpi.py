@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import heartbeat
+from ..health import heartbeat
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, DistributedError,
                       PeerFailureError)
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header

@@ -108,7 +108,7 @@ class NcclTransport(Transport):
         if len(raw) != 128:
             raise RendezvousError(f"NCCL unique id in the store has {len(raw)} bytes, not 128",
                                   **where)
-        from ..store import barrier as store_barrier
+        from ..rendezvous.store import barrier as store_barrier
         store_barrier(store, _ARRIVAL_KEY, self.world_size, self.rank, self.timeout)
         outcome: dict = {}
 

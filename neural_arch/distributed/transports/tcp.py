@@ -20,7 +20,7 @@ from typing import Optional
 
 import numpy as np
 
-from .. import heartbeat
+from ..health import heartbeat
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
 from .base import (HEADER_SIZE, Fingerprint, Transport, check_header, check_job, pack_header,
                    unpack_header)

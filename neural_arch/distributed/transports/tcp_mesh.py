@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Optional
 
-from ..auth import client_handshake, job_secret, server_handshake
+from ..rendezvous.auth import client_handshake, job_secret, server_handshake
 from ..errors import AuthenticationError, RendezvousError
 
 HELLO = struct.Struct("<II")  # dialling rank, its world size; then the key prefix

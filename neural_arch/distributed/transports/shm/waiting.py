@@ -18,7 +18,7 @@ import os
 import time
 from typing import Callable, Optional, Sequence
 
-from ... import heartbeat
+from ...health import heartbeat
 from . import futex
 from ...errors import CollectiveTimeoutError, PeerFailureError
 

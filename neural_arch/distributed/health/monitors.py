@@ -11,8 +11,8 @@ import time
 from collections import deque
 from typing import Optional
 
+from ..errors import CollectiveTimeoutError, DistributedError
 from . import heartbeat
-from .errors import CollectiveTimeoutError, DistributedError
 from .heartbeat import KEY_PREFIX, LEFT_MARK, HeartbeatConfig
 
 _NOTICE_S = 0.3  # a verdict recorded here reaches a transport's wait loop within this long
@@ -133,7 +133,7 @@ class StoreMonitor(_Monitor):
         return True
 
     def _join(self) -> str:
-        from .store import TCPStore
+        from ..rendezvous.store import TCPStore
         host, port, secret = self._address
         if self._store is None:
             self._store = TCPStore(host, port, secret=secret, timeout=self._request_timeout,

@@ -35,11 +35,11 @@ def any_rank_requested(requested: bool, group: Any = None) -> bool:
     A collective when a process group is initialized: all ranks must call it at the same
     point. Without one it returns ``requested``.
     """
-    from .process_group import is_initialized
+    from ..group.world import is_initialized
     if not is_initialized():
         return bool(requested)
-    from .collectives import all_reduce
-    from .reduce_ops import ReduceOp
+    from ..collectives import all_reduce
+    from ..reduce_ops import ReduceOp
     flag = np.array([1 if requested else 0], dtype=np.int32)
     all_reduce(flag, ReduceOp.MAX, group=group)
     return bool(flag[0])

@@ -2,13 +2,13 @@
 
 Each rank runs the same model on its own slice of the batch. Before the optimizer step, every
 gradient is averaged over the ranks with one all-reduce per parameter, so all replicas take the
-same step and stay identical. ``DistributedDataParallel`` (ddp.py) does the same with a few large
+same step and stay identical. ``DistributedDataParallel`` (data_parallel.py) does the same with a few large
 bucketed messages and can overlap them with backward; this class shows the idea in ten lines.
 """
 from __future__ import annotations
 
-from . import collectives
-from .reduce_ops import ReduceOp
+from .. import collectives
+from ..reduce_ops import ReduceOp
 
 
 class NaiveDistributedDataParallel:

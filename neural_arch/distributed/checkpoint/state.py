@@ -15,12 +15,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..core.random import get_rng
-from ..nn import Module
-from . import checkpoint_format as fmt
-from .checkpoint_format import CheckpointCorruptError, decode, encode
-from .collectives import all_gather, all_reduce, broadcast
-from .reduce_ops import ReduceOp
+from ...core.random import get_rng
+from ...nn import Module
+from ..collectives import all_gather, all_reduce, broadcast
+from ..reduce_ops import ReduceOp
+from . import format as fmt
+from .format import CheckpointCorruptError, decode, encode
 
 
 def unwrap_model(model: Any) -> Any:

@@ -32,15 +32,15 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ..backends import xp_of
-from ..core import Tensor
-from ..nn import Module
-from . import collectives
-from .ddp import DistributedDataParallel
+from ...backends import xp_of
+from ...core import Tensor
+from ...nn import Module
+from .. import collectives
+from ..group.world import get_world_size
+from ..profiler import CommunicationProfiler
+from ..reduce_ops import ReduceOp
+from .data_parallel import DistributedDataParallel
 from .loss_scaler import LossScaler
-from .process_group import get_world_size
-from .profiler import CommunicationProfiler
-from .reduce_ops import ReduceOp
 
 _LOG = logging.getLogger(__name__)
 

@@ -13,12 +13,13 @@ import socket
 import zlib
 from typing import Any, Optional, Sequence
 
-from . import algorithms, heartbeat, transports
+from .. import algorithms, transports
+from ..health import heartbeat
+from ..transports.base import Fingerprint, Transport
+from ..work import CommQueue, Seconds, to_seconds
 from .backend_choice import choose_on_one_host, launched_by_mpi, normalize_backend
-from .group import ProcessGroup
-from .group_transport import GroupTransport
-from .transports.base import Fingerprint, Transport
-from .work import CommQueue, Seconds, to_seconds
+from .process_group import ProcessGroup
+from .subgroup_transport import GroupTransport
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -51,7 +52,7 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     if _WORLD is not None:
         raise RuntimeError("the default process group is already initialized; call "
                            "destroy_process_group() first")
-    from .env import resolve
+    from ..rendezvous.env import resolve
     seconds = to_seconds(timeout)
     algorithms.read_environment()
     requested = normalize_backend(backend)
@@ -70,21 +71,21 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     transport = None
     try:
         if owns_store:
-            from .auth import job_secret
-            from .store import TCPStore
+            from ..rendezvous.auth import job_secret
+            from ..rendezvous.store import TCPStore
             secret = job_secret()
             store = TCPStore(info.master_addr, info.master_port, info.world_size,
                              is_server=info.rank == 0, secret=secret, timeout=seconds,
                              rank=info.rank)
         chosen = choose_on_one_host(info, store) if requested == "auto" else requested
         if chosen == "tcp" and secret is None:
-            from .auth import job_secret
+            from ..rendezvous.auth import job_secret
             secret = job_secret()
         transport = transports.create_transport(chosen, rank=info.rank,
                                                 world_size=info.world_size, store=store,
                                                 timeout=seconds, secret=secret)
         if store is None and chosen == "mpi":  # a store for the heartbeat, when ranks span hosts
-            from .mpi_heartbeat import heartbeat_store
+            from ..health.mpi_heartbeat import heartbeat_store
             store = heartbeat_store(transport, seconds)
             owns_store = store is not None
         world = _World(info, chosen, store, transport, seconds)
@@ -216,7 +217,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
                          "subgroups share the job's transport")
     group_id = len(w.groups)
     # Every rank must agree on the membership, or later collectives would talk past each other.
-    from .object_collectives import check_same_everywhere
+    from ..object_collectives import check_same_everywhere
     check_same_everywhere(w.default, "new_group", [group_id, zlib.crc32(repr(members).encode())],
                           f"new_group #{group_id} ranks {members}")
     me = w.info.rank

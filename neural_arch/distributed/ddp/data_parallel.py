@@ -10,11 +10,12 @@ Two ways to synchronise:
   background as soon as backward has produced all of its gradients, overlapping communication
   with the rest of backward; ``sync_gradients()`` then only waits and unpacks.
 
-Bucket storage comes from ``bucket_storage.bucket_storage``: on the whole world of an ``shm``
-transport the buckets live in shared memory (``shared_buckets``), so gradients are packed
-straight into the segment the averaging reads and nothing is copied in or out of a workspace.
+Bucket storage comes from ``buckets.bucket_storage``, private or shared behind one interface:
+on the whole world of an ``shm`` transport the buckets live in shared memory
+(``shared_buckets``), so gradients are packed straight into the segment the averaging reads
+and nothing is copied in or out of a workspace.
 
-``naive_ddp.py`` holds the idea in its simplest form (one all-reduce per parameter).
+``naive.py`` holds the idea in its simplest form (one all-reduce per parameter).
 """
 from __future__ import annotations
 
@@ -23,15 +24,13 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from ..backends.numba_kernels import cast_to_float16
-from ..core import Tensor
-from ..nn import Module
-from . import collectives
-from .buffers import copy_from_host, copy_into_host
-from .process_group import get_world_size, is_initialized
-from .reduce_ops import ReduceOp
-from .bucket_storage import bucket_storage
-from .shm_buckets import SharedBucketArena
+from ...core import Tensor
+from ...nn import Module
+from .. import collectives
+from ..buffers import copy_into_host
+from ..group.world import get_world_size, is_initialized
+from ..reduce_ops import ReduceOp
+from .buckets import bucket_storage
 
 
 class _Bucket:
@@ -45,7 +44,6 @@ class _Bucket:
         self.flat = flat  # from the bucket storage: private, or this rank's shared copy
         self.ready = 0  # parameters whose gradient this backward has finished
         self.work = None  # pending async all-reduce
-        self.compressed: Optional[np.ndarray] = None  # float16 copy sent when compressing
         self.used = np.ones(len(params), dtype=bool)
 
     def views(self) -> Iterator[tuple]:
@@ -60,13 +58,6 @@ class _Bucket:
             else:
                 self.used[i] = True
                 copy_into_host(view, p.grad)  # GPU gradients are staged through the bucket
-
-    def unpack(self, keep: Optional[np.ndarray] = None) -> None:
-        for i, p, view in self.views():
-            if keep is not None and not keep[i]:
-                p.grad = None
-            else:
-                p.grad = copy_from_host(view.reshape(p.data.shape), p.data, out=p.grad)
 
 
 class DistributedDataParallel(Module):
@@ -103,10 +94,7 @@ class DistributedDataParallel(Module):
         self._check_replicas_agree()
         self._broadcast_state()
         self._buckets = self._build_buckets(int(bucket_size_mb * 2 ** 20), shared_buckets)
-        # Shared buckets are averaged by the arena, everything else by collectives.all_reduce.
-        self._arena: Optional[SharedBucketArena] = (
-            self._storage if isinstance(self._storage, SharedBucketArena) else None)
-        self.shared_buckets = self._arena is not None
+        self.shared_buckets = self._storage.shared  # averaged in one shared segment
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._next_launch = 0
         self._hook_handles = []
@@ -184,25 +172,10 @@ class DistributedDataParallel(Module):
             self._next_launch += 1
 
     def _launch(self, bucket: _Bucket) -> None:
-        if self._arena is not None:
-            self._arena.acquire()  # peers no longer read the last sync's results
+        self._storage.acquire()  # shared buckets: peers no longer read the last sync's results
         bucket.pack()
         self._check_unused(bucket)
-        if self._arena is not None:
-            bucket.work = self._arena.all_reduce(bucket.index)
-            return
-        wire = bucket.flat
-        if self.gradient_compression and wire.dtype != np.float16:
-            # Half the bytes on the wire; the average is taken in float16 (PyTorch's fp16 hook).
-            if bucket.compressed is None:
-                bucket.compressed = np.empty(wire.size, dtype=np.float16)
-            if wire.dtype == np.float32:
-                cast_to_float16(wire, out=bucket.compressed)  # Numba: ~3.7x NumPy's cast
-            else:
-                np.copyto(bucket.compressed, wire, casting="same_kind")
-            wire = bucket.compressed
-        bucket.work = collectives.all_reduce(wire, ReduceOp.AVERAGE, group=self._group,
-                                             async_op=True)
+        bucket.work = self._storage.all_reduce(bucket.index)
 
     def _check_unused(self, bucket: _Bucket) -> None:
         if self.find_unused_parameters or bucket.used.all():
@@ -224,20 +197,14 @@ class DistributedDataParallel(Module):
                 self._launch(bucket)
         for bucket in self._buckets:
             bucket.work.wait()
-            if bucket.compressed is not None and self.gradient_compression:
-                np.copyto(bucket.flat, bucket.compressed)
         used = self._globally_used() if self.find_unused_parameters else None
         start = 0
         for bucket in self._buckets:
             n = len(bucket.params)
             keep = None if used is None else used[start:start + n]
-            if self._arena is not None:
-                self._arena.unpack(bucket.index, bucket.params, bucket.offsets, keep)
-            else:
-                bucket.unpack(keep)
+            self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
             start += n
-        if self._arena is not None:
-            self._arena.release()
+        self._storage.release()
         self._reset()
 
     def _globally_used(self) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""DDP's gradient buckets in shared memory (chosen by ``bucket_storage``).
+"""DDP's gradient buckets in shared memory (chosen by ``buckets.bucket_storage``).
 
 On the whole world of an ``shm`` transport, a ``SharedBucketArena`` maps one segment holding
 every rank's buckets: packing gradients writes straight into shared memory, and averaging a
@@ -35,14 +35,14 @@ from typing import List, Optional, Sequence, Tuple
 import _posixshmem
 import numpy as np
 
-from . import object_collectives
-from .buffers import copy_from_host
-from .errors import CollectiveMismatchError, DistributedError
-from .process_group import ProcessGroup
-from .transports.shm import Generation, attach_segment, create_segment, unlink_segment
-from .transports.shm.compiled import add_then_average
-from .transports.shm.layout import LINE_WORDS, PAGE, SPARE
-from .transports.shm.waiting import wait_ge
+from .. import object_collectives
+from ..buffers import copy_from_host
+from ..errors import CollectiveMismatchError, DistributedError
+from ..group.process_group import ProcessGroup
+from ..transports.shm import Generation, attach_segment, create_segment, unlink_segment
+from ..transports.shm.compiled import add_then_average
+from ..transports.shm.layout import LINE_WORDS, PAGE, SPARE
+from ..transports.shm.waiting import wait_ge
 
 Spec = Tuple[int, np.dtype]  # (elements, dtype) of one bucket
 

@@ -1,6 +1,6 @@
 """The checkpoints in one directory: which exist, which are good, which to keep.
 
-A checkpoint is good when every file matches its manifest (``checkpoint_format``). Checking
+A checkpoint is good when every file matches its manifest (``format``). Checking
 reads every file, so the answer is remembered while the manifest file stays the same.
 """
 from __future__ import annotations
@@ -10,11 +10,11 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import checkpoint_format as fmt
-from .checkpoint_format import CheckpointCorruptError, CheckpointError, NoCheckpointError
+from . import format as fmt
+from .format import CheckpointCorruptError, CheckpointError, NoCheckpointError
 
-# a child of the checkpoint module's logger: whoever listens there hears these warnings too
-logger = logging.getLogger(f"{__package__}.checkpoint.directory")
+# a child of the checkpoint package's logger: whoever listens there hears these warnings too
+logger = logging.getLogger(__name__)
 
 
 class CheckpointDirectory:

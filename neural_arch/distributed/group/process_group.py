@@ -2,7 +2,7 @@
 
 Each group numbers its collectives (the sequence number in every fingerprint) and its
 point-to-point messages per peer, translates global ranks to its own, and runs calls in issue
-order on the job's queue, synchronously or as ``Work``. ``process_group`` builds the default
+order on the job's queue, synchronously or as ``Work``. ``world`` builds the default
 group at ``init_process_group`` and subgroups in ``new_group``.
 """
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import heartbeat
-from .errors import DistributedError, PeerFailureError
-from .group_transport import SoloTransport
-from .profiler import trace_collective
-from .transports.base import Fingerprint, Transport
-from .work import CommQueue, Work
+from ..errors import DistributedError, PeerFailureError
+from ..health import heartbeat
+from ..profiler import trace_collective
+from ..transports.base import Fingerprint, Transport
+from ..work import CommQueue, Work
+from .subgroup_transport import SoloTransport
 
 _DTYPE_NAMES: dict = {}
 

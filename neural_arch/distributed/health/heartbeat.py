@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from .errors import PeerFailureError
+from ..errors import PeerFailureError
 
 ENABLE_ENV = "NEURAL_ARCH_HEARTBEAT"
 INTERVAL_ENV = "NEURAL_ARCH_HEARTBEAT_INTERVAL"
@@ -155,8 +155,8 @@ def start(rank: int, world_size: int, store=None, transport=None,
     if not config.enabled or world_size < 2:
         return None
     # Imported here: the monitors import this module, which holds the state they report to.
-    from .heartbeat_monitors import PidMonitor, StoreMonitor
-    from .store import TCPStore
+    from .monitors import PidMonitor, StoreMonitor
+    from ..rendezvous.store import TCPStore
     pids = getattr(transport, "local_peer_pids", None)
     if isinstance(store, TCPStore):
         # Its own connection (a client is not shared between threads), with the same secret.

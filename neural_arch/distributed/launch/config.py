@@ -1,7 +1,7 @@
 """One launcher run as data: the validated ``LaunchConfig`` and the environment of its workers.
 
 Every value is checked as the config is built, so a bad option fails before any worker starts.
-``DistributedLauncher`` builds one from the command line (``launcher_args``) or from the
+``DistributedLauncher`` builds one from the command line (``args``) or from the
 arguments of ``launch_distributed_training``.
 """
 from __future__ import annotations

@@ -25,10 +25,10 @@ from typing import List, Mapping, Optional
 
 import numpy as np
 
+from ..errors import DistributedError
+from ..rendezvous.store_server import is_loopback
+from ..transports.base import Fingerprint
 from . import heartbeat
-from .errors import DistributedError
-from .store_server import is_loopback
-from .transports.base import Fingerprint
 
 MODE_ENV = "NEURAL_ARCH_MPI_HEARTBEAT"
 MODES = ("auto", "store", "pid")
@@ -81,7 +81,7 @@ def _broadcast_bytes(transport, data: bytes, fp: Fingerprint) -> bytes:
 
 
 def _connect(hosts: List[str], port: int, secret: bytes, world_size: int, rank: int):
-    from .store import TCPStore
+    from ..rendezvous.store import TCPStore
     errors = []
     for host in hosts:
         try:
@@ -102,7 +102,7 @@ def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
         return None
     if not heartbeat.config_from_env().enabled:
         return None
-    from .store import TCPStore
+    from ..rendezvous.store import TCPStore
     fp = Fingerprint("mpi.heartbeat_store", 0, "uint8", 0)
     store, why = None, ""
     if rank == 0:

@@ -13,8 +13,8 @@ import time
 from datetime import timedelta
 from typing import Iterable, Optional, Union
 
+from ..errors import CollectiveTimeoutError, RendezvousError
 from .auth import client_handshake, job_secret
-from .errors import CollectiveTimeoutError, RendezvousError
 from .store_protocol import (_ERROR, _OP_NAMES, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE,
                              DEFAULT_MAX_VALUE_BYTES, GET, MAX_KEY_BYTES, MAX_TIMEOUT_S, SET, WAIT,
                              FrameError, Request, _recv_exact, decode_keys, encode_keys,

@@ -3,7 +3,7 @@
 Rank 0 of the group writes the shared state (weights, optimizer, scheduler, loss scaler, the
 step counters and ``additional_state``); every rank's RNG states and sampler state travel to it
 over the group and land in ``rank<r>.json``. Other ranks wait until the checkpoint is in place,
-so no rank runs ahead of a half-written one. See ``checkpoint_format`` for the files.
+so no rank runs ahead of a half-written one. See ``format`` for the files.
 
 Loading verifies every file against the manifest; a bad checkpoint is skipped with a warning
 naming the file, and the newest good one is used. With a process group, rank 0 picks the
@@ -26,12 +26,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import checkpoint_format as fmt
-from . import checkpoint_state as state_io
-from .checkpoint_directory import CheckpointDirectory
-from .checkpoint_format import CheckpointCorruptError, CheckpointError, NoCheckpointError
-from .errors import DistributedError
-from .process_group import is_initialized, resolve_group
+from ..errors import DistributedError
+from ..group.world import is_initialized, resolve_group
+from . import format as fmt
+from . import state as state_io
+from .directory import CheckpointDirectory
+from .format import CheckpointCorruptError, CheckpointError, NoCheckpointError
 
 __all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointManager",
            "NoCheckpointError", "setup_fault_tolerant_training"]

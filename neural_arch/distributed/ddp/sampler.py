@@ -36,7 +36,7 @@ class DistributedSampler:
         if self.dataset_size < 0:
             raise ValueError(f"dataset size must be >= 0, got {self.dataset_size}")
         if num_replicas is None or rank is None:
-            from .process_group import get_rank, get_world_size, is_initialized
+            from ..group.world import get_rank, get_world_size, is_initialized
             if not is_initialized():
                 raise RuntimeError("DistributedSampler needs num_replicas and rank, or an initialized "
                                    "process group (call init_process_group first)")

@@ -5,7 +5,7 @@ Command-line rule: launcher options (known names, dashes or underscores, ``--opt
 script verbatim, and unknown options after the script go to the script. ``-h`` and ``-m`` are
 the launcher's only before the script, so ``train.py -h`` still reaches the script.
 
-The values are checked by ``LaunchConfig`` (``launcher_config``), not here.
+The values are checked by ``LaunchConfig`` (``config``), not here.
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# Re-exported: launcher.py and its callers take the whole configuration from this module.
-from .launcher_config import (BACKENDS, SECRET_VAR, LaunchConfig, Target, cpu_count,
-                              resolve_nproc)
+# Re-exported: supervisor.py and its callers take the whole configuration from this module.
+from .config import BACKENDS, SECRET_VAR, LaunchConfig, Target, cpu_count, resolve_nproc
 
 __all__ = ["BACKENDS", "PROG", "SECRET_VAR", "LaunchConfig", "Target", "build_parser", "cpu_count",
            "parse_launcher_args", "resolve_nproc", "split_command_line"]

@@ -11,8 +11,8 @@ import os
 import socket
 from typing import Any
 
-from . import transports
-from .env import is_launched_by_mpi
+from .. import transports
+from ..rendezvous.env import is_launched_by_mpi
 
 BACKENDS = ("auto", "gloo", "shm", "tcp", "mpi")
 _HOST_KEY = "neural_arch/init/host"

@@ -17,7 +17,7 @@ import struct
 import time
 from pathlib import Path
 
-from .errors import AuthenticationError
+from ..errors import AuthenticationError
 
 SECRET_ENV = "NEURAL_ARCH_SECRET"
 NONCE_SIZE = 32

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .transports.base import Fingerprint, Transport
+from ..transports.base import Fingerprint, Transport
 
 
 class GroupTransport(Transport):

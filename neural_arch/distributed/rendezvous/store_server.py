@@ -12,8 +12,8 @@ import struct
 import threading
 import time
 
+from ..errors import AuthenticationError, RendezvousError
 from .auth import server_handshake
-from .errors import AuthenticationError, RendezvousError
 from .store_protocol import (_ERROR, _OK, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE, GET, SET,
                              FrameError, Request, _recv_exact, decode_keys, read_request)
 

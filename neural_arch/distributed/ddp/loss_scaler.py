@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List
 
 import numpy as np
 
-from ..backends import xp_of
+from ...backends import xp_of
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)  # PyTorch keeps the scale in a float32 tensor
 

@@ -1,0 +1,40 @@
+"""Data-parallel training: every rank holds the whole model and gradients are averaged.
+
+``data_parallel`` is ``DistributedDataParallel`` (flat buckets, overlapped with backward),
+``buckets`` where its buckets live (private or shared memory), ``naive`` the one-all-reduce-per-
+parameter version kept for reading, ``advanced`` DDP plus accumulation, clipping and mixed
+precision, ``loss_scaler`` float16 loss scaling, and ``sampler`` the ``DistributedSampler``
+that gives each rank its share of the data.
+
+The names below are imported on first use, so importing one module here (the sampler, say)
+does not pull in the model code of the others.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "DistributedDataParallel": ".data_parallel",
+    "NaiveDistributedDataParallel": ".naive",
+    "AdvancedDistributedDataParallel": ".advanced",
+    "DistributedTrainingConfig": ".advanced",
+    "LossScaler": ".loss_scaler",
+    "DistributedSampler": ".sampler",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = sorted(_LAZY)

@@ -1,0 +1,9 @@
+"""How the ranks of a job find and trust each other before any collective runs.
+
+``env`` reads rank, world size and the master's address from the environment (the launcher's,
+MPI's or SLURM's variables), ``store`` is the small TCP key-value store rank 0 serves (its wire
+format in ``store_protocol``, its server in ``store_server``), and ``auth`` the job secret and
+the handshake every connection starts with.
+
+Nothing is imported here, so process groups can read the environment without loading the store.
+"""
