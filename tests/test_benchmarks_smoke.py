@@ -123,9 +123,11 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
     mib = 1 << 20
     expected = {"all_reduce": ((4, 4096, mib), 1.0), "all_gather": ((8, 4096, mib), 0.5),
                 "broadcast": ((4, 4096, mib), 1.0)}
-    # the shm jobs also time the buffer stream and the copy exchange, for all-reduces from 1 MiB
+    # the shm jobs also time the buffer stream and the copy exchange, and our all-reduce with
+    # AVERAGE and in a plain loop, for all-reduces from 1 MiB
     references = ("buffer stream", "copy exchange")
-    stream = {(mib, r) for r in references} if "shm" in BACKENDS else set()
+    variants = ("shm AVERAGE", "shm plain loop")
+    stream = {(mib, r) for r in references + variants} if "shm" in BACKENDS else set()
     assert set(tables) == {(c, 2) for c in expected}
     for collective, (sizes, bus_over_alg) in expected.items():
         rows = tables[(collective, 2)]

@@ -47,6 +47,7 @@ class ShmCollectives:
         self.writer = AreaWriter()  # large copies into the workspace
         self.plans: dict = {}       # the prepared small collectives (see plans)
         self.header_sigs = [0, 0]   # the signature whose header each header area holds
+        self.closed = False         # set with the transport's: the workspace is gone
         self._views: dict = {}
         self._sigs: dict = {}
 
@@ -142,13 +143,9 @@ class ShmCollectives:
         return min(direct.SMALL_BYTES, self.layout.workspace_bytes)
 
     # ----- one generation, as the algorithms take it ------------------------------------------
-    @property
-    def closed(self) -> bool:
-        return self.t.closed
-
     def check_open(self, fp: Fingerprint) -> None:
         """Raise DistributedError if the transport was closed (its shared memory is gone)."""
-        if self.t.closed:
+        if self.closed:
             raise DistributedError("the shared-memory transport is closed", rank=self.rank,
                                    op=fp.op, seq=fp.seq)
 
@@ -237,5 +234,6 @@ class ShmCollectives:
 
     def close(self) -> None:
         """Drop every view of the segment, so the transport can unmap it."""
+        self.closed = True
         self.plans.clear()
         self._views.clear()
