@@ -24,17 +24,24 @@ from .group import world
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
 from .group.world import ProcessGroup, resolve_group
 from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op, finish_average
+from .transports.base import Fingerprint
 
 _ALL_REDUCE_NAMES = {op: f"all_reduce:{code}" for op, code in OP_CODE.items()}
+_NAMES: dict = {}  # (dtype, op) -> (fingerprint name, dtype name); see _names
 
 
-def _plan(key: tuple) -> Optional[tuple]:
-    """(default group, plan) that runs ``key`` now, or None (then the general path runs)."""
+def _planned() -> Optional[tuple]:
+    """(default group, its transport's plans) when a plan may run a call on the default group
+    now: the group has plans and no profiler wants to see every call. Else None."""
     planned = world.planned()
-    if planned is None or profiler.current_tracer() is not None:
-        return None
-    run = planned[1].get(key)
-    return None if run is None else (planned[0], run)
+    return None if planned is None or profiler.current_tracer() is not None else planned
+
+
+def _names(dtype: np.dtype, op: ReduceOp) -> tuple:
+    """(fingerprint name, dtype name) of an all-reduce: ``dtype.name`` alone costs about as
+    much as a whole small all-reduce, so they are made once per dtype and op."""
+    names = _NAMES[(dtype, op)] = (_ALL_REDUCE_NAMES[op], dtype.name)
+    return names
 
 
 def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
@@ -78,12 +85,15 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
     if (type(tensor) is np.ndarray and type(op) is ReduceOp and group is None and not async_op
             and algorithm is None and algorithms.environment_choice() is None):
-        found = _plan(("all_reduce", tensor.dtype, tensor.size, op))
+        planned = _planned()
+        run = planned and planned[1].get(("all_reduce", tensor.dtype, tensor.size, op))
         flags = tensor.flags
-        if found is not None and flags.c_contiguous and flags.writeable:
-            pg, run = found
-            fp = pg.fingerprint(_ALL_REDUCE_NAMES[op], tensor.dtype, tensor.size)
-            pg.run_now(run, "all_reduce", fp.seq, tensor.reshape(-1), fp)
+        if run and flags.c_contiguous and flags.writeable:
+            pg, dtype = planned[0], tensor.dtype
+            name, dtype_name = _NAMES.get((dtype, op)) or _names(dtype, op)
+            fp = Fingerprint(name, pg.next_seq(), dtype_name, tensor.size, pg.group_id)
+            pg.run_now(run, "all_reduce", fp.seq, tensor if tensor.ndim == 1
+                       else tensor.reshape(-1), fp)
             return tensor
     pg = _group(group, "all_reduce")
     op = as_reduce_op(op)
@@ -104,10 +114,11 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank; returns ``tensor``."""
     if (type(tensor) is np.ndarray and type(src) is int and group is None and not async_op
             and algorithm is None and tensor.dtype.type in SUPPORTED_DTYPES):
-        found = _plan(("broadcast", tensor.nbytes, src))
+        planned = _planned()
+        run = planned and planned[1].get(("broadcast", tensor.nbytes, src))
         flags = tensor.flags
-        if found is not None and flags.c_contiguous and (flags.writeable or found[0].rank == src):
-            pg, run = found
+        if run and flags.c_contiguous and (flags.writeable or planned[0].rank == src):
+            pg = planned[0]
             fp = pg.fingerprint(f"broadcast:{src}", tensor.dtype, tensor.size)
             pg.run_now(run, "broadcast", fp.seq, tensor.reshape(-1).view(np.uint8), fp)
             return tensor
@@ -182,10 +193,11 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
     if (type(output_tensor) is np.ndarray and type(input_tensor) is np.ndarray and group is None
             and not async_op and algorithm is None):
         out, src = output_tensor, input_tensor
-        found = _plan(("all_gather", src.dtype, src.size))
-        if (found is not None and out.dtype == src.dtype and out.size == found[0].size * src.size
+        planned = _planned()
+        run = planned and planned[1].get(("all_gather", src.dtype, src.size))
+        if (run and out.dtype == src.dtype and out.size == planned[0].size * src.size
                 and src.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
-            pg, run = found
+            pg = planned[0]
             fp = pg.fingerprint("all_gather", src.dtype, src.size)
             pg.run_now(run, "all_gather_into_tensor", fp.seq, src.reshape(-1), out.reshape(-1),
                        fp)

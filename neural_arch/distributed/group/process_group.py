@@ -46,7 +46,8 @@ class ProcessGroup:
         self.transport, self.queue = transport, queue
         self.backend, self.timeout, self.trusted = backend, timeout, trusted
         self.destroyed = False
-        self._next_seq = itertools.count(1).__next__  # atomic under the GIL: no lock per call
+        # the next collective's sequence number; atomic under the GIL: no lock per call
+        self.next_seq = itertools.count(1).__next__
         self._p2p: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
@@ -64,7 +65,7 @@ class ProcessGroup:
 
     def fingerprint(self, op: str, dtype: Any, count: int) -> Fingerprint:
         """Fingerprint of the next collective; the sequence number advances on every member."""
-        return Fingerprint(op[:24], self._next_seq(), _dtype_name(dtype), int(count),
+        return Fingerprint(op[:24], self.next_seq(), _dtype_name(dtype), int(count),
                            self.group_id)
 
     def p2p_fingerprint(self, direction: str, peer: int, op: str, dtype: Any,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
+from functools import partial
 from typing import Any, Callable, Dict, Optional
 
 import numpy as np
@@ -86,23 +87,23 @@ def _check(kernels: Any) -> None:
     areas = np.zeros((6, 8), np.float32)  # rows (half, rank); the result rows stay unused
     areas[1, :3] = [0.5, -2.0, 7.0]
     buf, words = np.array([1.0, 2.0, 3.0], np.float32), peer_arrived(False)
-    status = kernels.small_all_reduce(buf, words, areas, 0, 2, 99, 5, 4, False, 0.0, False)
+    status = kernels.small_all_reduce(words, areas, 0, False, 0.0, buf, 2, 99, 5, 4, False)
     expect("the all-reduce before the peer arrived", (status, words[0]), (kernels.WAIT, 2))
-    status = kernels.small_all_reduce(buf, peer_arrived(True), areas, 0, 2, 99, 5, 4, False,
-                                      0.0, True)
+    status = kernels.small_all_reduce(peer_arrived(True), areas, 0, False, 0.0, buf, 2, 99, 5,
+                                      4, True)
     expect("the all-reduce", (status, buf.tolist()), (0, [1.5, 0.0, 10.0]))
     areas = np.zeros((6, 8), np.uint8)
     areas[0, :2] = [5, 6]  # a broadcast's data sits in the half's first area, whoever the root
     data = np.array([1, 2], np.uint8)
-    status = kernels.small_broadcast(data, peer_arrived(True), areas, 0, 1, 2, 99, 5, 4, False)
+    status = kernels.small_broadcast(peer_arrived(True), areas, 0, 1, data, 2, 99, 5, 4, False)
     expect("the broadcast from rank 1", (status, data.tolist()), (0, [5, 6]))
     data = np.array([1, 2], np.uint8)
-    status = kernels.small_broadcast(data, peer_arrived(True), areas, 0, 0, 2, 99, 5, 4, False)
+    status = kernels.small_broadcast(peer_arrived(True), areas, 0, 0, data, 2, 99, 5, 4, False)
     expect("the broadcast from rank 0", (status, areas[0, :2].tolist()), (0, [1, 2]))
     areas[1, :2] = [7, 9]
     dst = np.zeros(4, np.uint8)
-    status = kernels.small_all_gather(np.array([3, 4], np.uint8), dst, peer_arrived(True), areas,
-                                      0, 2, 99, 5, 4, False)
+    status = kernels.small_all_gather(peer_arrived(True), areas, 0,
+                                      (np.array([3, 4], np.uint8), dst), 2, 99, 5, 4, False)
     expect("the all-gather", (status, dst.tolist()), (0, [3, 4, 7, 9]))
     out = np.zeros(2, np.float32)
     kernels.add_then_scale(np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32),
@@ -156,59 +157,56 @@ def _settle(c: Any, kernels: Any, status: int, gen: int, fp: Fingerprint,
         c.mismatch(gen, fp, status // kernels.MISMATCH - 1)
 
 
-def _form(c: Any, stamp: Any, dtype: np.dtype, kernel_name: str,
-          call: Callable[..., int]) -> Optional[Callable[..., None]]:
-    """A plan's compiled form, or None without the kernels: each call begins as the Python form
-    does (``stamp``), then ``call(kernel, words, areas, args, gen, sig, seq, polls, resume)``
-    runs the kernel on the call's ``args`` (its last is the fingerprint), the workspace seen as
-    rows of ``dtype``."""
-    kernels = _kernels()
-    if kernels is None:
-        return None
-    kernel, words, areas = getattr(kernels, kernel_name), c.control_words(), \
-        c.workspace_rows(dtype)
+def _form(c: Any, stamp: Any, kernels: Any,
+          bound: Callable[..., int]) -> Callable[[Any, Fingerprint], None]:
+    """A plan's compiled form: each call begins as the Python form does (``stamp``), then
+    ``bound(data, gen, sig, seq, polls, resume)`` runs the kernel (everything that stays the
+    same from call to call bound to it once) on the call's ``data``."""
     g, watch = c.generation, c.t.watch
 
-    def run(*args: Any) -> None:
-        fp = args[-1]
+    def run(data: Any, fp: Fingerprint) -> None:
         gen, sig = stamp.begin(fp)
         # a compiled poll (with pause) takes about as long as a Python one: the same budget
-        status = call(kernel, words, areas, args, gen, sig, fp.seq, watch.spin_polls, False)
+        status = bound(data, gen, sig, fp.seq, watch.spin_polls, False)
         g.gen = gen
         if status:
-            _settle(c, kernels, status, gen, fp, lambda: call(kernel, words, areas, args, gen,
-                                                              sig, fp.seq, 0, True))
+            _settle(c, kernels, status, gen, fp, partial(bound, data, gen, sig, fp.seq, 0, True))
     return run
 
 
 def all_reduce(c: Any, stamp: Any, dtype: np.dtype, n: int,
                op: ReduceOp) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
-    """The compiled one-generation all-reduce of ``n`` elements."""
-    product, rank = op is ReduceOp.PRODUCT, c.rank
+    """The compiled one-generation all-reduce of ``n`` elements, or None without the kernels."""
+    kernels = _kernels()
+    if kernels is None:
+        return None
     divisor = float(c.world_size) if op is ReduceOp.AVERAGE else 0.0
-
-    def call(kernel, words, areas, args, gen, sig, seq, polls, resume):
-        return kernel(args[0], words, areas, rank, gen, sig, seq, polls, product, divisor,
-                      resume)
-    return _form(c, stamp, dtype, "small_all_reduce", call)
+    return _form(c, stamp, kernels, partial(
+        kernels.small_all_reduce, c.control_words(), c.workspace_rows(dtype), c.rank,
+        op is ReduceOp.PRODUCT, divisor))
 
 
 def broadcast(c: Any, stamp: Any, nbytes: int,
               root: int) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
     """The compiled one-generation broadcast of ``nbytes`` (a uint8 vector) from ``root``."""
-    rank = c.rank
-
-    def call(kernel, words, areas, args, gen, sig, seq, polls, resume):
-        return kernel(args[0], words, areas, rank, root, gen, sig, seq, polls, resume)
-    return _form(c, stamp, np.dtype(np.uint8), "small_broadcast", call)
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    return _form(c, stamp, kernels, partial(
+        kernels.small_broadcast, c.control_words(), c.workspace_rows(np.dtype(np.uint8)),
+        c.rank, root))
 
 
 def all_gather(c: Any, stamp: Any, dtype: np.dtype,
                n: int) -> Optional[Callable[[np.ndarray, np.ndarray, Fingerprint], None]]:
     """The compiled one-generation all-gather of ``n`` elements of ``dtype`` per rank."""
-    rank = c.rank
+    kernels = _kernels()
+    if kernels is None:
+        return None
+    both = _form(c, stamp, kernels, partial(
+        kernels.small_all_gather, c.control_words(), c.workspace_rows(np.dtype(np.uint8)),
+        c.rank))
 
-    def call(kernel, words, areas, args, gen, sig, seq, polls, resume):
-        return kernel(args[0].view(np.uint8), args[1].view(np.uint8), words, areas, rank, gen,
-                      sig, seq, polls, resume)
-    return _form(c, stamp, np.dtype(np.uint8), "small_all_gather", call)
+    def run(src: np.ndarray, dst: np.ndarray, fp: Fingerprint) -> None:
+        both((src.view(np.uint8), dst.view(np.uint8)), fp)
+    return run

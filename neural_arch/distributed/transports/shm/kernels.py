@@ -130,13 +130,14 @@ def _publish_and_meet(src, words, areas, rank, gen, sig, seq, polls,
     return _generation(words, rank, p, gen, sig, seq, polls, resume)
 
 
-# Each collective below is one generation and returns a status (the constants above).
-# ``words``: the int64 control words. ``areas``: the workspace as rows of its areas, row
-# ``half * (p + 1) + r`` being rank r's input area of that half. With ``resume`` this rank
-# has published and every peer has arrived: only the checks and the copies out are left.
+# Each collective below is one generation and returns a status (the constants above). What
+# stays the same from call to call comes first (the caller binds it once): ``words``, the int64
+# control words; ``areas``, the workspace as rows of its areas, row ``half * (p + 1) + r``
+# being rank r's input area of that half; the rank and the op or root. With ``resume`` this
+# rank has published and every peer has arrived: only the checks and the copies out are left.
 
 @njit(cache=True, nogil=True)
-def small_all_reduce(buf, words, areas, rank, gen, sig, seq, polls, product, divisor,
+def small_all_reduce(words, areas, rank, product, divisor, buf, gen, sig, seq, polls,
                      resume):  # pragma: no cover - compiled
     """Everyone publishes ``buf``, then reduces all of them in rank order into it:
     ``product`` multiplies instead of adding, ``divisor`` > 0 divides the sum (AVERAGE)."""
@@ -167,7 +168,7 @@ def small_all_reduce(buf, words, areas, rank, gen, sig, seq, polls, product, div
 
 
 @njit(cache=True, nogil=True)
-def small_broadcast(data, words, areas, rank, root, gen, sig, seq, polls,
+def small_broadcast(words, areas, rank, root, data, gen, sig, seq, polls,
                     resume):  # pragma: no cover - compiled
     """The root publishes ``data`` (bytes) in the half's first input area; the others copy it."""
     p = areas.shape[0] // 2 - 1
@@ -186,10 +187,12 @@ def small_broadcast(data, words, areas, rank, root, gen, sig, seq, polls,
 
 
 @njit(cache=True, nogil=True)
-def small_all_gather(src, dst, words, areas, rank, gen, sig, seq, polls,
+def small_all_gather(words, areas, rank, pair, gen, sig, seq, polls,
                      resume):  # pragma: no cover - compiled
     """Everyone publishes ``src`` (bytes) in its input area; all copy every area, in rank
-    order, into ``dst``. ``src`` may be this rank's block of ``dst``: it is read first."""
+    order, into ``dst`` (``pair`` is ``(src, dst)``). ``src`` may be this rank's block of
+    ``dst``: it is read first."""
+    src, dst = pair
     status = _publish_and_meet(src, words, areas, rank, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status
