@@ -6,8 +6,13 @@ import sys
 
 import pytest
 
+# The test files live in subfolders that mirror the package (tests/core, tests/distributed/ddp,
+# ...) and import the helpers kept here by bare name (dist_harness, shm_testing, ddp_cases, ...).
+# pytest's default "prepend" import mode puts only each test file's own folder on sys.path, so
+# this folder goes at the front here, whatever the import mode; the repository root too, for the
+# package. Child processes inherit the search path (fork, forkserver; mpiexec via dist_harness).
 _TESTS = os.path.dirname(os.path.abspath(__file__))
-for path in (os.path.dirname(_TESTS), _TESTS):  # the package, and test modules such as dist_harness
+for path in (os.path.dirname(_TESTS), _TESTS):
     if path not in sys.path:
         sys.path.insert(0, path)
 

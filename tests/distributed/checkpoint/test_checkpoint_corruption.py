@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +17,9 @@ import pytest
 from neural_arch.distributed.checkpoint import CheckpointError, DistributedCheckpointManager
 
 from checkpoint_training_job import TrainingJob
+from repo_paths import REPO_ROOT, TESTS_DIR
 
 pytestmark = pytest.mark.timeout(60)
-REPO_ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "neural_arch.distributed.checkpoint"
 
 
@@ -136,7 +135,7 @@ DistributedCheckpointManager({directory!r}).save_checkpoint(job.model, job.optim
 
 def test_directory_left_by_a_crash_before_rename_is_ignored_and_removed(saved, caplog):
     manager, paths, _ = saved
-    script = CRASHING_SAVE.format(tests=str(REPO_ROOT / "tests"), directory=manager.checkpoint_dir)
+    script = CRASHING_SAVE.format(tests=str(TESTS_DIR), directory=manager.checkpoint_dir)
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     crashed = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env,
                              capture_output=True, text=True, timeout=60)

@@ -7,9 +7,9 @@ import socket
 import pytest
 
 try:
-    from test_launcher_support import CONTRACT, free_port, job  # noqa: F401  (fixture)
+    from launcher_support import CONTRACT, free_port, job  # noqa: F401  (fixture)
 except ImportError:  # the tests directory imported as a package
-    from tests.test_launcher_support import CONTRACT, free_port, job  # noqa: F401
+    from tests.launcher_support import CONTRACT, free_port, job  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 

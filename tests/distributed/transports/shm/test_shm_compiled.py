@@ -1,6 +1,6 @@
 """The compiled small all-reduce (``shm_compiled``): the direct-collective checks of
-``test_shm_direct`` with every small all-reduce compiled, ranks on the compiled and the Python
-path in one job, the change-over after HOT_CALLS calls, and its errors."""
+``test_shm_direct`` (``shm_cases``) with every small all-reduce compiled, ranks on the compiled
+and the Python path in one job, the change-over after HOT_CALLS calls, and its errors."""
 from __future__ import annotations
 
 import hashlib
@@ -15,9 +15,9 @@ from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureE
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
+from shm_cases import (Calls, check_all_reduce_matrix, mismatched, nan_payloads,
+                       other_collectives, random_floats_identical, rank_input, reference)
 from shm_testing import kill_self, run_ranks, shm_names_of
-from test_shm_direct import (Calls, check_all_reduce_matrix, mismatched, nan_payloads,
-                             other_collectives, random_floats_identical, rank_input, reference)
 
 pytest.importorskip("numba", reason="the compiled small all-reduce needs Numba")
 pytestmark = pytest.mark.timeout(300)

@@ -5,13 +5,12 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from dist_harness import free_port, mpi_available
+from repo_paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec not installed")
 
 JOB = textwrap.dedent("""

@@ -16,11 +16,11 @@ import pytest
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
+from repo_paths import REPO_ROOT, TESTS_DIR
 from shm_testing import DirStore, run_ranks, shm_names_of
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO = Path(__file__).resolve().parents[1]
 SEGMENT_KEY = "shm/nf_segment"
 
 
@@ -110,7 +110,7 @@ def run_script(body: str, tmp_path) -> subprocess.Popen:
         from neural_arch.distributed.transports import shm
         store_dir = sys.argv[1]
     """) + textwrap.dedent(body)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(TESTS_DIR)]))
     return subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

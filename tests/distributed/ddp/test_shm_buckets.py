@@ -7,17 +7,19 @@ import time
 import numpy as np
 import pytest
 
+from ddp_cases import (check_against_reference, make_model, make_optimizer, train_ddp,
+                       train_reference)
 from dist_harness import RankFailed, run_ranks
 from neural_arch.distributed.ddp.shared_buckets import ALIGN_BYTES, _slices
+from repo_paths import REPO_ROOT
 from shm_testing import shm_names_of
-from test_ddp import (check_against_reference, make_model, make_optimizer, train_ddp,
-                      train_reference)
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def train_worker(rank: int, world_size: int, shared, auto_sync: bool, micro: int):
-    """test_ddp's training loop, choosing the bucket storage; also reports which one ran."""
+    """The training loop of ``ddp_cases``, choosing the bucket storage; also reports which one
+    ran."""
     from neural_arch.distributed import DistributedDataParallel
     model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
                                     bucket_size_mb=0.0005, shared_buckets=shared)
@@ -55,7 +57,7 @@ def test_no_sync_accumulation_with_shared_buckets(auto_sync):
 def unused_worker(rank: int, world_size: int, shared: bool):
     from neural_arch.core import Tensor
     from neural_arch.distributed import DistributedDataParallel
-    from test_ddp import two_heads
+    from ddp_cases import two_heads
 
     model = DistributedDataParallel(two_heads(), find_unused_parameters=True,
                                     bucket_size_mb=0.00002, shared_buckets=shared)
@@ -340,10 +342,9 @@ def test_benchmark_reports_consistent_speedups(tmp_path):
     import re
     import subprocess
     import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "results.md"
     out.write_text("# Results\n\n<!-- other:start -->\nkept\n<!-- other:end -->\n")
-    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_ddp_buckets.py"),
+    subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "bench_ddp_buckets.py"),
                     "--models", "20-30-5,40-8", "--world-sizes", "2", "--repeats", "2",
                     "--steps", "2", "--warmup", "1", "--batch", "8", "--output", str(out)],
                    check=True, timeout=150, capture_output=True)

@@ -11,14 +11,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from dist_harness import mpi_available
 from neural_arch.distributed.health import mpi_heartbeat
+from repo_paths import REPO_ROOT as REPO
 
-REPO = Path(__file__).resolve().parents[1]
 FAST_ENV = {"NEURAL_ARCH_HEARTBEAT_INTERVAL": "0.2", "NEURAL_ARCH_HEARTBEAT_TIMEOUT": "2.0"}
 
 JOB = textwrap.dedent("""

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 
 from neural_arch.nn.serialization import load_state_dict_file
+from repo_paths import TESTS_DIR
 
 try:
-    from test_launcher_support import LauncherJob, free_port, job, wait_until  # noqa: F401
+    from launcher_support import LauncherJob, free_port, job, wait_until  # noqa: F401
 except ImportError:  # the tests directory imported as a package
-    from tests.test_launcher_support import LauncherJob, free_port, job, wait_until  # noqa: F401
+    from tests.launcher_support import LauncherJob, free_port, job, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
-SCRIPT = str(Path(__file__).resolve().parent / "checkpoint_training_job.py")
+SCRIPT = str(TESTS_DIR / "checkpoint_training_job.py")
 STEPS, SAVE_EVERY = 12, 3
 
 

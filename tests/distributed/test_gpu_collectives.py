@@ -15,24 +15,12 @@ import pytest
 
 import fake_cupy
 from dist_harness import run_ranks
+from gpu_testing import GPUS, needs_gpu, needs_shm
 from neural_arch.core import Tensor
 from neural_arch.distributed import buffers, transports
 
 pytestmark = pytest.mark.timeout(120)
 
-
-def _gpu_count() -> int:
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, or no driver
-        return 0
-
-
-GPUS = _gpu_count()
-needs_gpu = pytest.mark.skipif(GPUS == 0, reason="needs CuPy and a CUDA device")
-needs_shm = pytest.mark.skipif("shm" not in transports.available_transports(),
-                               reason="the shm transport is not available here")
 
 
 @pytest.fixture

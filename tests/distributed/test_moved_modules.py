@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from neural_arch.distributed import _moved
+from repo_paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "neural_arch.distributed"
 
 

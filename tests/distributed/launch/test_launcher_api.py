@@ -13,9 +13,9 @@ import pytest
 from neural_arch.distributed.launcher import DistributedLauncher, launch_distributed_training
 
 try:
-    from test_launcher_support import CONTRACT, free_port, job  # noqa: F401  (fixture)
+    from launcher_support import CONTRACT, free_port, job  # noqa: F401  (fixture)
 except ImportError:  # the tests directory imported as a package
-    from tests.test_launcher_support import CONTRACT, free_port, job  # noqa: F401
+    from tests.launcher_support import CONTRACT, free_port, job  # noqa: F401
 
 pytestmark = pytest.mark.timeout(120)
 

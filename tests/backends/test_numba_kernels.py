@@ -20,6 +20,7 @@ import neural_arch.functional as F
 from neural_arch.backends import numba_backend
 from neural_arch.backends import numba_kernels as nk
 from neural_arch.core import Tensor
+from repo_paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 needs_numba = pytest.mark.skipif(not numba_backend.is_available(),
@@ -194,8 +195,7 @@ print(json.dumps({"available": numba_backend.is_available(),
 
 def test_everything_falls_back_to_numpy_when_numba_is_switched_off():
     env = dict(os.environ, NEURAL_ARCH_NUMBA="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, "-c", _WITHOUT_NUMBA], env=env, cwd=root,
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_NUMBA], env=env, cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -10,8 +10,8 @@ import pytest
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.shm import reference as plain
+from shm_cases import TINY_WORKSPACE, Calls, rank_input, reference
 from shm_testing import run_ranks
-from test_shm_direct import TINY_WORKSPACE, Calls, rank_input, reference
 
 pytestmark = pytest.mark.timeout(180)
 

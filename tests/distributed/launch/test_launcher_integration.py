@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 try:
-    from test_launcher_support import free_port, job  # noqa: F401  (fixture)
+    from launcher_support import free_port, job  # noqa: F401  (fixture)
 except ImportError:  # the tests directory imported as a package
-    from tests.test_launcher_support import free_port, job  # noqa: F401
+    from tests.launcher_support import free_port, job  # noqa: F401
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -22,6 +22,7 @@ from neural_arch.core.fused_activations import (ENV_FUSED_KERNELS, _use_fused_ge
                                                 fused_kernels_enabled, on_cuda_float32)
 from neural_arch.core.fused_layers import _use_fused_layer_norm
 from neural_arch.core.fused_losses import _use_fused_cross_entropy
+from repo_paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -324,7 +325,7 @@ def test_importing_the_framework_loads_neither_the_kernels_nor_cupy():
             "if m in sys.modules))")
     env = {k: v for k, v in os.environ.items() if k != "NEURAL_ARCH_DEVICE"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=env, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60,
+                            env=env, cwd=REPO_ROOT, timeout=60,
                             check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -7,9 +7,9 @@ import signal
 import pytest
 
 try:
-    from test_launcher_support import free_port, job, process_alive, wait_until  # noqa: F401
+    from launcher_support import free_port, job, process_alive, wait_until  # noqa: F401
 except ImportError:  # the tests directory imported as a package
-    from tests.test_launcher_support import (free_port, job, process_alive,  # noqa: F401
+    from tests.launcher_support import (free_port, job, process_alive,  # noqa: F401
                                              wait_until)
 
 pytestmark = pytest.mark.timeout(120)

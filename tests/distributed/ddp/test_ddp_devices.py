@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import fake_cupy
+from ddp_cases import STEPS, check_against_reference, ddp_worker, train_reference
 from dist_harness import run_ranks
-from test_ddp import STEPS, check_against_reference, ddp_worker, train_reference
-from test_gpu_collectives import needs_gpu, needs_shm
+from gpu_testing import needs_gpu, needs_shm
 
 pytestmark = pytest.mark.timeout(180)
 

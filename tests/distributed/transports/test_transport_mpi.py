@@ -7,14 +7,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from neural_arch.distributed.transports import mpi as mpi_transport
+from repo_paths import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.timeout(180)
-REPO = Path(__file__).resolve().parents[1]
 HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and shutil.which("mpiexec") is not None
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py or mpiexec not installed")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from neural_arch.backends import cupy_kernels
 from neural_arch.backends.kernels import (I32, I64, F32, KERNEL_DIR, KERNELS, PTR, multi_tensor,
                                           pack_args)
 from neural_arch.backends.kernels import reference as R
+from repo_paths import TESTS_DIR
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,7 +47,7 @@ def emulator(tmp_path_factory):
     unit.write_text("\n".join(lines) + "\n")
     library = out / "kernels_on_host.so"
     result = subprocess.run([compiler, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
-                             f"-I{Path(__file__).resolve().parent}", str(unit), "-o",
+                             f"-I{TESTS_DIR}", str(unit), "-o",
                              str(library)], capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, f"host build of the kernels failed:\n{result.stderr}"
     lib = ctypes.CDLL(str(library))

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import fault_injection_job
+from repo_paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 JOB = fault_injection_job.__file__
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DETECT_LIMIT_S = 10.0
 
 
