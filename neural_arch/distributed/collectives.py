@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import algorithms, profiler
-from .group import world
 from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
+from .group import world
 from .group.world import ProcessGroup, resolve_group
 from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op, finish_average
 from .transports.base import Fingerprint

@@ -4,7 +4,7 @@ Rank 0 creates a POSIX shared-memory segment (name ``nf_<pid>_<random>``), publi
 through the store, and every rank maps it. As soon as all ranks have mapped it, the name is
 unlinked: the mappings stay valid, and nothing can be left in /dev/shm even if ranks are killed
 with SIGKILL afterwards. Until then the creator also unlinks on close, at exit and on SIGTERM
-(``shm_segment``).
+(``segment``).
 
 Each ordered pair (src -> dst) has a ring of slots with two counters: chunks written (by src)
 and chunks read (by dst). A message is its header (checked by the receiver) in the first slot's
