@@ -39,8 +39,8 @@ from .. import object_collectives
 from ..buffers import copy_from_host
 from ..errors import CollectiveMismatchError, DistributedError
 from ..group.process_group import ProcessGroup
+from ..reduce_ops import averager
 from ..transports.shm import Generation, attach_segment, create_segment, unlink_segment
-from ..transports.shm.compiled import add_then_average
 from ..transports.shm.layout import LINE_WORDS, PAGE, SPARE
 from ..transports.shm.waiting import wait_ge
 
@@ -191,6 +191,7 @@ class SharedBucketArena:
         copies = [self._views[q][index] for q in range(self._size)]
         mine = copies[self._rank]
         dtype = mine.dtype
+        scale, factor = averager(dtype, self._size)
         step = max(1, CHUNK_BYTES // dtype.itemsize)
         # Ranks 0 and 1 may sum into their own copy (each element is read before it is
         # written); a later rank's own addend would be overwritten first, so it sums aside.
@@ -201,15 +202,11 @@ class SharedBucketArena:
                 scratch = self._scratch[dtype] = np.empty(step, dtype=dtype)
         for a in range(lo, hi, step):
             b = min(a + step, hi)
-            if self._size == 2:
-                add_then_average(copies[0][a:b], copies[1][a:b], mine[a:b], 2)
-                continue
             acc = mine[a:b] if scratch is None else scratch[:b - a]
             np.add(copies[0][a:b], copies[1][a:b], out=acc)
-            for other in copies[2:-1]:
+            for other in copies[2:]:
                 np.add(acc, other[a:b], out=acc)
-            # the last sum and the mean in one pass where that is compiled
-            add_then_average(acc, copies[-1][a:b], mine[a:b], self._size)
+            scale(acc, factor, out=mine[a:b])
 
     def _barrier(self, sig: int, seq: int, what: str) -> None:
         g = self._generation

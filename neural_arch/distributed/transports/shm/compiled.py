@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from ....backends import numba_backend
-from ...reduce_ops import ReduceOp, averager
+from ...reduce_ops import ReduceOp
 from ..base import Fingerprint
 from . import futex
 
@@ -105,32 +105,6 @@ def _check(kernels: Any) -> None:
     status = kernels.small_all_gather(peer_arrived(True), areas, 0,
                                       (np.array([3, 4], np.uint8), dst), 2, 99, 5, 4, False)
     expect("the all-gather", (status, dst.tolist()), (0, [3, 4, 7, 9]))
-    out = np.zeros(2, np.float32)
-    kernels.add_then_scale(np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32),
-                           out, np.float32(3.0), True)
-    expect("the sum and mean", out.tolist(), np.divide(np.array([4.0, 6.0], np.float32),
-                                                        np.float32(3.0)).tolist())
-
-
-def _fused_kernels() -> Optional[Any]:
-    """The kernel module for fused sums, or None; decided once per process (``allowed()`` looks
-    the environment and the installation up, too slow for every round of a collective)."""
-    if "fused" not in _built:
-        _built["fused"] = _kernels() if allowed() else None
-    return _built["fused"]
-
-
-def add_then_average(a: np.ndarray, b: np.ndarray, out: np.ndarray, count: int) -> None:
-    """``out = (a + b)`` averaged over ``count`` ranks, with the bits of ``np.add`` followed by
-    ``reduce_ops.averager``'s ufunc. Compiled, it is one pass over the data instead of two: the
-    mean of a round costs no more than its sum. ``out`` may be ``a`` or ``b``."""
-    scale, scalar = averager(out.dtype, count)
-    kernels = _fused_kernels() if out.dtype.type in (np.float32, np.float64) else None
-    if kernels is None:
-        np.add(a, b, out=out)
-        scale(out, scalar, out=out)
-    else:
-        kernels.add_then_scale(a, b, out, scalar, scale is np.divide)
 
 
 def may_compile_all_reduce(dtype: np.dtype, op: ReduceOp) -> bool:

@@ -20,7 +20,6 @@ import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
 from ..base import Fingerprint
-from . import compiled
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
 # whole vector beats two barriers with a 1/p share each; 1 MiB rounds keep large vectors in
@@ -51,6 +50,7 @@ def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> N
     inputs, _ = c.views(buf.dtype)
     ufunc, rank = ufunc_for(op), c.rank
     average = op is ReduceOp.AVERAGE
+    scale, factor = averager(buf.dtype, 2)
     step = min(ROUND_BYTES, c.layout.workspace_bytes) // buf.itemsize
     gen, sig = c.begin(fp, buf.nbytes)
     for lo in range(0, buf.size, step):
@@ -59,11 +59,12 @@ def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> N
         c.writer.write(areas[rank][:part.size], part)
         c.sync(gen, fp, sig if lo == 0 else 0)
         other = areas[1 - rank][:part.size]
-        first, second = (part, other) if rank == 0 else (other, part)
-        if average:  # the sum and its mean in one pass where that is compiled
-            compiled.add_then_average(first, second, part, 2)
+        if rank == 0:
+            ufunc(part, other, out=part)
         else:
-            ufunc(first, second, out=part)
+            ufunc(other, part, out=part)
+        if average:  # while the round is still in cache
+            scale(part, factor, out=part)
         gen += 1
 
 

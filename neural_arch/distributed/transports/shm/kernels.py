@@ -204,14 +204,3 @@ def small_all_gather(words, areas, rank, pair, gen, sig, seq, polls,
             dst[r * n + i] = area[i]
     return status
 
-
-@njit(cache=True, nogil=True)
-def add_then_scale(a, b, out, scalar, divide):  # pragma: no cover - compiled
-    """``out = (a + b) / scalar`` if ``divide`` else ``(a + b) * scalar``, elementwise in the
-    arrays' dtype: a sum and its mean in one pass, with the bits of the two NumPy passes."""
-    if divide:
-        for i in range(out.size):
-            out[i] = (a[i] + b[i]) / scalar
-    else:
-        for i in range(out.size):
-            out[i] = (a[i] + b[i]) * scalar
