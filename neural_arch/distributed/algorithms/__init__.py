@@ -1,21 +1,21 @@
 """Choosing the algorithm that runs a collective.
 
-A collective runs the transport's own (``native_collectives()``) when the transport prefers it
-(shared memory's direct collectives through its workspace, named ``shm_direct``); otherwise
-``all_reduce`` takes recursive doubling below ``SMALL_MESSAGE_BYTES`` and the ring above,
-``broadcast`` a tree, and so on. ``algorithm=`` (per call) or the
+A collective runs the transport's own (``native_collectives()``) when the transport prefers
+them (shared memory's direct collectives through its workspace, named ``shm_direct``);
+otherwise ``all_reduce`` takes recursive doubling below ``SMALL_MESSAGE_BYTES`` and the ring
+above, ``broadcast`` a tree, and so on. ``algorithm=`` (per call) or the
 ``NEURAL_ARCH_ALLREDUCE_ALGO`` environment variable forces one of ``ALGORITHMS["all_reduce"]``;
 ``"native"`` runs the transport's own collective whatever it is (MPI's ``Allreduce``), and
-``"shm_direct"`` only where that is the shared-memory one. A name that cannot run on the transport raises ValueError when passed per
-call; from the environment it falls back to the automatic choice, so one exported setting does
-not break every backend that lacks it. The variable is read when the package is imported and
+``"shm_direct"`` only where that is the shared-memory one. A name that cannot run on the
+transport raises ValueError when passed per call; from the environment it falls back to the
+automatic choice, so one exported setting does not break every backend that lacks it. The variable is read when the package is imported and
 again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
 variable costs about as much as a whole small shared-memory all-reduce.
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
 is (the shared-memory ones divide each round while it is still in cache), and the others sum,
-the mean being taken after in one more pass over the result. ``reduce`` takes a sum, never an average: its
-caller turns AVERAGE into SUM and divides after.
+the mean being taken after in one more pass over the result. ``reduce`` takes a sum, never an
+average: its caller turns AVERAGE into SUM and divides after.
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ read_environment()
 def environment_choice() -> Optional[str]:
     """The all-reduce algorithm ``NEURAL_ARCH_ALLREDUCE_ALGO`` named when last read, or None."""
     return _env_all_reduce
+
 
 def normalize(collective: str, algorithm: str) -> str:
     """Canonical algorithm name; ValueError listing the choices for an unknown one."""
