@@ -59,14 +59,14 @@ def save(obj: Any, f: PathOrFile) -> None:
     the previous file whole (a training snapshot is never half written).
     """
     from safetensors.numpy import save as to_bytes
-    from safetensors.numpy import save_file
 
     arrays: Dict[str, np.ndarray] = {}
     structure = _encode(obj, "obj", arrays, set())
     metadata = {FORMAT_KEY: FORMAT_VERSION,
                 STRUCTURE_KEY: json.dumps(structure, allow_nan=False, separators=(",", ":"))}
+    data = to_bytes(arrays, metadata=metadata)
     if hasattr(f, "write"):
-        f.write(to_bytes(arrays, metadata=metadata))
+        f.write(data)
         return
     path = os.fspath(f)
     folder = os.path.dirname(os.path.abspath(path))
@@ -75,7 +75,8 @@ def save(obj: Any, f: PathOrFile) -> None:
                                 f"exist")
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
-        save_file(arrays, temporary, metadata=metadata)
+        with open(temporary, "wb") as out:  # a plain open: the file mode follows the umask
+            out.write(data)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

@@ -164,6 +164,12 @@ def test_a_failed_save_keeps_the_previous_file(tmp_path):
     assert na.load(path) == {"EPOCHS_RUN": 1} and os.listdir(tmp_path) == ["snapshot.nf"]
 
 
+def test_a_saved_file_gets_the_mode_a_plain_open_gives(tmp_path):
+    na.save({"a": 1}, tmp_path / "saved.nf")
+    (tmp_path / "plain").write_bytes(b"")
+    assert (tmp_path / "saved.nf").stat().st_mode == (tmp_path / "plain").stat().st_mode
+
+
 class _Exploit:
     def __reduce__(self):
         return (open, (self.marker, "w"))
