@@ -1,7 +1,8 @@
 """Neural Forge: a small deep-learning framework on NumPy with its own collective layer.
 
-Importing the package loads only the tensor core and ``functional``; the subpackages ``nn``,
-``optim``, ``data``, ``models`` and ``distributed`` are imported on first attribute access.
+Importing the package loads only the tensor core, ``functional`` and ``save`` / ``load``
+(``serialization``); the subpackages ``nn``, ``optim``, ``data``, ``models``, ``utils`` and
+``distributed`` are imported on first attribute access.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from .core import (Tensor, arange, cat, concatenate, enable_grad, eye, from_nump
                    get_rng, gradcheck, is_grad_enabled, manual_seed, no_grad, ones, ones_like,
                    rand, randn, set_grad_enabled, stack, tensor, where, zeros, zeros_like)
 from .core.dtypes import bool_, float16, float32, float64, int32, int64
+from .serialization import load, save
 
 __version__ = "0.1.0"
 
-_LAZY_SUBPACKAGES = ("nn", "optim", "data", "models", "distributed", "functional", "backends")
+_LAZY_SUBPACKAGES = ("nn", "optim", "data", "models", "utils", "distributed", "functional",
+                     "backends")
 
 
 def __getattr__(name: str) -> Any:
@@ -37,5 +40,5 @@ __all__ = [
     "concatenate", "cat", "stack", "where", "tensor", "zeros", "ones", "full", "eye", "randn",
     "rand", "arange", "zeros_like", "ones_like", "from_numpy", "manual_seed", "get_rng",
     "default_device", "set_default_device", "functional", "float16", "float32", "float64",
-    "int32", "int64", "bool_", "__version__",
+    "int32", "int64", "bool_", "save", "load", "__version__",
 ]

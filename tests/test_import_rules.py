@@ -13,6 +13,9 @@ imports ``a.b``. Parent packages are not counted, or every module would import e
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
@@ -26,12 +29,19 @@ class Rule(NamedTuple):
     importers: Tuple[str, ...]  # the rule holds for these modules and everything under them
     forbidden: Tuple[str, ...]  # ... which import none of these, nor anything under them,
     allowed: Tuple[str, ...] = ()  # ... except these (and what is under them)
+    exempt: Tuple[str, ...] = ()  # importers the rule does not cover
 
 
 _MODEL_CODE = ("neural_arch.core", "neural_arch.nn", "neural_arch.optim", "neural_arch.data")
+# torch's path to DistributedDataParallel sits under nn; it leads into distributed by design,
+# so nothing else of the model code may import it (and ``import neural_arch.nn`` stays free)
+_DOORS = ("neural_arch.nn.parallel",)
 _TRANSPORTS = "neural_arch.distributed.transports"
 RULES = (
-    Rule("model code runs without distributed", _MODEL_CODE, ("neural_arch.distributed",)),
+    Rule("model code runs without distributed", _MODEL_CODE, ("neural_arch.distributed",),
+         exempt=_DOORS),
+    Rule("model code never imports the doors to distributed", _MODEL_CODE, _DOORS,
+         exempt=_DOORS),
     Rule("backends are array-level", ("neural_arch.backends",),
          ("neural_arch.core", "neural_arch.nn", "neural_arch.optim")),
     Rule("algorithms see transports only through base", ("neural_arch.distributed.algorithms",),
@@ -129,7 +139,8 @@ def forbidden_imports(package_dir: Path, rules: Tuple[Rule, ...] = RULES) -> Lis
         for target, _line in imports_of(module, set(modules)):
             for rule in rules:
                 if (_within(module.name, rule.importers) and _within(target, rule.forbidden)
-                        and not _within(target, rule.allowed)):
+                        and not _within(target, rule.allowed)
+                        and not _within(module.name, rule.exempt)):
                     found.add(f"{module.name} -> {target} ({rule.name})")
     return sorted(found)
 
@@ -149,6 +160,19 @@ def test_the_checker_sees_the_real_imports():
     assert len(modules) > 100, sorted(modules)
 
 
+def test_importing_the_model_code_and_torch_paths_loads_no_distributed():
+    # the rules above, at run time: torch's paths other than nn.parallel stay light too
+    code = ("import sys, neural_arch, neural_arch.nn, neural_arch.nn.functional, "
+            "neural_arch.optim, neural_arch.data, neural_arch.models, neural_arch.utils.data, "
+            "neural_arch.nn.parallel\n"
+            "print(sorted(m for m in sys.modules if m.startswith('neural_arch.distributed')))")
+    env = dict(os.environ, PYTHONPATH=str(PACKAGE_DIR.parent))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 # ----- the checker, on a package made to break the rules ---------------------------------
 _SYNTHETIC = {
     "__init__.py": "",
@@ -165,6 +189,13 @@ def late():
     "core/helpers.py": "",
     "nn/__init__.py": "",
     "nn/layer.py": "import neural_arch.distributed.comm as comm\n",
+    "nn/parallel.py": """
+import importlib
+
+def __getattr__(name):
+    return importlib.import_module("neural_arch.distributed.comm")
+""",
+    "nn/wrapper.py": "from .parallel import DistributedDataParallel\n",
     "backends/__init__.py": "from .. import core\n",
     "backends/arrays.py": """
 import importlib
@@ -208,10 +239,11 @@ def _write_package(root: Path, files: Dict[str, str]) -> Path:
 
 def test_the_checker_reports_every_forbidden_arrow(tmp_path):
     found = forbidden_imports(_write_package(tmp_path, _SYNTHETIC))
-    model, arrays, algorithms, transports = (f" ({rule.name})" for rule in RULES)
+    model, doors, arrays, algorithms, transports = (f" ({rule.name})" for rule in RULES)
     assert found == sorted([
         "neural_arch.core.engine -> neural_arch.distributed.comm" + model,
         "neural_arch.nn.layer -> neural_arch.distributed.comm" + model,
+        "neural_arch.nn.wrapper -> neural_arch.nn.parallel" + doors,
         "neural_arch.backends -> neural_arch.core" + arrays,
         "neural_arch.backends.arrays -> neural_arch.core.engine" + arrays,
         "neural_arch.distributed.algorithms.ring -> neural_arch.distributed.transports"

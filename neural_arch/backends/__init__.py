@@ -43,9 +43,15 @@ def get_backend(name: str) -> ModuleType:
 
 
 def device_type(device: Any) -> str:
-    """Normalise a device spec ("cpu", "cuda", "cuda:0", None) to "cpu" or "cuda"."""
+    """Normalise a device spec ("cpu", "cuda", "cuda:0", None) to "cpu" or "cuda".
+
+    An int N is "cuda:N", as in torch (``t.to(0)``, ``model.to(local_rank)``)."""
     if device is None:
         return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise ValueError(f"device index must be >= 0, got {device}")
+        return "cuda"
     text = str(device).lower()
     kind = text.split(":", 1)[0]
     if kind not in _DEVICE_TO_BACKEND:

@@ -23,8 +23,9 @@ def astype(x: Tensor, dtype: Any) -> Tensor:
 
 
 def to(x: Tensor, device: Any = None, dtype: Any = None) -> Tensor:
-    """Move to ``device`` ("cpu" / "cuda") and/or cast to ``dtype``; differentiable."""
-    if isinstance(device, str) or device is None:
+    """Move to ``device`` ("cpu", "cuda", "cuda:N", or an int N meaning "cuda:N" as in torch)
+    and/or cast to ``dtype``; differentiable. ``t.to(float64)`` (a dtype alone) casts."""
+    if isinstance(device, (str, int)) or device is None:  # bool is an int: an error below
         target_kind = None if device is None else device_type(device)
     else:  # `t.to(float64)` as a dtype-only call
         target_kind, dtype = None, device

@@ -47,6 +47,27 @@ def default_collate(samples: Sequence[Any]) -> Any:
     return _to_tensor(np.stack(arrays))
 
 
+def _check_worker_options(num_workers: Any, timeout: Any, prefetch_factor: Any,
+                          persistent_workers: bool) -> None:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
+            or num_workers < 0:
+        raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
+    if num_workers > 0:
+        raise ValueError(f"DataLoader(num_workers={num_workers}): worker processes are not "
+                         f"supported; use num_workers=0 (batches are made in the training "
+                         f"process; a TensorDataset, or a dataset with _fetch_batch, fetches a "
+                         f"whole batch with one indexing)")
+    if timeout != 0:
+        raise ValueError(f"timeout={timeout!r} applies to worker processes; with "
+                         f"num_workers=0 it must be 0")
+    if prefetch_factor is not None:
+        raise ValueError(f"prefetch_factor={prefetch_factor!r} applies to worker processes; "
+                         f"with num_workers=0 leave it None")
+    if persistent_workers:
+        raise ValueError("persistent_workers=True needs worker processes (num_workers > 0); "
+                         "with num_workers=0 leave it False")
+
+
 class DataLoader:
     """Iterate over ``dataset`` in batches of ``batch_size``.
 
@@ -54,15 +75,27 @@ class DataLoader:
     the sequence of permutations is reproducible, without it the framework's global generator
     (``manual_seed``) is used. ``sampler`` is any iterable of indices with ``__len__`` (for
     example ``DistributedSampler``) and excludes ``shuffle``.
+
+    torch's loading options are accepted so that ported scripts run unchanged: batches are
+    always made in this process (``num_workers=0``; a dataset with ``_fetch_batch``, as
+    ``TensorDataset``, builds a whole batch with one indexing and needs no workers), and
+    ``pin_memory`` changes nothing (batches are host arrays, moved by ``.to(device)``).
+    ``persistent_workers``, ``prefetch_factor`` and ``timeout`` concern workers, so, as in
+    torch, they are refused without them; ``worker_init_fn`` is never called.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
                  sampler: Optional[Iterable[int]] = None, drop_last: bool = False,
-                 seed: Optional[int] = None, collate_fn: Optional[Callable[[List[Any]], Any]] = None
+                 seed: Optional[int] = None, collate_fn: Optional[Callable[[List[Any]], Any]] = None,
+                 num_workers: int = 0, pin_memory: bool = False, timeout: float = 0,
+                 worker_init_fn: Optional[Callable[[int], None]] = None,
+                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False
                  ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        _check_worker_options(num_workers, timeout, prefetch_factor, persistent_workers)
+        self.num_workers, self.pin_memory = 0, bool(pin_memory)
         if sampler is not None and shuffle:
             raise ValueError("sampler and shuffle=True are mutually exclusive")
         if sampler is not None and not hasattr(sampler, "__len__"):

@@ -1,6 +1,5 @@
 """Neural-network building blocks: ``Module``, layers, losses, initialisers, safetensors I/O."""
-from .. import functional  # ``nn.functional`` as in PyTorch
-from . import init
+from . import functional, init  # ``functional``: the functional API at torch's path
 from .activation import GELU, ReLU, Sigmoid, Softmax, Tanh
 from .attention import CausalSelfAttention, MultiheadAttention
 from .container import ModuleList, Sequential

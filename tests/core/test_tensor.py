@@ -92,6 +92,28 @@ def test_cuda_device_without_gpu_raises_clear_error():
         Tensor([1.0], device="tpu")
 
 
+def test_an_int_device_is_a_gpu_index_as_in_torch():
+    # torch's `t.to(0)` / `model.to(local_rank)` move to cuda:0; an int is never a dtype
+    from neural_arch.backends import device_type, get_backend
+    from neural_arch.nn import Linear
+
+    assert device_type(0) == "cuda" and device_type(3) == "cuda"
+    with pytest.raises(ValueError, match="device index must be >= 0, got -1"):
+        Tensor([1.0]).to(-1)
+    with pytest.raises(ValueError, match="unknown device True"):
+        Tensor([1.0]).to(True)
+    if get_backend("cupy").is_available():
+        assert Tensor([1.0]).to(0).device == "cuda"
+        assert Linear(2, 2).to(0).weight.device == "cuda"
+        return
+    with pytest.raises(RuntimeError, match="device 'cuda' is not available"):
+        Tensor([1.0]).to(0)
+    with pytest.raises(RuntimeError, match="device 'cuda' is not available"):
+        Tensor([1.0]).to(0, dtype="float64")
+    with pytest.raises(RuntimeError, match="device 'cuda' is not available"):
+        Linear(2, 2).to(0)
+
+
 def test_factories_and_seeding():
     assert na.zeros(2, 3).dtype == np.float32 and na.zeros((2, 3)).shape == (2, 3)
     assert na.ones(4, dtype="float64").dtype == np.float64

@@ -92,6 +92,27 @@ def test_sampler_decides_the_indices():
         DataLoader(ds, batch_size=0)
 
 
+def test_torch_loading_options_are_accepted_or_refused_by_name():
+    ds = _dataset(10)
+    loader = DataLoader(ds, batch_size=4, num_workers=0, pin_memory=True,
+                        persistent_workers=False, timeout=0, worker_init_fn=print,
+                        prefetch_factor=None)
+    assert loader.num_workers == 0 and loader.pin_memory
+    np.testing.assert_array_equal(np.concatenate(_epoch_labels(loader)), np.arange(10))
+    with pytest.raises(ValueError, match=r"num_workers=2\): worker processes are not "
+                                         r"supported; use num_workers=0"):
+        DataLoader(ds, num_workers=2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="num_workers must be a non-negative integer"):
+            DataLoader(ds, num_workers=bad)
+    with pytest.raises(ValueError, match="persistent_workers=True needs worker processes"):
+        DataLoader(ds, persistent_workers=True)
+    with pytest.raises(ValueError, match="prefetch_factor=2 applies to worker processes"):
+        DataLoader(ds, prefetch_factor=2)
+    with pytest.raises(ValueError, match="timeout=5 applies to worker processes"):
+        DataLoader(ds, timeout=5)
+
+
 class Pairs(Dataset):
     """A dataset without a batch fast path: collation goes item by item."""
 

@@ -73,7 +73,13 @@ class DistributedDataParallel(Module):
                  gradient_compression: bool = False, bucket_size_mb: float = 25,
                  find_unused_parameters: bool = False, auto_sync: bool = False,
                  group=None, broadcast_buffers: bool = True,
-                 shared_buckets: Optional[bool] = None) -> None:
+                 shared_buckets: Optional[bool] = None, device_ids: Optional[list] = None,
+                 output_device=None) -> None:
+        # torch's device_ids / output_device: a CPU module takes None (or []), as in torch
+        if (device_ids or output_device is not None) and all(
+                p.device == "cpu" for p in module.parameters()):
+            raise ValueError(f"DistributedDataParallel(device_ids={device_ids!r}, output_device="
+                             f"{output_device!r}): the module is on the CPU, leave both None")
         super().__init__()
         if not is_initialized():
             raise RuntimeError("DistributedDataParallel needs an initialized process group: call "
