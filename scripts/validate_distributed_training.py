@@ -6,11 +6,11 @@
 Two launches of this same script in worker mode: the main run (environment, every collective,
 DDP equivalence, sampling, checkpoint/resume) and a fault run in which the last rank SIGKILLs
 itself inside a loop of all-reduces. shm, tcp, auto and gloo start through
-``launch_distributed_training``; mpi through ``mpiexec`` (``validation_launch``). Each rank writes its verdicts to a
-temporary directory and a check passes only if it passed on every rank. Prints one line per
-check and an overall line, writes the JSON report (and says where), and exits 0 only if every
-check passed. Checks that could not run here (mpi without mpiexec or mpi4py) are SKIPPED, with
-the reason, not FAILED.
+``launch_distributed_training``; mpi through ``mpiexec`` (see validation_launch.py). Each rank
+writes its verdicts to a temporary directory and a check passes only if it passed on every
+rank. Prints one line per check and an overall line, writes the JSON report (and says where),
+and exits 0 only if every check passed. Checks that could not run here (mpi without mpiexec or
+mpi4py) are SKIPPED, with the reason, not FAILED.
 """
 from __future__ import annotations
 
