@@ -15,8 +15,8 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-# Re-exported: supervisor.py and its callers take the whole configuration from this module.
 from ..rendezvous.env import BACKEND_ALIAS, BACKEND_VAR, backend_from_environment
+# Re-exported: supervisor.py and its callers take the whole configuration from this module.
 from .config import BACKENDS, SECRET_VAR, LaunchConfig, Target, cpu_count, resolve_nproc
 
 __all__ = ["BACKENDS", "PROG", "SECRET_VAR", "LaunchConfig", "Target", "build_parser", "cpu_count",
