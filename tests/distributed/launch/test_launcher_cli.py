@@ -201,8 +201,11 @@ def test_no_python_runs_a_program(job):
 
 
 def our_segments() -> set:
-    """Names of this project's shared-memory segments (nf_<creator pid>_...) in /dev/shm."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith("nf_")}
+    """Shared-memory segments in /dev/shm a job of ours may leave: the shm transport's
+    (nf_<creator pid>_...) and Open MPI's (16 MiB each, left by every rank that started MPI
+    alone, as the launcher's workers did before --backend mpi was refused)."""
+    return {name for name in os.listdir("/dev/shm")
+            if name.startswith(("nf_", "sm_segment.", "vader_segment."))}
 
 
 SHM_WORKER = """
@@ -222,11 +225,11 @@ def test_backend_mpi_is_refused_before_any_worker_or_segment(job):
     script = job.script(SHM_WORKER)
     result = job.run(script, "--nproc_per_node=2", f"--master_port={free_port()}",
                      "--backend", "mpi", "--lr", "1")
+    assert our_segments() - before == set(), result.stderr
+    assert job.recorded() == []  # no worker started
     assert result.returncode == 2
     assert "backend 'mpi' needs ranks started by MPI" in result.stderr
     assert f"-n 2 {sys.executable} {script} --lr 1" in result.stderr
-    assert job.recorded() == []  # no worker started
-    assert our_segments() - before == set()
 
 
 def test_repeated_option_starts_nothing(job):
