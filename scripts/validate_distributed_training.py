@@ -6,9 +6,11 @@
 Two launches of this same script in worker mode: the main run (environment, every collective,
 DDP equivalence, sampling, checkpoint/resume) and a fault run in which the last rank SIGKILLs
 itself inside a loop of all-reduces. shm, tcp, auto and gloo start through
-``launch_distributed_training``; mpi through ``mpiexec``. Each rank writes its verdicts to a
-temporary directory and a check passes only if it passed on every rank. Prints one line per
-check and an overall line, writes the JSON report, and exits 0 only if every check passed.
+``launch_distributed_training``; mpi through ``mpiexec`` (see validation_launch.py). Each rank
+writes its verdicts to a temporary directory and a check passes only if it passed on every
+rank. Prints one line per check and an overall line, writes the JSON report (and says where),
+and exits 0 only if every check passed. Checks that could not run here (mpi without mpiexec or
+mpi4py) are SKIPPED, with the reason, not FAILED.
 """
 from __future__ import annotations
 
@@ -18,12 +20,8 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -33,33 +31,32 @@ for _path in (SCRIPT.parent, SCRIPT.parents[1]):  # the helpers, and the package
         sys.path.insert(0, str(_path))
 
 from validation_checks import (FAILED, FAULT_CHECK, FAULT_DETECTION_LIMIT_S,  # noqa: E402
-                               FAULT_ITERATIONS, INJECT_VAR, PASSED, Context, check_list,
-                               run_fault, run_main)
+                               FAULT_ITERATIONS, INJECT_VAR, PASSED, SKIPPED, Context,
+                               check_list, run_fault, run_main)
+from validation_launch import Launch, launch_local, launch_mpi  # noqa: E402
 
 BACKENDS = ("shm", "tcp", "mpi", "auto", "gloo")
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 FAULT_PG_TIMEOUT_S = 30.0  # longer than the detection limit: a timeout is no detection
-FAULT_GRACE_S = 20.0  # survivors outlive the launcher's SIGTERM this long to report
-STOP_GRACE_S = 5.0
 
 
-@dataclass
-class Launch:
-    """How one launch ended: its exit code (None: it never ran) and a line saying so."""
-
-    code: Optional[int]
-    note: str
-    seconds: float
-    logs: Path
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=BACKENDS, default="auto")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 2)[0] + "\n\n" + __doc__.split("\n\n", 2)[2],
+        formatter_class=_HelpFormatter,
+        epilog="Each check prints PASSED, FAILED or SKIPPED (could not run here, with the "
+               "reason).\nExit status: 0 when every check passed, 1 otherwise, 2 for bad "
+               "arguments.")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="the backend to validate; mpi starts the ranks with mpiexec (from "
+                             "PATH, else next to this Python)")
     parser.add_argument("--world-size", type=int, default=2, help="processes to start (>= 2)")
     parser.add_argument("--output", default="distributed_validation.json",
-                        help="where to write the JSON report")
+                        help="where to write the JSON report (relative to the current "
+                             "directory); its full path is printed at the end")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds each of the two launches may take before it is stopped")
     parser.add_argument("--worker", choices=("main", "fault"), help=argparse.SUPPRESS)
@@ -94,100 +91,6 @@ def worker_main(args: argparse.Namespace) -> int:
     return run_main(ctx, args.backend, max(5.0, min(60.0, args.timeout / 3)))
 
 
-# ----- launching -------------------------------------------------------------------------------
-def worker_args(phase: str, args: argparse.Namespace, work: Path) -> list[str]:
-    return ["--worker", phase, "--work-dir", str(work), "--backend", args.backend,
-            "--world-size", str(args.world_size), "--timeout", str(args.timeout)]
-
-
-def launch_local(phase: str, args: argparse.Namespace, work: Path) -> Launch:
-    """Through our launcher, in this process, its console output captured to a file."""
-    from neural_arch.distributed.launcher import launch_distributed_training
-    logs = work / f"{phase}_logs"
-    start = time.monotonic()
-    with open(work / f"{phase}_launcher.log", "w") as out, \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            code = launch_distributed_training(
-                str(SCRIPT), nproc_per_node=args.world_size, backend=args.backend,
-                script_args=worker_args(phase, args, work), standalone=True,
-                timeout=args.timeout, log_dir=logs,
-                grace_period=FAULT_GRACE_S if phase == "fault" else STOP_GRACE_S)
-        except Exception as exc:
-            return Launch(None, f"the launcher failed: {type(exc).__name__}: {exc}",
-                          time.monotonic() - start, logs)
-    note = describe_exit(code, args.timeout, "the launcher")
-    if code != 0:
-        note += launcher_note(work / f"{phase}_launcher.log")
-    return Launch(code, note, time.monotonic() - start, logs)
-
-
-def launch_mpi(phase: str, args: argparse.Namespace, work: Path) -> Launch:
-    """Through mpiexec; in the fault run with --enable-recovery so that survivors live on."""
-    import importlib.util
-    logs, start = work / f"{phase}_logs", time.monotonic()
-    logs.mkdir(exist_ok=True)
-    mpiexec = shutil.which("mpiexec")
-    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
-        missing = "mpiexec is not on PATH" if mpiexec is None else "mpi4py is not installed"
-        return Launch(None, f"cannot launch with mpi: {missing}", 0.0, logs)
-    recovery = ["--enable-recovery"] if phase == "fault" else []
-    cmd = [mpiexec, "-n", str(args.world_size), "--oversubscribe", *recovery, sys.executable,
-           "-u", str(SCRIPT), *worker_args(phase, args, work)]
-    # MPI's shared-memory files go to the work directory: a killed rank cannot strand them.
-    env = {**os.environ, **MPI_ENV, "OMPI_MCA_btl_sm_backing_directory": str(work)}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(name, None)  # mpiexec's own variables say who is who
-    with open(logs / "mpiexec.log", "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            code = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            code = 124
-        finally:
-            stop_mpiexec(proc, work, phase, args.world_size)
-    return Launch(code, describe_exit(code, args.timeout, "mpiexec"), time.monotonic() - start,
-                  logs)
-
-
-def stop_mpiexec(proc: subprocess.Popen, work: Path, phase: str, world_size: int) -> None:
-    """SIGTERM lets mpiexec stop its ranks; what is left after a grace period is killed,
-    ranks included (they may run in sessions of their own)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=STOP_GRACE_S)
-    for rank in range(world_size):
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((work / f"{phase}_pid{rank}").read_text())
-            # Only a process still running this very job: the pid may belong to another by now.
-            if str(work).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, signal.SIGKILL)
-
-
-def launcher_note(log: Path) -> str:
-    """The launcher's last word about a failure (``rank 2 failed with signal SIGKILL ...``)."""
-    with contextlib.suppress(OSError):
-        notes = [line.strip() for line in log.read_text(errors="replace").splitlines()
-                 if line.startswith("launcher: ") and "OMP_NUM_THREADS" not in line]
-        if notes:  # the log path it names goes away with the work directory
-            return ": " + notes[-1][len("launcher: "):].split("; log: ")[0]
-    return ""
-
-
-def describe_exit(code: int, timeout: float, who: str) -> str:
-    if code == 0:
-        return f"{who} exited with code 0"
-    if code == 124:
-        return f"{who} stopped the run after the {timeout:g} s timeout"
-    return f"{who} exited with code {code}"
-
-
 # ----- merging the ranks' verdicts -------------------------------------------------------------
 def read_json(path: Path) -> Optional[dict]:
     try:
@@ -220,7 +123,14 @@ def combine(reasons: dict[int, str]) -> str:
                      for why, r in by_reason.items())
 
 
+def skipped_check(name: str, launch: Launch) -> dict:
+    return {"name": name, "status": SKIPPED, "seconds": 0.0,
+            "details": f"not run: {launch.skipped}"}
+
+
 def merge_main(work: Path, n: int, launch: Launch) -> list[dict]:
+    if launch.skipped:
+        return [skipped_check(name, launch) for name, _ in check_list()]
     verdicts = {}
     for rank in range(n):
         found = read_json(work / f"main_rank{rank}.json") or {"checks": []}
@@ -238,6 +148,8 @@ def merge_main(work: Path, n: int, launch: Launch) -> list[dict]:
 
 
 def fault_check(work: Path, n: int, launch: Launch) -> dict:
+    if launch.skipped:
+        return skipped_check(FAULT_CHECK, launch)
     victim = n - 1
     kill = read_json(work / "fault_kill.json")
     problems, seen = {}, {}
@@ -287,14 +199,20 @@ def validate(args: argparse.Namespace) -> int:
         checks.append(fault)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    passed = sum(c["status"] == PASSED for c in checks)
-    overall = PASSED if passed == len(checks) else FAILED
-    print(f"OVERALL: {overall} ({passed}/{len(checks)} checks)", flush=True)
-    report = {"overall": overall, "passed": passed, "failed": len(checks) - passed,
-              "backend": args.backend, "world_size": args.world_size, "checks": checks}
-    output = Path(args.output)
+    counts = {status: sum(c["status"] == status for c in checks)
+              for status in (PASSED, FAILED, SKIPPED)}
+    # Failures outrank skips: a run with both is FAILED.
+    overall = FAILED if counts[FAILED] else SKIPPED if counts[SKIPPED] else PASSED
+    skipped = f", {counts[SKIPPED]} skipped" if counts[SKIPPED] else ""
+    print(f"OVERALL: {overall} ({counts[PASSED]}/{len(checks)} checks passed{skipped})",
+          flush=True)
+    report = {"overall": overall, "passed": counts[PASSED], "failed": counts[FAILED],
+              "skipped": counts[SKIPPED], "backend": args.backend,
+              "world_size": args.world_size, "checks": checks}
+    output = Path(args.output).absolute()
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"JSON report: {output}", flush=True)
     return 0 if overall == PASSED else 1
 
 

@@ -26,7 +26,8 @@ from typing import Callable, Optional
 import numpy as np
 
 INJECT_VAR = "NEURAL_ARCH_VALIDATE_INJECT_FAULT"
-PASSED, FAILED = "PASSED", "FAILED"
+# SKIPPED: the check could not run here (its backend's launcher or library is missing).
+PASSED, FAILED, SKIPPED = "PASSED", "FAILED", "SKIPPED"
 FAULT_CHECK = "fault_detection"
 FAULT_KILL_AT = 5  # the victim dies before this iteration of the collective loop
 FAULT_ITERATIONS = 200

@@ -57,12 +57,16 @@ def leaked_segments(before: set) -> list[str]:
     return leaked
 
 
-def run_script(tmp_path: Path, backend: str, world_size, *extra: str, inject: str = ""):
-    """Run the script with its work directory under ``tmp_path``; returns (process, report)."""
+def run_script(tmp_path: Path, backend: str, world_size, *extra: str, inject: str = "",
+               path: str = ""):
+    """Run the script with its work directory under ``tmp_path``; returns (process, report).
+    ``path`` replaces PATH (to hide an mpiexec that is on it)."""
     report_path = tmp_path / "report.json"
     segments_before = set(os.listdir("/dev/shm"))
     env = {k: v for k, v in os.environ.items() if k != INJECT}
     env["TMPDIR"] = str(tmp_path)  # so every rank's command line names tmp_path
+    if path:
+        env["PATH"] = path
     if inject:
         env[INJECT] = inject
     cmd = [sys.executable, str(SCRIPT), "--backend", backend, "--world-size", str(world_size),
@@ -88,26 +92,32 @@ def run_script(tmp_path: Path, backend: str, world_size, *extra: str, inject: st
 def check_report(proc, report, backend: str, world_size: int) -> dict:
     """The SPEC's schema, the console lines and the exit code all tell the same story."""
     assert report is not None, proc.stdout + proc.stderr
-    assert set(report) == {"overall", "passed", "failed", "backend", "world_size", "checks"}
+    assert set(report) == {"overall", "passed", "failed", "skipped", "backend", "world_size",
+                           "checks"}
     assert (report["backend"], report["world_size"]) == (backend, world_size)
     assert [c["name"] for c in report["checks"]] == CHECKS
     statuses = {}
     for check in report["checks"]:
         assert set(check) == {"name", "status", "seconds", "details"}
-        assert check["status"] in ("PASSED", "FAILED")
+        assert check["status"] in ("PASSED", "FAILED", "SKIPPED")
         assert isinstance(check["seconds"], float) and check["seconds"] >= 0
         assert isinstance(check["details"], str) and check["details"]
         statuses[check["name"]] = check["status"]
-    passed = sum(s == "PASSED" for s in statuses.values())
-    assert (report["passed"], report["failed"]) == (passed, len(CHECKS) - passed)
-    assert report["overall"] == ("PASSED" if passed == len(CHECKS) else "FAILED")
+    counts = {s: list(statuses.values()).count(s) for s in ("PASSED", "FAILED", "SKIPPED")}
+    passed, skipped = counts["PASSED"], counts["SKIPPED"]
+    assert (report["passed"], report["failed"], report["skipped"]) == \
+        (passed, counts["FAILED"], skipped)
+    assert report["overall"] == ("FAILED" if counts["FAILED"] else "SKIPPED" if skipped
+                                 else "PASSED")
     assert proc.returncode == (0 if report["overall"] == "PASSED" else 1), proc.stderr
-    lines = [ln for ln in proc.stdout.splitlines() if re.match(r"(PASSED|FAILED)  ", ln)]
+    lines = [ln for ln in proc.stdout.splitlines() if re.match(r"(PASSED|FAILED|SKIPPED)  ", ln)]
     assert len(lines) == len(CHECKS), proc.stdout
     for line, check in zip(lines, report["checks"]):
         assert re.match(rf"{check['status']}  {check['name']}  \(\d+\.\d\d s\)  \S", line), line
-    assert proc.stdout.rstrip().splitlines()[-1] == \
-        f"OVERALL: {report['overall']} ({passed}/{len(CHECKS)} checks)"
+    overall, where = proc.stdout.rstrip().splitlines()[-2:]
+    assert overall == (f"OVERALL: {report['overall']} ({passed}/{len(CHECKS)} checks passed"
+                       + (f", {skipped} skipped)" if skipped else ")"))
+    assert where.startswith("JSON report: /") and where.endswith(".json"), where
     return {c["name"]: c for c in report["checks"]}
 
 
@@ -173,6 +183,18 @@ def test_a_crashed_rank_fails_the_remaining_checks(tmp_path):
 
 
 @needs_mpi
+def test_mpiexec_next_to_the_python_is_found_when_not_on_path(tmp_path):
+    beside = Path(sys.executable).parent / "mpiexec"
+    if not beside.is_file():
+        pytest.skip(f"no mpiexec next to {sys.executable}")
+    hidden = os.pathsep.join(d for d in ("/usr/bin", "/bin") if not Path(d, "mpiexec").exists())
+    proc, report = run_script(tmp_path, "mpi", 2, path=hidden)
+    checks = check_report(proc, report, "mpi", 2)
+    assert report["overall"] == "PASSED", proc.stdout + proc.stderr
+    assert "backend mpi" in checks["environment"]["details"]
+
+
+@needs_mpi
 def test_a_crashed_rank_under_mpiexec_is_reported(tmp_path):
     proc, report = run_script(tmp_path, "mpi", 2, inject="checkpoint:crash")
     checks = check_report(proc, report, "mpi", 2)
@@ -200,6 +222,61 @@ def test_bad_arguments_are_refused(tmp_path, args, message):
                            *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+def import_script(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import validate_distributed_training
+    import validation_launch
+    return validate_distributed_training, validation_launch
+
+
+def test_mpi_without_mpiexec_is_skipped_with_the_reason_and_the_report_is_named(
+        tmp_path, monkeypatch, capsys):
+    script, launch = import_script(monkeypatch)
+    monkeypatch.setattr(launch, "find_mpiexec", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    code = script.main(["--backend", "mpi"])  # no --output: the default file, named
+    report_path = tmp_path / "distributed_validation.json"
+    report = json.loads(report_path.read_text())
+    out = capsys.readouterr().out
+    checks = check_report(subprocess.CompletedProcess([], code, out, ""), report, "mpi", 2)
+    assert code == 1 and report["overall"] == "SKIPPED" and report["skipped"] == len(CHECKS)
+    for check in checks.values():
+        assert check["status"] == "SKIPPED"
+        assert check["details"].startswith("not run: mpiexec is neither on PATH nor next to "
+                                           f"{sys.executable}")
+    assert "FAILED" not in out
+    assert out.rstrip().splitlines()[-1] == f"JSON report: {report_path}"
+
+
+def test_find_mpiexec_looks_next_to_the_python(tmp_path, monkeypatch):
+    _, launch = import_script(monkeypatch)
+    bin_dir, empty = tmp_path / "venv" / "bin", tmp_path / "empty"
+    bin_dir.mkdir(parents=True)
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    assert launch.find_mpiexec() is None
+    beside = bin_dir / "mpiexec"
+    beside.write_text("#!/bin/sh\n")
+    beside.chmod(0o755)
+    assert launch.find_mpiexec() == str(beside)
+    on_path = empty / "mpiexec"
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    assert launch.find_mpiexec() == str(on_path)  # PATH first, as a shell would
+
+
+def test_help_shows_the_defaults():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
+                          text=True, timeout=60)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stderr
+    for default in ("(default: auto)", "(default: 2)", "(default: distributed_validation.json)",
+                    "(default: 120.0)"):
+        assert default in text, text
+    assert "SKIPPED" in text
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 7])

@@ -8,7 +8,6 @@ their own group id and sequence numbers, so a mix-up between groups is detected,
 from __future__ import annotations
 
 import atexit
-import os
 import socket
 import zlib
 from typing import Any, Optional, Sequence
@@ -52,22 +51,24 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     if _WORLD is not None:
         raise RuntimeError("the default process group is already initialized; call "
                            "destroy_process_group() first")
-    from ..rendezvous.env import resolve
+    from ..rendezvous.env import backend_from_environment, resolve
     seconds = to_seconds(timeout)
     algorithms.read_environment()
     requested = normalize_backend(backend)
     if requested == "auto":
-        # The launcher's --backend reaches workers as NEURAL_ARCH_BACKEND; "auto" defers to it.
-        requested = normalize_backend(os.environ.get("NEURAL_ARCH_BACKEND") or "auto")
-    info = resolve(init_method, world_size, rank)
+        # The launcher's --backend reaches workers as NEURAL_ARCH_BACKEND (or its alias
+        # NEURAL_FORGE_BACKEND); "auto" defers to it.
+        requested = normalize_backend(backend_from_environment() or "auto")
     if requested == "auto" and launched_by_mpi():
         requested = "mpi"
+    owns_store = store is None and (requested == "auto" or transports.spec(requested).needs_store)
+    # Only a store this process serves or joins needs MASTER_ADDR/MASTER_PORT.
+    info = resolve(init_method, world_size, rank, master_needed=owns_store)
     if info.world_size == 1:
         chosen = requested if requested != "auto" else "shm"
         _WORLD = _World(info, chosen, None, None, seconds)
         return
     secret = None
-    owns_store = store is None and (requested == "auto" or transports.spec(requested).needs_store)
     transport = None
     try:
         if owns_store:

@@ -3,7 +3,9 @@
 Command-line rule: launcher options (known names, dashes or underscores, ``--opt=value`` or
 ``--opt value``) are recognised anywhere before a ``--``; everything after ``--`` goes to the
 script verbatim, and unknown options after the script go to the script. ``-h`` and ``-m`` are
-the launcher's only before the script, so ``train.py -h`` still reaches the script.
+the launcher's only before the script, so ``train.py -h`` still reaches the script. A launcher
+option given twice is an error (argparse would keep the last one silently, and the other was
+most likely meant for the script).
 
 The values are checked by ``LaunchConfig`` (``config``), not here.
 """
@@ -13,6 +15,7 @@ import argparse
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..rendezvous.env import BACKEND_ALIAS, BACKEND_VAR, backend_from_environment
 # Re-exported: supervisor.py and its callers take the whole configuration from this module.
 from .config import BACKENDS, SECRET_VAR, LaunchConfig, Target, cpu_count, resolve_nproc
 
@@ -42,9 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, NEURAL_ARCH_BACKEND,\n"
                     f"RESTART_COUNT, {SECRET_VAR}), watch them, and stop all of them when one "
                     "fails.",
-        epilog="Options may stand before or after SCRIPT; after SCRIPT the launcher still takes\n"
-               "the names above (the script gets the others): put a script option that shares\n"
-               "one of these names after '--', which passes the rest to the script verbatim.\n"
+        epilog="Options may stand before or after SCRIPT (torchrun's order and the reverse):\n"
+               "after SCRIPT the launcher still takes every option named above, in any of\n"
+               "its spellings (--nproc_per_node, --nproc-per-node, with '=' or a space), and\n"
+               "passes the others to the script. '--' ends the launcher's options: all that\n"
+               "follows goes to the script verbatim, so a script option that shares a name\n"
+               "with one of the launcher's goes after it:\n"
+               f"  {PROG} --nproc_per_node=2 train.py --lr 0.1 -- --nnodes 8\n"
+               "gives train.py '--lr 0.1 --nnodes 8'. -h and -m are the launcher's only\n"
+               "before SCRIPT. An option given twice is an error naming it.\n"
                f"{SECRET_VAR}: each job gets a fresh random secret unless it is set in the\n"
                "environment; multi-node jobs must set the same value on every node.\n"
                "Exit status: 0 when every worker exits 0, else the failing worker's code\n"
@@ -65,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of rank 0's rendezvous store; default $MASTER_PORT or 29500")
     add("--standalone", action="store_true",
         help="single node on 127.0.0.1 with a free port picked by the launcher")
-    add("--backend", default=os.environ.get("NEURAL_ARCH_BACKEND", "auto"), choices=BACKENDS,
-        help="passed to the workers as NEURAL_ARCH_BACKEND; default auto")
+    # None: read the environment in parse_launcher_args, where a conflict becomes a usage error.
+    add("--backend", default=None, choices=BACKENDS,
+        help=f"passed to the workers as {BACKEND_VAR}; default ${BACKEND_VAR} (or "
+             f"${BACKEND_ALIAS}) or auto. 'mpi' is refused: start MPI ranks with mpirun")
     add("--max_restarts", type=int, default=0, metavar="N",
         help="restart the whole group up to this many times after a failure; default 0")
     add("--log_dir", default=None, metavar="DIR",
@@ -131,13 +142,37 @@ def split_command_line(argv: Sequence[str], parser: argparse.ArgumentParser
     return launcher, script, script_args
 
 
+def _repeated_option(launcher_tokens: Sequence[str], table: Dict[str, bool]) -> Optional[str]:
+    """A message naming the first launcher option given more than once, with its values."""
+    seen: Dict[str, List[str]] = {}
+    for token in launcher_tokens:
+        name, has_value, value = token.partition("=")
+        if name in table:
+            seen.setdefault(name, []).append(value if has_value else "")
+    for name, values in seen.items():
+        if len(values) > 1:
+            given = ", ".join(repr(v) for v in values) if any(values) else ""
+            return (f"launcher option {name} is given {len(values)} times"
+                    + (f" ({given})" if given else "") + "; give it once (an option meant for "
+                    "the script goes after '--')")
+    return None
+
+
 def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
     """Parse a launcher command line (values are validated by ``LaunchConfig``); exits with
     status 2 and a usage message on a malformed one."""
     parser = build_parser()
     launcher_tokens, script, script_args = split_command_line(argv, parser)
+    repeated = _repeated_option(launcher_tokens, _option_table(parser))
+    if repeated:
+        parser.error(repeated)
     args = parser.parse_args(launcher_tokens)
     if script is None:
         parser.error("the following arguments are required: SCRIPT")
+    if args.backend is None:
+        try:
+            args.backend = backend_from_environment() or "auto"
+        except ValueError as exc:
+            parser.error(str(exc))
     args.script, args.script_args, args.parser = script, script_args, parser
     return args

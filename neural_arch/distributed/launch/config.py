@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
+import sys
 from dataclasses import dataclass
 from shutil import which
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..rendezvous.env import BACKEND_ALIAS
 
 BACKENDS = ("auto", "shm", "tcp", "mpi", "gloo", "nccl")
 SECRET_VAR = "NEURAL_ARCH_SECRET"
@@ -109,6 +113,31 @@ class LaunchConfig:
             if bad:
                 raise TypeError(f"env must map str to str, got {bad!r}")
         self._check_target()
+        if self.backend == "mpi":
+            raise ValueError(self._mpi_refusal())
+
+    def _mpi_refusal(self) -> str:
+        """Why backend 'mpi' is refused here, and the mpirun command that runs the same job.
+
+        MPI ranks must be started by MPI's own launcher: processes started here would each be
+        an MPI world of one, and fail to join a job of world_size ranks.
+        """
+        mpirun = next((name for name in ("mpirun", "mpiexec") if which(name)), None)
+        beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+        if mpirun is None and os.access(beside, os.X_OK):
+            mpirun = beside  # a venv's Open MPI sits next to its Python, often off PATH
+        if callable(self.target):
+            program = ["python", "your_script.py"]
+        elif self.no_python:
+            program = [self.target, *self.script_args]
+        else:
+            program = [sys.executable, *(["-m"] if self.run_module else []), self.target,
+                       *self.script_args]
+        command = shlex.join([mpirun or "mpirun", "-n", str(self.world_size), *program])
+        return (f"backend 'mpi' needs ranks started by MPI; this launcher starts plain "
+                f"processes, each of which would be an MPI job of one. Run the job with mpirun "
+                f"(or mpiexec; srun under SLURM) instead: {command} (add --oversubscribe "
+                f"for more ranks than cores)")
 
     def _check_target(self) -> None:
         if callable(self.target):
@@ -147,6 +176,9 @@ class LaunchConfig:
         base, notes = self.base_environment(), []
         for name in [n for n in base if n.startswith(_MPI_RANK_PREFIXES)]:
             del base[name]
+        # The workers get the launcher's backend as NEURAL_ARCH_BACKEND; an alias left set to
+        # another value would contradict it.
+        base.pop(BACKEND_ALIAS, None)
         if not base.get(SECRET_VAR):
             if self.nnodes == 1:
                 base[SECRET_VAR] = secrets.token_hex(32)

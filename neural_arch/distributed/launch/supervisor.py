@@ -82,9 +82,6 @@ class DistributedLauncher:
         output = WorkerOutput(cfg.prefix_output, cfg.log_dir, self.ranks)
         for note in notes:
             output.note(note)
-        if cfg.backend == "mpi":
-            output.note("backend 'mpi' needs ranks started by mpiexec/srun; the launcher starts "
-                        "plain processes")
         deadline = None if cfg.timeout is None else time.monotonic() + float(cfg.timeout)
         restart = 0
         try:

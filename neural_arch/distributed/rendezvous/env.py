@@ -4,6 +4,11 @@
 (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), Open MPI's (OMPI_COMM_WORLD_*), MPICH/Intel
 MPI's (PMI_*, MPI_LOCALRANKID), then SLURM's (SLURM_PROCID, ...). With none of them, the process
 is a job of one. ``tcp://host:port`` names the master explicitly.
+
+As with torch.distributed, a half-set ``env://`` contract is an error, not a job of one:
+RANK without WORLD_SIZE, WORLD_SIZE without RANK, and (WORLD_SIZE > 1, a store to meet at)
+RANK and WORLD_SIZE without MASTER_ADDR and MASTER_PORT. A job of one that kept running while
+its siblings waited would train alone and look healthy.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ _LAUNCHERS = (
     ("slurm", ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None)),
 )
 _MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK")
+# What backend="auto" defers to; the second name is the one older scripts and job files use.
+BACKEND_VAR, BACKEND_ALIAS = "NEURAL_ARCH_BACKEND", "NEURAL_FORGE_BACKEND"
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,16 @@ def is_launched_by_mpi(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when mpirun/mpiexec (Open MPI, MPICH, Intel MPI) or srun with PMI started us."""
     environ = os.environ if environ is None else environ
     return any(name in environ for name in _MPI_MARKERS)
+
+
+def backend_from_environment(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """NEURAL_ARCH_BACKEND, or its alias NEURAL_FORGE_BACKEND; None when neither is set."""
+    environ = os.environ if environ is None else environ
+    main, alias = (environ.get(name, "").strip() for name in (BACKEND_VAR, BACKEND_ALIAS))
+    if main and alias and main.lower() != alias.lower():
+        raise ValueError(f"{BACKEND_VAR}={main!r} and its alias {BACKEND_ALIAS}={alias!r} "
+                         f"disagree; set only one of them")
+    return main or alias or None
 
 
 def _int(environ: Mapping[str, str], name: str) -> Optional[int]:
@@ -93,6 +110,10 @@ def _slurm_local_world_size(environ: Mapping[str, str]) -> Optional[int]:
 
 
 def _from_launcher(environ: Mapping[str, str]):
+    # A lone WORLD_SIZE does not make the "env" family: under mpirun or srun the MPI or SLURM
+    # variables still say who is who (and must agree with it); with no launcher, it is half a
+    # contract, and resolve() names the RANK it lacks.
+    lone_size = _int(environ, "WORLD_SIZE") if _int(environ, "RANK") is None else None
     for launcher, (rank_var, size_var, local_var, local_size_var) in _LAUNCHERS:
         rank = _int(environ, rank_var)
         if rank is None:
@@ -100,11 +121,17 @@ def _from_launcher(environ: Mapping[str, str]):
         size = _int(environ, size_var)
         if size is None and launcher == "slurm":
             size = _int(environ, "SLURM_NPROCS")
+        if lone_size is not None and size is not None and lone_size != size:
+            raise ValueError(f"WORLD_SIZE={lone_size} disagrees with {size_var}={size} and RANK "
+                             f"is not set; unset WORLD_SIZE or set RANK too")
         local = _int(environ, local_var)
         local_size = (_int(environ, local_size_var) if local_size_var
                       else _slurm_local_world_size(environ))
         names = (rank_var, size_var, local_var, local_size_var or "SLURM_TASKS_PER_NODE")
         return launcher, rank, size, local, local_size, names
+    if lone_size is not None:
+        return ("env", None, lone_size, _int(environ, "LOCAL_RANK"),
+                _int(environ, "LOCAL_WORLD_SIZE"), _LAUNCHERS[0][1])
     return None
 
 
@@ -120,34 +147,42 @@ def _parse_tcp(init_method: str) -> tuple[str, int]:
 
 
 def resolve(init_method: str = "env://", world_size: Optional[int] = None,
-            rank: Optional[int] = None,
-            environ: Optional[Mapping[str, str]] = None) -> RendezvousInfo:
-    """Work out this process's place in the job; explicit arguments override the environment."""
+            rank: Optional[int] = None, environ: Optional[Mapping[str, str]] = None, *,
+            master_needed: bool = True) -> RendezvousInfo:
+    """Work out this process's place in the job; explicit arguments override the environment.
+
+    ``master_needed=False`` (a store was passed in, or the backend needs none) lets an
+    ``env://`` job of several ranks go without MASTER_ADDR and MASTER_PORT.
+    """
     environ = os.environ if environ is None else environ
     for name, value in (("rank", rank), ("world_size", world_size)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise TypeError(f"{name} must be an int or None, got {value!r}")
     found = _from_launcher(environ)
     launcher, env_rank, env_size, local, local_size, names = found or (
-        "env", None, None, None, None, ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+        "env", None, None, None, None, _LAUNCHERS[0][1])
     if rank is not None:
         launcher = "explicit"
     elif found is None and world_size is not None:
         launcher = "explicit"
     rank_name = "rank" if rank is not None else names[0]
     size_name = "world_size" if world_size is not None else names[1]
+    size_from_env = world_size is None and env_size is not None
     rank = env_rank if rank is None else rank
     world_size = env_size if world_size is None else world_size
     if world_size is None:
-        if rank not in (None, 0):
-            raise ValueError(f"{rank_name}={rank} is set but {names[1]} is not")
+        if rank is not None:
+            hint = ("pass world_size=" if rank_name == "rank"
+                    else f"unset {rank_name} for a job of one")
+            raise ValueError(f"{rank_name}={rank} is set but {names[1]} is not: set "
+                             f"{names[1]} too, or {hint}")
         world_size = 1
-    if rank is None:
-        if world_size != 1:
-            raise ValueError(f"{size_name}={world_size} but no rank: set {names[0]} or pass rank=")
-        rank = 0
     if world_size < 1:
         raise ValueError(f"{size_name} must be >= 1, got {world_size}")
+    if rank is None and (world_size != 1 or size_from_env):
+        raise ValueError(f"{size_name}={world_size} but no rank: set {names[0]} "
+                         f"(0..{world_size - 1}) on each process or pass rank=")
+    rank = 0 if rank is None else rank
     if not 0 <= rank < world_size:
         raise ValueError(f"{rank_name}={rank} is outside [0, {size_name}={world_size})")
     # Without a launcher's word, assume every rank runs on this host (or blocks of local_size).
@@ -157,8 +192,22 @@ def resolve(init_method: str = "env://", world_size: Optional[int] = None,
         local = rank % local_size
     if not 0 <= local < local_size:
         raise ValueError(f"{names[2]}={local} is outside [0, {names[3]}={local_size})")
+    if launcher == "env" and world_size > 1 and master_needed and init_method == "env://":
+        _require_master(environ, rank, world_size)
     addr, port = _master(init_method, environ, launcher)
     return RendezvousInfo(rank, world_size, local, local_size, addr, port, launcher)
+
+
+def _require_master(environ: Mapping[str, str], rank: int, world_size: int) -> None:
+    """RANK and WORLD_SIZE came from the environment: the master's address must come too,
+    since a guessed 127.0.0.1 leaves ranks on other hosts waiting for a store never served."""
+    missing = [n for n in ("MASTER_ADDR", "MASTER_PORT") if not environ.get(n, "").strip()]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                         f"set for rank {rank} of {world_size} (from RANK/WORLD_SIZE): env:// "
+                         f"needs the host and port of rank 0's store, as torch.distributed "
+                         f"does (on one machine, e.g. MASTER_ADDR=127.0.0.1 "
+                         f"MASTER_PORT={DEFAULT_MASTER_PORT})")
 
 
 def _master(init_method: str, environ: Mapping[str, str], launcher: str) -> tuple[str, int]:

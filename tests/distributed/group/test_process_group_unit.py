@@ -104,3 +104,36 @@ def test_object_collectives_refuse_unauthenticated_transports(monkeypatch):
             dist.broadcast_object_list([1], group=untrusted)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def no_job_variables(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "NEURAL_ARCH_BACKEND", "NEURAL_FORGE_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_backend_alias_variable_is_read_by_init_process_group(no_job_variables):
+    no_job_variables.setenv("NEURAL_FORGE_BACKEND", "tcp")
+    dist.init_process_group(world_size=1, rank=0, timeout=5)
+    try:
+        assert dist.get_backend() == "tcp"
+    finally:
+        dist.destroy_process_group()
+    no_job_variables.setenv("NEURAL_ARCH_BACKEND", "shm")
+    with pytest.raises(ValueError, match="NEURAL_ARCH_BACKEND='shm' and its alias "
+                                         "NEURAL_FORGE_BACKEND='tcp' disagree"):
+        dist.init_process_group(world_size=1, rank=0, timeout=5)
+    assert not dist.is_initialized()
+
+
+def test_world_size_without_rank_is_refused_not_a_job_of_one(no_job_variables):
+    no_job_variables.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=4 but no rank: set RANK"):
+        dist.init_process_group(timeout=5)
+    assert not dist.is_initialized()
+    no_job_variables.setenv("RANK", "0")  # the contract, complete but for the master
+    with pytest.raises(ValueError, match="MASTER_ADDR and MASTER_PORT are not set"):
+        dist.init_process_group("shm", timeout=5)
+    assert not dist.is_initialized()

@@ -1,6 +1,8 @@
 """Launcher command-line parsing and configuration, without starting processes."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from neural_arch.distributed.launcher import main
@@ -52,6 +54,7 @@ def test_defaults_follow_the_environment(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
     monkeypatch.setenv("MASTER_PORT", "2345")
     monkeypatch.delenv("NEURAL_ARCH_BACKEND", raising=False)
+    monkeypatch.delenv("NEURAL_FORGE_BACKEND", raising=False)
     args = parse_launcher_args(["t.py"])
     assert (args.master_addr, args.master_port, args.backend, args.max_restarts) == \
         ("10.1.2.3", 2345, "auto", 0)
@@ -72,6 +75,14 @@ def test_defaults_follow_the_environment(monkeypatch):
     (["{script}", "--standalone", "--nnodes=2"], "standalone runs on one node, got nnodes=2"),
     (["--nproc_per_node=2"], "required: SCRIPT"),
     (["missing_train.py"], "script not found: 'missing_train.py'"),
+    (["--nproc_per_node=2", "{script}", "--nproc-per-node", "4"],
+     "launcher option --nproc_per_node is given 2 times ('2', '4'); give it once"),
+    (["{script}", "--nnodes", "1", "--lr", "3", "--nnodes=1"],
+     "launcher option --nnodes is given 2 times ('1', '1')"),
+    (["--standalone", "{script}", "--standalone"],
+     "launcher option --standalone is given 2 times; give it once"),
+    (["{script}", "--nproc_per_node=2", "--backend", "mpi"],
+     "backend 'mpi' needs ranks started by MPI"),
 ])
 def test_bad_command_lines_exit_2_naming_option_and_value(tmp_path, monkeypatch, capsys, argv,
                                                            fragment):
@@ -139,3 +150,63 @@ def test_mpi_rank_variables_are_not_passed_on(tmp_path, monkeypatch):
 def test_seconds_options_are_checked(tmp_path, name, value, error):
     with pytest.raises(error, match=f"{name} must be"):
         make_config(tmp_path, **{name: value})
+
+
+def test_help_documents_option_capture_and_the_double_dash(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "after SCRIPT the launcher still takes every option named above" in text
+    assert "'--' ends the launcher's options: all that follows goes to the script verbatim" \
+        in text
+    assert "train.py --lr 0.1 -- --nnodes 8 gives train.py '--lr 0.1 --nnodes 8'" in text
+    assert "An option given twice is an error naming it" in text
+
+
+def test_the_seeds_order_options_after_the_script_still_parses():
+    args = parse_launcher_args(["t.py", "--epochs", "3", "--nproc_per_node=2", "--",
+                                "--nproc_per_node=9"])
+    assert (args.nproc_per_node, args.script_args) == ("2", ["--epochs", "3",
+                                                            "--nproc_per_node=9"])
+
+
+@pytest.mark.parametrize("env, backend", [
+    ({"NEURAL_FORGE_BACKEND": "tcp"}, "tcp"),
+    ({"NEURAL_ARCH_BACKEND": "shm", "NEURAL_FORGE_BACKEND": "shm"}, "shm"),
+    ({}, "auto"),
+])
+def test_backend_default_reads_the_alias_too(monkeypatch, env, backend):
+    for name in ("NEURAL_ARCH_BACKEND", "NEURAL_FORGE_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert parse_launcher_args(["t.py"]).backend == backend
+    assert parse_launcher_args(["t.py", "--backend=gloo"]).backend == "gloo"
+
+
+def test_backend_and_alias_that_disagree_exit_2_naming_both(monkeypatch, capsys):
+    monkeypatch.setenv("NEURAL_ARCH_BACKEND", "shm")
+    monkeypatch.setenv("NEURAL_FORGE_BACKEND", "tcp")
+    with pytest.raises(SystemExit) as info:
+        parse_launcher_args(["t.py"])
+    assert info.value.code == 2
+    assert "NEURAL_ARCH_BACKEND='shm' and its alias NEURAL_FORGE_BACKEND='tcp' disagree" in \
+        capsys.readouterr().err
+
+
+def test_workers_get_the_backend_once_not_a_stale_alias(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURAL_FORGE_BACKEND", "tcp")
+    config = make_config(tmp_path, backend="shm")
+    job_env, _ = config.job_environment()
+    env = config.worker_environment(job_env, 0, 0)
+    assert env["NEURAL_ARCH_BACKEND"] == "shm" and "NEURAL_FORGE_BACKEND" not in env
+
+
+def test_backend_mpi_is_refused_with_the_mpirun_command(tmp_path):
+    with pytest.raises(ValueError) as info:
+        make_config(tmp_path, nproc_per_node=4, backend="mpi", script_args=["--lr", "0.1"])
+    message = str(info.value)
+    assert "Run the job with mpirun (or mpiexec" in message
+    assert f"-n 4 {sys.executable} {tmp_path / 'train.py'} --lr 0.1" in message
+    assert "--oversubscribe" in message

@@ -2,7 +2,9 @@
 log files, the master-port check and two simulated nodes. Workers are real processes."""
 from __future__ import annotations
 
+import os
 import socket
+import sys
 
 import pytest
 
@@ -196,3 +198,56 @@ def test_no_python_runs_a_program(job):
                      "-c", 'echo "rank $RANK of $WORLD_SIZE"')
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["[rank 0] rank 0 of 2", "[rank 1] rank 1 of 2"]
+
+
+def our_segments() -> set:
+    """Shared-memory segments in /dev/shm a job of ours may leave: the shm transport's
+    (nf_<creator pid>_...) and Open MPI's (16 MiB each, left by every rank that started MPI
+    alone, as the launcher's workers did before --backend mpi was refused)."""
+    return {name for name in os.listdir("/dev/shm")
+            if name.startswith(("nf_", "sm_segment.", "vader_segment."))}
+
+
+SHM_WORKER = """
+record_pid()
+import numpy as np
+import neural_arch.distributed as dist
+dist.init_process_group(timeout=60)
+buf = np.full(1 << 20, RANK + 1.0, dtype=np.float32)
+dist.all_reduce(buf)
+assert buf[0] == 3.0, buf[0]
+print(f"backend {dist.get_backend()}")
+"""
+
+
+def test_backend_mpi_is_refused_before_any_worker_or_segment(job):
+    before = our_segments()
+    script = job.script(SHM_WORKER)
+    result = job.run(script, "--nproc_per_node=2", f"--master_port={free_port()}",
+                     "--backend", "mpi", "--lr", "1")
+    assert our_segments() - before == set(), result.stderr
+    assert job.recorded() == []  # no worker started
+    assert result.returncode == 2
+    assert "backend 'mpi' needs ranks started by MPI" in result.stderr
+    assert f"-n 2 {sys.executable} {script} --lr 1" in result.stderr
+
+
+def test_repeated_option_starts_nothing(job):
+    before = our_segments()
+    script = job.script(SHM_WORKER)
+    result = job.run("--nproc_per_node=2", script, "--nproc_per_node=3")
+    assert result.returncode == 2
+    assert "--nproc_per_node is given 2 times ('2', '3')" in result.stderr
+    assert job.recorded() == [] and our_segments() - before == set()
+
+
+def test_shm_job_leaves_no_segment_behind(job):
+    script = job.script(SHM_WORKER)
+    result = job.run(script, "--nproc_per_node=2", f"--master_port={free_port()}",
+                     "--backend=shm")
+    assert result.returncode == 0, result.stderr
+    assert "[rank 0] backend shm" in result.stdout.splitlines()
+    pids = [pid for pid, _ in job.recorded()]
+    assert len(pids) == 2
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(tuple(f"nf_{p}_" for p in pids))] \
+        == []

@@ -1,8 +1,8 @@
 """Rendezvous information from launcher environments (ours, Open MPI, PMI, SLURM) and URLs."""
 import pytest
 
-from neural_arch.distributed.rendezvous.env import (RendezvousInfo, expand_nodelist,
-                                                    is_launched_by_mpi, resolve)
+from neural_arch.distributed.rendezvous.env import (RendezvousInfo, backend_from_environment,
+                                                    expand_nodelist, is_launched_by_mpi, resolve)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -47,7 +47,7 @@ def test_slurm_variables_and_master_from_node_list():
 def test_precedence_env_then_mpi_then_pmi_then_slurm():
     env = {"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0",
            "OMPI_COMM_WORLD_SIZE": "4", "PMI_RANK": "0", "PMI_SIZE": "4",
-           "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     assert resolve(environ=env).launcher == "env"
     del env["RANK"], env["WORLD_SIZE"]
     assert resolve(environ=env).launcher == "mpi"
@@ -64,10 +64,13 @@ def test_explicit_arguments_override_and_tcp_url():
     assert resolve("tcp://[::1]:80", world_size=1, rank=0, environ={}).master_addr == "::1"
 
 
+MASTER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
 def test_missing_local_variables_default_to_one_host():
-    info = resolve(environ={"RANK": "3", "WORLD_SIZE": "4"})
+    info = resolve(environ={"RANK": "3", "WORLD_SIZE": "4", **MASTER})
     assert (info.local_rank, info.local_world_size) == (3, 4)
-    info = resolve(environ={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    info = resolve(environ={"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", **MASTER})
     assert (info.local_rank, info.local_world_size) == (1, 2)
 
 
@@ -80,7 +83,7 @@ def test_missing_local_variables_default_to_one_host():
     ({"OMPI_COMM_WORLD_RANK": "1"}, {}, "OMPI_COMM_WORLD_SIZE is not"),
     ({}, {"world_size": 3}, "no rank"),
     ({}, {"rank": 5, "world_size": 2}, r"rank=5 is outside \[0, world_size=2\)"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, {},
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2", **MASTER}, {},
      "LOCAL_RANK=2"),
     ({"MASTER_PORT": "70000"}, {}, "MASTER_PORT=70000"),
     ({"MASTER_PORT": "http"}, {}, "MASTER_PORT='http'"),
@@ -91,6 +94,58 @@ def test_missing_local_variables_default_to_one_host():
 def test_bad_values_raise_value_error_naming_them(env, kwargs, message):
     with pytest.raises(ValueError, match=message):
         resolve(environ=env, **kwargs)
+
+
+@pytest.mark.parametrize("env, kwargs, message", [
+    # A Kubernetes job file that sets the world size but leaves the rank to someone else.
+    ({"WORLD_SIZE": "4", **MASTER}, {}, r"WORLD_SIZE=4 but no rank: set RANK \(0\.\.3\)"),
+    ({"WORLD_SIZE": "1"}, {}, "WORLD_SIZE=1 but no rank: set RANK"),
+    ({"RANK": "0"}, {}, "RANK=0 is set but WORLD_SIZE is not"),
+    ({"RANK": "1", **MASTER}, {}, "RANK=1 is set but WORLD_SIZE is not"),
+    ({}, {"rank": 0}, "rank=0 is set but WORLD_SIZE is not: set WORLD_SIZE too, or pass "
+                      "world_size="),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, {}, "MASTER_ADDR and MASTER_PORT are not set for rank 1 "
+                                           "of 2"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, {}, "MASTER_PORT is not set"),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "7"}, {}, "MASTER_ADDR is not set"),
+    # Under mpirun a stray WORLD_SIZE must at least agree with the MPI world.
+    ({"WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}, {},
+     "WORLD_SIZE=4 disagrees with OMPI_COMM_WORLD_SIZE=2"),
+])
+def test_half_set_env_contract_names_what_is_missing(env, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        resolve(environ=env, **kwargs)
+
+
+def test_complete_or_absent_env_contracts_still_resolve():
+    assert resolve(environ={"RANK": "0", "WORLD_SIZE": "1"}).world_size == 1
+    assert resolve(environ={"WORLD_SIZE": "4", **MASTER}, rank=2).rank == 2
+    assert resolve(environ={"RANK": "1", **MASTER}, world_size=2).rank == 1
+    assert resolve(world_size=1, environ={}).rank == 0
+    # mpirun, srun and an explicit tcp:// name their master (or need none): no MASTER_* asked.
+    mpi = {"WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}
+    assert (resolve(environ=mpi).rank, resolve(environ=mpi).launcher) == (1, "mpi")
+    slurm = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NODELIST": "n[1-2]"}
+    assert resolve(environ=slurm).master_addr == "n1"
+    assert resolve("tcp://h:5", environ={"RANK": "1", "WORLD_SIZE": "2"}).master_port == 5
+    # A store handed to init_process_group (or the MPI backend) needs no master address.
+    info = resolve(environ={"RANK": "1", "WORLD_SIZE": "2"}, master_needed=False)
+    assert (info.rank, info.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, None), ({"NEURAL_ARCH_BACKEND": "shm"}, "shm"), ({"NEURAL_FORGE_BACKEND": "tcp"}, "tcp"),
+    ({"NEURAL_ARCH_BACKEND": "tcp", "NEURAL_FORGE_BACKEND": "TCP"}, "tcp"),
+    ({"NEURAL_ARCH_BACKEND": " ", "NEURAL_FORGE_BACKEND": "mpi"}, "mpi"),
+])
+def test_backend_variable_and_its_alias(env, expected):
+    assert backend_from_environment(env) == expected
+
+
+def test_backend_variable_and_alias_that_disagree_name_both():
+    with pytest.raises(ValueError, match="NEURAL_ARCH_BACKEND='shm' and its alias "
+                                         "NEURAL_FORGE_BACKEND='tcp' disagree"):
+        backend_from_environment({"NEURAL_ARCH_BACKEND": "shm", "NEURAL_FORGE_BACKEND": "tcp"})
 
 
 def test_non_integer_arguments_raise_type_error():
