@@ -6,7 +6,9 @@ Run it with the launcher (two processes on the shared-memory backend):
 
 Every rank builds the same model (DistributedDataParallel copies rank 0's weights to all),
 reads its own share of each epoch through DistributedSampler, and averages gradients before
-each optimizer step. Loss and accuracy are averaged across ranks once per epoch.
+each optimizer step: by default during ``loss.backward()`` (as in PyTorch), or with
+``--explicit-sync`` in a ``sync_gradients()`` call after it. Loss and accuracy are averaged
+across ranks once per epoch.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default=None, help="default: the launcher's choice")
-    parser.add_argument("--auto-sync", action="store_true",
-                        help="overlap gradient all-reduce with backward through hooks")
+    parser.add_argument("--explicit-sync", action="store_true",
+                        help="average gradients in sync_gradients() after backward instead of "
+                             "during backward")
     args = parser.parse_args()
 
     init_process_group(backend=args.backend or "auto")
@@ -50,7 +53,7 @@ def main() -> None:
     manual_seed(args.seed + rank)  # replicas start different; DDP makes them equal
 
     train, test = load_digits(seed=args.seed)
-    model = DistributedDataParallel(MLP([64, args.hidden, 10]), auto_sync=args.auto_sync)
+    model = DistributedDataParallel(MLP([64, args.hidden, 10]), auto_sync=not args.explicit_sync)
     optimizer = SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, drop_last=False)
@@ -65,8 +68,9 @@ def main() -> None:
             logits = model(x)
             loss = F.cross_entropy(logits, y)
             optimizer.zero_grad()
-            loss.backward()
-            model.sync_gradients()
+            loss.backward()  # gradients are averaged over the ranks when it returns
+            if args.explicit_sync:
+                model.sync_gradients()
             optimizer.step()
             n = len(y.data)
             totals += (loss.item() * n, float((logits.data.argmax(axis=1) == y.data).sum()), n)

@@ -16,7 +16,7 @@ def launch(script, *args, nproc=2):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=ROOT)
 
 
-@pytest.mark.parametrize("backend,nproc,extra", [("shm", 2, []), ("tcp", 3, ["--auto-sync"])])
+@pytest.mark.parametrize("backend,nproc,extra", [("shm", 2, []), ("tcp", 3, ["--explicit-sync"])])
 def test_train_distributed_reaches_95_percent_with_identical_replicas(backend, nproc, extra):
     result = launch("train_distributed.py", f"--backend={backend}", *(["--"] + extra if extra else []),
                     nproc=nproc)
