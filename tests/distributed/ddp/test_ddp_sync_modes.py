@@ -161,7 +161,7 @@ def failing_callback_worker(rank: int, world_size: int, failure: str):
     find_unused_parameters), or an injected error while unpacking the averages."""
     from neural_arch.core import Tensor, autograd
     from neural_arch.distributed import DistributedDataParallel
-    model = DistributedDataParallel(two_heads())
+    model = DistributedDataParallel(two_heads(), find_unused_parameters=failure == "unpack")
     if failure == "unpack":
         def unpack(index, *args):
             raise ValueError(f"unpacking bucket {index} failed on rank {rank}")
