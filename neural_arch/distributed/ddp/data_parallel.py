@@ -123,7 +123,7 @@ class DistributedDataParallel(Module):
         self._averaged = False  # the last backward's callback averaged the gradients
         self._unsynced = None   # explicit mode: (count, first name) of gradients never synced
         self._fresh = 0         # gradients this backward produced outside no_sync()
-        self._first_fresh = None
+        self._first_fresh = "?"
         # Also in explicit mode: there the hooks only watch for a forgotten sync_gradients().
         self._hook_handles = [p.register_post_accumulate_grad_hook(_weak_hook(self))
                               for p in self._params]
@@ -193,8 +193,8 @@ class DistributedDataParallel(Module):
             self._begin_backward()
         if not self._sync_enabled:
             return
-        if not self._fresh:
-            self._first_fresh = param
+        if not self._fresh:  # a name, not the Parameter: Module would register that as ours
+            self._first_fresh = self._names.get(id(param), "?")
         self._fresh += 1
         if not self.auto_sync or self._world == 1:
             return
@@ -220,7 +220,7 @@ class DistributedDataParallel(Module):
         so every rank runs the same collectives."""
         if not self.auto_sync:
             if self._fresh:
-                self._unsynced = (self._fresh, self._names.get(id(self._first_fresh), "?"))
+                self._unsynced = (self._fresh, self._first_fresh)
             return
         self._average()
         self._averaged = True
