@@ -2,7 +2,8 @@
 
     python -m neural_arch.distributed.launcher examples/quickstart.py --nproc_per_node=2
 
-The block between the two ``---`` comments is the guide's code; the lines above it only define
+The block between the two ``---`` comments is the guide's code (only its comment on
+``sync_gradients()`` is newer: the call is now optional); the lines above it only define
 what the guide leaves to the reader: ``num_epochs``, ``load_batch``, ``criterion`` and
 ``optimizer``. The data is a synthetic 10-class problem with 10,000 samples of 784 features
 whose labels come from a fixed random linear "teacher", so the loss visibly falls.
@@ -70,7 +71,8 @@ for epoch in range(num_epochs):
         # Backward pass
         loss.backward()
 
-        # REQUIRED: Manual gradient synchronization
+        # Optional: backward() has already averaged the gradients, so this does nothing
+        # (it is needed only with DistributedDataParallel(model, auto_sync=False))
         ddp_model.sync_gradients()
 
         # Optimizer step

@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""Inject every fault the framework is meant to survive, measure it, and write the table.
+"""Inject every fault the framework is meant to survive, measure it, and print each row.
 
-    python scripts/fault_injection_report.py [--doc docs/fault-tolerance.md] [--json out.json]
+    python scripts/fault_injection_report.py [--doc [PATH]] [--json out.json]
 
 Faults: SIGKILL of the first, a middle and the last rank mid-all-reduce, SIGSTOP (a hung
 rank, the store host included), a socket closed under a collective (tcp), on shm and tcp with 3
 ranks; under MPI, a stopped rank on one host and, with a pid namespace per rank standing in for
 other hosts, a stopped rank and a killed one (``--with-ft ulfm``); a network link cut between
 two nodes (network namespaces, root only); a truncated checkpoint and a corrupted one; SIGTERM
-mid-epoch and the resumed run; a worker killed under ``--max_restarts``. The table (fault, backend, world size, measured time,
-outcome) replaces the part of the document between its markers; the rest is left as written.
+mid-epoch and the resumed run; a worker killed under ``--max_restarts``.
+
+Each row (fault, backend, world size, measured time, outcome) is printed as soon as it is
+measured. Only with ``--doc`` does the table replace the part of a document between its markers
+(``docs/fault-tolerance.md`` when no path is given; the rest is left as written): the tracked
+document changes only when asked to.
 """
 from __future__ import annotations
 
@@ -192,14 +196,15 @@ def _starts(out: Path) -> list:
                   if json.loads(p.read_text())["resumed"])
 
 
-def _launcher_rows(base: Path) -> list:
+def _launcher_rows(base: Path, rows: list) -> None:
+    """Appends its rows to ``rows`` one by one, so that each is reported when measured."""
     (base / "plain").mkdir()
     plain = _Launch(base / "plain")
     if plain.finish() != 0:
-        return [Row("SIGTERM mid-epoch, then resume", "shm", 2, None, False,
-                    "the uninterrupted reference run failed")]
+        rows.append(Row("SIGTERM mid-epoch, then resume", "shm", 2, None, False,
+                        "the uninterrupted reference run failed"))
+        return
     reference = _final_weights(base / "plain")
-    rows = []
     (base / "term").mkdir()
     run = _Launch(base / "term", "--pause_at", 4, "--pause_rank", 0)
     run.paused_pid(0)
@@ -225,12 +230,28 @@ def _launcher_rows(base: Path) -> list:
                     noticed[0] - killed if noticed else None, ok,
                     "the launcher restarted both workers, which resumed at step 6 and ended with "
                     "weights identical to an uninterrupted run" if ok else f"exit code {code}"))
-    return rows
 
 
 # ----- the report ---------------------------------------------------------------------------------
-def run_all() -> list:
-    rows = []
+def print_row(r: Row) -> None:
+    print(f"{'ok ' if r['ok'] else 'FAILED'} {r['fault']} [{r['backend']}, "
+          f"{r['world_size']}]: {r['seconds']} s: {r['outcome']}", flush=True)
+
+
+class _Reported(list):
+    """The rows measured so far; each is printed as it is added, not at the end of the run."""
+
+    def __init__(self, report) -> None:
+        super().__init__()
+        self._report = report
+
+    def append(self, row: Row) -> None:
+        super().append(row)
+        self._report(row)
+
+
+def run_all(report=print_row) -> list:
+    rows = _Reported(report)
     for backend in ("tcp", "shm"):
         for victim, where in ((0, "first"), (1, "middle"), (2, "last")):
             rows.append(_collective_row("kill", backend, victim,
@@ -240,13 +261,13 @@ def run_all() -> list:
     rows.append(_collective_row("stop", "shm", 1, "SIGSTOP rank 1 (hung)"))
     rows.append(_collective_row("close_socket", "tcp", 1, "socket closed under all-reduce"))
     rows.append(mpi_rows.stop_on_one_host(Row, DETECT_LIMIT_S))
-    rows.extend(mpi_rows.out_of_pid_sight(Row, DETECT_LIMIT_S))
+    mpi_rows.out_of_pid_sight(Row, DETECT_LIMIT_S, rows)
     rows.append(_netns_row())
     rows.append(_checkpoint_row("truncated checkpoint file", _truncate))
     rows.append(_checkpoint_row("corrupted checkpoint (checksum)", _flip_byte))
     with tempfile.TemporaryDirectory(prefix="nf_fault_") as tmp:
-        rows.extend(_launcher_rows(Path(tmp)))
-    return rows
+        _launcher_rows(Path(tmp), rows)
+    return list(rows)
 
 
 def table(rows: list, command: str) -> str:
@@ -271,18 +292,27 @@ def write_table(doc: Path, text: str) -> None:
     doc.write_text(pattern.sub(lambda _: text, current, count=1))
 
 
+DOC = ROOT / "docs" / "fault-tolerance.md"
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fault-tolerance.md")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--doc", type=Path, nargs="?", const=DOC, default=None,
+                        help=f"write the table into this document's markers (no path: {DOC}); "
+                             "without the option no file is written")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = run_all()
-    for r in rows:
-        print(f"{'ok ' if r['ok'] else 'FAILED'} {r['fault']} [{r['backend']}, "
-              f"{r['world_size']}]: {r['seconds']} s: {r['outcome']}", flush=True)
-    command = "python scripts/fault_injection_report.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    write_table(args.doc, table(rows, command))
+    passed = sum(r["ok"] for r in rows)
+    if args.doc is not None:
+        command = "python scripts/fault_injection_report.py" + "".join(
+            f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+        write_table(args.doc, table(rows, command))
+        print(f"passed {passed} of {len(rows)}; table written to {args.doc}", flush=True)
+    else:
+        print(f"passed {passed} of {len(rows)}; no document written (--doc writes the table "
+              f"into {DOC.relative_to(ROOT)})", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0 if all(r["ok"] for r in rows) else 1

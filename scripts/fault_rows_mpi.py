@@ -33,7 +33,8 @@ def stop_on_one_host(Row, limit_s: float):
                "watch of same-host peers)")
 
 
-def out_of_pid_sight(Row, limit_s: float) -> list:
+def out_of_pid_sight(Row, limit_s: float, rows: list) -> None:
+    """Appends its rows to ``rows`` one by one, so that each is reported when measured."""
     from dist_harness import mpi_available
     from test_mpi_heartbeat import namespaces_work, run_job
     faults = [("SIGSTOP", False, "SIGSTOP rank 1, ranks out of pid sight (hung)",
@@ -41,9 +42,10 @@ def out_of_pid_sight(Row, limit_s: float) -> list:
               ("SIGKILL", True, "SIGKILL rank 1, ranks out of pid sight, --with-ft ulfm",
                "MPI's failure report")]
     if not (mpi_available() and namespaces_work()):
-        return [Row(label, "mpi", 3, None, False, "not run: needs mpiexec, root and unshare")
-                for _, _, label, _ in faults]
-    rows = []
+        for _, _, label, _ in faults:
+            rows.append(Row(label, "mpi", 3, None, False,
+                            "not run: needs mpiexec, root and unshare"))
+        return
     for signal_name, ulfm, label, finder in faults:
         with tempfile.TemporaryDirectory(prefix="nf_fault_") as tmp:
             records, _ = run_job(Path(tmp), 3, 1, signal_name, namespaces=True, ulfm=ulfm)
@@ -54,4 +56,3 @@ def out_of_pid_sight(Row, limit_s: float) -> list:
         rows.append(Row(label, "mpi", 3, worst, ok,
                         f"{len(survivors)} of 2 survivors raised PeerFailureError naming rank 1 "
                         f"(found by {finder})"))
-    return rows

@@ -47,15 +47,22 @@ def train_reference(world_size: int, optimizer_name: str, micro: int = 1):
     return [p.data.copy() for p in model.parameters()]
 
 
-def train_ddp(model, opt, rank: int, world_size: int, micro: int):
+def rank_share(step: int, rank: int, world_size: int, micro: int = 1):
+    """This rank's rows of batch ``step``: micro-batch i of every rank is a contiguous block."""
+    xs, ys = batches(world_size)
+    x = xs[step].reshape(micro, world_size, -1, IN)[:, rank].reshape(-1, IN)
+    y = ys[step].reshape(micro, world_size, -1)[:, rank].reshape(-1)
+    return x, y
+
+
+def train_ddp(model, opt, rank: int, world_size: int, micro: int, sync: bool = True):
     """Train on this rank's share of each batch in ``micro`` micro-batches (all but the last
-    under ``no_sync``); returns the final parameters and the number of buckets."""
+    under ``no_sync``), calling ``sync_gradients()`` after the last backward when ``sync``;
+    returns the final parameters and the number of buckets."""
     import neural_arch.functional as F
     from neural_arch.core import Tensor
-    xs, ys = batches(world_size)
     for step in range(STEPS):
-        x = xs[step].reshape(micro, world_size, -1, IN)[:, rank].reshape(-1, IN)
-        y = ys[step].reshape(micro, world_size, -1)[:, rank].reshape(-1)
+        x, y = rank_share(step, rank, world_size, micro)
         opt.zero_grad()
         for i, (xm, ym) in enumerate(zip(np.array_split(x, micro), np.array_split(y, micro))):
             if i < micro - 1:
@@ -63,17 +70,19 @@ def train_ddp(model, opt, rank: int, world_size: int, micro: int):
                     F.cross_entropy(model(Tensor(xm)), Tensor(ym)).backward()
             else:
                 F.cross_entropy(model(Tensor(xm)), Tensor(ym)).backward()
-        model.sync_gradients()
+        if sync:
+            model.sync_gradients()
         opt.step()
     return [p.data.copy() for p in model.module.parameters()], len(model._buckets)
 
 
-def ddp_worker(rank: int, world_size: int, optimizer_name: str, auto_sync: bool, micro: int):
+def ddp_worker(rank: int, world_size: int, optimizer_name: str, auto_sync: bool, micro: int,
+               sync: bool = True):
     from neural_arch.distributed import DistributedDataParallel
     model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
                                     bucket_size_mb=0.0005)  # several buckets even for a tiny MLP
     opt = make_optimizer(optimizer_name, model.parameters())
-    return train_ddp(model, opt, rank, world_size, micro)
+    return train_ddp(model, opt, rank, world_size, micro, sync)
 
 
 def check_against_reference(results, reference, rtol=1e-9, atol=1e-12):

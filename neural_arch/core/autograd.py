@@ -6,11 +6,17 @@ exclusive when it owns its memory (``base is None``), is not returned twice by t
 and is not the incoming gradient unless that one was exclusive. Anything else (views,
 pass-through gradients, user-supplied arrays, arrays a hook has seen) is copied before a leaf
 keeps it in ``.grad`` or before it is updated in place, so accumulation never aliases.
+
+Code that runs during a backward (a hook) may ``queue_callback(fn)``: ``fn()`` runs once that
+backward has processed its last node, before ``backward()`` returns (PyTorch's
+``Variable._execution_engine.queue_callback``). Distributed data parallelism uses it to wait for
+the gradient all-reduces its hooks started; the engine itself knows nothing about them.
 """
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Dict, List
+import threading
+from typing import Any, Callable, Dict, List, Optional
 
 from ..backends import backend_for
 
@@ -36,6 +42,39 @@ class RemovableHandle:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.remove()
+
+
+class _Running(threading.local):
+    """The backwards running on this thread, innermost last (a hook may run a backward of its
+    own): each is ``(id, callbacks queued for its end)``."""
+
+    def __init__(self) -> None:
+        self.stack: List[tuple] = []
+
+
+_RUNNING = _Running()
+_backward_ids = itertools.count(1)
+
+
+def queue_callback(fn: Callable[[], Any]) -> None:
+    """Run ``fn()`` once the backward running on this thread has processed its last node.
+
+    Callbacks run in the order they were queued, before ``backward()`` returns; one may queue
+    another, which then runs in the same backward. If one raises, the rest are dropped and the
+    exception propagates out of ``backward()``. Outside a backward this is a RuntimeError.
+    """
+    if not callable(fn):
+        raise TypeError(f"queue_callback needs a callable, got {type(fn).__name__}")
+    if not _RUNNING.stack:
+        raise RuntimeError("queue_callback() can only be called while backward() runs (from a "
+                           "hook); no backward is running on this thread")
+    _RUNNING.stack[-1][1].append(fn)
+
+
+def current_backward() -> Optional[int]:
+    """A number identifying the backward running on this thread (innermost), None outside one.
+    Hooks compare it with the last one they saw to tell that a new backward has begun."""
+    return _RUNNING.stack[-1][0] if _RUNNING.stack else None
 
 
 def topological_order(root: Any) -> List[Any]:
@@ -85,7 +124,23 @@ def _store_leaf_grad(leaf: Any, grad: Any, owned: bool) -> None:
 
 
 def run_backward(root: Any, seed: Any, seed_owned: bool) -> None:
-    """Propagate ``seed`` (d out / d root) to every leaf that requires grad."""
+    """Propagate ``seed`` (d out / d root) to every leaf that requires grad, then run the
+    callbacks queued during it."""
+    callbacks: List[Callable[[], Any]] = []
+    stack = _RUNNING.stack
+    stack.append((next(_backward_ids), callbacks))
+    try:
+        _sweep(root, seed, seed_owned)
+        i = 0
+        while i < len(callbacks):  # a callback may queue more
+            callbacks[i]()
+            i += 1
+    finally:
+        # A failure anywhere drops what is still queued: the next backward starts empty.
+        stack.pop()
+
+
+def _sweep(root: Any, seed: Any, seed_owned: bool) -> None:
     order = topological_order(root)
     grads: Dict[Any, Any] = {root: seed}
     owned: Dict[Any, bool] = {root: seed_owned}

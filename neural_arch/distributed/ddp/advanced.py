@@ -142,8 +142,10 @@ class AdvancedDistributedDataParallel(Module):
                             f"{type(config).__name__}")
         self.config, self._group, self._mixed = config, group, config.mixed_precision
         self.module = module
+        # Explicit sync: backward_step synchronises once per window itself, timed for the
+        # statistics (automatic sync would hide the all-reduce inside backward).
         ddp = DistributedDataParallel(module, bucket_size_mb=config.bucket_size_mb, group=group,
-                                      gradient_compression=self._mixed)
+                                      gradient_compression=self._mixed, auto_sync=False)
         object.__setattr__(self, "_ddp", ddp)  # unregistered: its parameters are ours already
         self.scaler = LossScaler(config.loss_scale, growth_interval=config.loss_scale_window,
                                  min_scale=config.min_loss_scale,

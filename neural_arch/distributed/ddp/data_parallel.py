@@ -5,10 +5,14 @@ registration order, which is roughly the order backward produces them), and each
 all-reduced as one message: a few large collectives cost far less than one per parameter.
 
 Two ways to synchronise:
-- manual (default): call ``sync_gradients()`` after ``loss.backward()``;
-- automatic (``auto_sync=True``): hooks on the parameters launch each bucket's all-reduce in the
-  background as soon as backward has produced all of its gradients, overlapping communication
-  with the rest of backward; ``sync_gradients()`` then only waits and unpacks.
+- automatic (default, PyTorch's semantics): hooks on the parameters launch each bucket's
+  all-reduce in the background as soon as backward has produced all of its gradients,
+  overlapping communication with the rest of backward, and a callback queued for the end of
+  backward (``autograd.queue_callback``) waits for them and unpacks: gradients are averaged by
+  the time ``loss.backward()`` returns, and ``sync_gradients()`` after it does nothing;
+- explicit (``auto_sync=False``): call ``sync_gradients()`` after ``loss.backward()``. A
+  forward or a second backward after gradients that were never synchronised (outside
+  ``no_sync()``) raises instead of letting the replicas drift apart.
 
 Bucket storage comes from ``buckets.bucket_storage``, private or shared behind one interface:
 on the whole world of an ``shm`` transport the buckets live in shared memory
@@ -20,11 +24,12 @@ and nothing is copied in or out of a workspace.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from ...core import Tensor
+from ...core import Tensor, autograd
 from ...nn import Module
 from .. import collectives
 from ..buffers import copy_into_host
@@ -60,6 +65,23 @@ class _Bucket:
                 copy_into_host(view, p.grad)  # GPU gradients are staged through the bucket
 
 
+def _weak_hook(ddp: "DistributedDataParallel"):
+    """The gradient hook, holding DDP weakly: parameters outlive a wrapper that was dropped
+    (re-wrapped, say), and a dropped one must neither be kept alive nor keep syncing."""
+    ref = weakref.ref(ddp)
+
+    def hook(param) -> None:
+        owner = ref()
+        if owner is not None:
+            owner._grad_ready(param)
+    return hook
+
+
+def _remove_all(handles) -> None:
+    for handle in handles:
+        handle.remove()
+
+
 class DistributedDataParallel(Module):
     """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model.
 
@@ -71,7 +93,7 @@ class DistributedDataParallel(Module):
 
     def __init__(self, module: Module, device: Optional[str] = None,
                  gradient_compression: bool = False, bucket_size_mb: float = 25,
-                 find_unused_parameters: bool = False, auto_sync: bool = False,
+                 find_unused_parameters: bool = False, auto_sync: bool = True,
                  group=None, broadcast_buffers: bool = True,
                  shared_buckets: Optional[bool] = None, device_ids: Optional[list] = None,
                  output_device=None) -> None:
@@ -103,10 +125,15 @@ class DistributedDataParallel(Module):
         self.shared_buckets = self._storage.shared  # averaged in one shared segment
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._next_launch = 0
-        self._hook_handles = []
-        if auto_sync:
-            for p in self._params:
-                self._hook_handles.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        self._backward = None   # the backward the hooks last saw (autograd.current_backward)
+        self._averaged = False  # the last backward's callback averaged the gradients
+        self._unsynced = None   # explicit mode: (count, first name) of gradients never synced
+        self._fresh = 0         # gradients this backward produced outside no_sync()
+        self._first_fresh = "?"
+        # Also in explicit mode: there the hooks only watch for a forgotten sync_gradients().
+        self._hook_handles = [p.register_post_accumulate_grad_hook(_weak_hook(self))
+                              for p in self._params]
+        weakref.finalize(self, _remove_all, list(self._hook_handles))
 
     # -- construction ---------------------------------------------------------------------
     def _check_replicas_agree(self) -> None:
@@ -151,11 +178,14 @@ class DistributedDataParallel(Module):
 
     # -- forward / sync -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        if self._unsynced is not None:
+            raise RuntimeError(self._forgotten("forward()"))
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Gradients accumulate locally inside; the next synchronisation averages the sum."""
+        """Gradients accumulate locally inside; the first backward after it (explicit mode:
+        the next ``sync_gradients()``) averages the accumulated sums."""
         previous, self._sync_enabled = self._sync_enabled, False
         try:
             yield
@@ -163,19 +193,51 @@ class DistributedDataParallel(Module):
             self._sync_enabled = previous
 
     def _grad_ready(self, param) -> None:
+        backward = autograd.current_backward()
+        if backward != self._backward:  # the first gradient of a new backward
+            self._backward = backward
+            self._begin_backward()
         if not self._sync_enabled:
             return
-        bucket = self._bucket_of[id(param)]
-        if bucket.work is not None:
-            raise RuntimeError(
-                f"DistributedDataParallel: parameter {self._names.get(id(param), '?')} got a second "
-                "gradient before sync_gradients(); accumulate inside no_sync() instead")
-        bucket.ready += 1
+        if not self._fresh:  # a name, not the Parameter: Module would register that as ours
+            self._first_fresh = self._names.get(id(param), "?")
+        self._fresh += 1
+        if not self.auto_sync or self._world == 1:
+            return
+        self._bucket_of[id(param)].ready += 1
         # Launch in bucket order so every rank issues the same collectives in the same order.
         while (self._next_launch < len(self._buckets)
                and self._buckets[self._next_launch].ready == len(self._buckets[self._next_launch].params)):
             self._launch(self._buckets[self._next_launch])
             self._next_launch += 1
+
+    def _begin_backward(self) -> None:
+        if self._unsynced is not None:
+            raise RuntimeError(self._forgotten("a second backward()"))
+        self._averaged = False
+        self._reset()  # also drops what a backward that failed halfway left behind
+        if self._sync_enabled:
+            self._fresh = 0
+            autograd.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        """Queued by the first hook of a backward outside ``no_sync()``; runs after its last
+        node. Buckets none of whose gradients arrived (unused parameters) are launched here,
+        so every rank runs the same collectives."""
+        if not self.auto_sync:
+            if self._fresh:
+                self._unsynced = (self._fresh, self._first_fresh)
+            return
+        self._average()
+        self._averaged = True
+
+    def _forgotten(self, what: str) -> str:
+        count, first = self._unsynced
+        return (f"DistributedDataParallel(auto_sync=False): {what} after a backward() whose "
+                f"gradients ({count} parameters, the first {first!r}) were never averaged over the "
+                f"{self._world} ranks, so the replicas would drift apart: call sync_gradients() "
+                "after loss.backward(), run that backward inside no_sync() to accumulate, or "
+                "leave auto_sync at its default (True) to average during backward()")
 
     def _launch(self, bucket: _Bucket) -> None:
         self._storage.acquire()  # shared buckets: peers no longer read the last sync's results
@@ -192,26 +254,34 @@ class DistributedDataParallel(Module):
             "Make every parameter take part in the loss, or pass find_unused_parameters=True")
 
     def sync_gradients(self) -> None:
-        """Average every parameter's gradient over the group (waits for automatic buckets)."""
-        if not self._sync_enabled:
+        """Average every parameter's gradient over the group. After a backward that already
+        averaged them (automatic mode) this does nothing; inside ``no_sync()`` neither."""
+        if not self._sync_enabled or self._averaged:
             return
+        self._average()
+        self._unsynced = None
+
+    def _average(self) -> None:
+        """Launch the buckets not launched yet, wait for all, unpack the averages."""
         if self._world == 1:
             self._reset()
             return
-        for bucket in self._buckets:
-            if bucket.work is None:
-                self._launch(bucket)
-        for bucket in self._buckets:
-            bucket.work.wait()
-        used = self._globally_used() if self.find_unused_parameters else None
-        start = 0
-        for bucket in self._buckets:
-            n = len(bucket.params)
-            keep = None if used is None else used[start:start + n]
-            self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
-            start += n
-        self._storage.release()
-        self._reset()
+        try:
+            for bucket in self._buckets:
+                if bucket.work is None:
+                    self._launch(bucket)
+            for bucket in self._buckets:
+                bucket.work.wait()
+            used = self._globally_used() if self.find_unused_parameters else None
+            start = 0
+            for bucket in self._buckets:
+                n = len(bucket.params)
+                keep = None if used is None else used[start:start + n]
+                self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
+                start += n
+            self._storage.release()
+        finally:
+            self._reset()
 
     def _globally_used(self) -> np.ndarray:
         """Which parameters got a gradient on at least one rank (PyTorch leaves the rest None)."""
