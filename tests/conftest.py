@@ -28,3 +28,14 @@ BACKENDS = installed_backends()
 def backend(request) -> str:
     """Every distributed backend this installation can run (shm, tcp, and mpi with mpiexec)."""
     return request.param
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """This process as the whole job, one rank (no launcher variables leak in from the shell)."""
+    from neural_arch import distributed as dist
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    dist.init_process_group("gloo", world_size=1, rank=0, timeout=10)
+    yield
+    dist.destroy_process_group()

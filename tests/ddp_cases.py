@@ -8,11 +8,12 @@ import numpy as np
 STEPS, PER_RANK, IN, HIDDEN, OUT = 5, 6, 7, 9, 4
 
 
-def make_model(seed: int):
+def make_model(seed: int, sizes=(IN, HIDDEN, HIDDEN, OUT)):
+    """A small float64 tanh MLP of layer ``sizes``, the same weights for the same ``seed``."""
     from neural_arch.core import manual_seed
     from neural_arch.models import MLP
     manual_seed(seed)
-    model = MLP([IN, HIDDEN, HIDDEN, OUT], activation="tanh")
+    model = MLP(list(sizes), activation="tanh")
     for p in model.parameters():
         p.data = p.data.astype(np.float64)
     return model

@@ -11,8 +11,7 @@ modules used to sit at the top level; ``_moved`` keeps those old paths importabl
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_names
 
 from . import _moved  # first: it installs the finder that keeps old module paths importable
 from .collectives import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
@@ -34,20 +33,8 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        moved = _moved.import_moved(name)  # an old module path, as ``dist.process_group``
-        if moved is not None:
-            return moved
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, _moved.import_moved)  # old paths too,
+# as ``dist.process_group``
 
 
 __all__ = [

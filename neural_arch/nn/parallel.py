@@ -6,20 +6,9 @@ module (model code runs without ``distributed``; ``tests/test_import_rules.py`` 
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import lazy_names
 
-def __getattr__(name: str) -> Any:
-    if name == "DistributedDataParallel":
-        module = importlib.import_module("neural_arch.distributed.ddp.data_parallel")
-        value = module.DistributedDataParallel
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list:
-    return sorted(set(globals()) | set(__all__))
-
+__getattr__, __dir__ = lazy_names(
+    __name__, {"DistributedDataParallel": "neural_arch.distributed.ddp.data_parallel"})
 
 __all__ = ["DistributedDataParallel"]

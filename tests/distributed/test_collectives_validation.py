@@ -7,16 +7,9 @@ import pytest
 from neural_arch import distributed as dist
 from neural_arch.core.tensor import Tensor
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("one_rank_group")]
 
 
-@pytest.fixture(autouse=True)
-def one_rank_group(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    dist.init_process_group("gloo", world_size=1, rank=0, timeout=10)
-    yield
-    dist.destroy_process_group()
 
 
 def test_state_queries():

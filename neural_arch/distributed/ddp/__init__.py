@@ -11,8 +11,7 @@ does not pull in the model code of the others.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..._lazy import lazy_names
 
 _LAZY = {
     "DistributedDataParallel": ".data_parallel",
@@ -24,17 +23,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)
 
 __all__ = sorted(_LAZY)

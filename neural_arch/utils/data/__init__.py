@@ -6,18 +6,12 @@ single-process script never needs.
 """
 from __future__ import annotations
 
-from typing import Any
-
+from ..._lazy import lazy_names
 from ...data import (DataLoader, Dataset, Subset, TensorDataset, default_collate,
                      random_split)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "DistributedSampler":
-        from .distributed import DistributedSampler
-        return DistributedSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_names(__name__, {"DistributedSampler": ".distributed"})
 
 __all__ = ["DataLoader", "Dataset", "Subset", "TensorDataset", "default_collate",
            "random_split", "DistributedSampler"]

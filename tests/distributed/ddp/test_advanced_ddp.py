@@ -6,6 +6,7 @@ import importlib.util
 import numpy as np
 import pytest
 
+import ddp_cases
 from conftest import BACKENDS
 from dist_harness import run_ranks
 
@@ -16,13 +17,7 @@ SOCKET_BACKENDS = [b for b in ("shm", "tcp") if b in BACKENDS]
 
 
 def make_model(seed: int):
-    from neural_arch.core import manual_seed
-    from neural_arch.models import MLP
-    manual_seed(seed)
-    model = MLP([IN, HIDDEN, HIDDEN, OUT], activation="tanh")
-    for p in model.parameters():
-        p.data = p.data.astype(np.float64)
-    return model
+    return ddp_cases.make_model(seed, (IN, HIDDEN, HIDDEN, OUT))
 
 
 def window_batches(world_size: int, steps: int):
