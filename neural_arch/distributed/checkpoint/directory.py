@@ -2,6 +2,11 @@
 
 A checkpoint is good when every file matches its manifest (``format``). Checking
 reads every file, so the answer is remembered while the manifest file stays the same.
+
+Other processes may save into the same directory while this one reads it (a training job
+while an evaluation job loads): a temporary directory is removed only when its writer is
+gone, and a checkpoint that a writer removes or replaces while it is being read is read again
+from a fresh listing, never reported as damaged.
 """
 from __future__ import annotations
 
@@ -11,10 +16,17 @@ import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import format as fmt
-from .format import CheckpointCorruptError, CheckpointError, NoCheckpointError
+from . import owner
+from .format import (CheckpointChangedError, CheckpointCorruptError, CheckpointError,
+                     NoCheckpointError)
 
 # a child of the checkpoint package's logger: whoever listens there hears these warnings too
 logger = logging.getLogger(__name__)
+
+# A read starts over when a writer removed or replaced its checkpoint meanwhile; each new start
+# follows a save that completed, so a few are plenty unless saves follow each other faster
+# than one checkpoint can be read.
+_READ_ATTEMPTS = 8
 
 
 class CheckpointDirectory:
@@ -54,6 +66,8 @@ class CheckpointDirectory:
         try:
             fmt.read_checkpoint_directory(path)
             good = True
+        except CheckpointChangedError:
+            return False  # no longer there: nothing to remember
         except CheckpointCorruptError:
             good = False
         self._verified[path] = (stamp, good)
@@ -64,12 +78,22 @@ class CheckpointDirectory:
         self._verified.pop(path, None)
 
     def remove_temporaries(self) -> None:
-        """Directories left by a crash between writing and renaming are never valid."""
+        """Remove the temporary directories whose writer is gone (it crashed between writing
+        and renaming, or while removing an old checkpoint). Those of a writer that still runs,
+        in this process or another, are being filled or emptied: they stay."""
         for name in os.listdir(self.root):
-            if fmt.is_temporary_name(name):
-                logger.warning("removing %s, left by an interrupted checkpoint write",
-                               os.path.join(self.root, name))
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+            if not fmt.is_temporary_name(name):
+                continue
+            writer = fmt.temporary_writer(name)
+            verdict = owner.GONE if writer is None else owner.state(writer)
+            path = os.path.join(self.root, name)
+            if verdict == owner.GONE:
+                logger.warning("removing %s, left by an interrupted checkpoint write", path)
+                shutil.rmtree(path, ignore_errors=True)
+            elif verdict == owner.UNKNOWN:
+                logger.info("leaving %s: its writer (pid %d) runs on another host or in "
+                            "another container, where this process cannot check it",
+                            path, writer.pid)
 
     def rotate(self, just_written: str, keep: int) -> None:
         """Keep the newest ``keep`` good ones; delete everything older than those."""
@@ -81,13 +105,24 @@ class CheckpointDirectory:
             if kept == keep:
                 for old in paths[:index]:
                     if old != just_written:
-                        shutil.rmtree(old, ignore_errors=True)
+                        fmt.remove_checkpoint_directory(old)
                         self.forget(old)
                 return
 
     def choose(self, path: Any = None) -> Tuple[str, Dict[str, Any]]:
         """The first good checkpoint and its contents, every file verified: ``path`` if given
         (then the older ones in this directory), else the newest first."""
+        changed: Optional[CheckpointChangedError] = None
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return self._first_good(path)
+            except CheckpointChangedError as exc:
+                changed = exc
+        raise CheckpointError(f"checkpoints in {self.root} were removed or replaced while being "
+                              f"read {_READ_ATTEMPTS} times in a row (the last: "
+                              f"{changed.directory}): they are saved faster than one can be read")
+
+    def _first_good(self, path: Any) -> Tuple[str, Dict[str, Any]]:
         candidates = list(reversed(self.list()))
         if path is not None:
             path = os.path.abspath(os.fspath(path))
@@ -103,10 +138,10 @@ class CheckpointDirectory:
         problems = []
         for candidate in candidates:
             try:
-                if not os.path.isdir(candidate):
-                    raise CheckpointCorruptError(candidate, "", "no such checkpoint directory")
                 return candidate, fmt.read_checkpoint_directory(candidate)
             except CheckpointCorruptError as exc:
+                if candidate != path and not os.path.lexists(candidate):  # removed since listed
+                    raise CheckpointChangedError(candidate) from None
                 logger.warning("checkpoint %s is unusable: %s is bad (%s); falling back to the "
                                "previous checkpoint", candidate, exc.file or candidate,
                                exc.reason)

@@ -1,11 +1,18 @@
 """On-disk format of checkpoints: JSON and safetensors only, a manifest of checksums and atomic
-directory writes.
+directory writes and removals.
 
 A checkpoint is a directory ``ckpt-e<epoch>-s<step>`` whose ``manifest.json`` (written last)
-lists every other file with its SHA-256 and size. It is built in ``<name>.tmp-<random>``: each
-file is fsynced, then the directory, then it is renamed into place and the parent is fsynced,
-so a crash leaves either the previous state or a complete checkpoint, plus at most a temporary
-directory that the next scan removes.
+lists every other file with its SHA-256 and size. It is built in
+``<name>.tmp-<writer>-<random>``: each file is fsynced, then the directory, then it is renamed
+into place and the parent is fsynced, so a crash leaves either the previous state or a complete
+checkpoint, plus at most a temporary directory. ``<writer>`` names the process writing it
+(``owner``), so that a scan removes only the temporaries of writers that are gone. A checkpoint
+is removed (rotation, the same step saved again) by renaming it to ``<name>.old-<writer>-<random>``
+first, so no reader ever finds a half-deleted checkpoint under a real name.
+
+A checkpoint is read through one open handle of its directory: a reader whose checkpoint is
+removed or replaced meanwhile gets ``CheckpointChangedError``, not a mix of two checkpoints and
+not a report of damage.
 
 Values that JSON cannot hold exactly are written as small tagged objects
 ``{"__nf__": kind, ...}``: tuples, non-finite floats, NumPy scalars and arrays (base64 bytes),
@@ -26,6 +33,8 @@ import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 
+from . import owner
+
 
 FORMAT = "neural_arch.checkpoint"
 VERSION = 1
@@ -35,7 +44,8 @@ MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 _TAG = "__nf__"
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)$")
-_TEMPORARY = re.compile(r"^ckpt-e\d+-s\d+\.(tmp|old)-[0-9a-f]+$")
+# Temporaries written before writers were recorded have no ``<writer>-`` part.
+_TEMPORARY = re.compile(rf"^ckpt-e\d+-s\d+\.(?:tmp|old)-(?:({owner.PATTERN})-)?[0-9a-f]+$")
 
 
 class CheckpointError(RuntimeError):
@@ -48,6 +58,14 @@ class CheckpointCorruptError(CheckpointError):
     def __init__(self, directory: str, file: str, reason: str) -> None:
         super().__init__(f"{os.path.join(directory, file)}: {reason}")
         self.directory, self.file, self.reason = directory, file, reason
+
+
+class CheckpointChangedError(CheckpointError):
+    """The checkpoint was removed or replaced by a writer while it was being read."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(f"{directory}: removed or replaced by a writer while being read")
+        self.directory = directory
 
 
 class NoCheckpointError(FileNotFoundError):
@@ -67,6 +85,22 @@ def parse_checkpoint_name(name: str) -> Optional[Tuple[int, int]]:
 
 def is_temporary_name(name: str) -> bool:
     return _TEMPORARY.match(name) is not None
+
+
+def temporary_name(name: str, kind: str) -> str:
+    """A fresh temporary name for checkpoint ``name``: ``kind`` "tmp" while it is written,
+    "old" while it is removed; it records the calling process as its writer."""
+    if kind not in ("tmp", "old"):
+        raise ValueError(f"kind must be 'tmp' or 'old', got {kind!r}")
+    return f"{name}.{kind}-{owner.this_process()}-{secrets.token_hex(4)}"
+
+
+def temporary_writer(name: str) -> Optional[owner.Writer]:
+    """The writer recorded in a temporary directory's name; None when it records none."""
+    match = _TEMPORARY.match(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not a temporary checkpoint directory name")
+    return None if match.group(1) is None else owner.Writer.parse(match.group(1))
 
 
 def rank_file(rank: int) -> str:
@@ -192,7 +226,7 @@ def fsync_directory(path: str) -> None:
 
 def write_checkpoint_directory(parent: str, name: str, files: Dict[str, bytes]) -> str:
     """Write ``files`` and their manifest atomically as ``parent/name``; returns its path."""
-    temporary = os.path.join(parent, f"{name}.tmp-{secrets.token_hex(4)}")
+    temporary = os.path.join(parent, temporary_name(name, "tmp"))
     final = os.path.join(parent, name)
     os.mkdir(temporary)
     try:
@@ -205,7 +239,7 @@ def write_checkpoint_directory(parent: str, name: str, files: Dict[str, bytes]) 
         fsync_directory(temporary)
         replaced = None
         if os.path.lexists(final):  # the same epoch and step saved again: the new one wins
-            replaced = os.path.join(parent, f"{name}.old-{secrets.token_hex(4)}")
+            replaced = os.path.join(parent, temporary_name(name, "old"))
             os.rename(final, replaced)
         os.rename(temporary, final)
         fsync_directory(parent)
@@ -217,23 +251,72 @@ def write_checkpoint_directory(parent: str, name: str, files: Dict[str, bytes]) 
     return final
 
 
+def remove_checkpoint_directory(path: str) -> None:
+    """Take a checkpoint out of its directory at once (a rename), then delete its files."""
+    parent, name = os.path.split(path)
+    doomed = os.path.join(parent, temporary_name(name, "old"))
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return  # another process removed it first
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def read_checkpoint_directory(directory: str, wanted: Optional[set] = None) -> Dict[str, Any]:
     """Every file of a checkpoint, checked against its manifest and parsed: arrays by name for
-    safetensors, objects for JSON. ``wanted`` limits the rank files read (others are skipped, not checked).
-    Raises ``CheckpointCorruptError`` naming the first bad file."""
-    manifest = _read_manifest(directory)
+    safetensors, objects for JSON. ``wanted`` limits the rank files read (others are skipped,
+    not checked). Raises ``CheckpointCorruptError`` naming the first bad file, or
+    ``CheckpointChangedError`` when a writer removed or replaced the checkpoint meanwhile."""
+    try:
+        handle = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointCorruptError(directory, "", "no such checkpoint directory") from None
+    except OSError as exc:
+        raise CheckpointCorruptError(directory, "", f"unreadable ({exc.strerror})") from None
+    try:
+        return _read_open_directory(directory, handle, wanted)
+    except CheckpointCorruptError:
+        # A bad file in a directory that is no longer the one at ``directory`` is not damage:
+        # a writer renamed it away (removal, rotation) or put a new one in its place.
+        if not _still_at(directory, handle):
+            raise CheckpointChangedError(directory) from None
+        raise
+    finally:
+        os.close(handle)
+
+
+def _still_at(directory: str, handle: int) -> bool:
+    try:
+        now, opened = os.stat(directory), os.fstat(handle)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _read_file(directory: str, handle: int, file_name: str) -> bytes:
+    """One file of the directory opened as ``handle``: all files come from that directory,
+    even if another one has taken its name since."""
+    try:
+        if os.open in os.supports_dir_fd:
+            fd = os.open(file_name, os.O_RDONLY, dir_fd=handle)
+        else:
+            fd = os.open(os.path.join(directory, file_name), os.O_RDONLY)
+        with open(fd, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CheckpointCorruptError(directory, file_name, "missing") from None
+    except OSError as exc:
+        raise CheckpointCorruptError(directory, file_name,
+                                     f"unreadable ({exc.strerror})") from None
+
+
+def _read_open_directory(directory: str, handle: int, wanted: Optional[set]) -> Dict[str, Any]:
+    manifest = _read_manifest(directory, _read_file(directory, handle, MANIFEST))
     contents: Dict[str, Any] = {}
     for file_name, entry in manifest["files"].items():
         if wanted is not None and file_name.startswith("rank") and file_name not in wanted:
             continue
-        path = os.path.join(directory, file_name)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise CheckpointCorruptError(directory, file_name, "missing") from None
-        except OSError as exc:
-            raise CheckpointCorruptError(directory, file_name, f"unreadable ({exc.strerror})")
+        data = _read_file(directory, handle, file_name)
         if len(data) != entry["size"]:
             raise CheckpointCorruptError(directory, file_name, f"{len(data)} bytes, the manifest "
                                          f"says {entry['size']} (truncated or rewritten)")
@@ -257,13 +340,10 @@ def _parse(directory: str, file_name: str, data: bytes) -> Any:
     return data
 
 
-def _read_manifest(directory: str) -> Dict[str, Any]:
+def _read_manifest(directory: str, data: bytes) -> Dict[str, Any]:
     try:
-        with open(os.path.join(directory, MANIFEST), "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        raise CheckpointCorruptError(directory, MANIFEST, "missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
         raise CheckpointCorruptError(directory, MANIFEST, f"unreadable or bad JSON ({exc})")
     if not isinstance(manifest, dict):
         raise CheckpointCorruptError(directory, MANIFEST, "not a JSON object")
