@@ -1,7 +1,9 @@
-"""Checkpoints under faults: loading while another process saves.
+"""Checkpoints under faults: loading while another process saves, and damaged checkpoints.
 
 A load never removes the temporary directory of a writer that still runs (only those whose
-writer is gone), and reads the last complete checkpoint while saves go on.
+writer is gone), and reads the last complete checkpoint while saves go on. A checkpoint the
+caller named is loaded or refused with ``CheckpointCorruptError`` naming the damaged file;
+only "the newest" (no path given) falls back to an older good one, with a warning.
 """
 from __future__ import annotations
 
@@ -18,15 +20,18 @@ import time
 import numpy as np
 import pytest
 
-from neural_arch.distributed.checkpoint import DistributedCheckpointManager, NoCheckpointError
+from neural_arch.distributed.checkpoint import (CheckpointCorruptError, CheckpointError,
+                                                DistributedCheckpointManager, NoCheckpointError)
 from neural_arch.distributed.checkpoint import format as checkpoint_format
 from neural_arch.distributed.checkpoint import owner
 
 from checkpoint_training_job import TrainingJob
+from dist_harness import run_ranks
 from repo_paths import REPO_ROOT, TESTS_DIR
 
 pytestmark = pytest.mark.timeout(120)
 LOGGER = "neural_arch.distributed.checkpoint"
+SHORT = {"timeout": 20}  # a collective that regresses into a hang fails fast
 # Under 2 busy CPUs a single save can take long; this only bounds a wait that should end.
 WAIT_S = 90
 
@@ -266,3 +271,84 @@ def test_a_checkpoint_saved_again_while_being_read_is_read_whole(three_saved, mo
     saved_again = job.parameters()
     assert all(np.array_equal(target.parameters()[k], saved_again[k]) for k in saved_again)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# ----- damaged checkpoints: a named one is refused, the newest falls back ------------------------
+def _truncate(path: str) -> None:
+    name = os.path.join(path, "model.safetensors")
+    with open(name, "r+b") as f:
+        f.truncate(os.path.getsize(name) // 2)
+
+
+def _flip_bit(path: str) -> None:
+    name = os.path.join(path, "optimizer.safetensors")
+    data = bytearray(open(name, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    with open(name, "wb") as f:
+        f.write(bytes(data))
+
+
+DAMAGE = {"truncated": (_truncate, "model.safetensors", "truncated"),
+          "bit flipped": (_flip_bit, "optimizer.safetensors", "SHA-256")}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("which", [1, 2])  # an older one, and the newest
+def test_a_named_damaged_checkpoint_is_refused_naming_the_file(three_saved, damage, which,
+                                                               caplog):
+    manager, paths, _ = three_saved
+    corrupt, bad_file, reason = DAMAGE[damage]
+    corrupt(paths[which])
+    target = TrainingJob(init_seed=7)
+    before = target.parameters()
+    with caplog.at_level(logging.WARNING, logger=LOGGER), \
+            pytest.raises(CheckpointCorruptError) as err:
+        manager.load_checkpoint(target.model, target.optimizer, path=paths[which])
+    assert err.value.directory == paths[which] and err.value.file == bad_file
+    assert paths[which] in str(err.value) and bad_file in str(err.value)
+    assert reason in str(err.value)
+    assert all(np.array_equal(target.parameters()[k], before[k]) for k in before)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_the_newest_falls_back_to_an_older_good_one_with_a_warning(three_saved, damage, caplog):
+    manager, paths, weights = three_saved
+    corrupt, bad_file, reason = DAMAGE[damage]
+    corrupt(paths[2])
+    target = TrainingJob(init_seed=7)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        info = manager.load_checkpoint(target.model, target.optimizer)
+    assert info["path"] == paths[1]
+    assert all(np.array_equal(target.parameters()[k], weights[1][k]) for k in weights[1])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and bad_file in warnings[0] and reason in warnings[0]
+    # A good older checkpoint named explicitly loads even though the newest is damaged.
+    assert manager.load_checkpoint(path=paths[0], restore_rng=False)["step"] == 0
+
+
+def _load_named(rank, world_size, path):
+    job = TrainingJob(rank=rank, world_size=world_size, distributed=True, init_seed=7)
+    before = job.parameters()
+    manager = DistributedCheckpointManager(os.path.dirname(path))
+    try:
+        manager.load_checkpoint(job.model, job.optimizer, path=path)
+    except CheckpointError as exc:
+        unchanged = all(np.array_equal(job.parameters()[k], before[k]) for k in before)
+        return type(exc).__name__, str(exc), unchanged
+    return None
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_every_rank_refuses_a_named_damaged_checkpoint(three_saved, backend, damage):
+    _, paths, _ = three_saved
+    corrupt, bad_file, _ = DAMAGE[damage]
+    corrupt(paths[1])
+    outcomes = run_ranks(_load_named, 2, backend, timeout=60, args=(paths[1],),
+                         init_kwargs=SHORT)
+    assert outcomes[0][0] == "CheckpointCorruptError"
+    for outcome in outcomes:
+        assert outcome is not None, "a rank loaded a damaged checkpoint or an older one"
+        _, message, unchanged = outcome
+        assert paths[1] in message and bad_file in message and unchanged

@@ -110,37 +110,36 @@ class CheckpointDirectory:
                 return
 
     def choose(self, path: Any = None) -> Tuple[str, Dict[str, Any]]:
-        """The first good checkpoint and its contents, every file verified: ``path`` if given
-        (then the older ones in this directory), else the newest first."""
+        """The checkpoint to load and its contents, every file verified.
+
+        A ``path`` the caller named is loaded or refused: damage raises
+        ``CheckpointCorruptError`` naming the file, because quietly restoring an older state
+        than the one asked for would be a wrong result. Without a path, the newest good
+        checkpoint is taken; a damaged one is skipped with a warning naming the bad file.
+        """
         changed: Optional[CheckpointChangedError] = None
         for _ in range(_READ_ATTEMPTS):
             try:
-                return self._first_good(path)
+                if path is not None:
+                    named = os.path.abspath(os.fspath(path))
+                    return named, fmt.read_checkpoint_directory(named)
+                return self._newest_good()
             except CheckpointChangedError as exc:
                 changed = exc
         raise CheckpointError(f"checkpoints in {self.root} were removed or replaced while being "
                               f"read {_READ_ATTEMPTS} times in a row (the last: "
                               f"{changed.directory}): they are saved faster than one can be read")
 
-    def _first_good(self, path: Any) -> Tuple[str, Dict[str, Any]]:
+    def _newest_good(self) -> Tuple[str, Dict[str, Any]]:
         candidates = list(reversed(self.list()))
-        if path is not None:
-            path = os.path.abspath(os.fspath(path))
-            key = fmt.parse_checkpoint_name(os.path.basename(path))
-            if os.path.dirname(path) == self.root and key is not None:
-                older = [c for c in candidates
-                         if fmt.parse_checkpoint_name(os.path.basename(c)) < key]
-                candidates = [path] + older
-            else:
-                candidates = [path]
-        elif not candidates:
+        if not candidates:
             raise NoCheckpointError(f"no checkpoint in {self.root}")
         problems = []
         for candidate in candidates:
             try:
                 return candidate, fmt.read_checkpoint_directory(candidate)
             except CheckpointCorruptError as exc:
-                if candidate != path and not os.path.lexists(candidate):  # removed since listed
+                if not os.path.lexists(candidate):  # removed since it was listed
                     raise CheckpointChangedError(candidate) from None
                 logger.warning("checkpoint %s is unusable: %s is bad (%s); falling back to the "
                                "previous checkpoint", candidate, exc.file or candidate,

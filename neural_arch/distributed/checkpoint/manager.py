@@ -5,9 +5,11 @@ step counters and ``additional_state``); every rank's RNG states and sampler sta
 over the group and land in ``rank<r>.json``. Other ranks wait until the checkpoint is in place,
 so no rank runs ahead of a half-written one. See ``format`` for the files.
 
-Loading verifies every file against the manifest; a bad checkpoint is skipped with a warning
-naming the file, and the newest good one is used. With a process group, rank 0 picks the
-checkpoint and the others follow, so all ranks resume from the same step.
+Loading verifies every file against the manifest. Without a path, a bad checkpoint is skipped
+with a warning naming the file, and the newest good one is used; a checkpoint named by ``path``
+is loaded or refused (``CheckpointCorruptError`` naming the file), never swapped for another.
+With a process group, rank 0 picks the checkpoint and the others follow, so all ranks resume
+from the same step. Other processes may save into the same directory meanwhile (``directory``).
 
 Changing the world size between save and resume works for data parallel training (model and
 optimizer are replicated): rank files of ranks that no longer exist are ignored, and a new rank
@@ -177,13 +179,15 @@ class DistributedCheckpointManager:
     def load_checkpoint(self, model: Any = None, optimizer: Any = None, path: Any = None,
                         scheduler: Any = None, loss_scaler: Any = None, sampler: Any = None,
                         map_location: Any = None, *, restore_rng: bool = True) -> Dict[str, Any]:
-        """Restore the newest good checkpoint (or ``path``, falling back to older good ones).
+        """Restore ``path``, or without it the newest good checkpoint (skipping damaged ones
+        with a warning).
 
         Returns ``epoch``, ``step``, ``loss``, ``best_loss``, ``world_size`` (at save time),
         ``additional_state`` and ``path``. Arrays are read into host memory and copied into the
         existing parameters on their own device, so ``map_location`` (kept for PyTorch's
         signature) only accepts None or a device string. Raises ``NoCheckpointError`` when
-        there is no checkpoint and ``CheckpointError`` when none is good.
+        there is no checkpoint, ``CheckpointCorruptError`` naming the bad file when ``path`` is
+        damaged, and ``CheckpointError`` when no checkpoint is good.
         """
         if map_location is not None and not isinstance(map_location, str):
             raise TypeError(f"map_location must be None or a device string, got "

@@ -1,5 +1,6 @@
-"""Damaged checkpoints are detected and skipped: loading falls back to the previous good one
-with a warning naming the bad file, and fails clearly only when none is good."""
+"""Damaged checkpoints are detected: loading the newest falls back to the previous good one
+with a warning naming the bad file, and fails clearly only when none is good; a checkpoint
+named by its path is refused, naming the bad file."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from neural_arch.distributed.checkpoint import CheckpointError, DistributedCheckpointManager
+from neural_arch.distributed.checkpoint import (CheckpointCorruptError, CheckpointError,
+                                                DistributedCheckpointManager)
 
 from checkpoint_training_job import TrainingJob
 from repo_paths import REPO_ROOT, TESTS_DIR
@@ -93,13 +95,12 @@ def test_falls_back_to_previous_good_checkpoint(saved, case, caplog):
     assert manager.latest() == paths[1]
 
 
-def test_explicit_path_falls_back_to_older_ones(saved, caplog):
+def test_explicit_path_is_loaded_or_refused_never_swapped(saved):
     manager, paths, _ = saved
     _truncate(paths[1])
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        info = manager.load_checkpoint(path=paths[1], restore_rng=False)
-    assert info["path"] == paths[0]
-    assert any("model.safetensors" in r.getMessage() for r in caplog.records)
+    with pytest.raises(CheckpointCorruptError, match="model.safetensors") as err:
+        manager.load_checkpoint(path=paths[1], restore_rng=False)
+    assert err.value.directory == paths[1] and err.value.file == "model.safetensors"
 
 
 def test_no_good_checkpoint_is_a_clear_error(saved, caplog):
