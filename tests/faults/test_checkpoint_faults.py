@@ -273,6 +273,30 @@ def test_a_checkpoint_saved_again_while_being_read_is_read_whole(three_saved, mo
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def _load_while_rank_one_sees_a_rotation(rank, world_size, newest):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger(LOGGER).addHandler(handler)
+    if rank == 1:  # after rank 0 chose the newest, another process rotates it away
+        checkpoint_format.os = _ActOnOpen("meta.json", lambda: shutil.rmtree(newest))
+    job = TrainingJob(rank=rank, world_size=world_size, distributed=True, init_seed=7)
+    info = DistributedCheckpointManager(os.path.dirname(newest)).load_checkpoint(
+        job.model, job.optimizer)
+    return info["step"], job.parameters(), [r.getMessage() for r in records]
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp"])
+def test_a_group_chooses_again_when_the_chosen_checkpoint_goes_before_all_read_it(
+        three_saved, backend):
+    _, paths, weights = three_saved
+    outcomes = run_ranks(_load_while_rank_one_sees_a_rotation, 2, backend, timeout=60,
+                         args=(paths[2],), init_kwargs=SHORT)
+    for step, parameters, warnings in outcomes:
+        assert step == 1 and warnings == []
+        assert all(np.array_equal(parameters[k], weights[1][k]) for k in weights[1])
+
+
 # ----- damaged checkpoints: a named one is refused, the newest falls back ------------------------
 def _truncate(path: str) -> None:
     name = os.path.join(path, "model.safetensors")

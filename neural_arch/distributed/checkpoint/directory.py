@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 # A read starts over when a writer removed or replaced its checkpoint meanwhile; each new start
 # follows a save that completed, so a few are plenty unless saves follow each other faster
 # than one checkpoint can be read.
-_READ_ATTEMPTS = 8
+READ_ATTEMPTS = 8
 
 
 class CheckpointDirectory:
@@ -118,7 +118,7 @@ class CheckpointDirectory:
         checkpoint is taken; a damaged one is skipped with a warning naming the bad file.
         """
         changed: Optional[CheckpointChangedError] = None
-        for _ in range(_READ_ATTEMPTS):
+        for _ in range(READ_ATTEMPTS):
             try:
                 if path is not None:
                     named = os.path.abspath(os.fspath(path))
@@ -127,7 +127,7 @@ class CheckpointDirectory:
             except CheckpointChangedError as exc:
                 changed = exc
         raise CheckpointError(f"checkpoints in {self.root} were removed or replaced while being "
-                              f"read {_READ_ATTEMPTS} times in a row (the last: "
+                              f"read {READ_ATTEMPTS} times in a row (the last: "
                               f"{changed.directory}): they are saved faster than one can be read")
 
     def _newest_good(self) -> Tuple[str, Dict[str, Any]]:

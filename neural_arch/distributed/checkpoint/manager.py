@@ -32,8 +32,9 @@ from ..errors import DistributedError
 from ..group.world import is_initialized, resolve_group
 from . import format as fmt
 from . import state as state_io
-from .directory import CheckpointDirectory
-from .format import CheckpointCorruptError, CheckpointError, NoCheckpointError
+from .directory import READ_ATTEMPTS, CheckpointDirectory
+from .format import (CheckpointChangedError, CheckpointCorruptError, CheckpointError,
+                     NoCheckpointError)
 
 __all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointManager",
            "NoCheckpointError", "setup_fault_tolerant_training"]
@@ -193,6 +194,47 @@ class DistributedCheckpointManager:
             raise TypeError(f"map_location must be None or a device string, got "
                             f"{map_location!r}")
         rank, world_size, pg = self._topology("load_checkpoint")
+        chosen, contents, failure = self._read_chosen(rank, pg, path)
+        if failure is None:
+            try:
+                result = state_io.apply_contents(contents, chosen, rank, model, optimizer,
+                                                 scheduler, loss_scaler, sampler, restore_rng)
+                self.best_loss = result["best_loss"]
+                self._note_loss(result["loss"])
+            except Exception as exc:
+                if pg is None:
+                    raise
+                failure = exc
+        if pg is not None and not state_io.all_succeeded(pg, failure is None):
+            if failure is not None:
+                raise failure
+            raise DistributedError(f"another rank failed to load {chosen}",
+                                   rank=pg.global_rank, op="load_checkpoint")
+        return result
+
+    def _read_chosen(self, rank: int, pg: Any, path: Any) -> Tuple[str, Any, Any]:
+        """(path, contents, error while reading) of the checkpoint rank 0 chooses, on every
+        rank. Rank 0 reads all of it while choosing, the others their part afterwards; when
+        another process removed or replaced it before every rank had read it, rank 0 chooses
+        again."""
+        for _ in range(READ_ATTEMPTS):
+            chosen, contents = self._choose(rank, pg, path)
+            changed, failure = False, None
+            if contents is None:
+                try:
+                    contents = fmt.read_checkpoint_directory(chosen, self._wanted(rank))
+                except CheckpointChangedError:
+                    changed = True
+                except Exception as exc:
+                    failure = exc
+            if pg is None or state_io.all_succeeded(pg, not changed):
+                return chosen, contents, failure
+        raise CheckpointError(f"checkpoint {chosen} was removed or replaced before every rank "
+                              f"had read it, {READ_ATTEMPTS} times in a row: checkpoints are "
+                              f"saved into {self.checkpoint_dir} faster than a group can read one")
+
+    def _choose(self, rank: int, pg: Any, path: Any) -> Tuple[str, Any]:
+        """Rank 0's choice (with its contents there, None elsewhere); its error on every rank."""
         choice: Dict[str, Any] = {}
         contents, choice_error = None, None
         if rank == 0 or pg is None:
@@ -215,24 +257,7 @@ class DistributedCheckpointManager:
                     raise NoCheckpointError(choice["message"])
                 raise CheckpointError(f"rank {pg.ranks[0]} could not choose a checkpoint: "
                                       f"{choice['error']}: {choice['message']}")
-        failure: Optional[Exception] = None
-        try:
-            if contents is None:
-                contents = fmt.read_checkpoint_directory(choice["path"], self._wanted(rank))
-            result = state_io.apply_contents(contents, choice["path"], rank, model, optimizer,
-                                             scheduler, loss_scaler, sampler, restore_rng)
-            self.best_loss = result["best_loss"]
-            self._note_loss(result["loss"])
-        except Exception as exc:
-            if pg is None:
-                raise
-            failure = exc
-        if pg is not None and not state_io.all_succeeded(pg, failure is None):
-            if failure is not None:
-                raise failure
-            raise DistributedError(f"another rank failed to load {choice['path']}",
-                                   rank=pg.global_rank, op="load_checkpoint")
-        return result
+        return choice["path"], contents
 
     @staticmethod
     def _wanted(rank: int) -> set:
