@@ -3,6 +3,7 @@
 Each worker runs in its own session (so a stray grandchild is stopped with it), with its output
 prefixed by rank and mirrored to ``rank_<R>.log``. When one worker fails, the others get SIGTERM,
 then SIGKILL after a grace period, and the whole group restarts while ``max_restarts`` allows.
+Should the launcher itself be killed, the guard process does that stopping (``guard``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from ..errors import DistributedError
 from .args import LaunchConfig, Target, parse_launcher_args
+from .guard import LauncherGuard
 from .workers import WorkerOutput, WorkerProcess, describe_exit, exit_code
 
 __all__ = ["DistributedLauncher", "LaunchError", "launch_distributed_training", "main"]
@@ -65,6 +67,7 @@ class DistributedLauncher:
             tuple(script_args), max_restarts, log_dir, env, run_module, no_python, standalone,
             monitor_interval, timeout, prefix_output, grace_period)
         self._signals: List[int] = []
+        self._guard: Optional[LauncherGuard] = None
 
     @property
     def ranks(self) -> List[int]:
@@ -85,6 +88,7 @@ class DistributedLauncher:
         deadline = None if cfg.timeout is None else time.monotonic() + float(cfg.timeout)
         restart = 0
         try:
+            self._guard = LauncherGuard(cfg.grace_period)
             with self._signal_handlers():
                 while True:
                     kind, rank, code = self._run_attempt(argv, payload, job_env, restart, output,
@@ -98,6 +102,9 @@ class DistributedLauncher:
                                 f"{cfg.nproc_per_node} workers (restart {restart} of "
                                 f"{cfg.max_restarts}, RESTART_COUNT={restart})", to_logs=True)
         finally:
+            if self._guard is not None:
+                self._guard.close()
+                self._guard = None
             output.close()
 
     def _conclude(self, kind: str, rank: int, code: int, output: WorkerOutput) -> int:
@@ -157,6 +164,7 @@ class DistributedLauncher:
                 except OSError as exc:
                     raise LaunchError(f"cannot start worker rank {rank} ({argv[0]!r}): {exc}",
                                       rank=rank, op="launch") from exc
+                self._guard.watch(workers[-1].proc.pid)  # the worker leads its process group
             while True:
                 if self._signals:
                     self._stop(workers, self._signals[0])
@@ -192,6 +200,8 @@ class DistributedLauncher:
         give_up = time.monotonic() + 2.0
         for worker in workers:
             worker.finish(give_up)
+            if not worker.alive():
+                self._guard.forget(worker.proc.pid)
 
     @contextmanager
     def _signal_handlers(self) -> Iterator[None]:

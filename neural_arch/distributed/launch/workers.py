@@ -1,8 +1,9 @@
 """Worker processes of the launcher: each in its own process group, output pumped by threads.
 
-Every worker leads its own session so that stopping it also stops a stray grandchild. Its stdout
-and stderr are read line by line, prefixed with the rank on the console and mirrored to
-``rank_<R>.log``; a failed console write never stops a reader, or the worker would block.
+Every worker leads its own session so that stopping it also stops a stray grandchild, and gets
+SIGTERM should the launcher die (``guard``). Its stdout and stderr are read line by line,
+prefixed with the rank on the console and mirrored to ``rank_<R>.log``; a failed console write
+never stops a reader, or the worker would block.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import sys
 import threading
 import time
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Union
+
+from .guard import die_with_launcher, live_groups
 
 __all__ = ["WorkerOutput", "WorkerProcess", "describe_exit", "exit_code"]
 
@@ -32,34 +35,6 @@ def describe_exit(returncode: int) -> str:
 def exit_code(returncode: int) -> int:
     """Shell convention: a death by signal N becomes 128+N."""
     return returncode if returncode >= 0 else 128 - returncode
-
-
-def _group_has_live_members(pgid: int) -> bool:
-    """Whether a process group still has a member that is not a zombie.
-
-    Orphaned grandchildren may stay zombies for a long time when the init process does not
-    reap them, and ``killpg(pgid, 0)`` would count those as alive.
-    """
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # no procfs: zombies count as alive, which only lengthens the grace wait
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                # Fields after the parenthesised command: state, ppid, pgrp, ...
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # exited while we looked
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
 
 
 def _segments(stream: IO[bytes]):
@@ -144,7 +119,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             argv, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL if payload is None else subprocess.PIPE,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=die_with_launcher())
         self._group_gone = False
         self._threads = [threading.Thread(target=self._pump, args=(stream, is_err, output),
                                           name=f"launcher-rank{rank}-{name}", daemon=True)
@@ -173,7 +148,7 @@ class WorkerProcess:
         """True while the worker or anything left in its process group still runs."""
         if self.proc.poll() is None:
             return True
-        if not self._group_gone and not _group_has_live_members(self.proc.pid):
+        if not self._group_gone and not live_groups([self.proc.pid]):
             self._group_gone = True  # once empty, the id may be reused: never signal it again
         return not self._group_gone
 
