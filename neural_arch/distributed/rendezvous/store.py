@@ -44,8 +44,9 @@ class TCPStore:
 
     Every rank, the server's own included, talks to the server over an authenticated socket.
     ``port=0`` on the server picks a free port (read ``.port``). Clients retry connecting
-    until ``timeout``, since the server may start after them. ``rank``, when given, is named
-    in every error.
+    until ``timeout``, since the server may start after them, and when the connection fails
+    under the handshake (reset or closed: a busy or restarting server); a wrong secret fails at
+    once. ``rank``, when given, is named in every error.
     """
 
     def __init__(self, host: str, port: int, world_size: Optional[int] = None,
@@ -88,7 +89,7 @@ class TCPStore:
 
     @property
     def num_clients(self) -> int:
-        """Connections the server holds now (server side only)."""
+        """Authenticated connections the server serves now (server side only)."""
         if self._server is None:
             raise RuntimeError("num_clients is only known on the store's server")
         return self._server.num_clients
@@ -114,6 +115,12 @@ class TCPStore:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 client_handshake(sock, self._secret, min(remaining, 30.0))
+            except ConnectionError as e:  # not a secret problem: try again, as when refused
+                sock.close()
+                last_error = str(e)
+                time.sleep(min(delay, max(timeout - (time.monotonic() - start), 0)))
+                delay = min(delay * 2, 0.5)
+                continue
             except BaseException:
                 sock.close()
                 raise
