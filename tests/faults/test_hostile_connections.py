@@ -1,7 +1,7 @@
 """Hostile connections at a job's ports: silent strangers by the hundred at the store and at the
 ranks' data ports keep no rank out and stall no rendezvous, a stranger that never proves the
 secret is dropped at its deadline, a reset under the handshake is reported as a reset naming
-the address."""
+the address, and a job secret too short to protect anything is refused wherever it is read."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed.errors import AuthenticationError, RendezvousError
+from neural_arch.distributed.rendezvous import auth
 from neural_arch.distributed.rendezvous.auth import client_handshake
 from neural_arch.distributed.rendezvous.gate import Gate
 from neural_arch.distributed.rendezvous.store import TCPStore
@@ -267,3 +268,45 @@ def test_idle_connections_at_the_data_ports_stall_no_mesh(tmp_path):
 @pytest.mark.slow
 def test_five_hundred_idle_connections_at_every_port_stall_no_rendezvous(tmp_path):
     _run_flooded_job(tmp_path, "tcp", 4, at_store=300, at_data={0: 100, 1: 50, 2: 50})
+
+
+# ----- the secret ---------------------------------------------------------------------------
+def _refused(call, length: int) -> None:
+    with pytest.raises(ValueError) as err:
+        call()
+    assert f"{length} byte(s) long" in str(err.value) and "at least 16 bytes" in str(err.value)
+
+
+@pytest.mark.parametrize("secret", [b"x", b"fifteen bytes!!"])
+def test_a_short_secret_is_refused_wherever_it_is_read(tmp_path, monkeypatch, secret):
+    from neural_arch.distributed.launch.config import LaunchConfig
+    monkeypatch.setenv(auth.SECRET_ENV, secret.decode())
+    _refused(auth.job_secret, len(secret))
+    script = tmp_path / "train.py"
+    script.write_text("")
+    _refused(lambda: LaunchConfig(str(script), nproc_per_node=2), len(secret))
+    monkeypatch.delenv(auth.SECRET_ENV)
+    _refused(lambda: LaunchConfig(str(script), env={auth.SECRET_ENV: secret.decode()}),
+             len(secret))
+    _refused(lambda: TCPStore("127.0.0.1", 0, is_server=True, secret=secret, timeout=5),
+             len(secret))
+    _refused(lambda: tcp_mesh.build_mesh(0, 2, None, 5.0, secret=secret), len(secret))
+    monkeypatch.setenv("HOME", str(tmp_path))  # a cookie file someone wrote by hand
+    cookie = auth.secret_file()
+    cookie.parent.mkdir(mode=0o700)
+    cookie.write_bytes(secret + b"\n")
+    cookie.chmod(0o600)
+    _refused(auth.job_secret, len(secret))
+
+
+def test_secrets_of_sixteen_bytes_and_generated_ones_are_accepted(tmp_path, monkeypatch):
+    from neural_arch.distributed.launch.config import LaunchConfig
+    monkeypatch.setenv(auth.SECRET_ENV, "s" * 16)
+    assert auth.job_secret() == b"s" * 16
+    monkeypatch.delenv(auth.SECRET_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert len(auth.job_secret()) >= 16  # the per-user cookie this creates
+    script = tmp_path / "train.py"
+    script.write_text("")
+    job_env, _ = LaunchConfig(str(script), nproc_per_node=2).job_environment()
+    assert len(auth.check_secret(job_env[auth.SECRET_ENV].encode())) >= 16

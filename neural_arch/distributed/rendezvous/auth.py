@@ -27,6 +27,7 @@ from typing import Optional
 from ..errors import AuthenticationError
 
 SECRET_ENV = "NEURAL_ARCH_SECRET"
+MIN_SECRET_BYTES = 16  # below this a secret can be guessed; generated ones have 32 or more
 NONCE_SIZE = 32
 MAC_SIZE = 32
 MAX_CLIENT_INFO = 1024
@@ -42,17 +43,30 @@ def secret_file() -> Path:
     return Path.home() / ".neural_arch" / "secret"
 
 
+def check_secret(secret, source: str = "the job secret") -> bytes:
+    """``secret`` as bytes; a ValueError when it is too short to keep strangers out."""
+    if not isinstance(secret, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{source} must be bytes, got {type(secret).__name__}")
+    secret = bytes(secret)
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"{source} is {len(secret)} byte(s) long; a job secret needs at least "
+                         f"{MIN_SECRET_BYTES} bytes (e.g. python -c 'import secrets; "
+                         f"print(secrets.token_hex(16))')")
+    return secret
+
+
 def job_secret() -> bytes:
     """The job's shared secret: ``$NEURAL_ARCH_SECRET`` if set, else the per-user cookie file."""
     from_env = os.environ.get(SECRET_ENV)
     if from_env:
-        return from_env.encode()
+        return check_secret(from_env.encode(), SECRET_ENV)
     path = secret_file()
     try:
-        return _read_or_create_cookie(path)
+        cookie = _read_or_create_cookie(path)
     except OSError as e:
         raise AuthenticationError(f"cannot use secret file {path} ({e}); set {SECRET_ENV} to "
                                   "the same value on every rank instead") from None
+    return check_secret(cookie, f"secret file {path}")
 
 
 def _read_or_create_cookie(path: Path) -> bytes:

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Iterable, Optional, Union
 
 from ..errors import CollectiveTimeoutError, RendezvousError
-from .auth import client_handshake, job_secret
+from .auth import check_secret, client_handshake, job_secret
 from .store_protocol import (_ERROR, _OP_NAMES, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE,
                              DEFAULT_MAX_VALUE_BYTES, GET, MAX_KEY_BYTES, MAX_TIMEOUT_S, SET, WAIT,
                              FrameError, Request, _recv_exact, decode_keys, encode_keys,
@@ -61,7 +61,8 @@ class TCPStore:
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
         self.host, self.world_size, self.is_server, self.rank = host, world_size, is_server, rank
         self.timeout = _seconds(timeout, 300.0)
-        self._secret = job_secret() if secret is None else bytes(secret)
+        self._secret = (job_secret() if secret is None
+                        else check_secret(secret, "the store's secret"))
         self._max_value = max_value_bytes
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None

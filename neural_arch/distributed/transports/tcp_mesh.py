@@ -17,7 +17,7 @@ import struct
 import time
 from typing import Optional
 
-from ..rendezvous.auth import client_handshake, job_secret
+from ..rendezvous.auth import check_secret, client_handshake, job_secret
 from ..rendezvous.gate import DEADLINE_S, Gate
 from ..errors import AuthenticationError, RendezvousError
 
@@ -39,7 +39,8 @@ def build_mesh(rank: int, world_size: int, store, timeout: float, secret: Option
     """Connect to every other rank within ``timeout`` seconds; returns one tuned, non-blocking,
     authenticated socket per peer rank."""
     deadline = time.monotonic() + timeout
-    secret = job_secret() if secret is None else bytes(secret)
+    secret = (job_secret() if secret is None
+              else check_secret(secret, "the tcp transport's secret"))
     host = host or getattr(store, "local_address", None) or socket.gethostname()
     socks: dict[int, socket.socket] = {}
     listener = listen(host, world_size)

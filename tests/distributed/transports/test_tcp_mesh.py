@@ -22,7 +22,7 @@ from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.tcp_mesh import address_key
 
 pytestmark = pytest.mark.timeout(60)
-SECRET = b"tcp-mesh-test"
+SECRET = b"tcp-mesh-test-secret"
 # A serial accept loop gives a silent stranger min(remaining, 30 s) to speak, so with this
 # set-up timeout one silent stranger ahead of the peers fails the whole mesh.
 MESH_TIMEOUT_S = 8.0
