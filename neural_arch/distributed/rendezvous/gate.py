@@ -48,11 +48,12 @@ class Arrival(NamedTuple):
 
 
 def default_max_pending() -> int:
-    """Half the descriptors this process may open, within [64, 4096]."""
+    """Half the descriptors this process may open, within [16, 4096]: the other half stays for
+    the ranks' connections and everything else the process opens."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 4096
-    return max(64, min(4096, soft // 2))
+    return max(16, min(4096, soft // 2))
 
 
 class _Stranger(NamedTuple):
