@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from shutil import which
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..rendezvous.auth import check_secret
 from ..rendezvous.env import BACKEND_ALIAS
 
 BACKENDS = ("auto", "shm", "tcp", "mpi", "gloo", "nccl")
@@ -112,6 +113,9 @@ class LaunchConfig:
                    if not isinstance(k, str) or not isinstance(v, str)}
             if bad:
                 raise TypeError(f"env must map str to str, got {bad!r}")
+        given_secret = self.base_environment().get(SECRET_VAR)
+        if given_secret:  # refused here rather than by every worker after it started
+            check_secret(given_secret.encode(), SECRET_VAR)
         self._check_target()
         if self.backend == "mpi":
             raise ValueError(self._mpi_refusal())

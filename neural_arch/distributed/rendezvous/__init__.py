@@ -2,8 +2,9 @@
 
 ``env`` reads rank, world size and the master's address from the environment (the launcher's,
 MPI's or SLURM's variables), ``store`` is the small TCP key-value store rank 0 serves (its wire
-format in ``store_protocol``, its server in ``store_server``), and ``auth`` the job secret and
-the handshake every connection starts with.
+format in ``store_protocol``, its server in ``store_server``), ``auth`` the job secret and
+the handshake every connection starts with, and ``gate`` the door of a listening port, where
+connections authenticate before anyone serves them.
 
 Nothing is imported here, so process groups can read the environment without loading the store.
 """

@@ -3,7 +3,12 @@
 Both ends send a fresh 32-byte nonce and prove knowledge of the secret with an HMAC-SHA256 over
 both nonces and a role label, so a response reflected back at its sender never verifies. Before
 the proof checks out only fixed-size fields are read: a stranger cannot make us allocate, parse
-or unpickle anything.
+or unpickle anything. The accepting side is a state machine (``ServerHandshake``) that one
+thread can drive for many connections at once; ``server_handshake`` drives one to the end.
+
+A connection that fails underneath the handshake (reset, refused, closed by the server) is a
+``ConnectionError`` naming the address, not an ``AuthenticationError``: only a wrong proof or
+a peer that does not speak the protocol is a question of the secret.
 """
 from __future__ import annotations
 
@@ -11,15 +16,18 @@ import hashlib
 import hmac
 import os
 import secrets
+import selectors
 import socket
 import stat
 import struct
 import time
 from pathlib import Path
+from typing import Optional
 
 from ..errors import AuthenticationError
 
 SECRET_ENV = "NEURAL_ARCH_SECRET"
+MIN_SECRET_BYTES = 16  # below this a secret can be guessed; generated ones have 32 or more
 NONCE_SIZE = 32
 MAC_SIZE = 32
 MAX_CLIENT_INFO = 1024
@@ -35,17 +43,30 @@ def secret_file() -> Path:
     return Path.home() / ".neural_arch" / "secret"
 
 
+def check_secret(secret, source: str = "the job secret") -> bytes:
+    """``secret`` as bytes; a ValueError when it is too short to keep strangers out."""
+    if not isinstance(secret, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{source} must be bytes, got {type(secret).__name__}")
+    secret = bytes(secret)
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"{source} is {len(secret)} byte(s) long; a job secret needs at least "
+                         f"{MIN_SECRET_BYTES} bytes (e.g. python -c 'import secrets; "
+                         f"print(secrets.token_hex(16))')")
+    return secret
+
+
 def job_secret() -> bytes:
     """The job's shared secret: ``$NEURAL_ARCH_SECRET`` if set, else the per-user cookie file."""
     from_env = os.environ.get(SECRET_ENV)
     if from_env:
-        return from_env.encode()
+        return check_secret(from_env.encode(), SECRET_ENV)
     path = secret_file()
     try:
-        return _read_or_create_cookie(path)
+        cookie = _read_or_create_cookie(path)
     except OSError as e:
         raise AuthenticationError(f"cannot use secret file {path} ({e}); set {SECRET_ENV} to "
                                   "the same value on every rank instead") from None
+    return check_secret(cookie, f"secret file {path}")
 
 
 def _read_or_create_cookie(path: Path) -> bytes:
@@ -114,54 +135,143 @@ def _peer_name(sock: socket.socket) -> str:
         return "<disconnected peer>"
 
 
-def _recv_exact(sock: socket.socket, n: int, what: str) -> bytes:
+def _connection_error(peer: str, what: str, error: OSError) -> ConnectionError:
+    """The connection under a handshake failed: said as such, with the address and the step,
+    keeping the kind (a reset stays a ConnectionResetError)."""
+    kind = type(error) if isinstance(error, ConnectionError) else ConnectionError
+    message = f"connection with {peer} failed during {what}: {error.strerror or error}"
+    return kind(message) if error.errno is None else kind(error.errno, message)
+
+
+def _recv_exact(sock: socket.socket, n: int, what: str, peer: str) -> bytes:
+    """Client side: ``n`` bytes; the server hanging up is a connection failure, since it learns
+    nothing about our secret before we have checked its proof."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
         try:
             k = sock.recv_into(view[got:])
         except socket.timeout:
-            raise AuthenticationError(f"{_peer_name(sock)} sent no {what} in time") from None
+            raise AuthenticationError(f"{peer} sent no {what} in time") from None
         except OSError as e:
-            raise AuthenticationError(f"{_peer_name(sock)} failed during {what}: {e}") from None
+            raise _connection_error(peer, what, e) from None
         if k == 0:
-            raise AuthenticationError(f"{_peer_name(sock)} closed the connection during {what}")
+            raise ConnectionError(f"{peer} closed the connection during {what}")
         got += k
     return bytes(buf)
 
 
-def _send(sock: socket.socket, data: bytes, what: str) -> None:
+def _send(sock: socket.socket, data: bytes, what: str, peer: str) -> None:
     try:
         sock.sendall(data)
     except OSError as e:
-        raise AuthenticationError(f"could not send {what} to {_peer_name(sock)}: {e}") from None
+        raise _connection_error(peer, what, e) from None
+
+
+class ServerHandshake:
+    """The accepting side of the handshake on a non-blocking socket, advanced by ``step`` each
+    time the socket is readable, so one thread can authenticate any number of connections.
+    Once the client has proved the secret, ``accept`` tells it so: the owner takes the
+    connection in first, so a client that was told it is in is already counted.
+
+    Reads are sized by the protocol (the magic alone first, so garbage is dropped after four
+    bytes); the two answers (72 bytes) always fit in a fresh socket's send buffer."""
+
+    def __init__(self, sock: socket.socket, secret: bytes) -> None:
+        self.peer = _peer_name(sock)  # taken now: after a reset the address is gone
+        self._sock, self._secret = sock, secret
+        self.awaiting = "hello"
+        self._buf, self._want = bytearray(), len(_HELLO_MAGIC)
+        self._client_nonce = self._server_nonce = self._answer = b""
+        self._info: Optional[bytes] = None
+
+    def step(self) -> Optional[bytes]:
+        """Read what has arrived and answer it: the client's info once it proved the secret,
+        None while more is to come. Raises AuthenticationError, or OSError when the
+        connection failed."""
+        while self._info is None:
+            while len(self._buf) < self._want:
+                try:
+                    k = self._sock.recv(self._want - len(self._buf))
+                except BlockingIOError:
+                    return None
+                except OSError as e:
+                    raise _connection_error(self.peer, self.awaiting, e) from None
+                if not k:
+                    raise AuthenticationError(f"{self.peer} closed the connection during "
+                                              f"{self.awaiting}")
+                self._buf += k
+            self._advance(bytes(self._buf))
+        return self._info
+
+    def accept(self) -> None:
+        """Send the acceptance the client waits for (after ``step`` returned its info)."""
+        if self._info is None:
+            raise RuntimeError(f"{self.peer} has not proved the job secret")
+        self._answer_with(_ACCEPT, "acceptance")
+
+    def expired(self) -> AuthenticationError:
+        """The error for a connection whose deadline passed before it proved the secret."""
+        return AuthenticationError(f"{self.peer} sent no {self.awaiting} in time")
+
+    def _advance(self, data: bytes) -> None:
+        if self.awaiting == "hello" and len(data) == len(_HELLO_MAGIC):
+            if not hmac.compare_digest(data, _HELLO_MAGIC):  # drop garbage before reading more
+                raise AuthenticationError(f"{self.peer} does not speak this protocol "
+                                          f"(first bytes {data!r})")
+            self._want += NONCE_SIZE
+        elif self.awaiting == "hello":
+            self._client_nonce = data[len(_HELLO_MAGIC):]
+            self._server_nonce = secrets.token_bytes(NONCE_SIZE)
+            proof = _mac(self._secret, _SERVER_ROLE, self._client_nonce, self._server_nonce)
+            self._answer_with(_HELLO_MAGIC + self._server_nonce + proof, "challenge")
+            self._expect("proof", MAC_SIZE + _INFO_LEN.size)
+        elif self.awaiting == "proof":
+            (info_len,) = _INFO_LEN.unpack(data[MAC_SIZE:])
+            if info_len > MAX_CLIENT_INFO:
+                raise AuthenticationError(f"{self.peer} announced {info_len} bytes of client "
+                                          f"info (limit {MAX_CLIENT_INFO})")
+            self._answer = data
+            self._expect("client info", info_len)
+        else:
+            expected = _mac(self._secret, _CLIENT_ROLE, self._client_nonce, self._server_nonce,
+                            self._answer[MAC_SIZE:], data)
+            if not hmac.compare_digest(self._answer[:MAC_SIZE], expected):
+                raise AuthenticationError(f"{self.peer} does not know the job secret "
+                                          f"(check {SECRET_ENV} on every node)")
+            self._info = data
+
+    def _expect(self, what: str, size: int) -> None:
+        self.awaiting, self._buf, self._want = what, bytearray(), size
+
+    def _answer_with(self, data: bytes, what: str) -> None:
+        try:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            raise _connection_error(self.peer, what, e) from None
+        if sent != len(data):
+            raise AuthenticationError(f"{self.peer} does not read what it is sent (its "
+                                      f"{what} did not fit)")
 
 
 def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> bytes:
-    """Authenticate the connecting side; returns the ``client_info`` it proved along the way."""
+    """Authenticate the connecting side within ``timeout`` seconds in all; returns the
+    ``client_info`` it proved along the way."""
     saved = sock.gettimeout()
-    sock.settimeout(timeout)
+    shake = ServerHandshake(sock, secret)
+    deadline = time.monotonic() + timeout
+    sock.setblocking(False)
     try:
-        magic = _recv_exact(sock, len(_HELLO_MAGIC), "hello")
-        if not hmac.compare_digest(magic, _HELLO_MAGIC):  # drop garbage before reading more
-            raise AuthenticationError(f"{_peer_name(sock)} does not speak this protocol "
-                                      f"(first bytes {magic!r})")
-        client_nonce = _recv_exact(sock, NONCE_SIZE, "hello")
-        server_nonce = secrets.token_bytes(NONCE_SIZE)
-        proof = _mac(secret, _SERVER_ROLE, client_nonce, server_nonce)
-        _send(sock, _HELLO_MAGIC + server_nonce + proof, "challenge")
-        answer = _recv_exact(sock, MAC_SIZE + _INFO_LEN.size, "proof")
-        (info_len,) = _INFO_LEN.unpack(answer[MAC_SIZE:])
-        if info_len > MAX_CLIENT_INFO:
-            raise AuthenticationError(f"{_peer_name(sock)} announced {info_len} bytes of client "
-                                      f"info (limit {MAX_CLIENT_INFO})")
-        info = _recv_exact(sock, info_len, "client info") if info_len else b""
-        expected = _mac(secret, _CLIENT_ROLE, client_nonce, server_nonce, answer[MAC_SIZE:], info)
-        if not hmac.compare_digest(answer[:MAC_SIZE], expected):
-            raise AuthenticationError(f"{_peer_name(sock)} does not know the job secret "
-                                      f"(check {SECRET_ENV} on every node)")
-        _send(sock, _ACCEPT, "acceptance")
-        return info
+        with selectors.DefaultSelector() as sel:
+            sel.register(sock, selectors.EVENT_READ)
+            while (info := shake.step()) is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not sel.select(remaining):
+                    raise shake.expired()
+            shake.accept()
+            return info
     finally:
         _restore_timeout(sock, saved)
 
@@ -173,22 +283,23 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float,
         raise ValueError(f"client_info is {len(client_info)} bytes; limit {MAX_CLIENT_INFO}")
     saved = sock.gettimeout()
     sock.settimeout(timeout)
+    peer = _peer_name(sock)  # taken now: after a reset the address is gone
     try:
         client_nonce = secrets.token_bytes(NONCE_SIZE)
-        _send(sock, _HELLO_MAGIC + client_nonce, "hello")
-        reply = _recv_exact(sock, len(_HELLO_MAGIC) + NONCE_SIZE + MAC_SIZE, "challenge")
+        _send(sock, _HELLO_MAGIC + client_nonce, "hello", peer)
+        reply = _recv_exact(sock, len(_HELLO_MAGIC) + NONCE_SIZE + MAC_SIZE, "challenge", peer)
         if not hmac.compare_digest(reply[:4], _HELLO_MAGIC):
-            raise AuthenticationError(f"{_peer_name(sock)} does not speak this protocol "
+            raise AuthenticationError(f"{peer} does not speak this protocol "
                                       f"(first bytes {reply[:4]!r})")
         server_nonce, proof = reply[4:4 + NONCE_SIZE], reply[4 + NONCE_SIZE:]
         if not hmac.compare_digest(proof, _mac(secret, _SERVER_ROLE, client_nonce, server_nonce)):
-            raise AuthenticationError(f"{_peer_name(sock)} does not know the job secret "
+            raise AuthenticationError(f"{peer} does not know the job secret "
                                       f"(check {SECRET_ENV} on every node)")
         length = _INFO_LEN.pack(len(client_info))
         mac = _mac(secret, _CLIENT_ROLE, client_nonce, server_nonce, length, client_info)
-        _send(sock, mac + length + client_info, "proof")
-        if not hmac.compare_digest(_recv_exact(sock, len(_ACCEPT), "acceptance"), _ACCEPT):
-            raise AuthenticationError(f"{_peer_name(sock)} did not accept our proof")
+        _send(sock, mac + length + client_info, "proof", peer)
+        if not hmac.compare_digest(_recv_exact(sock, len(_ACCEPT), "acceptance", peer), _ACCEPT):
+            raise AuthenticationError(f"{peer} did not accept our proof")
     finally:
         _restore_timeout(sock, saved)
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Iterable, Optional, Union
 
 from ..errors import CollectiveTimeoutError, RendezvousError
-from .auth import client_handshake, job_secret
+from .auth import check_secret, client_handshake, job_secret
 from .store_protocol import (_ERROR, _OP_NAMES, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE,
                              DEFAULT_MAX_VALUE_BYTES, GET, MAX_KEY_BYTES, MAX_TIMEOUT_S, SET, WAIT,
                              FrameError, Request, _recv_exact, decode_keys, encode_keys,
@@ -44,8 +44,9 @@ class TCPStore:
 
     Every rank, the server's own included, talks to the server over an authenticated socket.
     ``port=0`` on the server picks a free port (read ``.port``). Clients retry connecting
-    until ``timeout``, since the server may start after them. ``rank``, when given, is named
-    in every error.
+    until ``timeout``, since the server may start after them, and when the connection fails
+    under the handshake (reset or closed: a busy or restarting server); a wrong secret fails at
+    once. ``rank``, when given, is named in every error.
     """
 
     def __init__(self, host: str, port: int, world_size: Optional[int] = None,
@@ -60,7 +61,8 @@ class TCPStore:
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
         self.host, self.world_size, self.is_server, self.rank = host, world_size, is_server, rank
         self.timeout = _seconds(timeout, 300.0)
-        self._secret = job_secret() if secret is None else bytes(secret)
+        self._secret = (job_secret() if secret is None
+                        else check_secret(secret, "the store's secret"))
         self._max_value = max_value_bytes
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = None
@@ -88,7 +90,7 @@ class TCPStore:
 
     @property
     def num_clients(self) -> int:
-        """Connections the server holds now (server side only)."""
+        """Authenticated connections the server serves now (server side only)."""
         if self._server is None:
             raise RuntimeError("num_clients is only known on the store's server")
         return self._server.num_clients
@@ -114,6 +116,12 @@ class TCPStore:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 client_handshake(sock, self._secret, min(remaining, 30.0))
+            except ConnectionError as e:  # not a secret problem: try again, as when refused
+                sock.close()
+                last_error = str(e)
+                time.sleep(min(delay, max(timeout - (time.monotonic() - start), 0)))
+                delay = min(delay * 2, 0.5)
+                continue
             except BaseException:
                 sock.close()
                 raise

@@ -1,7 +1,9 @@
-"""The store's server: one accept thread, and one thread per authenticated connection.
+"""The store's server: one thread at the door, and one thread per authenticated connection.
 
-A peer that breaks the wire format is dropped and the server carries on serving everyone else.
-Counters (``add``) are stored as ASCII decimals, as PyTorch does.
+The door is a ``Gate``: connections prove the job secret there, in the accept thread, each
+within a short deadline, so strangers never take a thread or a client's place. A peer that
+breaks the wire format is dropped and the server carries on serving everyone else. Counters
+(``add``) are stored as ASCII decimals, as PyTorch does.
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import struct
 import threading
 import time
 
-from ..errors import AuthenticationError, RendezvousError
-from .auth import server_handshake
+from ..errors import RendezvousError
+from .gate import DEADLINE_S, Gate
 from .store_protocol import (_ERROR, _OK, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE, GET, SET,
                              FrameError, Request, _recv_exact, decode_keys, read_request)
+
+_IDLE_S = 0.5  # how long the door waits when nothing happens (``close`` wakes it sooner)
 
 
 class _ClientGone(Exception):
@@ -23,18 +27,18 @@ class _ClientGone(Exception):
 
 
 class _Server:
-    """Accepts connections in one thread and serves each in its own daemon thread."""
+    """Authenticates connections in one thread and serves each in its own daemon thread."""
 
     def __init__(self, listener: socket.socket, secret: bytes, max_value: int,
-                 handshake_timeout: float, max_clients: int) -> None:
-        self._listener, self._secret, self._max_value = listener, secret, max_value
-        self._handshake_timeout, self._max_clients = handshake_timeout, max_clients
+                 stall_timeout: float, max_clients: int) -> None:
+        self._listener, self._max_value = listener, max_value
+        self._stall_timeout, self._max_clients = stall_timeout, max_clients
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._gate = Gate(listener, secret, min(stall_timeout, DEADLINE_S))
         self._thread = threading.Thread(target=self._accept_loop, name="store-accept", daemon=True)
         self._thread.start()
 
@@ -44,28 +48,36 @@ class _Server:
             return len(self._conns)
 
     def _accept_loop(self) -> None:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._listener, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
+        try:
             while not self._stop.is_set():
-                if not any(key.fileobj is self._listener for key, _ in sel.select()):
-                    continue
-                try:
-                    conn, addr = self._listener.accept()
-                except OSError:
-                    continue
-                with self._conns_lock:
-                    if len(self._conns) >= self._max_clients:
-                        conn.close()
-                        continue
-                    self._conns.add(conn)
-                threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                 name=f"store-conn-{addr}").start()
+                for arrival in self._gate.poll(_IDLE_S):
+                    if arrival.conn is not None:
+                        self._admit(arrival)
+        finally:
+            self._gate.close()
+
+    def _admit(self, arrival) -> None:
+        """Serve an authenticated connection on a thread of its own, while there is room.
+        It is counted before the client hears that it is in."""
+        conn = arrival.conn
+        with self._conns_lock:
+            if self._stop.is_set() or len(self._conns) >= self._max_clients:
+                conn.close()
+                return
+            self._conns.add(conn)
+        try:
+            arrival.accept()
+        except OSError:  # gone before it heard
+            with self._conns_lock:
+                self._conns.discard(conn)
+            conn.close()
+            return
+        threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                         name=f"store-conn-{arrival.addr}").start()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            server_handshake(conn, self._secret, self._handshake_timeout)
-            conn.settimeout(self._handshake_timeout)  # bound on stalls inside one frame
+            conn.settimeout(self._stall_timeout)  # bound on stalls inside one frame
             with selectors.DefaultSelector() as sel:
                 sel.register(conn, selectors.EVENT_READ)
                 while not self._stop.is_set():
@@ -74,7 +86,7 @@ class _Server:
                     req = read_request(lambda n: _recv_exact(conn, n), self._max_value)
                     status, payload = self._execute(req, conn)
                     conn.sendall(_RESPONSE.pack(status, len(payload)) + payload)
-        except (AuthenticationError, FrameError, EOFError, OSError, _ClientGone):
+        except (FrameError, EOFError, OSError, _ClientGone):
             pass  # drop this peer; the others are unaffected
         finally:
             with self._conns_lock:
@@ -115,7 +127,7 @@ class _Server:
 
     def close(self) -> None:
         self._stop.set()
-        self._wake_w.send(b"x")
+        self._gate.wake()
         self._thread.join(timeout=5.0)
         self._listener.close()
         with self._conns_lock:
@@ -126,8 +138,6 @@ class _Server:
                     pass
         with self._cond:
             self._cond.notify_all()
-        self._wake_r.close()
-        self._wake_w.close()
 
 
 def _disconnected(conn: socket.socket) -> bool:

@@ -108,7 +108,7 @@ def test_nproc_auto_is_the_cpu_count(tmp_path):
 def test_worker_environment_numbers_ranks_across_nodes(tmp_path):
     config = make_config(tmp_path, nproc_per_node=4, nnodes=3, node_rank=2,
                          master_addr="head", master_port=4000, backend="gloo",
-                         env={"NEURAL_ARCH_SECRET": "s"})
+                         env={"NEURAL_ARCH_SECRET": "s" * 16})
     job_env, notes = config.job_environment()
     for local_rank in range(4):
         env = config.worker_environment(job_env, local_rank, restart_count=5)
@@ -119,7 +119,7 @@ def test_worker_environment_numbers_ranks_across_nodes(tmp_path):
             "RANK": str(8 + local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "12",
             "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "2", "NODE_RANK": "2", "MASTER_ADDR": "head",
             "MASTER_PORT": "4000", "NEURAL_ARCH_BACKEND": "gloo", "RESTART_COUNT": "5",
-            "NEURAL_ARCH_SECRET": "s"}
+            "NEURAL_ARCH_SECRET": "s" * 16}
 
 
 def test_multi_node_without_secret_does_not_invent_one(tmp_path, monkeypatch):

@@ -171,7 +171,7 @@ def test_standalone_picks_a_free_port(job):
 def test_two_nodes_number_ranks_by_node(job):
     port = free_port()
     script = job.script(ENV_WORKER)
-    env = job.env(NEURAL_ARCH_SECRET="two-node-secret")
+    env = job.env(NEURAL_ARCH_SECRET="two-node-job-secret")
     nodes = [job.start(script, "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=2",
                        "--master_addr=127.0.0.1", f"--master_port={port}", env=env)
              for node in (0, 1)]
@@ -182,7 +182,7 @@ def test_two_nodes_number_ranks_by_node(job):
     for (rank, _), worker_env in envs.items():
         expected = expected_contract(rank, 2, 2, rank // 2, port)
         assert {k: worker_env[k] for k in expected} == expected
-        assert worker_env["NEURAL_ARCH_SECRET"] == "two-node-secret"
+        assert worker_env["NEURAL_ARCH_SECRET"] == "two-node-job-secret"
     assert "[rank 2] out 2" in results[1].stdout.splitlines()
 
 

@@ -186,7 +186,7 @@ def test_client_waits_for_a_late_server_then_gives_up_when_none_comes():
 
 def test_wrong_secret_is_refused(server):
     with pytest.raises(AuthenticationError, match="does not know the job secret"):
-        TCPStore("127.0.0.1", server.port, secret=b"guess", timeout=5)
+        TCPStore("127.0.0.1", server.port, secret=b"a-guess-of-the-secret", timeout=5)
     other = _client(server)
     try:
         other.set("after-stranger", b"ok")

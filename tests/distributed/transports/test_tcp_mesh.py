@@ -22,9 +22,9 @@ from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.tcp_mesh import address_key
 
 pytestmark = pytest.mark.timeout(60)
-SECRET = b"tcp-mesh-test"
-# A serial accept loop gives a silent stranger min(remaining, 30 s) to speak, so with this
-# set-up timeout one silent stranger ahead of the peers fails the whole mesh.
+SECRET = b"tcp-mesh-test-secret"
+# An accept loop that waited on a silent stranger for its whole handshake deadline (5 s) would,
+# with three of them ahead of the peers, fail the mesh within this set-up timeout.
 MESH_TIMEOUT_S = 8.0
 JOIN_S = 30.0
 
@@ -191,8 +191,8 @@ def test_failed_setup_names_missing_ranks_and_leaves_nothing_behind():
     first = errors[0]
     assert (first.rank, first.peer, first.op) == (0, None, "tcp.accept")
     assert "ranks [2] did not connect within 3.0 s" in str(first)
-    # The silent stranger's own handshake limit is the time left, so it may be rejected just
-    # before the deadline and become the last rejection; either stranger is named rightly.
+    # The silent stranger's deadline may pass before the set-up's and make it the last
+    # rejection; either stranger is named rightly.
     assert "last rejected connection" in str(first)
     assert "does not speak this protocol" in str(first) or "sent no hello in time" in str(first)
     # rank 1 misses rank 2 as well, unless a loaded machine started it after rank 0 gave up
