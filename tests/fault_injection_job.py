@@ -161,6 +161,35 @@ def _wait_for(predicate, limit: float, procs) -> bool:
     return predicate()
 
 
+def launch_env(world_size: int, port: int, secret: str) -> dict:
+    """The variables a launcher gives every rank of a one-host job (but RANK and LOCAL_RANK)."""
+    return {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": secret}
+
+
+def start_ranks(out: Path, backend: str, world_size: int, env: dict, args=()) -> list:
+    """Start the ranks of a job running this script (``args`` are its options past ``--out`` and
+    ``--backend``), each in a session of its own, logging to ``out/rank<R>.log``, with ``env``
+    (see ``launch_env``) and its RANK; for ``mpi``, one mpiexec starts them all and logs to
+    ``out/mpiexec.log``. Returns the processes started here."""
+    command = [sys.executable, os.path.abspath(__file__), "--out", str(out), "--backend",
+               backend, *args]
+    if backend == "mpi":
+        env = {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+               "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+        runs = [("mpiexec", ["mpiexec", "-n", str(world_size), "--oversubscribe", *command],
+                 env)]
+    else:
+        runs = [(f"rank{rank}", command, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+                for rank in range(world_size)]
+    procs = []
+    for name, argv, run_env in runs:
+        with open(out / f"{name}.log", "wb") as log:
+            procs.append(subprocess.Popen(argv, env=run_env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
 def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: Path,
               detect_limit: float = 30.0, env: Optional[dict] = None) -> FaultOutcome:
     """Start the job, inject ``fault`` into rank ``victim``, collect what every rank saw."""
@@ -170,10 +199,8 @@ def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: P
         raise ValueError(f"victim {victim} is outside [0, {world_size})")
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    port, secret = _free_port(), secrets.token_hex(16)
-    base_env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": secret,
-                "LOCAL_WORLD_SIZE": str(world_size), **(env or {})}
+    base_env = {**os.environ, **launch_env(world_size, _free_port(), secrets.token_hex(16)),
+                **(env or {})}
     if fault == "close_socket":
         base_env["FAULT_CLOSE_SOCKET_RANK"] = str(victim)
     if fault in OWN_FAULTS:
@@ -181,13 +208,7 @@ def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: P
     procs = []
     outcome = FaultOutcome(fault, backend, world_size, victim, 0.0)
     try:
-        for rank in range(world_size):
-            log = open(out / f"rank{rank}.log", "wb")
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--out", str(out), "--backend",
-                 backend], env={**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            log.close()
+        procs += start_ranks(out, backend, world_size, base_env)
         looping = lambda: all((out / f"looping_{r}.json").exists() for r in range(world_size))
         if not _wait_for(looping, _READY_LIMIT_S, procs):
             raise RuntimeError(f"the job did not start looping:\n{_logs(out, world_size)}")
@@ -227,18 +248,12 @@ def run_mpi_fault(fault: str, world_size: int, victim: int, workdir: Path,
         raise ValueError(f"fault must be one of {('kill', 'stop') + OWN_FAULTS}, got {fault!r}")
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    job_env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-               "OMPI_MCA_rmaps_base_oversubscribe": "1", **(env or {})}
+    job_env = {**os.environ, **(env or {})}
     if fault in OWN_FAULTS:
         job_env.update(FAULT_RANK=str(victim), FAULT_OWN=fault)
     outcome = FaultOutcome(fault, "mpi", world_size, victim, 0.0)
     pids: list = []
-    with open(out / "mpiexec.log", "wb") as log:
-        job = subprocess.Popen(
-            ["mpiexec", "-n", str(world_size), "--oversubscribe", sys.executable,
-             os.path.abspath(__file__), "--out", str(out), "--backend", "mpi", "--timeout",
-             str(timeout)], env=job_env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+    (job,) = start_ranks(out, "mpi", world_size, job_env, ["--timeout", str(timeout)])
     try:
         looping = lambda: all((out / f"looping_{r}.json").exists() for r in range(world_size))
         if not _wait_for(looping, _READY_LIMIT_S, [job]):
