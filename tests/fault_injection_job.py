@@ -8,8 +8,11 @@ collective fails it records the error (type, text, peer, operation, sequence num
 Imported, ``run_fault(fault, backend, world_size, victim, workdir)`` starts the ranks, waits
 until all of them loop, injects the fault into ``victim`` and returns a ``FaultOutcome``:
 ``kill`` (SIGKILL), ``stop`` (SIGSTOP: a hung rank), ``close_socket`` (the victim shuts down its
-TCP connection to the next rank while a collective runs). Every process is killed and reaped
-before it returns; leftover processes and shared-memory segments are reported, not hidden.
+TCP connection to the next rank while a collective runs), ``exit`` (the victim's program ends
+with exit code 0 between two collectives, without ``destroy_process_group``), ``raise`` (an
+exception escapes the victim's program between two collectives). Every process is killed and
+reaped before it returns; leftover processes and shared-memory segments are reported, not hidden.
+``run_mpi_fault`` does the same to a job started by ``mpiexec`` (backend ``mpi``).
 """
 from __future__ import annotations
 
@@ -27,7 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-FAULTS = ("kill", "stop", "close_socket")
+from leftovers import alive as _alive, segments_of  # noqa: F401 (segments_of: for importers)
+
+FAULTS = ("kill", "stop", "close_socket", "exit", "raise")
+# Faults the victim brings about itself, between two collectives, once told to.
+OWN_FAULTS = ("exit", "raise")
 ELEMENTS = 50_000
 _READY_LIMIT_S = 60.0
 
@@ -48,10 +55,27 @@ def _close_socket_on_trigger(out: Path, rank: int, world_size: int) -> None:
     _write_json(out / "injected.json", {"time": injected, "peer": peer})
 
 
+class InjectedError(RuntimeError):
+    """The exception the ``raise`` fault lets escape, as a bug in the training script would."""
+
+
+def _leave_on_trigger(out: Path, fault: str) -> None:
+    """The ``exit`` and ``raise`` faults: once told to, leave the program as ``fault`` says."""
+    if not (out / "fault_now").exists():
+        return
+    _write_json(out / "injected.json", {"time": time.time()})
+    if fault == "exit":
+        sys.exit(0)  # atexit hooks run, as when a script simply ends
+    raise InjectedError("the training script failed")
+
+
 def worker(out: Path, backend: str, elements: int, seconds: float, timeout: float) -> int:
     import numpy as np
     from neural_arch import distributed as dist
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+    own_fault = os.environ.get("FAULT_OWN") if rank == int(os.environ.get("FAULT_RANK", "-1")) \
+        else None
     dist.init_process_group(backend=backend, timeout=timeout)
     if rank == int(os.environ.get("FAULT_CLOSE_SOCKET_RANK", "-1")):
         threading.Thread(target=_close_socket_on_trigger, args=(out, rank, world_size),
@@ -64,6 +88,8 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
             # The last element carries each rank's wish to stop, so all stop at the same step.
             x[:elements] = base * (rank + 1)
             x[elements] = time.monotonic() > stop_at or (out / "stop").exists()
+            if own_fault and step >= 3:
+                _leave_on_trigger(out, own_fault)
             dist.all_reduce(x)
             if not np.array_equal(x[:elements], expected):
                 raise AssertionError(f"rank {rank} step {step}: all_reduce result differs")
@@ -73,6 +99,8 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
             if step == 3:
                 _write_json(out / f"looping_{rank}.json", {"pid": os.getpid()})
     except Exception as e:
+        if isinstance(e, InjectedError):
+            raise
         _write_json(out / f"error_{rank}.json", {
             "time": time.time(), "type": type(e).__name__, "message": str(e),
             "peer": getattr(e, "peer", None), "op": getattr(e, "op", None),
@@ -94,7 +122,10 @@ class FaultOutcome:
     victim: int
     injected_at: float
     errors: dict = field(default_factory=dict)  # rank -> what its failed collective raised
-    exit_codes: dict = field(default_factory=dict)
+    exit_codes: dict = field(default_factory=dict)  # rank -> exit code (None under mpiexec)
+    stuck: list = field(default_factory=list)  # survivors that could not exit on their own
+    finished: list = field(default_factory=list)  # ranks whose loop ended normally
+    launcher_exit: Optional[int] = None  # mpiexec's exit code
     leftover_pids: list = field(default_factory=list)
     leftover_segments: list = field(default_factory=list)
     logs: str = ""
@@ -119,14 +150,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _wait_for(predicate, limit: float, procs) -> bool:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -138,6 +161,35 @@ def _wait_for(predicate, limit: float, procs) -> bool:
     return predicate()
 
 
+def launch_env(world_size: int, port: int, secret: str) -> dict:
+    """The variables a launcher gives every rank of a one-host job (but RANK and LOCAL_RANK)."""
+    return {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": secret}
+
+
+def start_ranks(out: Path, backend: str, world_size: int, env: dict, args=()) -> list:
+    """Start the ranks of a job running this script (``args`` are its options past ``--out`` and
+    ``--backend``), each in a session of its own, logging to ``out/rank<R>.log``, with ``env``
+    (see ``launch_env``) and its RANK; for ``mpi``, one mpiexec starts them all and logs to
+    ``out/mpiexec.log``. Returns the processes started here."""
+    command = [sys.executable, os.path.abspath(__file__), "--out", str(out), "--backend",
+               backend, *args]
+    if backend == "mpi":
+        env = {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+               "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+        runs = [("mpiexec", ["mpiexec", "-n", str(world_size), "--oversubscribe", *command],
+                 env)]
+    else:
+        runs = [(f"rank{rank}", command, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+                for rank in range(world_size)]
+    procs = []
+    for name, argv, run_env in runs:
+        with open(out / f"{name}.log", "wb") as log:
+            procs.append(subprocess.Popen(argv, env=run_env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
 def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: Path,
               detect_limit: float = 30.0, env: Optional[dict] = None) -> FaultOutcome:
     """Start the job, inject ``fault`` into rank ``victim``, collect what every rank saw."""
@@ -147,22 +199,16 @@ def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: P
         raise ValueError(f"victim {victim} is outside [0, {world_size})")
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
-    port, secret = _free_port(), secrets.token_hex(16)
-    base_env = {**os.environ, "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": secret,
-                "LOCAL_WORLD_SIZE": str(world_size), **(env or {})}
+    base_env = {**os.environ, **launch_env(world_size, _free_port(), secrets.token_hex(16)),
+                **(env or {})}
     if fault == "close_socket":
         base_env["FAULT_CLOSE_SOCKET_RANK"] = str(victim)
+    if fault in OWN_FAULTS:
+        base_env.update(FAULT_RANK=str(victim), FAULT_OWN=fault)
     procs = []
     outcome = FaultOutcome(fault, backend, world_size, victim, 0.0)
     try:
-        for rank in range(world_size):
-            log = open(out / f"rank{rank}.log", "wb")
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--out", str(out), "--backend",
-                 backend], env={**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-            log.close()
+        procs += start_ranks(out, backend, world_size, base_env)
         looping = lambda: all((out / f"looping_{r}.json").exists() for r in range(world_size))
         if not _wait_for(looping, _READY_LIMIT_S, procs):
             raise RuntimeError(f"the job did not start looping:\n{_logs(out, world_size)}")
@@ -172,35 +218,98 @@ def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: P
                               for r in survivors), detect_limit, None)
     finally:
         pids = [p.pid for p in procs]
-        _stop_all(procs, victim)
+        _stop_all(procs, victim if fault in ("kill", "stop") else None)
     for rank in range(world_size):
+        outcome.exit_codes[rank] = procs[rank].returncode
+    outcome.stuck = [r for r in outcome.survivors if procs[r].returncode == -signal.SIGKILL]
+    return _collect(outcome, out, pids)
+
+
+def _collect(outcome: FaultOutcome, out: Path, pids: list) -> FaultOutcome:
+    for rank in range(outcome.world_size):
         path = out / f"error_{rank}.json"
         if path.exists():
             outcome.errors[rank] = json.loads(path.read_text())
-        outcome.exit_codes[rank] = procs[rank].returncode
+        if (out / f"done_{rank}.json").exists():
+            outcome.finished.append(rank)
     outcome.leftover_pids = [pid for pid in pids if _alive(pid)]
     outcome.leftover_segments = segments_of(pids)
-    outcome.logs = _logs(out, world_size)
+    outcome.logs = _logs(out, outcome.world_size)
     return outcome
 
 
+def run_mpi_fault(fault: str, world_size: int, victim: int, workdir: Path,
+                  detect_limit: float = 30.0, exit_limit: float = 10.0, timeout: float = 120.0,
+                  env: Optional[dict] = None) -> FaultOutcome:
+    """``run_fault`` for a job of ``world_size`` ranks started by plain ``mpiexec``. Once the
+    survivors have reported (or the job ended), they get ``exit_limit`` seconds to end on their
+    own before anything is killed; ``timeout`` is the job's collective timeout."""
+    if fault not in ("kill", "stop") + OWN_FAULTS:
+        raise ValueError(f"fault must be one of {('kill', 'stop') + OWN_FAULTS}, got {fault!r}")
+    out = Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    job_env = {**os.environ, **(env or {})}
+    if fault in OWN_FAULTS:
+        job_env.update(FAULT_RANK=str(victim), FAULT_OWN=fault)
+    outcome = FaultOutcome(fault, "mpi", world_size, victim, 0.0)
+    pids: list = []
+    (job,) = start_ranks(out, "mpi", world_size, job_env, ["--timeout", str(timeout)])
+    try:
+        looping = lambda: all((out / f"looping_{r}.json").exists() for r in range(world_size))
+        if not _wait_for(looping, _READY_LIMIT_S, [job]):
+            raise RuntimeError("the job did not start looping:\n"
+                               + (out / "mpiexec.log").read_text(errors="replace")[-3000:])
+        pids = [json.loads((out / f"looping_{r}.json").read_text())["pid"]
+                for r in range(world_size)]
+        if fault in OWN_FAULTS:
+            outcome.injected_at = _inject(fault, None, out)
+        else:
+            outcome.injected_at = time.time()
+            os.kill(pids[victim], signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        survivors = outcome.survivors
+        _wait_for(lambda: all((out / f"error_{r}.json").exists() for r in survivors), detect_limit,
+                  [job])
+        _wait_for(lambda: not any(_alive(pids[r]) for r in survivors), exit_limit, None)
+        outcome.stuck = [r for r in survivors if _alive(pids[r])]
+    finally:
+        _stop_mpi(job, pids, victim)
+    outcome.launcher_exit = job.returncode
+    outcome.exit_codes = {rank: None for rank in range(world_size)}
+    return _collect(outcome, out, pids)
+
+
+def _stop_mpi(job, pids: list, victim: int) -> None:
+    """Kill the victim, give mpiexec a moment to end the job, then kill whatever is left (the
+    ranks run in sessions of their own)."""
+    if victim < len(pids) and _alive(pids[victim]):
+        os.kill(pids[victim], signal.SIGKILL)
+    try:
+        job.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=10)
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    _wait_for(lambda: not any(_alive(pid) for pid in pids), 10.0, None)
+
+
 def _inject(fault: str, victim, out: Path) -> float:
-    if fault == "close_socket":
-        (out / "close_socket").touch()
+    if fault == "close_socket" or fault in OWN_FAULTS:
+        (out / ("close_socket" if fault == "close_socket" else "fault_now")).touch()
         if not _wait_for(lambda: (out / "injected.json").exists(), 10.0, None):
-            raise RuntimeError("the victim did not close its socket")
+            raise RuntimeError(f"the victim did not bring about {fault!r}")
         return json.loads((out / "injected.json").read_text())["time"]
     injected = time.time()
     os.kill(victim.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
     return injected
 
 
-def _stop_all(procs, victim: int) -> None:
-    """Kill the victim, let the survivors exit on their own briefly, then kill what is left."""
-    if victim < len(procs) and procs[victim].poll() is None:
-        os.killpg(procs[victim].pid, signal.SIGKILL)  # works on a stopped process too
+def _stop_all(procs, victim: Optional[int]) -> None:
+    """Let every rank but a killed or stopped ``victim`` exit on its own briefly (the survivors
+    of a stopped rank must not need it to leave), then kill what is left, the victim too."""
     deadline = time.monotonic() + 15.0
-    for proc in procs:
+    for proc in (p for rank, p in enumerate(procs) if rank != victim):
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -214,22 +323,12 @@ def _stop_all(procs, victim: int) -> None:
         proc.wait(timeout=10)
 
 
-def segments_of(pids) -> list:
-    """Shared-memory segments in /dev/shm created by any of ``pids`` (named nf_<pid>_...)."""
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return []
-    prefixes = tuple(f"nf_{pid}_" for pid in pids)
-    return sorted(n for n in names if n.startswith(prefixes))
-
-
 def _logs(out: Path, world_size: int) -> str:
     parts = []
-    for rank in range(world_size):
-        path = out / f"rank{rank}.log"
+    for name in [f"rank {rank}" for rank in range(world_size)] + ["mpiexec"]:
+        path = out / f"{name.replace(' ', '')}.log"
         if path.exists():
-            parts.append(f"--- rank {rank} ---\n" + path.read_text(errors="replace")[-3000:])
+            parts.append(f"--- {name} ---\n" + path.read_text(errors="replace")[-3000:])
     return "\n".join(parts)
 
 
