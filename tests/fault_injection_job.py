@@ -10,8 +10,12 @@ until all of them loop, injects the fault into ``victim`` and returns a ``FaultO
 ``kill`` (SIGKILL), ``stop`` (SIGSTOP: a hung rank), ``close_socket`` (the victim shuts down its
 TCP connection to the next rank while a collective runs), ``exit`` (the victim's program ends
 with exit code 0 between two collectives, without ``destroy_process_group``), ``raise`` (an
-exception escapes the victim's program between two collectives). Every process is killed and
-reaped before it returns; leftover processes and shared-memory segments are reported, not hidden.
+exception escapes the victim's program between two collectives), ``stop_early`` (the victim
+stops itself right after ``init_process_group``, before its first collective, while its
+heartbeat is still connecting). With ``group=[...]`` only those ranks loop, on
+``new_group(group)``; the others wait idle, so a fault in one of them hits a job whose
+collectives do not involve it. Every process is killed and reaped before it returns; leftover
+processes and shared-memory segments are reported, not hidden.
 ``run_mpi_fault`` does the same to a job started by ``mpiexec`` (backend ``mpi``).
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Optional
 
 from leftovers import alive as _alive, segments_of  # noqa: F401 (segments_of: for importers)
 
-FAULTS = ("kill", "stop", "close_socket", "exit", "raise")
+FAULTS = ("kill", "stop", "close_socket", "exit", "raise", "stop_early")
 # Faults the victim brings about itself, between two collectives, once told to.
 OWN_FAULTS = ("exit", "raise")
 ELEMENTS = 50_000
@@ -69,7 +73,14 @@ def _leave_on_trigger(out: Path, fault: str) -> None:
     raise InjectedError("the training script failed")
 
 
-def worker(out: Path, backend: str, elements: int, seconds: float, timeout: float) -> int:
+def _stop_now(out: Path) -> None:
+    """Stop this process (SIGSTOP) right after noting when, as a hung rank would."""
+    _write_json(out / "injected.json", {"time": time.time(), "pid": os.getpid()})
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def worker(out: Path, backend: str, elements: int, seconds: float, timeout: float,
+           group: Optional[list] = None) -> int:
     import numpy as np
     from neural_arch import distributed as dist
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
@@ -77,12 +88,23 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
     own_fault = os.environ.get("FAULT_OWN") if rank == int(os.environ.get("FAULT_RANK", "-1")) \
         else None
     dist.init_process_group(backend=backend, timeout=timeout)
+    if rank == int(os.environ.get("FAULT_STOP_EARLY_RANK", "-1")):
+        _stop_now(out)
     if rank == int(os.environ.get("FAULT_CLOSE_SOCKET_RANK", "-1")):
         threading.Thread(target=_close_socket_on_trigger, args=(out, rank, world_size),
                          daemon=True).start()
+    members = list(range(world_size)) if group is None else group
+    subgroup = None if group is None else dist.new_group(members)
+    stop_at, step = time.monotonic() + seconds, 0
+    if rank not in members:  # idle until the job ends; a fault may be injected here
+        _write_json(out / f"looping_{rank}.json", {"pid": os.getpid()})
+        while time.monotonic() < stop_at and not (out / "stop").exists():
+            time.sleep(0.05)
+        dist.destroy_process_group()
+        return 0
     base = np.arange(elements, dtype=np.float64) % 1000.0
-    expected = base * (world_size * (world_size + 1) // 2)
-    stop_at, step, x = time.monotonic() + seconds, 0, np.empty(elements + 1)
+    expected = base * sum(r + 1 for r in members)
+    x = np.empty(elements + 1)
     try:
         while True:
             # The last element carries each rank's wish to stop, so all stop at the same step.
@@ -90,7 +112,7 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
             x[elements] = time.monotonic() > stop_at or (out / "stop").exists()
             if own_fault and step >= 3:
                 _leave_on_trigger(out, own_fault)
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=subgroup)
             if not np.array_equal(x[:elements], expected):
                 raise AssertionError(f"rank {rank} step {step}: all_reduce result differs")
             step += 1
@@ -191,12 +213,22 @@ def start_ranks(out: Path, backend: str, world_size: int, env: dict, args=()) ->
 
 
 def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: Path,
-              detect_limit: float = 30.0, env: Optional[dict] = None) -> FaultOutcome:
-    """Start the job, inject ``fault`` into rank ``victim``, collect what every rank saw."""
+              detect_limit: float = 30.0, env: Optional[dict] = None,
+              group: Optional[list] = None) -> FaultOutcome:
+    """Start the job, inject ``fault`` into rank ``victim``, collect what every rank saw.
+
+    ``group``: the ranks that loop on ``new_group(group)`` (default: all, on the world group).
+    """
     if fault not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
     if not 0 <= victim < world_size:
         raise ValueError(f"victim {victim} is outside [0, {world_size})")
+    if group is not None and (len(set(group)) != len(group) or len(group) < 2
+                              or not all(0 <= r < world_size for r in group)):
+        raise ValueError(f"group must hold 2 or more distinct ranks of [0, {world_size}), "
+                         f"got {group!r}")
+    if fault == "stop_early" and group is not None:
+        raise ValueError("stop_early stops the victim before new_group: use no group with it")
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
     base_env = {**os.environ, **launch_env(world_size, _free_port(), secrets.token_hex(16)),
@@ -205,12 +237,18 @@ def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: P
         base_env["FAULT_CLOSE_SOCKET_RANK"] = str(victim)
     if fault in OWN_FAULTS:
         base_env.update(FAULT_RANK=str(victim), FAULT_OWN=fault)
+    if fault == "stop_early":
+        base_env["FAULT_STOP_EARLY_RANK"] = str(victim)
+    extra = [] if group is None else ["--group", ",".join(str(r) for r in group)]
     procs = []
     outcome = FaultOutcome(fault, backend, world_size, victim, 0.0)
     try:
-        procs += start_ranks(out, backend, world_size, base_env)
-        looping = lambda: all((out / f"looping_{r}.json").exists() for r in range(world_size))
-        if not _wait_for(looping, _READY_LIMIT_S, procs):
+        procs += start_ranks(out, backend, world_size, base_env, extra)
+        if fault == "stop_early":  # the victim stops itself; the others may never loop
+            ready = lambda: (out / "injected.json").exists()
+        else:
+            ready = lambda: all((out / f"looping_{r}.json").exists() for r in range(world_size))
+        if not _wait_for(ready, _READY_LIMIT_S, procs):
             raise RuntimeError(f"the job did not start looping:\n{_logs(out, world_size)}")
         outcome.injected_at = _inject(fault, procs[victim], out)
         survivors = [r for r in range(world_size) if r != victim]
@@ -218,7 +256,7 @@ def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: P
                               for r in survivors), detect_limit, None)
     finally:
         pids = [p.pid for p in procs]
-        _stop_all(procs, victim if fault in ("kill", "stop") else None)
+        _stop_all(procs, victim if fault in ("kill", "stop", "stop_early") else None)
     for rank in range(world_size):
         outcome.exit_codes[rank] = procs[rank].returncode
     outcome.stuck = [r for r in outcome.survivors if procs[r].returncode == -signal.SIGKILL]
@@ -295,6 +333,8 @@ def _stop_mpi(job, pids: list, victim: int) -> None:
 
 
 def _inject(fault: str, victim, out: Path) -> float:
+    if fault == "stop_early":  # done already, by the victim itself
+        return json.loads((out / "injected.json").read_text())["time"]
     if fault == "close_socket" or fault in OWN_FAULTS:
         (out / ("close_socket" if fault == "close_socket" else "fault_now")).touch()
         if not _wait_for(lambda: (out / "injected.json").exists(), 10.0, None):
@@ -340,8 +380,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=90.0)
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="collective timeout: far above the detection times measured")
+    parser.add_argument("--group", default=None,
+                        help="comma-separated ranks that loop on new_group(GROUP)")
     args = parser.parse_args(argv)
-    return worker(args.out, args.backend, args.elements, args.seconds, args.timeout)
+    group = None if args.group is None else [int(r) for r in args.group.split(",")]
+    return worker(args.out, args.backend, args.elements, args.seconds, args.timeout, group)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from . import heartbeat
 from .heartbeat import KEY_PREFIX, LEFT_MARK, HeartbeatConfig
 
 _NOTICE_S = 0.3  # a verdict recorded here reaches a transport's wait loop within this long
+_MIN_REQUEST_S = 0.1  # the shortest bound put on one store request (see ``_bound``)
 
 
 def _process_state(pid: int) -> Optional[bytes]:
@@ -87,18 +88,26 @@ class StoreMonitor(_Monitor):
         self._unwritten: dict = {}  # failure list number -> when it was first seen missing
         self._rank0_leaving = False
         self.linger_s = 2 * config.interval + 0.5
-        # A request unanswered for this long fails, so silence is noticed close to ``timeout``.
+        # Rank 0's requests (to the store it serves itself) fail after this long; the other
+        # ranks' requests are bounded by what is left of ``timeout`` (``_bound``).
         self._request_timeout = max(config.timeout - config.interval, config.interval)
+        self._connected = False  # whether this rank's heartbeat connection ever completed
 
     def publish(self, rank: int, reason: str) -> None:
         self._outbox.append((rank, reason))
         self._wake.set()
 
     def _run(self) -> None:
-        prefix, seen, last_ok = None, {}, time.monotonic()
+        # Both clocks start here, at init: a peer whose heartbeat connection never completes
+        # is judged like one that stopped beating (rank 0: no beat for ``timeout``), and a
+        # store that never answers like one that stopped answering (the other ranks).
+        started = time.monotonic()
+        prefix, last_ok = None, started
+        seen = {peer: (0, started) for peer in range(1, self.world_size)}
         try:
             while True:
                 try:
+                    self._open(self._bound(last_ok))
                     prefix = prefix or self._join()
                     self._tick(prefix, seen)
                     last_ok = time.monotonic()
@@ -114,6 +123,16 @@ class StoreMonitor(_Monitor):
             if self._store is not None:
                 self._store.close()
 
+    def _bound(self, last_ok: float) -> float:
+        """Seconds the next store requests may take: what is left of ``timeout`` since the
+        store last answered, so that its silence is judged at ``timeout`` however many
+        connection attempts or requests it spans (one unanswered handshake, then another,
+        must not add up to twice the timeout). Rank 0 serves the store and never judges it."""
+        if self.rank == 0:
+            return self._request_timeout
+        left = last_ok + self.config.timeout - time.monotonic()
+        return max(left, _MIN_REQUEST_S)
+
     def _store_lost(self, error: DistributedError, silent: float) -> bool:
         """Judge a failed store request; True when there is nothing more to watch."""
         closed = not isinstance(error, CollectiveTimeoutError) and "went away" in str(error)
@@ -123,21 +142,28 @@ class StoreMonitor(_Monitor):
         if closed and self._rank0_leaving:
             self.note = "rank 0 left the job and closed the store"
             return True
+        last = (f"last error: {error}" if self._connected else
+                f"this rank's heartbeat could not connect to it: {error}")
         why = ("closed while rank 0 was still in the job (rank 0 died)" if closed else
                f"has not answered for {silent:.1f} s (rank 0 died, hung, or the network to it "
-               f"is down; last error: {error})")
+               f"is down; {last})")
         self._record(0, f"the store it serves at {host}:{port} {why}")
         self.note = "rank 0 declared failed"
         # Every survivor sees the same store: all find this within one interval.
         self.settle_s = self.config.interval + _NOTICE_S
         return True
 
-    def _join(self) -> str:
+    def _open(self, timeout: float) -> None:
+        """Connect this monitor's own store client, or bound the one it has, by ``timeout``."""
         from ..rendezvous.store import TCPStore
+        if self._store is not None:
+            self._store.set_timeout(timeout)
+            return
         host, port, secret = self._address
-        if self._store is None:
-            self._store = TCPStore(host, port, secret=secret, timeout=self._request_timeout,
-                                   rank=self.rank)
+        self._store = TCPStore(host, port, secret=secret, timeout=timeout, rank=self.rank)
+        self._connected = True
+
+    def _join(self) -> str:
         # Every rank of a job adds 1 once, so all agree on the job's number even on a store
         # that an earlier job used.
         joined = self._store.add(f"{KEY_PREFIX}/joined", 1)
@@ -183,8 +209,10 @@ class StoreMonitor(_Monitor):
             elif peer not in seen or seen[peer][0] != count:
                 seen[peer] = (count, now)
             elif now - seen[peer][1] >= self.config.timeout:
-                reason = (f"no heartbeat for {now - seen[peer][1]:.1f} s (killed, stopped, or "
-                          "cut off from rank 0)")
+                reason = (f"no heartbeat for {now - seen[peer][1]:.1f} s" +
+                          (" (killed, stopped, or cut off from rank 0)" if count else
+                           ", none since init (killed, stopped, or cut off from rank 0 before "
+                           "its heartbeat connected)"))
                 if self._record(peer, reason):
                     news.append((peer, reason))
         return news

@@ -95,6 +95,11 @@ class TCPStore:
             raise RuntimeError("num_clients is only known on the store's server")
         return self._server.num_clients
 
+    def set_timeout(self, timeout: Union[float, timedelta]) -> None:
+        """From now on, bound connecting and each request by ``timeout`` (the default wait of
+        ``get`` and ``wait`` too), as PyTorch's ``Store.set_timeout``."""
+        self.timeout = _seconds(timeout, self.timeout)
+
     def _connect(self, timeout: float) -> None:
         start = time.monotonic()
         delay, last_error = 0.01, "no attempt made"

@@ -125,6 +125,10 @@ class MpiTransport(Transport):
         self._comm = base.Dup()  # collective, like MPI_Init: no timeout can apply here
         self._lock = threading.Lock()
         self._unusable: dict[int, str] = {}
+        self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
+        # The next liveness look (``_look``), shared by every wait: a run of short waits is
+        # watched as closely as one long wait.
+        self._next_check = 0.0
         mine = np.frombuffer(_IDENTITY.pack(_host_key(), os.getpid(),
                                             (_proc_state(os.getpid()) or (b"", 0))[1]), np.uint8)
         table = np.empty((mpi_size, _IDENTITY.size), np.uint8)
@@ -207,10 +211,13 @@ class MpiTransport(Transport):
             self._wait(reqs, [], fp)
 
     def _wait(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
-        """Poll ``reqs`` to completion; raise on timeout or a dead same-host peer."""
+        """Poll ``reqs`` to completion; raise on timeout, a dead same-host peer (any rank of
+        the job: a subgroup's waits fail too when a rank outside it died) or a failure the
+        heartbeat found."""
         MPI = self._mpi
         start = time.monotonic()
-        deadline, next_check, polls = start + self.timeout, start + _LIVENESS_PERIOD_S, 0
+        deadline, polls = start + self.timeout, 0
+        self._look(reqs, peers, fp, start)  # even when the requests complete at once
         while True:
             try:
                 if MPI.Request.Testall(reqs):
@@ -227,10 +234,7 @@ class MpiTransport(Transport):
                                        seq=fp.seq) from None
             polls += 1
             now = time.monotonic()
-            if now >= next_check:
-                next_check = now + _LIVENESS_PERIOD_S
-                self._check_liveness(reqs, peers, fp)
-                heartbeat.check(self.rank, fp.op, fp.seq)
+            self._look(reqs, peers, fp, now)
             if now > deadline:
                 self._give_up(reqs, peers, f"timeout in {fp.describe()}")
                 raise CollectiveTimeoutError(
@@ -239,6 +243,13 @@ class MpiTransport(Transport):
                     peer=peers[0] if len(peers) == 1 else None, op=fp.op, seq=fp.seq)
             if polls > 64:  # spin briefly for latency, then stop burning a shared core
                 time.sleep(min(1e-3, 1e-6 * (polls - 64)))
+
+    def _look(self, reqs: list, peers: list[int], fp: Fingerprint, now: float) -> None:
+        """Every ~``_LIVENESS_PERIOD_S`` of this rank's waiting: the pids, then the heartbeat."""
+        if now >= self._next_check:
+            self._next_check = now + _LIVENESS_PERIOD_S
+            self._check_liveness(reqs, peers, fp)
+            heartbeat.check(self.rank, fp.op, fp.seq)
 
     def _check_liveness(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
         dead = [peer for peer, (pid, start) in self._local_peers.items()

@@ -143,14 +143,20 @@ class ShmTransport(Transport):
         chunk_bytes = self.layout.slot_bytes
         sent = received = 0
         n_send = n_recv = 0
+        peers = []
         if out_msg is not None:
             data, dst = out_msg
             n_send = max(1, -(-data.size // chunk_bytes))
             header = pack_header(fp, data.size)
+            peers.append(dst)
         if in_msg is not None:
             out, src = in_msg
             n_recv = max(1, -(-out.size // chunk_bytes))
+            peers.append(src)
         watch = self.watch
+        # A message that needs no waiting looks too (at most every ~100 ms): a subgroup's
+        # collectives may run on for ever on quick messages while a rank outside it is dead.
+        watch.look(peers, fp.op, fp.seq)
         idle, backoff = 0, None
         while sent < n_send or received < n_recv:
             moved = False

@@ -9,8 +9,10 @@ futex, ``sleep_until_ge``), which leaves the core to a rank that has work until 
 arrives.
 The polling budget adapts: it halves whenever polling alone was not enough (the peer was not
 running, as when ranks outnumber free cores) and doubles when it was. Every wait is bounded by
-the transport's timeout, and every ~100 ms it checks that the peers it waits on are still alive
-and have not closed their end, so a killed peer is reported within a fraction of a second.
+the transport's timeout, and every ~100 ms of this rank's waiting, however it is cut into
+waits, it checks that the peers it waits on are still alive and have not closed their end, that
+no other rank of the job died, and what the heartbeat found, so a killed rank is reported
+within a fraction of a second.
 """
 from __future__ import annotations
 
@@ -57,17 +59,25 @@ def pid_alive(pid: int) -> bool:
 
 
 class PeerWatch:
-    """What a rank knows about its peers: their pids and whether they closed their transport.
+    """What a rank knows about the job's ranks: their pids and whether they closed their transport.
 
     ``closed(peer)`` reads the peer's flag in shared memory. Liveness by pid is only used for
     peers whose pid was visible when the job started (ranks in other pid namespaces are not),
     so a live peer is never reported dead.
+
+    A job is one failure domain: a wait fails when any rank of the job died, not only one it
+    waits on, so ranks looping in a subgroup stop too when a rank outside it dies (as on tcp,
+    where every peer's socket is watched). A rank outside the wait that closed its transport
+    before exiting left the job cleanly (it may have no more work in the subgroups still
+    running) and fails nothing. The looks are spaced by ``next_check``, shared by every wait
+    of this rank: a run of short waits is watched as closely as one long wait.
     """
 
     def __init__(self, rank: int, pids: Sequence[int], closed: Callable[[int], bool]) -> None:
         self.rank = rank
         self.closed = closed
         self.spin_polls = SPIN_POLLS  # this rank's adaptive polling budget (see wait_ge)
+        self.next_check = 0.0  # time.monotonic() of the next look (see ``look``)
         self.know(pids)
 
     def know(self, pids: Sequence[int]) -> None:
@@ -76,18 +86,54 @@ class PeerWatch:
         self.watch_pid = [peer != self.rank and pid > 0 and pid_alive(pid)
                           for peer, pid in enumerate(self.pids)]
 
-    def check(self, peers: Sequence[int], op: str, seq: Optional[int]) -> None:
-        """Raise PeerFailureError naming the first of ``peers`` that died, closed or hung."""
+    def look(self, peers: Sequence[int], op: str, seq: Optional[int],
+             since: Optional[float] = None) -> float:
+        """``check`` when ~LIVENESS_PERIOD_S have passed since the last look; returns the time.
+        Cheap enough for every wait, even one that ends at once.
+
+        ``peers`` fail the look by closing their end only once this rank has waited
+        LIVENESS_PERIOD_S for them since ``since`` (None: not waiting yet); until then they are
+        watched like any other rank, so a peer that sent its last message and then closed is
+        read a moment later rather than failed at once.
+        """
+        now = time.monotonic()
+        if now >= self.next_check:
+            self.next_check = now + LIVENESS_PERIOD_S
+            owed = since is not None and now - since >= LIVENESS_PERIOD_S
+            self.check(peers, op, seq, waiting=owed)
+        return now
+
+    def check(self, peers: Sequence[int], op: str, seq: Optional[int],
+              waiting: bool = True) -> None:
+        """Raise PeerFailureError naming the first of ``peers`` that died, closed or hung, or
+        else any other rank of the job that died without closing its transport.
+
+        ``waiting=False``: ``peers`` are watched like the other ranks (see ``look``).
+        """
         heartbeat.check(self.rank, op, seq)  # a hung (stopped) peer has a live pid
-        for peer in peers:
-            if self.closed(peer):
-                raise PeerFailureError(
-                    f"peer rank {peer} closed its shared-memory transport while this rank was "
-                    "still waiting for it", rank=self.rank, peer=peer, op=op, seq=seq)
-            if self.watch_pid[peer] and not pid_alive(self.pids[peer]):
-                raise PeerFailureError(
-                    f"peer rank {peer} (pid {self.pids[peer]}) died while this rank was waiting "
-                    "for it", rank=self.rank, peer=peer, op=op, seq=seq)
+        if waiting:
+            for peer in peers:
+                if self.closed(peer):
+                    raise PeerFailureError(
+                        f"peer rank {peer} closed its shared-memory transport while this rank "
+                        "was still waiting for it", rank=self.rank, peer=peer, op=op, seq=seq)
+                if self.watch_pid[peer] and not pid_alive(self.pids[peer]):
+                    raise PeerFailureError(
+                        f"peer rank {peer} (pid {self.pids[peer]}) died while this rank was "
+                        "waiting for it", rank=self.rank, peer=peer, op=op, seq=seq)
+        for other, watched in enumerate(self.watch_pid):
+            if not watched or (waiting and other in peers) or pid_alive(self.pids[other]):
+                continue
+            if self.closed(other):  # read after its death: it closed first, so it left cleanly
+                self.watch_pid[other] = False
+                continue
+            waited = ", ".join(str(p) for p in sorted(set(peers))) or "none"
+            raise PeerFailureError(
+                f"{'peer ' if other in peers else ''}rank {other} (pid {self.pids[other]}) died "
+                "without closing its shared-memory transport" + (
+                    "" if other in peers else " (a failure anywhere in the job fails every "
+                    f"wait; this one was for rank(s) {waited})"),
+                rank=self.rank, peer=other, op=op, seq=seq)
 
 
 class Backoff:
@@ -98,8 +144,8 @@ class Backoff:
     peers still being waited on has died or closed.
     """
 
-    __slots__ = ("watch", "op", "seq", "what", "start", "deadline", "next_check",
-                 "yield_until", "delay", "timeout")
+    __slots__ = ("watch", "op", "seq", "what", "start", "deadline", "yield_until", "delay",
+                 "timeout")
 
     def __init__(self, watch: PeerWatch, timeout: float, op: str, seq: Optional[int],
                  what: str) -> None:
@@ -107,16 +153,12 @@ class Backoff:
         self.timeout = timeout
         self.start = time.monotonic()
         self.deadline = self.start + timeout
-        self.next_check = self.start + LIVENESS_PERIOD_S
         self.yield_until = self.start + YIELD_PHASE_S
         self.delay = FIRST_SLEEP_S
 
     def check(self, peers: Sequence[int]) -> float:
         """Raise if the wait is over time or a peer failed; return the current time."""
-        now = time.monotonic()
-        if now >= self.next_check:
-            self.next_check = now + LIVENESS_PERIOD_S
-            self.watch.check(peers, self.op, self.seq)
+        now = self.watch.look(peers, self.op, self.seq, self.start)
         if now >= self.deadline:
             peer = peers[0] if peers else None
             raise CollectiveTimeoutError(
@@ -195,7 +237,7 @@ def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatc
             if value >= target:
                 return
             now = backoff.check(peers)
-            futex.wait(address, value, min(FUTEX_SLICE_S, backoff.next_check - now))
+            futex.wait(address, value, min(FUTEX_SLICE_S, watch.next_check - now))
     finally:
         counters[flag] = 0
 
