@@ -138,3 +138,28 @@ def test_disagreeing_roots_in_a_subgroup_are_named_as_passed(backend, name):
         assert outcome[:2] == ("raised", "CollectiveMismatchError"), (rank, outcome)
         assert f"[rank {rank}," in outcome[2]
         assert "rank 1 passed root 1; rank 2 passed root 2" in outcome[2], outcome[2]
+
+
+# ----- mixed backends ------------------------------------------------------------------------
+def _init_with(rank: int, world_size: int, backends: tuple) -> tuple:
+    from neural_arch import distributed as dist
+    return _outcome(lambda: dist.init_process_group(backend=backends[rank], **INIT))
+
+
+MIXED = [("shm", "tcp"), ("tcp", "shm"), ("shm", "tcp", "tcp"), ("tcp", "shm", "tcp"),
+         ("tcp", "tcp", "shm")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backends", MIXED, ids="-".join)
+def test_mixed_backends_fail_every_rank_at_rendezvous(backends):
+    if not {"shm", "tcp"} <= set(BACKENDS):
+        pytest.skip("needs both the shm and the tcp backend")
+    outcomes = run_ranks(_init_with, len(backends), "none", timeout=RUN_TIMEOUT,
+                         args=(backends,))
+    for rank, outcome in enumerate(outcomes):
+        assert outcome[0] == "raised", f"rank {rank} joined the job with {backends[rank]}"
+        _, kind, message = outcome
+        assert kind == "CollectiveMismatchError", f"rank {rank} raised {kind}: {message}"
+        for name in ("shm", "tcp"):
+            assert f"{_who(backends, name)} chose {name!r}" in message, (rank, message)
