@@ -107,6 +107,24 @@ def test_agreeing_roots_still_work(backend, world_size):
         assert after == ("returned", [float(world_size)] * 3)
 
 
+def _native_broadcast(rank: int, world_size: int, roots: tuple) -> tuple:
+    import numpy as np
+    from neural_arch import distributed as dist
+    x = np.full(4, rank + 1, dtype=np.float32)
+    return _outcome(lambda: dist.broadcast(x, src=roots[rank], algorithm="native").tolist())
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", sorted(DISAGREEING))
+def test_disagreeing_roots_of_mpis_own_broadcast_fail_every_rank(world_size):
+    if "mpi" not in BACKENDS:
+        pytest.skip("needs mpi4py and mpiexec")
+    roots = DISAGREEING[world_size]
+    outcomes = run_ranks(_native_broadcast, world_size, "mpi", timeout=RUN_TIMEOUT,
+                         args=(roots,), init_kwargs=INIT)
+    _assert_every_rank_names_the_roots(outcomes, roots, "mpi (native)")
+
+
 def _rooted_in_subgroup(rank: int, world_size: int, name: str) -> tuple:
     """Ranks 1 and 2 form a group and each passes itself as the root (job-wide ranks)."""
     from neural_arch import distributed as dist
