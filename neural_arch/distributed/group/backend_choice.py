@@ -66,13 +66,18 @@ def choose_on_one_host(info, store) -> str:
     return store.get(f"{_HOST_KEY}/choice").decode()
 
 
+def backend_key(rank: int) -> str:
+    """The store key under which ``rank`` publishes the backend it asked for."""
+    return f"{_BACKEND_KEY}/{rank}"
+
+
 def agree_on_backend(info, store, requested: str) -> None:
     """Every rank publishes the backend it asked for; rank 0 publishes the whole list. Unless
     all are the same, every rank raises CollectiveMismatchError naming the ranks that chose each
     backend."""
-    store.set(f"{_BACKEND_KEY}/{info.rank}", requested.encode())
+    store.set(backend_key(info.rank), requested.encode())
     if info.rank == 0:
-        chosen = [store.get(f"{_BACKEND_KEY}/{r}").decode() for r in range(info.world_size)]
+        chosen = [store.get(backend_key(r)).decode() for r in range(info.world_size)]
         store.set(f"{_BACKEND_KEY}/all", json.dumps(chosen).encode())
     chosen = json.loads(store.get(f"{_BACKEND_KEY}/all"))
     if len(set(chosen)) == 1:
