@@ -16,6 +16,10 @@ variable costs about as much as a whole small shared-memory all-reduce.
 is (the shared-memory ones divide each round while it is still in cache), and the others sum,
 the mean being taken after in one more pass over the result. ``reduce`` takes a sum, never an
 average: its caller turns AVERAGE into SUM and divides after.
+
+The rooted collectives that run on the binomial trees (``broadcast``, ``reduce``, ``gather``,
+``scatter``) first make sure that every rank passed the same root (``agreement``); a native
+broadcast checks that itself.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import numpy as np
 from ..reduce_ops import ReduceOp, divide_by_count
 from ..transports.base import Fingerprint, Transport
 from . import dissemination, recursive_doubling, ring, tree
+from .agreement import agree_on_root
 
 ENV_ALLREDUCE_ALGO = "NEURAL_ARCH_ALLREDUCE_ALGO"
 SMALL_MESSAGE_BYTES = 64 * 1024
@@ -131,8 +136,9 @@ def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
               algorithm: Optional[str] = None) -> str:
     name = select("broadcast", t, buf.nbytes, algorithm)
     if name in _NATIVE:
-        t.native_collectives().broadcast(buf, root, fp)
+        t.native_collectives().broadcast(buf, root, fp)  # checks the root itself
     else:
+        agree_on_root(t, root, fp)
         tree.broadcast(t, buf, root, fp)
     return name
 
@@ -169,10 +175,23 @@ def barrier(t: Transport, fp: Fingerprint, algorithm: Optional[str] = None) -> s
     return name
 
 
-reduce = tree.reduce
-gather = tree.gather
-scatter = tree.scatter
+def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerprint) -> None:
+    agree_on_root(t, root, fp)
+    tree.reduce(t, buf, root, op, fp)
 
-__all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "all_gather", "all_reduce",
-           "barrier", "broadcast", "gather", "normalize", "read_environment", "reduce",
-           "reduce_scatter", "scatter", "select"]
+
+def gather(t: Transport, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], root: int,
+           fp: Fingerprint) -> None:
+    agree_on_root(t, root, fp)
+    tree.gather(t, sendbuf, recvbuf, root, fp)
+
+
+def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, root: int,
+            fp: Fingerprint) -> None:
+    agree_on_root(t, root, fp)
+    tree.scatter(t, sendbuf, recvbuf, root, fp)
+
+
+__all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "agree_on_root",
+           "all_gather", "all_reduce", "barrier", "broadcast", "gather", "normalize",
+           "read_environment", "reduce", "reduce_scatter", "scatter", "select"]

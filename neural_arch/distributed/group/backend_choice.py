@@ -4,18 +4,30 @@ Under mpiexec with mpi4py installed: MPI. Otherwise every rank publishes an iden
 host through the store (hostname, boot id, IPC namespace: equal exactly when two processes
 can map the same shared-memory segment); rank 0 chooses "shm" if all are equal and "tcp"
 if not, and publishes the choice so that every rank takes the same one.
+
+Before that, every rank that meets the others at a store publishes the backend it asked for
+(``agree_on_backend``): ranks that asked for different ones would each wait at a different
+transport's rendezvous until the timeout; instead all of them fail at once, naming who chose
+what.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 from typing import Any
 
 from .. import transports
+from ..errors import CollectiveMismatchError, CollectiveTimeoutError, RendezvousError
 from ..rendezvous.env import is_launched_by_mpi
+from ..transports.base import who_chose
 
 BACKENDS = ("auto", "gloo", "shm", "tcp", "mpi")
 _HOST_KEY = "neural_arch/init/host"
+_BACKEND_KEY = "neural_arch/init/backend"
+# How long rank 0, which serves the store, keeps it up after a disagreement so that every other
+# rank can read the verdict; they are all waiting for it already.
+_VERDICT_GRACE_S = 10.0
 
 
 def _host_identity() -> str:
@@ -52,3 +64,33 @@ def choose_on_one_host(info, store) -> str:
         local = len(hosts) == 1 and transports.is_available("shm")
         store.set(f"{_HOST_KEY}/choice", b"shm" if local else b"tcp")
     return store.get(f"{_HOST_KEY}/choice").decode()
+
+
+def backend_key(rank: int) -> str:
+    """The store key under which ``rank`` publishes the backend it asked for."""
+    return f"{_BACKEND_KEY}/{rank}"
+
+
+def agree_on_backend(info, store, requested: str) -> None:
+    """Every rank publishes the backend it asked for; rank 0 publishes the whole list. Unless
+    all are the same, every rank raises CollectiveMismatchError naming the ranks that chose each
+    backend."""
+    store.set(backend_key(info.rank), requested.encode())
+    if info.rank == 0:
+        chosen = [store.get(backend_key(r)).decode() for r in range(info.world_size)]
+        store.set(f"{_BACKEND_KEY}/all", json.dumps(chosen).encode())
+    chosen = json.loads(store.get(f"{_BACKEND_KEY}/all"))
+    if len(set(chosen)) == 1:
+        return
+    try:
+        if store.add(f"{_BACKEND_KEY}/read", 1) == info.world_size:
+            store.set(f"{_BACKEND_KEY}/all_read", b"1")
+        if info.rank == 0:  # closing the store before the others read the list would fail them
+            store.wait([f"{_BACKEND_KEY}/all_read"], timeout=_VERDICT_GRACE_S)
+    except (CollectiveTimeoutError, RendezvousError):
+        # A rank died meanwhile, or rank 0 closed the store the moment the last rank was
+        # counted, before its answer left: the disagreement is still the error to report.
+        pass
+    raise CollectiveMismatchError(
+        f"ranks asked for different backends: {who_chose(chosen, 'chose {!r}')}; every rank must "
+        "pass the same backend to init_process_group", rank=info.rank, op="init_process_group")

@@ -16,6 +16,9 @@ class GroupTransport(Transport):
         self.world, self.ranks = world, tuple(ranks)
         self.name = world.name
 
+    def global_rank(self, rank: int) -> int:
+        return self.world.global_rank(self.ranks[rank])
+
     def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
         self.world.send(buf, self.ranks[dst], fp)
 

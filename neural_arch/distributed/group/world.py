@@ -16,7 +16,8 @@ from .. import algorithms, transports
 from ..health import heartbeat
 from ..transports.base import Fingerprint, Transport
 from ..work import CommQueue, Seconds, to_seconds
-from .backend_choice import choose_on_one_host, launched_by_mpi, normalize_backend
+from .backend_choice import (agree_on_backend, choose_on_one_host, launched_by_mpi,
+                             normalize_backend)
 from .process_group import ProcessGroup
 from .subgroup_transport import GroupTransport
 
@@ -78,6 +79,8 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
             store = TCPStore(info.master_addr, info.master_port, info.world_size,
                              is_server=info.rank == 0, secret=secret, timeout=seconds,
                              rank=info.rank)
+        if store is not None:
+            agree_on_backend(info, store, requested)
         chosen = choose_on_one_host(info, store) if requested == "auto" else requested
         if chosen == "tcp" and secret is None:
             from ..rendezvous.auth import job_secret

@@ -6,12 +6,16 @@ fingerprint of the collective that sent it (operation, group, sequence number, d
 count of the whole collective) and the payload length. The receiver compares it with the
 fingerprint it expects, so ranks that call mismatched collectives fail with an error naming both
 sides instead of hanging or reading wrong data.
+
+A rooted collective names its root (a group rank) at the end of its operation name
+(``broadcast:2``, ``reduce:sum:0``): ``split_root`` reads it back, and ``check_roots`` is the
+error every transport raises when ranks passed different roots.
 """
 from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -67,6 +71,38 @@ def check_header(expected: Fingerprint, got: Fingerprint, nbytes: int, expected_
             f"{peer} sent {nbytes} bytes", rank=rank, peer=peer, op=expected.op, seq=expected.seq)
 
 
+def split_root(op: str) -> tuple[str, Optional[int]]:
+    """(operation name without its root, the root) of a rooted collective's operation name;
+    (``op``, None) for any other."""
+    name, _, tail = op.rpartition(":")
+    return (name, int(tail)) if name and tail.isdigit() else (op, None)
+
+
+def who_chose(values: Sequence[Any], phrase: str, ranks: Optional[Sequence[int]] = None) -> str:
+    """``'ranks 0, 2 passed root 0; rank 1 passed root 1'``: each distinct value (in the order
+    ranks first chose it) with the ranks that chose it (``values[i]`` is rank ``ranks[i]``'s,
+    by default rank ``i``'s); ``phrase`` formats the value."""
+    chose: dict = {}
+    for i, value in enumerate(values):
+        chose.setdefault(value, []).append(i if ranks is None else ranks[i])
+    return "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} "
+                     f"{phrase.format(value)}" for value, rs in chose.items())
+
+
+def check_roots(roots: Sequence[int], fp: Fingerprint, t: "Transport") -> None:
+    """CollectiveMismatchError naming every rank's root unless ``roots`` (one per rank of
+    ``t``, in rank order) are all the same. Ranks and roots are named as job-wide ranks, as
+    the caller passed them."""
+    if any(root != roots[0] for root in roots):
+        name = split_root(fp.op)[0]
+        ranks = [t.global_rank(r) for r in range(len(roots))]
+        who = who_chose([ranks[root] for root in roots], "passed root {}", ranks)
+        raise CollectiveMismatchError(
+            f"ranks passed different roots to {name} #{fp.seq} (group {fp.group}, {fp.count} x "
+            f"{fp.dtype}): {who}; every rank must pass the same root",
+            rank=t.global_rank(t.rank), op=fp.op, seq=fp.seq)
+
+
 def check_job(rank, world_size, timeout) -> None:
     """ValueError unless ``rank`` of ``world_size`` ranks and ``timeout`` seconds make sense."""
     if not isinstance(world_size, int) or world_size < 1:
@@ -109,6 +145,10 @@ class Transport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release sockets, segments and threads. Safe to call twice."""
+
+    def global_rank(self, rank: int) -> int:
+        """The job-wide rank of this transport's ``rank`` (a subgroup's transport translates)."""
+        return rank
 
     def native_collectives(self):
         """The transport's own collectives, or None. The object has ``all_reduce(buf, op, fp)``

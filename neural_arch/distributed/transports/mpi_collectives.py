@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import PeerFailureError
 from ..reduce_ops import ReduceOp, as_reduce_op, check_dtype_for_op, finish_average
-from .base import Fingerprint
+from .base import Fingerprint, check_roots
 
 if TYPE_CHECKING:  # mpi imports this module to return MpiCollectives
     from .mpi import MpiTransport
@@ -26,7 +26,8 @@ class MpiCollectives:
     """MPI's own collectives on the transport's communicator, bounded by its timeout.
 
     ``fp`` (the caller's fingerprint) is accepted as every native collective takes it; MPI
-    numbers its own operations and does not need it."""
+    numbers its own operations and does not need it. A broadcast first gathers every rank's
+    root: MPI's own broadcast with different roots hangs or returns different data."""
 
     name = "native"
     preferred = False  # chosen only when asked for: the portable algorithms are the default
@@ -69,6 +70,10 @@ class MpiCollectives:
         _check_contiguous(buf, "broadcast")
         if not 0 <= root < self._t.world_size:
             raise ValueError(f"broadcast root {root} is outside [0, {self._t.world_size})")
+        mine, roots = np.array([root], dtype=np.int64), np.empty(self._t.world_size, np.int64)
+        self._run("mpi.broadcast_root", lambda c: c.Iallgather(mine, roots), mine)
+        check_roots(roots.tolist(), fp or Fingerprint(f"mpi.broadcast:{root}", self._seq,
+                                                      buf.dtype.str, buf.size), self._t)
         self._run("mpi.broadcast", lambda c: c.Ibcast(buf, root), buf)
         return buf
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from neural_arch.distributed.group.backend_choice import backend_key
 from neural_arch.distributed.rendezvous.store import TCPStore
 
 import fault_injection_job
@@ -128,8 +129,10 @@ def test_strangers_are_dropped_and_collectives_stay_exact(tmp_path):
     procs = [_start_rank(0, env, tmp_path)]
     try:
         # Rank 0 waits for rank 1 at its data port; an operator who knows the secret can read
-        # where that port is, and strangers get there first.
+        # where that port is, and strangers get there first. (Before that, the ranks meet at the
+        # store to agree on the backend; the operator stands in for rank 1 there.)
         operator = TCPStore("127.0.0.1", port, secret=secret.encode(), timeout=30)
+        operator.set(backend_key(1), b"tcp")
         data_port = int(operator.get("tcp/addr/0", timeout=30).decode().rpartition(":")[2])
         _assert_dropped(port, marker)
         _assert_dropped(data_port, marker)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
-from ..base import HEADER_SIZE, Fingerprint, pack_header, unpack_header
+from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
 from . import direct, plans
 from .writer import AreaWriter
 
@@ -188,7 +188,11 @@ class ShmCollectives:
         self.header_sigs[half] = sig
 
     def mismatch(self, gen: int, fp: Fingerprint, peer: int) -> None:
-        """Raise CollectiveMismatchError naming ``fp`` and what ``peer`` published at ``gen``."""
+        """Raise CollectiveMismatchError naming ``fp`` and what ``peer`` published at ``gen``;
+        when the ranks differ only in the root they passed, naming every rank's root."""
+        roots = self._roots(gen)
+        if roots is not None:
+            check_roots(roots, fp, self.t)
         start = self.layout.rank_header(peer, gen & 1)
         seq = self.generation.published(peer, gen)[1]
         try:
@@ -199,6 +203,21 @@ class ShmCollectives:
         raise CollectiveMismatchError(
             f"expected {fp.describe()} but peer rank {peer} called {theirs}: ranks called "
             "different collectives", rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
+
+    def _roots(self, gen: int) -> Optional[list]:
+        """Every rank's root when all ranks published the same rooted collective at ``gen``
+        but for its root (every rank has arrived, so every header is in place); else None."""
+        roots, rest = [], set()
+        for q in range(self.world_size):
+            start = self.layout.rank_header(q, gen & 1)
+            try:
+                got, nbytes = unpack_header(bytes(self.t.shared[start:start + HEADER_SIZE]))
+            except ValueError:
+                return None
+            name, root = split_root(got.op)
+            roots.append(root)
+            rest.add((got._replace(op=name), nbytes, self.generation.published(q, gen)[1]))
+        return roots if None not in roots and len(rest) == 1 else None
 
     # ----- the workspace ---------------------------------------------------------------------
     def views(self, dtype: np.dtype) -> tuple:

@@ -178,7 +178,7 @@ def reuse_all_gather_then_disagree(rank, p, store):
 @pytest.mark.parametrize("p", [2, 3])
 @pytest.mark.parametrize("worker,names", [
     (reuse_then_disagree, ("all_reduce:sum", "all_reduce:max")),
-    (reuse_broadcast_then_disagree, ("broadcast:0", "broadcast:1")),
+    (reuse_broadcast_then_disagree, ("rank 0 passed root 0", "passed root 1")),
     (reuse_all_gather_then_disagree, ("7 x int32", "6 x int32"))])
 def test_reused_prepared_collectives_deliver_and_still_name_mismatches(tmp_path, p, worker,
                                                                       names):
