@@ -20,6 +20,7 @@ import pytest
 
 from neural_arch.distributed.errors import AuthenticationError, RendezvousError
 from neural_arch.distributed.rendezvous.auth import client_handshake
+from neural_arch.distributed.group.backend_choice import backend_key
 from neural_arch.distributed.rendezvous.gate import Gate
 from neural_arch.distributed.rendezvous.store import TCPStore
 from neural_arch.distributed.transports import tcp_mesh
@@ -285,11 +286,15 @@ def _join_when_released(rank: int, world_size: int, backend: str, workdir: str) 
 
 
 def _flood(port: int, world: int, at_store: int, at_data: dict, workdir: Path,
-           opened: list) -> None:
+           opened: list, backend: str) -> None:
     """Flood the store, then release the ranks one by one, flooding each one's data port as
-    soon as it publishes it: every peer that dials it finds the strangers already there."""
+    soon as it publishes it: every peer that dials it finds the strangers already there. (The
+    ranks first meet at the store to agree on the backend; the operator, who knows the secret,
+    stands in for the ranks not released yet there, so rank 0 goes on to its data port.)"""
     _connect_idle(port, at_store, opened)
     with TCPStore("127.0.0.1", port, secret=SECRET, timeout=JOIN_S) as operator:
+        for rank in range(1, world):
+            operator.set(backend_key(rank), backend.encode())
         for rank in range(world):
             if rank > 0:
                 (workdir / f"released_{rank}").touch()
@@ -307,7 +312,7 @@ def _run_flooded_job(tmp_path: Path, backend: str, world: int, at_store: int,
     with _sockets() as opened:
         def flood() -> None:
             try:
-                _flood(port, world, at_store, at_data, tmp_path, opened)
+                _flood(port, world, at_store, at_data, tmp_path, opened, backend)
             except Exception as e:  # reported by the test
                 errors.append(e)
 

@@ -38,7 +38,14 @@ if MODE == "stubborn":
         record_pid(child.pid, tag="child")
 record_pid()
 if MODE == "rendezvous" and RANK == 1:
-    time.sleep(300)  # rank 0 waits for it in the rendezvous, its segment still named
+    # Agree on the backend at the store as init_process_group would, then never map the
+    # segment: rank 0 waits for it in the shm rendezvous, its segment still named.
+    from neural_arch.distributed.group.backend_choice import backend_key
+    from neural_arch.distributed.rendezvous.store import TCPStore
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                     secret=os.environ["NEURAL_ARCH_SECRET"].encode(), timeout=60)
+    store.set(backend_key(1), BACKEND.encode())
+    time.sleep(300)
 dist.init_process_group(BACKEND, timeout=60)
 if MODE == "stubborn" and RANK == 1:
     time.sleep(300)

@@ -29,6 +29,7 @@ import pytest
 
 from neural_arch.distributed.rendezvous.store import ADD, SET, TCPStore, encode_request
 from neural_arch.distributed.transports.base import Fingerprint, pack_header
+from neural_arch.distributed.group.backend_choice import backend_key
 from neural_arch.distributed.transports.tcp_mesh import address_key
 
 import fault_injection_job
@@ -141,6 +142,10 @@ def test_forged_and_replayed_frames_are_dropped_and_the_job_stays_exact(tmp_path
     log = lambda: "\n".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))
     try:
         operator = TCPStore("127.0.0.1", port, secret=secret.encode(), timeout=30)
+        # The ranks first agree on the backend at the store; the operator stands in for those
+        # not started yet, so that rank 0 goes on to open its data port.
+        for rank in range(1, WORLD_SIZE):
+            operator.set(backend_key(rank), b"tcp")
         data_address = operator.get(address_key("tcp", 0), timeout=30).decode()
         # A genuine store session, recorded on the wire.
         taps.append(Tap(("127.0.0.1", port)))
