@@ -10,7 +10,11 @@ ranks; under MPI, a stopped rank on one host and, with a pid namespace per rank 
 other hosts, a stopped rank and a killed one (``--with-ft ulfm``); a network link cut between
 two nodes (network namespaces, root only); a truncated checkpoint and a corrupted one; SIGTERM
 mid-epoch and the resumed run; a worker killed under ``--max_restarts``; the launcher killed
-with SIGKILL under workers in all-reduce, on shm and tcp.
+with SIGKILL under workers in all-reduce, on shm and tcp; a rank killed outside the subgroup
+that all-reduces, the store host stopped right after init, and ranks that each name another
+broadcast root, on shm and tcp; ranks asking for different backends; 500 idle connections at
+the store and the data ports; a damaged checkpoint named by path; loads while another process
+saves (``fault_rows_inputs``).
 
 Every fault is injected ``--runs`` times (3 by default), each time into fresh processes. A row
 gives the measured time as min / median / max over the runs, what the runs left behind
@@ -51,6 +55,7 @@ for _path in (ROOT, TESTS, TESTS / "distributed" / "health", TESTS / "distribute
         sys.path.insert(0, str(_path))
 
 import fault_rows as rows  # noqa: E402
+import fault_rows_inputs as inputs  # noqa: E402
 import fault_rows_mpi as mpi_rows  # noqa: E402
 from fault_leftovers import Leftovers  # noqa: E402
 from fault_rows import Run  # noqa: E402
@@ -101,6 +106,24 @@ def faults() -> List[Fault]:
     ]
     table += [Fault("launcher SIGKILLed under workers in all-reduce", backend, 2,
                     partial(rows.launcher_killed, backend)) for backend in ("shm", "tcp")]
+    for backend in ("shm", "tcp"):
+        table += [
+            Fault("SIGKILL rank 2, outside the all-reducing subgroup [0, 1]", backend, 3,
+                  partial(collective, "kill", backend, 2, group=[0, 1])),
+            Fault("SIGSTOP rank 0 (store host) right after init", backend, 3,
+                  partial(collective, "stop_early", backend, 0)),
+            Fault("each rank a different broadcast root", backend, 3,
+                  partial(inputs.root_mismatch, backend)),
+        ]
+    table += [
+        Fault("ranks ask for different backends (shm, tcp, tcp)", "-", 3, inputs.mixed_backends),
+        Fault("500 idle connections at the store and data ports", "tcp", 4, inputs.idle_flood),
+        Fault("truncated checkpoint named by path", "-", 1,
+              partial(inputs.named_damaged_checkpoint, rows.truncate)),
+        Fault("corrupted checkpoint named by path", "-", 1,
+              partial(inputs.named_damaged_checkpoint, rows.flip_byte)),
+        Fault("loads while another process saves", "-", 1, inputs.loads_during_saves),
+    ]
     return table
 
 

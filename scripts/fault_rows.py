@@ -66,14 +66,17 @@ def alive(pid: int) -> bool:
 
 
 # ----- collective faults ----------------------------------------------------------------------
-def collective(fault: str, backend: str, victim: int, tmp: Path) -> Run:
-    """SIGKILL, SIGSTOP or a closed socket at rank ``victim`` of 3 looping all-reduces."""
-    outcome = faults.run_fault(fault, backend, 3, victim, tmp, detect_limit=20.0)
+def collective(fault: str, backend: str, victim: int, tmp: Path, group=None) -> Run:
+    """SIGKILL, SIGSTOP, SIGSTOP right after init or a closed socket at rank ``victim`` of 3
+    looping all-reduces (on ``new_group(group)`` when given: the victim may be outside it)."""
+    outcome = faults.run_fault(fault, backend, 3, victim, tmp, detect_limit=20.0, group=group)
     reports = {r: outcome.errors.get(r) for r in outcome.survivors}
     named = sorted({e["peer"] for e in reports.values() if e})
     kinds = sorted({e["type"] for e in reports.values() if e})
     worst = outcome.worst_detection_s
     pids = [json.loads(p.read_text())["pid"] for p in tmp.glob("looping_*.json")]
+    if fault == "stop_early":  # the victim stopped before it looped
+        pids.append(json.loads((tmp / "injected.json").read_text())["pid"])
     if worst is None:
         missing = [r for r, e in reports.items() if e is None]
         return Run(None, False, f"ranks {missing} raised nothing within 20 s", pids)

@@ -279,10 +279,12 @@ def _join_when_released(rank: int, world_size: int, backend: str, workdir: str) 
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank {rank} was never released")
         time.sleep(0.01)
+    start = time.monotonic()
     dist.init_process_group(backend, timeout=FLOOD_TIMEOUT_S)
+    seconds = time.monotonic() - start  # for the report's flood rows, never asserted here
     x = np.arange(1000, dtype=np.float64) * (rank + 1)
     dist.all_reduce(x)
-    return os.getpid(), x
+    return os.getpid(), x, seconds
 
 
 def _flood(port: int, world: int, at_store: int, at_data: dict, workdir: Path,
@@ -303,8 +305,12 @@ def _flood(port: int, world: int, at_store: int, at_data: dict, workdir: Path,
                 _connect_idle(int(address.decode().rpartition(":")[2]), at_data[rank], opened)
 
 
-def _run_flooded_job(tmp_path: Path, backend: str, world: int, at_store: int,
-                     at_data: dict) -> None:
+def run_flooded_job(tmp_path: Path, backend: str, world: int, at_store: int,
+                    at_data: dict) -> list:
+    """Run a ``world``-rank job with ``at_store`` idle strangers at the store and ``at_data[r]``
+    at rank r's data port; check every result and that nothing is left. Returns each rank's
+    (pid, result, seconds in init_process_group) (``scripts/fault_injection_report.py`` times
+    its flood rows with it)."""
     _raise_descriptor_limit(4096)
     port = free_port()
     env = {"MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": SECRET.decode()}
@@ -326,23 +332,24 @@ def _run_flooded_job(tmp_path: Path, backend: str, world: int, at_store: int,
         assert not errors, errors
         assert len(opened) == at_store + sum(at_data.values())
     expected = np.arange(1000, dtype=np.float64) * (world * (world + 1) // 2)
-    for pid, x in results:
+    for pid, x, _ in results:
         np.testing.assert_array_equal(x, expected)
-    pids = [pid for pid, _ in results]
+    pids = [pid for pid, _, _ in results]
     assert not [p for p in pids if _alive(p)] and segments_of(pids) == []
+    return results
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, world", [("shm", 4), ("tcp", 3)])
 def test_idle_connections_at_the_store_keep_no_rank_out(tmp_path, backend, world):
-    _run_flooded_job(tmp_path, backend, world, at_store=300, at_data={})
+    run_flooded_job(tmp_path, backend, world, at_store=300, at_data={})
 
 
 @pytest.mark.slow
 def test_idle_connections_at_the_data_ports_stall_no_mesh(tmp_path):
-    _run_flooded_job(tmp_path, "tcp", 4, at_store=0, at_data={0: 120, 1: 60, 2: 60})
+    run_flooded_job(tmp_path, "tcp", 4, at_store=0, at_data={0: 120, 1: 60, 2: 60})
 
 
 @pytest.mark.slow
 def test_five_hundred_idle_connections_at_every_port_stall_no_rendezvous(tmp_path):
-    _run_flooded_job(tmp_path, "tcp", 4, at_store=300, at_data={0: 100, 1: 50, 2: 50})
+    run_flooded_job(tmp_path, "tcp", 4, at_store=300, at_data={0: 100, 1: 50, 2: 50})
