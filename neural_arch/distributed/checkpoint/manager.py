@@ -35,6 +35,7 @@ from . import state as state_io
 from .directory import READ_ATTEMPTS, CheckpointDirectory
 from .format import (CheckpointChangedError, CheckpointCorruptError, CheckpointError,
                      NoCheckpointError)
+from .values import check_json_data
 
 __all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointManager",
            "NoCheckpointError", "setup_fault_tolerant_training"]
@@ -118,7 +119,7 @@ class DistributedCheckpointManager:
         name = fmt.checkpoint_name(_check_counter("epoch", epoch), _check_counter("step", step))
         local_error: Optional[Exception] = None
         try:
-            fmt.check_json_data(additional_state, "additional_state")
+            check_json_data(additional_state, "additional_state")
             loss_value = _as_float(loss)
             mine = state_io.rank_state(rank, int(epoch), int(step), sampler)
         except Exception as exc:  # reported to every rank, so that none waits for this one

@@ -20,7 +20,8 @@ from ...nn import Module
 from ..collectives import all_gather, all_reduce, broadcast
 from ..reduce_ops import ReduceOp
 from . import format as fmt
-from .format import CheckpointCorruptError, decode, encode
+from .format import CheckpointCorruptError
+from .values import decode, encode, host_array, is_array
 
 
 def unwrap_model(model: Any) -> Any:
@@ -79,8 +80,8 @@ def pack_optimizer(optimizer: Any) -> Tuple[Dict[str, np.ndarray], Dict[str, Any
     for index, entry in state_dict["state"].items():
         kept = {}
         for key, value in entry.items():
-            if fmt.is_array(value):
-                arrays[f"state.{int(index)}.{key}"] = fmt.host_array(value)
+            if is_array(value):
+                arrays[f"state.{int(index)}.{key}"] = host_array(value)
             else:
                 kept[key] = value
         scalars[str(int(index))] = kept

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import neural_arch as na
 from neural_arch.distributed.checkpoint import (DistributedCheckpointManager, NoCheckpointError,
                                                 setup_fault_tolerant_training)
-from neural_arch.distributed.checkpoint.format import decode, encode
+from neural_arch.distributed.checkpoint.values import decode, encode
 from neural_arch.distributed.ddp.loss_scaler import LossScaler
 from neural_arch.nn.serialization import load_state_dict_file
 
