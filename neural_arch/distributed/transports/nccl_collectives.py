@@ -13,13 +13,14 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from ..reduce_ops import ReduceOp, finish_average
-from .base import Fingerprint
+from .base import Fingerprint, check_roots
 from .nccl import _OPS, NcclTransport, _is_device_array, check_reduction
 
 
 class NcclCollectives:
     """All-reduce, all-gather, broadcast, reduce-scatter and barrier through NCCL (``fp`` is
-    accepted as every native collective takes it; NCCL orders its own operations)."""
+    accepted as every native collective takes it; NCCL orders its own operations). A broadcast
+    first gathers every rank's root, so that ranks that disagree raise instead of diverging."""
 
     name = "native"
     preferred = False  # chosen only when asked for, as MPI's
@@ -84,6 +85,12 @@ class NcclCollectives:
         t = self._t
         if not 0 <= root < t.world_size:
             raise ValueError(f"broadcast root {root} is outside [0, {t.world_size})")
+        # NCCL's broadcast with different roots returns different data on each rank, or
+        # hangs: every rank first learns every rank's root, as the portable algorithms do.
+        roots = np.empty(t.world_size, np.int64)
+        self.all_gather(np.array([root], np.int64), roots)
+        check_roots(roots.tolist(), fp or Fingerprint(f"nccl.broadcast:{root}", 0, str(buf.dtype),
+                                                      buf.size), t)
         kind = t._nccl_type(buf.dtype)
         with self._on_device(buf, "out", t.rank != root) as dev:
             t.run_collective("nccl.broadcast", buf.dtype, buf.size, lambda stream: t._comm

@@ -171,6 +171,16 @@ def test_native_collectives_on_host_and_device_arrays(fake):
         np.testing.assert_array_equal(chunk, (np.arange(4.0) * 2 + 1)[2 * rank:2 * rank + 2])
 
 
+def test_a_broadcast_with_different_roots_fails_on_every_rank_naming_them(fake):
+    def broadcast_from_self(rank, t):
+        with pytest.raises(CollectiveMismatchError) as err:
+            t.native_collectives().broadcast(np.full(3, rank, np.float32), root=rank)
+        return str(err.value)
+
+    for message in _on_ranks(broadcast_from_self):
+        assert "rank 0 passed root 0; rank 1 passed root 1" in message, message
+
+
 def test_bad_arguments_name_their_values(fake):
     def misuse(rank, t):
         with pytest.raises(ValueError, match=r"peer rank 5 is outside \[0, 2\)"):
