@@ -26,7 +26,6 @@ import secrets
 import shutil
 from typing import Any, Dict, Optional, Tuple
 
-import numpy as np
 from safetensors.numpy import load as load_safetensors
 from safetensors.numpy import save as save_safetensors
 

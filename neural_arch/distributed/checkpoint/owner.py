@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import socket
 from dataclasses import dataclass
-from typing import Optional
+
+from ..processes import host_identity, process_alive, process_stat
 
 RUNNING, GONE, UNKNOWN = "running", "gone", "unknown"
 PATTERN = r"[0-9a-f]{16}-\d+-\d+"  # how ``str(Writer)`` looks inside a directory name
@@ -41,31 +41,14 @@ class Writer:
 
 
 def _host_key() -> str:
-    parts = [socket.gethostname()]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
-        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
-    except OSError:
-        pass  # not Linux: the hostname alone has to do
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def _process_stat(pid: int) -> Optional[tuple]:
-    """(state letter, start time) of ``pid`` from /proc, or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            # The command name may hold spaces and parentheses: fields follow the last ')'.
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    """16 hex digits, equal for processes that see each other's pids."""
+    return hashlib.sha256(host_identity("pid").encode()).hexdigest()[:16]
 
 
 def this_process() -> Writer:
     """The record of the calling process (computed each time: a forked child has a new pid)."""
     pid = os.getpid()
-    stat = _process_stat(pid)
+    stat = process_stat(pid)
     return Writer(_host_key(), pid, 0 if stat is None else stat[1])
 
 
@@ -73,15 +56,4 @@ def state(writer: Writer) -> str:
     """RUNNING, GONE, or UNKNOWN (the writer is in another process table)."""
     if writer.host != _host_key():
         return UNKNOWN
-    if os.path.isdir("/proc"):
-        stat = _process_stat(writer.pid)
-        if stat is None or stat[0] in (b"Z", b"X", b"x"):  # a zombie has stopped writing
-            return GONE
-        return RUNNING if writer.start in (0, stat[1]) else GONE
-    try:
-        os.kill(writer.pid, 0)
-    except ProcessLookupError:
-        return GONE
-    except PermissionError:
-        pass  # it exists, owned by another user
-    return RUNNING
+    return RUNNING if process_alive(writer.pid, writer.start) else GONE

@@ -13,12 +13,11 @@ what.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from typing import Any
 
 from .. import transports
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, RendezvousError
+from ..processes import host_identity
 from ..rendezvous.env import is_launched_by_mpi
 from ..transports.base import who_chose
 
@@ -28,18 +27,6 @@ _BACKEND_KEY = "neural_arch/init/backend"
 # How long rank 0, which serves the store, keeps it up after a disagreement so that every other
 # rank can read the verdict; they are all waiting for it already.
 _VERDICT_GRACE_S = 10.0
-
-
-def _host_identity() -> str:
-    """Hostname, boot id and IPC namespace: equal when two processes can share shm segments."""
-    parts = [socket.gethostname()]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
-        parts.append(str(os.stat("/proc/self/ns/ipc").st_ino))
-    except OSError:
-        pass  # not Linux: the hostname alone has to do
-    return "|".join(parts)
 
 
 def normalize_backend(backend: Any) -> str:
@@ -58,7 +45,7 @@ def launched_by_mpi() -> bool:
 
 def choose_on_one_host(info, store) -> str:
     """Rank 0 compares every rank's host identity and publishes "shm" or "tcp"."""
-    store.set(f"{_HOST_KEY}/{info.rank}", _host_identity().encode())
+    store.set(f"{_HOST_KEY}/{info.rank}", host_identity("ipc").encode())
     if info.rank == 0:
         hosts = {store.get(f"{_HOST_KEY}/{r}") for r in range(info.world_size)}
         local = len(hosts) == 1 and transports.is_available("shm")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import struct
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from ..health import heartbeat
+from ..processes import host_identity, process_alive, process_stat
 from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, DistributedError,
                       PeerFailureError)
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
@@ -49,44 +49,7 @@ def _import_mpi():
 
 def _host_key() -> bytes:
     """Equal for two processes exactly when they can see each other's pids."""
-    parts = [socket.gethostname()]
-    for path in ("/proc/sys/kernel/random/boot_id",):
-        try:
-            with open(path) as f:
-                parts.append(f.read().strip())
-        except OSError:
-            pass
-    try:
-        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
-    except OSError:
-        pass
-    return hashlib.sha256("|".join(parts).encode()).digest()[:16]
-
-
-def _proc_state(pid: int) -> Optional[tuple[bytes, int]]:
-    """(state, start time) from /proc/<pid>/stat, or None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0], int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_alive(pid: int, start_time: int = 0) -> bool:
-    """Whether ``pid`` still runs the process started at ``start_time`` (0: unknown)."""
-    if os.path.isdir("/proc"):
-        state = _proc_state(pid)
-        if state is None or state[0] in (b"Z", b"X"):
-            return False
-        return start_time == 0 or state[1] == start_time
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return hashlib.sha256(host_identity("pid").encode()).digest()[:16]
 
 
 def _chunks(view: memoryview) -> list[memoryview]:
@@ -130,7 +93,7 @@ class MpiTransport(Transport):
         # watched as closely as one long wait.
         self._next_check = 0.0
         mine = np.frombuffer(_IDENTITY.pack(_host_key(), os.getpid(),
-                                            (_proc_state(os.getpid()) or (b"", 0))[1]), np.uint8)
+                                            (process_stat(os.getpid()) or (b"", 0))[1]), np.uint8)
         table = np.empty((mpi_size, _IDENTITY.size), np.uint8)
         self._wait([self._comm.Iallgather(mine, table)], [], Fingerprint("mpi.setup", 0, "", 0))
         rows = [_IDENTITY.unpack(row.tobytes()) for row in table]

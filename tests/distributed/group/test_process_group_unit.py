@@ -8,6 +8,7 @@ from neural_arch import distributed as dist
 from neural_arch.distributed.algorithms import ring
 from neural_arch.distributed.group import backend_choice
 from neural_arch.distributed.group import world as pgm
+from neural_arch.distributed.processes import host_identity
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.rendezvous.env import RendezvousInfo
 from neural_arch.distributed.transports.base import Fingerprint
@@ -33,7 +34,7 @@ def info(rank, world_size):
 
 
 def test_backend_choice_compares_host_identities():
-    same = DictStore({f"{backend_choice._HOST_KEY}/1": backend_choice._host_identity().encode()})
+    same = DictStore({f"{backend_choice._HOST_KEY}/1": host_identity("ipc").encode()})
     assert backend_choice.choose_on_one_host(info(0, 2), same) == "shm"
     other = DictStore({f"{backend_choice._HOST_KEY}/1": b"elsewhere|boot-2"})
     assert backend_choice.choose_on_one_host(info(0, 2), other) == "tcp"
