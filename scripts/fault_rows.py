@@ -113,16 +113,21 @@ def netns_link_cut(tmp: Path) -> Run:
 
 
 # ----- checkpoints ----------------------------------------------------------------------------
-def damaged_checkpoint(damage: Callable[[Path], str], tmp: Path) -> Run:
-    """Three checkpoints, the newest damaged by ``damage``; loading the latest falls back."""
+def three_checkpoints(tmp: Path, damage: Callable[[Path], str]) -> tuple:
+    """(manager, path of the newest, the file ``damage`` spoilt in it) after three saves."""
     from checkpoint_training_job import TrainingJob
     from neural_arch.distributed.checkpoint import DistributedCheckpointManager
     job, manager = TrainingJob(), DistributedCheckpointManager(tmp)
-    paths = []
     for step in range(3):
         job.step(step)
-        paths.append(manager.save_checkpoint(job.model, job.optimizer, 0, step, 1.0))
-    bad_file = damage(Path(paths[-1]))
+        newest = manager.save_checkpoint(job.model, job.optimizer, 0, step, 1.0)
+    return manager, newest, damage(Path(newest))
+
+
+def damaged_checkpoint(damage: Callable[[Path], str], tmp: Path) -> Run:
+    """Three checkpoints, the newest damaged by ``damage``; loading the latest falls back."""
+    from checkpoint_training_job import TrainingJob
+    manager, _, bad_file = three_checkpoints(tmp, damage)
     records = []
     handler = logging.Handler()
     handler.emit = records.append

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dist_harness import RankFailed, run_ranks
-from fault_rows import ROOT, Run
+from fault_rows import ROOT, Run, three_checkpoints
 
 MISMATCH_TIMEOUT_S = 60.0  # a rank never told would wait this long: far above any detection
 FLOOD = {"at_store": 300, "at_data": {0: 100, 1: 50, 2: 50}}  # 500 idle strangers in all
@@ -95,18 +95,12 @@ def idle_flood(tmp: Path) -> Run:
 def named_damaged_checkpoint(damage, tmp: Path) -> Run:
     """Three checkpoints, the newest damaged by ``damage`` and then named by path: refused."""
     from checkpoint_training_job import TrainingJob
-    from neural_arch.distributed.checkpoint import DistributedCheckpointManager
     from neural_arch.distributed.checkpoint.format import CheckpointCorruptError
-    job, manager = TrainingJob(), DistributedCheckpointManager(tmp)
-    paths = []
-    for step in range(3):
-        job.step(step)
-        paths.append(manager.save_checkpoint(job.model, job.optimizer, 0, step, 1.0))
-    bad_file = damage(Path(paths[-1]))
+    manager, newest, bad_file = three_checkpoints(tmp, damage)
     target = TrainingJob(init_seed=7)
     start = time.perf_counter()
     try:
-        info = manager.load_checkpoint(target.model, target.optimizer, path=paths[-1],
+        info = manager.load_checkpoint(target.model, target.optimizer, path=newest,
                                        restore_rng=False)
     except CheckpointCorruptError as e:
         seconds = time.perf_counter() - start
