@@ -83,7 +83,10 @@ def collective(fault: str, backend: str, victim: int, tmp: Path, group=None) -> 
     shared = sum("heartbeat:" in e["message"] for e in reports.values())
     via = ("the heartbeat" if shared == len(reports) else "the transport" if not shared
            else "the transport, then the heartbeat's shared report")
-    return Run(worst, kinds == ["PeerFailureError"] and named == [victim],
+    # A closed socket breaks the link between the victim and the next rank: either end may be
+    # the one named (each end sees the other go), but no rank off that link.
+    blamable = {victim, (victim + 1) % 3} if fault == "close_socket" else {victim}
+    return Run(worst, kinds == ["PeerFailureError"] and bool(named) and set(named) <= blamable,
                f"every survivor raised {'/'.join(kinds)} naming rank(s) {named} (found by {via})",
                pids)
 
