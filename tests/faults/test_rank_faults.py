@@ -17,19 +17,12 @@ pytestmark = pytest.mark.timeout(150)
 WORLD_SIZE = 3
 DETECT_LIMIT_S = 20.0
 
-STORE_HOST_LEAVES = pytest.mark.xfail(strict=True, reason=(
-    "tcp: when rank 0 leaves mid-job through its exit hooks, it announces a clean departure to "
-    "the heartbeat; rank 2, which waits on rank 1 in the ring, names rank 1 (a survivor that "
-    "left because of rank 0) instead of rank 0"))
-
 
 def _cases():
     for fault in ("exit", "raise"):
         for backend in ("tcp", "shm"):
             for victim, where in enumerate(("first", "middle", "last")):
-                marks = [STORE_HOST_LEAVES] if (backend, victim) == ("tcp", 0) else []
-                yield pytest.param(fault, backend, victim, marks=marks,
-                                   id=f"{fault}-{backend}-{where}")
+                yield pytest.param(fault, backend, victim, id=f"{fault}-{backend}-{where}")
 
 
 @pytest.mark.parametrize("fault, backend, victim", list(_cases()))

@@ -108,17 +108,9 @@ def test_two_jobs_at_once_each_compute_exactly_their_own_sums(backend, tmp_path)
             assert done["steps"] > 3 and done["result_sum"] == expected, (name, done)
 
 
-SAME_SECRET_ON_TCP = pytest.mark.xfail(strict=True, reason=(
-    "tcp: with the same secret, the second job's other ranks join the first job's store, read "
-    "its rank 0's data address (no longer listening) and retry until their rendezvous timeout "
-    "(30 min by default), then report only that they could not connect"))
-
-
 @pytest.mark.parametrize("backend, same_secret", [
-    ("shm", True), ("shm", False), pytest.param("tcp", True, marks=[SAME_SECRET_ON_TCP,
-                                                                    pytest.mark.slow]),
-    ("tcp", False)], ids=["shm-same-secret", "shm-other-secret", "tcp-same-secret",
-                          "tcp-other-secret"])
+    ("shm", True), ("shm", False), ("tcp", True), ("tcp", False)],
+    ids=["shm-same-secret", "shm-other-secret", "tcp-same-secret", "tcp-other-secret"])
 def test_a_second_job_on_the_same_port_fails_and_leaves_the_first_alone(backend, same_secret,
                                                                         tmp_path):
     port, secret = _free_port(), secrets.token_hex(16)

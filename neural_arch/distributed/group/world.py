@@ -74,11 +74,12 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     try:
         if owns_store:
             from ..rendezvous.auth import job_secret
-            from ..rendezvous.store import TCPStore
+            from ..rendezvous.store import TCPStore, claim_rank
             secret = job_secret()
             store = TCPStore(info.master_addr, info.master_port, info.world_size,
                              is_server=info.rank == 0, secret=secret, timeout=seconds,
                              rank=info.rank)
+            claim_rank(store, info.rank)  # before anything is read from, or written to, it
         if store is not None:
             agree_on_backend(info, store, requested)
         chosen = choose_on_one_host(info, store) if requested == "auto" else requested
@@ -107,6 +108,16 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     """Tear down ``group``, or (default) every group, the transport and the store."""
+    _destroy(group, abandoned=False)
+
+
+def _destroy_at_exit() -> None:
+    # The program ended (or raised) with the group still in use: peers may wait for this rank
+    # in a collective, so this is no clean departure (see ``heartbeat.stop``).
+    _destroy(None, abandoned=True)
+
+
+def _destroy(group: Optional[ProcessGroup], abandoned: bool) -> None:
     global _WORLD
     world = _WORLD
     if world is None:
@@ -122,7 +133,9 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     try:
         world.queue.close()
     finally:
-        heartbeat.stop()  # marks this rank as leaving, so peers do not take it for failed
+        # Marks this rank as leaving, so peers do not take it for hung; at exit, declares it
+        # failed first.
+        heartbeat.stop(abandoned=abandoned)
         try:
             if world.transport is not None:
                 world.transport.close()
@@ -131,7 +144,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
                 world.store.close()
 
 
-atexit.register(destroy_process_group)
+atexit.register(_destroy_at_exit)
 
 
 def is_initialized() -> bool:

@@ -5,7 +5,8 @@ With a store (tcp, shm, and mpi jobs spanning hosts, see ``mpi_heartbeat``): eve
 rank whose counter stood still for ``timeout`` seconds failed (killed, stopped, cut off); a
 store silent for ``timeout`` seconds means rank 0 itself died, hung or is unreachable, and a
 store that closes without rank 0 having announced its leaving means rank 0 died. Failures a
-transport finds are shared the same way (``report``), so every rank names the same culprit.
+transport finds are shared the same way (``report``), so every rank names the same culprit,
+and so is a rank's own leaving through the exit hooks without ``destroy_process_group``.
 Verdicts go out as numbered lists that every rank reads and acknowledges; whoever published one
 (and rank 0, before it closes the store) waits, a bounded time, until every live rank has heard.
 
@@ -33,6 +34,8 @@ TIMEOUT_ENV = "NEURAL_ARCH_HEARTBEAT_TIMEOUT"
 DEFAULT_INTERVAL_S, DEFAULT_TIMEOUT_S = 0.5, 6.0
 LEFT_MARK = 1 << 40  # added to its counter by a rank that leaves cleanly
 KEY_PREFIX = "neural_arch/heartbeat"
+ABANDONED_REASON = ("it left the job without destroy_process_group (its program ended or an "
+                    "exception escaped it while the process group was in use)")
 _STOP_WAIT_S = 2.0
 _TRUE, _FALSE = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
 
@@ -170,11 +173,19 @@ def start(rank: int, world_size: int, store=None, transport=None,
     return _monitor.mode
 
 
-def stop() -> None:
-    """Stop the monitor (leaving cleanly) and forget recorded failures. Safe to call twice."""
+def stop(abandoned: bool = False) -> None:
+    """Stop the monitor and forget recorded failures. Safe to call twice.
+
+    ``abandoned``: the process is exiting with its process group still initialized (its
+    program ended or raised without ``destroy_process_group``). Peers may still be waiting
+    for it in a collective, so it is declared failed to them, before its connections close,
+    rather than leaving cleanly: each then names this rank, not a peer that left because of it.
+    """
     global _monitor, _failures
     monitor, _monitor = _monitor, None
     if monitor is not None:
+        if abandoned:
+            monitor.abandon(ABANDONED_REASON)
         monitor.stop(_STOP_WAIT_S + monitor.linger_s)
     with _lock:
         _failures = None

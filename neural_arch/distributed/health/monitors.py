@@ -53,6 +53,10 @@ class _Monitor:
     def publish(self, rank: int, reason: str) -> None:
         """Tell the other ranks, where this monitor can."""
 
+    def abandon(self, reason: str) -> None:
+        """This rank is leaving without destroy_process_group: declare it failed, where this
+        monitor can tell the other ranks (see ``heartbeat.stop``)."""
+
     def stop(self, wait: float) -> None:
         # A thread stuck on an unreachable store is left behind (a daemon; it gives up within
         # ``timeout``) rather than holding up destroy_process_group.
@@ -87,6 +91,7 @@ class StoreMonitor(_Monitor):
         self._outbox: deque = deque()  # (rank, reason) found here, to be published
         self._unwritten: dict = {}  # failure list number -> when it was first seen missing
         self._rank0_leaving = False
+        self._abandoned = False  # this rank declares itself failed as it leaves (``abandon``)
         self.linger_s = 2 * config.interval + 0.5
         # Rank 0's requests (to the store it serves itself) fail after this long; the other
         # ranks' requests are bounded by what is left of ``timeout`` (``_bound``).
@@ -96,6 +101,10 @@ class StoreMonitor(_Monitor):
     def publish(self, rank: int, reason: str) -> None:
         self._outbox.append((rank, reason))
         self._wake.set()
+
+    def abandon(self, reason: str) -> None:
+        self._abandoned = True
+        self.publish(self.rank, reason)
 
     def _run(self) -> None:
         # Both clocks start here, at init: a peer whose heartbeat connection never completes
@@ -221,10 +230,16 @@ class StoreMonitor(_Monitor):
         if prefix is None or self._store is None:
             return
         try:
+            if self._outbox:  # found, or abandoned, after the last tick had published
+                news = [self._outbox.popleft() for _ in range(len(self._outbox))]
+                self._publish(prefix, {"failures": [{"rank": r, "reason": w} for r, w in news]})
+            # The mark stops rank 0 from taking this silence for a hang; a rank that abandons
+            # the job has declared itself failed just before.
             self._store.add(f"{prefix}/beat/{self.rank}", LEFT_MARK)
             if self.rank == 0:  # the store closes with us: the others must know it is no crash
                 self._publish(prefix, {"rank0_leaving": True})
-            lists = self._own if self.rank == 0 or heartbeat.failures() else []
+            lists = (self._own if self.rank == 0 or heartbeat.failures() or self._abandoned
+                     else [])
             self._wait_until_heard(prefix, lists)
         except DistributedError:
             pass  # rank 0 is gone already: nobody is left to misjudge our silence
@@ -244,7 +259,7 @@ class StoreMonitor(_Monitor):
                     pending.discard((version, peer))
             if pending:
                 time.sleep(0.02)
-        if versions and heartbeat.failures():
+        if versions and (heartbeat.failures() or self._abandoned):
             time.sleep(_NOTICE_S)  # their wait loops look at what they heard every ~0.1 s
 
 

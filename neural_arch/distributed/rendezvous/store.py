@@ -6,6 +6,7 @@ here too.
 """
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import threading
@@ -23,8 +24,8 @@ from .store_server import _listen, _Server
 
 __all__ = [
     "ADD", "CHECK", "DEFAULT_MAX_VALUE_BYTES", "DELETE", "GET", "MAX_KEY_BYTES", "MAX_TIMEOUT_S",
-    "SET", "WAIT", "FrameError", "Request", "TCPStore", "barrier", "decode_keys", "encode_keys",
-    "encode_request", "read_request",
+    "SET", "WAIT", "FrameError", "Request", "TCPStore", "barrier", "claim_rank", "decode_keys",
+    "encode_keys", "encode_request", "read_request",
 ]
 
 _GRACE_S = 10.0  # the server answers "timed out" itself; the socket waits this much longer
@@ -254,3 +255,33 @@ def barrier(store: TCPStore, key_prefix: str, world_size: int, rank: int,
                    if not store.check([f"{key_prefix}/arrived/{r}"])]
         raise CollectiveTimeoutError(f"barrier {key_prefix!r} timed out; ranks {missing} never "
                                      "arrived", rank=rank, op="store.barrier") from None
+
+
+_CLAIM_KEY = "neural_arch/init/rank"
+
+
+def claim_rank(store: TCPStore, rank: int) -> None:
+    """Join ``store`` as ``rank``, or raise RendezvousError when another process already did.
+
+    Rank 0 serves a fresh store for each job (and each restart), so each rank joins it once. A
+    second claim means this rank reached another job's store: one started on the same
+    MASTER_ADDR/MASTER_PORT with the same secret (its own rank 0 then failed to bind the port),
+    or two processes of one job were given the same RANK. Without this check such a rank would
+    read the other job's rendezvous data and wait for its own rank 0 until the timeout.
+    """
+    key = f"{_CLAIM_KEY}/{rank}"
+    claims = store.add(key, 1)
+    if claims == 1:
+        store.set(f"{key}/by", f"pid {os.getpid()} on host {socket.gethostname()}")
+        return
+    # The first claimant writes who it is right after claiming; wait for that only briefly.
+    try:
+        holder = store.get(f"{key}/by", timeout=1.0).decode(errors="replace")
+    except CollectiveTimeoutError:
+        holder = "a process that has not said who it is yet"
+    raise RendezvousError(
+        f"the store at {store.host}:{store.port} already has a rank {rank}: {holder} joined it "
+        f"as rank {rank} first (this process is join {claims} of rank {rank}). This store serves "
+        "another job, started on the same MASTER_ADDR/MASTER_PORT with the same secret, or two "
+        f"processes were given RANK={rank}; give each job its own MASTER_PORT", rank=rank,
+        op="init_process_group")

@@ -319,3 +319,19 @@ def test_a_failure_a_transport_found_is_shared_with_the_other_ranks(server):
     heartbeat.stop()
     assert server.add(f"{PREFIX}/beat/1", 0) >= heartbeat.LEFT_MARK
     client.close()
+
+
+def test_a_rank_that_leaves_without_destroy_declares_itself_failed(server):
+    # As the exit hooks do for a program that ended with its process group in use: peers may
+    # still wait for this rank, so they must name it rather than take its leaving for clean.
+    client = TCPStore("127.0.0.1", server.port, secret=SECRET)
+    heartbeat.start(1, 2, client, config=FAST)
+    assert eventually(lambda: server.check([f"{PREFIX}/beat/1"]), 5.0)
+    heard = threading.Timer(0.2, server.set, args=(f"{PREFIX}/heard/1/0", b"1"))
+    heard.start()  # rank 0 reads the verdict a moment later; the leaving rank waits for that
+    heartbeat.stop(abandoned=True)
+    heard.join()
+    verdict = json.loads(server.get(f"{PREFIX}/failed/1", timeout=1.0))
+    assert verdict == {"failures": [{"rank": 1, "reason": heartbeat.ABANDONED_REASON}]}
+    assert server.add(f"{PREFIX}/beat/1", 0) >= heartbeat.LEFT_MARK  # not taken for hung
+    client.close()

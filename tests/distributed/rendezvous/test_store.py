@@ -1,5 +1,6 @@
 """The rendezvous TCPStore: semantics across processes, timeouts, and hostile peers."""
 import multiprocessing as mp
+import os
 import pickle
 import socket
 import struct
@@ -13,7 +14,7 @@ from neural_arch.distributed.errors import (AuthenticationError, CollectiveTimeo
                                             RendezvousError)
 from neural_arch.distributed.rendezvous.auth import client_handshake
 from neural_arch.distributed.rendezvous.store import (ADD, GET, SET, TCPStore, barrier,
-                                                      encode_request)
+                                                      claim_rank, encode_request)
 
 pytestmark = pytest.mark.timeout(90)
 SECRET = b"store-test-secret"
@@ -144,6 +145,19 @@ def test_many_processes_rendezvous(server):
 def test_barrier_timeout_names_missing_ranks(server):
     with pytest.raises(CollectiveTimeoutError, match=r"ranks \[1, 2\] never arrived"):
         barrier(server, "lonely", 3, 0, timeout=0.3)
+
+
+def test_a_second_claim_of_a_rank_names_the_rank_the_store_and_the_holder(server):
+    first, second = _client(server, rank=1), _client(server, rank=1)
+    claim_rank(first, 1)
+    claim_rank(second, 2)  # another rank joins as usual
+    with pytest.raises(RendezvousError) as info:
+        claim_rank(second, 1)  # as another job's rank 1 reaching this store would
+    message = str(info.value)
+    assert info.value.rank == 1 and info.value.op == "init_process_group"
+    assert f"store at 127.0.0.1:{server.port} already has a rank 1" in message
+    assert f"pid {os.getpid()} on host" in message
+    first.close(), second.close()
 
 
 def test_port_in_use_is_a_rendezvous_error():
