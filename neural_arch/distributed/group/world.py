@@ -131,7 +131,17 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
                 world.store.close()
 
 
-atexit.register(destroy_process_group)
+def _at_exit() -> None:
+    """The interpreter exits: tear down what is left, then let the transports end the job if
+    it is broken (an MPI job then ends rather than waiting for its peers in MPI_Finalize)."""
+    peer_failed = bool(heartbeat.failures())  # destroy_process_group forgets them
+    try:
+        destroy_process_group()
+    finally:
+        transports.at_process_exit(peer_failed)
+
+
+atexit.register(_at_exit)
 
 
 def is_initialized() -> bool:

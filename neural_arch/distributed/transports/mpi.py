@@ -18,6 +18,7 @@ import hashlib
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 from typing import Optional
@@ -29,12 +30,46 @@ from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, Distribut
                       PeerFailureError)
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
 from .mpi_collectives import MpiCollectives
+from .mpi_notices import FAILED, LEFT, Notices
 
 _TAG = 0x4E46
 _CHUNK = 1 << 30  # MPI counts are C ints
 _LIVENESS_PERIOD_S = 0.5
 _FAILED_LOOKS = 5  # over one liveness period, for news of a failure to arrive
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
+# At exit after a failure, how long this rank lets its peers' wait loops (which look every
+# ``_LIVENESS_PERIOD_S``) and pid watches find the failure and report it before it ends the job.
+_EXIT_LINGER_S = 2.0
+_broken: Optional[str] = None  # why this process's MPI job is broken (see ``at_process_exit``)
+
+
+def _mark_broken(why: str) -> None:
+    global _broken
+    if _broken is None:
+        _broken = why
+
+
+def at_process_exit(peer_failed: bool = False) -> None:
+    """At interpreter exit, once the process group is destroyed and before mpi4py's
+    ``MPI_Finalize``: end the whole job when this process's MPI job is broken.
+
+    ``MPI_Finalize`` waits for every rank of the job, and a stopped or deadlocked peer never
+    comes, so a survivor that raised would hang there (and mpiexec with it). ``Abort`` instead
+    makes mpiexec end every rank, the failed one included, and exit non-zero: the job failed.
+    ``peer_failed``: the heartbeat knew of a failed peer, whether or not a wait here saw it."""
+    why = _broken or ("the heartbeat declared a peer failed" if peer_failed else None)
+    MPI = sys.modules.get("mpi4py.MPI")
+    if why is None or MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    if MPI.COMM_WORLD.Get_size() < 2:
+        return
+    time.sleep(_EXIT_LINGER_S)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    MPI.COMM_WORLD.Abort(1)
 
 
 def _import_mpi():
@@ -125,6 +160,8 @@ class MpiTransport(Transport):
         self._comm = base.Dup()  # collective, like MPI_Init: no timeout can apply here
         self._lock = threading.Lock()
         self._unusable: dict[int, str] = {}
+        self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size)
+        self._left: set[int] = set()  # peers that closed their transport (they left the job)
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
         # watched as closely as one long wait.
@@ -217,14 +254,15 @@ class MpiTransport(Transport):
         MPI = self._mpi
         start = time.monotonic()
         deadline, polls = start + self.timeout, 0
-        self._look(reqs, peers, fp, start)  # even when the requests complete at once
+        self._look(reqs, peers, fp, start, start)  # even when the requests complete at once
         while True:
             try:
                 if MPI.Request.Testall(reqs):
                     return
             except MPI.Exception as e:
                 failed = self._failed_ranks()
-                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}")
+                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}",
+                              peer_failed=bool(failed))
                 if failed:
                     raise PeerFailureError(f"MPI reports rank(s) {failed} failed during "
                                            f"{fp.describe()} ({e})", rank=self.rank,
@@ -234,7 +272,7 @@ class MpiTransport(Transport):
                                        seq=fp.seq) from None
             polls += 1
             now = time.monotonic()
-            self._look(reqs, peers, fp, now)
+            self._look(reqs, peers, fp, start, now)
             if now > deadline:
                 self._give_up(reqs, peers, f"timeout in {fp.describe()}")
                 raise CollectiveTimeoutError(
@@ -244,12 +282,25 @@ class MpiTransport(Transport):
             if polls > 64:  # spin briefly for latency, then stop burning a shared core
                 time.sleep(min(1e-3, 1e-6 * (polls - 64)))
 
-    def _look(self, reqs: list, peers: list[int], fp: Fingerprint, now: float) -> None:
-        """Every ~``_LIVENESS_PERIOD_S`` of this rank's waiting: the pids, then the heartbeat."""
+    def _look(self, reqs: list, peers: list[int], fp: Fingerprint, start: float,
+              now: float) -> None:
+        """Every ~``_LIVENESS_PERIOD_S`` of this rank's waiting: the pids, the peers' notices,
+        then the heartbeat."""
         if now >= self._next_check:
             self._next_check = now + _LIVENESS_PERIOD_S
             self._check_liveness(reqs, peers, fp)
-            heartbeat.check(self.rank, fp.op, fp.seq)
+            gone = self._read_notices(reqs, peers, waited=now - start)
+            try:  # first: a peer that left may have left because of a failure the heartbeat knows
+                heartbeat.check(self.rank, fp.op, fp.seq)
+            except PeerFailureError as e:
+                self._give_up(reqs, [] if e.peer is None else [e.peer], str(e), peer_failed=True)
+                raise
+            if gone:
+                why = f"peer rank {gone[0]} left the job (it closed its transport)"
+                self._give_up(reqs, gone, why, peer_failed=True)
+                raise PeerFailureError(f"{why} while this rank was waiting for it in "
+                                       f"{fp.describe()}", rank=self.rank, peer=gone[0],
+                                       op=fp.op, seq=fp.seq)
 
     def _check_liveness(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
         dead = [peer for peer, (pid, start) in self._local_peers.items()
@@ -257,11 +308,37 @@ class MpiTransport(Transport):
         if dead:
             # Name the peer we wait on first: others may be exiting because of that death.
             dead.sort(key=lambda peer: (peer not in peers, peer))
-            self._give_up(reqs, peers + dead, f"peer rank(s) {dead} died")
+            self._give_up(reqs, peers + dead, f"peer rank(s) {dead} died", peer_failed=True)
             raise PeerFailureError(f"peer rank(s) {dead} on this host (pids "
                                    f"{[self._local_peers[d][0] for d in dead]}) died during "
                                    f"{fp.describe()}", rank=self.rank, peer=dead[0],
                                    op=fp.op, seq=fp.seq)
+
+    def _read_notices(self, reqs: list, peers: list[int], waited: float) -> list[int]:
+        """Take in the peers' notices; return the peers this wait needs that have left.
+
+        A failure a peer found goes to the heartbeat's list, which the caller checks next. A
+        peer that left fails the wait only once this rank has waited ``_LIVENESS_PERIOD_S``
+        for it and the requests still do not complete: a peer that sent its last message and
+        then closed is read, not blamed. Peers this wait does not need may leave: they may have
+        no more work in the subgroups still running. ``peers`` empty: every rank takes part."""
+        for sender, kind, about, reason in self._notices.poll():
+            if kind == LEFT:
+                self._left.add(sender)
+            elif kind == FAILED and about != self.rank:
+                heartbeat.record_failure(about, f"rank {sender} saw: {reason}")
+        needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
+        gone = sorted(needed & self._left)
+        if gone and waited >= _LIVENESS_PERIOD_S and not self._mpi.Request.Testall(reqs):
+            return gone
+        return []
+
+    def publish_failure(self, peer: int, reason: str) -> None:
+        """Tell every other rank that ``peer`` failed (the heartbeat's ``publish`` without a
+        store): their waits then name that peer, not this rank, which leaves because of it."""
+        with self._lock:
+            if self._comm is not None:
+                self._notices.send(FAILED, peer, reason)
 
     def _failed_ranks(self) -> list[int]:
         """Ranks that MPI knows to have failed: with fault tolerance on (Open MPI's
@@ -286,7 +363,7 @@ class MpiTransport(Transport):
             time.sleep(_LIVENESS_PERIOD_S / _FAILED_LOOKS)
         return []
 
-    def _give_up(self, reqs: list, peers: list[int], why: str) -> None:
+    def _give_up(self, reqs: list, peers: list[int], why: str, peer_failed: bool = False) -> None:
         for req in reqs:
             try:
                 req.Cancel()
@@ -294,13 +371,24 @@ class MpiTransport(Transport):
                 pass
         for peer in peers:
             self._unusable.setdefault(peer, why)
+        if peer_failed:  # MPI_Finalize would wait for it (see ``at_process_exit``)
+            _mark_broken(why)
 
     def native_collectives(self) -> MpiCollectives:
         return MpiCollectives(self)
 
     def close(self) -> None:
-        """Free the duplicated communicator. Safe to call twice."""
-        comm, self._comm = self._comm, None
+        """Tell the peers this rank leaves, free the duplicated communicator. Safe to call
+        twice."""
+        polite = self._lock.acquire(timeout=1.0)  # never interleave with a message in flight
+        try:
+            comm, self._comm = self._comm, None
+            if comm is not None and not self._mpi.Is_finalized():
+                self._notices.send(LEFT, self.rank)
+                self._notices.finish()
+        finally:
+            if polite:
+                self._lock.release()
         if comm is not None and not self._mpi.Is_finalized():
             try:
                 comm.Free()
