@@ -11,6 +11,10 @@ times are exchanged at creation and checked while polling) and raise PeerFailure
 fault tolerance on (``mpiexec --with-ft ulfm``) MPI fails the requests that involve a dead rank
 and names it (``Get_failed``), wherever it ran; the process group's heartbeat store
 (``mpi_heartbeat``) finds ranks on other hosts that hang or are cut off.
+
+Ranks that leave, and failures found, are told to every peer in notices (``mpi_notices``): a
+rank whose program ended sits in ``MPI_Finalize``, alive, and only its notice says it left. A
+process that gave up on a failed peer ends the job at exit instead of finalizing (``mpi_exit``).
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ import hashlib
 import os
 import socket
 import struct
-import sys
 import threading
 import time
 from typing import Optional
@@ -30,6 +33,7 @@ from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, Distribut
                       PeerFailureError)
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
 from .mpi_collectives import MpiCollectives
+from .mpi_exit import at_process_exit, mark_broken  # noqa: F401 (at_process_exit: transports)
 from .mpi_notices import FAILED, LEFT, Notices
 
 _TAG = 0x4E46
@@ -37,39 +41,6 @@ _CHUNK = 1 << 30  # MPI counts are C ints
 _LIVENESS_PERIOD_S = 0.5
 _FAILED_LOOKS = 5  # over one liveness period, for news of a failure to arrive
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
-# At exit after a failure, how long this rank lets its peers' wait loops (which look every
-# ``_LIVENESS_PERIOD_S``) and pid watches find the failure and report it before it ends the job.
-_EXIT_LINGER_S = 2.0
-_broken: Optional[str] = None  # why this process's MPI job is broken (see ``at_process_exit``)
-
-
-def _mark_broken(why: str) -> None:
-    global _broken
-    if _broken is None:
-        _broken = why
-
-
-def at_process_exit(peer_failed: bool = False) -> None:
-    """At interpreter exit, once the process group is destroyed and before mpi4py's
-    ``MPI_Finalize``: end the whole job when this process's MPI job is broken.
-
-    ``MPI_Finalize`` waits for every rank of the job, and a stopped or deadlocked peer never
-    comes, so a survivor that raised would hang there (and mpiexec with it). ``Abort`` instead
-    makes mpiexec end every rank, the failed one included, and exit non-zero: the job failed.
-    ``peer_failed``: the heartbeat knew of a failed peer, whether or not a wait here saw it."""
-    why = _broken or ("the heartbeat declared a peer failed" if peer_failed else None)
-    MPI = sys.modules.get("mpi4py.MPI")
-    if why is None or MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
-        return
-    if MPI.COMM_WORLD.Get_size() < 2:
-        return
-    time.sleep(_EXIT_LINGER_S)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    MPI.COMM_WORLD.Abort(1)
 
 
 def _import_mpi():
@@ -372,7 +343,7 @@ class MpiTransport(Transport):
         for peer in peers:
             self._unusable.setdefault(peer, why)
         if peer_failed:  # MPI_Finalize would wait for it (see ``at_process_exit``)
-            _mark_broken(why)
+            mark_broken(why)
 
     def native_collectives(self) -> MpiCollectives:
         return MpiCollectives(self)
