@@ -297,7 +297,7 @@ class MpiTransport(Transport):
             if kind == LEFT:
                 self._left.add(sender)
             elif kind == FAILED and about != self.rank:
-                heartbeat.record_failure(about, f"rank {sender} saw: {reason}")
+                heartbeat.record_failure(about, reason)  # it says who saw it
         needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
         gone = sorted(needed & self._left)
         if gone and waited >= _LIVENESS_PERIOD_S and not self._mpi.Request.Testall(reqs):
