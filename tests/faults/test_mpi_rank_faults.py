@@ -4,7 +4,7 @@ first, a middle and the last rank, SIGSTOP, an early clean exit and an exception
 Open MPI ends the whole job when a rank dies, so a killed rank ends in mpiexec exiting non-zero
 at once, every other rank killed, nothing left. A stopped rank is found by the heartbeat's pid
 watch, a rank that left by the notice its transport sends as it closes; the survivors then end
-the job (MPI_Abort) rather than wait for that rank in MPI_Finalize. SIGKILL with ``--enable-recovery`` is covered in
+the job (they exit without MPI_Finalize) rather than wait for that rank there. SIGKILL with ``--enable-recovery`` is covered in
 tests/distributed/group/test_process_group_multiprocess.py, ranks out of each other's pid sight
 in tests/distributed/health/test_mpi_heartbeat.py.
 """
@@ -59,7 +59,7 @@ def test_a_stopped_rank_is_named_by_every_survivor(stopped):
 
 @pytest.mark.slow
 def test_the_survivors_of_a_stopped_rank_end_on_their_own(stopped):
-    # A broken MPI job is ended (MPI_Abort) rather than finalized: mpiexec stops every rank,
+    # A survivor of a broken MPI job exits without finalizing: mpiexec then stops every rank,
     # the stopped one included, and exits non-zero.
     assert stopped.stuck == []
     assert stopped.launcher_exit not in (0, None), stopped.logs

@@ -1,14 +1,18 @@
-"""How a process of a broken MPI job ends: ``MPI_Abort`` rather than ``MPI_Finalize``.
+"""How a process of a broken MPI job ends: at once, without ``MPI_Finalize``.
 
 mpi4py finalizes MPI when the interpreter exits, and ``MPI_Finalize`` waits for every rank of
 the job. A rank that raised because a peer is stopped, dead or gone would wait there for that
 peer for ever, and mpiexec with it. The transport marks the job broken when a wait of this
 process gives up on a failed peer (``mark_broken``); at exit, after the process group is
 destroyed (``transports.at_process_exit``), such a process lingers a moment so that its peers
-can report the failure too, then ends the whole job.
+can report the failure too, then exits with code 1 without finalizing. mpiexec takes a rank
+that ends so for a failed job and ends every rank, the failed one included, and exits non-zero.
+``os._exit`` rather than ``MPI_Abort``: the survivors of a failure exit at about the same time,
+and Open MPI's launcher can crash when several ranks abort at once.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Optional
@@ -31,9 +35,10 @@ def at_process_exit(peer_failed: bool = False) -> None:
     """At interpreter exit, once the process group is destroyed and before mpi4py's
     ``MPI_Finalize``: end the whole job when this process's MPI job is broken.
 
-    ``MPI_Finalize`` waits for every rank of the job, and a stopped or deadlocked peer never
-    comes, so a survivor that raised would hang there (and mpiexec with it). ``Abort`` instead
+    ``MPI_Finalize`` waits for every rank of the job, and a stopped or hung peer never
+    comes, so a survivor that raised would hang there (and mpiexec with it). Exiting without it
     makes mpiexec end every rank, the failed one included, and exit non-zero: the job failed.
+    Output is flushed first (the traceback of the error is printed before exit hooks run).
     ``peer_failed``: the heartbeat knew of a failed peer, whether or not a wait here saw it."""
     why = _broken or ("the heartbeat declared a peer failed" if peer_failed else None)
     MPI = sys.modules.get("mpi4py.MPI")
@@ -47,4 +52,4 @@ def at_process_exit(peer_failed: bool = False) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    MPI.COMM_WORLD.Abort(1)
+    os._exit(1)
