@@ -31,12 +31,9 @@ ODD = {  # what the odd rank calls, as Fingerprint.describe writes it
     "collective": "broadcast:0 #3 (group 0, 8 x float64)",
 }
 CASES = [("size", 0), ("dtype", 2), ("reduce_op", 1), ("collective", 0), ("collective", 2)]
-# A known defect, a strict xfail: on mpi, the ranks that take no part in the exchange that
-# carried the mismatch are never told.
+# Known defects, strict xfails (none at present).
 NOT_NAMED: dict = {}
-UNTOLD = {("mpi", kind, odd): "mpi: the ranks that did not receive the mismatched message are "
-          "never told (a rank that raised stays in the job), so they wait out their collective "
-          "timeout (30 min by default)" for kind, odd in CASES}
+UNTOLD: dict = {}
 
 
 def disagree(rank: int, world_size: int, kind: str, odd: int) -> tuple:

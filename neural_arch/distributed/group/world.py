@@ -111,12 +111,6 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     _destroy(group, abandoned=False)
 
 
-def _destroy_at_exit() -> None:
-    # The program ended (or raised) with the group still in use: peers may wait for this rank
-    # in a collective, so this is no clean departure (see ``heartbeat.stop``).
-    _destroy(None, abandoned=True)
-
-
 def _destroy(group: Optional[ProcessGroup], abandoned: bool) -> None:
     global _WORLD
     world = _WORLD
@@ -144,7 +138,21 @@ def _destroy(group: Optional[ProcessGroup], abandoned: bool) -> None:
                 world.store.close()
 
 
-atexit.register(_destroy_at_exit)
+def _at_exit() -> None:
+    """The interpreter exits: tear down what is left, then let the transports end the job if
+    it is broken (an MPI job then ends rather than waiting for its peers in MPI_Finalize).
+
+    A group still in use here was abandoned: the program ended (or raised) without
+    ``destroy_process_group`` while peers may wait for this rank in a collective, so this is no
+    clean departure (see ``heartbeat.stop``)."""
+    peer_failed = bool(heartbeat.failures())  # tearing down forgets them
+    try:
+        _destroy(None, abandoned=True)
+    finally:
+        transports.at_process_exit(peer_failed)
+
+
+atexit.register(_at_exit)
 
 
 def is_initialized() -> bool:

@@ -166,7 +166,9 @@ def start(rank: int, world_size: int, store=None, transport=None,
         address = (store.host, store.port, store._secret)
         _monitor = StoreMonitor(rank, world_size, address, config)
     elif pids:
-        _monitor = PidMonitor(rank, dict(pids), config)
+        # Without a store, a transport that can tell its peers (mpi) carries published failures.
+        _monitor = PidMonitor(rank, dict(pids), config,
+                              publish=getattr(transport, "publish_failure", None))
     else:
         return None
     _monitor.start()

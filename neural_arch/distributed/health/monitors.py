@@ -268,9 +268,10 @@ class PidMonitor(_Monitor):
 
     mode = "pids"
 
-    def __init__(self, rank: int, pids: dict, config: HeartbeatConfig) -> None:
+    def __init__(self, rank: int, pids: dict, config: HeartbeatConfig, publish=None) -> None:
         super().__init__(rank, config)
         self._pids = dict(pids)
+        self._publish = publish  # (rank, reason) -> None: the transport's word to its peers
         self.note = (f"same-host peers {sorted(self._pids)} are watched by pid; peers on other "
                      "hosts are not watched")
 
@@ -289,3 +290,7 @@ class PidMonitor(_Monitor):
                                            f"{now - since:.1f} s")
                 else:
                     stopped_since.pop(peer, None)
+
+    def publish(self, rank: int, reason: str) -> None:
+        if self._publish is not None:
+            self._publish(rank, reason)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -113,5 +114,16 @@ def create_transport(name: str, *, rank: int, world_size: int, store, timeout: f
     return entry.factory(rank, world_size, store, timeout, secret)
 
 
-__all__ = ["Fingerprint", "Transport", "TransportSpec", "available_transports",
+def at_process_exit(peer_failed: bool = False) -> None:
+    """At interpreter exit, after the process group is destroyed: let each transport module this
+    process loaded end what it must (an MPI job broken by a failure is ended rather than
+    finalized, see ``mpi.at_process_exit``). Loads nothing, so it never initialises MPI."""
+    for name in list(_REGISTRY):
+        module = sys.modules.get(f"{__name__}.{name}")
+        hook = getattr(module, "at_process_exit", None)
+        if hook is not None:
+            hook(peer_failed)
+
+
+__all__ = ["at_process_exit", "Fingerprint", "Transport", "TransportSpec", "available_transports",
            "create_transport", "is_available", "known_transports", "register_transport", "spec"]

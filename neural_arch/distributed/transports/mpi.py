@@ -11,6 +11,10 @@ times are exchanged at creation and checked while polling) and raise PeerFailure
 fault tolerance on (``mpiexec --with-ft ulfm``) MPI fails the requests that involve a dead rank
 and names it (``Get_failed``), wherever it ran; the process group's heartbeat store
 (``mpi_heartbeat``) finds ranks on other hosts that hang or are cut off.
+
+Ranks that leave, and failures found, are told to every peer in notices (``mpi_notices``): a
+rank whose program ended sits in ``MPI_Finalize``, alive, and only its notice says it left. A
+process that gave up on a failed peer ends the job at exit instead of finalizing (``mpi_exit``).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from ..errors import (CollectiveMismatchError, CollectiveTimeoutError, Distribut
                       PeerFailureError)
 from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
 from .mpi_collectives import MpiCollectives
+from .mpi_exit import at_process_exit, mark_broken  # noqa: F401 (at_process_exit: transports)
+from .mpi_notices import FAILED, LEFT, Notices
 
 _TAG = 0x4E46
 _CHUNK = 1 << 30  # MPI counts are C ints
@@ -88,6 +94,8 @@ class MpiTransport(Transport):
         self._comm = base.Dup()  # collective, like MPI_Init: no timeout can apply here
         self._lock = threading.Lock()
         self._unusable: dict[int, str] = {}
+        self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size)
+        self._left: set[int] = set()  # peers that closed their transport (they left the job)
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
         # watched as closely as one long wait.
@@ -180,14 +188,15 @@ class MpiTransport(Transport):
         MPI = self._mpi
         start = time.monotonic()
         deadline, polls = start + self.timeout, 0
-        self._look(reqs, peers, fp, start)  # even when the requests complete at once
+        self._look(reqs, peers, fp, start, start)  # even when the requests complete at once
         while True:
             try:
                 if MPI.Request.Testall(reqs):
                     return
             except MPI.Exception as e:
                 failed = self._failed_ranks()
-                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}")
+                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}",
+                              peer_failed=bool(failed))
                 if failed:
                     raise PeerFailureError(f"MPI reports rank(s) {failed} failed during "
                                            f"{fp.describe()} ({e})", rank=self.rank,
@@ -197,7 +206,7 @@ class MpiTransport(Transport):
                                        seq=fp.seq) from None
             polls += 1
             now = time.monotonic()
-            self._look(reqs, peers, fp, now)
+            self._look(reqs, peers, fp, start, now)
             if now > deadline:
                 self._give_up(reqs, peers, f"timeout in {fp.describe()}")
                 raise CollectiveTimeoutError(
@@ -207,12 +216,25 @@ class MpiTransport(Transport):
             if polls > 64:  # spin briefly for latency, then stop burning a shared core
                 time.sleep(min(1e-3, 1e-6 * (polls - 64)))
 
-    def _look(self, reqs: list, peers: list[int], fp: Fingerprint, now: float) -> None:
-        """Every ~``_LIVENESS_PERIOD_S`` of this rank's waiting: the pids, then the heartbeat."""
+    def _look(self, reqs: list, peers: list[int], fp: Fingerprint, start: float,
+              now: float) -> None:
+        """Every ~``_LIVENESS_PERIOD_S`` of this rank's waiting: the pids, the peers' notices,
+        then the heartbeat."""
         if now >= self._next_check:
             self._next_check = now + _LIVENESS_PERIOD_S
             self._check_liveness(reqs, peers, fp)
-            heartbeat.check(self.rank, fp.op, fp.seq)
+            gone = self._read_notices(reqs, peers, waited=now - start)
+            try:  # first: a peer that left may have left because of a failure the heartbeat knows
+                heartbeat.check(self.rank, fp.op, fp.seq)
+            except PeerFailureError as e:
+                self._give_up(reqs, [] if e.peer is None else [e.peer], str(e), peer_failed=True)
+                raise
+            if gone:
+                why = f"peer rank {gone[0]} left the job (it closed its transport)"
+                self._give_up(reqs, gone, why, peer_failed=True)
+                raise PeerFailureError(f"{why} while this rank was waiting for it in "
+                                       f"{fp.describe()}", rank=self.rank, peer=gone[0],
+                                       op=fp.op, seq=fp.seq)
 
     def _check_liveness(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
         dead = [peer for peer, (pid, start) in self._local_peers.items()
@@ -220,11 +242,37 @@ class MpiTransport(Transport):
         if dead:
             # Name the peer we wait on first: others may be exiting because of that death.
             dead.sort(key=lambda peer: (peer not in peers, peer))
-            self._give_up(reqs, peers + dead, f"peer rank(s) {dead} died")
+            self._give_up(reqs, peers + dead, f"peer rank(s) {dead} died", peer_failed=True)
             raise PeerFailureError(f"peer rank(s) {dead} on this host (pids "
                                    f"{[self._local_peers[d][0] for d in dead]}) died during "
                                    f"{fp.describe()}", rank=self.rank, peer=dead[0],
                                    op=fp.op, seq=fp.seq)
+
+    def _read_notices(self, reqs: list, peers: list[int], waited: float) -> list[int]:
+        """Take in the peers' notices; return the peers this wait needs that have left.
+
+        A failure a peer found goes to the heartbeat's list, which the caller checks next. A
+        peer that left fails the wait only once this rank has waited ``_LIVENESS_PERIOD_S``
+        for it and the requests still do not complete: a peer that sent its last message and
+        then closed is read, not blamed. Peers this wait does not need may leave: they may have
+        no more work in the subgroups still running. ``peers`` empty: every rank takes part."""
+        for sender, kind, about, reason in self._notices.poll():
+            if kind == LEFT:
+                self._left.add(sender)
+            elif kind == FAILED and about != self.rank:
+                heartbeat.record_failure(about, reason)  # it says who saw it
+        needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
+        gone = sorted(needed & self._left)
+        if gone and waited >= _LIVENESS_PERIOD_S and not self._mpi.Request.Testall(reqs):
+            return gone
+        return []
+
+    def publish_failure(self, peer: int, reason: str) -> None:
+        """Tell every other rank that ``peer`` failed (the heartbeat's ``publish`` without a
+        store): their waits then name that peer, not this rank, which leaves because of it."""
+        with self._lock:
+            if self._comm is not None:
+                self._notices.send(FAILED, peer, reason)
 
     def _failed_ranks(self) -> list[int]:
         """Ranks that MPI knows to have failed: with fault tolerance on (Open MPI's
@@ -249,7 +297,7 @@ class MpiTransport(Transport):
             time.sleep(_LIVENESS_PERIOD_S / _FAILED_LOOKS)
         return []
 
-    def _give_up(self, reqs: list, peers: list[int], why: str) -> None:
+    def _give_up(self, reqs: list, peers: list[int], why: str, peer_failed: bool = False) -> None:
         for req in reqs:
             try:
                 req.Cancel()
@@ -257,13 +305,24 @@ class MpiTransport(Transport):
                 pass
         for peer in peers:
             self._unusable.setdefault(peer, why)
+        if peer_failed:  # MPI_Finalize would wait for it (see ``at_process_exit``)
+            mark_broken(why)
 
     def native_collectives(self) -> MpiCollectives:
         return MpiCollectives(self)
 
     def close(self) -> None:
-        """Free the duplicated communicator. Safe to call twice."""
-        comm, self._comm = self._comm, None
+        """Tell the peers this rank leaves, free the duplicated communicator. Safe to call
+        twice."""
+        polite = self._lock.acquire(timeout=1.0)  # never interleave with a message in flight
+        try:
+            comm, self._comm = self._comm, None
+            if comm is not None and not self._mpi.Is_finalized():
+                self._notices.send(LEFT, self.rank)
+                self._notices.finish()
+        finally:
+            if polite:
+                self._lock.release()
         if comm is not None and not self._mpi.Is_finalized():
             try:
                 comm.Free()
