@@ -110,6 +110,10 @@ class Leftovers:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # SIGKILL is delivered asynchronously: the next run starts once these are gone.
+        gone_by = time.monotonic() + SETTLE_S
+        while any(alive(p) for p in running) and time.monotonic() < gone_by:
+            time.sleep(0.01)
         ours = pids | running
         for name in sorted(_segments() - self._before):
             creator = _creator(name)
