@@ -39,6 +39,9 @@ MANIFEST = "manifest.json"
 META = "meta.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
+# A sharded model's checkpoint holds each rank's pieces in files of their own.
+_MODEL_SHARD = "model.shard{}.safetensors"
+_OPTIMIZER_SHARD = "optimizer.shard{}.safetensors"
 _NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)$")
 # Temporaries written before writers were recorded have no ``<writer>-`` part.
 _TEMPORARY = re.compile(rf"^ckpt-e\d+-s\d+\.(?:tmp|old)-(?:({owner.PATTERN})-)?[0-9a-f]+$")
@@ -103,6 +106,16 @@ def rank_file(rank: int) -> str:
     return f"rank{rank}.json"
 
 
+def shard_files(rank: int) -> Tuple[str, str]:
+    """The files holding rank ``rank``'s model and optimizer shards."""
+    return _MODEL_SHARD.format(rank), _OPTIMIZER_SHARD.format(rank)
+
+
+def is_per_rank_file(file_name: str) -> bool:
+    """Files that one rank's load may skip: other ranks' states and shards."""
+    return file_name.startswith("rank") or ".shard" in file_name
+
+
 # ----- bytes ---------------------------------------------------------------------------------------
 def safetensors_bytes(arrays: Dict[str, Any]) -> bytes:
     return save_safetensors({k: host_array(v) for k, v in arrays.items()})
@@ -130,14 +143,43 @@ def fsync_directory(path: str) -> None:
 
 def write_checkpoint_directory(parent: str, name: str, files: Dict[str, bytes]) -> str:
     """Write ``files`` and their manifest atomically as ``parent/name``; returns its path."""
-    temporary = os.path.join(parent, temporary_name(name, "tmp"))
-    final = os.path.join(parent, name)
-    os.mkdir(temporary)
+    temporary = begin_checkpoint_directory(parent, name)
     try:
-        listing = {}
-        for file_name, data in files.items():
-            _write_synced(os.path.join(temporary, file_name), data)
-            listing[file_name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        listing = {file_name: write_checkpoint_file(temporary, file_name, data)
+                   for file_name, data in files.items()}
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return finish_checkpoint_directory(parent, name, temporary, listing)
+
+
+# A checkpoint written by several processes (each rank its own shard files) goes through the
+# same three steps: one writer begins the temporary directory, every writer adds its files and
+# reports their listing entries, the first writer finishes (manifest, then the rename).
+def begin_checkpoint_directory(parent: str, name: str) -> str:
+    """Create the temporary directory a checkpoint ``name`` is written into; its path."""
+    temporary = os.path.join(parent, temporary_name(name, "tmp"))
+    os.mkdir(temporary)
+    return temporary
+
+
+def remove_temporary_directory(temporary: str) -> None:
+    """Drop a checkpoint that will not be finished."""
+    shutil.rmtree(temporary, ignore_errors=True)
+
+
+def write_checkpoint_file(temporary: str, file_name: str, data: bytes) -> Dict[str, Any]:
+    """Write one file of a checkpoint being built; returns its manifest entry."""
+    _write_synced(os.path.join(temporary, file_name), data)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def finish_checkpoint_directory(parent: str, name: str, temporary: str,
+                                listing: Dict[str, Dict[str, Any]]) -> str:
+    """Write the manifest of ``listing`` and move the checkpoint into place as ``parent/name``
+    (replacing one of the same name); the temporary is removed on failure."""
+    final = os.path.join(parent, name)
+    try:
         manifest = {"format": FORMAT, "version": VERSION, "files": listing}
         _write_synced(os.path.join(temporary, MANIFEST), json_bytes(manifest))
         fsync_directory(temporary)
@@ -169,7 +211,7 @@ def remove_checkpoint_directory(path: str) -> None:
 def read_checkpoint_directory(directory: str, wanted: Optional[set] = None) -> Dict[str, Any]:
     """Every file of a checkpoint, checked against its manifest and parsed: arrays by name for
     safetensors, objects for JSON. ``wanted`` limits the rank files read (others are skipped,
-    not checked). Raises ``CheckpointCorruptError`` naming the first bad file, or
+    not checked; see ``is_per_rank_file``). Raises ``CheckpointCorruptError`` naming the first bad file, or
     ``CheckpointChangedError`` when a writer removed or replaced the checkpoint meanwhile."""
     try:
         handle = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -218,7 +260,7 @@ def _read_open_directory(directory: str, handle: int, wanted: Optional[set]) -> 
     manifest = _read_manifest(directory, _read_file(directory, handle, MANIFEST))
     contents: Dict[str, Any] = {}
     for file_name, entry in manifest["files"].items():
-        if wanted is not None and file_name.startswith("rank") and file_name not in wanted:
+        if wanted is not None and is_per_rank_file(file_name) and file_name not in wanted:
             continue
         data = _read_file(directory, handle, file_name)
         if len(data) != entry["size"]:

@@ -16,6 +16,10 @@ optimizer are replicated): rank files of ranks that no longer exist are ignored,
 seeds its generators from rank 0's saved states and its own rank index (``derive_rng``), so a
 relaunch of the same job is reproducible. It takes rank 0's sampler state.
 
+A sharded model (``FullyShardedDataParallel``) is saved without gathering it: each rank writes
+its own shard files and rank 0 the rest (``sharded``); it resumes on any world size. A ZeRO-1
+optimizer (``consolidate_state_dict``) is consolidated on rank 0 before rank 0 writes it.
+
 Resume convention: a checkpoint saved with ``(epoch, step)`` holds the state *after* that step;
 ``setup_fault_tolerant_training`` returns ``start_epoch=epoch`` and ``start_step=step + 1``,
 the first step not yet done (counted the way the caller counted ``step``).
@@ -30,7 +34,9 @@ import numpy as np
 
 from ..errors import DistributedError
 from ..group.world import is_initialized, resolve_group
+from . import exchange
 from . import format as fmt
+from . import sharded as sharded_io
 from . import state as state_io
 from .directory import READ_ATTEMPTS, CheckpointDirectory
 from .format import (CheckpointChangedError, CheckpointCorruptError, CheckpointError,
@@ -126,21 +132,30 @@ class DistributedCheckpointManager:
             if pg is None:
                 raise
             local_error, mine = exc, {"error": f"{type(exc).__name__}: {exc}"}
-        states = [mine] if pg is None else state_io.gather_json(pg, mine)
+        states = [mine] if pg is None else exchange.gather_json(pg, mine)
         if local_error is not None:
             raise local_error
         self._check_agreement(states, rank, pg)
+        if pg is not None and callable(getattr(optimizer, "consolidate_state_dict", None)):
+            optimizer.consolidate_state_dict(to=0)  # ZeRO-1: rank 0 writes every rank's state
         write_error: Optional[Exception] = None
         path = os.path.join(self.checkpoint_dir, name)
+        shards = None
+        if model is not None and sharded_io.is_sharded(state_io.unwrap_model(model)):
+            if rank == 0:
+                self._directory.remove_temporaries()
+            shards = sharded_io.write_rank_shards(self.checkpoint_dir, name,
+                                                  state_io.unwrap_model(model), optimizer, rank,
+                                                  world_size, pg)
         if rank == 0:
             try:
                 path = self._write(name, states, model, optimizer, epoch, step, loss_value,
-                                   additional_state, scheduler, loss_scaler, world_size)
+                                   additional_state, scheduler, loss_scaler, world_size, shards)
             except Exception as exc:
                 if pg is None:
                     raise
                 write_error = exc
-        if pg is not None and not state_io.all_succeeded(pg, write_error is None):
+        if pg is not None and not exchange.all_succeeded(pg, write_error is None):
             if write_error is not None:
                 raise write_error
             raise DistributedError(f"checkpoint {path} was not written", rank=pg.global_rank,
@@ -162,13 +177,25 @@ class DistributedCheckpointManager:
 
     def _write(self, name: str, states: List[Dict[str, Any]], model: Any, optimizer: Any,
                epoch: int, step: int, loss_value: Optional[float], additional_state: Any,
-               scheduler: Any, loss_scaler: Any, world_size: int) -> str:
-        self._directory.remove_temporaries()
+               scheduler: Any, loss_scaler: Any, world_size: int,
+               shards: Optional[Tuple[str, Dict[str, Any]]] = None) -> str:
         best = min((v for v in (self.best_loss, loss_value) if v is not None and v == v),
                    default=math.inf)
+        if shards is None:
+            self._directory.remove_temporaries()
         files = state_io.build_files(states, model, optimizer, int(epoch), int(step), loss_value,
                                      best, world_size, additional_state, scheduler, loss_scaler)
-        path = fmt.write_checkpoint_directory(self.checkpoint_dir, name, files)
+        if shards is None:
+            path = fmt.write_checkpoint_directory(self.checkpoint_dir, name, files)
+        else:
+            temporary, listing = shards
+            try:
+                listing.update({f: fmt.write_checkpoint_file(temporary, f, data)
+                                for f, data in files.items()})
+            except BaseException:
+                fmt.remove_temporary_directory(temporary)
+                raise
+            path = fmt.finish_checkpoint_directory(self.checkpoint_dir, name, temporary, listing)
         self._directory.forget(path)
         self._directory.rotate(path, self.max_checkpoints)
         return path
@@ -195,47 +222,52 @@ class DistributedCheckpointManager:
             raise TypeError(f"map_location must be None or a device string, got "
                             f"{map_location!r}")
         rank, world_size, pg = self._topology("load_checkpoint")
-        chosen, contents, failure = self._read_chosen(rank, pg, path)
+        chosen, contents, failure = self._read_chosen(rank, world_size, pg, path, model,
+                                                      optimizer)
         if failure is None:
             try:
                 result = state_io.apply_contents(contents, chosen, rank, model, optimizer,
-                                                 scheduler, loss_scaler, sampler, restore_rng)
+                                                 scheduler, loss_scaler, sampler, restore_rng,
+                                                 world_size)
                 self.best_loss = result["best_loss"]
                 self._note_loss(result["loss"])
             except Exception as exc:
                 if pg is None:
                     raise
                 failure = exc
-        if pg is not None and not state_io.all_succeeded(pg, failure is None):
+        if pg is not None and not exchange.all_succeeded(pg, failure is None):
             if failure is not None:
                 raise failure
             raise DistributedError(f"another rank failed to load {chosen}",
                                    rank=pg.global_rank, op="load_checkpoint")
         return result
 
-    def _read_chosen(self, rank: int, pg: Any, path: Any) -> Tuple[str, Any, Any]:
+    def _read_chosen(self, rank: int, world_size: int, pg: Any, path: Any, model: Any,
+                     optimizer: Any) -> Tuple[str, Any, Any]:
         """(path, contents, error while reading) of the checkpoint rank 0 chooses, on every
         rank. Rank 0 reads all of it while choosing, the others their part afterwards; when
         another process removed or replaced it before every rank had read it, rank 0 chooses
         again."""
         for _ in range(READ_ATTEMPTS):
-            chosen, contents = self._choose(rank, pg, path)
-            changed, failure = False, None
+            choice, contents = self._choose(rank, pg, path)
+            chosen, changed, failure = choice["path"], False, None
             if contents is None:
                 try:
-                    contents = fmt.read_checkpoint_directory(chosen, self._wanted(rank))
+                    wanted = self._wanted(rank, world_size, choice, model, optimizer)
+                    contents = fmt.read_checkpoint_directory(chosen, wanted)
                 except CheckpointChangedError:
                     changed = True
                 except Exception as exc:
                     failure = exc
-            if pg is None or state_io.all_succeeded(pg, not changed):
+            if pg is None or exchange.all_succeeded(pg, not changed):
                 return chosen, contents, failure
         raise CheckpointError(f"checkpoint {chosen} was removed or replaced before every rank "
                               f"had read it, {READ_ATTEMPTS} times in a row: checkpoints are "
                               f"saved into {self.checkpoint_dir} faster than a group can read one")
 
-    def _choose(self, rank: int, pg: Any, path: Any) -> Tuple[str, Any]:
-        """Rank 0's choice (with its contents there, None elsewhere); its error on every rank."""
+    def _choose(self, rank: int, pg: Any, path: Any) -> Tuple[Dict[str, Any], Any]:
+        """Rank 0's choice (path, and whether and how it is sharded) with its contents there
+        (None elsewhere); its error on every rank."""
         choice: Dict[str, Any] = {}
         contents, choice_error = None, None
         if rank == 0 or pg is None:
@@ -243,14 +275,17 @@ class DistributedCheckpointManager:
                 if rank == 0:
                     self._directory.remove_temporaries()
                 chosen, contents = self._directory.choose(path)
-                choice = {"path": chosen}
+                meta = contents[fmt.META]
+                # what the other ranks need to know to read only their part
+                choice = {"path": chosen, "sharded": meta.get("sharded"),
+                          "world_size": meta["world_size"]}
             except Exception as exc:
                 if pg is None:
                     raise
                 choice_error = exc
                 choice = {"error": type(exc).__name__, "message": str(exc)}
         if pg is not None:
-            choice = state_io.broadcast_json(pg, choice)
+            choice = exchange.broadcast_json(pg, choice)
             if choice_error is not None:
                 raise choice_error
             if "error" in choice:  # every rank fails the same way rank 0 did
@@ -258,11 +293,18 @@ class DistributedCheckpointManager:
                     raise NoCheckpointError(choice["message"])
                 raise CheckpointError(f"rank {pg.ranks[0]} could not choose a checkpoint: "
                                       f"{choice['error']}: {choice['message']}")
-        return choice["path"], contents
+        return choice, contents
 
     @staticmethod
-    def _wanted(rank: int) -> set:
-        return {fmt.rank_file(rank), fmt.rank_file(0)}
+    def _wanted(rank: int, world_size: int, choice: Dict[str, Any], model: Any,
+                optimizer: Any) -> set:
+        wanted = {fmt.rank_file(rank), fmt.rank_file(0)}
+        inner = None if model is None else state_io.unwrap_model(model)
+        if choice.get("sharded") and inner is not None and sharded_io.is_sharded(inner):
+            wanted |= sharded_io.files_needed(
+                choice["sharded"]["layout"], choice["world_size"], rank, world_size,
+                [f.padded for f in inner.flat_shards()], optimizer is not None)
+        return wanted
 
 
 def setup_fault_tolerant_training(model: Any, optimizer: Any,

@@ -17,9 +17,8 @@ import numpy as np
 
 from ...core.random import get_rng
 from ...nn import Module
-from ..collectives import all_gather, all_reduce, broadcast
-from ..reduce_ops import ReduceOp
 from . import format as fmt
+from . import sharded as sharded_io
 from .format import CheckpointCorruptError
 from .values import decode, encode, host_array, is_array
 
@@ -113,12 +112,17 @@ def build_files(ranks: List[Dict[str, Any]], model: Any, optimizer: Any, epoch: 
                 scheduler: Any, loss_scaler: Any) -> Dict[str, bytes]:
     """File name -> bytes of a whole checkpoint (the manifest is added when writing)."""
     files: Dict[str, bytes] = {}
-    if model is not None:
-        files[fmt.MODEL_FILE] = fmt.safetensors_bytes(unwrap_model(model).state_dict())
+    inner = None if model is None else unwrap_model(model)
+    sharded = inner is not None and sharded_io.is_sharded(inner)
+    if sharded:  # the shards are in every rank's own files; here its buffers, if any
+        files[fmt.MODEL_FILE] = fmt.safetensors_bytes(dict(inner.named_buffers()))
+    elif inner is not None:
+        files[fmt.MODEL_FILE] = fmt.safetensors_bytes(inner.state_dict())
     optimizer_meta = None
     if optimizer is not None:
         arrays, optimizer_meta = pack_optimizer(optimizer)
-        files[fmt.OPTIMIZER_FILE] = fmt.safetensors_bytes(arrays)
+        if not sharded:  # a sharded model's optimizer arrays are in the shard files
+            files[fmt.OPTIMIZER_FILE] = fmt.safetensors_bytes(arrays)
     meta = {"format": fmt.FORMAT, "version": fmt.VERSION, "epoch": epoch, "step": step,
             "loss": encode(loss), "best_loss": encode(best_loss), "world_size": world_size,
             "model": model is not None, "optimizer": optimizer_meta,
@@ -126,7 +130,8 @@ def build_files(ranks: List[Dict[str, Any]], model: Any, optimizer: Any, epoch: 
             else encode(scheduler.state_dict(), "scheduler state"),
             "loss_scaler": None if loss_scaler is None
             else encode(loss_scaler.state_dict(), "loss scaler state"),
-            "additional_state": encode(additional_state, "additional_state")}
+            "additional_state": encode(additional_state, "additional_state"),
+            "sharded": {"layout": sharded_io.layout_of(inner)} if sharded else None}
     files[fmt.META] = fmt.json_bytes(meta)
     for state in ranks:
         files[fmt.rank_file(state["rank"])] = fmt.json_bytes(
@@ -136,9 +141,16 @@ def build_files(ranks: List[Dict[str, Any]], model: Any, optimizer: Any, epoch: 
 
 def apply_contents(contents: Dict[str, Any], path: str, rank: int, model: Any, optimizer: Any,
                    scheduler: Any, loss_scaler: Any, sampler: Any,
-                   restore_rng_state: bool) -> Dict[str, Any]:
+                   restore_rng_state: bool, world_size: int = 1) -> Dict[str, Any]:
     """Load verified checkpoint contents into the given objects; returns the saved counters."""
     meta = contents[fmt.META]
+    inner = None if model is None else unwrap_model(model)
+    shards = None
+    if model is not None and bool(meta.get("sharded")) != sharded_io.is_sharded(inner):
+        saved = "a sharded model" if meta.get("sharded") else "a full model"
+        raise ValueError(f"checkpoint {path} holds {saved}, the model is a "
+                         f"{type(inner).__name__}: load a sharded checkpoint into the same "
+                         "sharded wrapper (any world size), a full one into the plain model")
 
     def part(key: str, what: str) -> Any:
         if meta.get(key) is None:
@@ -148,6 +160,13 @@ def apply_contents(contents: Dict[str, Any], path: str, rank: int, model: Any, o
     # Everything asked for must be there before anything is overwritten.
     if model is not None and (not meta.get("model") or fmt.MODEL_FILE not in contents):
         raise ValueError(f"checkpoint {path} holds no model weights")
+    if meta.get("sharded") and (model is not None or optimizer is not None):
+        if model is None:
+            raise ValueError(f"checkpoint {path} is sharded: its optimizer state can only be "
+                             "loaded together with the sharded model")
+        shards, shard_arrays = sharded_io.read_shards(
+            contents, path, meta["sharded"]["layout"], meta["world_size"], inner, optimizer,
+            rank, world_size)
     if optimizer is not None and part("optimizer", "optimizer")["class"] != \
             type(optimizer).__name__:
         raise ValueError(f"checkpoint {path} holds {meta['optimizer']['class']} state, the "
@@ -165,10 +184,15 @@ def apply_contents(contents: Dict[str, Any], path: str, rank: int, model: Any, o
     if sampler is not None and own["sampler"] is None:
         raise ValueError(f"checkpoint {path} holds no sampler state")
 
-    if model is not None:
-        unwrap_model(model).load_state_dict(contents[fmt.MODEL_FILE])
+    if shards is not None:
+        sharded_io.place_shards(inner, shards)
+        for name, buffer in inner.named_buffers():
+            buffer[...] = contents[fmt.MODEL_FILE][name]
+    elif model is not None:
+        inner.load_state_dict(contents[fmt.MODEL_FILE])
     if optimizer is not None:
-        unpack_optimizer(optimizer, meta["optimizer"], contents[fmt.OPTIMIZER_FILE])
+        arrays = shard_arrays if shards is not None else contents[fmt.OPTIMIZER_FILE]
+        unpack_optimizer(optimizer, meta["optimizer"], arrays)
     if scheduler is not None:
         scheduler.load_state_dict(decode(meta["scheduler"]))
     if loss_scaler is not None:
@@ -181,42 +205,3 @@ def apply_contents(contents: Dict[str, Any], path: str, rank: int, model: Any, o
             "best_loss": decode(meta.get("best_loss", math.inf)),
             "world_size": meta["world_size"],
             "additional_state": decode(meta["additional_state"]), "path": path}
-
-
-# ----- exchange between ranks: JSON over int32 tensors (the object tier would pickle) ------------
-# Collectives carry int32 words: JSON text is padded with NUL bytes, which JSON never contains.
-def _to_words(obj: Any) -> np.ndarray:
-    data = json.dumps(obj).encode("utf-8")
-    return np.frombuffer(data + b"\0" * (-len(data) % 4), dtype=np.int32).copy()
-
-
-def _from_words(words: np.ndarray) -> Any:
-    return json.loads(words.astype(np.int32).tobytes().rstrip(b"\0"))
-
-
-def gather_json(pg: Any, obj: Any) -> List[Any]:
-    """Every rank's ``obj``, in group rank order, on every rank."""
-    mine = _to_words(obj)
-    sizes = [int(s[0]) for s in all_gather(np.array([mine.size], dtype=np.int64), group=pg)]
-    padded = np.zeros(max(sizes), dtype=np.int32)
-    padded[:mine.size] = mine
-    return [_from_words(row[:size]) for row, size in zip(all_gather(padded, group=pg), sizes)]
-
-
-def broadcast_json(pg: Any, obj: Any) -> Any:
-    """Group rank 0's ``obj`` on every rank."""
-    root = pg.ranks[0]
-    words = _to_words(obj) if pg.rank == 0 else None
-    size = np.array([words.size if words is not None else 0], dtype=np.int64)
-    broadcast(size, src=root, group=pg)
-    if words is None:
-        words = np.empty(int(size[0]), dtype=np.int32)
-    broadcast(words, src=root, group=pg)
-    return _from_words(words)
-
-
-def all_succeeded(pg: Any, ok: bool) -> bool:
-    """Whether ``ok`` holds on every rank; also a barrier."""
-    flag = np.array([0 if ok else 1], dtype=np.int32)
-    all_reduce(flag, ReduceOp.MAX, group=pg)
-    return int(flag[0]) == 0
