@@ -303,7 +303,7 @@ class DistributedCheckpointManager:
         if choice.get("sharded") and inner is not None and sharded_io.is_sharded(inner):
             wanted |= sharded_io.files_needed(
                 choice["sharded"]["layout"], choice["world_size"], rank, world_size,
-                [f.padded for f in inner.flat_shards()], optimizer is not None)
+                sharded_io.layout_of(inner), optimizer is not None)
         return wanted
 
 

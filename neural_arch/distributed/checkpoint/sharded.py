@@ -13,11 +13,13 @@ cut from the saved pieces that overlap them: only those files are read, each ver
 the manifest, so a damaged shard is named. The padding is zero again after a load.
 
 The model side is duck-typed: ``model.flat_shards()`` lists the flats in a fixed order, each
-with ``name``, ``shard`` (this rank's ``Parameter``), ``numel`` (true length) and ``padded``.
+with ``unit`` (its name), ``shard`` (this rank's ``Parameter``), ``numel`` (true length) and
+``padded_numel``. A shard of ``padded_numel / N`` elements is rank ``r``'s ``r``-th slice; a
+shard of the whole padded flat is a replica (``NO_SHARD``), which rank 0 alone writes.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from . import format as fmt
 from .format import CheckpointCorruptError
 from .values import host_array, is_array
 
-Layout = List[Dict[str, Any]]  # [{"name": str, "numel": int, "padded": int}] in flat order
+Layout = List[Dict[str, Any]]  # per flat, in order: name, numel, padded, size (of a shard)
 
 
 def is_sharded(model: Any) -> bool:
@@ -35,16 +37,27 @@ def is_sharded(model: Any) -> bool:
     return callable(getattr(model, "flat_shards", None))
 
 
+def _entry(flat: Any) -> Dict[str, Any]:
+    return {"name": flat.unit, "numel": int(flat.numel), "padded": int(flat.padded_numel),
+            "size": int(flat.shard.data.size)}
+
+
 def layout_of(model: Any) -> Layout:
-    return [{"name": f.name, "numel": int(f.numel), "padded": int(f.padded)}
-            for f in model.flat_shards()]
+    return [_entry(f) for f in model.flat_shards()]
 
 
-def _piece(rank: int, world_size: int, numel: int, padded: int) -> Tuple[int, int]:
-    """The [start, stop) of the true elements that ``rank`` holds."""
-    size = padded // world_size
-    start = min(rank * size, numel)
-    return start, min(start + size, numel)
+def _held(entry: Dict[str, Any], rank: int, world_size: int) -> Tuple[int, int]:
+    """The [start, stop) of the true elements that ``rank``'s shard holds."""
+    size = entry["size"]
+    start = rank * size if size * world_size == entry["padded"] else 0  # else a replica
+    start = min(start, entry["numel"])
+    return start, min(start + size, entry["numel"])
+
+
+def _saved(entry: Dict[str, Any], rank: int, world_size: int) -> Tuple[int, int]:
+    """The [start, stop) that ``rank`` writes: what it holds, but a replica only once."""
+    replica = entry["size"] * world_size != entry["padded"]
+    return (0, 0) if replica and rank > 0 else _held(entry, rank, world_size)
 
 
 def _optimizer_index(optimizer: Any, model: Any) -> List[int]:
@@ -54,7 +67,7 @@ def _optimizer_index(optimizer: Any, model: Any) -> List[int]:
     for flat in model.flat_shards():
         if id(flat.shard) not in order:
             raise ValueError(f"the optimizer does not hold the shard of flat parameter "
-                             f"{flat.name!r}: build it over the sharded model's parameters()")
+                             f"{flat.unit!r}: build it over the sharded model's parameters()")
         indices.append(order[id(flat.shard)])
     return indices
 
@@ -64,59 +77,63 @@ def shard_file_bytes(model: Any, optimizer: Any, rank: int, world_size: int
     """This rank's shard files: its true elements of every flat and of their optimizer state."""
     model_file, optimizer_file = fmt.shard_files(rank)
     pieces: Dict[str, np.ndarray] = {}
+    cuts = []
     for flat in model.flat_shards():
-        start, stop = _piece(rank, world_size, flat.numel, flat.padded)
-        pieces[flat.name] = host_array(flat.shard.data)[:stop - start]
+        entry = _entry(flat)
+        start, stop = _saved(entry, rank, world_size)
+        held = _held(entry, rank, world_size)
+        cut = slice(start - held[0], stop - held[0])
+        cuts.append(cut)
+        pieces[entry["name"]] = host_array(flat.shard.data)[cut]
     files = {model_file: fmt.safetensors_bytes(pieces)}
     if optimizer is not None:
         state = optimizer.state_dict()["state"]
         arrays: Dict[str, np.ndarray] = {}
-        for flat, index in zip(model.flat_shards(), _optimizer_index(optimizer, model)):
-            start, stop = _piece(rank, world_size, flat.numel, flat.padded)
+        for flat, cut, index in zip(model.flat_shards(), cuts, _optimizer_index(optimizer, model)):
             for key, value in state.get(index, {}).items():
                 if is_array(value) and np.ndim(value) > 0:
                     if tuple(value.shape) != tuple(flat.shard.data.shape):
                         raise ValueError(
-                            f"optimizer state {key!r} of flat parameter {flat.name!r} has shape "
+                            f"optimizer state {key!r} of flat parameter {flat.unit!r} has shape "
                             f"{tuple(value.shape)}, its shard {tuple(flat.shard.data.shape)}: "
                             "only state shaped like the shard can be resharded")
-                    arrays[f"state.{index}.{key}"] = host_array(value)[:stop - start]
+                    arrays[f"state.{index}.{key}"] = host_array(value)[cut]
         files[optimizer_file] = fmt.safetensors_bytes(arrays)
     return files
 
 
 def files_needed(layout: Layout, saved_world: int, rank: int, world_size: int,
-                 padded_now: Sequence[int], optimizer: bool) -> set:
-    """The shard files whose pieces overlap what ``rank`` holds at ``world_size``."""
+                 now: Layout, optimizer: bool) -> set:
+    """The shard files whose saved pieces overlap what ``rank`` holds at ``world_size``
+    (``now``: the layout of the model being loaded)."""
     ranks = set()
-    for entry, padded in zip(layout, padded_now):
-        want = _piece(rank, world_size, entry["numel"], padded)
+    for saved, current in zip(layout, now):
+        want = _held(current, rank, world_size)
         for q in range(saved_world):
-            have = _piece(q, saved_world, entry["numel"], entry["padded"])
+            have = _saved(saved, q, saved_world)
             if have[0] < want[1] and want[0] < have[1]:
                 ranks.add(q)
-    return {name for q in ranks
-            for name in fmt.shard_files(q)[:2 if optimizer else 1]}
+    return {name for q in ranks for name in fmt.shard_files(q)[:2 if optimizer else 1]}
 
 
-def _assemble(read_piece, entry: Dict[str, Any], saved_world: int, want: Tuple[int, int],
+def _assemble(read_piece, saved: Dict[str, Any], saved_world: int, want: Tuple[int, int],
               size: int, dtype: Any) -> np.ndarray:
     """This rank's shard (``size`` elements, zero padding) from the saved pieces."""
     out = np.zeros(size, dtype=dtype)
     for q in range(saved_world):
-        have = _piece(q, saved_world, entry["numel"], entry["padded"])
+        have = _saved(saved, q, saved_world)
         lo, hi = max(have[0], want[0]), min(have[1], want[1])
         if lo < hi:
             piece = read_piece(q)
             if piece.shape != (have[1] - have[0],):
-                raise ValueError(f"saved piece of rank {q} has shape {piece.shape}, expected "
-                                 f"({have[1] - have[0]},)")
+                raise ValueError(f"saved piece of rank {q} of {saved['name']!r} has shape "
+                                 f"{piece.shape}, expected ({have[1] - have[0]},)")
             out[lo - want[0]:hi - want[0]] = piece[lo - have[0]:hi - have[0]]
     return out
 
 
 def check_layout(layout: Layout, model: Any, path: str) -> None:
-    now = [(f.name, int(f.numel)) for f in model.flat_shards()]
+    now = [(e["name"], e["numel"]) for e in layout_of(model)]
     saved = [(e["name"], e["numel"]) for e in layout]
     if now != saved:
         raise ValueError(f"checkpoint {path} holds flat parameters {saved}, the sharded model "
@@ -130,8 +147,8 @@ def read_shards(contents: Dict[str, Any], path: str, layout: Layout, saved_world
     cut from the saved pieces in ``contents``; nothing is changed yet."""
     check_layout(layout, model, path)
     flats = list(model.flat_shards())
-    needed = files_needed(layout, saved_world, rank, world_size, [f.padded for f in flats],
-                          optimizer is not None)
+    now = layout_of(model)
+    needed = files_needed(layout, saved_world, rank, world_size, now, optimizer is not None)
     for name in sorted(needed):
         if name not in contents:
             raise CheckpointCorruptError(path, name, "missing")
@@ -141,20 +158,20 @@ def read_shards(contents: Dict[str, Any], path: str, layout: Layout, saved_world
             raise CheckpointCorruptError(path, file_name, f"holds no {key!r}")
         return contents[file_name][key]
 
-    shards = [_assemble(lambda q: piece(fmt.shard_files(q)[0], entry["name"]), entry,
-                        saved_world, _piece(rank, world_size, flat.numel, flat.padded),
-                        flat.shard.data.size, flat.shard.data.dtype)
-              for flat, entry in zip(flats, layout)]
+    shards = [_assemble(lambda q: piece(fmt.shard_files(q)[0], saved["name"]), saved,
+                        saved_world, _held(current, rank, world_size), current["size"],
+                        flat.shard.data.dtype)
+              for flat, saved, current in zip(flats, layout, now)]
     arrays: Dict[str, np.ndarray] = {}
     if optimizer is not None:
-        saved_keys = {key for name in needed if name in contents and ".shard" in name
-                      and name.startswith("optimizer") for key in contents[name]}
-        for flat, entry, index in zip(flats, layout, _optimizer_index(optimizer, model)):
-            want = _piece(rank, world_size, flat.numel, flat.padded)
+        saved_keys = {key for name in needed if name.startswith("optimizer")
+                      for key in contents[name]}
+        for flat, saved, current, index in zip(flats, layout, now,
+                                               _optimizer_index(optimizer, model)):
             for key in sorted(k for k in saved_keys if k.startswith(f"state.{index}.")):
-                arrays[key] = _assemble(lambda q: piece(fmt.shard_files(q)[1], key), entry,
-                                        saved_world, want, flat.shard.data.size,
-                                        flat.shard.data.dtype)
+                arrays[key] = _assemble(lambda q: piece(fmt.shard_files(q)[1], key), saved,
+                                        saved_world, _held(current, rank, world_size),
+                                        current["size"], flat.shard.data.dtype)
     return shards, arrays
 
 

@@ -23,16 +23,19 @@ def _full(name: str, version: int) -> np.ndarray:
 class StandInSharded:
     """The duck type the checkpoint layer reads: ``flat_shards()`` and ``named_buffers()``."""
 
-    def __init__(self, rank: int, world_size: int, version: int) -> None:
+    def __init__(self, rank: int, world_size: int, version: int, replicated: bool = False
+                 ) -> None:
         from neural_arch.nn import Parameter
         self.flats = []
         for name, numel in SIZES.items():
             padded = -(-numel // world_size) * world_size
-            size = padded // world_size
+            size = padded if replicated else padded // world_size  # NO_SHARD: whole replicas
+            start = 0 if replicated else rank * size
             full = np.zeros(padded)
             full[:numel] = _full(name, version)
-            shard = Parameter(full[rank * size:(rank + 1) * size].copy())
-            self.flats.append(SimpleNamespace(name=name, shard=shard, numel=numel, padded=padded))
+            shard = Parameter(full[start:start + size].copy())
+            self.flats.append(SimpleNamespace(unit=name, shard=shard, numel=numel,
+                                              padded_numel=padded))
 
     def flat_shards(self):
         return self.flats
@@ -53,21 +56,21 @@ def _stepped_optimizer(model, version: int):
     return optimizer
 
 
-def _save(rank, world_size, directory):
+def _save(rank, world_size, directory, replicated=False):
     from neural_arch.distributed.checkpoint import DistributedCheckpointManager
-    model = StandInSharded(rank, world_size, version=1)
+    model = StandInSharded(rank, world_size, version=1, replicated=replicated)
     optimizer = _stepped_optimizer(model, version=1)
     return DistributedCheckpointManager(directory).save_checkpoint(model, optimizer, 0, 3, 0.5)
 
 
-def _load(rank, world_size, directory):
+def _load(rank, world_size, directory, replicated=False):
     from neural_arch.distributed.checkpoint import DistributedCheckpointManager
-    model = StandInSharded(rank, world_size, version=0)  # other values, overwritten by the load
+    model = StandInSharded(rank, world_size, version=0, replicated=replicated)  # overwritten
     optimizer = _stepped_optimizer(model, version=0)
     state = DistributedCheckpointManager(directory).load_checkpoint(model, optimizer)
     return (state["step"], state["world_size"],
-            {f.name: f.shard.data.copy() for f in model.flats},
-            {f.name: optimizer.state[f.shard]["momentum_buffer"].copy() for f in model.flats})
+            {f.unit: f.shard.data.copy() for f in model.flats},
+            {f.unit: optimizer.state[f.shard]["momentum_buffer"].copy() for f in model.flats})
 
 
 def _expected_shard(name: str, rank: int, world_size: int, values: np.ndarray) -> np.ndarray:
@@ -99,11 +102,31 @@ def test_saved_shards_load_at_any_world_size(tmp_path, saved_at, loaded_at):
             np.testing.assert_array_equal(momenta[name], want)  # padding is zero, not stale
 
 
+@pytest.mark.parametrize("saved_replicated", [True, False])
+def test_replicas_are_written_once_and_load_as_shards_or_replicas(tmp_path, saved_replicated):
+    from safetensors.numpy import load_file
+    path = run_ranks(_save, 3, "shm", args=(str(tmp_path), saved_replicated))[0]
+    sizes = [sum(a.size for a in load_file(os.path.join(path, f"model.shard{r}.safetensors"))
+                 .values()) for r in range(3)]
+    assert sum(sizes) == sum(SIZES.values())  # every element once, no padding
+    if saved_replicated:
+        assert sizes[1:] == [0, 0]
+    results = run_ranks(_load, 2, "shm", args=(str(tmp_path), not saved_replicated))
+    for rank, (_, _, shards, _) in enumerate(results):
+        for name in SIZES:
+            want = (_expected_shard(name, 0, 1, _full(name, 1)) if not saved_replicated
+                    else _expected_shard(name, rank, 2, _full(name, 1)))
+            if not saved_replicated:  # loaded as replicas: the whole padded flat
+                want = np.concatenate([want, np.zeros(-(-SIZES[name] // 2) * 2 - want.size)])
+            np.testing.assert_array_equal(shards[name], want)
+
+
 def test_each_rank_reads_only_the_pieces_it_needs(tmp_path):
     from neural_arch.distributed.checkpoint import sharded
-    layout = [{"name": n, "numel": k, "padded": -(-k // 4) * 4} for n, k in SIZES.items()]
-    needed = sharded.files_needed(layout, 4, rank=0, world_size=2,
-                                  padded_now=[-(-k // 2) * 2 for k in SIZES.values()],
+    def layout(world):
+        return [{"name": n, "numel": k, "padded": -(-k // world) * world, "size": -(-k // world)}
+                for n, k in SIZES.items()]
+    needed = sharded.files_needed(layout(4), 4, rank=0, world_size=2, now=layout(2),
                                   optimizer=False)
     # rank 0 of 2 holds a[0:5], b[0:2], c[0:1]: saved ranks 0 and 1 (a[0:3], a[3:6]) suffice
     assert needed == {"model.shard0.safetensors", "model.shard1.safetensors"}
