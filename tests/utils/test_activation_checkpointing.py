@@ -410,3 +410,26 @@ def test_checkpointed_model_under_ddp_equals_one_process():
     for a, b, want in zip(first, second, reference.parameters()):
         assert a.tobytes() == b.tobytes()
         np.testing.assert_allclose(a, want.data, rtol=1e-10, atol=1e-12)
+
+
+def test_nested_checkpoints_equal_the_plain_run():
+    manual_seed(0)
+    inner = _double(MLP([4, 6, 4], activation="tanh", dropout=0.2))
+    outer_layer = _double(Linear(4, 4))
+
+    class Outer(Module):
+        def __init__(self, recompute):
+            super().__init__()
+            self.inner, self.layer, self.recompute = inner, outer_layer, recompute
+
+        def forward(self, x):
+            h = checkpoint(self.inner, x) if self.recompute else self.inner(x)
+            return self.layer(h).tanh()
+
+    x = Tensor(np.random.default_rng(12).standard_normal((3, 4)), requires_grad=True)
+    y0, gx0, g0, draw0 = _run(Outer(False), x, ckpt=False)
+    y1, gx1, g1, draw1 = _run(Outer(True), x, ckpt=True)
+    np.testing.assert_array_equal(y1, y0)
+    np.testing.assert_allclose(gx1, gx0, rtol=1e-10, atol=1e-12)
+    _assert_same_grads(g1, g0)
+    assert draw1 == draw0
