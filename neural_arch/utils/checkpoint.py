@@ -30,7 +30,8 @@ framework's randomness, dropout on either backend included, is drawn from that N
 (``core.random``); CuPy's own generator is never drawn from, so there is nothing of it to replay.
 
 Tensors are looked for among the arguments themselves, not inside lists or dicts: pass each
-tensor that needs a gradient as an argument of its own.
+tensor that needs a gradient as an argument of its own. The function runs twice per step, so
+its side effects (a counter, a list it appends to) happen twice, as in torch.
 """
 from __future__ import annotations
 

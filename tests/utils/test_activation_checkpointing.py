@@ -265,65 +265,6 @@ def test_errors_name_what_was_passed():
         y.sum().backward()
 
 
-# ----- autograd.grad ---------------------------------------------------------------------------
-def test_autograd_grad_equals_backward_and_leaves_grad_alone():
-    rng = np.random.default_rng(7)
-    w = Tensor(rng.standard_normal((3, 4)), requires_grad=True)
-    b = Tensor(rng.standard_normal(4), requires_grad=True)
-    x = Tensor(rng.standard_normal((5, 3)), requires_grad=True)
-    other = Tensor(rng.standard_normal(4), requires_grad=True)
-    seed = rng.standard_normal((5, 4))
-
-    def graph():
-        h = (x @ w + b).tanh()
-        return h, h * other
-
-    h, y = graph()
-    y.backward(seed)
-    want = [w.grad.copy(), b.grad.copy(), x.grad.copy()]
-    sentinel = {t: np.full(t.shape, 7.0) for t in (w, b, x, other)}
-    fired = []
-    for t in (w, b, x, other):
-        t.grad = sentinel[t].copy()
-        t.register_post_accumulate_grad_hook(lambda t: fired.append(t))
-    h, y = graph()
-    got = autograd.grad(y, [w, b, x], grad_outputs=seed)
-    for g, expected in zip(got, want):
-        np.testing.assert_allclose(g, expected, rtol=1e-12)
-    for t in (w, b, x, other):
-        np.testing.assert_array_equal(t.grad, sentinel[t])  # untouched
-    assert fired == []
-    # a non-leaf input: d y / d h, and an input the outputs do not reach
-    (gh,) = autograd.grad([y], [h], [seed])
-    np.testing.assert_allclose(gh, seed * other.data)
-    unused = Tensor(np.ones(2), requires_grad=True)
-    assert autograd.grad(y, [unused, b], seed, allow_unused=True)[0] is None
-    with pytest.raises(RuntimeError, match=r"input 0 \(shape \(2,\)\) is not reached"):
-        autograd.grad(y, [unused], seed)
-    with pytest.raises(RuntimeError, match=r"input 0 \(shape \(3,\)\) does not require grad"):
-        autograd.grad(y, [Tensor(np.ones(3))], seed)
-    with pytest.raises(TypeError, match="inputs must be a Tensor or a sequence of Tensors, "
-                                        "got ndarray"):
-        autograd.grad(y, np.ones(3), seed)
-
-
-def test_autograd_grad_matches_finite_differences():
-    rng = np.random.default_rng(8)
-    w = Tensor(rng.standard_normal((3, 3)), requires_grad=True)
-
-    def loss(weights):
-        return ((Tensor(np.eye(3)) @ weights).tanh() ** 3).sum()
-
-    (got,) = autograd.grad(loss(w), [w])
-    eps, numeric = 1e-6, np.zeros((3, 3))
-    for index in np.ndindex(3, 3):
-        for sign in (1, -1):
-            shifted = w.data.copy()
-            shifted[index] += sign * eps
-            numeric[index] += sign * loss(Tensor(shifted)).item() / (2 * eps)
-    np.testing.assert_allclose(got, numeric, rtol=1e-6, atol=1e-8)
-
-
 # ----- memory ----------------------------------------------------------------------------------
 class _Residual(Module):
     def __init__(self, width: int):
