@@ -245,3 +245,24 @@ def test_shm_copies_benchmark_reports_every_job(tmp_path):
         assert (spell == "yes") == (int(into_peer) > 5 * int(unread))
     spells = sum(row[5] == "yes" for row in rows)
     assert f"Jobs in a spell: {spells} of 2." in text
+
+
+def test_activation_checkpointing_benchmark_reports_consistent_numbers(tmp_path):
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_activation_checkpointing.py", ["--quick", "--steps", "1", "--warmup",
+                                                         "0", "--output", str(output)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- bench_activation_checkpointing:start -->") == 1
+    rows = dict((name, (float(peak), float(ms))) for name, peak, ms in re.findall(
+        r"^\| GPT 2 x 32, T=16, B=2 \| (off|on) \| [0-9.]+ \| ([0-9.]+) \| ([0-9.]+) \|$", text,
+        re.MULTILINE))
+    assert set(rows) == {"off", "on"}, text
+    goals = re.findall(r"^\| (?:peak activations|step time) on / off <= ([0-9.]+) \| ([0-9.]+) "
+                       r"\| (PASS|MISS) \|$", text, re.MULTILINE)
+    assert len(goals) == 2, text
+    # ratios print to 0.001 from values printed to 0.01 MiB and 0.1 ms
+    for (goal, shown, verdict), column, half in zip(goals, (0, 1), (0.005, 0.05)):
+        assert _ratio_shown(float(shown), rows["on"][column], rows["off"][column], 1, 0.0005,
+                            half)
+        assert (verdict == "PASS") == (float(shown) <= float(goal))

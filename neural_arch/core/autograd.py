@@ -11,12 +11,18 @@ Code that runs during a backward (a hook) may ``queue_callback(fn)``: ``fn()`` r
 backward has processed its last node, before ``backward()`` returns (PyTorch's
 ``Variable._execution_engine.queue_callback``). Distributed data parallelism uses it to wait for
 the gradient all-reduces its hooks started; the engine itself knows nothing about them.
+
+``grad(outputs, inputs)`` (``torch.autograd.grad``) runs the same sweep but hands the gradients
+that reach ``inputs`` back to the caller instead of accumulating them into any ``.grad``: code
+that differentiates a graph of its own inside a backward (activation checkpointing recomputes a
+block and differentiates it) returns them to the outer backward, which then accumulates them and
+fires the leaves' hooks once, as if the inner graph had been part of the outer one.
 """
 from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..backends import backend_for
 
@@ -77,23 +83,28 @@ def current_backward() -> Optional[int]:
     return _RUNNING.stack[-1][0] if _RUNNING.stack else None
 
 
-def topological_order(root: Any) -> List[Any]:
-    """Nodes that require grad and reach ``root``, parents before children (no recursion)."""
+def topological_order(*roots: Any) -> List[Any]:
+    """Nodes that require grad and reach one of ``roots``, parents before children (no
+    recursion)."""
     # Tensors hash by identity and equal hashes imply the same object, so sets and dicts
     # keyed by tensors never call Tensor.__eq__.
     order: List[Any] = []
-    visited = {root}
-    stack = [(root, iter(root._parents))]
-    while stack:
-        node, parents = stack[-1]
-        for parent in parents:
-            if parent.requires_grad and parent not in visited:
-                visited.add(parent)
-                stack.append((parent, iter(parent._parents)))
-                break
-        else:
-            stack.pop()
-            order.append(node)
+    visited = set()
+    for root in roots:
+        if root in visited:
+            continue
+        visited.add(root)
+        stack = [(root, iter(root._parents))]
+        while stack:
+            node, parents = stack[-1]
+            for parent in parents:
+                if parent.requires_grad and parent not in visited:
+                    visited.add(parent)
+                    stack.append((parent, iter(parent._parents)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
     return order
 
 
@@ -107,7 +118,26 @@ def _as_gradient(value: Any, node: Any, source: str) -> Any:
     return data
 
 
-def _store_leaf_grad(leaf: Any, grad: Any, owned: bool) -> None:
+def make_seed(root: Any, gradient: Any) -> Tuple[Any, bool]:
+    """The array a backward from ``root`` starts with (ones for a one-element root when
+    ``gradient`` is None), and whether the engine owns it (may update it in place)."""
+    if gradient is None:
+        if root.data.size != 1:
+            raise RuntimeError("grad can be implicitly created only for scalar outputs; "
+                               f"got shape {tuple(root.data.shape)}, pass gradient=")
+        return backend_for(root.data).xp.ones(root.data.shape, root.data.dtype), True
+    seed = gradient.data if hasattr(gradient, "requires_grad") else gradient
+    seed = backend_for(root.data).asarray(seed)
+    if seed.shape != root.data.shape:
+        raise ValueError(f"gradient shape {tuple(seed.shape)} does not match "
+                         f"tensor shape {tuple(root.data.shape)}")
+    if seed.dtype != root.data.dtype:
+        seed = seed.astype(root.data.dtype)
+    return seed, False
+
+
+def _leaf_gradient(leaf: Any, grad: Any, owned: bool) -> Tuple[Any, bool]:
+    """``grad`` as an array of the leaf's backend, dtype and shape (and whether it is owned)."""
     backend = backend_for(leaf.data)
     if not isinstance(grad, backend.array_type):  # NumPy ops on 0-d arrays return scalars
         grad, owned = backend.asarray(grad), True
@@ -117,20 +147,91 @@ def _store_leaf_grad(leaf: Any, grad: Any, owned: bool) -> None:
     if grad.shape != leaf.data.shape:
         raise RuntimeError(f"internal error: gradient of shape {grad.shape} reached a leaf of "
                            f"shape {leaf.data.shape}")
+    return grad, owned
+
+
+def _store_leaf_grad(leaf: Any, grad: Any, owned: bool) -> None:
+    grad, owned = _leaf_gradient(leaf, grad, owned)
     if leaf.grad is None:
         leaf.grad = grad if owned else grad.copy()
     else:
         leaf.grad += grad
 
 
+def _accumulate(grads: Dict[Any, Any], owned: Dict[Any, bool], node: Any, grad: Any,
+                fresh: bool) -> None:
+    """Add ``grad`` to what ``node`` has received so far (in place when that one is owned)."""
+    previous = grads.get(node)
+    if previous is None:
+        grads[node] = grad
+        owned[node] = fresh
+    elif owned[node] and previous.shape == grad.shape and previous.dtype == grad.dtype:
+        previous += grad
+        grads[node] = previous  # a NumPy scalar is rebound, not updated
+    else:
+        grads[node] = previous + grad
+        owned[node] = True
+
+
 def run_backward(root: Any, seed: Any, seed_owned: bool) -> None:
     """Propagate ``seed`` (d out / d root) to every leaf that requires grad, then run the
     callbacks queued during it."""
+    _run([(root, seed, seed_owned)], None)
+
+
+def grad(outputs: Any, inputs: Any, grad_outputs: Any = None,
+         allow_unused: bool = False) -> Tuple[Any, ...]:
+    """``torch.autograd.grad``: the gradients of ``outputs`` with respect to ``inputs``.
+
+    ``outputs`` and ``inputs`` are a tensor or a sequence of tensors, all requiring grad;
+    ``grad_outputs`` gives d(loss)/d(output) for each output (None: ones, for one-element
+    outputs). Returns one array per input, owned by the caller, or None for an input the outputs
+    do not reach when ``allow_unused``. No ``.grad`` is read or written: leaves that are not in
+    ``inputs`` are left alone, and the gradients of ``inputs`` are taken before their hooks run
+    (those run when the caller's backward accumulates them). Hooks of the tensors in between
+    run as in ``backward()``; it counts as a backward of its own for ``queue_callback``.
+    """
+    outputs, inputs = _tensors(outputs, "outputs"), _tensors(inputs, "inputs")
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif hasattr(grad_outputs, "requires_grad") or hasattr(grad_outputs, "shape"):
+        grad_outputs = [grad_outputs]
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(f"grad(): {len(grad_outputs)} grad_outputs for {len(outputs)} outputs")
+    for kind, tensors in (("output", outputs), ("input", inputs)):
+        for i, tensor in enumerate(tensors):
+            if not tensor.requires_grad:
+                raise RuntimeError(f"grad(): {kind} {i} (shape {tuple(tensor.data.shape)}) does "
+                                   "not require grad")
+    seeds = [(out, *make_seed(out, g)) for out, g in zip(outputs, grad_outputs)]
+    captured: Dict[Any, Any] = dict.fromkeys(inputs)
+    _run(seeds, captured)
+    result = tuple(captured[x] for x in inputs)
+    if not allow_unused:
+        for i, (x, g) in enumerate(zip(inputs, result)):
+            if g is None:
+                raise RuntimeError(f"grad(): input {i} (shape {tuple(x.data.shape)}) is not "
+                                   "reached from the outputs; pass allow_unused=True to get None")
+    return result
+
+
+def _tensors(value: Any, what: str) -> List[Any]:
+    from .tensor import Tensor  # tensor.py imports this module
+
+    items = [value] if isinstance(value, Tensor) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(t, Tensor) for t in items):
+        raise TypeError(f"grad(): {what} must be a Tensor or a sequence of Tensors, got "
+                        f"{type(value).__name__}")
+    return list(items)
+
+
+def _run(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, Any]]) -> None:
+    """One backward: the sweep, then the callbacks queued during it."""
     callbacks: List[Callable[[], Any]] = []
     stack = _RUNNING.stack
     stack.append((next(_backward_ids), callbacks))
     try:
-        _sweep(root, seed, seed_owned)
+        _sweep(seeds, captured)
         i = 0
         while i < len(callbacks):  # a callback may queue more
             callbacks[i]()
@@ -140,15 +241,28 @@ def run_backward(root: Any, seed: Any, seed_owned: bool) -> None:
         stack.pop()
 
 
-def _sweep(root: Any, seed: Any, seed_owned: bool) -> None:
-    order = topological_order(root)
-    grads: Dict[Any, Any] = {root: seed}
-    owned: Dict[Any, bool] = {root: seed_owned}
+def _sweep(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, Any]]) -> None:
+    """Propagate the seeds through the graph. ``captured`` None: accumulate into the leaves'
+    ``.grad``; else a dict whose keys are the tensors to capture the gradients of (as its
+    values), and no ``.grad`` is touched."""
+    order = topological_order(*(root for root, _, _ in seeds))
+    grads: Dict[Any, Any] = {}
+    owned: Dict[Any, bool] = {}
+    for root, seed, seed_owned in seeds:
+        _accumulate(grads, owned, root, seed, seed_owned)
     for node in reversed(order):
         grad = grads.pop(node, None)
         if grad is None:
             continue
         is_owned = owned.pop(node)
+        if captured is not None and node in captured:
+            kept, kept_owned = _leaf_gradient(node, grad, is_owned)
+            captured[node] = kept if kept_owned else kept.copy()
+            if kept is grad:
+                is_owned = False  # the caller holds it now: never update it in place
+        backward = node._backward
+        if backward is None and captured is not None:
+            continue  # grad() accumulates into no leaf and runs no leaf hook
         meta = node._meta
         if meta is not None:
             hooks = meta.get("hooks")
@@ -158,7 +272,6 @@ def _sweep(root: Any, seed: Any, seed_owned: bool) -> None:
                     replaced = fn(grad)
                     if replaced is not None:
                         grad = _as_gradient(replaced, node, "a tensor hook")
-        backward = node._backward
         if backward is None:
             _store_leaf_grad(node, grad, is_owned)
             post_hooks = meta.get("post_hooks") if meta is not None else None
@@ -183,13 +296,4 @@ def _sweep(root: Any, seed: Any, seed_owned: bool) -> None:
                 continue
             fresh = (pgrad.base is None and (pgrad is not grad or may_pass_through)
                      and (not repeated or id(pgrad) not in repeated))
-            previous = grads.get(parent)
-            if previous is None:
-                grads[parent] = pgrad
-                owned[parent] = fresh
-            elif owned[parent] and previous.shape == pgrad.shape and previous.dtype == pgrad.dtype:
-                previous += pgrad
-                grads[parent] = previous  # a NumPy scalar is rebound, not updated
-            else:
-                grads[parent] = previous + pgrad
-                owned[parent] = True
+            _accumulate(grads, owned, parent, pgrad, fresh)

@@ -22,6 +22,17 @@ def manual_seed(seed: int) -> np.random.Generator:
     return _generator
 
 
+def set_rng(generator: np.random.Generator) -> np.random.Generator:
+    """Make ``generator`` the global one (as ``manual_seed`` does with a new one); returns the
+    one it replaces, so that a caller can put it back (activation checkpointing replays the
+    draws of a forward on the generator that made them)."""
+    global _generator
+    if not isinstance(generator, np.random.Generator):
+        raise TypeError(f"set_rng needs a numpy.random.Generator, got {type(generator).__name__}")
+    previous, _generator = _generator, generator
+    return previous
+
+
 def resolve_rng(seed: Optional[int] = None, rng: Optional[np.random.Generator] = None
                 ) -> np.random.Generator:
     """``rng`` if given, else a fresh generator from ``seed``, else the global one."""

@@ -211,21 +211,7 @@ class Tensor:
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad and has no "
                                "grad_fn (did you forget requires_grad=True, or use no_grad()?)")
-        if gradient is None:
-            if self.data.size != 1:
-                raise RuntimeError("grad can be implicitly created only for scalar outputs; "
-                                   f"got shape {self.shape}, pass gradient=")
-            seed = backend_for(self.data).xp.ones(self.data.shape, self.data.dtype)
-            owned = True
-        else:
-            seed = gradient.data if isinstance(gradient, Tensor) else gradient
-            seed = backend_for(self.data).asarray(seed)
-            if seed.shape != self.data.shape:
-                raise ValueError(f"gradient shape {tuple(seed.shape)} does not match "
-                                 f"tensor shape {self.shape}")
-            if seed.dtype != self.data.dtype:
-                seed = seed.astype(self.data.dtype)
-            owned = False
+        seed, owned = autograd.make_seed(self, gradient)
         autograd.run_backward(self, seed, owned)
 
     def register_hook(self, fn: Callable[[Any], Any]) -> autograd.RemovableHandle:

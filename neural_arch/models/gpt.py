@@ -8,10 +8,11 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from .. import functional as F
-from ..core import Tensor, no_grad
+from ..core import Tensor, is_grad_enabled, no_grad
 from ..core.random import get_rng
 from ..nn import (GELU, CausalSelfAttention, Dropout, Embedding, LayerNorm, Linear, Module,
                   ModuleList, init)
+from ..utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -24,6 +25,9 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True  # the LM head shares the token embedding matrix (as GPT-2)
+    # recompute each block's activations during backward instead of keeping them (training
+    # only): less memory for about one more forward of the blocks per step
+    gradient_checkpointing: bool = False
 
 
 class FeedForward(Module):
@@ -113,8 +117,9 @@ class GPT(Module):
             raise ValueError(f"sequence length {time} exceeds block_size {self.config.block_size}")
         positions = np.arange(time, dtype=np.int64)
         x = self.drop(self.wte(idx_data) + self.wpe(positions))
+        recompute = self.config.gradient_checkpointing and self.training and is_grad_enabled()
         for block in self.h:
-            x = block(x)
+            x = checkpoint(block, x) if recompute else block(x)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None
