@@ -349,7 +349,13 @@ def gather_worker(rank: int, world_size: int):
     got = dist.gather_object({"rank": rank, "payload": "x" * (10 * rank)}, dst=1)
     into = [None] * world_size if rank == 0 else None
     dist.gather_object(rank * 2, into, dst=0)
-    return got, into
+    misuse = None
+    if rank != 0:  # a list off dst is refused before anything is sent
+        try:
+            dist.gather_object(rank, [None] * world_size, dst=0)
+        except ValueError as exc:
+            misuse = str(exc)
+    return got, into, misuse
 
 
 def test_gather_object_reaches_only_dst():
@@ -357,3 +363,4 @@ def test_gather_object_reaches_only_dst():
     assert results[0][0] is None and results[2][0] is None
     assert results[1][0] == [{"rank": r, "payload": "x" * (10 * r)} for r in range(3)]
     assert results[0][1] == [0, 2, 4] and results[1][1] is None
+    assert results[0][2] is None and "must be None on rank 2" in results[2][2]
