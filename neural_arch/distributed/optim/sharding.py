@@ -56,12 +56,13 @@ class ShardExchange:
     ``as_views=True`` (PyTorch's ``parameters_as_bucket_view``) makes each parameter's
     ``.data`` a view into the gathered buffer, so the all-gather writes the new values
     straight into the parameters and nothing is unpacked. A parameter whose ``.data`` was
-    rebound since (by a ``load_state_dict``, say) is copied and made a view again.
+    rebound since (by a model's ``load_state_dict``, say) is made a view again, holding its
+    owner's values.
     """
 
     def __init__(self, partition: Partition, rank: int, group: Any, as_views: bool) -> None:
         self.rank, self.group = rank, group
-        self.world_size = world_size = len(partition)
+        world_size = len(partition)
         owned = [[p for share in groups for p in share] for groups in partition]
         slots: Dict[np.dtype, _Slot] = {}
         # dtypes in order of first appearance over ranks and parameters: the same on every rank
@@ -79,25 +80,14 @@ class ShardExchange:
                 stop = start + param.data.size
                 offsets[dtype] = stop
                 base = owner * slot.piece
-                view = self._as_view(param, slot.gathered[base + start:base + stop]) \
-                    if as_views else None
+                view = None
+                if as_views:
+                    view = _as_view(param, slot.gathered[base + start:base + stop])
                 if owner == rank:
                     slot.mine.append((param, start, stop, view))
                 else:
                     slot.others.append((param, base + start, base + stop, view))
         self.slots = list(slots.values())
-
-    @staticmethod
-    def _as_view(param: Any, flat: np.ndarray) -> np.ndarray:
-        if type(param.data) is not np.ndarray:
-            raise ValueError(
-                f"parameters_as_bucket_view=True needs host NumPy parameters, got a "
-                f"{type(param.data).__module__}.{type(param.data).__name__} of shape "
-                f"{tuple(param.data.shape)}")
-        view = flat.reshape(param.data.shape)
-        view[...] = param.data
-        param.data = view
-        return view
 
     def exchange(self) -> None:
         """Send this rank's parameters to all, receive everyone else's (one collective per
@@ -120,6 +110,15 @@ class ShardExchange:
                     values = slot.gathered[start:stop].reshape(param.data.shape)
                     copy_from_host(values, param.data, out=param.data)
 
-    def bytes_per_step(self) -> int:
-        """Bytes this rank receives per ``exchange``: every other rank's padded piece."""
-        return sum((self.world_size - 1) * s.piece * s.dtype.itemsize for s in self.slots)
+
+def _as_view(param: Any, flat: np.ndarray) -> np.ndarray:
+    """Bucket-view mode: ``param.data`` becomes a view of ``flat`` holding its values."""
+    if type(param.data) is not np.ndarray:
+        raise ValueError(
+            f"parameters_as_bucket_view=True needs host NumPy parameters, got a "
+            f"{type(param.data).__module__}.{type(param.data).__name__} of shape "
+            f"{tuple(param.data.shape)}")
+    view = flat.reshape(param.data.shape)
+    view[...] = param.data
+    param.data = view
+    return view

@@ -11,8 +11,9 @@ optimizer over its share only and updates only that share; per rank the memory i
 Per step the gradients are averaged as usual (DDP's all-reduce, unchanged), then
 ``step()`` updates the local share and runs one ``all_gather_into_tensor`` per parameter dtype
 that moves every rank's updated share to all others: each rank receives the parameters it
-does not own, about ``(N - 1) / N`` of the model (``ShardExchange.bytes_per_step``), the
-same volume as a broadcast of the model, in a few large messages.
+does not own, about ``(N - 1) / N`` of the model (plus the padding of the pieces), in a few
+large messages. ``consolidate_state_dict`` is the only other traffic: a gather of the local
+states to one rank, when a checkpoint is written.
 """
 from __future__ import annotations
 

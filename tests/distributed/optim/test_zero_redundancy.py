@@ -87,11 +87,12 @@ def make_scheduler(opt, with_scheduler: bool):
     return StepLR(opt, step_size=2, gamma=0.5) if with_scheduler else None
 
 
-def reference(model_name: str, optimizer_name: str, with_scheduler: bool, steps=STEPS):
+def reference(model_name: str, optimizer_name: str, with_scheduler: bool,
+              steps=range(STEPS)):
     """One process, the whole batch, a plain optimizer."""
     model = build_model(model_name)
     opt = make_optimizer(optimizer_name, model.parameters())
-    train(model, opt, model_name, range(steps), scheduler=make_scheduler(opt, with_scheduler))
+    train(model, opt, model_name, steps, scheduler=make_scheduler(opt, with_scheduler))
     return [p.data.copy() for p in model.parameters()]
 
 
@@ -166,6 +167,38 @@ def test_a_rank_without_parameters_still_works():
     for result in results:
         for got, expected in zip(result["zero"][0], want):
             np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+
+
+def subgroup_worker(rank: int, world_size: int):
+    """Two pairs, (0, 1) and (2, 3), each sharding its optimizer over its own group; every
+    rank computes the gradient of the whole batch (no DDP), so each pair trains like one
+    process; the pairs train on different batches, so a collective over the wrong ranks
+    would show."""
+    from neural_arch import distributed as dist
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pair = pairs[rank // 2]
+    model = build_model("mlp")
+    opt = make_optimizer("adamw", model.parameters(), zero=True, process_group=pair)
+    train(model, opt, "mlp", pair_steps(rank // 2))
+    second = 2 * (rank // 2) + 1  # a global rank, as in torch
+    opt.consolidate_state_dict(to=second)
+    full = opt.state_dict() if rank == second else None
+    return [p.data.copy() for p in model.parameters()], full
+
+
+def pair_steps(pair: int) -> range:
+    return range(pair, STEPS + pair)
+
+
+def test_process_group_subgroups():
+    results = run_ranks(subgroup_worker, 4, "shm", timeout=120)
+    wants = [reference("mlp", "adamw", False, pair_steps(pair)) for pair in (0, 1)]
+    for rank, (params, full) in enumerate(results):
+        for got, expected in zip(params, wants[rank // 2]):
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+    for rank in (1, 3):
+        assert sorted(results[rank][1]["state"]) == list(range(len(params)))
+    assert results[0][1] is None and results[2][1] is None
 
 
 # ----- checkpoints --------------------------------------------------------------------------
