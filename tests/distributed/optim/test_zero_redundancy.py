@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import fake_cupy
 from ddp_cases import IN, OUT, make_model
 from dist_harness import RankFailed, run_ranks
 
@@ -199,6 +200,45 @@ def test_process_group_subgroups():
     for rank in (1, 3):
         assert sorted(results[rank][1]["state"]) == list(range(len(params)))
     assert results[0][1] is None and results[2][1] is None
+
+
+def device_worker(rank: int, world_size: int):
+    """GPU parameters (``fake_cupy``) of two dtypes, staged through the host buffers: a local
+    optimizer stamps its parameters with ``rank + 1``; afterwards every rank must hold every
+    owner's stamp, still in device arrays."""
+    cp = fake_cupy.install()
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
+    from neural_arch.nn import Parameter
+    from neural_arch.optim import Optimizer
+
+    class Stamp(Optimizer):
+        def __init__(self, params, offset=1.0):
+            super().__init__(params, dict(offset=offset))
+
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data[...] = np.full(p.data.shape, dist.get_rank() + group["offset"])
+
+    params = [Parameter(cp.asarray(np.zeros(shape, dtype))) for shape, dtype in
+              [((4, 3), np.float32), ((5,), np.float64), ((2, 2), np.float32), ((3,), np.float64),
+               ((1,), np.float32)]]
+    opt = ZeroRedundancyOptimizer(params, Stamp)
+    opt.step()
+    owner = {id(p): r for r in range(world_size) for p in opt.owned_parameters(r)}
+    return [(type(p.data).__module__, cp.asnumpy(p.data), owner[id(p)]) for p in params]
+
+
+def test_device_parameters_are_staged_through_the_host():
+    results = run_ranks(device_worker, 3, "shm", timeout=60)
+    for got in results:
+        assert [(module, owner) for module, _, owner in got] == \
+            [(module, owner) for module, _, owner in results[0]]
+        for module, values, owner in got:
+            assert module == "cupy"
+            np.testing.assert_array_equal(values, np.full(values.shape, owner + 1.0))
+    assert len({owner for _, _, owner in results[0]}) == 3
 
 
 # ----- checkpoints --------------------------------------------------------------------------
