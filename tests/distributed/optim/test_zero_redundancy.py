@@ -316,6 +316,44 @@ def test_consolidated_state_dict_resumes_in_a_plain_optimizer_and_at_another_wor
             np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
 
 
+def manager_worker(rank: int, world_size: int, directory: str, resume: bool):
+    """Save with ``DistributedCheckpointManager`` after ``SPLIT`` steps (first without
+    consolidating, which must fail), or resume from that checkpoint and finish training."""
+    from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed.checkpoint import DistributedCheckpointManager
+    model = DistributedDataParallel(build_model("mlp"))
+    opt = make_optimizer("adam", model.parameters(), zero=True)
+    scheduler = make_scheduler(opt, True)
+    manager = DistributedCheckpointManager(directory)
+    if resume:
+        manager.load_checkpoint(model.module, opt, scheduler=scheduler)
+        train(model, opt, "mlp", range(SPLIT, STEPS), rank, world_size, scheduler)
+        return [p.data.copy() for p in model.module.parameters()]
+    train(model, opt, "mlp", range(SPLIT), rank, world_size, scheduler)
+    try:
+        manager.save_checkpoint(model.module, opt, epoch=0, step=SPLIT, loss=None,
+                                scheduler=scheduler)
+        refused = None
+    except Exception as exc:  # rank 0 fails; the others hear that it did
+        refused = f"{type(exc).__name__}: {exc}"
+    opt.consolidate_state_dict(to=0)  # the checkpoint's writer
+    manager.save_checkpoint(model.module, opt, epoch=0, step=SPLIT, loss=None,
+                            scheduler=scheduler)
+    return refused
+
+
+def test_checkpoint_manager_saves_after_consolidation_and_resumes_at_another_world_size(
+        tmp_path):
+    refused = run_ranks(manager_worker, 2, "shm", args=(str(tmp_path), False), timeout=120)
+    assert "consolidate_state_dict" in refused[0]
+    assert all(message is not None for message in refused)
+    resumed = run_ranks(manager_worker, 3, "shm", args=(str(tmp_path), True), timeout=120)
+    want = reference("mlp", "adam", True)
+    for params in resumed:
+        for got, expected in zip(params, want):
+            np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+
+
 # ----- add_param_group, bucket views ---------------------------------------------------------
 def groups_worker(rank: int, world_size: int):
     from neural_arch.distributed import DistributedDataParallel
