@@ -14,6 +14,11 @@ that moves every rank's updated share to all others: each rank receives the para
 does not own, about ``(N - 1) / N`` of the model (plus the padding of the pieces), in a few
 large messages. ``consolidate_state_dict`` is the only other traffic: a gather of the local
 states to one rank, when a checkpoint is written.
+
+The all-gather lands in a flat host buffer the size of the parameters, out of which the other
+ranks' values are copied into the parameters. ``parameters_as_bucket_view=True`` makes the
+parameters views of that buffer instead: no copy, and no second copy of the parameters in
+memory (NumPy parameters only).
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ class ZeroRedundancyOptimizer(Optimizer):
     the entries of this rank's share and every group's hyperparameters.
 
     ``parameters_as_bucket_view=True`` makes the parameters views into the flat buffer the
-    all-gather fills (NumPy parameters only), saving the copy out of it. ``overlap_with_ddp``
+    all-gather fills (see the module docstring). ``overlap_with_ddp``
     (updating shares inside DDP's communication hook) is not implemented.
     ``add_param_group`` works as in PyTorch; every rank must call it with the same shapes.
     """
@@ -81,7 +86,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         # so that schedulers find every hyperparameter in ``param_groups``.
         _copy_hyperparameters(self.optim.param_groups, self.param_groups)
         self.state = self.optim.state
-        self._exchange = self._new_exchange()
+        self._exchange = self._new_exchange()  # None on one rank: nothing to exchange
         self._gathered: Optional[List[Dict[str, Any]]] = None  # consolidated local states
         self._initialized = True
 
@@ -102,7 +107,9 @@ class ZeroRedundancyOptimizer(Optimizer):
                 f"{self._ranks[first]} (every rank must pass the same parameters in the same "
                 f"order)")
 
-    def _new_exchange(self) -> ShardExchange:
+    def _new_exchange(self) -> Optional[ShardExchange]:
+        if self.world_size == 1:
+            return None
         return ShardExchange(self._partition, self.rank, self.process_group,
                              self.parameters_as_bucket_view)
 
@@ -131,7 +138,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         shares. Returns the closure's loss (the local optimizer evaluates the closure)."""
         _copy_hyperparameters(self.param_groups, self.optim.param_groups)
         loss = self.optim.step(closure=closure)
-        if self.world_size > 1:
+        if self._exchange is not None:
             self._exchange.exchange()
         self._gathered = None
         return loss
