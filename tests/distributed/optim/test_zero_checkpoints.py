@@ -146,3 +146,19 @@ def test_gather_object_reaches_only_dst():
     assert results[1][0] == [{"rank": r, "payload": "x" * (10 * r)} for r in range(3)]
     assert results[0][1] == [0, 2, 4] and results[1][1] is None
     assert results[0][2] is None and "must be None on rank 2" in results[2][2]
+
+
+def test_one_rank_state_dict_equals_the_plain_optimizers(one_rank_group):
+    """On one rank the wrapper is the plain optimizer plus bookkeeping: same steps, same dict."""
+    zero_model, plain_model = build_model("mlp"), build_model("mlp")
+    zero = make_optimizer("adamw", zero_model.parameters(), zero=True)
+    plain = make_optimizer("adamw", plain_model.parameters())
+    train(zero_model, zero, "mlp", range(2))
+    train(plain_model, plain, "mlp", range(2))
+    zero.consolidate_state_dict()
+    got, want = zero.state_dict(), plain.state_dict()
+    assert got["param_groups"] == want["param_groups"]
+    assert sorted(got["state"]) == sorted(want["state"])
+    for index, entry in want["state"].items():
+        for key, value in entry.items():
+            np.testing.assert_array_equal(got["state"][index][key], value)
