@@ -48,8 +48,9 @@ class ZeroRedundancyOptimizer(Optimizer):
     into a plain optimizer or into a ``ZeroRedundancyOptimizer`` of any world size.
     ``state_dict()`` raises RuntimeError on the other ranks, before any consolidation, and, unlike
     PyTorch, after a ``step()`` that followed the consolidation (the gathered copy would be
-    stale). ``load_state_dict(full_state_dict)``, called on every rank with the full dict, keeps
-    the entries of this rank's share and every group's hyperparameters.
+    stale); on a group of one rank it needs no consolidation. ``load_state_dict(full)``, called
+    on every rank with the full dict, keeps the entries of this rank's share and every group's
+    hyperparameters.
 
     ``parameters_as_bucket_view=True`` makes the parameters views into the flat buffer the
     all-gather fills (see the module docstring). ``overlap_with_ddp``
@@ -159,6 +160,8 @@ class ZeroRedundancyOptimizer(Optimizer):
     def state_dict(self) -> Dict[str, Any]:
         """The full state in the standard optimizer format, on the rank that received
         ``consolidate_state_dict`` (see the class docstring); RuntimeError elsewhere."""
+        if self._gathered is None and self.world_size == 1:
+            self._gathered = [self.optim.state_dict()]  # one rank holds everything already
         if self._gathered is None:
             raise RuntimeError(
                 f"ZeroRedundancyOptimizer.state_dict() on rank {self._ranks[self.rank]}: the "
