@@ -15,8 +15,8 @@ from .._lazy import lazy_names
 
 from . import _moved  # first: it installs the finder that keeps old module paths importable
 from .collectives import (all_gather, all_gather_into_tensor, all_gather_object, all_reduce,
-                          barrier, broadcast, broadcast_object_list, gather, recv, reduce,
-                          reduce_scatter, reduce_scatter_tensor, scatter, send)
+                          barrier, broadcast, broadcast_object_list, gather, gather_object, recv,
+                          reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
 from .errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
                      DistributedError, PeerFailureError, RendezvousError)
 from .group import (ProcessGroup, destroy_process_group, get_backend, get_distributed_info,
@@ -42,7 +42,7 @@ __all__ = [
     "DistributedDataParallel", "DistributedError", "DistributedLauncher", "DistributedSampler",
     "PeerFailureError", "ProcessGroup", "ReduceOp", "RendezvousError", "Work", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier", "broadcast",
-    "broadcast_object_list", "destroy_process_group", "gather", "get_backend",
+    "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_distributed_info", "get_local_rank", "get_rank", "get_world_size", "init_process_group",
     "is_initialized", "launch_distributed_training", "new_group", "recv", "reduce",
     "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",

@@ -337,9 +337,10 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
 
 # The object tier and point-to-point live in modules of their own; re-exported so
 # ``collectives`` holds the whole API.
-from .object_collectives import all_gather_object, broadcast_object_list  # noqa: E402
+from .object_collectives import (all_gather_object, broadcast_object_list,  # noqa: E402
+                                 gather_object)
 from .point_to_point import recv, send  # noqa: E402
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
-           "broadcast", "broadcast_object_list", "gather", "recv", "reduce", "reduce_scatter",
-           "reduce_scatter_tensor", "scatter", "send"]
+           "broadcast", "broadcast_object_list", "gather", "gather_object", "recv", "reduce",
+           "reduce_scatter", "reduce_scatter_tensor", "scatter", "send"]

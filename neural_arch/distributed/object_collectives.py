@@ -34,6 +34,17 @@ def broadcast_array(pg: ProcessGroup, arr: np.ndarray, root: int, op: str) -> np
     return arr
 
 
+def gather_array(pg: ProcessGroup, arr: np.ndarray, root: int, op: str) -> Optional[np.ndarray]:
+    """Synchronous gather of a contiguous array of any dtype to group rank ``root``: shape
+    (group size, *shape) there, None elsewhere."""
+    fp = pg.fingerprint(f"{op}:{root}", arr.dtype, arr.size)
+    out = np.empty((pg.size,) + arr.shape, dtype=arr.dtype) if pg.rank == root else None
+    pg.run(lambda: algorithms.gather(pg.transport, Flat(arr).buf,
+                                     None if out is None else out.reshape(-1), root, fp),
+           False, fp, op)
+    return out
+
+
 def check_same_everywhere(pg: ProcessGroup, op: str, values: Sequence[int], what: str) -> None:
     """ValueError on every rank unless all ranks passed the same ``values``."""
     rows = all_gather_array(pg, np.asarray(values, dtype=np.int64), op)
@@ -80,6 +91,37 @@ def all_gather_object(object_list_or_obj: Any, obj: Any = _MISSING,
         return objects
     target[:] = objects
     return target
+
+
+def gather_object(obj: Any, object_gather_list: Optional[list] = None, dst: int = 0,
+                  group: Optional[ProcessGroup] = None) -> Optional[list]:
+    """PyTorch's ``gather_object``: rank ``dst`` gets every rank's ``obj`` in rank order, in
+    ``object_gather_list`` (a list of group-size entries, replaced) or a new list it returns;
+    other ranks pass None and get None. Only ``dst`` receives the pickles (sizes travel to
+    every rank first, so that each pads its pickle to the largest)."""
+    pg = _trusted_group(group, "gather_object")
+    root = pg.group_rank_of(dst, "dst")
+    if pg.rank != root and object_gather_list is not None:
+        raise ValueError(f"gather_object: object_gather_list must be None on rank "
+                         f"{pg.global_rank}; only the dst rank {dst} passes one")
+    if pg.rank == root and object_gather_list is not None and (
+            not isinstance(object_gather_list, list) or len(object_gather_list) != pg.size):
+        got = (len(object_gather_list) if isinstance(object_gather_list, list)
+               else type(object_gather_list).__name__)
+        raise ValueError(f"gather_object object_gather_list must be a list of {pg.size} "
+                         f"entries (the group size), got {got}")
+    payload = _to_bytes(obj)
+    sizes = all_gather_array(pg, np.array([payload.size], dtype=np.int64), "gather_object")
+    padded = np.zeros(int(sizes.max()), dtype=np.uint8)
+    padded[:payload.size] = payload
+    rows = gather_array(pg, padded, root, "gather_object")
+    if rows is None:
+        return None
+    objects = [pickle.loads(rows[i, :int(sizes[i, 0])].tobytes()) for i in range(pg.size)]
+    if object_gather_list is None:
+        return objects
+    object_gather_list[:] = objects
+    return object_gather_list
 
 
 def broadcast_object_list(object_list: list, src: int = 0, group: Optional[ProcessGroup] = None,

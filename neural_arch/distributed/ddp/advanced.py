@@ -19,6 +19,11 @@ Mixed precision (``mixed_precision=True``): float16 compute, float32 master weig
 - The loss is multiplied by the loss scale before backward; the float32 gradients are divided
   by it, checked for inf/NaN (any overflow of the float16 graph or all-reduce shows up here),
   clipped, and the optimizer updates the masters. The next forward casts the new weights.
+
+ZeRO stage 1 (``zero_stage=1``): ``wrap_optimizer`` returns a ``ZeroRedundancyOptimizer``, so
+each rank keeps the optimizer state of its share of the parameters only; gradients are still
+averaged by the inner DDP, and the optimizer's step all-gathers the updated shares. Stages 2
+and 3 are FSDP's ``SHARD_GRAD_OP`` and ``FULL_SHARD``.
 """
 from __future__ import annotations
 
@@ -35,14 +40,18 @@ import numpy as np
 from ...backends import xp_of
 from ...core import Tensor
 from ...nn import Module
+from ...optim import Optimizer
 from .. import collectives
 from ..group.world import get_world_size
+from ..optim import ZeroRedundancyOptimizer
 from ..profiler import CommunicationProfiler
 from ..reduce_ops import ReduceOp
 from .data_parallel import DistributedDataParallel
 from .loss_scaler import LossScaler
 
 _LOG = logging.getLogger(__name__)
+_ZERO_STAGES = (0, 1, 2, 3)
+_FSDP_STRATEGY = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}  # the stages FSDP implements
 
 
 def _overflow_expected() -> np.errstate:
@@ -81,6 +90,7 @@ class DistributedTrainingConfig:
     checkpoint_dir: str = "./checkpoints"
     profile_communication: bool = False
     log_gradient_norms: bool = False
+    zero_stage: int = 0  # 0: plain DDP; 1: optimizer state sharded (see wrap_optimizer)
 
     def __post_init__(self) -> None:
         _check("gradient_accumulation_steps", self.gradient_accumulation_steps, True, 1, False)
@@ -97,6 +107,11 @@ class DistributedTrainingConfig:
         if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not str(self.checkpoint_dir):
             raise ValueError(f"DistributedTrainingConfig.checkpoint_dir must be a non-empty path, "
                              f"got {self.checkpoint_dir!r}")
+        stage = self.zero_stage
+        if (isinstance(stage, (bool, np.bool_)) or not isinstance(stage, (int, np.integer))
+                or stage not in _ZERO_STAGES):
+            raise ValueError(f"DistributedTrainingConfig.zero_stage must be one of "
+                             f"{list(_ZERO_STAGES)}, got {stage!r}")
         for name in ("mixed_precision", "dynamic_loss_scaling", "profile_communication",
                      "log_gradient_norms"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
@@ -140,6 +155,13 @@ class AdvancedDistributedDataParallel(Module):
         if not isinstance(config, DistributedTrainingConfig):
             raise TypeError(f"config must be a DistributedTrainingConfig, got "
                             f"{type(config).__name__}")
+        if config.zero_stage in _FSDP_STRATEGY:
+            raise NotImplementedError(
+                f"DistributedTrainingConfig(zero_stage={config.zero_stage}) shards gradients"
+                f"{' and parameters' if config.zero_stage == 3 else ''}: use "
+                f"neural_arch.distributed.fsdp.FullyShardedDataParallel(sharding_strategy="
+                f"{_FSDP_STRATEGY[config.zero_stage]!r}); AdvancedDistributedDataParallel "
+                f"implements zero_stage 0 (plain DDP) and 1")
         self.config, self._group, self._mixed = config, group, config.mixed_precision
         self.module = module
         # Explicit sync: backward_step synchronises once per window itself, timed for the
@@ -179,6 +201,33 @@ class AdvancedDistributedDataParallel(Module):
                 p.data = master
         return _cast_floats(out, np.float32)
 
+    def wrap_optimizer(self, optimizer: Any, **defaults: Any) -> Optimizer:
+        """The optimizer to pass to ``backward_step``: with ``zero_stage=1`` a
+        ``ZeroRedundancyOptimizer`` over this wrapper's group, else a plain one. ``optimizer``
+        is an ``Optimizer`` class (built over ``self.parameters()`` with ``defaults``) or an
+        optimizer that has not stepped yet (rebuilt with its class, groups and defaults)."""
+        if isinstance(optimizer, Optimizer):
+            if defaults:
+                raise TypeError(f"wrap_optimizer: pass options only with an optimizer class, "
+                                f"got an optimizer instance and {sorted(defaults)}")
+            if self.config.zero_stage == 0:
+                return optimizer
+            if len(optimizer.state):
+                raise ValueError(f"wrap_optimizer: the {type(optimizer).__name__} already holds "
+                                 f"state for {len(optimizer.state)} parameters; wrap it before "
+                                 f"its first step")
+            optimizer_class, params = type(optimizer), optimizer.param_groups
+            defaults = dict(optimizer.defaults)
+        elif isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
+            optimizer_class, params = optimizer, list(self.parameters())
+            if self.config.zero_stage == 0:
+                return optimizer_class(params, **defaults)
+        else:
+            raise TypeError(f"wrap_optimizer needs an Optimizer class or instance, got "
+                            f"{optimizer!r}")
+        return ZeroRedundancyOptimizer(params, optimizer_class, process_group=self._group,
+                                       **defaults)
+
     # ------------------------------------------------------------------ training step
     def sync_gradients(self) -> None:
         """Average the gradients over the group now (timed and, if enabled, profiled)."""
@@ -198,6 +247,9 @@ class AdvancedDistributedDataParallel(Module):
         if not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
             raise TypeError(f"backward_step needs an optimizer with step() and zero_grad(), "
                             f"got {type(optimizer).__name__}")
+        if self.config.zero_stage == 1 and not isinstance(optimizer, ZeroRedundancyOptimizer):
+            raise TypeError(f"zero_stage=1 shards the optimizer state: pass the optimizer "
+                            f"returned by wrap_optimizer(), got a {type(optimizer).__name__}")
         steps = self.config.gradient_accumulation_steps
         factor = (self.scaler.scale_value if self._mixed else 1.0) / steps
         seed = xp_of(loss.data).full(loss.shape, factor, dtype=loss.dtype)

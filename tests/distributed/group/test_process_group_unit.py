@@ -103,6 +103,8 @@ def test_object_collectives_refuse_unauthenticated_transports(monkeypatch):
             dist.all_gather_object({"x": 1}, group=untrusted)
         with pytest.raises(PermissionError, match="custom"):
             dist.broadcast_object_list([1], group=untrusted)
+        with pytest.raises(PermissionError, match="custom"):
+            dist.gather_object(1, [None], group=untrusted)
     finally:
         dist.destroy_process_group()
 
