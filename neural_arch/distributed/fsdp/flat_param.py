@@ -7,7 +7,7 @@ padded_numel / N`` elements and rank r's shard is ``flat[r * shard_numel:(r + 1)
 shard_numel]``. The layout without padding does not depend on N, which lets a checkpoint
 written on one world size be loaded on another.
 
-The full buffer is an anonymous memory mapping. The original parameters' ``.data`` are views
+The full buffer is a private anonymous memory mapping (page aligned). The original parameters' ``.data`` are views
 of it for good: backward closures keep the arrays they computed with, so dropping references
 would free nothing while a graph is alive. ``release()`` instead hands the pages back to the
 operating system (``madvise(MADV_DONTNEED)``; the views then read zeros) and the next gather
@@ -73,7 +73,8 @@ class GatherBuffer:
     def __init__(self, numel: int, dtype: Any) -> None:
         self.dtype = np.dtype(dtype)
         self.nbytes = numel * self.dtype.itemsize
-        self._map = mmap.mmap(-1, max(self.nbytes, 1))  # page aligned, zero filled
+        # Private: on a shared anonymous mapping MADV_DONTNEED keeps the pages' contents.
+        self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.array = np.frombuffer(self._map, dtype=self.dtype, count=numel)
 
     def release(self) -> None:

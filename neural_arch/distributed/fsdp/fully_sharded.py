@@ -73,11 +73,11 @@ class FullyShardedDataParallel(Module):
                  auto_wrap_policy: Any = None, mixed_precision: Any = False,
                  prefetch: bool = True, sync_module_states: bool = True) -> None:
         super().__init__()
+        self.sharding_strategy = ShardingStrategy.parse(sharding_strategy)
+        self.mixed_precision = MixedPrecision.parse(mixed_precision)
         if not is_initialized():
             raise RuntimeError("FullyShardedDataParallel needs an initialized process group: "
                                "call init_process_group() first")
-        self.sharding_strategy = ShardingStrategy.parse(sharding_strategy)
-        self.mixed_precision = MixedPrecision.parse(mixed_precision)
         _check_numpy(module)
         self.module = module
         self.process_group = process_group

@@ -69,42 +69,36 @@ class Unit:
     @property
     def current(self) -> bool:
         """The buffer holds the shards as they are now (or a gather of them is under way)."""
-        return (self.gathered or self._pending is not None) and \
-            self.generation == self.stats.generation
+        return self.gathered and self.generation == self.stats.generation
 
     def start_gather(self, async_op: bool) -> None:
-        """Gather every rank's shard into the buffer, unless it already holds them."""
+        """Gather every rank's shard into the buffer, unless it already holds them. The bytes
+        count as gathered from here on: an asynchronous gather fills the pages meanwhile."""
         if self.current:
             return
         self.wait_gather()  # an outdated gather still under way must land first
         self.generation = self.stats.generation
+        if not self.gathered:
+            self.stats.add(self.buffer.nbytes)
+            self.gathered = True
         source = self.shard.data.astype(self.compute_dtype, copy=False)
         if self.layout.shards == 1:  # nothing to fetch: every rank holds the whole vector
             self.buffer.array[...] = source
-            self._mark_gathered()
             return
         work = collectives.all_gather_into_tensor(self.buffer.array, source, group=self.group,
                                                   async_op=async_op)
         if async_op:
             self._pending = (work, source)
-        else:
-            self._mark_gathered()
 
     def wait_gather(self) -> None:
         if self._pending is not None:
             work, _ = self._pending
             self._pending = None
             work.wait()
-            self._mark_gathered()
 
     def gather(self) -> None:
         self.start_gather(async_op=False)
         self.wait_gather()
-
-    def _mark_gathered(self) -> None:
-        if not self.gathered:
-            self.stats.add(self.buffer.nbytes)
-        self.gathered = True
 
     def release(self) -> None:
         """Free the full parameters' memory (ZeRO-3); the views read zeros until regathered."""
