@@ -14,6 +14,7 @@ _LAZY = {
     "ShardingStrategy": ".options",
     "MixedPrecision": ".options",
     "FlatShard": ".state",
+    "ShardedGradScaler": ".grad_scaler",
     "ModuleWrapPolicy": ".wrap",
     "transformer_auto_wrap_policy": ".wrap",
     "size_based_auto_wrap_policy": ".wrap",

@@ -46,15 +46,17 @@ def _check_numpy(module: Module) -> None:
                             f"{type(param.data).__name__} on {param.device}")
 
 
-def _cast_inputs(value: Any, dtype: np.dtype) -> Any:
+def _cast_floating(value: Any, dtype: np.dtype) -> Any:
+    """``value`` with its floating tensors and arrays (nested in lists, tuples, dicts) cast
+    to ``dtype``; tensors stay in the graph."""
     if isinstance(value, Tensor):
         return value.astype(dtype) if value.dtype.kind == "f" and value.dtype != dtype else value
     if isinstance(value, np.ndarray) and value.dtype.kind == "f":
         return value.astype(dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast_inputs(v, dtype) for v in value)
+        return type(value)(_cast_floating(v, dtype) for v in value)
     if isinstance(value, dict):
-        return {k: _cast_inputs(v, dtype) for k, v in value.items()}
+        return {k: _cast_floating(v, dtype) for k, v in value.items()}
     return value
 
 
@@ -137,13 +139,15 @@ class FullyShardedDataParallel(Module):
 
     # -- training --------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        mixed = self.mixed_precision
-        if mixed is not None and mixed.cast_forward_inputs and self._units:
+        mixed = self.mixed_precision if self._units else None
+        if mixed is not None and mixed.cast_forward_inputs:
             dtype = self._units[0].compute_dtype
-            args, kwargs = _cast_inputs(args, dtype), _cast_inputs(kwargs, dtype)
+            args, kwargs = _cast_floating(args, dtype), _cast_floating(kwargs, dtype)
         self._schedule.root_pre_forward()
         output = self.module(*args, **kwargs)
         self._schedule.root_post_forward(output)
+        if mixed is not None and mixed.cast_forward_outputs:
+            output = _cast_floating(output, self._units[0].master_dtype)
         return output
 
     def named_parameters(self, prefix: str = "", recurse: bool = True

@@ -50,11 +50,14 @@ class ShardingStrategy(Enum):
 class MixedPrecision:
     """Compute and communication dtypes (torch's ``MixedPrecision``); ``None`` keeps the
     parameters' own dtype. ``cast_forward_inputs``: floating inputs of the wrapper's forward
-    are cast to ``param_dtype``, so the whole model computes in it."""
+    are cast to ``param_dtype``, so the whole model computes in it. ``cast_forward_outputs``:
+    its floating outputs come back in the parameters' own dtype, so a loss computed from them
+    (and its softmax) is float32, as DDP's mixed precision does."""
 
     param_dtype: Optional[Any] = np.float16
     reduce_dtype: Optional[Any] = np.float16
     cast_forward_inputs: bool = True
+    cast_forward_outputs: bool = True
 
     @classmethod
     def parse(cls, value: Any) -> Optional["MixedPrecision"]:
