@@ -10,16 +10,17 @@ before any of the unit's own backward runs; it gathers the unit again (FULL_SHAR
 and starts gathering the next unit in the recorded backward order. Post-accumulate-grad hooks
 count each unit's parameters; when the last one's gradient is final, the full gradients are
 packed into one vector and averaged in the background (reduce-scatter into the shard), and
-the full parameters are freed. Averaging is launched in a fixed order (reverse forward order)
+the full parameters are freed. Averaging is launched in a fixed order (reverse module order)
 so that every rank issues the same collectives in the same order. A callback queued for the
-end of backward handles units whose parameters got no gradient, waits for every collective,
+end of backward handles units whose parameters got no gradient (they average zeros: unlike
+DDP, a unit that no rank used gets a zero gradient, not None), waits for every collective,
 and frees whatever is still gathered.
 
 Inside ``no_sync()`` the full gradients stay on the parameters and accumulate there; the
 first backward outside it averages the sums.
 
-Every rank must run the same graph structure (the same units, in the same order, with the
-same parameters taking part); the collectives of different ranks are paired by their order.
+Every rank must run the same units in the same order: the collectives of different ranks are
+paired by their order. Within a unit, parameters may take part on some ranks only.
 """
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ class Schedule:
         self.forward_known = self.backward_known = False
         self.sync_enabled = True
         self._backward: Optional[int] = None
-        self._launch_order: List[Unit] = []
+        # Averaging is launched in reverse module order, the same on every rank whatever ran
+        # (backward produces the last units' gradients first).
+        self._launch_order: List[Unit] = list(reversed(self.units))
         self._next_launch = 0
 
     # -- forward ---------------------------------------------------------------------------
@@ -115,9 +118,8 @@ class Schedule:
             return
         self._backward = current
         for unit in self.units:
+            unit.abandon()  # what a backward that raised halfway left under way
             unit.begin_backward()
-        ran = [u for u in self.forward_order if u in self.units]
-        self._launch_order = list(reversed(ran)) + [u for u in self.units if u not in ran]
         self._next_launch = 0
         autograd.queue_callback(self._end_of_backward)
 
