@@ -144,10 +144,6 @@ class Unit:
                                                      async_op=True)
             self._reduce = (work, out, flat)
 
-    @property
-    def reducing(self) -> bool:
-        return self._reduce is not None
-
     def finish_reduce(self) -> None:
         """Wait for the averaged gradient and add it to the shard's (accumulating, as a
         parameter's ``.grad`` does)."""
