@@ -158,6 +158,13 @@ class FullyShardedDataParallel(Module):
             name = unit.shard.name
             yield (f"{prefix}.{name}" if prefix else name), unit.shard
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the shards' gradients and any full gradients ``no_sync()`` accumulated."""
+        super().zero_grad(set_to_none)
+        for unit in self._units:
+            for param in unit.params:
+                param.grad = None
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backwards inside accumulate full gradients on the parameters without communicating

@@ -50,10 +50,17 @@ class Unit:
         self.shard_index = get_rank(group) if strategy.shards_parameters else 0
         self.lo, self.hi = self.layout.shard_range(self.shard_index)
         full = self.layout.flatten([p.data for p in self.params], self.master_dtype)
-        label = f"{name}.flat_param" if name else "flat_param"
-        self.shard = Parameter(full[self.lo:self.hi].copy(), name=label)
-        del full
         self.buffer = GatherBuffer(self.layout.padded_numel, self.compute_dtype)
+        label = f"{name}.flat_param" if name else "flat_param"
+        if (self.layout.shards == 1 and self.compute_dtype == self.master_dtype
+                and not strategy.frees_parameters):
+            # Unsharded, in its own dtype and never freed: the shard is the buffer, the model's
+            # one copy (optimizers update it in place; a rebound .data is copied on gather).
+            self.buffer.array[...] = full
+            self.shard = Parameter(self.buffer.array, name=label)
+        else:
+            self.shard = Parameter(full[self.lo:self.hi].copy(), name=label)
+        del full
         for param, view in zip(self.params, self.layout.views(self.buffer.array)):
             param.data = view
         self.gathered = False
@@ -83,7 +90,8 @@ class Unit:
             self.gathered = True
         source = self.shard.data.astype(self.compute_dtype, copy=False)
         if self.layout.shards == 1:  # nothing to fetch: every rank holds the whole vector
-            self.buffer.array[...] = source
+            if source is not self.buffer.array:
+                self.buffer.array[...] = source
             return
         work = collectives.all_gather_into_tensor(self.buffer.array, source, group=self.group,
                                                   async_op=async_op)

@@ -96,3 +96,32 @@ def test_a_parameter_used_on_one_rank_only_matches_ddp():
     for fsdp_state, ddp_state in run_ranks(unused_worker, 2, "shm"):
         for key in ddp_state:
             np.testing.assert_allclose(fsdp_state[key], ddp_state[key], rtol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("strategy,aliased", [("NO_SHARD", True), ("FULL_SHARD", False)])
+def test_unsharded_parameters_are_kept_once(one_rank_group, strategy, aliased):
+    """NO_SHARD's shard is the model's own copy (as DDP's memory); FULL_SHARD on one rank
+    still frees its gathered copy, so its shard must be separate. Both train as the plain
+    model; zero_grad() also drops what no_sync() accumulated."""
+    import neural_arch.functional as F
+    from neural_arch.core import Tensor
+    from neural_arch.distributed.fsdp import FullyShardedDataParallel
+    from neural_arch.optim import SGD
+    model = FullyShardedDataParallel(make_model("mlp", 1), sharding_strategy=strategy)
+    plain = make_model("mlp", 1)
+    shard = next(model.parameters())
+    assert np.shares_memory(shard.data, model.module[0].weight.data) == aliased
+    x, y = Tensor(np.linspace(-1, 1, 21).reshape(3, 7)), Tensor(np.array([0, 3, 1]))
+    for net in (model, plain):
+        opt = SGD(net.parameters(), lr=0.3, momentum=0.9)
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(net(x), y).backward()
+            opt.step()
+    for key, value in plain.state_dict().items():
+        np.testing.assert_allclose(model.full_state_dict()[key], value, rtol=1e-12, err_msg=key)
+    with model.no_sync():
+        F.cross_entropy(model(x), y).backward()
+    assert model.module[0].weight.grad is not None
+    model.zero_grad()
+    assert all(p.grad is None for p in model.module.parameters())
