@@ -28,8 +28,8 @@ import numpy as np
 
 from ...core import Tensor
 from ...nn import Module, Parameter
-from .. import collectives
 from ..group.world import get_world_size, is_initialized
+from ..replicas import broadcast_module_state, check_replicas_agree
 from . import state
 from .flat_param import GatherStats
 from .options import MixedPrecision, ShardingStrategy
@@ -84,9 +84,9 @@ class FullyShardedDataParallel(Module):
         self.module = module
         self.process_group = process_group
         self.world_size = get_world_size(process_group)
-        self._check_replicas_agree()
-        if sync_module_states:
-            self._broadcast_state()
+        check_replicas_agree(module, process_group, "FullyShardedDataParallel")
+        if sync_module_states:  # every rank starts from rank 0's parameters and buffers
+            broadcast_module_state(module, process_group)
         self._stats = GatherStats()
         prefixes = unit_prefixes(module, auto_wrap_policy)
         owned = assign_parameters(module, prefixes)
@@ -104,29 +104,6 @@ class FullyShardedDataParallel(Module):
                 param.register_post_accumulate_grad_hook(self._schedule.grad_ready)
 
     # -- construction ----------------------------------------------------------------------
-    def _check_replicas_agree(self) -> None:
-        mine = [(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in
-                self.module.named_parameters()]
-        everyone = collectives.all_gather_object(mine, group=self.process_group)
-        for rank, theirs in enumerate(everyone):
-            if theirs == everyone[0]:
-                continue
-            for i in range(max(len(theirs), len(everyone[0]))):
-                a = everyone[0][i] if i < len(everyone[0]) else None
-                b = theirs[i] if i < len(theirs) else None
-                if a != b:
-                    raise ValueError(f"FullyShardedDataParallel: model replicas differ at "
-                                     f"parameter #{i}: rank 0 has {a}, rank {rank} has {b}")
-
-    def _broadcast_state(self) -> None:
-        """Every rank starts from rank 0's parameters and buffers, as DDP does."""
-        arrays = [p.data for _, p in self.module.named_parameters()]
-        for _, buf in self.module.named_buffers():
-            arrays.append(buf.data if isinstance(buf, Tensor) else buf)
-        for array in arrays:
-            if isinstance(array, np.ndarray) and array.size:
-                collectives.broadcast(array, src=0, group=self.process_group)
-
     def _wrap_forward(self, unit: Unit) -> None:
         original, schedule = unit.module.forward, self._schedule
 
