@@ -121,7 +121,11 @@ class FullyShardedDataParallel(Module):
             dtype = self._units[0].compute_dtype
             args, kwargs = _cast_floating(args, dtype), _cast_floating(kwargs, dtype)
         self._schedule.root_pre_forward()
-        output = self.module(*args, **kwargs)
+        try:
+            output = self.module(*args, **kwargs)
+        except BaseException:
+            self._schedule.forward_failed()
+            raise
         self._schedule.root_post_forward(output)
         if mixed is not None and mixed.cast_forward_outputs:
             output = _cast_floating(output, self._units[0].master_dtype)
@@ -165,16 +169,20 @@ class FullyShardedDataParallel(Module):
         """Context manager: inside, the module's parameters hold their full values (in their
         own dtype); with ``writeback`` changes to them are copied into the shards on exit.
         Collective: every rank must enter it. Not during forward or backward."""
+        if self._schedule.busy:
+            raise RuntimeError("FullyShardedDataParallel.summon_full_params() during the "
+                               "wrapper's forward or backward; call it between steps")
         return state.summon_full_params(self._units, self._stats, writeback)
 
     def full_state_dict(self) -> Dict[str, np.ndarray]:
         """The wrapped module's ``state_dict()`` with full values, on every rank (collective)."""
-        return state.full_state_dict(self.module, self._units, self._stats)
+        with self.summon_full_params(writeback=False):
+            return dict(self.module.state_dict())
 
     def load_full_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> Any:
         """Load a full state dict (the wrapped module's keys) into the shards (collective)."""
-        return state.load_full_state_dict(self.module, self._units, self._stats, state_dict,
-                                          strict)
+        with self.summon_full_params(writeback=True):
+            return self.module.load_state_dict(state_dict, strict=strict)
 
     state_dict = full_state_dict
     load_state_dict = load_full_state_dict

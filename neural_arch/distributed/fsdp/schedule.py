@@ -57,18 +57,27 @@ class Schedule:
         self.forward_known = self.backward_known = False
         self.sync_enabled = True
         self._backward: Optional[int] = None
+        self._in_forward = False
         # Averaging is launched in reverse module order, the same on every rank whatever ran
         # (backward produces the last units' gradients first).
         self._launch_order: List[Unit] = list(reversed(self.units))
         self._next_launch = 0
 
+    @property
+    def busy(self) -> bool:
+        """The wrapper's forward, or a backward (perhaps through the wrapper's graph, whose
+        hooks may not have fired yet), is running on this thread."""
+        return self._in_forward or autograd.current_backward() is not None
+
     # -- forward ---------------------------------------------------------------------------
     def root_pre_forward(self) -> None:
+        self._in_forward = True
         if self.root is not None:
             self._record(self.forward_order, self.root, self.forward_known)
             self.root.gather()
 
     def root_post_forward(self, output: Any) -> None:
+        self._in_forward = False
         self.forward_known = True
         needs_grad = output_tensors(output)
         if self.strategy.frees_parameters:
@@ -78,6 +87,15 @@ class Schedule:
                 self.root.release()  # no backward follows (evaluation)
         if self.root is not None:
             self._hook_outputs(self.root, needs_grad)
+
+    def forward_failed(self) -> None:
+        """The wrapped module raised: wait for what is under way and free what FULL_SHARD
+        would have freed, so the next step starts clean."""
+        self._in_forward = False
+        for unit in self.units:
+            unit.wait_gather()
+            if self.strategy.frees_parameters:
+                unit.release()
 
     def unit_pre_forward(self, unit: Unit) -> None:
         self._record(self.forward_order, unit, self.forward_known)

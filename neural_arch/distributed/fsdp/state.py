@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Iterator, List, Sequence, Tuple
 
 import numpy as np
 
-from ...nn import Module, Parameter
+from ...nn import Parameter
 from .. import collectives
 from ..reduce_ops import ReduceOp
 from .flat_param import FlatEntry, GatherStats
@@ -82,18 +82,6 @@ def summon_full_params(units: Sequence[Unit], stats: GatherStats,
                 unit.shard.data[...] = full[unit.lo:unit.hi]
         if writeback and summoned:
             stats.generation += 1  # the next forward gathers what was written
-
-
-def full_state_dict(module: Module, units: Sequence[Unit], stats: GatherStats
-                    ) -> Dict[str, np.ndarray]:
-    with summon_full_params(units, stats, writeback=False):
-        return dict(module.state_dict())
-
-
-def load_full_state_dict(module: Module, units: Sequence[Unit], stats: GatherStats,
-                         state_dict: Dict[str, Any], strict: bool = True) -> Any:
-    with summon_full_params(units, stats, writeback=True):
-        return module.load_state_dict(state_dict, strict=strict)
 
 
 def clip_grad_norm_(units: Sequence[Unit], group: Any, sharded: bool, max_norm: float,

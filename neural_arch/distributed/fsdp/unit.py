@@ -141,14 +141,20 @@ class Unit:
         flat = self.layout.flatten([p.grad for p in self.params], self.reduce_dtype)
         for param in self.params:
             param.grad = None
+        op = ReduceOp.AVG
+        if self.reduce_dtype.itemsize < 4 and self.world > 1:
+            # A float16 sum of N gradients can overflow where their mean would not: divide
+            # first, then add (the mean again, computed in range).
+            flat *= flat.dtype.type(1.0 / self.world)
+            op = ReduceOp.SUM
         if self.world == 1:
             self._reduce = (None, flat[self.lo:self.hi], flat)
         elif self.layout.shards == 1:
-            work = collectives.all_reduce(flat, ReduceOp.AVG, group=self.group, async_op=True)
+            work = collectives.all_reduce(flat, op, group=self.group, async_op=True)
             self._reduce = (work, flat, flat)
         else:
             out = np.empty(self.layout.shard_numel, dtype=self.reduce_dtype)
-            work = collectives.reduce_scatter_tensor(out, flat, ReduceOp.AVG, group=self.group,
+            work = collectives.reduce_scatter_tensor(out, flat, op, group=self.group,
                                                      async_op=True)
             self._reduce = (work, out, flat)
 

@@ -125,3 +125,21 @@ def test_unsharded_parameters_are_kept_once(one_rank_group, strategy, aliased):
     assert model.module[0].weight.grad is not None
     model.zero_grad()
     assert all(p.grad is None for p in model.module.parameters())
+
+
+def test_summon_during_backward_is_refused_and_a_failed_forward_leaves_no_trace(one_rank_group):
+    import neural_arch.functional as F
+    from neural_arch.core import Tensor
+    from neural_arch.distributed.fsdp import FullyShardedDataParallel
+    model = FullyShardedDataParallel(make_model("mlp", 1), auto_wrap_policy=wrap_policy("mlp"))
+    x, y = Tensor(np.ones((2, 7))), Tensor(np.array([0, 1]))
+    loss = F.cross_entropy(model(x), y)
+    loss.register_hook(lambda grad: model.summon_full_params().__enter__())
+    with pytest.raises(RuntimeError, match="summon_full_params.*during"):
+        loss.backward()
+    with pytest.raises(ValueError, match="linear"):
+        model(Tensor(np.ones((2, 5))))  # the wrong width: the first unit raises
+    assert model.memory_stats()["gathered_bytes"] == 0
+    F.cross_entropy(model(x), y).backward()  # and training goes on
+    assert all(p.grad is not None for p in model.parameters())
+    assert model.full_state_dict().keys() == make_model("mlp", 1).state_dict().keys()
