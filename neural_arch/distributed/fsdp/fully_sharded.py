@@ -67,14 +67,20 @@ class FullyShardedDataParallel(Module):
     "NO_SHARD"). ``auto_wrap_policy``: a torch-style policy, or a set of module classes.
     ``mixed_precision``: False, True (float16 compute and reduction, float32 shards) or a
     ``MixedPrecision``. ``prefetch``: gather the next unit in the background (forward and
-    backward), from the second iteration on.
+    backward), from the second iteration on. ``sync_module_states``: start every rank from
+    rank 0's parameters and buffers. ``ShardingStrategy.for_zero_stage(n)`` maps DeepSpeed's
+    ``zero_stage`` onto a strategy.
     """
 
     def __init__(self, module: Module, process_group: Any = None,
                  sharding_strategy: Any = ShardingStrategy.FULL_SHARD,
                  auto_wrap_policy: Any = None, mixed_precision: Any = False,
-                 prefetch: bool = True, sync_module_states: bool = True) -> None:
+                 prefetch: bool = True, sync_module_states: bool = True,
+                 device_id: Any = None) -> None:
         super().__init__()
+        if device_id is not None:  # torch's argument; a CPU module takes None, as in torch
+            raise ValueError(f"FullyShardedDataParallel(device_id={device_id!r}): parameters "
+                             "are NumPy arrays on the CPU, leave device_id None")
         self.sharding_strategy = ShardingStrategy.parse(sharding_strategy)
         self.mixed_precision = MixedPrecision.parse(mixed_precision)
         if not is_initialized():

@@ -36,6 +36,17 @@ class ShardingStrategy(Enum):
         raise ValueError(f"FullyShardedDataParallel: unknown sharding_strategy {value!r}; "
                          f"choose one of {[m.name for m in cls]}")
 
+    @classmethod
+    def for_zero_stage(cls, stage: int) -> "ShardingStrategy":
+        """DeepSpeed's ``zero_stage``: 3 is FULL_SHARD, 2 SHARD_GRAD_OP, 0 NO_SHARD. Stage 1
+        shards the optimizer state only: that is ``ZeroRedundancyOptimizer``, not a wrapper."""
+        stages = {0: cls.NO_SHARD, 2: cls.SHARD_GRAD_OP, 3: cls.FULL_SHARD}
+        if isinstance(stage, bool) or stage not in stages:
+            hint = " (stage 1 is ZeroRedundancyOptimizer)" if stage == 1 else ""
+            raise ValueError(f"FullyShardedDataParallel: zero_stage must be one of "
+                             f"{sorted(stages)}, got {stage!r}{hint}")
+        return stages[stage]
+
     @property
     def shards_parameters(self) -> bool:
         return self is not ShardingStrategy.NO_SHARD

@@ -186,3 +186,14 @@ def test_a_unit_mixing_dtypes_is_rejected(one_rank_group):
         p.data = p.data.astype(np.float32)
     wrapped = FullyShardedDataParallel(model, auto_wrap_policy=wrap_policy("mlp"))
     assert [p.dtype for p in wrapped.parameters()] == [np.float32, np.float64, np.float64]
+
+
+def test_zero_stages_map_onto_strategies_and_device_ids_are_refused():
+    from neural_arch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    assert [ShardingStrategy.for_zero_stage(s) for s in (0, 2, 3)] == [
+        ShardingStrategy.NO_SHARD, ShardingStrategy.SHARD_GRAD_OP, ShardingStrategy.FULL_SHARD]
+    with pytest.raises(ValueError, match=r"got 1 \(stage 1 is ZeroRedundancyOptimizer\)"):
+        ShardingStrategy.for_zero_stage(1)
+    assert ShardingStrategy.parse("shard_grad_op") is ShardingStrategy.SHARD_GRAD_OP
+    with pytest.raises(ValueError, match="device_id=0.*CPU"):
+        FullyShardedDataParallel(make_model("mlp", 0), device_id=0)
