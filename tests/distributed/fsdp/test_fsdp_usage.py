@@ -143,3 +143,20 @@ def test_summon_during_backward_is_refused_and_a_failed_forward_leaves_no_trace(
     F.cross_entropy(model(x), y).backward()  # and training goes on
     assert all(p.grad is not None for p in model.parameters())
     assert model.full_state_dict().keys() == make_model("mlp", 1).state_dict().keys()
+
+
+def generate_worker(rank, world_size):
+    from neural_arch.distributed.fsdp import FullyShardedDataParallel
+    model = FullyShardedDataParallel(make_model("gpt", seed=5), auto_wrap_policy=wrap_policy("gpt"))
+    prompt = np.array([[1, 2, 3]])
+    with model.summon_full_params(writeback=False):  # the module's own methods need it
+        tokens = model.module.generate(prompt, 5, rng=np.random.default_rng(0))
+    return tokens, model.memory_stats()["gathered_bytes"]
+
+
+def test_the_module_s_own_methods_run_inside_summon_full_params():
+    want = make_model("gpt", seed=5).generate(np.array([[1, 2, 3]]), 5,
+                                              rng=np.random.default_rng(0))
+    for tokens, gathered in run_ranks(generate_worker, 2, "shm"):
+        np.testing.assert_array_equal(tokens, want)
+        assert gathered == 0
