@@ -1,18 +1,19 @@
 """One unit's parameters as a single flat vector: its layout, this rank's shard, and the
 buffer the full vector is gathered into.
 
-Layout: the parameters, in registration order, back to back (``offsets``), then zeros up to
+Layout: the parameters, in registration order, back to back (``entries``), then zeros up to
 ``padded_numel``, a multiple of the number of shards N, so every shard has ``shard_numel =
 padded_numel / N`` elements and rank r's shard is ``flat[r * shard_numel:(r + 1) *
 shard_numel]``. The layout without padding does not depend on N, which lets a checkpoint
 written on one world size be loaded on another.
 
-The full buffer is a private anonymous memory mapping (page aligned). The original parameters' ``.data`` are views
-of it for good: backward closures keep the arrays they computed with, so dropping references
-would free nothing while a graph is alive. ``release()`` instead hands the pages back to the
-operating system (``madvise(MADV_DONTNEED)``; the views then read zeros) and the next gather
-writes into the same addresses, which makes every view valid again. This is what torch does
-by resizing a storage to zero.
+The full buffer is a private anonymous memory mapping (page aligned). The original
+parameters' ``.data`` are views of it for good: backward closures keep the arrays they
+computed with, so dropping references would free nothing while a graph is alive.
+``release()`` instead hands the pages back to the operating system
+(``madvise(MADV_DONTNEED)``; the views then read zeros) and the next gather writes into the
+same addresses, which makes every view valid again. This is what torch does by resizing a
+storage to zero.
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ class GatherBuffer:
         self.dtype = np.dtype(dtype)
         self.nbytes = numel * self.dtype.itemsize
         # Private: on a shared anonymous mapping MADV_DONTNEED keeps the pages' contents.
-        self._map = mmap.mmap(-1, max(self.nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._map = mmap.mmap(-1, max(self.nbytes, 1),
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.array = np.frombuffer(self._map, dtype=self.dtype, count=numel)
 
     def release(self) -> None:

@@ -75,6 +75,8 @@ class Schedule:
         if self.root is not None:
             self._record(self.forward_order, self.root, self.forward_known)
             self.root.gather()
+            if self.prefetch and self.forward_known:
+                self._prefetch_after(self.forward_order, self.root)
 
     def root_post_forward(self, output: Any) -> None:
         self._in_forward = False
