@@ -29,12 +29,13 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from ...core import Tensor, autograd
+from ...core import autograd
 from ...nn import Module
 from .. import collectives
 from ..buffers import copy_into_host
 from ..group.world import get_world_size, is_initialized
 from ..reduce_ops import ReduceOp
+from ..replicas import broadcast_module_state, check_replicas_agree
 from .buckets import bucket_storage
 
 
@@ -137,27 +138,10 @@ class DistributedDataParallel(Module):
 
     # -- construction ---------------------------------------------------------------------
     def _check_replicas_agree(self) -> None:
-        mine = [(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in
-                self.module.named_parameters()]
-        everyone = collectives.all_gather_object(mine, group=self._group)
-        for rank, theirs in enumerate(everyone):
-            if theirs == everyone[0]:
-                continue
-            for i in range(max(len(theirs), len(everyone[0]))):
-                a = everyone[0][i] if i < len(everyone[0]) else None
-                b = theirs[i] if i < len(theirs) else None
-                if a != b:
-                    raise ValueError(f"DistributedDataParallel: model replicas differ at parameter "
-                                     f"#{i}: rank 0 has {a}, rank {rank} has {b}")
+        check_replicas_agree(self.module, self._group, "DistributedDataParallel")
 
     def _broadcast_state(self) -> None:
-        tensors = [p for _, p in self.module.named_parameters()]
-        if self.broadcast_buffers and hasattr(self.module, "named_buffers"):
-            tensors += [b for _, b in self.module.named_buffers()]
-        for t in tensors:
-            data = t.data if isinstance(t, Tensor) else t  # an array's .data is a memoryview
-            if getattr(data, "size", 0):  # NumPy, or CuPy (staged through the host)
-                collectives.broadcast(data, src=0, group=self._group)
+        broadcast_module_state(self.module, self._group, self.broadcast_buffers)
 
     def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[_Bucket]:
         groups: List[tuple] = []
