@@ -168,9 +168,24 @@ class Module:
 
     def named_parameters(self, prefix: str = "", recurse: bool = True
                          ) -> Iterator[Tuple[str, Parameter]]:
-        """(dotted name, parameter) in registration order; a shared parameter appears once."""
-        for name, param in self._named_members("_parameters", recurse, unique=True):
-            yield (f"{prefix}.{name}" if prefix else name), param
+        """(dotted name, parameter) in registration order; a shared parameter appears once.
+        Each submodule is asked for its own, so one that overrides this (a sharding wrapper
+        whose parameters are its shards) shows the same parameters inside a container."""
+        seen: Set[int] = set()
+        for name, param in self._parameters.items():
+            if param is not None and id(param) not in seen:
+                seen.add(id(param))
+                yield (f"{prefix}.{name}" if prefix else name), param
+        if not recurse:
+            return
+        for child_name, child in self._modules.items():
+            if child is None:
+                continue
+            child_prefix = f"{prefix}.{child_name}" if prefix else child_name
+            for name, param in child.named_parameters(child_prefix):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield name, param
 
     def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
         for _, param in self.named_parameters(recurse=recurse):

@@ -48,6 +48,24 @@ def test_shared_parameters_are_listed_once():
     assert set(model.state_dict()) == {"0.weight", "0.bias", "1.weight", "1.bias"}
 
 
+def test_a_submodule_that_overrides_named_parameters_is_asked_for_them():
+    """A wrapper whose parameters are stand-ins (as a sharding wrapper's shards) shows those
+    inside a container too, with dotted names."""
+    class Stand(Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Linear(2, 2)
+            self.shard = Tensor(np.zeros(3), requires_grad=True)  # not registered
+
+        def named_parameters(self, prefix="", recurse=True):
+            yield (f"{prefix}.flat" if prefix else "flat"), self.shard
+
+    stand = Stand()
+    model = Sequential(stand, Linear(2, 1))
+    assert [n for n, _ in model.named_parameters()] == ["0.flat", "1.weight", "1.bias"]
+    assert list(model.parameters())[0] is stand.shard
+
+
 def test_reassignment_rules():
     net = Net()
     net.encoder = None

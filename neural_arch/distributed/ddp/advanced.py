@@ -23,7 +23,11 @@ Mixed precision (``mixed_precision=True``): float16 compute, float32 master weig
 ZeRO stage 1 (``zero_stage=1``): ``wrap_optimizer`` returns a ``ZeroRedundancyOptimizer``, so
 each rank keeps the optimizer state of its share of the parameters only; gradients are still
 averaged by the inner DDP, and the optimizer's step all-gathers the updated shares. Stages 2
-and 3 are FSDP's ``SHARD_GRAD_OP`` and ``FULL_SHARD``.
+and 3 replace the inner DDP by ``FullyShardedDataParallel`` with ``SHARD_GRAD_OP`` and
+``FULL_SHARD``: ``.module`` is then that wrapper (holding the model), ``parameters()`` are its
+shards (build the optimizer on them, or use ``wrap_optimizer``), gradients are averaged into
+the shards during backward, the global norm is summed over the shards, and mixed precision is
+FSDP's (float16 compute and reduction, float32 shards) with this wrapper's loss scaler.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from ...core import Tensor
 from ...nn import Module
 from ...optim import Optimizer
 from .. import collectives
+from ..fsdp import FullyShardedDataParallel
 from ..group.world import get_world_size
 from ..optim import ZeroRedundancyOptimizer
 from ..profiler import CommunicationProfiler
@@ -90,7 +95,9 @@ class DistributedTrainingConfig:
     checkpoint_dir: str = "./checkpoints"
     profile_communication: bool = False
     log_gradient_norms: bool = False
-    zero_stage: int = 0  # 0: plain DDP; 1: optimizer state sharded (see wrap_optimizer)
+    # 0: plain DDP; 1: optimizer state sharded (see wrap_optimizer); 2: gradients too;
+    # 3: parameters too (2 and 3: FullyShardedDataParallel inside)
+    zero_stage: int = 0
 
     def __post_init__(self) -> None:
         _check("gradient_accumulation_steps", self.gradient_accumulation_steps, True, 1, False)
@@ -132,13 +139,16 @@ def _cast_floats(value: Any, dtype: Any) -> Any:
     return value
 
 
-def _global_norm(grads: list) -> float:
-    """The 2-norm of all gradients together, accumulated in float64."""
-    total = 0.0
+def _global_norm(grads: list, shards_of: Any = None) -> float:
+    """The 2-norm of all gradients together, accumulated in float64; ``shards_of``: the group
+    over which the gradients are shards of the whole (their squares are summed over it)."""
+    total = np.zeros(1)
     for g in grads:
         flat = g.ravel().astype(np.float64, copy=False)
-        total += float(flat @ flat)
-    return math.sqrt(total)
+        total += flat @ flat
+    if shards_of is not False:
+        collectives.all_reduce(total, ReduceOp.SUM, group=shards_of)
+    return math.sqrt(float(total[0]))
 
 
 class AdvancedDistributedDataParallel(Module):
@@ -155,20 +165,22 @@ class AdvancedDistributedDataParallel(Module):
         if not isinstance(config, DistributedTrainingConfig):
             raise TypeError(f"config must be a DistributedTrainingConfig, got "
                             f"{type(config).__name__}")
-        if config.zero_stage in _FSDP_STRATEGY:
-            raise NotImplementedError(
-                f"DistributedTrainingConfig(zero_stage={config.zero_stage}) shards gradients"
-                f"{' and parameters' if config.zero_stage == 3 else ''}: use "
-                f"neural_arch.distributed.fsdp.FullyShardedDataParallel(sharding_strategy="
-                f"{_FSDP_STRATEGY[config.zero_stage]!r}); AdvancedDistributedDataParallel "
-                f"implements zero_stage 0 (plain DDP) and 1")
         self.config, self._group, self._mixed = config, group, config.mixed_precision
-        self.module = module
-        # Explicit sync: backward_step synchronises once per window itself, timed for the
-        # statistics (automatic sync would hide the all-reduce inside backward).
-        ddp = DistributedDataParallel(module, bucket_size_mb=config.bucket_size_mb, group=group,
-                                      gradient_compression=self._mixed, auto_sync=False)
-        object.__setattr__(self, "_ddp", ddp)  # unregistered: its parameters are ours already
+        self._sharded = config.zero_stage in _FSDP_STRATEGY
+        if self._sharded:
+            # FSDP averages into the shards during backward; its shards are our parameters.
+            self.module = FullyShardedDataParallel(
+                module, process_group=group, sharding_strategy=_FSDP_STRATEGY[config.zero_stage],
+                mixed_precision=self._mixed)
+            object.__setattr__(self, "_ddp", self.module)
+        else:
+            self.module = module
+            # Explicit sync: backward_step synchronises once per window itself, timed for the
+            # statistics (automatic sync would hide the all-reduce inside backward).
+            ddp = DistributedDataParallel(module, bucket_size_mb=config.bucket_size_mb,
+                                          group=group, gradient_compression=self._mixed,
+                                          auto_sync=False)
+            object.__setattr__(self, "_ddp", ddp)  # unregistered: its parameters are ours
         self.scaler = LossScaler(config.loss_scale, growth_interval=config.loss_scale_window,
                                  min_scale=config.min_loss_scale,
                                  dynamic=config.dynamic_loss_scaling)
@@ -183,11 +195,13 @@ class AdvancedDistributedDataParallel(Module):
         self._comm_seconds, self._sync_count = 0.0, 0
 
     @property
-    def ddp(self) -> DistributedDataParallel:
+    def ddp(self) -> Any:
+        """The inner wrapper: a ``DistributedDataParallel``, or at zero_stage 2/3 the
+        ``FullyShardedDataParallel``."""
         return self._ddp
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._mixed:
+        if not self._mixed or self._sharded:  # FSDP casts for itself
             return self._ddp(*args, **kwargs)
         masters = [(p, p.data) for p in self.module.parameters() if p.data.dtype.kind == "f"]
         try:
@@ -203,15 +217,23 @@ class AdvancedDistributedDataParallel(Module):
 
     def wrap_optimizer(self, optimizer: Any, **defaults: Any) -> Optimizer:
         """The optimizer to pass to ``backward_step``: with ``zero_stage=1`` a
-        ``ZeroRedundancyOptimizer`` over this wrapper's group, else a plain one. ``optimizer``
-        is an ``Optimizer`` class (built over ``self.parameters()`` with ``defaults``) or an
-        optimizer that has not stepped yet (rebuilt with its class, groups and defaults)."""
+        ``ZeroRedundancyOptimizer`` over this wrapper's group, else a plain one over
+        ``self.parameters()`` (at zero_stage 2/3 the shards). ``optimizer`` is an ``Optimizer``
+        class (built with ``defaults``) or an optimizer that has not stepped yet (rebuilt with
+        its class, groups and defaults where it must be)."""
+        stage = self.config.zero_stage
         if isinstance(optimizer, Optimizer):
             if defaults:
                 raise TypeError(f"wrap_optimizer: pass options only with an optimizer class, "
                                 f"got an optimizer instance and {sorted(defaults)}")
-            if self.config.zero_stage == 0:
+            ours = {id(p) for p in self.parameters()}
+            theirs = [p for g in optimizer.param_groups for p in g["params"]]
+            if stage != 1 and all(id(p) in ours for p in theirs):
                 return optimizer
+            if stage != 1:
+                raise ValueError(f"wrap_optimizer: at zero_stage={stage} the optimizer must hold "
+                                 f"this wrapper's parameters() (the shards), not the model's; "
+                                 f"pass the optimizer class instead")
             if len(optimizer.state):
                 raise ValueError(f"wrap_optimizer: the {type(optimizer).__name__} already holds "
                                  f"state for {len(optimizer.state)} parameters; wrap it before "
@@ -220,7 +242,7 @@ class AdvancedDistributedDataParallel(Module):
             defaults = dict(optimizer.defaults)
         elif isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
             optimizer_class, params = optimizer, list(self.parameters())
-            if self.config.zero_stage == 0:
+            if stage != 1:
                 return optimizer_class(params, **defaults)
         else:
             raise TypeError(f"wrap_optimizer needs an Optimizer class or instance, got "
@@ -230,7 +252,10 @@ class AdvancedDistributedDataParallel(Module):
 
     # ------------------------------------------------------------------ training step
     def sync_gradients(self) -> None:
-        """Average the gradients over the group now (timed and, if enabled, profiled)."""
+        """Average the gradients over the group now (timed and, if enabled, profiled). At
+        zero_stage 2/3 backward has averaged them into the shards already."""
+        if self._sharded:
+            return
         start = time.perf_counter()
         with self.profiler.profile_operation("gradient_sync", self._grad_bytes), self._quiet():
             self._ddp.sync_gradients()
@@ -269,7 +294,7 @@ class AdvancedDistributedDataParallel(Module):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if self._mixed:
             self.scaler.unscale_(grads)
-        norm = _global_norm(grads)
+        norm = _global_norm(grads, self._group if self._sharded else False)
         # A float64 norm overflows only for absurd finite gradients: look closer before skipping.
         bad_here = not math.isfinite(norm) and (math.isnan(norm) or LossScaler.found_inf(grads))
         overflow = self._agree_on_overflow(bad_here)
@@ -280,8 +305,8 @@ class AdvancedDistributedDataParallel(Module):
             self._zero_all(optimizer)
             return False
         max_norm = self.config.max_grad_norm
-        # After the all-reduce every rank holds the same averaged gradient, so this local norm
-        # already is the global norm: no extra collective is needed to clip consistently.
+        # Every rank has the same norm (after DDP's all-reduce the gradients are the same on
+        # every rank; shards' squares were summed over the group), so all clip alike.
         if max_norm is not None and max_norm / (norm + 1e-6) < 1.0:  # clip_grad_norm_'s rule
             for g in grads:
                 g *= max_norm / (norm + 1e-6)
