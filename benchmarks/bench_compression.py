@@ -81,6 +81,7 @@ def _train(kind: str, epochs: int) -> Dict[str, Any]:
             rows = mine[start:start + BATCH]
             opt.zero_grad()
             F.cross_entropy(model(Tensor(x[rows])), Tensor(y[rows])).backward()
+            dist.barrier()  # the sync alone, not the wait for a rank still in backward
             began = time.perf_counter()
             model.sync_gradients()
             sync_s.append(time.perf_counter() - began)
@@ -124,7 +125,8 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
         f"momentum {MOMENTUM}, cosine-annealed), explicit sync, one BLAS thread per rank. "
         "Bytes: payload a rank hands to collectives per step, once compressing (PowerSGD "
         "averages exactly for its first 10 steps); share: of the uncompressed bytes. Sync: "
-        "slowest rank's median `sync_gradients()` after the first tenth of the steps. "
+        "slowest rank's median `sync_gradients()` (started right after a barrier) after the "
+        "first tenth of the steps. "
         "Accuracy: test set (360 images) after the last epoch; change: against no hook in the "
         "same job. none uses DDP's default storage (shared buckets on shm).")
     body, goals = [], []
