@@ -202,7 +202,7 @@ def test_powersgd_bad_settings_are_rejected(setting, value):
         PowerSGDState(None, **{setting: value})
 
 
-def _one_rank_ddp(**kwargs):
+def _small_ddp(**kwargs):
     from neural_arch.distributed import DistributedDataParallel
     from neural_arch.nn import Linear
     return DistributedDataParallel(Linear(3, 2), **kwargs)
@@ -211,22 +211,22 @@ def _one_rank_ddp(**kwargs):
 def test_registering_twice_or_late_is_rejected(one_rank_group):
     from neural_arch.core import Tensor
     from neural_arch.distributed.comm_hooks import allreduce_hook, fp16_compress_hook
-    model = _one_rank_ddp()
+    model = _small_ddp()
     model.register_comm_hook(None, allreduce_hook)
     with pytest.raises(RuntimeError, match=r"register_comm_hook\(fp16_compress_hook\).*already "
                                            r"has the communication hook allreduce_hook"):
         model.register_comm_hook(None, fp16_compress_hook)
-    late = _one_rank_ddp()
+    late = _small_ddp()
     late(Tensor(np.ones((1, 3), dtype=np.float32))).sum().backward()
     with pytest.raises(RuntimeError, match=r"register_comm_hook\(allreduce_hook\) must be called "
                                            r"before the first backward"):
         late.register_comm_hook(None, allreduce_hook)
-    compressed = _one_rank_ddp(gradient_compression=True)
+    compressed = _small_ddp(gradient_compression=True)
     with pytest.raises(RuntimeError, match=r"already has the communication hook "
                                            r"fp16_compress_hook"):
         compressed.register_comm_hook(None, allreduce_hook)
     with pytest.raises(TypeError, match=r"hook must be a callable"):
-        _one_rank_ddp().register_comm_hook(None, "allreduce")
+        _small_ddp().register_comm_hook(None, "allreduce")
 
 
 def bad_result_worker(rank: int, world_size: int):
@@ -243,3 +243,31 @@ def bad_result_worker(rank: int, world_size: int):
 def test_a_hook_returning_the_wrong_size_is_named():
     with pytest.raises(RankFailed, match=r"returned 5 values for bucket 0, which holds 8"):
         run_ranks(bad_result_worker, 2, "shm", timeout=60)
+
+
+def test_future_runs_once_when_waited_and_chains():
+    from neural_arch.distributed.comm_hooks import Future
+    calls = []
+    first = Future(lambda: calls.append("first") or np.arange(3.0))
+    second = first.then(lambda f: f.value() * 2)
+    assert not first.done() and calls == []
+    with pytest.raises(RuntimeError, match=r"value\(\) before the future completed"):
+        first.value()
+    np.testing.assert_array_equal(second.wait(), [0.0, 2.0, 4.0])
+    np.testing.assert_array_equal(second.wait(), [0.0, 2.0, 4.0])
+    assert calls == ["first"] and first.done() and second.done()
+    failing = Future(lambda: 1 / 0).then(lambda f: f.value())
+    for _ in range(2):  # the error is kept, not recomputed
+        with pytest.raises(ZeroDivisionError):
+            failing.wait()
+
+
+def mismatch_worker(rank: int, world_size: int):
+    from neural_arch.distributed.comm_hooks import allreduce_hook, fp16_compress_hook
+    _small_ddp().register_comm_hook(None, fp16_compress_hook if rank else allreduce_hook)
+
+
+def test_ranks_registering_different_hooks_are_told():
+    with pytest.raises(RankFailed, match=r"register_comm_hook\(allreduce_hook\): ranks \[1\] "
+                                         r"passed different arguments than rank 0"):
+        run_ranks(mismatch_worker, 2, "shm", timeout=60)
