@@ -1,7 +1,7 @@
 """Communication hooks for ``DistributedDataParallel.register_comm_hook`` (PyTorch's
 ``torch.distributed.algorithms.ddp_comm_hooks``): what DDP does with each bucket of gradients.
 
-``bucket`` holds what a hook gets and returns (``GradBucket``, ``Future``); ``default_hooks``
+``bucket`` holds what a hook gets (``GradBucket``; it returns a ``Future``, from ``work``); ``default_hooks``
 the exact average (``allreduce_hook``), its float16 form (``fp16_compress_hook``) and
 ``CommHookState``, which counts the bytes a hook sends; ``powersgd`` low-rank compression
 (``PowerSGDState``) and ``topk`` top-k sparsification (``TopKState``), both with error
@@ -16,7 +16,7 @@ from ..._lazy import lazy_names
 
 _LAZY = {
     "GradBucket": ".bucket",
-    "Future": ".bucket",
+    "Future": "..work",
     "CommHookState": ".default_hooks",
     "allreduce_hook": ".default_hooks",
     "fp16_compress_hook": ".default_hooks",

@@ -1,4 +1,4 @@
-"""What a communication hook receives and returns: ``GradBucket`` and ``Future``.
+"""What a communication hook receives: ``GradBucket``; it returns a ``work.Future``.
 
 A hook is ``hook(state, bucket) -> Future`` (PyTorch's ``DistributedDataParallel.
 register_comm_hook``). ``bucket.buffer()`` is the flat array of this rank's local gradients of
@@ -6,77 +6,15 @@ the bucket's parameters, not yet combined with the other ranks; the hook returns
 array DDP then writes into those gradients: the average over the group, or an approximation
 of it.
 
-A ``Future`` resolves lazily: ``wait()`` runs the steps still to do (waiting for a collective,
-then whatever ``then`` chained after it) on the caller's thread, once, and keeps the value.
-DDP waits for its buckets in bucket order on every rank, so collectives issued from such later
-steps are issued in the same order everywhere, which the collectives require.
+A future resolves when waited for (see ``work.Future``); DDP waits for its buckets in bucket
+order on every rank, so collectives a hook issues from a later step of its future (PowerSGD's
+second all-reduce, say) are issued in the same order everywhere, as the collectives require.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import List, Sequence
 
 import numpy as np
-
-_PENDING = object()
-
-
-class Future:
-    """The result of a communication hook, as ``torch.futures.Future``: ``wait()``,
-    ``value()``, ``done()``, ``then(callback)``."""
-
-    def __init__(self, resolve: Callable[[], Any]) -> None:
-        self._resolve: Optional[Callable[[], Any]] = resolve
-        self._value: Any = _PENDING
-        self._error: Optional[BaseException] = None
-
-    @classmethod
-    def completed(cls, value: Any) -> "Future":
-        future = cls(lambda: value)
-        future.wait()
-        return future
-
-    @classmethod
-    def after(cls, work, value: Any) -> "Future":
-        """``value`` once the asynchronous collective ``work`` (a ``Work``) has finished."""
-        def resolve() -> Any:
-            work.wait()
-            return value
-        return cls(resolve)
-
-    def done(self) -> bool:
-        return self._resolve is None
-
-    def wait(self) -> Any:
-        """Run what is left, once; return the value (or raise what running it raised)."""
-        if self._resolve is not None:
-            resolve, self._resolve = self._resolve, None
-            try:
-                self._value = resolve()
-            except BaseException as exc:
-                self._error = exc
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def value(self) -> Any:
-        """The value of a future already waited for (as in ``then`` callbacks)."""
-        if self._resolve is not None:
-            raise RuntimeError("Future.value() before the future completed: call wait(), or "
-                               "read value() inside a then() callback")
-        return self.wait()
-
-    def then(self, callback: Callable[["Future"], Any]) -> "Future":
-        """A future of ``callback(self)``, called once this one completed."""
-        def resolve() -> Any:
-            self.wait()
-            return callback(self)
-        return Future(resolve)
-
-    def __repr__(self) -> str:
-        state = "pending" if self._resolve is not None else (
-            "failed" if self._error is not None else "completed")
-        return f"Future({state})"
-
 
 class GradBucket:
     """One DDP bucket as a hook sees it (PyTorch's ``dist.GradBucket``)."""

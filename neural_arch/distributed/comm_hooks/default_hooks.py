@@ -18,7 +18,8 @@ from .. import collectives
 from ..group.process_group import ProcessGroup
 from ..group.world import resolve_group
 from ..reduce_ops import ReduceOp
-from .bucket import Future, GradBucket
+from ..work import Future
+from .bucket import GradBucket
 
 
 class CommHookState:

@@ -28,7 +28,8 @@ import numpy as np
 from .. import collectives
 from ..group.process_group import ProcessGroup
 from ..reduce_ops import ReduceOp
-from .bucket import Future, GradBucket
+from ..work import Future
+from .bucket import GradBucket
 from .default_hooks import CommHookState, allreduce_hook, hook_group
 
 

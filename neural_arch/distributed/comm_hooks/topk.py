@@ -20,7 +20,8 @@ import numpy as np
 from ...backends.numba_kernels import topk_compress
 from .. import collectives
 from ..group.process_group import ProcessGroup
-from .bucket import Future, GradBucket
+from ..work import Future
+from .bucket import GradBucket
 from .default_hooks import CommHookState, hook_group
 
 _INDEX = np.dtype(np.int32)

@@ -148,13 +148,23 @@ def test_topk_of_everything_is_the_average():
         assert all(not new.any() for *_, new in entries)
 
 
+def _torch_style_hook(state, bucket):
+    """PyTorch's own example of a hook: sum, then divide in a then() callback."""
+    from neural_arch import distributed as dist
+    world = dist.get_world_size()
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(
+        lambda future: future.value()[0] / world)
+
+
 def plain_worker(rank: int, world_size: int, kinds: tuple):
     """One synchronised step of random gradients per kind of hook ('none': no hook)."""
     from neural_arch.distributed import DistributedDataParallel
     out = {}
     for kind in kinds:
         model = DistributedDataParallel(_model(), bucket_size_mb=0.001, auto_sync=False)
-        if kind != "none":
+        if kind == "torch-style":
+            model.register_comm_hook(None, _torch_style_hook)
+        elif kind != "none":
             model.register_comm_hook(*_state(kind))
         rng = np.random.default_rng(7 + rank)
         for p in model.module.parameters():
@@ -168,10 +178,12 @@ def plain_worker(rank: int, world_size: int, kinds: tuple):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_allreduce_hook_is_bit_identical_and_fp16_within_rounding(backend, world_size):
     results = run_ranks(plain_worker, world_size, backend,
-                        args=(("none", "allreduce", "fp16"),))
+                        args=(("none", "allreduce", "fp16", "torch-style"),))
     magnitude = [sum(np.abs(out["inputs"][i]) for out in results) / world_size
                  for i in range(len(results[0]["inputs"]))]
     for out in results:
+        for plain, torch_style in zip(out["none"], out["torch-style"]):
+            np.testing.assert_allclose(torch_style, plain, rtol=1e-15, atol=0)
         for plain, hooked, half, size in zip(out["none"], out["allreduce"], out["fp16"],
                                              magnitude):
             assert plain.tobytes() == hooked.tobytes()
