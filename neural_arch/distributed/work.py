@@ -84,9 +84,6 @@ class Work:
         return f"Work({self.op} #{self.seq}, {state})"
 
 
-_PENDING = object()
-
-
 class Future:
     """A value still to come, as ``torch.futures.Future``: ``wait()``, ``value()``, ``done()``,
     ``then(callback)``; what communication hooks return.
@@ -99,11 +96,12 @@ class Future:
 
     def __init__(self, resolve: Callable[[], Any]) -> None:
         self._resolve: Optional[Callable[[], Any]] = resolve
-        self._value: Any = _PENDING
+        self._value: Any = None
         self._error: Optional[BaseException] = None
 
     @classmethod
     def completed(cls, value: Any) -> "Future":
+        """A future already holding ``value``."""
         future = cls(lambda: value)
         future.wait()
         return future

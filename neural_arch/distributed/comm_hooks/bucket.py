@@ -16,6 +16,7 @@ from typing import List, Sequence
 
 import numpy as np
 
+
 class GradBucket:
     """One DDP bucket as a hook sees it (PyTorch's ``dist.GradBucket``)."""
 
