@@ -266,3 +266,28 @@ def test_activation_checkpointing_benchmark_reports_consistent_numbers(tmp_path)
         assert _ratio_shown(float(shown), rows["on"][column], rows["off"][column], 1, 0.0005,
                             half)
         assert (verdict == "PASS") == (float(shown) <= float(goal))
+
+
+def test_compression_benchmark_reports_consistent_numbers(tmp_path):
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_compression.py", ["--quick", "--backends", "shm", "--epochs", "1",
+                                           "--hooks", "none,powersgd-4,topk-1%",
+                                           "--output", str(output)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- bench_compression:start -->") == 1
+    rows = re.findall(r"^\| shm \| 2 \| ([\w%-]+) \| ([0-9.]+) KiB \| ([0-9.]+)% \| ([0-9.]+) \| "
+                      r"([0-9.]+)% \| ([+-][0-9.]+) \|$", text, re.MULTILINE)
+    assert [row[0] for row in rows] == ["none", "powersgd-4", "topk-1%"], text[-3000:]
+    dense = float(rows[0][1])
+    for hook, kib, share, _, accuracy, change in rows:
+        # KiB print to 0.1, shares and accuracies to 0.01
+        assert _ratio_shown(float(share), float(kib), dense, 100, 0.005, 0.05)
+        assert float(change) == pytest.approx(float(accuracy) - float(rows[0][4]), abs=0.011)
+    # top-k 1% sends 1% of the values and as many int32 indices
+    assert float(rows[2][2]) == pytest.approx(2.0, abs=0.05)
+    goal = re.search(r"\| PowerSGD rank 4, shm, p=2 \| ([0-9.]+)% of the bytes, accuracy "
+                     r"([+-][0-9.]+) points \| (PASS|MISS) \|", text)
+    assert goal, text[-3000:]
+    ok = float(goal.group(1)) <= 5.0 and float(goal.group(2)) >= -1.0
+    assert (goal.group(3) == "PASS") == ok

@@ -1,4 +1,6 @@
-"""Asynchronous collectives: the ``Work`` handle and the queue that runs them in issue order.
+"""Asynchronous collectives: the ``Work`` handle, the queue that runs them in issue order, and
+``Future`` (PyTorch's ``torch.futures.Future``), the lazily resolved value communication
+hooks return.
 
 All groups of a process share one transport, so they share one ``CommQueue``: a single
 background thread runs ``async_op=True`` collectives in the order they were issued, and a
@@ -66,6 +68,11 @@ class Work:
 
     synchronize = wait
 
+    def get_future(self) -> "Future":
+        """A future of ``[result]``, as PyTorch's ``Work.get_future()`` (so hooks written for
+        PyTorch read ``future.value()[0]``)."""
+        return Future(lambda: [self.result()])
+
     def result(self) -> Any:
         """What the synchronous call would have returned (after waiting)."""
         self.wait()
@@ -75,6 +82,71 @@ class Work:
         state = ("pending" if not self._done.is_set()
                  else "failed" if self._error is not None else "completed")
         return f"Work({self.op} #{self.seq}, {state})"
+
+
+class Future:
+    """A value still to come, as ``torch.futures.Future``: ``wait()``, ``value()``, ``done()``,
+    ``then(callback)``; what communication hooks return.
+
+    It resolves lazily: ``wait()`` runs the steps still to do (waiting for a collective, then
+    whatever ``then`` chained after it) on the caller's thread, once, and keeps the value or
+    the error. Collectives issued from those steps therefore come in the order the futures are
+    waited for, which a caller keeps the same on every rank (DDP waits in bucket order).
+    """
+
+    def __init__(self, resolve: Callable[[], Any]) -> None:
+        self._resolve: Optional[Callable[[], Any]] = resolve
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+    @classmethod
+    def completed(cls, value: Any) -> "Future":
+        """A future already holding ``value``."""
+        future = cls(lambda: value)
+        future.wait()
+        return future
+
+    @classmethod
+    def after(cls, work: Work, value: Any) -> "Future":
+        """``value`` once the asynchronous collective ``work`` (a ``Work``) has finished."""
+        def resolve() -> Any:
+            work.wait()
+            return value
+        return cls(resolve)
+
+    def done(self) -> bool:
+        return self._resolve is None
+
+    def wait(self) -> Any:
+        """Run what is left, once; return the value (or raise what running it raised)."""
+        if self._resolve is not None:
+            resolve, self._resolve = self._resolve, None
+            try:
+                self._value = resolve()
+            except BaseException as exc:
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def value(self) -> Any:
+        """The value of a future already waited for (as in ``then`` callbacks)."""
+        if self._resolve is not None:
+            raise RuntimeError("Future.value() before the future completed: call wait(), or "
+                               "read value() inside a then() callback")
+        return self.wait()
+
+    def then(self, callback: Callable[["Future"], Any]) -> "Future":
+        """A future of ``callback(self)``, called once this one completed."""
+        def resolve() -> Any:
+            self.wait()
+            return callback(self)
+        return Future(resolve)
+
+    def __repr__(self) -> str:
+        state = "pending" if self._resolve is not None else (
+            "failed" if self._error is not None else "completed")
+        return f"Future({state})"
 
 
 class CommQueue:

@@ -9,11 +9,10 @@ shared segment.
 from __future__ import annotations
 
 import zlib
-from typing import List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
-from ...backends.numba_kernels import cast_to_float16
 from .. import algorithms, collectives, object_collectives
 from ..buffers import copy_from_host
 from ..group.world import ProcessGroup, resolve_group
@@ -22,52 +21,67 @@ from .shared_buckets import SharedBucketArena, SharedBucketsUnavailable, Spec
 
 
 class PrivateBuckets:
-    """One private zeroed array per bucket, averaged by ``collectives.all_reduce``.
+    """One private zeroed array per bucket, averaged by ``collectives.all_reduce``, or by a
+    communication hook once ``use_comm_hook`` installed one.
 
     The interface DDP uses, shared with ``SharedBucketArena``, in this order every sync:
     ``acquire()`` before the first pack, ``all_reduce(index)`` once bucket ``index`` is packed
-    (returns the ``Work``), ``unpack(index, params, offsets, keep)`` once that work is done, and
-    ``release()`` after the last unpack.
+    (returns something to ``wait()`` on), ``unpack(index, params, offsets, keep)`` once that is
+    done, and ``release()`` after the last unpack.
     """
 
     shared = False
 
-    def __init__(self, pg: Optional[ProcessGroup], specs: Sequence[Spec],
-                 compress: bool = False) -> None:
-        self._group, self._compress = pg, compress
+    def __init__(self, pg: Optional[ProcessGroup], specs: Sequence[Spec]) -> None:
+        self._group = pg
         self.flats = [np.zeros(n, dtype=dt) for n, dt in specs]
-        # float16 copies sent instead of the buckets when compressing (PyTorch's fp16 hook)
-        self._wire: List[Optional[np.ndarray]] = [None] * len(self.flats)
+        self._hook: Optional[Callable[[int, np.ndarray], Any]] = None
+        self._futures: List[Any] = [None] * len(self.flats)  # the hook's, per bucket
+
+    def use_comm_hook(self, run: Callable[[int, np.ndarray], Any]) -> None:
+        """From now on ``run(index, flat)`` averages a bucket: it returns a future (``wait()``
+        gives an array of the bucket's size: the average, or an approximation of it)."""
+        self._hook = run
 
     def acquire(self) -> None:
         """Nothing to wait for: no other rank reads these arrays."""
 
     def all_reduce(self, index: int):
-        """Start averaging packed bucket ``index`` over the group; returns the ``Work``."""
-        wire = flat = self.flats[index]
-        if self._compress and flat.dtype != np.float16:
-            # Half the bytes on the wire; the average is taken in float16.
-            if self._wire[index] is None:
-                self._wire[index] = np.empty(flat.size, dtype=np.float16)
-            wire = self._wire[index]
-            if flat.dtype == np.float32:
-                cast_to_float16(flat, out=wire)  # Numba: ~3.7x NumPy's cast
-            else:
-                np.copyto(wire, flat, casting="same_kind")
-        return collectives.all_reduce(wire, ReduceOp.AVERAGE, group=self._group, async_op=True)
+        """Start averaging packed bucket ``index`` over the group; returns the ``Work`` (or the
+        hook's future)."""
+        flat = self.flats[index]
+        if self._hook is None:
+            return collectives.all_reduce(flat, ReduceOp.AVERAGE, group=self._group,
+                                          async_op=True)
+        future = self._futures[index] = self._hook(index, flat)
+        if not callable(getattr(future, "wait", None)):
+            raise TypeError(f"the communication hook returned {type(future).__name__} for bucket "
+                            f"{index}; it must return a future (an object with wait())")
+        return future
 
     def unpack(self, index: int, params: Sequence, offsets: Sequence[int],
                keep: Optional[np.ndarray] = None) -> None:
         """Copy the averaged bucket into ``params[j].grad`` (None where ``keep[j]`` is False)."""
         flat = self.flats[index]
-        if self._wire[index] is not None:
-            np.copyto(flat, self._wire[index])
+        if self._hook is not None:
+            self._take_result(index, flat)
         for j, param in enumerate(params):
             if keep is not None and not keep[j]:
                 param.grad = None
             else:
                 view = flat[offsets[j]:offsets[j + 1]].reshape(param.data.shape)
                 param.grad = copy_from_host(view, param.data, out=param.grad)
+
+    def _take_result(self, index: int, flat: np.ndarray) -> None:
+        future, self._futures[index] = self._futures[index], None
+        result = future.wait()
+        if result is flat:
+            return
+        result = np.asarray(result)
+        if result.size != flat.size:
+            raise ValueError(f"the communication hook returned {result.size} values for bucket "
+                             f"{index}, which holds {flat.size} gradients")
+        np.copyto(flat, result.reshape(-1), casting="same_kind")
 
     def release(self) -> None:
         """Nothing to announce: no other rank reads these arrays."""
@@ -86,10 +100,12 @@ def _forced_algorithm() -> Optional[str]:
 
 
 def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
-                           gradient_compression: bool) -> Optional[str]:
-    """Why shared buckets cannot serve this DDP, or None when they can."""
-    if gradient_compression:
-        return "gradient_compression=True all-reduces float16 copies, not the buckets"
+                           comm_hook: Optional[str] = None) -> Optional[str]:
+    """Why shared buckets cannot serve this DDP, or None when they can. ``comm_hook`` names
+    the communication hook that will average the buckets, if any: a hook runs its own
+    collectives on private arrays."""
+    if comm_hook is not None:
+        return f"{comm_hook} averages the buckets, not shared memory"
     forced = _forced_algorithm()
     if forced is not None:
         return (f"{algorithms.ENV_ALLREDUCE_ALGO}={forced} asks for the {forced} all-reduce, "
@@ -105,12 +121,13 @@ def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
 
 
 def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
-                   shared: Optional[bool] = None, gradient_compression: bool = False):
+                   shared: Optional[bool] = None, comm_hook: Optional[str] = None):
     """The flat arrays of DDP's buckets: a ``SharedBucketArena`` or ``PrivateBuckets``.
 
     ``shared``: None picks shared buckets whenever they can serve (falling back to private
     ones when the segment cannot be set up), True insists (ValueError naming the obstacle),
-    False never uses them. Every rank must pass the same value and bucket layout.
+    False never uses them; ``comm_hook`` (the name of a hook that will average the buckets)
+    rules them out. Every rank must pass the same value and bucket layout.
     """
     if shared is not None and not isinstance(shared, bool):
         raise TypeError(f"shared_buckets must be None, True or False, got {shared!r}")
@@ -122,16 +139,16 @@ def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
     object_collectives.check_same_everywhere(
         pg, "ddp_bucket_layout", [{None: 0, False: 1, True: 2}[shared], layout],
         f"DistributedDataParallel buckets (shared_buckets={shared}, {len(specs)} buckets)")
-    obstacle = shared_bucket_obstacle(pg, specs, gradient_compression)
+    obstacle = shared_bucket_obstacle(pg, specs, comm_hook)
     if obstacle is not None:
         if shared:
             raise ValueError(f"shared_buckets=True cannot be used: {obstacle}")
-        return PrivateBuckets(pg, specs, gradient_compression)
+        return PrivateBuckets(pg, specs)
     if shared is False:
-        return PrivateBuckets(pg, specs, gradient_compression)
+        return PrivateBuckets(pg, specs)
     try:
         return SharedBucketArena.open(pg, specs)
     except SharedBucketsUnavailable:
         if shared:
             raise
-        return PrivateBuckets(pg, specs, gradient_compression)  # every rank saw the same failure
+        return PrivateBuckets(pg, specs)  # every rank saw the same failure

@@ -19,21 +19,31 @@ on the whole world of an ``shm`` transport the buckets live in shared memory
 (``shared_buckets``), so gradients are packed straight into the segment the averaging reads
 and nothing is copied in or out of a workspace.
 
+``register_comm_hook(state, hook)`` (PyTorch's) replaces the average of each bucket by
+``hook(state, bucket)``, which may compress (``distributed.comm_hooks``: float16, PowerSGD,
+top-k). The hook plugs into the storage's ``all_reduce``/``unpack``, so the buckets are packed,
+launched during backward and unpacked exactly as without one; only private buckets can host
+it (a hook runs collectives of its own), so shared ones are given up when a hook is registered.
+``gradient_compression=True`` registers ``fp16_compress_hook``.
+
 ``naive.py`` holds the idea in its simplest form (one all-reduce per parameter).
 """
 from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Dict, Iterator, List, Optional
+import zlib
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
 from ...core import autograd
 from ...nn import Module
-from .. import collectives
+from .. import collectives, object_collectives
 from ..buffers import copy_into_host
-from ..group.world import get_world_size, is_initialized
+from ..comm_hooks.bucket import GradBucket
+from ..comm_hooks.default_hooks import fp16_compress_hook
+from ..group.world import get_world_size, is_initialized, resolve_group
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
 from .buckets import bucket_storage
@@ -66,6 +76,9 @@ class _Bucket:
                 copy_into_host(view, p.grad)  # GPU gradients are staged through the bucket
 
 
+_FP16 = "gradient_compression=True (the float16 communication hook)"
+
+
 def _weak_hook(ddp: "DistributedDataParallel"):
     """The gradient hook, holding DDP weakly: parameters outlive a wrapper that was dropped
     (re-wrapped, say), and a dropped one must neither be kept alive nor keep syncing."""
@@ -87,9 +100,9 @@ class DistributedDataParallel(Module):
     """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model.
 
     ``shared_buckets``: None (default) keeps the buckets in shared memory whenever the group
-    is the whole world of an ``shm`` transport and compression is off; True requires it
-    (ValueError where it cannot work; a single process has nothing to share); False never
-    does. ``.shared_buckets`` tells whether they are in use.
+    is the whole world of an ``shm`` transport and no communication hook is registered; True
+    requires it (ValueError where it cannot work; a single process has nothing to share);
+    False never does. ``.shared_buckets`` tells whether they are in use.
     """
 
     def __init__(self, module: Module, device: Optional[str] = None,
@@ -118,12 +131,17 @@ class DistributedDataParallel(Module):
         self._group = group
         self._world = get_world_size(group)
         self._sync_enabled = True
+        self._started = False   # a backward or a sync happened: too late for a comm hook
+        self._hook_name: Optional[str] = None
         self._names: Dict[int, str] = {id(p): n for n, p in module.named_parameters()}
         self._params = [p for _, p in module.named_parameters() if p.requires_grad]
         self._check_replicas_agree()
         self._broadcast_state()
+        self._shared_request = shared_buckets
         self._buckets = self._build_buckets(int(bucket_size_mb * 2 ** 20), shared_buckets)
         self.shared_buckets = self._storage.shared  # averaged in one shared segment
+        if gradient_compression:
+            self.register_comm_hook(group, fp16_compress_hook)
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._next_launch = 0
         self._backward = None   # the backward the hooks last saw (autograd.current_backward)
@@ -155,10 +173,53 @@ class DistributedDataParallel(Module):
                 groups.append((current.pop(dt), dt))
                 sizes[dt] = 0
         groups += [(params, dt) for dt, params in current.items()]
-        specs = [(sum(p.data.size for p in params), dt) for params, dt in groups]
-        self._storage = bucket_storage(self._group, specs, shared, self.gradient_compression)
+        self._specs = [(sum(p.data.size for p in params), dt) for params, dt in groups]
+        hook = _FP16 if self.gradient_compression else None
+        self._storage = bucket_storage(self._group, self._specs, shared, hook)
         return [_Bucket(i, params, flat)
                 for i, ((params, _), flat) in enumerate(zip(groups, self._storage.flats))]
+
+    # -- communication hook -------------------------------------------------------------
+    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+        """Average every bucket with ``hook(state, bucket) -> Future`` (PyTorch's semantics):
+        ``bucket.buffer()`` holds this rank's local gradients, and the array the future gives
+        (the average over the group, or an approximation of it) becomes the gradients. Every
+        rank registers the same hook, once, before the first backward."""
+        name = getattr(hook, "__qualname__", type(hook).__name__)
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: hook must be a callable hook(state, bucket) -> "
+                            f"Future, got {hook!r}")
+        if self._hook_name is not None:
+            raise RuntimeError(f"register_comm_hook({name}): this DistributedDataParallel already "
+                               f"has the communication hook {self._hook_name}; a hook can be "
+                               "registered only once")
+        if self._started:
+            raise RuntimeError(f"register_comm_hook({name}) must be called before the first "
+                               "backward() or sync_gradients(): gradients were already averaged "
+                               "without it")
+        object_collectives.check_same_everywhere(
+            resolve_group(self._group), "ddp_comm_hook", [zlib.crc32(name.encode())],
+            f"DistributedDataParallel.register_comm_hook({name})")
+        if self._storage.shared:
+            if self._shared_request:
+                raise ValueError(f"register_comm_hook({name}): shared_buckets=True was asked "
+                                 "for, but a hook runs its own collectives on private buckets; "
+                                 "leave shared_buckets at None")
+            self._use_storage(bucket_storage(self._group, self._specs, False, name))
+        self._hook_name = name
+        buckets = self._buckets  # not self: the storage must not keep the wrapper alive
+
+        def run(index: int, flat: np.ndarray):
+            b = buckets[index]
+            return hook(state, GradBucket(index, flat, b.params, b.offsets,
+                                          index == len(buckets) - 1))
+        self._storage.use_comm_hook(run)
+
+    def _use_storage(self, storage) -> None:
+        self._storage = storage
+        for bucket in self._buckets:
+            bucket.flat = storage.flats[bucket.index]
+        self.shared_buckets = storage.shared
 
     # -- forward / sync -------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -180,6 +241,7 @@ class DistributedDataParallel(Module):
         backward = autograd.current_backward()
         if backward != self._backward:  # the first gradient of a new backward
             self._backward = backward
+            self._started = True
             self._begin_backward()
         if not self._sync_enabled:
             return
@@ -247,6 +309,7 @@ class DistributedDataParallel(Module):
 
     def _average(self) -> None:
         """Launch the buckets not launched yet, wait for all, unpack the averages."""
+        self._started = True
         if self._world == 1:
             self._reset()
             return

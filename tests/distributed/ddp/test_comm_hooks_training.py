@@ -1,0 +1,159 @@
+"""Communication hooks inside training: automatic and explicit sync, no_sync() accumulation,
+unused parameters, shared buckets given up, and digits trained to the accuracy of exact
+averaging."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddp_cases import check_against_reference, train_ddp, train_reference, two_heads
+from dist_harness import RankFailed, run_ranks
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _hook(kind: str):
+    from neural_arch.distributed import comm_hooks as ch
+    if kind == "powersgd":
+        return ch.PowerSGDState(None, matrix_approximation_rank=2, start_powerSGD_iter=1), \
+            ch.powerSGD_hook
+    if kind == "topk":
+        return ch.TopKState(0.3), ch.topk_hook
+    return None, ch.allreduce_hook
+
+
+def hooked_worker(rank: int, world_size: int, kind: str, auto_sync: bool, micro: int):
+    from ddp_cases import make_model, make_optimizer
+    from neural_arch.distributed import DistributedDataParallel
+    model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
+                                    bucket_size_mb=0.0005)
+    model.register_comm_hook(*_hook(kind))
+    assert not model.shared_buckets
+    opt = make_optimizer("sgd", model.parameters())
+    return train_ddp(model, opt, rank, world_size, micro, sync=not auto_sync)
+
+
+@pytest.mark.parametrize("auto_sync", [True, False])
+@pytest.mark.parametrize("micro", [1, 3])
+def test_allreduce_hook_trains_like_one_process(backend, auto_sync, micro):
+    results = run_ranks(hooked_worker, 2, backend, args=("allreduce", auto_sync, micro))
+    check_against_reference(results, train_reference(2, "sgd", micro=micro))
+
+
+@pytest.mark.parametrize("kind", ["powersgd", "topk"])
+@pytest.mark.parametrize("micro", [1, 3])
+def test_compressing_hooks_agree_in_automatic_and_explicit_mode(backend, kind, micro):
+    auto = run_ranks(hooked_worker, 3, backend, args=(kind, True, micro))
+    explicit = run_ranks(hooked_worker, 3, backend, args=(kind, False, micro))
+    exact = train_reference(3, "sgd", micro=micro)
+    for (a, buckets), (e, _) in zip(auto, explicit):
+        assert buckets > 1
+        for got, want in zip(a, auto[0][0]):
+            assert got.tobytes() == want.tobytes(), "ranks must hold identical parameters"
+        for got, want in zip(a, e):
+            assert got.tobytes() == want.tobytes()
+    # compression changed the training (else the hook did not run), but not by much
+    differences = [np.abs(got - want).max() for got, want in zip(auto[0][0], exact)]
+    assert 0 < max(differences) < 0.5
+
+
+def unused_worker(rank: int, world_size: int, kind: str):
+    from neural_arch.core import Tensor
+    from neural_arch.distributed import DistributedDataParallel
+    model = DistributedDataParallel(two_heads(), find_unused_parameters=True, auto_sync=False)
+    state, hook = _hook(kind)
+    model.register_comm_hook(state, hook)
+    x = Tensor(np.ones((2, 3), dtype=np.float32) * (rank + 1))
+    model(x, use_b=(rank == 0)).sum().backward()
+    model.sync_gradients()
+    m = model.module
+    return m.b.weight.grad.copy(), m.never.weight.grad, m.a.weight.grad.copy()
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "topk"])
+def test_hooks_with_unused_parameters_follow_pytorch(kind):
+    for b, never, a in run_ranks(unused_worker, 2, "shm", args=(kind,)):
+        assert never is None, "unused on every rank: gradient stays None"
+        # top-k at 30% of a bucket: only the largest entries arrive in the first step
+        if kind == "allreduce":
+            np.testing.assert_allclose(b, np.full((2, 3), 1.0))
+            np.testing.assert_allclose(a, np.full((2, 3), 3.0))
+
+
+def shared_worker(rank: int, world_size: int, insist):
+    from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed.comm_hooks import allreduce_hook
+    from neural_arch.nn import Linear
+    model = DistributedDataParallel(Linear(4, 3), shared_buckets=insist)
+    before = model.shared_buckets
+    model.register_comm_hook(None, allreduce_hook)
+    for p in model.module.parameters():
+        p.grad = np.full(p.data.shape, float(rank), dtype=np.float32)
+    model.sync_gradients()
+    return before, model.shared_buckets, model.module.weight.grad.copy()
+
+
+def test_a_hook_moves_shared_buckets_to_private_ones():
+    for before, after, grad in run_ranks(shared_worker, 2, "shm", args=(None,)):
+        assert before and not after
+        np.testing.assert_array_equal(grad, np.full((3, 4), 0.5, dtype=np.float32))
+    with pytest.raises(RankFailed, match=r"register_comm_hook\(allreduce_hook\): "
+                                         r"shared_buckets=True was asked for"):
+        run_ranks(shared_worker, 2, "shm", args=(True,), timeout=60)
+
+
+# ----- digits ---------------------------------------------------------------------------------
+EPOCHS, BATCH, HIDDEN = 20, 32, 64
+HOOKS = ("none", "fp16", "powersgd-1", "powersgd-4", "topk-1%")
+
+
+def digits_worker(rank: int, world_size: int, kinds):
+    """Train the same MLP on this rank's half of digits once per hook; test accuracy each."""
+    import neural_arch.functional as F
+    from neural_arch.core import Tensor, manual_seed, no_grad
+    from neural_arch.data import load_digits
+    from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed import comm_hooks as ch
+    from neural_arch.models import MLP
+    from neural_arch.optim import SGD, CosineAnnealingLR
+    train, test = load_digits(seed=0)
+    (x, y), (tx, ty) = train.arrays, test.arrays
+    out = {}
+    for kind in kinds:
+        manual_seed(0)
+        model = DistributedDataParallel(MLP([64, HIDDEN, HIDDEN, 10]))
+        if kind == "fp16":
+            model.register_comm_hook(None, ch.fp16_compress_hook)
+        elif kind.startswith("powersgd-"):
+            model.register_comm_hook(ch.PowerSGDState(
+                None, matrix_approximation_rank=int(kind[9:]), start_powerSGD_iter=10),
+                ch.powerSGD_hook)
+        elif kind.startswith("topk-"):
+            model.register_comm_hook(ch.TopKState(float(kind[5:-1]) / 100), ch.topk_hook)
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+        # annealed to zero, so the final weights do not hop between nearby minima
+        schedule = CosineAnnealingLR(opt, T_max=EPOCHS)
+        order = np.random.default_rng(1)
+        for _ in range(EPOCHS):
+            mine = order.permutation(len(y))[rank::world_size]
+            for start in range(0, len(mine) - BATCH + 1, BATCH):
+                rows = mine[start:start + BATCH]
+                opt.zero_grad()
+                F.cross_entropy(model(Tensor(x[rows])), Tensor(y[rows])).backward()
+                opt.step()
+            schedule.step()
+        with no_grad():
+            predicted = model(Tensor(tx)).data.argmax(axis=1)
+        out[kind] = (float((predicted == ty).mean()),
+                     b"".join(p.data.tobytes() for p in model.module.parameters()))
+    return out
+
+
+def test_digits_with_each_hook_within_one_percent_of_exact_averaging():
+    results = run_ranks(digits_worker, 2, "shm", args=(HOOKS,), timeout=220)
+    exact = results[0]["none"][0]
+    assert exact > 0.9
+    for kind in HOOKS:
+        accuracy, params = results[0][kind]
+        assert results[1][kind][1] == params, f"{kind}: ranks ended with different parameters"
+        assert accuracy >= exact - 0.01, f"{kind}: {accuracy:.4f} against {exact:.4f}"
