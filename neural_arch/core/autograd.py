@@ -62,25 +62,30 @@ _RUNNING = _Running()
 _backward_ids = itertools.count(1)
 
 
-def queue_callback(fn: Callable[[], Any]) -> None:
+def queue_callback(fn: Callable[[], Any], outermost: bool = False) -> None:
     """Run ``fn()`` once the backward running on this thread has processed its last node.
 
     Callbacks run in the order they were queued, before ``backward()`` returns; one may queue
     another, which then runs in the same backward. If one raises, the rest are dropped and the
     exception propagates out of ``backward()``. Outside a backward this is a RuntimeError.
+    ``outermost``: the end of the outermost backward on this thread, not of one nested in it
+    (``grad()`` run by a node's backward, as activation checkpointing's recompute does).
     """
     if not callable(fn):
         raise TypeError(f"queue_callback needs a callable, got {type(fn).__name__}")
     if not _RUNNING.stack:
         raise RuntimeError("queue_callback() can only be called while backward() runs (from a "
                            "hook); no backward is running on this thread")
-    _RUNNING.stack[-1][1].append(fn)
+    _RUNNING.stack[0 if outermost else -1][1].append(fn)
 
 
-def current_backward() -> Optional[int]:
-    """A number identifying the backward running on this thread (innermost), None outside one.
-    Hooks compare it with the last one they saw to tell that a new backward has begun."""
-    return _RUNNING.stack[-1][0] if _RUNNING.stack else None
+def current_backward(outermost: bool = False) -> Optional[int]:
+    """A number identifying the backward running on this thread (the innermost, or with
+    ``outermost`` the one the others are nested in), None outside one. Hooks compare it with
+    the last one they saw to tell that a new backward has begun."""
+    if not _RUNNING.stack:
+        return None
+    return _RUNNING.stack[0 if outermost else -1][0]
 
 
 def topological_order(*roots: Any) -> List[Any]:

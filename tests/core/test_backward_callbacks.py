@@ -100,3 +100,34 @@ def test_current_backward_tells_backwards_apart_and_nests():
     assert ids[0] is not None and ids[0] == ids[1] and ids[2] not in (None, ids[0])
     with pytest.raises(TypeError, match="callable, got int"):
         autograd.queue_callback(3)
+
+
+def test_outermost_backward_and_its_queue_from_a_nested_one():
+    """A backward run inside another (a node's backward calling ``grad()``) can name the outer
+    one and queue for its end, after every node of the outer backward."""
+    x = Tensor(np.array(2.0), requires_grad=True)
+    events = []
+
+    def nested_backward(g):
+        inner = Tensor(np.array(3.0), requires_grad=True)
+        out = inner * inner
+
+        def hook(grad):
+            events.append(("ids", autograd.current_backward(),
+                           autograd.current_backward(outermost=True)))
+            autograd.queue_callback(lambda: events.append("inner end"))
+            autograd.queue_callback(lambda: events.append("outer end"), outermost=True)
+        out.register_hook(hook)
+        autograd.grad(out, inner)
+        events.append("node done")
+        return (g * 5,)
+
+    from neural_arch.core.tensor import make_result
+    y = make_result(x.data * 5, (x,), nested_backward)
+    outer_id = []
+    x.register_post_accumulate_grad_hook(lambda t: outer_id.append(autograd.current_backward()))
+    y.backward()
+    _, inner, outer = events[0]
+    assert inner != outer and outer == outer_id[0]
+    assert events[1:] == ["inner end", "node done", "outer end"]
+    assert float(x.grad) == 5.0

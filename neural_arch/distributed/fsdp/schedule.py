@@ -106,7 +106,9 @@ class Schedule:
             self._prefetch_after(self.forward_order, unit)
 
     def unit_post_forward(self, unit: Unit, output: Any) -> None:
-        if self.strategy.frees_parameters:
+        # A forward run inside a backward (activation checkpointing recomputing the unit) is
+        # followed at once by the unit's own backward: keep it gathered for that.
+        if self.strategy.frees_parameters and autograd.current_backward() is None:
             unit.release()
         self._hook_outputs(unit, output_tensors(output))
 
@@ -132,8 +134,10 @@ class Schedule:
 
     # -- backward --------------------------------------------------------------------------
     def _enter_backward(self) -> None:
-        """Called by every hook: the first one of a backward sets it up."""
-        current = autograd.current_backward()
+        """Called by every hook: the first one of a backward sets it up. A backward nested in
+        it (activation checkpointing differentiates its recomputed block with ``grad()``)
+        belongs to it: its gradients reach the parameters in the outer one."""
+        current = autograd.current_backward(outermost=True)
         if current == self._backward:
             return
         self._backward = current
@@ -141,7 +145,7 @@ class Schedule:
             unit.abandon()  # what a backward that raised halfway left under way
             unit.begin_backward()
         self._next_launch = 0
-        autograd.queue_callback(self._end_of_backward)
+        autograd.queue_callback(self._end_of_backward, outermost=True)
 
     def unit_pre_backward(self, unit: Unit) -> None:
         self._enter_backward()
