@@ -122,6 +122,22 @@ def test_shapes_layouts_and_dtypes(which):
         erf(np.arange(3))
 
 
+def test_float32_exp_of_the_kernels():
+    """The vectorisable exp of the float32 kernels: within 2 ulp of exp down to ln(FLT_MIN),
+    0 below it, NaN for NaN."""
+    if not erf_kernels.available():
+        pytest.skip("Numba is not installed or is switched off")
+    y = np.concatenate([-np.geomspace(1e-8, 87.3, 1500), np.linspace(-87.3, 0, 1500)])
+    y = y.astype(np.float32)
+    result = np.array([erf_kernels._exp32(v) for v in y], dtype=np.float32)
+    reference = np.exp(y.astype(np.float64))
+    ulp = np.spacing(reference.astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(result - reference) / ulp) <= 2
+    edges = np.array([0.0, -0.0, -87.5, -200.0, -np.inf, np.nan], dtype=np.float32)
+    result = [erf_kernels._exp32(v) for v in edges]
+    assert result[:5] == [1.0, 1.0, 0.0, 0.0, 0.0] and np.isnan(result[5])
+
+
 def test_kernels_agree_with_numpy_forms():
     if not erf_kernels.available():
         pytest.skip("Numba is not installed or is switched off")
