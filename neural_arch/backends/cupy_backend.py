@@ -1,7 +1,9 @@
 """CuPy backend: arrays on an NVIDIA GPU. CuPy is imported only when this module is used."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional, Tuple
+
+from . import special
 
 name = "cupy"
 device = "cuda"
@@ -69,6 +71,12 @@ def erf(array: Any) -> Any:
     from cupyx.scipy import special as cupy_special
 
     return cupy_special.erf(array)
+
+
+def gelu(array: Any, with_derivative: bool) -> Tuple[Any, Optional[Any]]:
+    """Exact GELU and, if ``with_derivative``, its derivative (``special.gelu`` with CuPy's erf);
+    float32 GELU normally runs in the fused CUDA kernels instead."""
+    return special.gelu(array, require(), with_derivative, erf)
 
 
 def kernels() -> Any:

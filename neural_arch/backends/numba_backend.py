@@ -6,8 +6,8 @@ switched off with ``NEURAL_ARCH_NUMBA=0``; callers then use their NumPy form. Co
 lazy, so importing a kernel module costs nothing until a kernel runs.
 
 As a registry backend (``get_backend("numba")``) its arrays are NumPy arrays: the array-module
-interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``) is the NumPy backend's,
-so ``backend_for`` still answers "numpy" for them.
+interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``, ``gelu``) is the NumPy
+backend's, so ``backend_for`` still answers "numpy" for them.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ array_types = _host.array_types
 asarray = _host.asarray
 to_numpy = _host.to_numpy
 erf = _host.erf
+gelu = _host.gelu
 
 _lock = threading.Lock()
 _state: Dict[str, Any] = {}
@@ -88,10 +89,19 @@ def compiled(fn: Optional[Callable] = None, **options: Any) -> Any:
     return wrap(fn) if fn is not None else wrap
 
 
+def inlined(fn: Callable) -> Callable:
+    """``fn`` as a helper that ``compiled`` kernels can call (Numba inlines it into them, so
+    the caller's fastmath flags apply); ``fn`` itself without Numba, where no kernel runs.
+
+    Unlike ``compiled`` this imports Numba at once: use it in modules loaded on first use."""
+    numba = _numba()
+    return fn if numba is None else numba.njit(cache=True, nogil=True, inline="always")(fn)
+
+
 def reset() -> None:
     """Forget the availability check (tests flip ``NEURAL_ARCH_NUMBA`` and re-import)."""
     _state.clear()
 
 
-__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "is_available",
-           "name", "reset", "to_numpy", "unavailable_reason", "xp"]
+__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "gelu",
+           "inlined", "is_available", "name", "reset", "to_numpy", "unavailable_reason", "xp"]

@@ -5,12 +5,18 @@ erf(x) = 1 - exp(-x^2) * Q(1/x), where P and Q are Chebyshev fits converted to p
 (coefficients generated against ``math.erf``). Beyond 6, erfc(x) < 2e-17, so erf is +-1.
 Float64 inputs use degree 12/16 fits (max relative error 5e-15); float32 inputs use degree
 7/9 fits evaluated in float32 (max relative error 2e-7); other floats are computed in float32.
+
+This is the form for any array namespace; ``erf_kernels`` compiles the same fits into one pass
+over memory for NumPy arrays when Numba is installed.
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable, Optional, Tuple
 
 _SPLIT, _LIMIT = 1.5, 6.0
+SQRT_HALF = math.sqrt(0.5)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 # erf(x) / x as a polynomial in s = 2 x^2 / 1.5^2 - 1, s in [-1, 1].
 _SMALL = {
@@ -69,3 +75,22 @@ def erf(x: Any, xp: Any) -> Any:
     result = xp.where(magnitude < _SPLIT, inner, outer)
     result = xp.copysign(result, work)
     return result if result.dtype == dtype else result.astype(dtype)
+
+
+def gelu(x: Any, xp: Any, with_derivative: bool,
+         erf_fn: Optional[Callable[[Any], Any]] = None) -> Tuple[Any, Optional[Any]]:
+    """Exact GELU ``x * Phi(x)`` of a floating array and, if ``with_derivative``, its derivative
+    ``Phi(x) + x * phi(x)`` (what the backward multiplies the gradient by), else None.
+
+    ``erf_fn`` is the backend's erf (this module's when None); both results keep ``x.dtype``."""
+    cdf = erf(x * SQRT_HALF, xp) if erf_fn is None else erf_fn(x * SQRT_HALF)
+    cdf += 1.0
+    cdf *= 0.5
+    out = x * cdf
+    if not with_derivative:
+        return out, None
+    derivative = xp.exp(-0.5 * x * x)
+    derivative *= INV_SQRT_2PI
+    derivative *= x
+    derivative += cdf
+    return out, derivative

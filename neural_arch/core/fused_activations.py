@@ -18,8 +18,6 @@ from ..backends import backend_for, xp_of
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 
-_SQRT_HALF = math.sqrt(0.5)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _TANH_SCALE = math.sqrt(2.0 / math.pi)
 _TANH_CUBIC = 0.044715
 _APPROXIMATIONS = ("none", "tanh")
@@ -110,20 +108,16 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     xd = x.data
     if type(xd) is not _NDARRAY and _use_fused_gelu(xd, approximate):
         return fused_ops().fused_bias_gelu(x, None, approximate)
-    xp = xp_of(xd)
     if approximate == "none":
-        cdf = erf_array(xd * _SQRT_HALF)
-        cdf += 1.0
-        cdf *= 0.5
-        out = xd * cdf
-
-        def backward(g: Any) -> tuple:
-            density = xp.exp(-0.5 * xd * xd)
-            density *= _INV_SQRT_2PI
-            density *= xd
-            density += cdf
-            return (g * density,)
-    elif approximate == "tanh":
+        # the backend computes the derivative with the forward (one pass over memory with the
+        # compiled CPU kernel) only when a backward will need it
+        need_grad = x.requires_grad and GRAD_MODE.enabled
+        out, derivative = backend_for(xd).gelu(xd, need_grad)
+        if not need_grad:
+            return _constant(out)
+        return _node(out, (x,), lambda g: (g * derivative,))
+    xp = xp_of(xd)
+    if approximate == "tanh":
         inner = _TANH_SCALE * (xd + _TANH_CUBIC * xd * xd * xd)
         t = xp.tanh(inner)
         out = 0.5 * xd * (1.0 + t)
