@@ -6,6 +6,7 @@ from typing import Any
 
 from ..core import Tensor
 from . import collectives
+from .group import resolve_group
 
 
 def check_replicas_agree(module: Any, group: Any, owner: str) -> None:
@@ -25,11 +26,12 @@ def check_replicas_agree(module: Any, group: Any, owner: str) -> None:
 
 
 def broadcast_module_state(module: Any, group: Any, buffers: bool = True) -> None:
-    """Copy rank 0's parameters (and buffers) into every rank's, in place."""
+    """Copy the group's first rank's parameters (and buffers) into every rank's, in place."""
+    source = resolve_group(group).ranks[0]  # a global rank: the group may not hold rank 0
     tensors = [p for _, p in module.named_parameters()]
     if buffers and hasattr(module, "named_buffers"):
         tensors += [b for _, b in module.named_buffers()]
     for t in tensors:
         data = t.data if isinstance(t, Tensor) else t  # an array's .data is a memoryview
         if getattr(data, "size", 0):  # NumPy, or CuPy (staged through the host)
-            collectives.broadcast(data, src=0, group=group)
+            collectives.broadcast(data, src=source, group=group)

@@ -32,9 +32,13 @@ class PrivateBuckets:
 
     shared = False
 
-    def __init__(self, pg: Optional[ProcessGroup], specs: Sequence[Spec]) -> None:
+    def __init__(self, pg: Optional[ProcessGroup], specs: Sequence[Spec],
+                 grads_as_views: bool = False) -> None:
         self._group = pg
         self.flats = [np.zeros(n, dtype=dt) for n, dt in specs]
+        # PyTorch's gradient_as_bucket_view: unpacking points ``.grad`` at the bucket instead
+        # of copying into it, so the gradients take no memory besides the buckets.
+        self._grads_as_views = grads_as_views
         self._hook: Optional[Callable[[int, np.ndarray], Any]] = None
         self._futures: List[Any] = [None] * len(self.flats)  # the hook's, per bucket
 
@@ -70,7 +74,10 @@ class PrivateBuckets:
                 param.grad = None
             else:
                 view = flat[offsets[j]:offsets[j + 1]].reshape(param.data.shape)
-                param.grad = copy_from_host(view, param.data, out=param.grad)
+                if self._grads_as_views and type(param.data) is np.ndarray:
+                    param.grad = view  # the next backward accumulates into the bucket
+                else:
+                    param.grad = copy_from_host(view, param.data, out=param.grad)
 
     def _take_result(self, index: int, flat: np.ndarray) -> None:
         future, self._futures[index] = self._futures[index], None
@@ -121,20 +128,28 @@ def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
 
 
 def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
-                   shared: Optional[bool] = None, comm_hook: Optional[str] = None):
+                   shared: Optional[bool] = None, comm_hook: Optional[str] = None,
+                   grads_as_views: bool = False):
     """The flat arrays of DDP's buckets: a ``SharedBucketArena`` or ``PrivateBuckets``.
 
     ``shared``: None picks shared buckets whenever they can serve (falling back to private
     ones when the segment cannot be set up), True insists (ValueError naming the obstacle),
     False never uses them; ``comm_hook`` (the name of a hook that will average the buckets)
-    rules them out. Every rank must pass the same value and bucket layout.
+    and ``grads_as_views`` (gradients that are views of private buckets) rule them out. Every
+    rank must pass the same value and bucket layout.
     """
     if shared is not None and not isinstance(shared, bool):
         raise TypeError(f"shared_buckets must be None, True or False, got {shared!r}")
     specs = [(int(n), np.dtype(dt)) for n, dt in specs]
     pg = resolve_group(group)
-    if pg.size == 1:
-        return PrivateBuckets(pg, specs)  # nothing to communicate
+    if pg.size == 1:  # nothing to communicate: the buckets are never packed
+        return PrivateBuckets(pg, [(0, dt) for _, dt in specs])
+    if grads_as_views:
+        if shared:
+            raise ValueError("shared_buckets=True cannot be used with gradient_as_bucket_view="
+                             "True: the averaged gradients of shared buckets lie in every "
+                             "rank's copy, so they cannot be one view each")
+        shared = False
     layout = zlib.crc32(repr([(n, dt.str) for n, dt in specs]).encode())
     object_collectives.check_same_everywhere(
         pg, "ddp_bucket_layout", [{None: 0, False: 1, True: 2}[shared], layout],
@@ -143,9 +158,9 @@ def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
     if obstacle is not None:
         if shared:
             raise ValueError(f"shared_buckets=True cannot be used: {obstacle}")
-        return PrivateBuckets(pg, specs)
+        return PrivateBuckets(pg, specs, grads_as_views)
     if shared is False:
-        return PrivateBuckets(pg, specs)
+        return PrivateBuckets(pg, specs, grads_as_views)
     try:
         return SharedBucketArena.open(pg, specs)
     except SharedBucketsUnavailable:

@@ -103,6 +103,10 @@ class DistributedDataParallel(Module):
     is the whole world of an ``shm`` transport and no communication hook is registered; True
     requires it (ValueError where it cannot work; a single process has nothing to share);
     False never does. ``.shared_buckets`` tells whether they are in use.
+
+    ``gradient_as_bucket_view`` (PyTorch's): after a sync each ``.grad`` is a view of its
+    private bucket rather than a copy, so gradients cost no memory besides the buckets (and
+    the next backward accumulates straight into them); it rules out shared buckets.
     """
 
     def __init__(self, module: Module, device: Optional[str] = None,
@@ -110,7 +114,7 @@ class DistributedDataParallel(Module):
                  find_unused_parameters: bool = False, auto_sync: bool = True,
                  group=None, broadcast_buffers: bool = True,
                  shared_buckets: Optional[bool] = None, device_ids: Optional[list] = None,
-                 output_device=None) -> None:
+                 output_device=None, gradient_as_bucket_view: bool = False) -> None:
         # torch's device_ids / output_device: a CPU module takes None (or []), as in torch
         if (device_ids or output_device is not None) and all(
                 p.device == "cpu" for p in module.parameters()):
@@ -128,6 +132,7 @@ class DistributedDataParallel(Module):
         self.find_unused_parameters = find_unused_parameters
         self.auto_sync = auto_sync
         self.broadcast_buffers = broadcast_buffers
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self._group = group
         self._world = get_world_size(group)
         self._sync_enabled = True
@@ -175,7 +180,8 @@ class DistributedDataParallel(Module):
         groups += [(params, dt) for dt, params in current.items()]
         self._specs = [(sum(p.data.size for p in params), dt) for params, dt in groups]
         hook = _FP16 if self.gradient_compression else None
-        self._storage = bucket_storage(self._group, self._specs, shared, hook)
+        self._storage = bucket_storage(self._group, self._specs, shared, hook,
+                                       self.gradient_as_bucket_view)
         return [_Bucket(i, params, flat)
                 for i, ((params, _), flat) in enumerate(zip(groups, self._storage.flats))]
 
@@ -205,7 +211,8 @@ class DistributedDataParallel(Module):
                 raise ValueError(f"register_comm_hook({name}): shared_buckets=True was asked "
                                  "for, but a hook runs its own collectives on private buckets; "
                                  "leave shared_buckets at None")
-            self._use_storage(bucket_storage(self._group, self._specs, False, name))
+            self._use_storage(bucket_storage(self._group, self._specs, False, name,
+                                             self.gradient_as_bucket_view))
         self._hook_name = name
         buckets = self._buckets  # not self: the storage must not keep the wrapper alive
 
