@@ -14,7 +14,7 @@ the manifest, so a damaged shard is named. The padding is zero again after a loa
 
 The model side is duck-typed: ``model.flat_shards()`` lists the flats in a fixed order, each
 with ``unit`` (its name), ``shard`` (this rank's ``Parameter``), ``numel`` (true length) and
-``padded_numel``. A shard of ``padded_numel / N`` elements is rank ``r``'s ``r``-th slice; a
+``padded_numel``; ``model.shards_changed()``, if there, is called after a load. A shard of ``padded_numel / N`` elements is rank ``r``'s ``r``-th slice; a
 shard of the whole padded flat is a replica (``NO_SHARD``), which rank 0 alone writes.
 """
 from __future__ import annotations
@@ -178,6 +178,9 @@ def read_shards(contents: Dict[str, Any], path: str, layout: Layout, saved_world
 def place_shards(model: Any, shards: List[np.ndarray]) -> None:
     for flat, values in zip(model.flat_shards(), shards):
         flat.shard.data[...] = values
+    changed = getattr(model, "shards_changed", None)
+    if callable(changed):  # full parameters gathered before the load are stale now
+        changed()
 
 
 def write_rank_shards(parent: str, name: str, model: Any, optimizer: Any, rank: int,

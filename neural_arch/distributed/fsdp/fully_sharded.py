@@ -207,6 +207,11 @@ class FullyShardedDataParallel(Module):
         raise KeyError(f"FullyShardedDataParallel.load_flat: no unit {unit!r}; units are "
                        f"{[u.name for u in self._units]}")
 
+    def shards_changed(self) -> None:
+        """Call after writing into the shards other than by an optimizer step after backward
+        (a checkpoint load, say): the next forward gathers them again."""
+        self._stats.generation += 1
+
     def memory_stats(self) -> Dict[str, int]:
         """Bytes of full parameters gathered now and at peak (they live in memory maps, which
         tracemalloc does not see), the bytes all units take when gathered, and this rank's

@@ -52,12 +52,13 @@ class Unit:
         full = self.layout.flatten([p.data for p in self.params], self.master_dtype)
         self.buffer = GatherBuffer(self.layout.padded_numel, self.compute_dtype)
         label = f"{name}.flat_param" if name else "flat_param"
-        if (self.layout.shards == 1 and self.compute_dtype == self.master_dtype
-                and not strategy.frees_parameters):
-            # Unsharded, in its own dtype and never freed: the shard is the buffer, the model's
-            # one copy (optimizers update it in place; a rebound .data is copied on gather).
+        if self.compute_dtype == self.master_dtype and not strategy.frees_parameters:
+            # Never freed and in its own dtype: the shard is this rank's slice of the buffer
+            # (unsharded: all of it), so the full parameters are the model's one copy, as the
+            # ZeRO-2 formula counts them (optimizers update it in place; a rebound .data is
+            # copied on gather).
             self.buffer.array[...] = full
-            self.shard = Parameter(self.buffer.array, name=label)
+            self.shard = Parameter(self.buffer.array[self.lo:self.hi], name=label)
         else:
             self.shard = Parameter(full[self.lo:self.hi].copy(), name=label)
         del full
@@ -89,8 +90,10 @@ class Unit:
             self.stats.add(self.buffer.nbytes)
             self.gathered = True
         source = self.shard.data.astype(self.compute_dtype, copy=False)
+        if self.layout.shards > 1 and np.shares_memory(source, self.buffer.array):
+            source = source.copy()  # the buffer's own slice: all-gather from a copy of it
         if self.layout.shards == 1:  # nothing to fetch: every rank holds the whole vector
-            if source is not self.buffer.array:
+            if not np.shares_memory(source, self.buffer.array):
                 self.buffer.array[...] = source
             return
         work = collectives.all_gather_into_tensor(self.buffer.array, source, group=self.group,

@@ -52,6 +52,8 @@ def _resumed(rank, world_size, directory, strategy):
     from neural_arch.distributed.checkpoint import (DistributedCheckpointManager,
                                                     setup_fault_tolerant_training)
     model, optimizer = _job(rank, world_size, strategy)  # other weights until the load
+    x, y = _batch(0)
+    model(x[:1], y[:1])  # gathers the weights before the load: the load must make them stale
     state = setup_fault_tolerant_training(model, optimizer, DistributedCheckpointManager(directory))
     assert state["start_step"] == SAVED_AFTER + 1
     for step in range(state["start_step"], STEPS):
