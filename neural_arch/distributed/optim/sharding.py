@@ -40,13 +40,13 @@ def partition_parameters(param_groups: Sequence[Dict[str, Any]], world_size: int
 
 
 class _Slot:
-    """One dtype: the gathered buffer, this rank's send piece, and where each parameter lies."""
+    """One dtype: the gathered buffer, the size of each rank's piece, and where each parameter
+    lies."""
 
     def __init__(self, dtype: np.dtype, piece: int, world_size: int) -> None:
         self.dtype, self.piece = dtype, piece
         self.gathered = np.zeros(world_size * piece, dtype=dtype)
-        self.send = np.zeros(piece, dtype=dtype)
-        self.mine: List[tuple] = []    # (param, start, stop, view or None) within ``send``
+        self.mine: List[tuple] = []    # (param, start, stop, view or None) within the piece sent
         self.others: List[tuple] = []  # (param, start, stop, view or None) within ``gathered``
 
 
@@ -94,12 +94,14 @@ class ShardExchange:
         dtype, all ranks in the same order). A bucket-view parameter whose ``.data`` was
         rebound is pointed back at its view, which the all-gather has just filled."""
         for slot in self.slots:
+            # Made for each exchange: between steps a rank holds no second copy of its share.
+            send = np.zeros(slot.piece, dtype=slot.dtype)
             for param, start, stop, view in slot.mine:
                 if view is not None and param.data is view:
-                    slot.send[start:stop] = view.reshape(-1)
+                    send[start:stop] = view.reshape(-1)
                 else:
-                    copy_into_host(slot.send[start:stop], param.data)
-            collectives.all_gather_into_tensor(slot.gathered, slot.send, group=self.group)
+                    copy_into_host(send[start:stop], param.data)
+            collectives.all_gather_into_tensor(slot.gathered, send, group=self.group)
             for param, _, _, view in slot.mine:
                 if view is not None:
                     param.data = view
