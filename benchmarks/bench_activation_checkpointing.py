@@ -58,9 +58,15 @@ class Trainer:
         for p in self.params:  # gradients exist from the start and are zeroed in place
             p.grad = np.zeros_like(p.data)
 
-    def step(self) -> float:
-        for p in self.params:
-            p.grad.fill(0)
+    def step(self, keep_gradients: bool = False) -> float:
+        """One training step. The timed steps drop the gradients first (``zero_grad()``'s
+        default, as PyTorch's); the traced one zeroes them in place, so that they exist before
+        tracing starts and the peak is what the step adds."""
+        if keep_gradients:
+            for p in self.params:
+                p.grad.fill(0)
+        else:
+            self.opt.zero_grad()
         _, loss = self.model(self.idx, self.targets)
         loss.backward()
         self.opt.step()
@@ -70,9 +76,12 @@ class Trainer:
         return sum(p.data.nbytes + p.grad.nbytes for p in self.params)
 
     def peak_step_bytes(self) -> int:
+        for p in self.params:
+            if p.grad is None:
+                p.grad = np.zeros_like(p.data)
         tracemalloc.start()
         try:
-            self.step()
+            self.step(keep_gradients=True)
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -117,8 +126,9 @@ def report(size: dict, results: Dict[str, dict], command: str) -> str:
         "Activation checkpointing (`benchmarks/bench_activation_checkpointing.py`)", command,
         reporting.machine_info(),
         "Peak activations: tracemalloc peak of one training step above the model states, "
-        "which exist before tracing starts. Step: forward, backward, SGD; median over "
-        "interleaved steps; float32, one thread.")
+        "which exist before tracing starts (gradients zeroed in place). Step: zero_grad() "
+        "(gradients dropped, the default), forward, backward, SGD; median over interleaved "
+        "steps; float32, one thread.")
     return "\n".join(head + [table, "", goals])
 
 

@@ -24,13 +24,14 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import bench_common as common  # noqa: E402
+import sharding_setup as setup  # noqa: E402
 
 common.one_thread_per_rank()
 
 import argparse  # noqa: E402
-from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
+from typing import Any, Dict, Optional, Sequence  # noqa: E402
 
-STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
+STRATEGIES = setup.STRATEGIES
 SECTION = "bench_memory"
 SCRIPT = os.path.abspath(__file__)
 MiB = 1 << 20
@@ -43,32 +44,6 @@ def formula(strategy: str, psi: int, n: int) -> float:
 
 
 # ----- one rank of a job ---------------------------------------------------------------------
-def _build(strategy: str, job: Dict[str, Any]):
-    """(wrapped model, optimizer, the FSDP wrapper or None, Psi)."""
-    from neural_arch import distributed as dist
-    from neural_arch.core import manual_seed
-    from neural_arch.distributed.fsdp import FullyShardedDataParallel, ModuleWrapPolicy
-    from neural_arch.distributed.optim import ZeroRedundancyOptimizer
-    from neural_arch.models.gpt import GPT, Block, GPTConfig
-    from neural_arch.optim import Adam
-    manual_seed(0)
-    model = GPT(GPTConfig(block_size=job["block"], vocab_size=job["vocab"],
-                          n_layer=job["layers"], n_head=job["heads"], n_embd=job["width"]))
-    psi = sum(p.data.size for p in model.parameters())
-    if strategy in ("DDP", "ZeRO-1"):
-        wrapped = dist.DistributedDataParallel(model, shared_buckets=False,
-                                               gradient_as_bucket_view=True)
-        if strategy == "DDP":
-            return wrapped, Adam(wrapped.parameters(), lr=1e-3), None, psi
-        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(), Adam,
-                                            parameters_as_bucket_view=True, lr=1e-3)
-        return wrapped, optimizer, None, psi
-    fsdp = FullyShardedDataParallel(
-        model, sharding_strategy="FULL_SHARD" if strategy == "ZeRO-3" else "SHARD_GRAD_OP",
-        auto_wrap_policy=ModuleWrapPolicy({Block}))
-    return fsdp, Adam(fsdp.parameters(), lr=1e-3), fsdp, psi
-
-
 def _counted(model, optimizer) -> Dict[str, int]:
     """Bytes of the arrays each category holds, counted once each (a cross-check)."""
     def nbytes(arrays):
@@ -96,10 +71,12 @@ def _measure(strategy: str, job: Dict[str, Any]) -> Dict[str, Any]:
     rng = np.random.default_rng(rank)
     idx = rng.integers(0, job["vocab"], (job["batch"], job["block"]))
     targets = rng.integers(0, job["vocab"], (job["batch"], job["block"]))
+    psi = sum(p.data.size for p in setup.gpt(job).parameters())
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    model, optimizer, fsdp, psi = _build(strategy, job)
+    # the memory-minded settings: DDP's gradients and ZeRO-1's parameters are bucket views
+    model, optimizer, fsdp = setup.build(strategy, job, bucket_views=True)
 
     def step():
         optimizer.zero_grad()
@@ -124,8 +101,6 @@ def _measure(strategy: str, job: Dict[str, Any]) -> Dict[str, Any]:
                 peak_gathered=peak_gathered, **counted)
     everyone = dist.all_gather_object(mine)
     worst = {k: max(r[k] for r in everyone) for k in mine}  # the most loaded rank
-    del model, optimizer, fsdp
-    gc.collect()
     return dict(strategy=strategy, psi=psi, **worst)
 
 
@@ -138,7 +113,7 @@ def _warm_up(job: Dict[str, Any]) -> None:
     tiny = dict(job, layers=1, width=job["heads"] * 4)
     idx = np.zeros((1, job["block"]), dtype=np.int64)
     for strategy in job["strategies"]:
-        model, optimizer, _, _ = _build(strategy, tiny)
+        model, optimizer, _ = setup.build(strategy, tiny, bucket_views=True)
         optimizer.zero_grad()
         model(idx, idx)[1].backward()
         optimizer.step()
@@ -184,7 +159,7 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
             ratio = r["at_rest"] / want
             ok = abs(ratio - 1) <= 0.10
             misses += not ok
-            body.append([r["strategy"], str(n), f"{r['psi'] / 1e6:.2f}M", _mib(want),
+            body.append([r["strategy"], str(n), str(r["psi"]), _mib(want),
                          _mib(r["at_rest"]), f"{ratio:.3f}", common.verdict(ok),
                          _mib(r["params"]), _mib(r["grads"]), _mib(r["optimizer"]),
                          _mib(r["gathered"]), _mib(r["peak"])])

@@ -2,8 +2,9 @@
 
 ``data_parallel`` is ``DistributedDataParallel`` (flat buckets, overlapped with backward),
 ``buckets`` where its buckets live (private or shared memory), ``naive`` the one-all-reduce-per-
-parameter version kept for reading, ``advanced`` DDP plus accumulation, clipping and mixed
-precision, ``loss_scaler`` float16 loss scaling, and ``sampler`` the ``DistributedSampler``
+parameter version kept for reading, ``advanced`` DDP plus accumulation, clipping, mixed
+precision and ZeRO stages (its settings: ``training_config``), ``loss_scaler`` float16 loss
+scaling, and ``sampler`` the ``DistributedSampler``
 that gives each rank its share of the data.
 
 The names below are imported on first use, so importing one module here (the sampler, say)
@@ -17,7 +18,7 @@ _LAZY = {
     "DistributedDataParallel": ".data_parallel",
     "NaiveDistributedDataParallel": ".naive",
     "AdvancedDistributedDataParallel": ".advanced",
-    "DistributedTrainingConfig": ".advanced",
+    "DistributedTrainingConfig": ".training_config",
     "LossScaler": ".loss_scaler",
     "DistributedSampler": ".sampler",
 }
