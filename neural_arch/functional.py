@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from .backends import xp_of
 from .core.fused_activations import erf as _erf
-from .core.fused_activations import gelu, log_softmax, softmax
+from .core.fused_activations import causal_softmax, gelu, log_softmax, softmax
 from .core.fused_layers import dropout, embedding, layer_norm, linear
 from .core.fused_losses import cross_entropy, nll_loss
 from .core.ops_elementwise import operand
@@ -105,17 +105,21 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
     scale = 1.0 / math.sqrt(q.data.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale
     length, source = scores.data.shape[-2], scores.data.shape[-1]
-    if causal:
+    mask_data = mask.data if isinstance(mask, Tensor) else mask
+    boolean = getattr(mask_data, "dtype", None) is not None and mask_data.dtype.kind == "b"
+    # The causal mask folds into the softmax (no mask array, no masked_fill pass) unless an
+    # additive mask follows it, whose -inf + inf = NaN the composed form must keep.
+    fold = causal and (mask is None or boolean)
+    if causal and not fold:
         xp = xp_of(scores.data)
         allowed = xp.tril(xp.ones((length, source), dtype=bool), k=source - length)
         scores = scores.masked_fill(~allowed, -math.inf)
     if mask is not None:
-        mask_data = mask.data if isinstance(mask, Tensor) else mask
-        if getattr(mask_data, "dtype", None) is not None and mask_data.dtype.kind == "b":
+        if boolean:
             scores = scores.masked_fill(~mask_data, -math.inf)
         else:
             scores = scores + mask
-    weights = softmax(scores, axis=-1)
+    weights = causal_softmax(scores, source - length) if fold else softmax(scores, axis=-1)
     if dropout_p:
         weights = dropout(weights, dropout_p, training)
     return weights @ v

@@ -1,9 +1,11 @@
 """Array-module registry: which array library (and device) holds a tensor's data.
 
 A backend module exposes ``name``, ``device``, ``xp`` (the array namespace), ``array_type``,
-``asarray(data, dtype=None)``, ``to_numpy(array)``, ``erf(array)`` and ``gelu(array,
-with_derivative)`` (exact GELU, and its derivative for the backward). Backends are imported
-lazily so that a missing optional library (CuPy) only matters when it is asked for.
+``asarray(data, dtype=None)``, ``to_numpy(array)``, ``erf(array)``, ``gelu(array,
+with_derivative)`` (exact GELU, and its derivative for the backward), and LayerNorm and softmax
+over the last axis with their backwards (``layer_norm``, ``layer_norm_backward``, ``softmax``,
+``softmax_backward``; see ``row_ops``). Backends are imported lazily so that a missing optional
+library (CuPy) only matters when it is asked for.
 
 The default device of new tensors is ``set_default_device(...)`` if set, else the environment
 variable ``NEURAL_ARCH_DEVICE`` (read on every call), else "cpu".

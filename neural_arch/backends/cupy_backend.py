@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from . import special
+from . import row_ops, special
 
 name = "cupy"
 device = "cuda"
@@ -77,6 +77,29 @@ def gelu(array: Any, with_derivative: bool) -> Tuple[Any, Optional[Any]]:
     """Exact GELU and, if ``with_derivative``, its derivative (``special.gelu`` with CuPy's erf);
     float32 GELU normally runs in the fused CUDA kernels instead."""
     return special.gelu(array, require(), with_derivative, erf)
+
+
+def layer_norm(x: Any, weight: Optional[Any], bias: Optional[Any], eps: float,
+               keep: bool) -> tuple:
+    """LayerNorm over the last axis (``row_ops.layer_norm``); float32 over the last dimension
+    normally runs in the fused CUDA kernel instead."""
+    return row_ops.layer_norm(x, weight, bias, eps, keep, require())
+
+
+def layer_norm_backward(g: Any, normalized: Any, inv_std: Any, weight: Optional[Any],
+                        need: Tuple[bool, bool, bool]) -> tuple:
+    """``row_ops.layer_norm_backward``."""
+    return row_ops.layer_norm_backward(g, normalized, inv_std, weight, need)
+
+
+def softmax(x: Any, axis: int, causal_offset: Optional[int]) -> Any:
+    """``row_ops.softmax``."""
+    return row_ops.softmax(x, axis, causal_offset, require())
+
+
+def softmax_backward(g: Any, out: Any, axis: int) -> Any:
+    """``row_ops.softmax_backward``."""
+    return row_ops.softmax_backward(g, out, axis)
 
 
 def kernels() -> Any:

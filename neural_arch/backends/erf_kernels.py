@@ -119,6 +119,9 @@ def _exp32(y):  # pragma: no cover - runs compiled
     return _ZERO32 if y < _EXP_MIN32 else p * scale
 
 
+exp_nonpositive32 = _exp32  # for the other kernels (softmax) that exponentiate x - max(x)
+
+
 # One kernel per dtype: the fits are module globals, which Numba freezes into constants; passed
 # as tuple arguments instead they are indexed at run time and the loops do not vectorise.
 # Float64 keeps libm's exp (full precision; float64 is not the training hot path).

@@ -6,8 +6,9 @@ switched off with ``NEURAL_ARCH_NUMBA=0``; callers then use their NumPy form. Co
 lazy, so importing a kernel module costs nothing until a kernel runs.
 
 As a registry backend (``get_backend("numba")``) its arrays are NumPy arrays: the array-module
-interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``, ``gelu``) is the NumPy
-backend's, so ``backend_for`` still answers "numpy" for them.
+interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``, ``gelu``, ``layer_norm``,
+``softmax`` and their backwards) is the NumPy backend's, so ``backend_for`` still answers
+"numpy" for them.
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ asarray = _host.asarray
 to_numpy = _host.to_numpy
 erf = _host.erf
 gelu = _host.gelu
+layer_norm = _host.layer_norm
+layer_norm_backward = _host.layer_norm_backward
+softmax = _host.softmax
+softmax_backward = _host.softmax_backward
 
 _lock = threading.Lock()
 _state: Dict[str, Any] = {}
@@ -98,10 +103,23 @@ def inlined(fn: Callable) -> Callable:
     return fn if numba is None else numba.njit(cache=True, nogil=True, inline="always")(fn)
 
 
+def helper(fn: Optional[Callable] = None, **options: Any) -> Any:
+    """``fn`` as a function of its own that ``compiled`` kernels call, compiled with its own
+    ``options`` (``fastmath`` flags stay on its instructions when LLVM inlines the call, so a
+    reduction may be reassociated while the caller's arithmetic is not); ``fn`` itself without
+    Numba. Like ``inlined`` this imports Numba at once."""
+    def wrap(f: Callable) -> Callable:
+        numba = _numba()
+        return f if numba is None else numba.njit(cache=True, nogil=True, **options)(f)
+
+    return wrap(fn) if fn is not None else wrap
+
+
 def reset() -> None:
     """Forget the availability check (tests flip ``NEURAL_ARCH_NUMBA`` and re-import)."""
     _state.clear()
 
 
-__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "gelu",
-           "inlined", "is_available", "name", "reset", "to_numpy", "unavailable_reason", "xp"]
+__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "gelu", "helper",
+           "inlined", "is_available", "layer_norm", "layer_norm_backward", "name", "reset",
+           "softmax", "softmax_backward", "to_numpy", "unavailable_reason", "xp"]

@@ -5,7 +5,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import numpy
 
-from . import special
+from . import row_ops, special
 from .allocator import tune_allocator
 
 name = "numpy"
@@ -65,3 +65,62 @@ def gelu(array: numpy.ndarray, with_derivative: bool
     """Exact GELU ``x * Phi(x)`` and, if ``with_derivative``, ``Phi(x) + x * phi(x)`` (the
     factor of its backward), else None; keeps the dtype."""
     return (_forms or _chosen_forms())[1](array, with_derivative)
+
+
+# ----- LayerNorm and softmax over the last axis --------------------------------------------------
+_row_kernels: Any = None  # norm_softmax_kernels when Numba runs, else False; chosen on first use
+
+
+def _kernels_for(*arrays: Optional[numpy.ndarray]) -> Any:
+    """``norm_softmax_kernels`` when Numba runs and the arrays (None: absent) share float32 or
+    float64 and are not empty, else None (the ``row_ops`` forms then compute)."""
+    global _row_kernels
+    if _row_kernels is None:
+        from . import norm_softmax_kernels
+        _row_kernels = norm_softmax_kernels if norm_softmax_kernels.available() else False
+    if not _row_kernels:
+        return None
+    dtype = arrays[0].dtype
+    if dtype not in _row_kernels.DTYPES or arrays[0].size == 0:
+        return None
+    return _row_kernels if all(a is None or a.dtype == dtype for a in arrays) else None
+
+
+def layer_norm(x: numpy.ndarray, weight: Optional[numpy.ndarray],
+               bias: Optional[numpy.ndarray], eps: float, keep: bool) -> tuple:
+    """LayerNorm over the last axis: ``(out, normalized, inv_std)``, the last two only when
+    ``keep`` (what the backward needs), as ``row_ops.layer_norm``."""
+    kernels = _kernels_for(x, weight, bias)
+    if kernels is None:
+        return row_ops.layer_norm(x, weight, bias, eps, keep, numpy)
+    return kernels.layer_norm(x, weight, bias, eps, keep)
+
+
+def layer_norm_backward(g: numpy.ndarray, normalized: numpy.ndarray, inv_std: numpy.ndarray,
+                        weight: Optional[numpy.ndarray], need: Tuple[bool, bool, bool]) -> tuple:
+    """``(dx, dweight, dbias)`` of ``layer_norm``, those ``need`` asks for (else None)."""
+    kernels = _kernels_for(g, normalized, inv_std, weight)
+    if kernels is None:
+        return row_ops.layer_norm_backward(g, normalized, inv_std, weight, need)
+    return kernels.layer_norm_backward(g, normalized, inv_std, weight, need)
+
+
+def _last(array: numpy.ndarray, axis: int) -> bool:
+    return array.ndim >= 1 and axis in (-1, array.ndim - 1)
+
+
+def softmax(x: numpy.ndarray, axis: int, causal_offset: Optional[int]) -> numpy.ndarray:
+    """Softmax along ``axis``; with ``causal_offset`` (``axis`` the last), entries j > i + offset
+    of each matrix in the last two axes are masked, as ``row_ops.softmax``."""
+    kernels = _kernels_for(x) if _last(x, axis) else None
+    if kernels is None:
+        return row_ops.softmax(x, axis, causal_offset, numpy)
+    return kernels.softmax(x, causal_offset)
+
+
+def softmax_backward(g: numpy.ndarray, out: numpy.ndarray, axis: int) -> numpy.ndarray:
+    """Gradient of ``softmax`` at its output ``out``."""
+    kernels = _kernels_for(g, out) if _last(g, axis) else None
+    if kernels is None:
+        return row_ops.softmax_backward(g, out, axis)
+    return kernels.softmax_backward(g, out)

@@ -71,17 +71,22 @@ def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), after subtracting the max."""
     axis = axis if dim is None else dim
     xd = x.data
-    xp = xp_of(xd)
-    out = xd - xd.max(axis=axis, keepdims=True)
-    xp.exp(out, out=out)
-    out /= out.sum(axis=axis, keepdims=True)
+    backend = backend_for(xd)  # one pass per row over the last axis with the CPU kernels
+    out = backend.softmax(xd, axis, None)
+    return _record(x, out, lambda g: (backend.softmax_backward(g, out, axis),))
 
-    def backward(g: Any) -> tuple:
-        weighted = g * out
-        weighted -= out * weighted.sum(axis=axis, keepdims=True)
-        return (weighted,)
 
-    return _record(x, out, backward)
+def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
+    """Softmax over the last axis where, in each matrix of the last two axes, entry (i, j) with
+    j > i + offset counts as -inf: ``softmax(x.masked_fill(future, -inf), -1)`` without
+    building the mask (the CPU kernels skip the masked tail of each row). A row left with no
+    entry is NaN, as there."""
+    xd = x.data
+    if xd.ndim < 2:
+        raise ValueError(f"causal_softmax needs at least 2 dimensions, got shape {xd.shape}")
+    backend = backend_for(xd)
+    out = backend.softmax(xd, -1, int(offset))
+    return _record(x, out, lambda g: (backend.softmax_backward(g, out, -1),))
 
 
 def log_softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:

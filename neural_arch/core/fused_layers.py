@@ -5,7 +5,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..backends import xp_of
+from ..backends import backend_for, xp_of
 from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .ops_shape import index_add
@@ -87,35 +87,30 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
                              f"normalized_shape {norm_shape}")
     if type(xd) is not _NDARRAY and _use_fused_layer_norm(xd, norm_shape, weight, bias, eps):
         return fused_ops().fused_layer_norm(x, norm_shape, weight, bias, eps)
-    xp = xp_of(xd)
-    axes = tuple(range(xd.ndim - k, xd.ndim))
-    batch_axes = tuple(range(xd.ndim - k))
-    centered = xd - xd.mean(axis=axes, keepdims=True)
-    inv_std = 1.0 / xp.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
-    normalized = centered * inv_std
-    out = normalized
-    if weight is not None:
-        out = out * weight.data
-    if bias is not None:
-        out = out + bias.data
+    # The backend normalises over the last axis (one pass per row with the compiled CPU
+    # kernels): trailing dimensions of a multi-dimensional normalized_shape become one.
+    backend = backend_for(xd)
+    cols = int(np.prod(norm_shape))
+    flat = xd if k == 1 else xd.reshape(xd.shape[:xd.ndim - k] + (cols,))
+    wd = None if weight is None else weight.data.reshape(cols)
+    bd = None if bias is None else bias.data.reshape(cols)
     parents = tuple(t for t in (x, weight, bias) if t is not None)
-    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
+    record = GRAD_MODE.enabled and any(t.requires_grad for t in parents)
+    out, normalized, inv_std = backend.layer_norm(flat, wd, bd, eps, record)
+    out = out.reshape(xd.shape)
+    if not record:
         return _constant(out)
+    need = (x.requires_grad, weight is not None and weight.requires_grad,
+            bias is not None and bias.requires_grad)
 
     def backward(g: Any) -> tuple:
-        grads = []
-        g_norm = g * weight.data if weight is not None else g
-        if x.requires_grad:
-            gx = g_norm - g_norm.mean(axis=axes, keepdims=True)
-            gx -= normalized * (g_norm * normalized).mean(axis=axes, keepdims=True)
-            gx *= inv_std
-            grads.append(gx)
-        else:
-            grads.append(None)
+        gx, gw, gb = backend.layer_norm_backward(g.reshape(flat.shape), normalized, inv_std, wd,
+                                                 need)
+        grads = [None if gx is None else gx.reshape(xd.shape)]
         if weight is not None:
-            grads.append((g * normalized).sum(axis=batch_axes) if weight.requires_grad else None)
+            grads.append(None if gw is None else gw.reshape(norm_shape))
         if bias is not None:
-            grads.append(g.sum(axis=batch_axes) if bias.requires_grad else None)
+            grads.append(None if gb is None else gb.reshape(norm_shape))
         return tuple(grads)
 
     return _node(out, parents, backward)
