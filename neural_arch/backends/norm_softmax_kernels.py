@@ -123,14 +123,21 @@ def _softmax_tail(dst, n):  # pragma: no cover - runs compiled
             dst[j] = 0
 
 
+@helper(**_KEEP)
+def _exp_shifted32(row, top, dst, n):  # pragma: no cover - runs compiled
+    # A function of its own: written inline in the row loop below, LLVM left this loop scalar
+    # (2.3x slower for 64-element rows).
+    for j in range(n):
+        dst[j] = exp_nonpositive32(row[j] - top)
+
+
 # One kernel per dtype: float32 takes the vectorisable exp, float64 libm's.
 @compiled(**_KEEP)
 def _softmax32(x, out, causal, offset, length):  # pragma: no cover - runs compiled
     for r in range(x.shape[0]):
         row, dst = x[r], out[r]
         n, top = _softmax_head(row, dst, r, causal, offset, length)
-        for j in range(n):
-            dst[j] = exp_nonpositive32(row[j] - top)
+        _exp_shifted32(row, top, dst, n)
         _softmax_tail(dst, n)
 
 

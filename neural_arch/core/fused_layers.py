@@ -1,6 +1,7 @@
 """Layer kernels with their own backward: linear, layer_norm, embedding, dropout."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -90,7 +91,7 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
     # The backend normalises over the last axis (one pass per row with the compiled CPU
     # kernels): trailing dimensions of a multi-dimensional normalized_shape become one.
     backend = backend_for(xd)
-    cols = int(np.prod(norm_shape))
+    cols = math.prod(norm_shape)
     flat = xd if k == 1 else xd.reshape(xd.shape[:xd.ndim - k] + (cols,))
     wd = None if weight is None else weight.data.reshape(cols)
     bd = None if bias is None else bias.data.reshape(cols)
