@@ -174,6 +174,21 @@ def test_softmax_rows_with_infinities_and_nan_match_the_numpy_form(monkeypatch, 
 
 
 @pytest.mark.parametrize("which", FORMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_of_non_contiguous_input(monkeypatch, which, dtype):
+    use(monkeypatch, which)
+    x = data((3, 9, 8), dtype, 7).transpose(0, 2, 1)[:, ::2]  # (3, 4, 9), strided
+    g = data((3, 9, 8), dtype, 8).transpose(0, 2, 1)[:, ::2]
+    assert not x.flags.c_contiguous
+    for offset in (None, 5):
+        out = numpy_backend.softmax(x, -1, offset)
+        ref = softmax_reference(x, offset)
+        close(out, ref, dtype)
+        want = ref * (g - (g * ref).sum(-1, keepdims=True))
+        close(numpy_backend.softmax_backward(g, out, -1), want, dtype, scale=4)
+
+
+@pytest.mark.parametrize("which", FORMS)
 def test_other_axes_dtypes_and_mixed_dtypes_take_the_numpy_form(monkeypatch, which):
     use(monkeypatch, which)
     x = data((3, 4, 5), np.float32)
