@@ -25,8 +25,8 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True  # the LM head shares the token embedding matrix (as GPT-2)
-    # recompute each block's activations during backward instead of keeping them (training
-    # only): less memory for about one more forward of the blocks per step
+    # recompute the blocks' activations during backward instead of keeping them (training
+    # only; every block but the last): less memory for about one more forward of the blocks
     gradient_checkpointing: bool = False
 
 
@@ -118,8 +118,11 @@ class GPT(Module):
         positions = np.arange(time, dtype=np.int64)
         x = self.drop(self.wte(idx_data) + self.wpe(positions))
         recompute = self.config.gradient_checkpointing and self.training and is_grad_enabled()
-        for block in self.h:
-            x = checkpoint(block, x) if recompute else block(x)
+        last = len(self.h) - 1
+        for i, block in enumerate(self.h):
+            # The last block keeps its activations: backward would recompute it first thing;
+            # one block's worth of memory buys one forward of it per step.
+            x = checkpoint(block, x) if recompute and i < last else block(x)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits, None

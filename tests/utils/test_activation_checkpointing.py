@@ -145,8 +145,8 @@ def test_gpt_checkpoints_only_when_training_with_grad():
         model(idx)  # forward only: each block runs once
         assert len(calls) == 2
         calls.clear()
-        model(idx)[0].sum().backward()  # ... and once more in backward
-        assert len(calls) == 4
+        model(idx)[0].sum().backward()  # ... and every block but the last once more
+        assert len(calls) == 3
         calls.clear()
         model.eval()
         model(idx)[0].sum().backward()
