@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 
 _ERROR_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
 _MPI_STOP_GRACE_S = 5.0
-_PORT_ATTEMPTS = 3
+_START_ATTEMPTS = 3
+_MPI_START_FAILURE = "The PMIx server's listener thread failed to start"
 _MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
@@ -112,17 +113,24 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout: float = 60.0
     result (their entry is None) instead of failing the run.
     """
     init_kwargs = dict(init_kwargs or {})
-    if backend == "mpi":
-        return _run_mpi(fn, world_size, timeout, tuple(args), env or {}, init_kwargs,
-                        set(may_die))
     attempt = 1
+    while backend == "mpi":
+        try:
+            return _run_mpi(fn, world_size, timeout, tuple(args), env or {}, init_kwargs,
+                            set(may_die))
+        except RankFailed as exc:
+            # Open MPI's launcher itself failed to start (its PMIx server, on a loaded machine):
+            # no rank ran, so running the job again tests the same thing.
+            if _MPI_START_FAILURE not in exc.details or attempt == _START_ATTEMPTS:
+                raise
+            attempt += 1
     while True:
         try:
             return _run_forked(fn, world_size, backend, timeout, tuple(args), env or {},
                                init_kwargs, set(may_die))
         except RankFailed as exc:
             # another process took the "free" port before rank 0 could listen on it
-            if "port in use" not in exc.summary or attempt == _PORT_ATTEMPTS:
+            if "port in use" not in exc.summary or attempt == _START_ATTEMPTS:
                 raise
             attempt += 1
 
