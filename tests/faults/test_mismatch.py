@@ -31,11 +31,6 @@ ODD = {  # what the odd rank calls, as Fingerprint.describe writes it
     "collective": "broadcast:0 #3 (group 0, 8 x float64)",
 }
 CASES = [("size", 0), ("dtype", 2), ("reduce_op", 1), ("collective", 0), ("collective", 2)]
-# Known defects, strict xfails (none at present).
-NOT_NAMED: dict = {}
-UNTOLD: dict = {}
-
-
 def disagree(rank: int, world_size: int, kind: str, odd: int) -> tuple:
     from neural_arch import distributed as dist
     for _ in range(2):  # agreed calls first: small all-reduces on shm then take a prepared path
@@ -65,20 +60,14 @@ def outcome(backend: str, kind: str, odd: int) -> tuple:
     return tuple(report for _, report in results)
 
 
-def _params(known_defects: dict) -> list:
-    params = []
-    for backend in installed_backends():
-        for kind, odd in CASES:
-            marks = [pytest.mark.slow] if backend == "mpi" else []
-            if (backend, kind, odd) in known_defects:
-                marks.append(pytest.mark.xfail(strict=True,
-                                               reason=known_defects[(backend, kind, odd)]))
-            params.append(pytest.param(backend, kind, odd, marks=marks,
-                                       id=f"{backend}-{kind}-rank{odd}"))
-    return params
+def _params() -> list:
+    return [pytest.param(backend, kind, odd,
+                         marks=[pytest.mark.slow] if backend == "mpi" else [],
+                         id=f"{backend}-{kind}-rank{odd}")
+            for backend in installed_backends() for kind, odd in CASES]
 
 
-@pytest.mark.parametrize("backend, kind, odd", _params(NOT_NAMED))
+@pytest.mark.parametrize("backend, kind, odd", _params())
 def test_every_rank_ends_in_a_named_error(backend, kind, odd):
     reports = outcome(backend, kind, odd)
     for rank, report in enumerate(reports):
@@ -98,7 +87,7 @@ def test_every_rank_ends_in_a_named_error(backend, kind, odd):
     assert any(AGREED in m and any(c in m for c in odd_calls) for m in mismatches), reports
 
 
-@pytest.mark.parametrize("backend, kind, odd", _params(UNTOLD))
+@pytest.mark.parametrize("backend, kind, odd", _params())
 def test_every_rank_hears_of_it_from_its_peers(backend, kind, odd):
     timed_out = [rank for rank, report in enumerate(outcome(backend, kind, odd))
                  if report["type"] == "CollectiveTimeoutError"]

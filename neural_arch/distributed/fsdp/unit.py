@@ -90,10 +90,10 @@ class Unit:
             self.stats.add(self.buffer.nbytes)
             self.gathered = True
         source = self.shard.data.astype(self.compute_dtype, copy=False)
-        if self.layout.shards > 1 and np.shares_memory(source, self.buffer.array):
+        if self.layout.shards > 1 and np.may_share_memory(source, self.buffer.array):
             source = source.copy()  # the buffer's own slice: all-gather from a copy of it
         if self.layout.shards == 1:  # nothing to fetch: every rank holds the whole vector
-            if not np.shares_memory(source, self.buffer.array):
+            if not np.may_share_memory(source, self.buffer.array):
                 self.buffer.array[...] = source
             return
         work = collectives.all_gather_into_tensor(self.buffer.array, source, group=self.group,
