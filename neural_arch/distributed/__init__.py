@@ -28,6 +28,8 @@ from .work import Work
 _LAZY = {
     "DistributedDataParallel": ".ddp.data_parallel",
     "DistributedSampler": ".ddp.sampler",
+    "DeviceMesh": ".device_mesh",
+    "init_device_mesh": ".device_mesh",
     "launch_distributed_training": ".launch.supervisor",
     "DistributedLauncher": ".launch.supervisor",
 }
@@ -38,12 +40,12 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY, _moved.import_moved)  # old p
 
 
 __all__ = [
-    "AuthenticationError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "AuthenticationError", "CollectiveMismatchError", "CollectiveTimeoutError", "DeviceMesh",
     "DistributedDataParallel", "DistributedError", "DistributedLauncher", "DistributedSampler",
     "PeerFailureError", "ProcessGroup", "ReduceOp", "RendezvousError", "Work", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier", "broadcast",
     "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
-    "get_distributed_info", "get_local_rank", "get_rank", "get_world_size", "init_process_group",
-    "is_initialized", "launch_distributed_training", "new_group", "recv", "reduce",
+    "get_distributed_info", "get_local_rank", "get_rank", "get_world_size", "init_device_mesh",
+    "init_process_group", "is_initialized", "launch_distributed_training", "new_group", "recv", "reduce",
     "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
 ]
