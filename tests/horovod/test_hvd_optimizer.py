@@ -157,3 +157,34 @@ def test_a_parameter_without_gradient_on_one_rank_is_averaged_with_zeros():
     for grads in results:
         np.testing.assert_array_equal(grads["used"], np.full(3, 1.5))
         np.testing.assert_array_equal(grads["extra"], np.full(2, 2.0))  # (4 + 0) / 2
+
+
+def optimizer_state_case(rank: int, world: int, root: int) -> dict:
+    """Only rank 0 has stepped (Adam's moments and step count exist there alone); after
+    broadcast_optimizer_state every rank's state is root's, empty or not."""
+    import neural_arch.horovod as hvd
+    from neural_arch.optim import Adam
+    hvd.init()
+    model = make_model()
+    opt = Adam(model.parameters(), lr=0.01 * (rank + 1))
+    if rank == 0:
+        for p in model.parameters():
+            p.grad = np.full_like(p.data, 0.5)
+        opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    state = opt.state_dict()
+    hvd.shutdown()
+    return state
+
+
+@pytest.mark.parametrize("root", [0, 1], ids=["root-has-state", "root-is-empty"])
+def test_broadcast_optimizer_state_makes_every_rank_equal_to_root(root):
+    states = run_ranks(optimizer_state_case, WORLD, BACKEND, timeout=200, args=(root,))
+    want = states[root]
+    assert len(want["state"]) == (len(list(make_model().parameters())) if root == 0 else 0)
+    for state in states:
+        assert state["param_groups"] == want["param_groups"]
+        assert state["state"].keys() == want["state"].keys()
+        for index, entries in want["state"].items():
+            for key, value in entries.items():
+                np.testing.assert_array_equal(state["state"][index][key], value)
