@@ -69,6 +69,8 @@ def test_collectives_match_numpy_on_every_transport(backend):
         np.testing.assert_allclose(out["scaled"], total * 0.5 * 3.0, rtol=1e-12)
         assert out["fp16"].dtype == np.float32
         np.testing.assert_allclose(out["fp16"], total / WORLD, atol=5e-3)
+        # ... and it did go through float16: the exact float32 average differs in rounding
+        assert not np.allclose(out["fp16"], (total / WORLD).astype(np.float32), rtol=1e-6)
         np.testing.assert_array_equal(out["ints"], np.arange(5) * 6)
         assert out["tensor_kind"] == ("Tensor", True)
         assert out["inplace_same"]
