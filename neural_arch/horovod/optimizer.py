@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -48,15 +48,23 @@ class _DistributedMixin:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
                              f"{backward_passes_per_step!r}")
         op = resolve_op(op, None, "DistributedOptimizer")
+        compression = check_compression(compression, "DistributedOptimizer")
         factor = float(gradient_predivide_factor)
         if factor != 1.0 and op is not Average:
             raise ValueError(f"gradient_predivide_factor={factor} needs op=hvd.Average (it "
                              f"divides before the sum and multiplies after), got op={op!r}")
         if not factor > 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {factor}")
+        hookless = [names[i] for i, p in enumerate(params)
+                    if not callable(getattr(p, "register_post_accumulate_grad_hook", None))]
+        if hookless:
+            raise TypeError(f"DistributedOptimizer needs Tensor parameters (their gradient hooks "
+                            f"start the all-reduces); {hookless} are not")
+        # Everything is checked: set from here on, so a refused wrap leaves the optimizer as
+        # it was.
         self._hvd_order = [p for p in reversed(params) if getattr(p, "requires_grad", True)]
         self._hvd_names = {id(p): names[i] for i, p in enumerate(params)}
-        self._hvd_compression = check_compression(compression, "DistributedOptimizer")
+        self._hvd_compression = compression
         self._hvd_k, self._hvd_op, self._hvd_factor = backward_passes_per_step, op, factor
         self._hvd_id = len(_REGISTRY)
         _REGISTRY.append(weakref.ref(self))

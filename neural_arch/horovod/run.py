@@ -16,7 +16,6 @@ variables and Horovod's (``worker``). How Horovod's options map onto the launche
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 from dataclasses import dataclass, field

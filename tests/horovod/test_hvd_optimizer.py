@@ -132,7 +132,6 @@ def partly_unused_case(rank: int, world: int) -> dict:
     """``extra`` is in rank 0's loss only: every rank still launches it (rank 1 with zeros),
     nobody waits, and it gets rank 0's gradient divided by 2."""
     import neural_arch.horovod as hvd
-    from neural_arch.core import Tensor
     from neural_arch.nn import Parameter
     from neural_arch.optim import SGD
     hvd.init()
