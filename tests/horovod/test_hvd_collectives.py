@@ -87,3 +87,31 @@ def test_collectives_match_numpy_on_every_transport(backend):
         assert out["polled"] == [True] * 4
         assert out["object"] == {"rank": 1, "list": [1, 1]}
         assert out["objects"] == [("r", r) for r in range(WORLD)]
+
+
+def horovod_variables_only(rank: int, world: int) -> dict:
+    """No RANK/WORLD_SIZE, only Horovod's variables: init() joins with them, owns the process
+    group it made, and shutdown() destroys it."""
+    import os
+
+    import neural_arch.horovod as hvd
+    from neural_arch import distributed as dist
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name, None)
+    os.environ.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(world),
+                      HOROVOD_LOCAL_RANK="0", HOROVOD_LOCAL_SIZE="1",
+                      HOROVOD_CROSS_RANK=str(rank), HOROVOD_CROSS_SIZE=str(world))
+    hvd.init()
+    hvd.init()  # a second call does nothing, as in Horovod
+    out = {"layout": [hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),
+                      hvd.cross_rank(), hvd.cross_size()],
+           "sum": float(hvd.allreduce(np.ones(1), op=hvd.Sum)[0])}
+    hvd.shutdown()
+    out["after"] = (hvd.is_initialized(), dist.is_initialized())
+    return out
+
+
+def test_init_from_horovods_variables_alone():
+    results = run_ranks(horovod_variables_only, 2, "none", timeout=100)
+    for rank, out in enumerate(results):
+        assert out == {"layout": [rank, 2, 0, 1, rank, 2], "sum": 2.0, "after": (False, False)}
