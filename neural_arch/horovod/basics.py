@@ -70,8 +70,10 @@ def init(comm=None, process_sets=None) -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     local_rank = _env_int(env, "HOROVOD_LOCAL_RANK", "LOCAL_RANK")
     local_size = _env_int(env, "HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
-    if local_rank is None or local_size is None:  # no launcher said: one node holds them all
-        local_rank, local_size = rank, size
+    if local_rank is None or local_size is None:
+        # What the rendezvous learnt from the launcher (mpirun's, SLURM's local variables)
+        info = dist.get_distributed_info()
+        local_rank, local_size = info["local_rank"], info["local_world_size"]
     # Cross = across nodes: this node's index and the number of nodes (every node runs
     # local_size ranks, as our launcher starts them).
     cross_rank = _env_int(env, "HOROVOD_CROSS_RANK", "NODE_RANK", "GROUP_RANK")
