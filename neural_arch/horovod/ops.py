@@ -98,7 +98,7 @@ def start_allreduce(arr: np.ndarray, op: Any, compression: Any, prescale: float,
     wire = np.array(wire, copy=True, order="C").reshape(-1)  # never the caller's storage
     if pending is None:
         pending = rounds.start_round(rounds.ALLREDUCE, count=wire.size,
-                                   dtype=rounds.dtype_code(wire.dtype))
+                                     dtype=rounds.dtype_code(wire.dtype))
     work = dist.all_reduce(wire, async_op=True)
 
     def finish() -> np.ndarray:
@@ -161,8 +161,10 @@ def allgather_async(tensor, name=None, process_set=None) -> Handle:
         raise ValueError("hvd.allgather concatenates along the first dimension; got a 0-d "
                          "tensor (reshape it to (1,) first)")
     rows, row = arr.shape[0], int(np.prod(arr.shape[1:], dtype=np.int64))
+    # No root in an allgather: that field carries the number of dimensions, so ranks whose
+    # tensors differ in more than the first dimension are told so.
     rnd = rounds.agree(rounds.ALLGATHER, count=row, dtype=rounds.dtype_code(arr.dtype),
-                     root=arr.ndim, value=rows)
+                       root=arr.ndim, value=rows)
     longest = max(rnd.values)
     if longest * row == 0:  # every rank agreed: nothing to send
         out = np.zeros((sum(rnd.values),) + arr.shape[1:], dtype=arr.dtype)

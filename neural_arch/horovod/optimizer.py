@@ -106,13 +106,13 @@ class _DistributedMixin:
     def _hvd_launch(self, param) -> None:
         if self._hvd_round is None:
             self._hvd_round = rounds.start_round(rounds.STEP, count=len(self._hvd_order),
-                                               optimizer=self._hvd_id)
+                                                 optimizer=self._hvd_id)
         data = param.data
         grad = param.grad if param.grad is not None else np.zeros_like(data)
         grad = np.asarray(grad, dtype=data.dtype)
         _, finish = ops.start_allreduce(grad, self._hvd_op, self._hvd_compression,
-                                            1.0 / self._hvd_factor, self._hvd_factor,
-                                            "DistributedOptimizer", self._hvd_round)
+                                        1.0 / self._hvd_factor, self._hvd_factor,
+                                        "DistributedOptimizer", self._hvd_round)
         self._hvd_launched[id(param)] = finish
 
     # -- synchronisation ----------------------------------------------------------------

@@ -11,7 +11,7 @@ a collective that is not coming. When a round finds every rank joined, all leave
 
 Layout of the round's vector (summed over the ranks):
   [0]                 active ranks (1 from each rank still training)
-  [1 + 2i], [2 + 2i]  field i (kind, size, dtype, root, optimizer) and its square, from active
+  [1 + 2i], [2 + 2i]  field i (kind, count, dtype, root, optimizer) and its square, from active
                       ranks only: a field's sum and sum of squares together prove that every
                       active rank sent the same value (sum^2 == active * sum of squares)
   then size slots     1 for a rank whose first join() round this is (``join`` returns the
