@@ -44,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start nproc_per_node workers on this node with the environment that\n"
                     "init_process_group reads (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
                     "GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, NEURAL_ARCH_BACKEND,\n"
-                    f"RESTART_COUNT, {SECRET_VAR}), watch them, and stop all of them when one "
-                    "fails.",
+                    f"RESTART_COUNT, {SECRET_VAR}, NEURAL_ARCH_RUN_ID), watch them, and stop\n"
+                    "all of them when one fails.",
         epilog="Options may stand before or after SCRIPT (torchrun's order and the reverse):\n"
                "after SCRIPT the launcher still takes every option named above, in any of\n"
                "its spellings (--nproc_per_node, --nproc-per-node, with '=' or a space), and\n"
