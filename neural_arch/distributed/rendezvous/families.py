@@ -108,10 +108,10 @@ def read(family: str, environ: Mapping[str, str], lone_size: Optional[int]) -> R
             r.take(environ, "size", "PET_NNODES")
         elif family == "k8s":
             _single_process_per_node(environ, "JOB_COMPLETION_INDEX")
-            r.names["size"] = "WORLD_SIZE (or PET_NNODES)"
-            if lone_size is None:
+            if lone_size is None:  # else WORLD_SIZE, below
                 r.take(environ, "size", "PET_NNODES")
-                r.names["size"] = "WORLD_SIZE (or PET_NNODES)"
+                if r.size is None:
+                    r.names["size"] = "WORLD_SIZE (or PET_NNODES)"
         else:
             r.names["size"] = "WORLD_SIZE"
         if lone_size is not None and r.size is None:
