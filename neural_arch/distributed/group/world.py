@@ -8,6 +8,7 @@ their own group id and sequence numbers, so a mix-up between groups is detected,
 from __future__ import annotations
 
 import atexit
+import os
 import socket
 import zlib
 from typing import Any, Optional, Sequence
@@ -73,7 +74,6 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     transport = None
     try:
         if owns_store:
-            import os
             from ..rendezvous.auth import job_secret
             from ..rendezvous.job import job_identity
             from ..rendezvous.store import TCPStore, claim_rank

@@ -30,6 +30,8 @@ RUN_ID_VAR = "NEURAL_ARCH_RUN_ID"
 NONCE_SIZE = 32  # the handshake's (``auth``)
 # A server's nonce: its label (cut or NUL-padded), then random bytes. A nonce need only be
 # fresh, and 96 random bits keep it so; the server's proof covers the nonce, label included.
+# Anyone who connects reads the label: it tells them no more about the secret than the proof
+# every stranger is sent already does.
 LABEL_BYTES = 20
 JOB_KEY = "neural_arch/job"
 _MPI_FAMILIES = ("mpi", "pmi", "pmix", "horovod")
