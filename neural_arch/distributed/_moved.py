@@ -51,12 +51,25 @@ MOVED = {
     "preemption": "health.preemption",
 }
 
+# ``python -m`` an old name that is also a command runs the module doing that command, under
+# its own name (an alias run as ``__main__`` would resolve its relative imports wrongly).
+COMMANDS = {
+    "env": "rendezvous.report",
+}
+
 
 class _AliasLoader(importlib.abc.Loader):
     """Loads an old name as the already-imported module at its new name."""
 
-    def __init__(self, new_name: str) -> None:
-        self.new_name = new_name
+    def __init__(self, new_name: str, command: Optional[str] = None) -> None:
+        self.new_name, self.command = new_name, command
+
+    def get_code(self, fullname: str):
+        """What ``python -m <old name>`` runs (runpy asks the loader for code)."""
+        if self.command is None:
+            raise ImportError(f"{fullname} is another name of {self.new_name}; run that instead")
+        return compile(f"import runpy\nrunpy.run_module({self.command!r}, run_name='__main__', "
+                       f"alter_sys=True)\n", f"<python -m {fullname}>", "exec")
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         module = importlib.import_module(self.new_name)
@@ -74,13 +87,15 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
 
     def __init__(self, package: str, moved: dict) -> None:
         self.targets = {f"{package}.{old}": f"{package}.{new}" for old, new in moved.items()}
+        self.commands = {f"{package}.{old}": f"{package}.{new}" for old, new in COMMANDS.items()}
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None,
                   target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
         new_name = self.targets.get(fullname)
         if new_name is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new_name))
+        return importlib.machinery.ModuleSpec(
+            fullname, _AliasLoader(new_name, self.commands.get(fullname)))
 
 
 def install() -> MovedModuleFinder:

@@ -8,6 +8,7 @@ their own group id and sequence numbers, so a mix-up between groups is detected,
 from __future__ import annotations
 
 import atexit
+import os
 import socket
 import zlib
 from typing import Any, Optional, Sequence
@@ -74,11 +75,14 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     try:
         if owns_store:
             from ..rendezvous.auth import job_secret
+            from ..rendezvous.job import job_identity
             from ..rendezvous.store import TCPStore, claim_rank
             secret = job_secret()
+            # A rank that reaches another job's store (same port) fails at once naming both.
+            job, _ = job_identity(info, os.environ, secret)
             store = TCPStore(info.master_addr, info.master_port, info.world_size,
                              is_server=info.rank == 0, secret=secret, timeout=seconds,
-                             rank=info.rank)
+                             rank=info.rank, job=job)
             claim_rank(store, info.rank)  # before anything is read from, or written to, it
         if store is not None:
             agree_on_backend(info, store, requested)

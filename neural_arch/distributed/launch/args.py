@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..rendezvous.env import BACKEND_ALIAS, BACKEND_VAR, backend_from_environment
 # Re-exported: supervisor.py and its callers take the whole configuration from this module.
 from .config import BACKENDS, SECRET_VAR, LaunchConfig, Target, cpu_count, resolve_nproc
+from .torchrun_env import pet_defaults
 
 __all__ = ["BACKENDS", "PROG", "SECRET_VAR", "LaunchConfig", "Target", "build_parser", "cpu_count",
            "parse_launcher_args", "resolve_nproc", "split_command_line"]
@@ -43,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start nproc_per_node workers on this node with the environment that\n"
                     "init_process_group reads (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
                     "GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, NEURAL_ARCH_BACKEND,\n"
-                    f"RESTART_COUNT, {SECRET_VAR}), watch them, and stop all of them when one "
-                    "fails.",
+                    f"RESTART_COUNT, {SECRET_VAR}, NEURAL_ARCH_RUN_ID), watch them, and stop\n"
+                    "all of them when one fails.",
         epilog="Options may stand before or after SCRIPT (torchrun's order and the reverse):\n"
                "after SCRIPT the launcher still takes every option named above, in any of\n"
                "its spellings (--nproc_per_node, --nproc-per-node, with '=' or a space), and\n"
@@ -57,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                f"{SECRET_VAR}: each job gets a fresh random secret unless it is set in the\n"
                "environment; multi-node jobs must set the same value on every node.\n"
                "Exit status: 0 when every worker exits 0, else the failing worker's code\n"
-               "(128+N for a death by signal N), 124 after --timeout.\n")
+               "(128+N for a death by signal N), 124 after --timeout.\n"
+               "As torchrun, an option not given takes its default from PET_<OPTION>\n"
+               "(PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR,\n"
+               "PET_MASTER_PORT, PET_MAX_RESTARTS, PET_MONITOR_INTERVAL, PET_LOG_DIR).\n")
 
     def add(name: str, **kwargs: Any) -> None:
         spellings = [name] if "_" not in name else [name, name.replace("_", "-")]
@@ -169,6 +173,12 @@ def parse_launcher_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(launcher_tokens)
     if script is None:
         parser.error("the following arguments are required: SCRIPT")
+    given = {token.partition("=")[0][2:] for token in launcher_tokens if token.startswith("--")}
+    from_pet, errors = pet_defaults(given, os.environ)
+    if errors:
+        parser.error("; ".join(errors))
+    for dest, value in from_pet.items():
+        setattr(args, dest, value)
     if args.backend is None:
         try:
             args.backend = backend_from_environment() or "auto"

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..rendezvous.auth import check_secret
 from ..rendezvous.env import BACKEND_ALIAS
+from ..rendezvous.job import RUN_ID_VAR
 
 BACKENDS = ("auto", "shm", "tcp", "mpi", "gloo", "nccl")
 SECRET_VAR = "NEURAL_ARCH_SECRET"
@@ -183,6 +184,10 @@ class LaunchConfig:
         # The workers get the launcher's backend as NEURAL_ARCH_BACKEND; an alias left set to
         # another value would contradict it.
         base.pop(BACKEND_ALIAS, None)
+        if self.nnodes == 1 and not base.get(RUN_ID_VAR):
+            # The job's identity (``rendezvous.job``): a rank of another job that reaches this
+            # job's store is told whose it is. Several nodes would each make up another one.
+            base[RUN_ID_VAR] = secrets.token_hex(6)
         if not base.get(SECRET_VAR):
             if self.nnodes == 1:
                 base[SECRET_VAR] = secrets.token_hex(32)

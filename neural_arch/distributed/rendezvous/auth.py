@@ -6,6 +6,10 @@ the proof checks out only fixed-size fields are read: a stranger cannot make us 
 or unpickle anything. The accepting side is a state machine (``ServerHandshake``) that one
 thread can drive for many connections at once; ``server_handshake`` drives one to the end.
 
+A server may start its nonce with a label, its job's name (``job.labelled_nonce``): the
+client reads it whether or not the proof checks out, so a rank that reached another job's
+server can name that job even when it has another secret.
+
 A connection that fails underneath the handshake (reset, refused, closed by the server) is a
 ``ConnectionError`` naming the address, not an ``AuthenticationError``: only a wrong proof or
 a peer that does not speak the protocol is a question of the secret.
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import AuthenticationError
+from .job import labelled_nonce, nonce_label
 
 SECRET_ENV = "NEURAL_ARCH_SECRET"
 MIN_SECRET_BYTES = 16  # below this a secret can be guessed; generated ones have 32 or more
@@ -177,9 +182,9 @@ class ServerHandshake:
     Reads are sized by the protocol (the magic alone first, so garbage is dropped after four
     bytes); the two answers (72 bytes) always fit in a fresh socket's send buffer."""
 
-    def __init__(self, sock: socket.socket, secret: bytes) -> None:
+    def __init__(self, sock: socket.socket, secret: bytes, label: bytes = b"") -> None:
         self.peer = _peer_name(sock)  # taken now: after a reset the address is gone
-        self._sock, self._secret = sock, secret
+        self._sock, self._secret, self._label = sock, secret, label
         self.awaiting = "hello"
         self._buf, self._want = bytearray(), len(_HELLO_MAGIC)
         self._client_nonce = self._server_nonce = self._answer = b""
@@ -222,7 +227,7 @@ class ServerHandshake:
             self._want += NONCE_SIZE
         elif self.awaiting == "hello":
             self._client_nonce = data[len(_HELLO_MAGIC):]
-            self._server_nonce = secrets.token_bytes(NONCE_SIZE)
+            self._server_nonce = labelled_nonce(self._label)
             proof = _mac(self._secret, _SERVER_ROLE, self._client_nonce, self._server_nonce)
             self._answer_with(_HELLO_MAGIC + self._server_nonce + proof, "challenge")
             self._expect("proof", MAC_SIZE + _INFO_LEN.size)
@@ -293,8 +298,12 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float,
                                       f"(first bytes {reply[:4]!r})")
         server_nonce, proof = reply[4:4 + NONCE_SIZE], reply[4 + NONCE_SIZE:]
         if not hmac.compare_digest(proof, _mac(secret, _SERVER_ROLE, client_nonce, server_nonce)):
-            raise AuthenticationError(f"{peer} does not know the job secret "
-                                      f"(check {SECRET_ENV} on every node)")
+            label = nonce_label(server_nonce)
+            error = AuthenticationError(
+                f"{peer} does not know the job secret (check {SECRET_ENV} on every node)"
+                + (f"; it says it serves job {label!r}" if label else ""))
+            error.peer_label = label  # for a caller that knows its own job (``TCPStore``)
+            raise error
         length = _INFO_LEN.pack(len(client_info))
         mac = _mac(secret, _CLIENT_ROLE, client_nonce, server_nonce, length, client_info)
         _send(sock, mac + length + client_info, "proof", peer)

@@ -70,10 +70,11 @@ class Gate:
     """
 
     def __init__(self, listener: socket.socket, secret: bytes, deadline_s: float = DEADLINE_S,
-                 max_pending: Optional[int] = None) -> None:
+                 max_pending: Optional[int] = None, label: bytes = b"") -> None:
         if not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
         self._listener, self._secret, self._deadline_s = listener, secret, float(deadline_s)
+        self._label = label  # what each handshake shows of this server (``auth``)
         self._max_pending = default_max_pending() if max_pending is None else int(max_pending)
         if self._max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending!r}")
@@ -146,7 +147,7 @@ class Gate:
             if len(self._pending) >= self._max_pending:
                 self._drop_oldest(arrivals, f"{self._max_pending} strangers were waiting")
             conn.setblocking(False)
-            self._pending[conn] = _Stranger(addr, ServerHandshake(conn, self._secret),
+            self._pending[conn] = _Stranger(addr, ServerHandshake(conn, self._secret, self._label),
                                             time.monotonic() + self._deadline_s)
             self._sel.register(conn, selectors.EVENT_READ)
 

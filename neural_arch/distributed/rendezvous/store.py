@@ -14,8 +14,9 @@ import time
 from datetime import timedelta
 from typing import Iterable, Optional, Union
 
-from ..errors import CollectiveTimeoutError, RendezvousError
+from ..errors import AuthenticationError, CollectiveTimeoutError, RendezvousError
 from .auth import check_secret, client_handshake, job_secret
+from .job import check_store_job, foreign_job
 from .store_protocol import (_ERROR, _OP_NAMES, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE,
                              DEFAULT_MAX_VALUE_BYTES, GET, MAX_KEY_BYTES, MAX_TIMEOUT_S, SET, WAIT,
                              FrameError, Request, _recv_exact, decode_keys, encode_keys,
@@ -47,20 +48,23 @@ class TCPStore:
     ``port=0`` on the server picks a free port (read ``.port``). Clients retry connecting
     until ``timeout``, since the server may start after them, and when the connection fails
     under the handshake (reset or closed: a busy or restarting server); a wrong secret fails at
-    once. ``rank``, when given, is named in every error.
+    once. ``rank``, when given, is named in every error. ``job`` names the job the store
+    serves (the server's) or the job this rank belongs to (a client's): a client that reaches
+    another job's store fails at once, naming both (``job``).
     """
 
     def __init__(self, host: str, port: int, world_size: Optional[int] = None,
                  is_server: bool = False, secret: Optional[bytes] = None,
                  timeout: Union[float, timedelta] = 300.0, *,
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-                 rank: Optional[int] = None) -> None:
+                 rank: Optional[int] = None, job: Optional[str] = None) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
             raise ValueError(f"store port must be an int in [1, 65535] (0 only for the server), "
                              f"got {port!r}")
         if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
             raise ValueError(f"world_size must be a positive int or None, got {world_size!r}")
         self.host, self.world_size, self.is_server, self.rank = host, world_size, is_server, rank
+        self.job = job
         self.timeout = _seconds(timeout, 300.0)
         self._secret = (job_secret() if secret is None
                         else check_secret(secret, "the store's secret"))
@@ -73,10 +77,12 @@ class TCPStore:
             port = listener.getsockname()[1]
             clients = max(256, 4 * (world_size or 1))
             self._server = _Server(listener, self._secret, max_value_bytes,
-                                   min(self.timeout, 30.0), clients)
+                                   min(self.timeout, 30.0), clients, job)
         self.port = port
         try:
             self._connect(self.timeout)
+            if job is not None:
+                check_store_job(self, job)
         except BaseException:
             self.close()
             raise
@@ -128,6 +134,13 @@ class TCPStore:
                 time.sleep(min(delay, max(timeout - (time.monotonic() - start), 0)))
                 delay = min(delay * 2, 0.5)
                 continue
+            except AuthenticationError as e:
+                sock.close()
+                label = getattr(e, "peer_label", None)
+                if self.job is not None and label is not None:  # another job's store
+                    raise foreign_job(self.host, self.port, self.job, label, self.rank,
+                                      verified=False) from e
+                raise
             except BaseException:
                 sock.close()
                 raise

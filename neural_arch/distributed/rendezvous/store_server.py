@@ -13,9 +13,11 @@ import socket
 import struct
 import threading
 import time
+from typing import Optional
 
 from ..errors import RendezvousError
 from .gate import DEADLINE_S, Gate
+from .job import JOB_KEY
 from .store_protocol import (_ERROR, _OK, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE, GET, SET,
                              FrameError, Request, _recv_exact, decode_keys, read_request)
 
@@ -30,15 +32,17 @@ class _Server:
     """Authenticates connections in one thread and serves each in its own daemon thread."""
 
     def __init__(self, listener: socket.socket, secret: bytes, max_value: int,
-                 stall_timeout: float, max_clients: int) -> None:
+                 stall_timeout: float, max_clients: int, job: Optional[str] = None) -> None:
         self._listener, self._max_value = listener, max_value
         self._stall_timeout, self._max_clients = stall_timeout, max_clients
-        self._data: dict[bytes, bytes] = {}
+        # The job's identity is there before anyone connects: a rank reads it first (``job``).
+        self._data: dict[bytes, bytes] = {} if job is None else {JOB_KEY.encode(): job.encode()}
         self._cond = threading.Condition()
         self._conns: set[socket.socket] = set()
         self._conns_lock = threading.Lock()
         self._stop = threading.Event()
-        self._gate = Gate(listener, secret, min(stall_timeout, DEADLINE_S))
+        self._gate = Gate(listener, secret, min(stall_timeout, DEADLINE_S),
+                          label=(job or "").encode())
         self._thread = threading.Thread(target=self._accept_loop, name="store-accept", daemon=True)
         self._thread.start()
 

@@ -45,7 +45,8 @@ def test_slurm_variables_and_master_from_node_list():
 
 
 def test_precedence_env_then_mpi_then_pmi_then_slurm():
-    env = {"RANK": "1", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0",
+    # GROUP_RANK: a launcher started by the outer ones set RANK/WORLD_SIZE for its own workers
+    env = {"RANK": "1", "WORLD_SIZE": "2", "GROUP_RANK": "0", "OMPI_COMM_WORLD_RANK": "0",
            "OMPI_COMM_WORLD_SIZE": "4", "PMI_RANK": "0", "PMI_SIZE": "4",
            "SLURM_PROCID": "0", "SLURM_NTASKS": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     assert resolve(environ=env).launcher == "env"
