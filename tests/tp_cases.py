@@ -1,0 +1,304 @@
+"""Rank functions of the tensor-parallel tests: each builds the dense layer or model under a
+fixed seed (the same on every rank), the parallel one from its weights, runs both on the same
+float64 input and asserts, on its rank, that outputs and every gradient match (a parallel
+parameter's gradient is its shard of the dense one's). They return what the parent compares
+across ranks."""
+from __future__ import annotations
+
+import numpy as np
+
+RTOL, ATOL = 1e-10, 1e-12
+F64 = np.float64
+
+
+def close(actual, expected, what, rtol=RTOL, atol=ATOL):
+    np.testing.assert_allclose(np.asarray(actual), np.asarray(expected), rtol=rtol, atol=atol,
+                               err_msg=what)
+
+
+def _seeded(seed):
+    from neural_arch.core.random import manual_seed
+    manual_seed(seed)
+    return np.random.default_rng(seed + 100)
+
+
+def _leaf(array):
+    from neural_arch.core import Tensor
+    return Tensor(np.array(array, dtype=F64), requires_grad=True, dtype=F64)
+
+
+def _chunk(array, rank, size, axis=-1):
+    return np.split(np.asarray(array), size, axis=axis)[rank]
+
+
+def _weighted_sum(y, weights):
+    """A scalar whose gradient with respect to ``y`` is ``weights`` (not all ones)."""
+    from neural_arch.core import Tensor
+    return (y * Tensor(weights, dtype=F64)).sum()
+
+
+def check_param_grads(parallel, dense, rank, size):
+    """Every parameter of ``parallel`` (keys named as in ``dense``) has as gradient its shard
+    of the dense gradient; returns the number checked."""
+    checked = 0
+    dense_targets = dense._state_targets()
+    for key, (owner, table, name) in parallel._state_targets().items():
+        if table != "_parameters":
+            continue
+        param = owner._parameters[name]
+        d_owner, d_table, d_name = dense_targets[key]
+        want = getattr(d_owner, d_table)[d_name].grad
+        layout = getattr(owner, "tp_layout", {}).get(name)
+        if layout is not None:
+            want = layout.shard(want, rank, size)
+        close(param.grad, want, f"gradient of {key} on rank {rank}")
+        checked += 1
+    return checked
+
+
+def column_case(rank, size, gather_output):
+    from neural_arch.distributed.tensor_parallel import ColumnParallelLinear
+    from neural_arch.nn import Linear
+    rng = _seeded(1)
+    dense = Linear(6, 8, dtype=F64)
+    layer = ColumnParallelLinear.from_dense(dense, gather_output=gather_output)
+    assert layer.weight.shape == (8 // size, 6) and layer.bias.shape == (8 // size,)
+    close(layer.weight.data, dense.weight.data[rank * 8 // size:(rank + 1) * 8 // size], "rows")
+    x_np, w = rng.standard_normal((3, 5, 6)), rng.standard_normal((3, 5, 8))
+    x, xd = _leaf(x_np), _leaf(x_np)
+    yd = dense(xd)
+    _weighted_sum(yd, w).backward()
+    y = layer(x)
+    if gather_output:
+        close(y.data, yd.data, "gathered output")
+        _weighted_sum(y, w).backward()
+    else:
+        close(y.data, _chunk(yd.data, rank, size), "output shard")
+        _weighted_sum(y, _chunk(w, rank, size)).backward()
+    close(x.grad, xd.grad, "input gradient")
+    return check_param_grads(layer, dense, rank, size)
+
+
+def row_case(rank, size, input_is_parallel):
+    from neural_arch.distributed.tensor_parallel import RowParallelLinear
+    from neural_arch.nn import Linear
+    rng = _seeded(2)
+    dense = Linear(8, 6, dtype=F64)
+    layer = RowParallelLinear.from_dense(dense, input_is_parallel=input_is_parallel)
+    assert layer.weight.shape == (6, 8 // size) and layer.bias.shape == (6,)
+    x_np, w = rng.standard_normal((3, 5, 8)), rng.standard_normal((3, 5, 6))
+    xd = _leaf(x_np)
+    x = _leaf(_chunk(x_np, rank, size)) if input_is_parallel else _leaf(x_np)
+    yd = dense(xd)
+    _weighted_sum(yd, w).backward()
+    y = layer(x)
+    close(y.data, yd.data, "output")
+    _weighted_sum(y, w).backward()
+    close(x.grad, _chunk(xd.grad, rank, size) if input_is_parallel else xd.grad,
+          "input gradient")
+    return check_param_grads(layer, dense, rank, size)
+
+
+def pair_case(rank, size):
+    """Column-parallel -> GELU -> row-parallel, as an MLP: one all-reduce each way."""
+    import neural_arch.functional as F
+    from neural_arch.distributed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from neural_arch.nn import Linear, Module
+
+    class Pair(Module):
+        def __init__(self, first, second):
+            super().__init__()
+            self.first, self.second = first, second
+
+        def forward(self, x):
+            return self.second(F.gelu(self.first(x)))
+
+    rng = _seeded(3)
+    dense = Pair(Linear(6, 16, dtype=F64), Linear(16, 6, dtype=F64))
+    layer = Pair(ColumnParallelLinear.from_dense(dense.first),
+                 RowParallelLinear.from_dense(dense.second))
+    x_np, w = rng.standard_normal((2, 4, 6)), rng.standard_normal((2, 4, 6))
+    x, xd = _leaf(x_np), _leaf(x_np)
+    yd = dense(xd)
+    _weighted_sum(yd, w).backward()
+    y = layer(x)
+    close(y.data, yd.data, "output")
+    _weighted_sum(y, w).backward()
+    close(x.grad, xd.grad, "input gradient")
+    return check_param_grads(layer, dense, rank, size), y.data
+
+
+def embedding_case(rank, size):
+    from neural_arch.distributed.tensor_parallel import VocabParallelEmbedding
+    from neural_arch.nn import Embedding
+    rng = _seeded(4)
+    dense = Embedding(16, 5, dtype=F64)
+    layer = VocabParallelEmbedding.from_dense(dense)
+    ids = np.concatenate([rng.permutation(16), rng.integers(0, 16, 8)]).reshape(4, 6)
+    w = rng.standard_normal((4, 6, 5))
+    yd = dense(ids)
+    _weighted_sum(yd, w).backward()
+    y = layer(ids)
+    close(y.data, yd.data, "embedding output")
+    _weighted_sum(y, w).backward()
+    return check_param_grads(layer, dense, rank, size)
+
+
+def cross_entropy_case(rank, size, scale):
+    import neural_arch.functional as F
+    from neural_arch.distributed.tensor_parallel import vocab_parallel_cross_entropy
+    rng = _seeded(5)
+    logits = rng.standard_normal((3, 5, 16)) * scale
+    target = rng.integers(0, 16, (3, 5))
+    target[0, :2] = -1
+    target[2, 4] = -1
+    full = _leaf(logits)
+    dense = F.cross_entropy(full.reshape(-1, 16), target.reshape(-1), ignore_index=-1)
+    dense.backward()
+    local = _leaf(_chunk(logits, rank, size))
+    loss = vocab_parallel_cross_entropy(local, target, ignore_index=-1)
+    close(loss.item(), dense.item(), "loss")
+    loss.backward()
+    close(local.grad, _chunk(full.grad, rank, size), "logit gradient")
+    return loss.item()
+
+
+def non_divisible_case(rank, size):
+    """Each split that does not divide names the layer, the size and the tensor-parallel
+    size; returns the messages."""
+    from neural_arch.distributed.tensor_parallel import (ColumnParallelLinear,
+                                                         RowParallelLinear,
+                                                         VocabParallelEmbedding)
+    from neural_arch.models.gpt import GPT, GPTConfig
+    messages = []
+    attempts = [lambda: ColumnParallelLinear(4, 6), lambda: RowParallelLinear(6, 4),
+                lambda: VocabParallelEmbedding(10, 4),
+                lambda: GPT(GPTConfig(n_head=3, n_embd=12, vocab_size=64), tp_group=_world()),
+                lambda: GPT(GPTConfig(n_head=4, n_embd=16, vocab_size=65), tp_group=_world())]
+    for attempt in attempts:
+        try:
+            attempt()
+        except ValueError as exc:
+            messages.append(str(exc))
+        else:
+            raise AssertionError(f"no ValueError at tp={size}")
+    return messages
+
+
+def _world():
+    from neural_arch import distributed as dist
+    return dist.new_group(list(range(dist.get_world_size())))
+
+
+GPT_SIZES = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=32)
+BATCH, TIME = 2, 8
+
+
+def _float64(model):
+    for p in model.parameters():
+        p.data = p.data.astype(F64)
+    return model
+
+
+def _gpt_pair(seed):
+    """(dense GPT, tensor-parallel GPT over the world loaded from it), both float64."""
+    from neural_arch.models.gpt import GPT, GPTConfig
+    _seeded(seed)
+    dense = _float64(GPT(GPTConfig(**GPT_SIZES)))
+    parallel = _float64(GPT(GPTConfig(**GPT_SIZES), tp_group=_world()))
+    parallel.load_dense_state_dict(dense.state_dict())
+    return dense, parallel
+
+
+def _tokens(rng):
+    idx = rng.integers(0, GPT_SIZES["vocab_size"], (BATCH, TIME))
+    targets = rng.integers(0, GPT_SIZES["vocab_size"], (BATCH, TIME))
+    targets[0, :2] = -1
+    return idx, targets
+
+
+class _CountAllReduce:
+    """Counts the all-reduces of the tensor-parallel operators (they call the collectives
+    module's ``all_reduce``)."""
+
+    def __init__(self):
+        from neural_arch.distributed import collectives
+        self.module, self.original, self.calls = collectives, collectives.all_reduce, 0
+
+    def __enter__(self):
+        def counting(*args, **kwargs):
+            self.calls += 1
+            return self.original(*args, **kwargs)
+        self.module.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc):
+        self.module.all_reduce = self.original
+
+
+def block_case(rank, size):
+    """One transformer block: outputs, every gradient, and one all-reduce per sub-block each
+    way (two forward, two backward)."""
+    dense, parallel = _gpt_pair(6)
+    rng = np.random.default_rng(7)
+    x_np, w = rng.standard_normal((BATCH, TIME, 32)), rng.standard_normal((BATCH, TIME, 32))
+    x, xd = _leaf(x_np), _leaf(x_np)
+    yd = dense.h[0](xd)
+    _weighted_sum(yd, w).backward()
+    with _CountAllReduce() as forward:
+        y = parallel.h[0](x)
+    close(y.data, yd.data, "block output")
+    with _CountAllReduce() as backward:
+        _weighted_sum(y, w).backward()
+    close(x.grad, xd.grad, "block input gradient")
+    checked = check_param_grads(parallel.h[0], dense.h[0], rank, size)
+    return checked, forward.calls, backward.calls
+
+
+def gpt_case(rank, size, steps):
+    """The whole model: same weights under the same seed, loss and every gradient, then
+    ``steps`` AdamW steps; returns what must be identical across ranks."""
+    from neural_arch.models.gpt import GPT, GPTConfig
+    from neural_arch.optim import AdamW
+    _seeded(8)
+    built = GPT(GPTConfig(**GPT_SIZES), tp_group=_world()).dense_state_dict()
+    _seeded(8)
+    reference = GPT(GPTConfig(**GPT_SIZES)).state_dict()
+    assert list(built) == list(reference)
+    for key, value in reference.items():  # initialised as the sharded dense model
+        np.testing.assert_array_equal(built[key], value, err_msg=key)
+
+    dense, parallel = _gpt_pair(9)
+    assert parallel.lm_head.weight is parallel.wte.weight
+    rng = np.random.default_rng(10)
+    idx, targets = _tokens(rng)
+    logits_d, loss_d = dense(idx, targets)
+    logits, loss = parallel(idx, targets)
+    assert logits.shape == (BATCH, TIME, GPT_SIZES["vocab_size"] // size)
+    close(logits.data, _chunk(logits_d.data, rank, size), "logits shard")
+    close(loss.item(), loss_d.item(), "loss")
+    loss_d.backward()
+    loss.backward()
+    check_param_grads(parallel, dense, rank, size)
+    replicated = {name: p.grad.copy() for name, p in parallel.named_parameters()
+                  if "ln_" in name or name == "wpe.weight" or name.endswith("c_proj.bias")}
+
+    opt_d = AdamW(dense.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = AdamW(parallel.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for step in range(steps):
+        if step:
+            idx, targets = _tokens(rng)
+            for model in (dense, parallel):
+                model.zero_grad()
+                model(idx, targets)[1].backward()
+        opt_d.step()
+        opt.step()
+        losses.append(parallel(idx, targets)[1].item())
+    state = parallel.dense_state_dict()
+    expected = dense.state_dict()
+    assert list(state) == list(expected)
+    for key, value in expected.items():
+        assert state[key].shape == value.shape, key
+        close(state[key], value, f"{key} after {steps} AdamW steps", rtol=1e-8, atol=1e-11)
+    return replicated, state, losses
