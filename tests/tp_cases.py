@@ -200,12 +200,12 @@ def _float64(model):
     return model
 
 
-def _gpt_pair(seed):
+def _gpt_pair(seed, **parallel_options):
     """(dense GPT, tensor-parallel GPT over the world loaded from it), both float64."""
     from neural_arch.models.gpt import GPT, GPTConfig
     _seeded(seed)
     dense = _float64(GPT(GPTConfig(**GPT_SIZES)))
-    parallel = _float64(GPT(GPTConfig(**GPT_SIZES), tp_group=_world()))
+    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, **parallel_options), tp_group=_world()))
     parallel.load_dense_state_dict(dense.state_dict())
     return dense, parallel
 
@@ -302,3 +302,21 @@ def gpt_case(rank, size, steps):
         assert state[key].shape == value.shape, key
         close(state[key], value, f"{key} after {steps} AdamW steps", rtol=1e-8, atol=1e-11)
     return replicated, state, losses
+
+
+def gpt_checkpointing_and_generate_case(rank, size):
+    """Activation checkpointing recomputes the parallel blocks (their collectives included)
+    during backward: same loss and gradients as the dense model; ``generate`` gathers the last
+    logits and samples the dense model's tokens."""
+    dense, parallel = _gpt_pair(11, gradient_checkpointing=True)
+    idx, targets = _tokens(np.random.default_rng(12))
+    loss_d = dense(idx, targets)[1]
+    loss = parallel(idx, targets)[1]
+    close(loss.item(), loss_d.item(), "loss")
+    loss_d.backward()
+    loss.backward()
+    check_param_grads(parallel, dense, rank, size)
+    tokens = parallel.generate(idx[:, :4], 5, rng=np.random.default_rng(13))
+    expected = dense.generate(idx[:, :4], 5, rng=np.random.default_rng(13))
+    np.testing.assert_array_equal(tokens, expected)
+    return tokens

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
-from tp_cases import block_case, gpt_case
+from tp_cases import block_case, gpt_case, gpt_checkpointing_and_generate_case
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,3 +31,8 @@ def test_gpt_trains_as_dense_on_every_transport(backend, tp):
         for key, value in state.items():
             np.testing.assert_array_equal(other_state[key], value, err_msg=key)
         assert other_losses == losses
+
+
+def test_gpt_with_activation_checkpointing_and_generate():
+    results = run_ranks(gpt_checkpointing_and_generate_case, 2, "shm", timeout=60)
+    np.testing.assert_array_equal(results[0], results[1])
