@@ -200,12 +200,13 @@ def _float64(model):
     return model
 
 
-def _gpt_pair(seed, **parallel_options):
+def _gpt_pair(seed, sequence_parallel=False, **config_options):
     """(dense GPT, tensor-parallel GPT over the world loaded from it), both float64."""
     from neural_arch.models.gpt import GPT, GPTConfig
     _seeded(seed)
     dense = _float64(GPT(GPTConfig(**GPT_SIZES)))
-    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, **parallel_options), tp_group=_world()))
+    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, **config_options), tp_group=_world(),
+                            sequence_parallel=sequence_parallel))
     parallel.load_dense_state_dict(dense.state_dict())
     return dense, parallel
 
@@ -217,58 +218,71 @@ def _tokens(rng):
     return idx, targets
 
 
-class _CountAllReduce:
-    """Counts the all-reduces of the tensor-parallel operators (they call the collectives
-    module's ``all_reduce``)."""
+_COUNTED = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+class _CountCollectives:
+    """Counts the collectives the tensor-parallel operators call (through the collectives
+    module): ``calls`` maps each name of ``_COUNTED`` to its count."""
 
     def __init__(self):
         from neural_arch.distributed import collectives
-        self.module, self.original, self.calls = collectives, collectives.all_reduce, 0
+        self.module, self.calls = collectives, dict.fromkeys(_COUNTED, 0)
+        self.originals = {name: getattr(collectives, name) for name in _COUNTED}
 
     def __enter__(self):
-        def counting(*args, **kwargs):
-            self.calls += 1
-            return self.original(*args, **kwargs)
-        self.module.all_reduce = counting
+        for name, original in self.originals.items():
+            setattr(self.module, name, self._counting(name, original))
         return self
 
+    def _counting(self, name, original):
+        def counting(*args, **kwargs):
+            self.calls[name] += 1
+            return original(*args, **kwargs)
+        return counting
+
     def __exit__(self, *exc):
-        self.module.all_reduce = self.original
+        for name, original in self.originals.items():
+            setattr(self.module, name, original)
 
 
-def block_case(rank, size):
-    """One transformer block: outputs, every gradient, and one all-reduce per sub-block each
-    way (two forward, two backward)."""
-    dense, parallel = _gpt_pair(6)
+def block_case(rank, size, sequence_parallel=False):
+    """One transformer block: outputs, every gradient, and the collectives each way. Plain:
+    one all-reduce per sub-block each way. Sequence-parallel: the block's input and output are
+    this rank's positions, and each all-reduce is an all-gather and a reduce-scatter."""
+    dense, parallel = _gpt_pair(6, sequence_parallel)
     rng = np.random.default_rng(7)
     x_np, w = rng.standard_normal((BATCH, TIME, 32)), rng.standard_normal((BATCH, TIME, 32))
-    x, xd = _leaf(x_np), _leaf(x_np)
+    xd = _leaf(x_np)
+    x = _leaf(_chunk(x_np, rank, size, axis=1) if sequence_parallel else x_np)
     yd = dense.h[0](xd)
     _weighted_sum(yd, w).backward()
-    with _CountAllReduce() as forward:
+    mine = (lambda a: _chunk(a, rank, size, axis=1)) if sequence_parallel else (lambda a: a)
+    with _CountCollectives() as forward:
         y = parallel.h[0](x)
-    close(y.data, yd.data, "block output")
-    with _CountAllReduce() as backward:
-        _weighted_sum(y, w).backward()
-    close(x.grad, xd.grad, "block input gradient")
+    close(y.data, mine(yd.data), "block output")
+    with _CountCollectives() as backward:
+        _weighted_sum(y, mine(w)).backward()
+    close(x.grad, mine(xd.grad), "block input gradient")
     checked = check_param_grads(parallel.h[0], dense.h[0], rank, size)
     return checked, forward.calls, backward.calls
 
 
-def gpt_case(rank, size, steps):
+def gpt_case(rank, size, steps, sequence_parallel=False):
     """The whole model: same weights under the same seed, loss and every gradient, then
     ``steps`` AdamW steps; returns what must be identical across ranks."""
     from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW
     _seeded(8)
-    built = GPT(GPTConfig(**GPT_SIZES), tp_group=_world()).dense_state_dict()
+    built = GPT(GPTConfig(**GPT_SIZES), tp_group=_world(),
+                sequence_parallel=sequence_parallel).dense_state_dict()
     _seeded(8)
     reference = GPT(GPTConfig(**GPT_SIZES)).state_dict()
     assert list(built) == list(reference)
     for key, value in reference.items():  # initialised as the sharded dense model
         np.testing.assert_array_equal(built[key], value, err_msg=key)
 
-    dense, parallel = _gpt_pair(9)
+    dense, parallel = _gpt_pair(9, sequence_parallel)
     assert parallel.lm_head.weight is parallel.wte.weight
     rng = np.random.default_rng(10)
     idx, targets = _tokens(rng)

@@ -77,9 +77,13 @@ class GPT(Module):
     divide by t), the rest is replicated. ``forward`` then returns this rank's vocabulary shard
     of the logits (batch, time, vocab / t) with the loss of the full vocabulary;
     ``dense_state_dict`` / ``load_dense_state_dict`` go to and from the dense model's state.
+    ``sequence_parallel`` (with a ``tp_group``) also splits the sequence between the
+    sub-blocks: LayerNorms, dropout and residuals run on time/t positions per rank (the
+    sequence length must divide by t).
     """
 
-    def __init__(self, config: GPTConfig, tp_group: Any = None) -> None:
+    def __init__(self, config: GPTConfig, tp_group: Any = None,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         if config.n_embd % config.n_head != 0:
             raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head "
@@ -88,9 +92,11 @@ class GPT(Module):
         # With a tensor-parallel process group, heads, MLP and vocabulary are split across it
         # (neural_arch.distributed.tensor_parallel.gpt); imported here, as only then is it used.
         self.tp_group = tp_group
+        if sequence_parallel and tp_group is None:
+            raise ValueError("sequence_parallel=True needs a tp_group to split the sequence over")
         if tp_group is not None:
             from ..distributed.tensor_parallel.gpt import build_tensor_parallel
-            build_tensor_parallel(self, config, tp_group)
+            build_tensor_parallel(self, config, tp_group, sequence_parallel)
             return
         self.wte = Embedding(config.vocab_size, config.n_embd)
         self.wpe = Embedding(config.block_size, config.n_embd)

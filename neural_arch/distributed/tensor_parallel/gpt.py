@@ -14,6 +14,10 @@ vocabulary-parallel, and the LM head, tied to it, gives each rank the logits of 
 vocabulary entries, which ``vocab_parallel_cross_entropy`` turns into the loss without ever
 gathering them.
 
+With ``sequence_parallel`` the replicated part runs on this rank's time/t positions instead
+(``sequence``): each all-reduce becomes a reduce-scatter forward and an all-gather backward,
+the all-gather before each column-parallel layer a reduce-scatter backward.
+
 ``build_tensor_parallel(gpt, config, group)`` fills a ``GPT`` being constructed: the module
 names are those of the dense GPT, so its ``state_dict()`` has the dense keys (each rank's
 shapes) and ``sharding`` maps it to and from the dense state. It initialises as the dense GPT
@@ -38,6 +42,7 @@ from ..group.world import ProcessGroup
 from ._group import divide, group_rank_size
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _Sharded
+from .sequence import SequenceParallelLayerNorm, SequenceParallelPositionEmbedding
 
 __all__ = ["ParallelCausalSelfAttention", "ParallelFeedForward", "ParallelBlock",
            "build_tensor_parallel", "tensor_parallel_loss"]
@@ -47,7 +52,7 @@ class ParallelCausalSelfAttention(Module):
     """``CausalSelfAttention`` with this rank's n_head/t heads (same parameter names)."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 group: Optional[ProcessGroup] = None) -> None:
+                 group: Optional[ProcessGroup] = None, sequence_parallel: bool = False) -> None:
         super().__init__()
         _, size = group_rank_size(group)
         if num_heads < 1 or embed_dim % num_heads:
@@ -57,8 +62,9 @@ class ParallelCausalSelfAttention(Module):
         self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, float(dropout)
         self.head_dim = embed_dim // num_heads
         self.c_attn = ColumnParallelLinear(embed_dim, 3 * embed_dim, bias=bias, group=group,
-                                           stride=3)
-        self.c_proj = RowParallelLinear(embed_dim, embed_dim, bias=bias, group=group)
+                                           stride=3, sequence_parallel=sequence_parallel)
+        self.c_proj = RowParallelLinear(embed_dim, embed_dim, bias=bias, group=group,
+                                        sequence_parallel=sequence_parallel)
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x: Any) -> Tensor:
@@ -66,10 +72,12 @@ class ParallelCausalSelfAttention(Module):
         if x.ndim != 3 or x.shape[-1] != self.embed_dim:
             raise ValueError(f"{type(self).__name__} expects (batch, time, {self.embed_dim}), "
                              f"got {tuple(x.shape)}")
-        batch, time, _ = x.shape
         heads = self.local_heads
-        # this rank's [q | k | v], each (B, T, heads * D): the dense layout, fewer heads
-        qkv = self.c_attn(x).reshape(batch, time, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # this rank's [q | k | v], each (B, T, heads * D): the dense layout, fewer heads (and all
+        # T positions, the input's being only T/t of them under sequence parallelism)
+        qkv = self.c_attn(x)
+        batch, time = qkv.shape[0], qkv.shape[1]
+        qkv = qkv.reshape(batch, time, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], causal=True,
                                            dropout_p=dropout_p)
@@ -81,11 +89,13 @@ class ParallelFeedForward(Module):
     """Column-parallel Linear(C, 4C) -> GELU -> row-parallel Linear(4C, C) -> Dropout."""
 
     def __init__(self, n_embd: int, dropout: float, bias: bool,
-                 group: Optional[ProcessGroup] = None) -> None:
+                 group: Optional[ProcessGroup] = None, sequence_parallel: bool = False) -> None:
         super().__init__()
-        self.c_fc = ColumnParallelLinear(n_embd, 4 * n_embd, bias=bias, group=group)
+        self.c_fc = ColumnParallelLinear(n_embd, 4 * n_embd, bias=bias, group=group,
+                                         sequence_parallel=sequence_parallel)
         self.gelu = GELU()
-        self.c_proj = RowParallelLinear(4 * n_embd, n_embd, bias=bias, group=group)
+        self.c_proj = RowParallelLinear(4 * n_embd, n_embd, bias=bias, group=group,
+                                        sequence_parallel=sequence_parallel)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -93,19 +103,26 @@ class ParallelFeedForward(Module):
 
 
 class ParallelBlock(Module):
-    """The dense ``Block`` with parallel attention and MLP; the LayerNorms are replicated."""
+    """The dense ``Block`` with parallel attention and MLP; the LayerNorms are replicated (and
+    run on this rank's positions under sequence parallelism)."""
 
-    def __init__(self, config: Any, group: Optional[ProcessGroup] = None) -> None:
+    def __init__(self, config: Any, group: Optional[ProcessGroup] = None,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd)
+        sp = sequence_parallel
+        self.ln_1 = _layer_norm(config.n_embd, group, sp)
         self.attn = ParallelCausalSelfAttention(config.n_embd, config.n_head, config.dropout,
-                                                config.bias, group)
-        self.ln_2 = LayerNorm(config.n_embd)
-        self.mlp = ParallelFeedForward(config.n_embd, config.dropout, config.bias, group)
+                                                config.bias, group, sp)
+        self.ln_2 = _layer_norm(config.n_embd, group, sp)
+        self.mlp = ParallelFeedForward(config.n_embd, config.dropout, config.bias, group, sp)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+
+def _layer_norm(n_embd: int, group: Optional[ProcessGroup], sequence_parallel: bool) -> Module:
+    return SequenceParallelLayerNorm(n_embd, group) if sequence_parallel else LayerNorm(n_embd)
 
 
 def _check_config(config: Any, size: int) -> None:
@@ -116,21 +133,28 @@ def _check_config(config: Any, size: int) -> None:
                              f"size {size}")
 
 
-def build_tensor_parallel(gpt: Module, config: Any, group: ProcessGroup) -> None:
-    """Give ``gpt`` (a ``GPT`` in its constructor) the tensor-parallel modules and weights."""
+def build_tensor_parallel(gpt: Module, config: Any, group: ProcessGroup,
+                          sequence_parallel: bool = False) -> None:
+    """Give ``gpt`` (a ``GPT`` in its constructor) the tensor-parallel modules and weights;
+    with ``sequence_parallel`` the residual stream between the sub-blocks holds only this
+    rank's positions (``sequence``), from the embeddings to the final LayerNorm."""
     _, size = group_rank_size(group)
     _check_config(config, size)
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head "
                          f"({config.n_head})")
-    gpt.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group)
-    gpt.wpe = Embedding(config.block_size, config.n_embd)
+    sp = bool(sequence_parallel)
+    gpt.wte = VocabParallelEmbedding(config.vocab_size, config.n_embd, group,
+                                     sequence_parallel=sp)
+    gpt.wpe = SequenceParallelPositionEmbedding(config.block_size, config.n_embd, group) if sp \
+        else Embedding(config.block_size, config.n_embd)
     gpt.drop = Dropout(config.dropout)
-    gpt.h = ModuleList(ParallelBlock(config, group) for _ in range(config.n_layer))
-    gpt.ln_f = LayerNorm(config.n_embd)
-    # the LM head gives this rank the logits of its vocabulary rows: those of its wte shard
+    gpt.h = ModuleList(ParallelBlock(config, group, sp) for _ in range(config.n_layer))
+    gpt.ln_f = _layer_norm(config.n_embd, group, sp)
+    # the LM head gives this rank the logits of its vocabulary rows (those of its wte shard),
+    # for every position (under sequence parallelism it gathers them first)
     gpt.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, bias=False,
-                                       group=group)
+                                       group=group, sequence_parallel=sp)
     if config.tie_weights:
         gpt.lm_head.weight = gpt.wte.weight
     _init_weights(gpt, config)

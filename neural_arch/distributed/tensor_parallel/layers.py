@@ -30,6 +30,8 @@ from ._group import divide, group_rank_size
 from .layout import Layout
 from .mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parallel_region,
                        reduce_from_tensor_parallel_region, scatter_to_tensor_parallel_region)
+from .sequence import (gather_from_sequence_parallel_region,
+                       reduce_scatter_to_sequence_parallel_region)
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"]
 
@@ -77,11 +79,15 @@ class ColumnParallelLinear(_Sharded):
     backward sums the ranks' input gradients). The output is this rank's out/t features, or with
     ``gather_output`` all of them. ``stride`` > 1 says the output packs that many equal blocks
     each split on its own (``Layout``), as attention's fused q | k | v.
+
+    With ``sequence_parallel`` the input is this rank's positions of the sequence (the
+    second-to-last dimension) and is all-gathered first; the gather's backward reduce-scatters
+    the input gradient, which sums the ranks' parts as the all-reduce did (``sequence``).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, group: Optional[ProcessGroup] = None, *,
-                 stride: int = 1, dtype: Any = None) -> None:
+                 stride: int = 1, sequence_parallel: bool = False, dtype: Any = None) -> None:
         super().__init__()
         self._setup(group)
         name = type(self).__name__
@@ -94,6 +100,7 @@ class ColumnParallelLinear(_Sharded):
                              f"not the dense order, with stride {stride}; gather it yourself")
         self.in_features, self.out_features = in_features, out_features
         self.gather_output, self.stride = bool(gather_output), stride
+        self.sequence_parallel = bool(sequence_parallel)
         self.out_per_rank = out_features // self.tp_size
         self.tp_layout = {"weight": Layout(0, stride), "bias": Layout(0, stride)}
         weight, b = _dense_linear_init(out_features, in_features, bias, parameter_dtype(dtype))
@@ -102,11 +109,12 @@ class ColumnParallelLinear(_Sharded):
 
     @classmethod
     def from_dense(cls, linear: Linear, gather_output: bool = False,
-                   group: Optional[ProcessGroup] = None, *, stride: int = 1
-                   ) -> "ColumnParallelLinear":
+                   group: Optional[ProcessGroup] = None, *, stride: int = 1,
+                   sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's column-parallel shard of ``linear`` (its dtype kept)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    gather_output, group, stride=stride, dtype=linear.weight.data.dtype)
+                    gather_output, group, stride=stride, sequence_parallel=sequence_parallel,
+                    dtype=linear.weight.data.dtype)
         from .sharding import load_dense_state_dict
         load_dense_state_dict(layer, linear.state_dict())
         return layer
@@ -114,7 +122,9 @@ class ColumnParallelLinear(_Sharded):
     def forward(self, x: Any) -> Tensor:
         x = as_tensor(x)
         self._check_input(x, self.in_features, "the full input")
-        y = F.linear(copy_to_tensor_parallel_region(x, self.group), self.weight, self.bias)
+        x = gather_from_sequence_parallel_region(x, self.group) if self.sequence_parallel \
+            else copy_to_tensor_parallel_region(x, self.group)
+        y = F.linear(x, self.weight, self.bias)
         return gather_from_tensor_parallel_region(y, self.group) if self.gather_output else y
 
     def extra_repr(self) -> str:
@@ -131,11 +141,15 @@ class RowParallelLinear(_Sharded):
     (``reduce_from_tensor_parallel_region``) completes it, and the bias is added once, after.
     With ``input_is_parallel`` (the default, after a column-parallel layer) the input is this
     rank's in/t features; else it is full and each rank takes its chunk of the last dimension.
+
+    With ``sequence_parallel`` the partial sums are reduce-scattered along the sequence (the
+    second-to-last dimension) instead: each rank gets its positions, and the bias, whose
+    gradient then covers only those, is summed over the group in backward (``sequence``).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  input_is_parallel: bool = True, group: Optional[ProcessGroup] = None, *,
-                 dtype: Any = None) -> None:
+                 sequence_parallel: bool = False, dtype: Any = None) -> None:
         super().__init__()
         self._setup(group)
         name = type(self).__name__
@@ -143,6 +157,10 @@ class RowParallelLinear(_Sharded):
         self.in_per_rank = divide(name, "in_features", in_features, self.tp_size)
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = bool(input_is_parallel)
+        self.sequence_parallel = bool(sequence_parallel)
+        if sequence_parallel and not input_is_parallel:
+            raise ValueError(f"{name}: sequence_parallel needs input_is_parallel=True (the "
+                             f"input of a sequence-parallel row layer is a feature shard)")
         self.tp_layout = {"weight": Layout(1), "bias": None}
         weight, b = _dense_linear_init(out_features, in_features, bias, parameter_dtype(dtype))
         self._keep("weight", weight)
@@ -150,10 +168,12 @@ class RowParallelLinear(_Sharded):
 
     @classmethod
     def from_dense(cls, linear: Linear, input_is_parallel: bool = True,
-                   group: Optional[ProcessGroup] = None) -> "RowParallelLinear":
+                   group: Optional[ProcessGroup] = None, *, sequence_parallel: bool = False
+                   ) -> "RowParallelLinear":
         """This rank's row-parallel shard of ``linear`` (its dtype kept)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    input_is_parallel, group, dtype=linear.weight.data.dtype)
+                    input_is_parallel, group, sequence_parallel=sequence_parallel,
+                    dtype=linear.weight.data.dtype)
         from .sharding import load_dense_state_dict
         load_dense_state_dict(layer, linear.state_dict())
         return layer
@@ -165,8 +185,14 @@ class RowParallelLinear(_Sharded):
         else:
             self._check_input(x, self.in_features, "the full input")
             x = scatter_to_tensor_parallel_region(x, self.group)
-        y = reduce_from_tensor_parallel_region(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias
+        y = F.linear(x, self.weight)
+        if self.sequence_parallel:
+            y = reduce_scatter_to_sequence_parallel_region(y, self.group)
+            bias = None if self.bias is None else copy_to_tensor_parallel_region(self.bias,
+                                                                                 self.group)
+        else:
+            y, bias = reduce_from_tensor_parallel_region(y, self.group), self.bias
+        return y if bias is None else y + bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features} ({self.in_per_rank} on rank {self.tp_rank} of " \
@@ -179,11 +205,13 @@ class VocabParallelEmbedding(_Sharded):
 
     Each rank looks up the ids in its range and gives zeros for the others; the all-reduce
     (``reduce_from_tensor_parallel_region``) then puts every id's row on every rank. The
-    gradient reaches only the rows this rank holds.
+    gradient reaches only the rows this rank holds. With ``sequence_parallel`` the sum is a
+    reduce-scatter along the sequence (the ids' last dimension): each rank gets its positions.
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
-                 group: Optional[ProcessGroup] = None, *, dtype: Any = None) -> None:
+                 group: Optional[ProcessGroup] = None, *, sequence_parallel: bool = False,
+                 dtype: Any = None) -> None:
         super().__init__()
         self._setup(group)
         name = type(self).__name__
@@ -191,15 +219,17 @@ class VocabParallelEmbedding(_Sharded):
         self.per_rank = divide(name, "num_embeddings", num_embeddings, self.tp_size)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.vocab_start = self.tp_rank * self.per_rank
+        self.sequence_parallel = bool(sequence_parallel)
         self.tp_layout = {"weight": Layout(0)}
         table = get_rng().standard_normal((num_embeddings, embedding_dim))  # as nn.Embedding
         self._keep("weight", table.astype(parameter_dtype(dtype)))
 
     @classmethod
-    def from_dense(cls, embedding: Embedding, group: Optional[ProcessGroup] = None
-                   ) -> "VocabParallelEmbedding":
+    def from_dense(cls, embedding: Embedding, group: Optional[ProcessGroup] = None, *,
+                   sequence_parallel: bool = False) -> "VocabParallelEmbedding":
+        """This rank's rows of ``embedding`` (its dtype kept)."""
         layer = cls(embedding.num_embeddings, embedding.embedding_dim, group,
-                    dtype=embedding.weight.data.dtype)
+                    sequence_parallel=sequence_parallel, dtype=embedding.weight.data.dtype)
         from .sharding import load_dense_state_dict
         load_dense_state_dict(layer, embedding.state_dict())
         return layer
@@ -222,6 +252,8 @@ class VocabParallelEmbedding(_Sharded):
         if self.tp_size > 1:
             keep = (~outside)[..., None].astype(self.weight.data.dtype)
             rows = rows * keep  # ids of other ranks give zeros here, and no gradient
+        if self.sequence_parallel:
+            return reduce_scatter_to_sequence_parallel_region(rows, self.group)
         return reduce_from_tensor_parallel_region(rows, self.group)
 
     def extra_repr(self) -> str:

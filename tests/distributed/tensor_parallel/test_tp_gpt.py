@@ -15,12 +15,24 @@ pytestmark = pytest.mark.timeout(180)
 def test_block_matches_dense_with_one_all_reduce_per_sub_block(tp):
     results = run_ranks(block_case, tp, "shm", timeout=60)
     # 4 LayerNorm, 4 attention and 4 MLP parameters; attention and MLP one all-reduce each way
-    assert results == [(12, 2, 2)] * tp
+    one_each = {"all_reduce": 2, "all_gather_into_tensor": 0, "reduce_scatter_tensor": 0}
+    assert results == [(12, one_each, one_each)] * tp
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_gpt_trains_as_dense_on_every_transport(backend, tp):
-    results = run_ranks(gpt_case, tp, backend, timeout=120, args=(3,))
+def test_sequence_parallel_block_matches_dense(tp):
+    results = run_ranks(block_case, tp, "shm", timeout=60, args=(True,))
+    forward = {"all_reduce": 0, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+    # backward: the same two of each, and the gradients of the 6 replicated parameters used
+    # on a sequence shard (2 LayerNorms' weight and bias, 2 row-parallel biases) summed
+    backward = {"all_reduce": 6, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+    assert results == [(12, forward, backward)] * tp
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_gpt_trains_as_dense_on_every_transport(backend, tp, sequence_parallel):
+    results = run_ranks(gpt_case, tp, backend, timeout=120, args=(3, sequence_parallel))
     replicated, state, losses = results[0]
     assert replicated and all(np.all(np.isfinite(g)) for g in replicated.values())
     for other, other_state, other_losses in results[1:]:
