@@ -61,7 +61,10 @@ def column_case(rank, size, gather_output):
     from neural_arch.nn import Linear
     rng = _seeded(1)
     dense = Linear(6, 8, dtype=F64)
+    from neural_arch.core.random import get_rng
+    state = get_rng().bit_generator.state
     layer = ColumnParallelLinear.from_dense(dense, gather_output=gather_output)
+    assert get_rng().bit_generator.state == state  # from_dense leaves the global stream alone
     assert layer.weight.shape == (8 // size, 6) and layer.bias.shape == (8 // size,)
     close(layer.weight.data, dense.weight.data[rank * 8 // size:(rank + 1) * 8 // size], "rows")
     x_np, w = rng.standard_normal((3, 5, 6)), rng.standard_normal((3, 5, 8))
@@ -200,12 +203,14 @@ def _float64(model):
     return model
 
 
-def _gpt_pair(seed, sequence_parallel=False, **config_options):
-    """(dense GPT, tensor-parallel GPT over the world loaded from it), both float64."""
+def _gpt_pair(seed, sequence_parallel=False, group=None, **config_options):
+    """(dense GPT, tensor-parallel GPT over ``group`` (default: a group of the whole world)
+    loaded from it), both float64."""
     from neural_arch.models.gpt import GPT, GPTConfig
     _seeded(seed)
     dense = _float64(GPT(GPTConfig(**GPT_SIZES)))
-    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, **config_options), tp_group=_world(),
+    group = _world() if group is None else group
+    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, **config_options), tp_group=group,
                             sequence_parallel=sequence_parallel))
     parallel.load_dense_state_dict(dense.state_dict())
     return dense, parallel
@@ -334,3 +339,26 @@ def gpt_checkpointing_and_generate_case(rank, size):
     expected = dense.generate(idx[:, :4], 5, rng=np.random.default_rng(13))
     np.testing.assert_array_equal(tokens, expected)
     return tokens
+
+
+def gpt_subgroups_case(rank, size):
+    """Two tensor-parallel groups of 2 in a world of 4 (as the tp dimension of a mesh): each
+    trains as the dense model, and their collectives never meet."""
+    from neural_arch import distributed as dist
+    from neural_arch.optim import AdamW
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes every group
+    dense, parallel = _gpt_pair(14, group=groups[rank // 2])
+    local_rank = rank % 2
+    rng = np.random.default_rng(15 + rank // 2)  # other data in each group
+    idx, targets = _tokens(rng)
+    loss_d, loss = dense(idx, targets)[1], parallel(idx, targets)[1]
+    close(loss.item(), loss_d.item(), "loss")
+    loss_d.backward()
+    loss.backward()
+    check_param_grads(parallel, dense, local_rank, 2)
+    AdamW(dense.parameters(), lr=1e-2).step()
+    AdamW(parallel.parameters(), lr=1e-2).step()
+    state = parallel.dense_state_dict()
+    for key, value in dense.state_dict().items():
+        close(state[key], value, key, rtol=1e-8, atol=1e-11)
+    return state["h.0.attn.c_attn.weight"]

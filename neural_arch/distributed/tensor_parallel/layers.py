@@ -14,14 +14,15 @@ The dense draw costs one dense parameter of memory for the time of the construct
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 
 from ... import functional as F
 from ...backends import xp_of
-from ...core.random import get_rng
+from ...core.random import get_rng, set_rng
 from ...core.tensor import Tensor
 from ...nn import Embedding, Linear, Module, Parameter, init
 from ...nn._dtype import as_tensor, parameter_dtype
@@ -32,6 +33,7 @@ from .mappings import (copy_to_tensor_parallel_region, gather_from_tensor_parall
                        reduce_from_tensor_parallel_region, scatter_to_tensor_parallel_region)
 from .sequence import (gather_from_sequence_parallel_region,
                        reduce_scatter_to_sequence_parallel_region)
+from .sharding import load_dense_state_dict
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding"]
 
@@ -44,6 +46,22 @@ def _dense_linear_init(out_features: int, in_features: int, bias: bool, dtype: n
         return weight, None
     bound = 1.0 / math.sqrt(in_features)
     return weight, init.uniform_(np.empty(out_features, dtype=dtype), -bound, bound)
+
+
+@contextlib.contextmanager
+def _generator_aside() -> Iterator[None]:
+    """For ``from_dense``, whose copied weights replace the initial ones: the constructor draws
+    from a throwaway generator, and the global stream is left as it was."""
+    previous = set_rng(np.random.default_rng(0))
+    try:
+        yield
+    finally:
+        set_rng(previous)
+
+
+def _loaded(layer: Module, dense: Module) -> Module:
+    load_dense_state_dict(layer, dense.state_dict())
+    return layer
 
 
 class _Sharded(Module):
@@ -112,12 +130,11 @@ class ColumnParallelLinear(_Sharded):
                    group: Optional[ProcessGroup] = None, *, stride: int = 1,
                    sequence_parallel: bool = False) -> "ColumnParallelLinear":
         """This rank's column-parallel shard of ``linear`` (its dtype kept)."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    gather_output, group, stride=stride, sequence_parallel=sequence_parallel,
-                    dtype=linear.weight.data.dtype)
-        from .sharding import load_dense_state_dict
-        load_dense_state_dict(layer, linear.state_dict())
-        return layer
+        with _generator_aside():
+            layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                        gather_output, group, stride=stride, sequence_parallel=sequence_parallel,
+                        dtype=linear.weight.data.dtype)
+        return _loaded(layer, linear)
 
     def forward(self, x: Any) -> Tensor:
         x = as_tensor(x)
@@ -171,12 +188,11 @@ class RowParallelLinear(_Sharded):
                    group: Optional[ProcessGroup] = None, *, sequence_parallel: bool = False
                    ) -> "RowParallelLinear":
         """This rank's row-parallel shard of ``linear`` (its dtype kept)."""
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
-                    input_is_parallel, group, sequence_parallel=sequence_parallel,
-                    dtype=linear.weight.data.dtype)
-        from .sharding import load_dense_state_dict
-        load_dense_state_dict(layer, linear.state_dict())
-        return layer
+        with _generator_aside():
+            layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                        input_is_parallel, group, sequence_parallel=sequence_parallel,
+                        dtype=linear.weight.data.dtype)
+        return _loaded(layer, linear)
 
     def forward(self, x: Any) -> Tensor:
         x = as_tensor(x)
@@ -228,11 +244,10 @@ class VocabParallelEmbedding(_Sharded):
     def from_dense(cls, embedding: Embedding, group: Optional[ProcessGroup] = None, *,
                    sequence_parallel: bool = False) -> "VocabParallelEmbedding":
         """This rank's rows of ``embedding`` (its dtype kept)."""
-        layer = cls(embedding.num_embeddings, embedding.embedding_dim, group,
-                    sequence_parallel=sequence_parallel, dtype=embedding.weight.data.dtype)
-        from .sharding import load_dense_state_dict
-        load_dense_state_dict(layer, embedding.state_dict())
-        return layer
+        with _generator_aside():
+            layer = cls(embedding.num_embeddings, embedding.embedding_dim, group,
+                        sequence_parallel=sequence_parallel, dtype=embedding.weight.data.dtype)
+        return _loaded(layer, embedding)
 
     def forward(self, indices: Any) -> Tensor:
         idx = indices.data if isinstance(indices, Tensor) \

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
-from tp_cases import block_case, gpt_case, gpt_checkpointing_and_generate_case
+from tp_cases import (block_case, gpt_case, gpt_checkpointing_and_generate_case,
+                      gpt_subgroups_case)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,3 +49,10 @@ def test_gpt_trains_as_dense_on_every_transport(backend, tp, sequence_parallel):
 def test_gpt_with_activation_checkpointing_and_generate():
     results = run_ranks(gpt_checkpointing_and_generate_case, 2, "shm", timeout=60)
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_two_tensor_parallel_groups_in_one_world():
+    weights = run_ranks(gpt_subgroups_case, 4, "shm", timeout=60)
+    np.testing.assert_array_equal(weights[0], weights[1])
+    np.testing.assert_array_equal(weights[2], weights[3])
+    assert not np.array_equal(weights[0], weights[2])  # each group trained on its own data
