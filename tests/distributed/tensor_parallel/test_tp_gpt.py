@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
-from tp_cases import (block_case, gpt_case, gpt_checkpointing_and_generate_case,
-                      gpt_subgroups_case)
+from tp_gpt_cases import (block_case, gpt_case, gpt_checkpointing_and_generate_case,
+                           gpt_subgroups_case)
 
 pytestmark = pytest.mark.timeout(180)
 
