@@ -139,11 +139,11 @@ def gpt_case(rank, size, steps, sequence_parallel=False):
     return replicated, state, losses
 
 
-def gpt_checkpointing_and_generate_case(rank, size):
+def gpt_checkpointing_and_generate_case(rank, size, sequence_parallel):
     """Activation checkpointing recomputes the parallel blocks (their collectives included)
     during backward: same loss and gradients as the dense model; ``generate`` gathers the last
     logits and samples the dense model's tokens."""
-    dense, parallel = _gpt_pair(11, gradient_checkpointing=True)
+    dense, parallel = _gpt_pair(11, sequence_parallel, gradient_checkpointing=True)
     idx, targets = _tokens(np.random.default_rng(12))
     loss_d = dense(idx, targets)[1]
     loss = parallel(idx, targets)[1]

@@ -91,7 +91,7 @@ class GPT(Module):
         self.config = config
         # With a tensor-parallel process group, heads, MLP and vocabulary are split across it
         # (neural_arch.distributed.tensor_parallel.gpt); imported here, as only then is it used.
-        self.tp_group = tp_group
+        self.tp_group, self.sequence_parallel = tp_group, bool(sequence_parallel)
         if sequence_parallel and tp_group is None:
             raise ValueError("sequence_parallel=True needs a tp_group to split the sequence over")
         if tp_group is not None:
@@ -173,6 +173,13 @@ class GPT(Module):
         from ..distributed.tensor_parallel.sharding import dense_state_dict
         return dense_state_dict(self)
 
+    def _next_token_logits(self, context: Any) -> Tensor:
+        """The logits (batch, vocab) that follow ``context``, over the whole vocabulary."""
+        if self.tp_group is not None:
+            from ..distributed.tensor_parallel.gpt import next_token_logits
+            return next_token_logits(self, context)
+        return self(context)[0][:, -1, :]
+
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, rng: Optional[np.random.Generator] = None) -> Any:
         """Append ``max_new_tokens`` sampled tokens to ``idx`` (batch, time); the context is
@@ -187,14 +194,8 @@ class GPT(Module):
             with no_grad():
                 for _ in range(max_new_tokens):
                     context = tokens[:, -self.config.block_size:]
-                    logits, _ = self(context)
-                    last_logits = logits[:, -1, :]
-                    if self.tp_group is not None:  # sampling needs the whole vocabulary
-                        from ..distributed.tensor_parallel import \
-                            gather_from_tensor_parallel_region
-                        last_logits = gather_from_tensor_parallel_region(last_logits,
-                                                                         self.tp_group)
-                    last = np.asarray(last_logits.numpy(), dtype=np.float64) / temperature
+                    logits = self._next_token_logits(context)
+                    last = np.asarray(logits.numpy(), dtype=np.float64) / temperature
                     if top_k is not None:
                         k = min(int(top_k), last.shape[-1])
                         kth = np.sort(last, axis=-1)[:, -k][:, None]

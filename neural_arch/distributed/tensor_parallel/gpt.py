@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+import numpy as np
+
 from ... import functional as F
 from ...core.random import get_rng
 from ...core.tensor import Tensor
@@ -41,11 +43,12 @@ from ...nn._dtype import as_tensor
 from ..group.world import ProcessGroup
 from ._group import divide, group_rank_size
 from .cross_entropy import vocab_parallel_cross_entropy
+from .mappings import gather_from_tensor_parallel_region
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _Sharded
 from .sequence import SequenceParallelLayerNorm, SequenceParallelPositionEmbedding
 
 __all__ = ["ParallelCausalSelfAttention", "ParallelFeedForward", "ParallelBlock",
-           "build_tensor_parallel", "tensor_parallel_loss"]
+           "build_tensor_parallel", "next_token_logits", "tensor_parallel_loss"]
 
 
 class ParallelCausalSelfAttention(Module):
@@ -125,9 +128,12 @@ def _layer_norm(n_embd: int, group: Optional[ProcessGroup], sequence_parallel: b
     return SequenceParallelLayerNorm(n_embd, group) if sequence_parallel else LayerNorm(n_embd)
 
 
-def _check_config(config: Any, size: int) -> None:
-    for what, value in (("n_head", config.n_head), ("vocab_size", config.vocab_size),
-                        ("4 * n_embd", 4 * config.n_embd)):
+def _check_config(config: Any, size: int, sequence_parallel: bool) -> None:
+    sizes = [("n_head", config.n_head), ("vocab_size", config.vocab_size),
+             ("4 * n_embd", 4 * config.n_embd)]
+    if sequence_parallel:  # a full context (generate's) must split over the ranks
+        sizes.append(("block_size (sequence parallel)", config.block_size))
+    for what, value in sizes:
         if value % size:
             raise ValueError(f"GPT: {what} ({value}) is not divisible by the tensor-parallel "
                              f"size {size}")
@@ -139,7 +145,7 @@ def build_tensor_parallel(gpt: Module, config: Any, group: ProcessGroup,
     with ``sequence_parallel`` the residual stream between the sub-blocks holds only this
     rank's positions (``sequence``), from the embeddings to the final LayerNorm."""
     _, size = group_rank_size(group)
-    _check_config(config, size)
+    _check_config(config, size, sequence_parallel)
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head "
                          f"({config.n_head})")
@@ -183,6 +189,19 @@ def _init_weights(gpt: Module, config: Any) -> None:
     for block in gpt.h:
         _normal_shard(block.attn.c_proj, "weight", residual_std)
         _normal_shard(block.mlp.c_proj, "weight", residual_std)
+
+
+def next_token_logits(gpt: Module, context: Any) -> Tensor:
+    """The logits of the token after ``context`` (batch, time) over the whole vocabulary, for
+    ``generate``: the last position's vocabulary shards, gathered. Under sequence parallelism
+    the length must divide by t, so the context is padded on the right: the model is causal,
+    so what follows the last real position does not change its logits."""
+    time = context.shape[1]
+    if gpt.sequence_parallel:
+        pad = -time % group_rank_size(gpt.tp_group)[1]
+        context = np.concatenate([context, np.zeros((context.shape[0], pad), context.dtype)], 1)
+    logits = gpt(context)[0][:, time - 1, :]
+    return gather_from_tensor_parallel_region(logits, gpt.tp_group)
 
 
 def tensor_parallel_loss(logits: Tensor, targets: Any, group: ProcessGroup) -> Tensor:

@@ -110,9 +110,11 @@ class ColumnParallelLinear(_Sharded):
         self._setup(group)
         name = type(self).__name__
         divide(name, "in_features", in_features, 1)
-        divide(name, f"out_features / stride {stride}", divide(name, "out_features",
-                                                                out_features, stride),
-               self.tp_size)
+        if not isinstance(stride, int) or stride < 1:
+            raise ValueError(f"{name}: stride must be a positive int, got {stride!r}")
+        per_block = divide(name, "out_features", out_features, stride)
+        divide(name, "out_features" if stride == 1 else f"out_features / stride {stride}",
+               per_block, self.tp_size)
         if gather_output and stride != 1:
             raise ValueError(f"{name}: gather_output would return the output in shard order, "
                              f"not the dense order, with stride {stride}; gather it yourself")

@@ -18,6 +18,9 @@ bias, the position table) get from each rank the gradient of its own positions o
 the computation through ``copy_to_tensor_parallel_region`` (identity forward, all-reduce of the
 gradient backward), so after backward their gradients are whole and identical on every rank, as
 without sequence parallelism. That is one small all-reduce per such parameter in backward.
+
+Dropout on a sequence shard draws its mask from the global generator, which is in step on every
+rank: the ranks' positions get the same pattern, a valid dropout but not the dense model's.
 """
 from __future__ import annotations
 

@@ -46,8 +46,10 @@ def test_gpt_trains_as_dense_on_every_transport(backend, tp, sequence_parallel):
         assert other_losses == losses
 
 
-def test_gpt_with_activation_checkpointing_and_generate():
-    results = run_ranks(gpt_checkpointing_and_generate_case, 2, "shm", timeout=60)
+@pytest.mark.parametrize("sequence_parallel", [False, True])  # contexts of odd lengths too
+def test_gpt_with_activation_checkpointing_and_generate(sequence_parallel):
+    results = run_ranks(gpt_checkpointing_and_generate_case, 2, "shm", timeout=60,
+                        args=(sequence_parallel,))
     np.testing.assert_array_equal(results[0], results[1])
 
 
