@@ -71,14 +71,33 @@ class GPT(Module):
 
     Initialised as nanoGPT: N(0, 0.02) weights, zero biases, and residual projections scaled
     by ``1/sqrt(2 * n_layer)``.
+
+    ``tp_group`` (a process group of t ranks) splits the model Megatron-style: attention heads,
+    MLP and vocabulary are divided across the group (n_head, vocab_size and 4 * n_embd must
+    divide by t), the rest is replicated. ``forward`` then returns this rank's vocabulary shard
+    of the logits (batch, time, vocab / t) with the loss of the full vocabulary;
+    ``dense_state_dict`` / ``load_dense_state_dict`` go to and from the dense model's state.
+    ``sequence_parallel`` (with a ``tp_group``) also splits the sequence between the
+    sub-blocks: LayerNorms, dropout and residuals run on time/t positions per rank (the
+    sequence length must divide by t).
     """
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, tp_group: Any = None,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         if config.n_embd % config.n_head != 0:
             raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head "
                              f"({config.n_head})")
         self.config = config
+        # With a tensor-parallel process group, heads, MLP and vocabulary are split across it
+        # (neural_arch.distributed.tensor_parallel.gpt); imported here, as only then is it used.
+        self.tp_group, self.sequence_parallel = tp_group, bool(sequence_parallel)
+        if sequence_parallel and tp_group is None:
+            raise ValueError("sequence_parallel=True needs a tp_group to split the sequence over")
+        if tp_group is not None:
+            from ..distributed.tensor_parallel.gpt import build_tensor_parallel
+            build_tensor_parallel(self, config, tp_group, sequence_parallel)
+            return
         self.wte = Embedding(config.vocab_size, config.n_embd)
         self.wpe = Embedding(config.block_size, config.n_embd)
         self.drop = Dropout(config.dropout)
@@ -130,9 +149,36 @@ class GPT(Module):
         if target_data.shape != idx_data.shape:
             raise ValueError(f"targets shape {target_data.shape} does not match idx shape "
                              f"{idx_data.shape}")
+        if self.tp_group is not None:  # logits of this rank's vocabulary entries only
+            from ..distributed.tensor_parallel.gpt import tensor_parallel_loss
+            return logits, tensor_parallel_loss(logits, target_data, self.tp_group)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                target_data.reshape(-1).astype(np.int64), ignore_index=-1)
         return logits, loss
+
+    def load_dense_state_dict(self, state_dict: Any, strict: bool = True) -> Any:
+        """Load a dense GPT's ``state_dict()``: with a tensor-parallel group, each rank takes
+        its shards of it; without one, this is ``load_state_dict``."""
+        if self.tp_group is None:
+            return self.load_state_dict(state_dict, strict)
+        from ..distributed.tensor_parallel.sharding import load_dense_state_dict
+        return load_dense_state_dict(self, state_dict, strict)
+
+    def dense_state_dict(self) -> Any:
+        """The dense GPT's ``state_dict()`` (same keys and shapes): with a tensor-parallel group
+        the shards are gathered over it (every rank of it must call this and gets the same
+        dict); without one, this is ``state_dict()``."""
+        if self.tp_group is None:
+            return self.state_dict()
+        from ..distributed.tensor_parallel.sharding import dense_state_dict
+        return dense_state_dict(self)
+
+    def _next_token_logits(self, context: Any) -> Tensor:
+        """The logits (batch, vocab) that follow ``context``, over the whole vocabulary."""
+        if self.tp_group is not None:
+            from ..distributed.tensor_parallel.gpt import next_token_logits
+            return next_token_logits(self, context)
+        return self(context)[0][:, -1, :]
 
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
                  top_k: Optional[int] = None, rng: Optional[np.random.Generator] = None) -> Any:
@@ -148,8 +194,8 @@ class GPT(Module):
             with no_grad():
                 for _ in range(max_new_tokens):
                     context = tokens[:, -self.config.block_size:]
-                    logits, _ = self(context)
-                    last = np.asarray(logits[:, -1, :].numpy(), dtype=np.float64) / temperature
+                    logits = self._next_token_logits(context)
+                    last = np.asarray(logits.numpy(), dtype=np.float64) / temperature
                     if top_k is not None:
                         k = min(int(top_k), last.shape[-1])
                         kth = np.sort(last, axis=-1)[:, -k][:, None]

@@ -1,0 +1,100 @@
+"""The communication of tensor parallelism as autograd operators (Megatron's f and g).
+
+A column-parallel layer needs its full input on every rank, and the gradient of that input is
+the sum of every rank's partial gradient: ``copy_to_tensor_parallel_region`` (f) is the
+identity forward and an all-reduce backward. A row-parallel layer leaves every rank with a
+partial sum of the output: ``reduce_from_tensor_parallel_region`` (g) all-reduces it forward,
+and since each rank's output is the same sum, the gradient passes through unchanged. The two
+are conjugate: between an f and a g, every rank works on its own shard with no communication.
+
+``gather_from_tensor_parallel_region`` and ``scatter_to_tensor_parallel_region`` move between a
+full last dimension and this rank's chunk of it (all-gather forward and take-own-slice backward,
+and the reverse).
+
+Every collective runs on a fresh contiguous copy: the arrays handed in (an input's data, an
+output gradient) may be views that other nodes still read. The backward collectives run in the
+order the engine reaches the nodes, which is the same on every rank, as the graphs are.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ...backends import xp_of
+from ...core.tensor import Tensor, make_result
+from .. import collectives
+from ..group.world import ProcessGroup
+from ._group import group_rank_size
+
+__all__ = ["copy_to_tensor_parallel_region", "reduce_from_tensor_parallel_region",
+           "gather_from_tensor_parallel_region", "scatter_to_tensor_parallel_region"]
+
+
+def _tensor(x: Any) -> Tensor:
+    return x if isinstance(x, Tensor) else Tensor(x)
+
+
+def _all_reduce(array: Any, group: Optional[ProcessGroup]) -> Any:
+    out = xp_of(array).array(array, copy=True, order="C")
+    collectives.all_reduce(out, group=group)
+    return out
+
+
+def _all_gather_last(array: Any, group: Optional[ProcessGroup], size: int) -> Any:
+    """Every rank's ``array`` concatenated along the last dimension, in rank order."""
+    xp = xp_of(array)
+    local = xp.ascontiguousarray(array)
+    out = xp.empty((size,) + tuple(local.shape), dtype=local.dtype)
+    collectives.all_gather_into_tensor(out, local, group=group)
+    return xp.concatenate(list(out), axis=-1)
+
+
+def _own_chunk(array: Any, rank: int, size: int, op: str) -> Any:
+    last = array.shape[-1] if array.ndim else 0
+    if array.ndim == 0 or last % size:
+        raise ValueError(f"{op}: the last dimension of shape {tuple(array.shape)} does not split "
+                         f"over tensor-parallel size {size} (rank {rank})")
+    chunk = last // size
+    return array[..., rank * chunk:(rank + 1) * chunk]
+
+
+def copy_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
+    """Identity forward; all-reduce (sum) of the gradient backward."""
+    x = _tensor(x)
+    _, size = group_rank_size(group)
+    if size == 1:
+        return x
+    return make_result(x.data, (x,), lambda g: (_all_reduce(g, group),))
+
+
+def reduce_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
+    """All-reduce (sum) forward; the gradient passes through unchanged."""
+    x = _tensor(x)
+    _, size = group_rank_size(group)
+    if size == 1:
+        return x
+    return make_result(_all_reduce(x.data, group), (x,), lambda g: (g,))
+
+
+def gather_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
+    """All-gather of the last dimension forward; backward keeps this rank's chunk."""
+    x = _tensor(x)
+    rank, size = group_rank_size(group)
+    if size == 1:
+        return x
+    if x.data.ndim == 0:
+        raise ValueError(f"gather_from_tensor_parallel_region needs a last dimension, got "
+                         f"shape {tuple(x.shape)}")
+    op = "gather_from_tensor_parallel_region backward"
+    return make_result(_all_gather_last(x.data, group, size), (x,),
+                       lambda g: (_own_chunk(g, rank, size, op),))
+
+
+def scatter_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
+    """This rank's chunk of the last dimension forward; all-gather of the gradient backward."""
+    x = _tensor(x)
+    rank, size = group_rank_size(group)
+    if size == 1:
+        return x
+    chunk = _own_chunk(x.data, rank, size, "scatter_to_tensor_parallel_region")
+    return make_result(xp_of(chunk).ascontiguousarray(chunk), (x,),
+                       lambda g: (_all_gather_last(g, group, size),))
