@@ -19,6 +19,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_object,
                           reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
 from .errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
                      DistributedError, PeerFailureError, RendezvousError)
+from .point_to_point import P2POp, batch_isend_irecv, irecv, isend
 from .group import (ProcessGroup, destroy_process_group, get_backend, get_distributed_info,
                     get_local_rank, get_rank, get_world_size, init_process_group, is_initialized,
                     new_group)
@@ -38,7 +39,8 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY, _moved.import_moved)  # old p
 
 
 __all__ = [
-    "AuthenticationError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "AuthenticationError", "CollectiveMismatchError", "P2POp", "batch_isend_irecv", "irecv",
+    "isend", "CollectiveTimeoutError",
     "DistributedDataParallel", "DistributedError", "DistributedLauncher", "DistributedSampler",
     "PeerFailureError", "ProcessGroup", "ReduceOp", "RendezvousError", "Work", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier", "broadcast",
