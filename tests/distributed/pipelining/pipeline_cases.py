@@ -118,3 +118,27 @@ def compare(results, dense_losses, dense_params, tol=1e-10):
     assert set(merged) == set(dense_params), (sorted(merged), sorted(dense_params))
     for name, value in dense_params.items():
         np.testing.assert_allclose(merged[name], value, rtol=0, atol=tol, err_msg=name)
+
+
+def make_gpt(seed: int = 0, tie: bool = True):
+    """A tiny GPT (4 blocks, width 16, 2 heads, vocab 32, context 8) in float64."""
+    from neural_arch.core.random import manual_seed
+    from neural_arch.models.gpt import GPT, GPTConfig
+    manual_seed(seed)
+    model = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16,
+                          tie_weights=tie))
+    for p in _unique(model.parameters()):
+        p.data = p.data.astype(np.float64)
+    return model
+
+
+def token_batch(step: int, n: int = 8, t: int = 8, vocab: int = 32):
+    rng = np.random.default_rng(500 + step)
+    return (rng.integers(0, vocab, (n, t)).astype(np.int64),
+            rng.integers(0, vocab, (n, t)).astype(np.int64))
+
+
+def lm_loss(logits, target):
+    from neural_arch import functional as F
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                           np.asarray(target).reshape(-1).astype(np.int64))
