@@ -76,3 +76,30 @@ def test_one_rank_runs_every_schedule():
     dense = train_dense(make_mlp(), [batch(s) for s in range(STEPS)], mse, "sgd")
     for kind in ("gpipe", "1f1b", "interleaved"):
         compare([result[kind]], *dense)
+
+
+
+def _wide_case(v):
+    """Activations of 4 MiB per micro-batch (8192 rows of 64 float64: more than a
+    shared-memory ring holds, far past MPI's eager limit)."""
+    from neural_arch.nn import Linear, Sequential
+    rng = np.random.default_rng(3)
+    model = Sequential(*[Linear(64, 64, dtype=np.float64) for _ in range(2 * v)])
+    for p in model.parameters():
+        p.data[...] = rng.standard_normal(p.data.shape) / 8
+    x, y = rng.standard_normal((4 * 8192, 64)), rng.standard_normal((4 * 8192, 64))
+    return model, [(x, y)]
+
+
+def _wide(rank, world_size, kind, v):
+    model, batches = _wide_case(v)
+    return train_pipeline(rank, world_size, model, kind, 4, batches, mse, "sgd", v)[:2]
+
+
+@pytest.mark.parametrize("kind,v", [("1f1b", 1), ("interleaved", 2)])
+def test_large_activations_cross_without_deadlock(backend, kind, v):
+    """In 1F1B's steady state, and around the interleaved schedule's wrap-around, both
+    neighbours send each other such messages at once."""
+    results = run_ranks(_wide, 2, backend, timeout=180, args=(kind, v))
+    model, batches = _wide_case(v)
+    compare(results, *train_dense(model, batches, mse, "sgd"), tol=1e-9)
