@@ -1,6 +1,6 @@
 """batch_isend_irecv: messages in both directions progress together on every transport.
 
-Two ranks each sending the other more than a transport buffers (8 MiB: the shared-memory ring
+Two ranks each sending the other more than a transport buffers (32 MiB: the shared-memory ring
 holds 2 MiB per direction, MPI switches to rendezvous far below) would wait on each other for
 ever with two plain sends; in one batch both move. A deadlock shows as a timeout failure.
 """
@@ -9,7 +9,7 @@ import pytest
 
 from dist_harness import run_ranks
 
-BIG = 1 << 20  # float64 elements: 8 MiB
+BIG = 1 << 22  # float64 elements: 32 MiB (loopback TCP buffers hold several MiB)
 
 
 def _payload(rank, n, salt=0):
