@@ -59,6 +59,10 @@ def test_sequential_split_balances_parameters_and_keeps_names():
     names = [name for s in stages for name, _ in s.named_parameters()]
     assert names == [name for name, _ in model.named_parameters()]
     assert stages[0][0].weight is model[0].weight
+    # parameters, not layer counts: two Linears then six Tanhs cut after the first Linear
+    from neural_arch.nn import Linear, Sequential, Tanh
+    lopsided = Sequential(Linear(10, 10), Linear(10, 10), *[Tanh() for _ in range(6)])
+    assert [len(s) for s in pipeline_split(lopsided, 2)] == [1, 7]
     with pytest.raises(ValueError, match="10 layers into 11 stages"):
         pipeline_split(model, 11)
     with pytest.raises(TypeError, match="Tanh"):
