@@ -104,7 +104,7 @@ def _many_per_peer(rank, world_size):
     from neural_arch.distributed.group.world import resolve_group
     from neural_arch.distributed.transports.base import Fingerprint
     t = resolve_group(None).transport
-    sizes = [1, 70_000, 200_000]
+    sizes = [1, 70_000, 1_000_000, 3]
     sends, recvs, want = [], [], []
     for peer in range(world_size):
         if peer == rank:
