@@ -11,7 +11,7 @@ says which micro-batch and stage it carries, so a plan mismatch is an error, not
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 

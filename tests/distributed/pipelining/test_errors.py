@@ -1,5 +1,4 @@
 """Failures surface on every stage with names, never as a hang; bad arguments say what."""
-import numpy as np
 import pytest
 
 from dist_harness import run_ranks

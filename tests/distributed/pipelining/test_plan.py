@@ -31,7 +31,8 @@ def test_interleaved_order_is_megatrons():
     assert _names(rank_order("interleaved", 1, 2, 4, 2)) == (
         "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3".split())
     # as many micro-batches as ranks: all forwards first (Megatron-LM's all-warm-up case)
-    assert _names(rank_order("interleaved", 0, 2, 2, 2)) == "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1".split()
+    assert _names(rank_order("interleaved", 0, 2, 2, 2)) == (
+        "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1".split())
     with pytest.raises(ValueError, match="divisible by the number of pipeline ranks.*got 6 "
                                          "micro-batches for 4 ranks"):
         rank_order("interleaved", 0, 4, 6, 2)
