@@ -3,8 +3,8 @@
 ``pipeline_split(model, num_stages)`` cuts a model into stage modules; ``PipelineStage`` is
 the piece one rank runs; ``ScheduleGPipe``, ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``
 run micro-batches through the stages, forward and backward; ``Pipe([...], chunks=m)`` does all
-of it in one line. Activations and gradients travel with ``batch_isend_irecv`` in rounds that
-both sides agree on (``plan``), so no schedule can deadlock, whatever the transport buffers.
+of it in one line. Activations and gradients travel with ``batch_isend_irecv`` in batches
+whose two sides pair up (``plan``), so no schedule can deadlock, whatever the transport buffers.
 A schedule's ``timeline()`` says when each pass ran; ``timeline`` writes it as a trace or a
 picture and measures the bubble.
 

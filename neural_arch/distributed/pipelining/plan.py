@@ -9,14 +9,19 @@ virtual pipeline) does the same over ``v`` chunks per rank, a group of ``p`` mic
 chunk at a time.
 
 Why a plan and not just the order: ranks must agree on which messages travel together.
-``build_plan`` plays the orders out in lock-step rounds: in round ``t`` each rank runs its next
-pass if its input arrived in an earlier round, then every message produced in round ``t`` is
-exchanged in round ``t`` (one ``batch_isend_irecv`` per rank: the sender's and receiver's
-batches hold exactly the same messages). Messages only link batches of the same round and
-every rank meets its rounds in increasing order, so no rank can wait for a batch its peer only
-reaches after waiting for this one: the exchange is deadlock-free under any transport, however
-little it buffers. Ranks still run at their own pace: a rank only blocks on the batches it
-takes part in.
+``build_plan`` plays the orders out on a clock, a forward taking one tick and a backward two
+(``COST``): a rank starts its next pass once its input has come; between passes it sends what
+the pass produced and takes in every message sent to it since its last look. Each message
+belongs to the tick it was sent at, and a rank exchanges its messages in one batch
+(``batch_isend_irecv``) per tick, in tick order: the sender's batch and the receiver's batch of
+a message are the batches of the same tick (the receiver may get to it later, after a long
+pass). Every rank meets the ticks in increasing order and a batch only waits for batches of
+its own tick, so no rank can wait for a batch that its peer only reaches after waiting for this
+one: the exchange is deadlock-free under any transport, however little it buffers
+(``tests/distributed/pipelining/test_plan.py`` plays every plan out with no buffering at all).
+Ranks still run at their own pace: a rank only blocks on the batches it takes part in. The
+clock only decides which messages go together; with the 1:2 costs the interleaved schedule's
+ranks wait less for messages they do not need yet than in lock-step.
 """
 from __future__ import annotations
 
@@ -43,12 +48,20 @@ class Msg(NamedTuple):
 
 
 class Step(NamedTuple):
-    """One round of one rank: the pass it runs (or None), then the messages it exchanges."""
+    """What one rank does at tick ``tick``: exchange ``batches`` (each a ``(sends, recvs)``
+    pair, one ``batch_isend_irecv`` after another), then run ``action`` (or nothing)."""
 
-    round: int
+    tick: int
+    batches: Tuple[Tuple[Tuple[Msg, ...], Tuple[Msg, ...]], ...]
     action: Optional[Action]
-    sends: Tuple[Msg, ...]
-    recvs: Tuple[Msg, ...]
+
+    @property
+    def sends(self) -> Tuple[Msg, ...]:
+        return tuple(msg for sends, _ in self.batches for msg in sends)
+
+    @property
+    def recvs(self) -> Tuple[Msg, ...]:
+        return tuple(msg for _, recvs in self.batches for msg in recvs)
 
 
 KINDS = ("gpipe", "1f1b", "interleaved")
@@ -98,52 +111,77 @@ class Plan(NamedTuple):
     peak: List[int]
 
 
+# A backward computes the gradients of the inputs and of the weights: about twice a forward.
+COST = {"F": 1, "B": 2}
+
+
 def build_plan(kind: str, p: int, m: int, v: int = 1) -> Plan:
-    """Play the orders out in rounds (see the module docstring); raises RuntimeError if the
+    """Play the orders out on a clock (see the module docstring); raises RuntimeError if the
     orders cannot finish, which would be a bug in ``rank_order``."""
     orders = [rank_order(kind, r, p, m, v) for r in range(p)]
     last = p * v - 1
-    arrived: Dict[Tuple[str, int, int], int] = {}  # (kind, stage, mb) -> round it moved in
+    have = set()  # (kind, stage, mb) its consumer has received
     pos, held, peak = [0] * p, [0] * p, [0] * p
+    free = [0] * p  # the tick at which each rank's running pass ends
+    outbox: List[List[Msg]] = [[] for _ in range(p)]  # what the running pass will send
+    pending: List[List[Tuple[int, Msg]]] = [[] for _ in range(p)]  # (tick sent, message)
     steps: List[List[Step]] = [[] for _ in range(p)]
     t = 0
-    while any(pos[r] < len(orders[r]) for r in range(p)):
-        ran: Dict[int, Action] = {}
-        sent: List[Msg] = []
-        for r in range(p):
-            if pos[r] == len(orders[r]):
-                continue
-            act = orders[r][pos[r]]
-            stage = act.chunk * p + r
-            if act.kind == "F":
-                need = None if stage == 0 else ("act", stage, act.mb)
+    while any(pos[r] < len(orders[r]) or outbox[r] or pending[r] for r in range(p)):
+        ready = [r for r in range(p) if free[r] <= t]  # ranks between passes at tick t
+        sent: Dict[int, List[Msg]] = {}
+        for r in ready:  # what the passes that just ended produced goes out now
+            sent[r], outbox[r] = outbox[r], []
+            for msg in sent[r]:
+                if msg.dst == r:
+                    have.add((msg.kind, msg.stage, msg.mb))  # the next chunk is on this rank
+                else:
+                    pending[msg.dst].append((t, msg))
+        moved = any(sent.values())
+        for r in ready:
+            taken, pending[r] = pending[r], []
+            batches = _batches([msg for msg in sent[r] if msg.dst != r], taken, t)
+            have.update((msg.kind, msg.stage, msg.mb) for _, msg in taken)
+            moved = moved or bool(taken)
+            act = orders[r][pos[r]] if pos[r] < len(orders[r]) else None
+            if act is not None:
+                stage = act.chunk * p + r
+                need = (None if (stage == 0 if act.kind == "F" else stage == last)
+                        else ("act" if act.kind == "F" else "grad", stage, act.mb))
+                if need is not None and need not in have:
+                    act = None  # its input has not come yet: idle until the next tick
+            if act is not None:
+                pos[r] += 1
+                moved = True
+                free[r] = t + COST[act.kind]
+                if act.kind == "F":
+                    held[r] += 1
+                    peak[r] = max(peak[r], held[r])
+                    if stage < last:
+                        outbox[r].append(Msg("act", stage + 1, act.mb, r, (stage + 1) % p))
+                else:
+                    held[r] -= 1
+                    if stage > 0:
+                        outbox[r].append(Msg("grad", stage - 1, act.mb, r, (stage - 1) % p))
             else:
-                need = None if stage == last else ("grad", stage, act.mb)
-            if need is not None and arrived.get(need, t) >= t:
-                continue  # its input has not come yet: this rank idles this round
-            ran[r] = act
-            pos[r] += 1
-            if act.kind == "F":
-                held[r] += 1
-                peak[r] = max(peak[r], held[r])
-                if stage < last:
-                    sent.append(Msg("act", stage + 1, act.mb, r, (stage + 1) % p))
-            else:
-                held[r] -= 1
-                if stage > 0:
-                    sent.append(Msg("grad", stage - 1, act.mb, r, (stage - 1) % p))
-        if not ran:
+                free[r] = t + 1
+            if batches or act is not None:
+                steps[r].append(Step(t, batches, act))
+        if not moved and len(ready) == p:
             raise RuntimeError(f"{kind} schedule for {p} ranks, {m} micro-batches, {v} chunks "
-                               f"per rank cannot proceed at round {t}: ranks are at passes "
+                               f"per rank cannot proceed at tick {t}: ranks are at passes "
                                f"{[o[i] if i < len(o) else None for o, i in zip(orders, pos)]}")
-        for msg in sent:
-            arrived[(msg.kind, msg.stage, msg.mb)] = t
-        # one order on both sides of every batch: activations before gradients, by stage, mb
-        sent.sort(key=lambda msg: (msg.kind != "act", msg.stage, msg.mb))
-        for r in range(p):
-            sends = tuple(msg for msg in sent if msg.src == r and msg.dst != r)
-            recvs = tuple(msg for msg in sent if msg.dst == r and msg.src != r)
-            if r in ran or sends or recvs:
-                steps[r].append(Step(t, ran.get(r), sends, recvs))
         t += 1
     return Plan(steps, peak)
+
+
+def _batches(sends: List[Msg], taken: List[Tuple[int, Msg]], t: int
+             ) -> Tuple[Tuple[Tuple[Msg, ...], Tuple[Msg, ...]], ...]:
+    """A rank's batches at tick ``t``: one per tick its messages were sent at, in tick order,
+    each holding exactly the messages sent at that tick (its own send goes with tick ``t``).
+    Both sides of a message then hold it in their batch of the same tick."""
+    ticks = sorted({tick for tick, _ in taken} | ({t} if sends else set()))
+    return tuple((tuple(sends) if tick == t else (),
+                  tuple(sorted((msg for sent, msg in taken if sent == tick),
+                               key=lambda msg: msg.src)))
+                 for tick in ticks)

@@ -12,7 +12,7 @@ optimizer on its own stage's parameters.
 ``step`` first checks, with one small all-gather over the pipeline group, that every stage runs
 the same schedule with the same number of micro-batches: a mismatch is a ValueError on every
 stage naming each stage's values, not a hang. Then it runs this rank's steps of the shared
-plan (``plan``), exchanging each round's messages (``transfer``).
+plan (``plan``): its batches of messages (``transfer``) and its passes.
 """
 from __future__ import annotations
 
@@ -143,51 +143,51 @@ class PipelineSchedule:
         grad_meta: Dict[tuple, tuple] = {}
         self._events, self.peak_activations = [], 0
         for step in self.plan.steps[rank]:
-            action = step.action
-            if action is not None:
-                stage = self._by_chunk[action.chunk]
-                index = stage.stage_index
-                produced = None  # the key of what this pass hands on, if anything
-                start = time.perf_counter()
+            for sends, recvs in step.batches:
                 try:
-                    if action.kind == "F":
-                        value = inputs[action.mb] if index == 0 else inbox.pop(
-                            ("act", index, action.mb))
-                        target = targets[action.mb] if index == last_stage else None
-                        out = stage.forward_one(action.mb, value, self.loss_fn, target, losses)
-                        if index < last_stage:
-                            produced = ("act", index + 1, action.mb)
-                            grad_meta[("grad", index, action.mb)] = stage.output_meta(action.mb)
-                    else:
-                        grad = None if index == last_stage else inbox.pop(
-                            ("grad", index, action.mb))
-                        out = stage.backward_one(action.mb, grad, 1.0 / m)
-                        produced = None if index == 0 else ("grad", index - 1, action.mb)
+                    inbox.update(exchange(self.group, sends, recvs, outgoing, grad_meta))
                 except Exception as exc:
-                    exc.add_note(f"in pipeline stage {index} (rank {self.group.global_rank}), "
-                                 f"{'forward' if action.kind == 'F' else 'backward'} of "
-                                 f"micro-batch {action.mb}")
-                    raise
-                self._events.append(Event(rank, action.kind, action.mb, action.chunk, start,
-                                          time.perf_counter()))
-                self.peak_activations = max(self.peak_activations,
-                                            sum(s.in_flight for s in self._by_chunk))
-                if produced is not None:
-                    arr = np.asarray(out.data if isinstance(out, Tensor) else out)
-                    if produced[1] % p == rank:  # the consumer is on this rank too
-                        inbox[produced] = arr
-                    else:
-                        outgoing[produced] = arr
-            if step.sends or step.recvs:
-                try:
-                    inbox.update(exchange(self.group, step.sends, step.recvs, outgoing,
-                                          grad_meta))
-                except Exception as exc:
-                    peers = sorted({m.dst for m in step.sends} | {m.src for m in step.recvs})
+                    peers = sorted({m.dst for m in sends} | {m.src for m in recvs})
                     exc.add_note(f"while pipeline rank {self.group.global_rank} exchanged "
-                                 f"activations/gradients with pipeline rank(s) {peers} (round "
-                                 f"{step.round} of the {self.kind} schedule)")
+                                 f"activations/gradients with pipeline rank(s) {peers} (tick "
+                                 f"{step.tick} of the {self.kind} schedule)")
                     raise
+            action = step.action
+            if action is None:
+                continue
+            stage = self._by_chunk[action.chunk]
+            index = stage.stage_index
+            produced = None  # the key of what this pass hands on, if anything
+            start = time.perf_counter()
+            try:
+                if action.kind == "F":
+                    value = inputs[action.mb] if index == 0 else inbox.pop(
+                        ("act", index, action.mb))
+                    target = targets[action.mb] if index == last_stage else None
+                    out = stage.forward_one(action.mb, value, self.loss_fn, target, losses)
+                    if index < last_stage:
+                        produced = ("act", index + 1, action.mb)
+                        grad_meta[("grad", index, action.mb)] = stage.output_meta(action.mb)
+                else:
+                    grad = None if index == last_stage else inbox.pop(
+                        ("grad", index, action.mb))
+                    out = stage.backward_one(action.mb, grad, 1.0 / m)
+                    produced = None if index == 0 else ("grad", index - 1, action.mb)
+            except Exception as exc:
+                exc.add_note(f"in pipeline stage {index} (rank {self.group.global_rank}), "
+                             f"{'forward' if action.kind == 'F' else 'backward'} of "
+                             f"micro-batch {action.mb}")
+                raise
+            self._events.append(Event(rank, action.kind, action.mb, action.chunk, start,
+                                      time.perf_counter()))
+            self.peak_activations = max(self.peak_activations,
+                                        sum(s.in_flight for s in self._by_chunk))
+            if produced is not None:
+                arr = np.asarray(out.data if isinstance(out, Tensor) else out)
+                if produced[1] % p == rank:  # the consumer is on this rank too
+                    inbox[produced] = arr
+                else:
+                    outgoing[produced] = arr
 
     def timeline(self, gather: bool = True) -> List[Event]:
         """The passes of the last ``step`` with their start and end times (``time.perf_counter``

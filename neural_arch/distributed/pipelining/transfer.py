@@ -1,12 +1,11 @@
-"""Moving one round's activations and gradients between stages, headers first.
+"""Moving a batch of activations and gradients between stages, headers first.
 
 A receiver cannot allocate an activation it knows nothing about, so each activation is two
 messages: a fixed-size header (micro-batch, virtual stage, dtype, shape) and the payload. A
-round therefore exchanges in two batches: first the headers and the gradients (a gradient needs
+batch of the plan therefore goes as two ``batch_isend_irecv`` calls: first the headers and the gradients (a gradient needs
 no header: its receiver made the activation it belongs to and knows its shape), then the
-activation payloads. Both sides of every message put it in the same batch of the same round,
-in the same order (``plan.build_plan`` sorts each round's messages once for everyone), so the
-batches pair up exactly and ``batch_isend_irecv`` moves them without deadlock. The header also
+activation payloads. Both sides of every message put it in batches that pair up
+(``plan.build_plan``), so ``batch_isend_irecv`` moves them without deadlock. The header also
 says which micro-batch and stage it carries, so a plan mismatch is an error, not wrong data.
 """
 from __future__ import annotations
@@ -58,8 +57,8 @@ def decode_header(msg: Msg, header: np.ndarray) -> Tuple[Tuple[int, ...], np.dty
 def exchange(group: ProcessGroup, sends: Sequence[Msg], recvs: Sequence[Msg],
              outgoing: Dict[Key, np.ndarray], grad_meta: Dict[Key, Tuple[tuple, np.dtype]]
              ) -> Dict[Key, np.ndarray]:
-    """One round: send ``outgoing[key]`` for each of ``sends``; receive each of ``recvs``
-    (gradients shaped by ``grad_meta``). Returns the received arrays by key."""
+    """One batch of the plan: send ``outgoing[key]`` for each of ``sends``; receive each of
+    ``recvs`` (gradients shaped by ``grad_meta``). Returns the received arrays by key."""
     def key(msg: Msg) -> Key:
         return (msg.kind, msg.stage, msg.mb)
 
@@ -68,7 +67,7 @@ def exchange(group: ProcessGroup, sends: Sequence[Msg], recvs: Sequence[Msg],
     headers: Dict[Key, np.ndarray] = {}
     got: Dict[Key, np.ndarray] = {}
     payloads = {key(msg): np.ascontiguousarray(outgoing.pop(key(msg))) for msg in sends}
-    for msg in sends:  # first batch: headers, then gradients (the plan's order)
+    for msg in sends:  # first: headers and gradients
         if msg.kind == "act":
             ops.append(p2p.P2POp("isend", encode_header(msg, payloads[key(msg)]), ranks[msg.dst],
                                  group, TAG_HEADER))
@@ -86,7 +85,7 @@ def exchange(group: ProcessGroup, sends: Sequence[Msg], recvs: Sequence[Msg],
         p2p.batch_isend_irecv(ops)
     ops = [p2p.P2POp("isend", payloads[key(msg)], ranks[msg.dst], group, TAG_ACT)
            for msg in sends if msg.kind == "act"]
-    for msg in recvs:  # second batch: the activations themselves
+    for msg in recvs:  # then the activations themselves
         if msg.kind == "act":
             shape, dtype = decode_header(msg, headers[key(msg)])
             got[key(msg)] = buf = np.empty(shape, dtype)

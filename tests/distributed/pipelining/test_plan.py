@@ -39,15 +39,17 @@ def test_interleaved_order_is_megatrons():
 
 
 def _batches(plan):
-    """Per rank, its batches in order: each a set of message ids (empty ones dropped)."""
+    """Per rank, its batches in order: each a set of message ids (empty ones dropped); every
+    batch of the plan is two, headers and gradients first, then activation payloads."""
     out = []
     for steps in plan.steps:
         seq = []
         for step in steps:
-            msgs = list(step.sends) + list(step.recvs)
-            first = {(m.kind, m.stage, m.mb, "A") for m in msgs}
-            second = {(m.kind, m.stage, m.mb, "B") for m in msgs if m.kind == "act"}
-            seq += [b for b in (first, second) if b]
+            for sends, recvs in step.batches:
+                msgs = list(sends) + list(recvs)
+                first = {(m.kind, m.stage, m.mb, "A") for m in msgs}
+                second = {(m.kind, m.stage, m.mb, "B") for m in msgs if m.kind == "act"}
+                seq += [b for b in (first, second) if b]
         out.append(seq)
     return out
 
@@ -56,7 +58,7 @@ def _ends(plan):
     ends = {}
     for steps in plan.steps:
         for step in steps:
-            for m in list(step.sends) + list(step.recvs):
+            for m in step.sends + step.recvs:
                 for phase in "AB":
                     ends[(m.kind, m.stage, m.mb, phase)] = (m.src, m.dst)
     return ends
