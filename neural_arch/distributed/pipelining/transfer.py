@@ -2,11 +2,12 @@
 
 A receiver cannot allocate an activation it knows nothing about, so each activation is two
 messages: a fixed-size header (micro-batch, virtual stage, dtype, shape) and the payload. A
-batch of the plan therefore goes as two ``batch_isend_irecv`` calls: first the headers and the gradients (a gradient needs
-no header: its receiver made the activation it belongs to and knows its shape), then the
-activation payloads. Both sides of every message put it in batches that pair up
-(``plan.build_plan``), so ``batch_isend_irecv`` moves them without deadlock. The header also
-says which micro-batch and stage it carries, so a plan mismatch is an error, not wrong data.
+batch of the plan therefore goes as two ``batch_isend_irecv`` calls: first the headers and the
+gradients (a gradient needs no header: its receiver made the activation it belongs to and
+knows its shape), then the activation payloads. Both sides of every message put it in batches
+of the same tick (``plan.build_plan``), and all ranks make both calls of a tick's batch, so
+the calls pair up and ``batch_isend_irecv`` moves them without deadlock. The header also says
+which micro-batch and stage it carries, so a plan mismatch is an error, not wrong data.
 """
 from __future__ import annotations
 
