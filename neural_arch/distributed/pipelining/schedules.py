@@ -103,7 +103,10 @@ class PipelineSchedule:
         raise ValueError(f"pipeline stages disagree on the schedule: {described}")
 
     def step(self, *args: Any, target: Any = None, losses: Optional[list] = None) -> None:
-        """Run one batch through the pipeline (forward and backward of every micro-batch)."""
+        """Run one batch through the pipeline (forward and backward of every micro-batch).
+
+        Returns None; on the last stage ``losses`` receives each micro-batch's loss (a
+        one-element Tensor, detached from the graph), in micro-batch order."""
         self._check_agreement()
         first, last = self._by_chunk[0].is_first, self._by_chunk[-1].is_last
         m, stage0 = self.n_microbatches, self._by_chunk[0]

@@ -104,7 +104,9 @@ class PipelineStage:
                                 f"{type(loss).__name__} {getattr(loss, 'shape', '')} for "
                                 f"micro-batch {mb} on stage {self.stage_index}")
             if losses is not None:
-                losses.append(loss)
+                # detached: our graphs live as long as their outputs, and the caller's list
+                # must not keep every micro-batch's activations alive
+                losses.append(loss.detach())
             out = loss
         self._inputs[mb], self._outputs[mb] = x, out
         return out

@@ -102,6 +102,8 @@ def train_pipeline(rank, world_size, model, kind, m, batches, loss_fn, opt_name,
         opt.step()
         if last:
             assert len(losses) == m, (len(losses), m)
+            # detached: the list must not keep every micro-batch's graph (activations) alive
+            assert all(loss.is_leaf and not loss.requires_grad for loss in losses)
             step_losses.append(float(np.mean([loss.item() for loss in losses])))
     mine = {names[id(p)]: np.array(p.data) for p in params}
     return (step_losses if last else None), mine, schedule
