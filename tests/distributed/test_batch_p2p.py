@@ -115,3 +115,20 @@ def _many_per_peer(rank, world_size):
             want.append((buf, _payload(peer, n, 10 * rank + i)))
     t.send_recv_many(sends, recvs)
     return all(np.array_equal(a, b) for a, b in want)
+
+
+def _isend_irecv(rank, world_size):
+    from neural_arch import distributed as dist
+    peer = 1 - rank
+    if rank == 0:
+        work = dist.isend(np.arange(5.0), dst=peer, tag=2)
+        assert work.wait()
+        return None
+    buf = np.empty(5)
+    work = dist.irecv(buf, src=peer, tag=2)
+    assert work.wait() and work.is_completed()
+    return buf.tolist()
+
+
+def test_isend_and_irecv_return_works():
+    assert run_ranks(_isend_irecv, 2, "shm", timeout=60) == [None, [0.0, 1.0, 2.0, 3.0, 4.0]]
