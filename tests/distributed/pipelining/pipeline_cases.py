@@ -122,13 +122,13 @@ def compare(results, dense_losses, dense_params, tol=1e-10):
         np.testing.assert_allclose(merged[name], value, rtol=0, atol=tol, err_msg=name)
 
 
-def make_gpt(seed: int = 0, tie: bool = True):
+def make_gpt(seed: int = 0, tie: bool = True, checkpointing: bool = False):
     """A tiny GPT (4 blocks, width 16, 2 heads, vocab 32, context 8) in float64."""
     from neural_arch.core.random import manual_seed
     from neural_arch.models.gpt import GPT, GPTConfig
     manual_seed(seed)
     model = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16,
-                          tie_weights=tie))
+                          tie_weights=tie, gradient_checkpointing=checkpointing))
     for p in _unique(model.parameters()):
         p.data = p.data.astype(np.float64)
     return model

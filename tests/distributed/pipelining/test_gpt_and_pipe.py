@@ -13,17 +13,20 @@ def _dense_gpt_loss(out, target):
     return lm_loss(out[0], target)  # the dense GPT returns (logits, loss)
 
 
-def _gpt(rank, world_size, tie):
-    losses, params, _ = train_pipeline(rank, world_size, make_gpt(tie=tie), "1f1b", 4,
+def _gpt(rank, world_size, tie, ckpt=False):
+    losses, params, _ = train_pipeline(rank, world_size, make_gpt(tie=tie, checkpointing=ckpt),
+                                       "1f1b", 4,
                                        [token_batch(s) for s in range(STEPS)], lm_loss, "adamw")
     return losses, params
 
 
-@pytest.mark.parametrize("p,tie", [(2, True), (4, True), (2, False)])
-def test_gpt_split_by_blocks_matches_the_dense_gpt(p, tie):
-    results = run_ranks(_gpt, p, "shm", timeout=120, args=(tie,))
-    dense = train_dense(make_gpt(tie=tie), [token_batch(s) for s in range(STEPS)],
-                        _dense_gpt_loss, "adamw")
+@pytest.mark.parametrize("p,tie,ckpt", [(2, True, False), (4, True, False), (2, False, False),
+                                        (2, True, True)])
+def test_gpt_split_by_blocks_matches_the_dense_gpt(p, tie, ckpt):
+    """Tied or not; with activation checkpointing the stages recompute their blocks."""
+    results = run_ranks(_gpt, p, "shm", timeout=120, args=(tie, ckpt))
+    dense = train_dense(make_gpt(tie=tie, checkpointing=ckpt),
+                        [token_batch(s) for s in range(STEPS)], _dense_gpt_loss, "adamw")
     compare(results, *dense)
     if tie:  # both holders of the tied matrix end equal (and equal to the dense one)
         first, last = results[0][1]["wte.weight"], results[-1][1]["wte.weight"]
