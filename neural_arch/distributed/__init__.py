@@ -19,6 +19,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_object,
                           reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
 from .errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
                      DistributedError, PeerFailureError, RendezvousError)
+from .point_to_point import P2POp, batch_isend_irecv, irecv, isend
 from .group import (ProcessGroup, destroy_process_group, get_backend, get_distributed_info,
                     get_local_rank, get_rank, get_world_size, init_process_group, is_initialized,
                     new_group)
@@ -42,10 +43,11 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY, _moved.import_moved)  # old p
 __all__ = [
     "AuthenticationError", "CollectiveMismatchError", "CollectiveTimeoutError", "DeviceMesh",
     "DistributedDataParallel", "DistributedError", "DistributedLauncher", "DistributedSampler",
-    "PeerFailureError", "ProcessGroup", "ReduceOp", "RendezvousError", "Work", "all_gather",
-    "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier", "broadcast",
-    "broadcast_object_list", "destroy_process_group", "gather", "gather_object", "get_backend",
-    "get_distributed_info", "get_local_rank", "get_rank", "get_world_size", "init_device_mesh",
-    "init_process_group", "is_initialized", "launch_distributed_training", "new_group", "recv", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "P2POp", "PeerFailureError", "ProcessGroup", "ReduceOp", "RendezvousError", "Work",
+    "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
+    "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group", "gather",
+    "gather_object", "get_backend", "get_distributed_info", "get_local_rank", "get_rank",
+    "get_world_size", "init_device_mesh", "init_process_group", "irecv", "is_initialized",
+    "isend", "launch_distributed_training", "new_group", "recv", "reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "send",
 ]

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..transports.base import Fingerprint, Transport
+from ..transports.base import Fingerprint, Message, Transport
 
 # Largest piece of one message; large collectives are cut into pieces of this size so that a
 # peer can start forwarding or reducing the first piece while later ones are still in flight.
@@ -45,6 +45,18 @@ def recv(t: Transport, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
     seg = segment_elems(buf.itemsize)
     for lo in range(0, buf.size, seg):
         t.recv(buf[lo:lo + seg], src, fp)
+
+
+def batch(t: Transport, sends: list[Message], recvs: list[Message]) -> None:
+    """Every message of ``sends`` and ``recvs`` at once (``Transport.send_recv_many``), each cut
+    into the pieces ``send`` and ``recv`` use, so a batched message matches a plain one."""
+    def pieces(msgs: list[Message]) -> list[Message]:
+        out = []
+        for buf, peer, fp in msgs:
+            seg = segment_elems(buf.itemsize)
+            out += [(buf[lo:lo + seg], peer, fp) for lo in range(0, buf.size, seg)]
+        return out
+    t.send_recv_many(pieces(sends), pieces(recvs))
 
 
 def chunk_bounds(count: int, parts: int) -> list[tuple[int, int]]:

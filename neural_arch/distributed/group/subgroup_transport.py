@@ -29,6 +29,10 @@ class GroupTransport(Transport):
                  fp: Fingerprint) -> None:
         self.world.sendrecv(sendbuf, self.ranks[dst], recvbuf, self.ranks[src], fp)
 
+    def send_recv_many(self, sends, recvs) -> None:
+        self.world.send_recv_many([(buf, self.ranks[p], fp) for buf, p, fp in sends],
+                                  [(buf, self.ranks[p], fp) for buf, p, fp in recvs])
+
     def close(self) -> None:
         """The world transport belongs to the default group, which closes it."""
 
@@ -53,6 +57,10 @@ class SoloTransport(Transport):
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
                  fp: Fingerprint) -> None:
         self._no_peer(dst)
+
+    def send_recv_many(self, sends, recvs) -> None:
+        for _, peer, _ in list(sends) + list(recvs):
+            self._no_peer(peer)
 
     def close(self) -> None:
         """Nothing to release."""

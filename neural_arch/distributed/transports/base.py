@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -113,6 +113,10 @@ def check_job(rank, world_size, timeout) -> None:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
 
 
+# one message of a batch (``Transport.send_recv_many``): buffer, peer rank, fingerprint
+Message = Tuple[np.ndarray, int, Fingerprint]
+
+
 class Transport(ABC):
     """Point-to-point byte movement between the ranks of one job.
 
@@ -141,6 +145,22 @@ class Transport(ABC):
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
                  fp: Fingerprint) -> None:
         """Send to ``dst`` and receive from ``src`` at the same time (never deadlocks a ring)."""
+
+    def send_recv_many(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
+        """Move every message of a batch: each is ``(buf, peer, fp)``, sends read from ``buf``,
+        receives fill it. Messages to (from) one peer go in list order; messages to different
+        peers, and sends beside receives, should progress together, so that two ranks that
+        send each other more than the transport buffers (MPI's rendezvous, a full ring) do not
+        wait on each other for ever.
+
+        This default runs the sends, then the receives, one after another: right only where a
+        send completes before its receiver arrives. The shipped CPU transports override it
+        with one loop that progresses every message of the batch.
+        """
+        for buf, peer, fp in sends:
+            self.send(buf, peer, fp)
+        for buf, peer, fp in recvs:
+            self.recv(buf, peer, fp)
 
     @abstractmethod
     def close(self) -> None:

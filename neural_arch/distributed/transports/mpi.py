@@ -166,6 +166,75 @@ class MpiTransport(Transport):
         reqs = sends + [self._comm.Irecv([c, MPI.BYTE], src, _TAG) for c in _chunks(payload)]
         self._wait(reqs, [src], fp)
 
+    def send_recv_many(self, sends, recvs) -> None:
+        """A batch: every send posted at once; each peer's receives go one after another (a
+        header, checked, then its payload: a header posted early would match the previous
+        message's payload), and all peers' at once, in one poll over the requests."""
+        if not sends and not recvs:
+            return
+        first = (sends or recvs)[0][2]
+        with self._lock:
+            reqs, queues = [], {}
+            for buf, dst, fp in sends:
+                payload = _byte_view(buf, False, "send")
+                self._check_peer(dst, fp)
+                reqs += self._post_send(payload, dst, fp)
+            for buf, src, fp in recvs:
+                payload = _byte_view(buf, True, "recv")
+                self._check_peer(src, fp)
+                queues.setdefault(int(src), []).append((payload, fp))
+            peers = sorted({int(p) for _, p, _ in sends} | set(queues))
+            active: dict = {}  # src -> (header buffer, header request, payload requests)
+
+            def advance() -> list:
+                MPI = self._mpi
+                pending = [r for r in reqs if not r.Test()]
+                reqs[:] = pending
+                for src in list(queues):
+                    if src in active:
+                        header, header_req, payload_reqs = active[src]
+                        if payload_reqs is None:
+                            if not header_req.Test():
+                                pending.append(header_req)
+                                continue
+                            payload, fp = queues[src][0]
+                            self._check_received(header, payload, src, fp)
+                            payload_reqs = [self._comm.Irecv([c, MPI.BYTE], src, _TAG)
+                                            for c in _chunks(payload)]
+                            active[src] = (header, header_req, payload_reqs)
+                        payload_reqs = [r for r in payload_reqs if not r.Test()]
+                        if payload_reqs:
+                            active[src] = (header, header_req, payload_reqs)
+                            pending += payload_reqs
+                            continue
+                        del active[src]
+                        queues[src].pop(0)
+                        if not queues[src]:
+                            del queues[src]
+                            continue
+                    header = bytearray(HEADER_SIZE)
+                    header_req = self._comm.Irecv([header, MPI.BYTE], src, _TAG)
+                    active[src] = (header, header_req, None)
+                    pending.append(header_req)
+                return pending
+
+            self._wait(advance(), peers, first, advance)
+
+    def _check_received(self, header: bytearray, payload: memoryview, src: int,
+                        fp: Fingerprint) -> None:
+        try:
+            got, nbytes = unpack_header(header)
+        except ValueError as e:
+            self._unusable[src] = f"malformed header in {fp.describe()}"
+            raise CollectiveMismatchError(f"peer rank {src} sent a malformed header ({e}) while "
+                                          f"we expected {fp.describe()}", rank=self.rank,
+                                          peer=src, op=fp.op, seq=fp.seq) from None
+        try:
+            check_header(fp, got, nbytes, payload.nbytes, rank=self.rank, peer=src)
+        except CollectiveMismatchError:
+            self._unusable[src] = f"mismatched header in {fp.describe()}"
+            raise
+
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
         self.check_peer_rank(peer, fp)
         if self._comm is None:
@@ -181,17 +250,23 @@ class MpiTransport(Transport):
         with self._lock:
             self._wait(reqs, [], fp)
 
-    def _wait(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
+    def _wait(self, reqs: list, peers: list[int], fp: Fingerprint, advance=None) -> None:
         """Poll ``reqs`` to completion; raise on timeout, a dead same-host peer (any rank of
         the job: a subgroup's waits fail too when a rank outside it died) or a failure the
-        heartbeat found."""
+        heartbeat found. With ``advance``, each poll calls it instead: it tests the requests
+        itself, posts what their completion allows, and returns those still pending (none:
+        done)."""
         MPI = self._mpi
         start = time.monotonic()
         deadline, polls = start + self.timeout, 0
         self._look(reqs, peers, fp, start, start)  # even when the requests complete at once
         while True:
             try:
-                if MPI.Request.Testall(reqs):
+                if advance is not None:
+                    reqs = advance()
+                    if not reqs:
+                        return
+                elif MPI.Request.Testall(reqs):
                     return
             except MPI.Exception as e:
                 failed = self._failed_ranks()

@@ -32,18 +32,19 @@ _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
 
 
 class _Send:
-    __slots__ = ("peer", "views", "total")
+    __slots__ = ("peer", "views", "total", "fp")
 
-    def __init__(self, peer: int, header: bytes, payload: memoryview) -> None:
-        self.peer, self.total = peer, len(header) + payload.nbytes
+    def __init__(self, peer: int, header: bytes, payload: memoryview,
+                 fp: Optional[Fingerprint] = None) -> None:
+        self.peer, self.total, self.fp = peer, len(header) + payload.nbytes, fp
         self.views = [memoryview(header), payload] if payload.nbytes else [memoryview(header)]
 
 
 class _Recv:
-    __slots__ = ("peer", "header", "header_got", "payload", "got", "started")
+    __slots__ = ("peer", "header", "header_got", "payload", "got", "started", "fp")
 
-    def __init__(self, peer: int, payload: memoryview) -> None:
-        self.peer, self.payload = peer, payload
+    def __init__(self, peer: int, payload: memoryview, fp: Optional[Fingerprint] = None) -> None:
+        self.peer, self.payload, self.fp = peer, payload, fp
         self.header, self.header_got, self.got, self.started = bytearray(HEADER_SIZE), 0, 0, False
 
     @property
@@ -99,6 +100,20 @@ class TcpTransport(Transport):
         self._check_peer(src, fp)
         self._run([_Send(dst, pack_header(fp, out.nbytes), out)], [_Recv(src, into)], fp)
 
+    def send_recv_many(self, sends, recvs) -> None:
+        """A batch in one poll loop (``_run``): every socket moves as soon as it can."""
+        out, into = [], []
+        for buf, dst, fp in sends:
+            payload = _byte_view(buf, False, "send")
+            self._check_peer(dst, fp)
+            out.append(_Send(dst, pack_header(fp, payload.nbytes), payload, fp))
+        for buf, src, fp in recvs:
+            payload = _byte_view(buf, True, "recv")
+            self._check_peer(src, fp)
+            into.append(_Recv(src, payload, fp))
+        if out or into:
+            self._run(out, into, (out or into)[0].fp)
+
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
         self.check_peer_rank(peer, fp)
         if peer in self._unusable:
@@ -114,14 +129,15 @@ class TcpTransport(Transport):
             known_alive: set[int] = set()  # bystanders with data queued for a later call
             try:
                 while True:
-                    moved = any([self._pump_send(s, fp) for s in sends] +
-                                [self._pump_recv(r, fp) for r in recvs])
+                    # one stream per peer: only the first pending message to (from) a peer moves
+                    moved = any([self._pump_send(s, s.fp or fp) for s in _heads(sends)] +
+                                [self._pump_recv(r, r.fp or fp) for r in _heads(recvs)])
                     sends = [s for s in sends if s.views]
                     recvs = [r for r in recvs if not r.done]
                     if not sends and not recvs:
                         return
                     if not moved:
-                        self._wait(sends, recvs, known_alive, deadline, fp)
+                        self._wait(_heads(sends), _heads(recvs), known_alive, deadline, fp)
             except BaseException as e:
                 for op in sends + recvs:  # a half-moved message leaves the stream unusable
                     self._unusable.setdefault(op.peer, f"{type(e).__name__} in {fp.describe()}")
@@ -259,6 +275,17 @@ class TcpTransport(Transport):
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
+
+
+def _heads(ops: list) -> list:
+    """The first message per peer: a socket carries one message after another."""
+    seen: set[int] = set()
+    heads = []
+    for op in ops:
+        if op.peer not in seen:
+            seen.add(op.peer)
+            heads.append(op)
+    return heads
 
 
 def _send_goodbye(sock: socket.socket) -> None:

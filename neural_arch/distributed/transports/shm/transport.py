@@ -207,6 +207,60 @@ class ShmTransport(Transport):
         self._transfer((data, dst), (out, src), fp,
                        f"the ring exchange (to rank {dst}, from rank {src})")
 
+    def send_recv_many(self, sends, recvs) -> None:
+        """A batch of messages in one polling loop: every peer's ring moves as soon as it can,
+        so two ranks sending each other more than a ring holds both make progress. Messages to
+        (from) one peer keep their order: that ring carries them one after another."""
+        if self.closed:
+            raise DistributedError("the shared-memory transport is closed", rank=self.rank)
+        chunk_bytes = self.layout.slot_bytes
+        # per peer: the messages still to move, each [bytes, fp, header, chunks, chunks moved]
+        out_q: dict = {}
+        in_q: dict = {}
+        for queues, msgs, what in ((out_q, sends, "send"), (in_q, recvs, "recv")):
+            for buf, peer, fp in msgs:
+                self._check_peer(peer, what)
+                data = _byte_view(buf, what, writable=what == "recv")
+                header = pack_header(fp, data.size) if what == "send" else None
+                chunks = max(1, -(-data.size // chunk_bytes))
+                queues.setdefault(int(peer), []).append([data, fp, header, chunks, 0])
+        if not out_q and not in_q:
+            return
+        first = (sends or recvs)[0][2]
+        watch = self.watch
+        watch.look(sorted(set(out_q) | set(in_q)), first.op, first.seq)
+        backoff = None
+        while out_q or in_q:
+            moved = False
+            for dst in list(out_q):
+                msg = out_q[dst][0]
+                while msg[4] < msg[3] and self._try_push(dst, msg[0], msg[4], msg[2]):
+                    msg[4] += 1
+                    moved = True
+                if msg[4] == msg[3]:
+                    out_q[dst].pop(0)
+                    if not out_q[dst]:
+                        del out_q[dst]
+            for src in list(in_q):
+                msg = in_q[src][0]
+                while msg[4] < msg[3] and self._try_pull(src, msg[0], msg[4], msg[1]):
+                    msg[4] += 1
+                    moved = True
+                if msg[4] == msg[3]:
+                    in_q[src].pop(0)
+                    if not in_q[src]:
+                        del in_q[src]
+            if moved:
+                backoff = None
+                continue
+            pending = sorted(set(out_q) | set(in_q))
+            if backoff is None:
+                fp = (out_q[pending[0]] if pending[0] in out_q else in_q[pending[0]])[0][1]
+                backoff = Backoff(self.watch, self.timeout, fp.op, fp.seq,
+                                  f"a batch of messages (to ranks {sorted(out_q)}, from ranks "
+                                  f"{sorted(in_q)})")
+            backoff.pause(pending)
+
     # ----- teardown -------------------------------------------------------------------
     def close(self) -> None:
         if self.closed:
