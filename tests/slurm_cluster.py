@@ -188,6 +188,17 @@ class SlurmCluster:
         out = self.run("scontrol", "-o", "show", "job", job, check=False).stdout
         return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
+    def pmix_missing(self) -> Optional[str]:
+        """Why ``srun --mpi=pmix`` cannot start ranks here, or None."""
+        tried = self.run("srun", "-n1", "--mpi=pmix", "true", check=False, timeout=60)
+        if tried.returncode == 0:
+            return None
+        reason = " ".join(tried.stderr.split())
+        if "can not load PMIx library" in tried.stderr:
+            # Debian's plugin opens <libdir>/pmix2/lib/libpmix.so, a link only the -dev has
+            reason += " (Debian: apt-get install libpmix-dev)"
+        return f"srun --mpi=pmix fails: {reason}"
+
     def cancel(self) -> None:
         """Cancel the jobs this cluster ran and wait until none is left."""
         jobs = [j for j in self._jobs if j]

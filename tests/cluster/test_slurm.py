@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from ddp_cases import train_reference
+from dist_harness import mpi_available
 from repo_paths import REPO_ROOT, TESTS_DIR
 from slurm_cluster import SlurmCluster, missing
 
@@ -110,6 +111,22 @@ def test_multinode_recipe_on_one_node(cluster, tmp_path):
     for r in records:
         assert (str(r["launcher"]), str(r["backend"])) == ("env", "tcp")
         assert str(r["master"]).split(":")[0] == cluster.host
+
+
+@pytest.mark.parametrize("launch", ["srun --mpi=pmix", "mpirun"])
+def test_mpi_ranks_inside_the_allocation(cluster, tmp_path, launch):
+    if not mpi_available():
+        pytest.skip("the MPI backend needs mpi4py and mpiexec (the mpi extra)")
+    if launch.startswith("srun") and cluster.pmix_missing():
+        pytest.skip(cluster.pmix_missing())
+    records = run_recipe(cluster, "mpi.sbatch", tmp_path / "out", MPI_LAUNCH=launch,
+                         OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    check_training(records)
+    # srun's variables are set for each rank it starts (and decide, agreeing with PMIx);
+    # mpirun's ranks inherit only the batch step's, and Open MPI's own decide
+    family = "slurm" if launch.startswith("srun") else "mpi"
+    for r in records:
+        assert (str(r["launcher"]), str(r["backend"])) == (family, "mpi")
 
 
 def _segments() -> list[str]:
