@@ -15,8 +15,10 @@ fine for a cluster that lives in a temporary folder for one test session.
 from __future__ import annotations
 
 import os
+import ctypes
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -29,6 +31,7 @@ DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sinfo", "squeue", "scancel", "scontrol")
 INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client munge"
 START_TIMEOUT_S = 60.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
           "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
@@ -92,7 +95,8 @@ class SlurmCluster:
             auth.append(f"AuthInfo=socket={self.folder / 'socket' / 'munge.socket'}")
         f = self.folder
         lines = [
-            "ClusterName=neuralforge", f"SlurmctldHost={self.host}",
+            # by address: the daemons and clients reach each other however the host name resolves
+            "ClusterName=neuralforge", f"SlurmctldHost={self.host}(127.0.0.1)",
             # ports of our own: the host may run a SLURM, or another test session, already
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
             *auth, "SlurmUser=root", "SlurmdUser=root",
@@ -107,7 +111,7 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none", "ReturnToService=2",
             # job ids decide the port srun jobs meet at: not the same ones every session
             f"FirstJobId={random.randrange(1000, 900000)}",
-            f"NodeName={self.host} CPUs=2 State=UNKNOWN",
+            f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN",
             f"PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
@@ -116,7 +120,8 @@ class SlurmCluster:
         log = open(self.folder / "log" / f"{name}.out", "wb")
         with log:
             proc = subprocess.Popen([which(name), *args], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=self.env, cwd=self.folder)
+                                    stdin=subprocess.DEVNULL, env=self.env, cwd=self.folder,
+                                    preexec_fn=_end_with_parent)
         self._daemons.append((name, proc))
 
     def _start_daemons(self) -> None:
@@ -233,6 +238,13 @@ class SlurmCluster:
                 tail = path.read_text(errors="replace").splitlines()[-15:]
                 parts.append(f"--- {path.name}\n" + "\n".join(tail))
         return "\n".join(parts)
+
+
+def _end_with_parent() -> None:
+    """In the daemon, before exec: be sent SIGTERM when the test process dies, so that a test
+    session killed before its teardown leaves no daemon behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _text(path: Path) -> str:
