@@ -14,8 +14,8 @@ fine for a cluster that lives in a temporary folder for one test session.
 """
 from __future__ import annotations
 
-import os
 import ctypes
+import os
 import random
 import shutil
 import signal
@@ -31,6 +31,10 @@ DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "sinfo", "squeue", "scancel", "scontrol")
 INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client munge"
 START_TIMEOUT_S = 60.0
+_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "PMI_", "PMIX_", "PET_", "HOROVOD_")
+_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                       "MASTER_ADDR", "MASTER_PORT", "JOB_COMPLETION_INDEX",
+                       "NEURAL_ARCH_BACKEND", "NEURAL_FORGE_BACKEND", "NEURAL_ARCH_RUN_ID")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
           "BOOT_FAIL", "DEADLINE", "PREEMPTED")
@@ -67,8 +71,12 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """The environment of a client of this cluster (and of the jobs it runs)."""
-        return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": _SEARCH}
+        """The environment of a client of this cluster (and of the jobs it runs): this
+        process's, less what a launcher of the test session set (itself perhaps a SLURM job,
+        whose SLURM_JOB_ID would send srun to that job), so every job here starts clean."""
+        env = {k: v for k, v in os.environ.items()
+               if not (k.startswith(_LAUNCHER_PREFIXES) or k in _LAUNCHER_VARIABLES)}
+        return {**env, "SLURM_CONF": str(self.conf), "PATH": _SEARCH}
 
     @classmethod
     def start(cls, folder: Path) -> "SlurmCluster":

@@ -117,8 +117,9 @@ def test_multinode_recipe_on_one_node(cluster, tmp_path):
 def test_mpi_ranks_inside_the_allocation(cluster, tmp_path, launch):
     if not mpi_available():
         pytest.skip("the MPI backend needs mpi4py and mpiexec (the mpi extra)")
-    if launch.startswith("srun") and cluster.pmix_missing():
-        pytest.skip(cluster.pmix_missing())
+    why = cluster.pmix_missing() if launch.startswith("srun") else None
+    if why:
+        pytest.skip(why)
     records = run_recipe(cluster, "mpi.sbatch", tmp_path / "out", MPI_LAUNCH=launch,
                          OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     check_training(records)
