@@ -3,8 +3,8 @@
 ranks wrote: the all-reduced sum of the ranks, DDP's parameters against one process trained on
 the whole batch, and where each rank's place in the job came from.
 
-The cluster is started once for this file (``slurm_cluster``) and stopped after it, even when a
-test fails. Without SLURM installed the tests skip, naming what is missing.
+The cluster (``slurm_cluster``) is started once for this file and stopped after it, even when
+a test fails. Without SLURM installed the tests skip, naming what is missing.
 """
 from __future__ import annotations
 
