@@ -8,6 +8,7 @@ a test fails. Without SLURM installed the tests skip, naming what is missing.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -128,6 +129,21 @@ def test_mpi_ranks_inside_the_allocation(cluster, tmp_path, launch):
     family = "slurm" if launch.startswith("srun") else "mpi"
     for r in records:
         assert (str(r["launcher"]), str(r["backend"])) == (family, "mpi")
+
+
+def test_env_checker_shows_what_srun_tasks_resolved(cluster, tmp_path):
+    # docs/clusters.md's check: each task says what it would be in the job, and from where
+    cluster.run("srun", "-n2", "--mpi=none", f"--output={tmp_path}/env-%t.json", "python",
+                "-m", "neural_arch.distributed.env", "--json", cwd=REPO_ROOT, timeout=120)
+    for task in range(WORLD):
+        found = json.loads((tmp_path / f"env-{task}.json").read_text())
+        values, sources = found["values"], found["sources"]
+        assert found["family"] == "slurm"
+        assert (values["rank"], values["world_size"]) == (task, WORLD)
+        assert sources["rank"] == f"SLURM_PROCID={task}"
+        assert values["master_addr"] == cluster.host
+        assert sources["master_port"].endswith("(a port of the job's own)")
+        assert values["job"].startswith("slurm:") and values["job"].endswith(".0")
 
 
 def _segments() -> list[str]:
