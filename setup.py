@@ -12,6 +12,7 @@ extras = {
         "pytest-timeout",
         "hypothesis",
         "matplotlib",
+        "pyyaml",  # the Kubernetes recipes' test parses them
     ],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})
