@@ -1,0 +1,181 @@
+"""One GPT trained with data, tensor and pipeline parallelism at once, on a dp x tp x pp mesh.
+
+Each rank builds ``GPT(config, tp_group=<its tp group>)`` (its tensor-parallel shards of every
+layer, initialised as the dense GPT under the same seed), cuts it with ``pipeline_split`` and
+keeps the stage of its ``pp`` coordinate (with ``schedule="interleaved"``, the ``v`` chunks
+``pp, pp + p, ...``). A step then runs in three layers, each on its own group of the mesh:
+
+1. the global batch is cut along the batch dimension into one slice per ``dp`` replica;
+2. the replica's pipeline runs its micro-batches through the stages over the ``pp`` group,
+   each stage's layers exchanging partial sums over the ``tp`` group, and the last stage's loss
+   is the vocabulary-parallel cross-entropy (full logits are never gathered);
+3. every gradient is averaged over the ``dp`` group (one all-reduce per dtype of a flat copy
+   of the stage's gradients), then the optimizer steps: a plain one over the stage's
+   parameters, or with ``data_parallel="zero1"`` a ``ZeroRedundancyOptimizer`` that keeps each
+   dp rank's share of the optimizer state only.
+
+The gradients are those of the mean loss over the whole global batch, so the run matches one
+dense process training on that batch (the tests check it to float tolerance, 8 processes).
+Only the ranks with dp = 0 and tp = 0 print (``log``), one line per pipeline stage.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Type
+
+import numpy as np
+
+from ...models.gpt import GPT, GPTConfig
+from ...optim import AdamW, Optimizer
+from .. import collectives
+from ..device_mesh import DeviceMesh
+from ..pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                          pipeline_split)
+from ..reduce_ops import ReduceOp
+from ..replicas import broadcast_module_state, check_replicas_agree
+from ..tensor_parallel.gpt import tensor_parallel_loss
+
+_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+MESH_DIMS = ("dp", "tp", "pp")
+
+
+def _unique(params) -> List[Any]:
+    return list({id(p): p for p in params}.values())  # a tied matrix once
+
+
+class GPT3D:
+    """A GPT on ``mesh`` (dimensions named dp, tp, pp): ``train_step(idx, targets)`` takes the
+    global batch on every rank and returns the mean loss over it, on every rank."""
+
+    def __init__(self, config: GPTConfig, mesh: DeviceMesh, n_microbatches: int,
+                 optimizer_class: Type[Optimizer] = AdamW, schedule: str = "1f1b",
+                 chunks: int = 2, data_parallel: str = "ddp", dtype: Any = None,
+                 **optimizer_kwargs: Any) -> None:
+        if not isinstance(mesh, DeviceMesh) or set(mesh.mesh_dim_names) != set(MESH_DIMS):
+            got = getattr(mesh, "mesh_dim_names", type(mesh).__name__)
+            raise ValueError(f"GPT3D needs a DeviceMesh with dimensions {MESH_DIMS}, got {got}")
+        if schedule not in _SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(_SCHEDULES)}, got {schedule!r}")
+        if data_parallel not in ("ddp", "zero1"):
+            raise ValueError(f"data_parallel must be 'ddp' or 'zero1', got {data_parallel!r}")
+        self.config, self.mesh, self.n_microbatches = config, mesh, int(n_microbatches)
+        self.schedule_name, self.data_parallel = schedule, data_parallel
+        self.dp_group, self.tp_group, self.pp_group = (mesh.get_group(d) for d in MESH_DIMS)
+        self.dp, self.tp, self.pp = (mesh.size(d) for d in MESH_DIMS)
+        self.dp_rank, self.tp_rank, self.pp_rank = (mesh.get_local_rank(d) for d in MESH_DIMS)
+        self.chunks = int(chunks) if schedule == "interleaved" else 1
+        model = GPT(config, tp_group=self.tp_group)
+        if dtype is not None:
+            for p in _unique(model.parameters()):
+                p.data = p.data.astype(dtype)
+        num_stages = self.pp * self.chunks
+        pieces = pipeline_split(model, num_stages)
+        # where each piece's blocks start in the whole model (checkpoints use the dense keys)
+        starts = np.cumsum([0] + [len(piece.h) for piece in pieces]).tolist()
+        self.stage_indices = [self.pp_rank + c * self.pp for c in range(self.chunks)]
+        self.pieces = [pieces[i] for i in self.stage_indices]
+        self.block_offsets = [int(starts[i]) for i in self.stage_indices]
+        self.num_stages = num_stages
+        self.is_last = self.pp_rank == self.pp - 1
+        stages = [PipelineStage(piece, i, num_stages, group=self.pp_group)
+                  for piece, i in zip(self.pieces, self.stage_indices)]
+        tp_group = self.tp_group
+
+        def loss_fn(logits, targets):
+            return tensor_parallel_loss(logits, targets, tp_group)
+        first = stages if schedule == "interleaved" else stages[0]
+        self.schedule = _SCHEDULES[schedule](first, self.n_microbatches, loss_fn)
+        self.params = _unique(p for piece in self.pieces for p in piece.parameters())
+        for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
+            check_replicas_agree(piece, self.dp_group, "GPT3D")
+            broadcast_module_state(piece, self.dp_group)
+        if data_parallel == "zero1":
+            from ..optim import ZeroRedundancyOptimizer
+            self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class,
+                                                     process_group=self.dp_group,
+                                                     **optimizer_kwargs)
+        else:
+            self.optimizer = optimizer_class(self.params, **optimizer_kwargs)
+        self.steps = 0
+
+    # ----- training ---------------------------------------------------------------------
+    def _replica_slice(self, value: Any, what: str) -> np.ndarray:
+        data = np.asarray(value.data if hasattr(value, "data") and not isinstance(
+            value, np.ndarray) else value)
+        rows = data.shape[0] if data.ndim else 0
+        if rows % (self.dp * self.n_microbatches):
+            raise ValueError(f"GPT3D: {what} has {rows} rows (shape {data.shape}), which does "
+                             f"not split into dp={self.dp} replicas x {self.n_microbatches} "
+                             "micro-batches")
+        share = rows // self.dp
+        return data[self.dp_rank * share:(self.dp_rank + 1) * share]
+
+    def train_step(self, idx: Any, targets: Any) -> float:
+        """One optimizer step on the global batch ``(idx, targets)`` (the same on every rank);
+        returns the mean loss over the whole batch, on every rank."""
+        x, y = self._replica_slice(idx, "idx"), self._replica_slice(targets, "targets")
+        self.optimizer.zero_grad()
+        losses: List[Any] = []
+        first, last = self.pp_rank == 0, self.is_last
+        if first and last:
+            self.schedule.step(x, target=y, losses=losses)
+        elif first:
+            self.schedule.step(x)
+        elif last:
+            self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        self._average_gradients()
+        self.optimizer.step()
+        self.steps += 1
+        return self._global_loss(losses)
+
+    def _average_gradients(self) -> None:
+        """Each gradient averaged over the dp replicas: one all-reduce per dtype."""
+        if self.dp == 1:
+            return
+        by_dtype: Dict[np.dtype, List[Any]] = {}
+        for p in self.params:
+            if p.grad is None:  # a part this stage did not use: zeros keep the replicas in step
+                p.grad = np.zeros_like(p.data)
+            by_dtype.setdefault(np.dtype(p.grad.dtype), []).append(p)
+        for dtype, params in by_dtype.items():
+            flat = np.concatenate([np.ravel(p.grad) for p in params]).astype(dtype, copy=False)
+            collectives.all_reduce(flat, op=ReduceOp.AVERAGE, group=self.dp_group)
+            at = 0
+            for p in params:
+                p.grad = flat[at:at + p.grad.size].reshape(p.grad.shape)
+                at += p.grad.size
+
+    def _global_loss(self, losses: List[Any]) -> float:
+        """The last stage's mean micro-batch loss, averaged over dp, sent along the pipeline."""
+        value = np.zeros(1)
+        if self.is_last:
+            value[0] = float(np.mean([float(np.asarray(loss.data if hasattr(loss, "data")
+                                                       else loss)) for loss in losses]))
+            collectives.all_reduce(value, op=ReduceOp.AVERAGE, group=self.dp_group)
+        collectives.broadcast(value, src=self.pp_group.ranks[-1], group=self.pp_group)
+        return float(value[0])
+
+    # ----- reporting and checkpoints ----------------------------------------------------
+    @property
+    def logs(self) -> bool:
+        """Whether this rank prints: dp = 0 and tp = 0, one rank per pipeline stage."""
+        return self.mesh.is_first_along("dp", "tp")
+
+    def log(self, message: str) -> None:
+        if self.logs:
+            print(f"[pp {self.pp_rank}/{self.pp}] {message}", flush=True)
+
+    def save(self, parent: str, name: Optional[str] = None) -> str:
+        """Write every rank's piece into one checkpoint directory (collective); its path."""
+        from .checkpoint import save_pieces
+        return save_pieces(self, parent, name or f"ckpt-e0-s{self.steps}")
+
+    def load(self, path: str) -> None:
+        """Load this rank's piece of a checkpoint saved on the same mesh shape (collective)."""
+        from .checkpoint import load_pieces
+        load_pieces(self, path)
+
+    def __repr__(self) -> str:
+        return (f"GPT3D(dp={self.dp}, tp={self.tp}, pp={self.pp}, schedule="
+                f"{self.schedule_name}, stages {self.stage_indices} of {self.num_stages})")

@@ -1,0 +1,140 @@
+"""GPT3D on real processes: a dp x tp x pp mesh trains like one dense process, and its
+checkpoints load back on the mesh (resuming exactly) and into a dense GPT.
+
+Every run is compared with the dense GPT trained in the test process on the same global batch
+(float64, AdamW): the loss of each step and, through ``load_dense_checkpoint``, every parameter
+at the end, and the loaded dense model's logits.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dist_harness import run_ranks
+
+SIZES = dict(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
+STEPS, BATCH, LR = 3, 8, 3e-2
+
+
+def _batch(step):
+    rng = np.random.default_rng(100 + step)
+    return rng.integers(0, 32, (BATCH, 8)), rng.integers(0, 32, (BATCH, 8))
+
+
+def _dense_run():
+    from neural_arch.core.random import manual_seed
+    from neural_arch.models.gpt import GPT, GPTConfig
+    from neural_arch.optim import AdamW
+    manual_seed(7)
+    model = GPT(GPTConfig(**SIZES))
+    params = list({id(p): p for p in model.parameters()}.values())
+    for p in params:
+        p.data = p.data.astype(np.float64)
+    opt = AdamW(params, lr=LR)
+    losses = []
+    for s in range(STEPS):
+        x, y = _batch(s)
+        opt.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    return model, losses
+
+
+def _train(rank, world_size, shape, schedule, data_parallel, micro, parent):
+    from neural_arch.core.random import manual_seed
+    from neural_arch.distributed import init_device_mesh
+    from neural_arch.distributed.parallel3d import GPT3D
+    from neural_arch.models.gpt import GPTConfig
+    mesh = init_device_mesh(shape, mesh_dim_names=("dp", "tp", "pp"))
+
+    def build(seed):
+        manual_seed(seed)
+        return GPT3D(GPTConfig(**SIZES), mesh, micro, schedule=schedule,
+                     data_parallel=data_parallel, dtype=np.float64, lr=LR)
+    model = build(7)
+    losses = []
+    for s in range(STEPS):
+        if s == STEPS - 1:
+            resume_from = model.save(parent, "before-last")
+        losses.append(model.train_step(*_batch(s)))
+    final = model.save(parent, "final")
+    # a model built from another seed, loaded from the checkpoint, takes the same last step
+    other = build(99)
+    other.load(resume_from)
+    resumed = other.train_step(*_batch(STEPS - 1))
+    return dict(losses=losses, resumed=resumed, final=final, logs=model.logs,
+                steps=other.steps)
+
+
+def _check(results, dense, dense_losses):
+    from neural_arch.distributed.parallel3d import load_dense_checkpoint
+    from neural_arch.models.gpt import GPT, GPTConfig
+    for r in results:
+        np.testing.assert_allclose(r["losses"], dense_losses, rtol=0, atol=1e-10)
+        assert r["resumed"] == pytest.approx(r["losses"][-1], abs=1e-12)
+        assert r["steps"] == STEPS
+    fields, state = load_dense_checkpoint(results[0]["final"])
+    reference = dense.state_dict()
+    assert list(state) == list(reference)  # the dense model's keys, in its order
+    for key, value in reference.items():
+        np.testing.assert_allclose(state[key], value, rtol=0, atol=1e-10, err_msg=key)
+    loaded = GPT(GPTConfig(**fields))
+    for p in loaded.parameters():  # the run was float64; a new GPT is float32
+        p.data = p.data.astype(np.float64)
+    loaded.load_state_dict(state)
+    x, _ = _batch(0)
+    np.testing.assert_allclose(loaded(x)[0].data, dense(x)[0].data, rtol=0, atol=1e-10)
+    return sum(r["logs"] for r in results)
+
+
+@pytest.mark.timeout(300)
+def test_eight_ranks_two_by_two_by_two_match_one_dense_process(tmp_path):
+    dense, dense_losses = _dense_run()
+    results = run_ranks(_train, 8, "shm", timeout=240,
+                        args=((2, 2, 2), "1f1b", "ddp", 2, str(tmp_path)))
+    # one printing rank per pipeline stage (dp = 0, tp = 0)
+    assert _check(results, dense, dense_losses) == 2
+
+
+@pytest.mark.timeout(300)
+def test_zero1_and_the_interleaved_schedule_on_four_ranks(tmp_path):
+    dense, dense_losses = _dense_run()
+    results = run_ranks(_train, 4, "shm", timeout=180,
+                        args=((2, 1, 2), "interleaved", "zero1", 2, str(tmp_path)))
+    _check(results, dense, dense_losses)
+
+
+@pytest.mark.timeout(200)
+def test_tcp_with_gpipe_on_a_tp_by_pp_mesh(tmp_path):
+    dense, dense_losses = _dense_run()
+    results = run_ranks(_train, 4, "tcp", timeout=180,
+                        args=((1, 2, 2), "gpipe", "ddp", 4, str(tmp_path)))
+    _check(results, dense, dense_losses)
+
+
+def _misuse(rank, world_size):
+    from neural_arch.distributed import init_device_mesh
+    from neural_arch.distributed.parallel3d import GPT3D
+    from neural_arch.models.gpt import GPTConfig
+    errors = []
+    flat = init_device_mesh((2,), mesh_dim_names=("dp",))
+    try:
+        GPT3D(GPTConfig(**SIZES), flat, 2)
+    except ValueError as exc:
+        errors.append(str(exc))
+    mesh = init_device_mesh((2, 1, 1), mesh_dim_names=("dp", "tp", "pp"))
+    model = GPT3D(GPTConfig(**SIZES), mesh, 2)
+    x, y = np.zeros((6, 8), np.int64), np.zeros((6, 8), np.int64)
+    try:
+        model.train_step(x, y)
+    except ValueError as exc:
+        errors.append(str(exc))
+    return errors
+
+
+def test_misuse_is_named():
+    for errors in run_ranks(_misuse, 2, "shm", timeout=60):
+        assert "('dp', 'tp', 'pp')" in errors[0] and "('dp',)" in errors[0]
+        assert "6 rows" in errors[1] and "dp=2" in errors[1] and "2 micro-batches" in errors[1]
