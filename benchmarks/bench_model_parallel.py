@@ -5,7 +5,7 @@ holds under GPipe and 1F1B.
 - Bubble: the idle fraction of a step (``bubble_fraction`` of the schedule's measured timeline)
   for p = 2 and 4 stages and m = 1..16 micro-batches, against (p - 1)/(m + p - 1), and
   (p - 1)/(v*m + p - 1) for the interleaved schedule with v = 2 chunks per rank. Each stage's
-  work is a fixed wait (10 ms forward, 20 ms backward per micro-batch and rank; a chunk of the
+  work is a fixed wait (40 ms forward, 80 ms backward per micro-batch and rank; a chunk of the
   interleaved schedule half of it), so that four stages on two cores do not share cores and
   the schedule alone decides the idle time; the messages between stages are real.
 - Speed: a GPT (n_embd 512) trained one step at a time, one process against tensor parallel
@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 SECTION = "bench_model_parallel"
 SCRIPT = os.path.abspath(__file__)
 BUBBLE_GOAL_POINTS, TP_GOAL, PP_GOAL, MEMORY_GOAL = 5.0, 1.6, 1.5, "p"
-FORWARD_S = 0.010
+FORWARD_S = 0.040
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 FULL = dict(ps=(2, 4), ms=(1, 2, 4, 8, 16), steps=3,
             gpt=dict(n_layer=4, n_embd=512, n_head=8, block_size=64, vocab_size=1024),
@@ -220,10 +220,14 @@ def memory_job(job: Dict[str, Any]) -> Dict[str, Any]:
     first_input = idx[:mb]
     width = (mb, size["block_size"], size["n_embd"])
     sample = first_input if rank == 0 else np.zeros(width, np.float32)
+    from neural_arch.core import Tensor
+
+    def one_forward():
+        return piece(sample if rank == 0 else Tensor(sample, requires_grad=True))
+    one_forward()  # first calls allocate once (kernels, caches): not activations
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    from neural_arch.core import Tensor
-    held_output = piece(sample if rank == 0 else Tensor(sample, requires_grad=True))
+    held_output = one_forward()
     one = tracemalloc.get_traced_memory()[0] - before
     del held_output
     tracemalloc.stop()
@@ -246,6 +250,8 @@ def memory_job(job: Dict[str, Any]) -> Dict[str, Any]:
         peak = tracemalloc.get_traced_memory()[1] - base
         tracemalloc.stop()
         del piece.forward
+        if len(marks) != m:
+            raise RuntimeError(f"counted {len(marks)} forwards of stage {rank}, expected {m}")
         results[name] = dict(held=(max(marks) - base) / one, peak_mib=peak / 2**20)
     rows = dist.all_gather_object(dict(rank=rank, one_mib=one / 2**20, **results))
     return dict(p=p, m=m, stages=rows)

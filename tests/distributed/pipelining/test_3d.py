@@ -4,14 +4,11 @@
 Every rank builds the dense GPT under one seed and the tensor-parallel GPT over its ``tp``
 group loaded from it, cuts the latter with ``pipeline_split`` and keeps the stage of its
 ``pp`` coordinate; the schedule runs over the ``pp`` group, the loss is the vocabulary-parallel
-cross-entropy over the ``tp`` group. It needs the tensor-parallel layers (skipped without).
+cross-entropy over the ``tp`` group.
 """
 import numpy as np
-import pytest
 
 from dist_harness import run_ranks
-
-pytest.importorskip("neural_arch.distributed.tensor_parallel")
 
 SIZES = dict(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
 STEPS, MICRO = 2, 4
