@@ -61,21 +61,11 @@ class DeviceMesh:
 
     def get_local_rank(self, mesh_dim: Optional[Dim] = None) -> int:
         """This rank's index along ``mesh_dim`` = its rank in that axis's group."""
-        if mesh_dim is None:
-            if self.ndim != 1:
-                raise ValueError(f"get_local_rank needs a mesh_dim for a {self.ndim}-D mesh "
-                                 f"{self.mesh_dim_names}")
-            mesh_dim = 0
-        return self._coordinate[self._axis(mesh_dim)]
+        return self._coordinate[self._axis(mesh_dim, "get_local_rank")]
 
     def get_group(self, mesh_dim: Optional[Dim] = None) -> ProcessGroup:
         """The group of ranks that share this rank's coordinates on every other axis."""
-        if mesh_dim is None:
-            if self.ndim != 1:
-                raise ValueError(f"get_group needs a mesh_dim for a {self.ndim}-D mesh "
-                                 f"{self.mesh_dim_names}")
-            mesh_dim = 0
-        return self._groups[self._axis(mesh_dim)]
+        return self._groups[self._axis(mesh_dim, "get_group")]
 
     def get_all_groups(self) -> Tuple[ProcessGroup, ...]:
         return self._groups
@@ -85,7 +75,12 @@ class DeviceMesh:
         slice that should log, print or write a file for the slice."""
         return all(self.get_local_rank(d) == 0 for d in mesh_dims)
 
-    def _axis(self, mesh_dim: Dim) -> int:
+    def _axis(self, mesh_dim: Optional[Dim], what: str = "size") -> int:
+        if mesh_dim is None:  # a 1-D mesh's only dimension, as torch
+            if self.ndim != 1:
+                raise ValueError(f"{what} needs a mesh_dim for a {self.ndim}-D mesh "
+                                 f"{self.mesh_dim_names}")
+            return 0
         if isinstance(mesh_dim, str):
             if mesh_dim not in self.mesh_dim_names:
                 raise KeyError(f"mesh has no dimension {mesh_dim!r}; its dimensions are "

@@ -151,18 +151,7 @@ class MpiTransport(Transport):
         header = bytearray(HEADER_SIZE)
         header_req = self._comm.Irecv([header, MPI.BYTE], src, _TAG)
         self._wait([header_req], [src], fp)
-        try:
-            got, nbytes = unpack_header(header)
-        except ValueError as e:
-            self._unusable[src] = f"malformed header in {fp.describe()}"
-            raise CollectiveMismatchError(f"peer rank {src} sent a malformed header ({e}) while "
-                                          f"we expected {fp.describe()}", rank=self.rank,
-                                          peer=src, op=fp.op, seq=fp.seq) from None
-        try:
-            check_header(fp, got, nbytes, payload.nbytes, rank=self.rank, peer=src)
-        except CollectiveMismatchError:
-            self._unusable[src] = f"mismatched header in {fp.describe()}"
-            raise
+        self._check_received(header, payload, src, fp)
         reqs = sends + [self._comm.Irecv([c, MPI.BYTE], src, _TAG) for c in _chunks(payload)]
         self._wait(reqs, [src], fp)
 
