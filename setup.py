@@ -12,6 +12,7 @@ extras = {
         "pytest-timeout",
         "hypothesis",
         "matplotlib",
+        "tensorboardX",  # TensorBoard event files of neural_arch.training (optional there)
     ],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})

@@ -64,6 +64,8 @@ class History:
         self.total_time = 0.0
         self.stopped_early = False
         self.steps = 0
+        self.samples = 0.0  # training samples over all ranks, resumed runs included
+        self.last_loss: Optional[float] = None  # the latest interval's training loss
 
     def append(self, record: Dict[str, Any]) -> None:
         self.epochs.append(dict(record))
@@ -86,12 +88,14 @@ class History:
 
     def state_dict(self) -> Dict[str, Any]:
         return {"epochs": self.epochs, "best": self.best, "best_epoch": self.best_epoch,
-                "total_time": self.total_time, "monitor": self.monitor}
+                "total_time": self.total_time, "monitor": self.monitor,
+                "samples": self.samples, "last_loss": self.last_loss}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.epochs = [dict(r) for r in state["epochs"]]
         self.best, self.best_epoch = state["best"], state["best_epoch"]
         self.total_time = float(state["total_time"])
+        self.samples, self.last_loss = float(state["samples"]), state["last_loss"]
 
     def __repr__(self) -> str:
         return (f"History(epochs={len(self.epochs)}, steps={self.steps}, best={self.best}, "

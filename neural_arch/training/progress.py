@@ -52,13 +52,11 @@ class Progress:
         if not self.verbose:
             return
         last = history.epochs[-1] if history.epochs else {}
-        seconds = history.total_time
-        samples = sum((r.get("samples_per_second") or 0) * r.get("seconds", 0)
-                      for r in history.epochs)
+        seconds, samples = history.total_time, history.samples
         text = (f"done: {history.steps} steps, {len(history.epochs)} epochs, "
                 f"{seconds:.1f}s on {world} data-parallel rank(s)")
-        if last.get("train_loss") is not None:
-            text += f", train_loss {last['train_loss']:.4f}"
+        if history.last_loss is not None:
+            text += f", last train loss {history.last_loss:.4f}"
         if last.get("val_loss") is not None:
             text += f", val_loss {last['val_loss']:.4f}"
         if history.best is not None:

@@ -122,6 +122,8 @@ class Trainer:
                     if self.step % cfg.log_interval == 0 or self.step == total:
                         logs.update(interval.flush(self.group, cfg.tokens_per_sample,
                                                    self._lr()))
+                        self.history.samples += interval.flushed
+                        self.history.last_loss = logs["loss"]
                         self._record(logger, bar, "train", logs, time.perf_counter() - start)
                     if cfg.eval_interval and val is not None and self.step % cfg.eval_interval == 0:
                         scores = self.evaluate(val)
@@ -274,6 +276,7 @@ class _Interval:
                   "comm_seconds": (comm - self.comm_ms) / 1e3}
         if tokens_per_sample:
             values["tokens_per_second"] = float(sums[1] * tokens_per_sample / seconds)
+        self.flushed = float(sums[1])  # samples of all ranks in this interval
         self.sums[:] = 0
         self.start, self.comm_ms = time.perf_counter(), comm
         return values
