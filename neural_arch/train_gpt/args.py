@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--val-fraction", type=float, default=0.1, help="end of the text held out")
     g = p.add_argument_group("model")
     g.add_argument("--vocab-size", type=int, default=None,
-                   help="default: the tokenizer's (rounded up to a multiple of --tp)")
+                   help="default: the tokenizer's, rounded up to a multiple of 8 and of --tp")
     g.add_argument("--hidden-size", type=int, default=128)
     g.add_argument("--attention-heads", type=int, default=4)
     g.add_argument("--layers", type=int, default=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Dict, Tuple
 
@@ -46,8 +47,11 @@ def join(args: argparse.Namespace) -> None:
 
 def model_config(args: argparse.Namespace, tokenizer: Tokenizer) -> GPTConfig:
     vocab = args.vocab_size
-    if vocab is None:  # the tokenizer's, rounded up so that --tp splits it evenly
-        vocab = -(-tokenizer.vocab_size // args.tp) * args.tp
+    if vocab is None:
+        # The tokenizer's, rounded up to a multiple of 8 and of --tp: --tp splits it evenly,
+        # and runs with --tp 1, 2, 4 or 8 build the same model from the same text.
+        multiple = 8 * args.tp // math.gcd(8, args.tp)
+        vocab = -(-tokenizer.vocab_size // multiple) * multiple
     elif vocab < tokenizer.vocab_size:
         raise UsageError(f"--vocab-size {vocab} is smaller than the {args.tokenizer} "
                          f"tokenizer's {tokenizer.vocab_size} tokens of {args.data}")
