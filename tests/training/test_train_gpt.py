@@ -129,8 +129,10 @@ def test_sample_prints_text_from_the_latest_checkpoint(reference):
     (["--batch-size", "0"], "--batch-size must be a positive integer"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])
-def test_bad_flags_exit_2_with_one_line(text, flags, message):
-    args = (["--data", text] if "--data" not in flags else []) + flags
+def test_bad_flags_exit_2_with_one_line(text, flags, message, tmp_path):
+    # --out-dir: were a check missing, the run would train into tmp_path, not the repository
+    args = (["--data", text] if "--data" not in flags else []) + flags + [
+        "--out-dir", str(tmp_path), "--max-steps", "1"]
     result = run(*args, expect=2)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
