@@ -107,6 +107,26 @@ def test_one_command_per_rank_matches_one_process(text, reference, tmp_path):
     np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
 
 
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_stages_at_two_ranks_match_one_process(text, reference, tmp_path, stage):
+    out = tmp_path / f"zero{stage}"
+    run("--data", text, *MODEL, "--batch-size", 4, "--max-steps", 6, "--out-dir", out,
+        "--zero-stage", stage, launcher=2)
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    if stage == 3:  # the parameters really were sharded: each rank saved its own shard
+        saved = os.listdir(os.path.join(out, "checkpoints", "ckpt-e000000-s00000006"))
+        assert {"model.shard0.safetensors", "model.shard1.safetensors"} <= set(saved), saved
+
+
+def test_mixed_precision_follows_the_float32_run(text, reference, tmp_path):
+    out = tmp_path / "fp16"
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+        "--mixed-precision")
+    half, full = losses(out)[0], losses(reference[0])[0]
+    np.testing.assert_allclose(half, full, rtol=2e-2)
+    assert not np.array_equal(half, full)  # float16 rounding shows: it did compute in float16
+
+
 def test_tensor_parallel_two_ranks_match_one_process(text, reference, tmp_path):
     out = tmp_path / "tp2"
     result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
