@@ -74,6 +74,10 @@ class Trainer:
     def fit(self, train_loader: Any, val_loader: Any = None, epochs: Optional[int] = None,
             max_steps: Optional[int] = None) -> History:
         cfg = self.config
+        if not is_initialized():
+            raise RuntimeError("Trainer.fit: no process group; this Trainer started its own "
+                               "one-process group and ended it after the last fit(): make a "
+                               "new Trainer, or call init_process_group() before creating it")
         epochs = cfg.epochs if epochs is None else int(epochs)
         max_steps = cfg.max_steps if max_steps is None else int(max_steps)
         loader = shard_loader(train_loader, self.world, self.rank, None, cfg.seed)

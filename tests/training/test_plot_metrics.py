@@ -56,3 +56,31 @@ def test_plot_metrics_writes_a_png(run_dir):
 def test_plot_metrics_reports_a_missing_run(tmp_path, capsys):
     assert main([str(tmp_path / "nothing")]) == 2
     assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def test_tensorboard_scalars_when_tensorboardx_is_installed(tmp_path, monkeypatch):
+    """A stand-in tensorboardX records what the logger hands it."""
+    import types
+    from neural_arch.training import MetricsLogger
+    calls = []
+
+    class SummaryWriter:
+        def __init__(self, logdir):
+            calls.append(("logdir", logdir))
+
+        def add_scalar(self, tag, value, step):
+            calls.append((tag, value, step))
+
+        def close(self):
+            calls.append(("closed",))
+
+    monkeypatch.setitem(sys.modules, "tensorboardX",
+                        types.SimpleNamespace(SummaryWriter=SummaryWriter))
+    logger = MetricsLogger(str(tmp_path))
+    logger.log("train", 3, {"loss": 1.5, "lr": 0.1, "epoch": 0, "grad_norm": float("nan")})
+    logger.close()
+    assert calls == [("logdir", str(tmp_path / "tensorboard")), ("train/loss", 1.5, 3),
+                     ("train/lr", 0.1, 3), ("closed",)]
+    line = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert line == {"kind": "train", "step": 3, "loss": 1.5, "lr": 0.1, "epoch": 0,
+                    "grad_norm": None}

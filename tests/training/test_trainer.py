@@ -107,3 +107,14 @@ def test_gradient_accumulation_equals_the_big_batch():
     assert small.steps == big.steps
     np.testing.assert_allclose(small["train_loss"], big["train_loss"], rtol=1e-5)
     assert_same_weights(small_weights, big_weights, rtol=1e-5, atol=1e-7)
+
+
+def test_a_trainer_that_ended_its_own_group_refuses_a_second_fit():
+    manual_seed(0)
+    model = MLP([6, 16, 2])
+    train, _ = problem()
+    trainer = Trainer(model, SGD(model.parameters(), lr=0.1), F.cross_entropy,
+                      TrainingConfig(verbose=False))
+    trainer.fit(DataLoader(train, batch_size=8))
+    with pytest.raises(RuntimeError, match="make a new Trainer"):
+        trainer.fit(DataLoader(train, batch_size=8))
