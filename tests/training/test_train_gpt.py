@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from dist_harness import mpi_available
 from launcher_support import free_port
 from repo_paths import REPO_ROOT
 
@@ -104,6 +105,25 @@ def test_one_command_per_rank_matches_one_process(text, reference, tmp_path):
              for rank in (1, 0)]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+
+
+@pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpiexec")
+def test_mpirun_with_two_ranks_matches_one_process(text, reference, tmp_path):
+    out = tmp_path / "mpi"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(PYTHONPATH=str(REPO_ROOT), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "neural_arch.train_gpt", "--data", text,
+           *MODEL, "--batch-size", "4", "--max-steps", "6", "--out-dir", str(out)]
+    for _ in range(3):  # Open MPI's runtime occasionally fails to start its server: retry
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+                                env=env)
+        if "PMIx server's listener thread failed" not in result.stderr:
+            break
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 data-parallel" in result.stdout
     np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
 
 
