@@ -3,7 +3,6 @@ launcher or mpirun, or one command per rank; ``--sample N`` prints text from the
 checkpoint. See docs/training.md."""
 from __future__ import annotations
 
-import sys
 from typing import List, Optional
 
 from .args import PROG, UsageError, fail, parse

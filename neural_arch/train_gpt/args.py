@@ -32,7 +32,6 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Train a GPT on a text file, in one process or many "
                 "(launcher, mpirun, or one command per rank).")
-    add = p.add_argument
     g = p.add_argument_group("data")
     g.add_argument("--data", help="a UTF-8 text file to train on")
     g.add_argument("--tokenizer", choices=("char", "byte"), default="char")

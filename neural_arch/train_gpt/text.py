@@ -6,8 +6,7 @@ vocabulary the model was trained on."""
 from __future__ import annotations
 
 import json
-import os
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 

@@ -48,8 +48,9 @@ def forward(model: Any, batch: Any, loss_fn: Optional[Callable]) -> Tuple[Any, T
     With a ``loss_fn``: ``loss_fn(model(inputs), target)``. Without: ``model(inputs, target)``
     returns the loss, or ``(output, loss)`` as ``GPT`` does."""
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        size = len(batch) if hasattr(batch, "__len__") else "?"
         raise ValueError(f"Trainer expects batches (inputs, target), got "
-                         f"{type(batch).__name__} of {len(batch) if hasattr(batch, '__len__') else '?'} items")
+                         f"{type(batch).__name__} of {size} items")
     inputs, target = batch
     if loss_fn is not None:
         output = model(inputs)

@@ -101,7 +101,9 @@ class Trainer:
         interval = _Interval(self.wrapper)
         last_loss = float("nan")
         try:
-            while self.epoch < epochs and not self.should_stop:
+            # a resumed run may already have done max_steps: then it only saves and reports
+            while self.epoch < epochs and not self.should_stop and (
+                    max_steps is None or self.step < max_steps):
                 if hasattr(sampler, "set_epoch"):
                     sampler.set_epoch(self.epoch)
                 epoch_start = time.perf_counter()
@@ -234,7 +236,8 @@ class Trainer:
         record: Dict[str, Any] = {"epoch": self.epoch,
                                   "train_loss": float(sums[0] / max(sums[1], 1)),
                                   "val_loss": None, "val_accuracy": None, "seconds": seconds,
-                                  "samples_per_second": float(sums[1] / seconds) if seconds else None,
+                                  "samples_per_second":
+                                      float(sums[1] / seconds) if seconds else None,
                                   "steps": self.step - steps_before}
         if val is not None:
             record.update(self.evaluate(val))

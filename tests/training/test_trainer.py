@@ -101,6 +101,14 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert_same_weights(resumed_weights, whole_weights, rtol=1e-6)
 
 
+
+def test_resuming_a_run_that_reached_max_steps_trains_no_further(tmp_path):
+    first, first_weights = fit(tmp_path, max_steps=11)
+    again, again_weights = fit(tmp_path, resume=True, max_steps=11)
+    assert again.steps == first.steps == 11
+    assert_same_weights(again_weights, first_weights, rtol=0)
+
+
 def test_gradient_accumulation_equals_the_big_batch():
     big, big_weights = fit(batch=8, epochs=2)
     small, small_weights = fit(batch=4, epochs=2, gradient_accumulation_steps=2)
