@@ -13,6 +13,7 @@ extras = {
         "hypothesis",
         "matplotlib",
         "pyyaml",  # the Kubernetes recipes' test parses them
+        "tensorboardX",  # TensorBoard event files of neural_arch.training (optional there)
     ],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})

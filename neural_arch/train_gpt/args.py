@@ -1,0 +1,149 @@
+"""The command line of ``python -m neural_arch.train_gpt`` and its checks.
+
+Flag names follow the distributed-training documents this project started from
+(``--hidden-size``, ``--world-size``, ...). Their defaults there describe GPU-sized models; here
+they are sized for a NumPy model that trains in minutes on a CPU. Every mistake the flags alone
+reveal is reported as one line on stderr with exit code 2, as argparse does, before any process
+group is joined."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import List, NoReturn, Optional
+
+PROG = "python -m neural_arch.train_gpt"
+
+
+class UsageError(Exception):
+    """A bad flag or combination of flags: reported as one line, exit code 2."""
+
+
+def fail(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
+        fail(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Train a GPT on a text file, in one process or many "
+                "(launcher, mpirun, or one command per rank).")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", help="a UTF-8 text file to train on")
+    g.add_argument("--tokenizer", choices=("char", "byte"), default="char")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="end of the text held out")
+    g = p.add_argument_group("model")
+    g.add_argument("--vocab-size", type=int, default=None,
+                   help="default: the tokenizer's, rounded up to a multiple of 8 and of --tp")
+    g.add_argument("--hidden-size", type=int, default=128)
+    g.add_argument("--attention-heads", type=int, default=4)
+    g.add_argument("--layers", type=int, default=4)
+    g.add_argument("--max-seq-length", type=int, default=64)
+    g.add_argument("--dropout", type=float, default=0.0)
+    g.add_argument("--use-gradient-checkpointing", action="store_true")
+    g = p.add_argument_group("training")
+    g.add_argument("--learning-rate", type=float, default=1e-3)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--batch-size", type=int, default=32, help="per data-parallel rank")
+    g.add_argument("--gradient-accumulation-steps", type=int, default=1)
+    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    g.add_argument("--gradient-clip-norm", type=float, default=None,
+                   help="default 1.0 (off with --tp > 1); 0 turns clipping off")
+    g.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant")
+    g.add_argument("--warmup-steps", type=int, default=0)
+    g.add_argument("--mixed-precision", action="store_true", help="float16 compute")
+    g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0)
+    g.add_argument("--seed", type=int, default=1337)
+    g = p.add_argument_group("output")
+    g.add_argument("--out-dir", default="runs/gpt")
+    g.add_argument("--save-interval", type=int, default=1000, help="steps between checkpoints")
+    g.add_argument("--eval-interval", type=int, default=None, help="steps between validations")
+    g.add_argument("--eval-batches", type=int, default=20, help="batches per validation")
+    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="print N generated characters from the latest checkpoint; no training")
+    g.add_argument("--prompt", default=None, help="text the sample continues")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g = p.add_argument_group("distributed")
+    g.add_argument("--world-size", type=int, default=None,
+                   help="with --rank: one command per rank (default: the launcher's or 1)")
+    g.add_argument("--rank", type=int, default=None)
+    g.add_argument("--master-addr", default="localhost")
+    g.add_argument("--master-port", type=int, default=29500)
+    g.add_argument("--backend", default="auto", help="auto, shm, tcp, mpi, gloo or nccl")
+    g.add_argument("--no-nccl", action="store_true", help="never use the nccl backend")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages (only 1 is supported)")
+    return p
+
+
+def _positive(args: argparse.Namespace, names: List[str]) -> None:
+    for name in names:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {value}")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Everything the flags alone can reveal; raises UsageError."""
+    _positive(args, ["hidden-size", "attention-heads", "layers", "max-seq-length", "batch-size",
+                     "epochs", "max-steps", "save-interval", "eval-interval", "eval-batches",
+                     "log-interval", "gradient-accumulation-steps", "tp", "pp", "vocab-size",
+                     "world-size", "sample"])
+    if args.hidden_size % args.attention_heads:
+        raise UsageError(f"--hidden-size {args.hidden_size} is not divisible by "
+                         f"--attention-heads {args.attention_heads}")
+    if args.sample is None:
+        if args.data is None:
+            raise UsageError("--data PATH is required (a text file to train on)")
+        if not os.path.isfile(args.data):
+            raise UsageError(f"--data {args.data}: no such file")
+    if not 0.0 <= args.val_fraction < 1.0:
+        raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+    if args.pp > 1:
+        raise UsageError(f"--pp {args.pp}: pipeline parallelism is not supported by this "
+                         f"program (see neural_arch.distributed.pipelining)")
+    if args.attention_heads % args.tp:
+        raise UsageError(f"--tp {args.tp} does not divide --attention-heads "
+                         f"{args.attention_heads}")
+    if args.vocab_size is not None and args.vocab_size % args.tp:
+        raise UsageError(f"--tp {args.tp} does not divide --vocab-size {args.vocab_size}")
+    if args.tp > 1 and args.zero_stage:
+        raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with "
+                         f"--tp {args.tp}")
+    if args.tp > 1 and args.gradient_clip_norm:
+        raise UsageError(f"--gradient-clip-norm is not supported together with --tp {args.tp} "
+                         f"(the norm would be per shard); pass 0 or leave it out")
+    if args.gradient_clip_norm is not None and args.gradient_clip_norm < 0:
+        raise UsageError(f"--gradient-clip-norm must be >= 0, got {args.gradient_clip_norm}")
+    if args.backend == "nccl" and args.no_nccl:
+        raise UsageError("--backend nccl contradicts --no-nccl")
+    if args.rank is not None and args.world_size is None:
+        raise UsageError("--rank needs --world-size")
+    if args.world_size is not None and args.rank is not None \
+            and not 0 <= args.rank < args.world_size:
+        raise UsageError(f"--rank {args.rank} is outside [0, {args.world_size - 1}] for "
+                         f"--world-size {args.world_size}")
+    if args.world_size is not None and args.world_size % args.tp:
+        raise UsageError(f"--tp {args.tp} does not divide --world-size {args.world_size}")
+    if args.temperature <= 0:
+        raise UsageError(f"--temperature must be > 0, got {args.temperature}")
+
+
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    try:
+        check(args)
+    except UsageError as exc:
+        fail(str(exc))
+    if args.gradient_clip_norm is None:
+        args.gradient_clip_norm = 0.0 if args.tp > 1 else 1.0
+    return args

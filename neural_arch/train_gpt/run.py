@@ -1,0 +1,147 @@
+"""Training: join the job, build the tokenizer, data, GPT and optimizer, and hand them to
+``neural_arch.training.Trainer`` (the same loop any model uses).
+
+How the job is joined: ``--world-size``/``--rank`` given (one command per rank, as in the
+multi-node recipe) → a ``tcp://MASTER_ADDR:MASTER_PORT`` rendezvous; started by the launcher,
+mpirun or srun (their variables are set) → ``env://``; otherwise one process. ``--tp t``
+arranges the world as a (dp, tp) mesh: the model is split over each "tp" group and gradients
+are averaged over the "dp" group.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Dict, Tuple
+
+from ..core import manual_seed
+from ..data import DataLoader
+from ..distributed import (destroy_process_group, get_rank, get_world_size, init_device_mesh,
+                           init_process_group, is_initialized)
+from ..models.gpt import GPT, GPTConfig
+from ..optim import AdamW
+from ..training import Trainer, TrainingConfig
+from .args import UsageError
+from .text import Tokenizer, read_text, split_windows
+
+RUN_FILE, TOKENIZER_FILE = "run.json", "tokenizer.json"
+_LAUNCHED_BY = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+
+def join(args: argparse.Namespace) -> None:
+    backend = args.backend
+    if args.world_size is not None and (args.rank is not None or args.world_size == 1):
+        init_process_group(backend, init_method=f"tcp://{args.master_addr}:{args.master_port}",
+                           world_size=args.world_size, rank=args.rank or 0)
+    elif any(name in os.environ for name in _LAUNCHED_BY):
+        init_process_group(backend, world_size=args.world_size)
+    elif args.world_size not in (None, 1):
+        raise UsageError(f"--world-size {args.world_size} needs --rank on each process, or a "
+                         f"launcher (python -m neural_arch.distributed.launcher "
+                         f"--nproc_per_node={args.world_size} -m neural_arch.train_gpt ...)")
+    else:
+        init_process_group(backend, world_size=1, rank=0)
+
+
+def model_config(args: argparse.Namespace, tokenizer: Tokenizer) -> GPTConfig:
+    vocab = args.vocab_size
+    if vocab is None:
+        # The tokenizer's, rounded up to a multiple of 8 and of --tp: --tp splits it evenly,
+        # and runs with --tp 1, 2, 4 or 8 build the same model from the same text.
+        multiple = 8 * args.tp // math.gcd(8, args.tp)
+        vocab = -(-tokenizer.vocab_size // multiple) * multiple
+    elif vocab < tokenizer.vocab_size:
+        raise UsageError(f"--vocab-size {vocab} is smaller than the {args.tokenizer} "
+                         f"tokenizer's {tokenizer.vocab_size} tokens of {args.data}")
+    return GPTConfig(block_size=args.max_seq_length, vocab_size=vocab, n_layer=args.layers,
+                     n_head=args.attention_heads, n_embd=args.hidden_size, dropout=args.dropout,
+                     gradient_checkpointing=args.use_gradient_checkpointing)
+
+
+def build_model(config: GPTConfig, tp: int, seed: int) -> Tuple[Any, Any]:
+    """(model, data-parallel group or None for the whole world)."""
+    manual_seed(seed)  # every rank starts from the same weights
+    world = get_world_size()
+    if tp == 1:
+        return GPT(config), None
+    if world % tp:
+        raise UsageError(f"--tp {tp} does not divide the world size {world}")
+    mesh = init_device_mesh((world // tp, tp), mesh_dim_names=("dp", "tp"))
+    # The dense model's weights, sharded: the same start as --tp 1 with the same seed.
+    dense = GPT(config).state_dict()
+    model = GPT(config, tp_group=mesh.get_group("tp"))
+    model.load_dense_state_dict(dense)
+    return model, mesh.get_group("dp")
+
+
+def _check_resumable(out_dir: str, config: GPTConfig, tp: int) -> None:
+    path = os.path.join(out_dir, RUN_FILE)
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    if saved["model"] != dataclasses.asdict(config) or saved["tp"] != tp:
+        raise UsageError(f"--resume: the flags describe a different model than the run in "
+                         f"{out_dir} (saved {saved['model']}, tp {saved['tp']})")
+
+
+def train(args: argparse.Namespace) -> Dict[str, Any]:
+    join(args)
+    try:
+        return _train(args)
+    finally:
+        if is_initialized():
+            destroy_process_group()
+
+
+def _train(args: argparse.Namespace) -> Dict[str, Any]:
+    out_dir = os.path.abspath(args.out_dir)
+    text = read_text(args.data)
+    saved_tokenizer = os.path.join(out_dir, TOKENIZER_FILE)
+    if args.resume and os.path.isfile(saved_tokenizer):
+        tokenizer = Tokenizer.load(saved_tokenizer)
+    else:
+        tokenizer = Tokenizer.from_text(args.tokenizer, text)
+    try:
+        train_set, val_set = split_windows(tokenizer.encode(text), args.max_seq_length,
+                                           args.val_fraction)
+    except ValueError as exc:
+        raise UsageError(f"--data {args.data}: {exc}") from None
+    config = model_config(args, tokenizer)
+    if args.resume:
+        _check_resumable(out_dir, config, args.tp)
+    model, dp_group = build_model(config, args.tp, args.seed)
+    tp_rank = 0 if args.tp == 1 else get_rank() % args.tp
+    if get_rank() == 0:
+        os.makedirs(out_dir, exist_ok=True)
+        tokenizer.save(saved_tokenizer)
+        with open(os.path.join(out_dir, RUN_FILE), "w", encoding="utf-8") as handle:
+            json.dump({"model": dataclasses.asdict(config), "tp": args.tp,
+                       "world_size": get_world_size(), "args": vars(args)}, handle, indent=1)
+    # each tensor-parallel rank checkpoints its own shards, over its data-parallel group
+    checkpoints = os.path.join(out_dir, "checkpoints")
+    if args.tp > 1:
+        checkpoints = os.path.join(checkpoints, f"tp{tp_rank}")
+    cfg = TrainingConfig(
+        epochs=args.epochs, max_steps=args.max_steps,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        max_grad_norm=args.gradient_clip_norm or None, mixed_precision=args.mixed_precision,
+        zero_stage=args.zero_stage, lr_schedule=args.lr_schedule,
+        warmup_steps=args.warmup_steps, seed=args.seed, log_interval=args.log_interval,
+        eval_interval=args.eval_interval, eval_batches=args.eval_batches,
+        checkpoint_dir=checkpoints, save_interval=args.save_interval, resume=args.resume,
+        metrics_dir=out_dir, tokens_per_sample=args.max_seq_length,
+        compute_accuracy=args.tp == 1, progress_bar=not args.no_progress)
+    optimizer = AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    trainer = Trainer(model, optimizer, config=cfg, group=dp_group)
+    if get_rank() == 0:
+        print(f"GPT: {model.num_parameters():,} parameters per tensor-parallel rank, vocab "
+              f"{config.vocab_size} ({args.tokenizer}), {len(train_set)} training windows of "
+              f"{args.max_seq_length} tokens; world {get_world_size()} = "
+              f"{trainer.world} data-parallel x {args.tp} tensor-parallel", flush=True)
+    history = trainer.fit(DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
+                          DataLoader(val_set, batch_size=args.batch_size)
+                          if len(val_set) else None)
+    return {"history": history.state_dict(), "steps": trainer.step}

@@ -1,0 +1,55 @@
+"""Where the numbers of a run go: ``metrics.jsonl`` (always) and TensorBoard (when
+``tensorboardX`` is installed). Only the writing rank (rank 0) makes one.
+
+Each line of ``metrics.jsonl`` is one JSON object with ``kind`` ("train", "val" or "epoch"),
+``step`` (optimizer steps so far), ``epoch`` and ``time`` (seconds since the run started,
+continued across resumes). "train" lines also carry ``loss``, ``lr``, ``grad_norm``,
+``samples_per_second``, ``tokens_per_second`` (when the sample length is known) and
+``comm_seconds`` (gradient all-reduce time in the interval); "val" lines ``val_loss`` and
+``val_accuracy``; "epoch" lines the epoch record of the history.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, Optional
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: such values are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogger:
+    def __init__(self, directory: str, append: bool = False) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, METRICS_FILE)
+        # line-buffered: a crash loses at most the line being written
+        self._file = open(self.path, "a" if append else "w", encoding="utf-8", buffering=1)
+        self._board: Optional[Any] = None
+        try:
+            from tensorboardX import SummaryWriter  # optional: the dev extra installs it
+        except ImportError:
+            SummaryWriter = None
+        if SummaryWriter is not None:
+            self._board = SummaryWriter(logdir=os.path.join(directory, "tensorboard"))
+
+    def log(self, kind: str, step: int, values: Dict[str, Any]) -> None:
+        record = {"kind": kind, "step": int(step)}
+        record.update({k: _clean(v) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        if self._board is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and key not in ("epoch", "time") and math.isfinite(value):
+                    self._board.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._board is not None:
+            self._board.close()

@@ -1,0 +1,289 @@
+"""``Trainer``: the training loop for any model, one process or many.
+
+The step itself (accumulation, clipping by the global norm, float16 mixed precision with a
+loss scaler, ZeRO stages, the gradient all-reduce) is ``AdvancedDistributedDataParallel``'s
+``backward_step``; the Trainer adds what surrounds it: the data split over the ranks
+(``batches.shard_loader``), the learning-rate schedule, validation, metrics averaged over the
+ranks, logging and checkpoints on rank 0, early stopping and resume through
+``DistributedCheckpointManager``.
+
+Without a process group the Trainer starts a one-process group (and ends it after ``fit``),
+so one code path serves every world size. ``group`` selects the data-parallel ranks (the "dp"
+group of a device mesh when the model is also tensor parallel); default: the whole world.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..core import no_grad
+from ..distributed import (ReduceOp, all_reduce, destroy_process_group, get_rank, get_world_size,
+                           init_process_group, is_initialized)
+from ..distributed.checkpoint import DistributedCheckpointManager
+from ..distributed.checkpoint.manager import NoCheckpointError
+from ..distributed.ddp.advanced import AdvancedDistributedDataParallel
+from .batches import batch_size_of, correct_predictions, forward, shard_loader
+from .callbacks import Callback, EarlyStopping, History
+from .config import TrainingConfig
+from .metrics import MetricsLogger
+from .progress import Progress
+from .schedule import build_schedule
+
+
+class Trainer:
+    def __init__(self, model: Any, optimizer: Any, loss_fn: Optional[Callable] = None,
+                 config: Optional[TrainingConfig] = None,
+                 callbacks: Sequence[Callback] = (), scheduler: Any = None,
+                 group: Any = None) -> None:
+        self.config = config if config is not None else TrainingConfig()
+        self._owns_group = not is_initialized()
+        if self._owns_group:
+            init_process_group(world_size=1, rank=0)
+        self.group, self.loss_fn = group, loss_fn
+        self.rank, self.world = get_rank(group), get_world_size(group)
+        self.is_logger = get_rank() == 0  # the job's rank 0 logs, prints and writes metrics
+        self.model = model
+        self.wrapper = AdvancedDistributedDataParallel(model, self.config.data_parallel(),
+                                                       group=group)
+        stage = self.config.zero_stage
+        if stage == 1:
+            optimizer = self.wrapper.wrap_optimizer(optimizer)
+        elif stage in (2, 3):  # the optimizer must hold the shards: rebuild it on them
+            optimizer = self.wrapper.wrap_optimizer(type(optimizer), **optimizer.defaults)
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.callbacks: List[Callback] = list(callbacks)
+        if self.config.early_stopping_patience is not None:
+            self.callbacks.append(EarlyStopping(self.config.monitor,
+                                                self.config.early_stopping_patience))
+        self.history = History(self.config.monitor)
+        self.step = self.epoch = 0
+        self.should_stop = False
+        self._position = 0                    # batches of the current epoch already used
+        self._epoch_sums = np.zeros(2)        # loss * samples, samples (this rank, this epoch)
+        self._elapsed = 0.0                   # seconds of earlier runs (resume)
+        self._saved_step = -1
+        self._manager = None
+        if self.config.checkpoint_dir is not None:
+            self._manager = DistributedCheckpointManager(
+                self.config.checkpoint_dir, self.config.max_checkpoints, group=group)
+
+    # ------------------------------------------------------------------ public
+    def fit(self, train_loader: Any, val_loader: Any = None, epochs: Optional[int] = None,
+            max_steps: Optional[int] = None) -> History:
+        cfg = self.config
+        if not is_initialized():
+            raise RuntimeError("Trainer.fit: no process group; this Trainer started its own "
+                               "one-process group and ended it after the last fit(): make a "
+                               "new Trainer, or call init_process_group() before creating it")
+        epochs = cfg.epochs if epochs is None else int(epochs)
+        max_steps = cfg.max_steps if max_steps is None else int(max_steps)
+        loader = shard_loader(train_loader, self.world, self.rank, None, cfg.seed)
+        val = None if val_loader is None else shard_loader(val_loader, self.world, self.rank,
+                                                           False, cfg.seed)
+        total = -(-epochs * len(loader) // cfg.gradient_accumulation_steps)
+        total = total if max_steps is None else min(total, max_steps)
+        if self.scheduler is None:
+            self.scheduler = build_schedule(self.optimizer, cfg.lr_schedule, total,
+                                            cfg.warmup_steps, cfg.min_lr_ratio)
+        sampler = getattr(loader, "sampler", None)
+        resumed = self._resume(sampler) if cfg.resume else False
+        logger = None
+        if self.is_logger and cfg.metrics_dir is not None:
+            logger = MetricsLogger(cfg.metrics_dir, append=resumed)
+        bar = Progress(total, self.step, enabled=self.is_logger and cfg.progress_bar,
+                       verbose=self.is_logger and cfg.verbose)
+        for callback in self.callbacks:
+            callback.on_fit_start(self)
+        start = time.perf_counter() - self._elapsed
+        interval = _Interval(self.wrapper)
+        last_loss = float("nan")
+        try:
+            # a resumed run may already have done max_steps: then it only saves and reports
+            while self.epoch < epochs and not self.should_stop and (
+                    max_steps is None or self.step < max_steps):
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(self.epoch)
+                epoch_start = time.perf_counter()
+                steps_before = self.step
+                self.wrapper.train()
+                for index, batch in enumerate(loader):
+                    if index < self._position:  # resumed inside this epoch: skip what was used
+                        continue
+                    _, loss, _ = forward(self.wrapper, batch, self.loss_fn)
+                    stepped = self.wrapper.backward_step(loss, self.optimizer)
+                    n = batch_size_of(batch)
+                    last_loss = float(loss.item())
+                    self._epoch_sums += (last_loss * n, n)
+                    interval.add(last_loss, n)
+                    self._position = index + 1
+                    if not stepped:
+                        continue
+                    self.step += 1
+                    if self.scheduler is not None:
+                        self.scheduler.step()
+                    logs = {"step": self.step, "epoch": self.epoch}
+                    if self.step % cfg.log_interval == 0 or self.step == total:
+                        logs.update(interval.flush(self.group, cfg.tokens_per_sample,
+                                                   self._lr()))
+                        self.history.samples += interval.flushed
+                        self.history.last_loss = logs["loss"]
+                        self._record(logger, bar, "train", logs, time.perf_counter() - start)
+                    if cfg.eval_interval and val is not None and self.step % cfg.eval_interval == 0:
+                        scores = self.evaluate(val)
+                        self._record(logger, bar, "val", dict(scores, epoch=self.epoch),
+                                     time.perf_counter() - start)
+                        self.wrapper.train()
+                    bar.advance(logs.get("loss"))
+                    for callback in self.callbacks:
+                        callback.on_step_end(self, logs)
+                    if cfg.save_interval and self.step % cfg.save_interval == 0:
+                        self._elapsed = time.perf_counter() - start
+                        self.save_checkpoint(last_loss, sampler)
+                    if (max_steps is not None and self.step >= max_steps) or self.should_stop:
+                        break
+                else:  # the epoch ran to its end
+                    self._end_epoch(val, epoch_start, steps_before, logger, bar, start)
+                    if self._manager is not None and not cfg.save_interval:
+                        self._elapsed = time.perf_counter() - start
+                        self.save_checkpoint(last_loss, sampler)
+                    continue
+                break  # max_steps reached (or a callback stopped) inside the epoch
+            self._elapsed = time.perf_counter() - start
+            self.history.total_time, self.history.steps = self._elapsed, self.step
+            self.history.stopped_early = self.should_stop
+            if self._manager is not None:
+                self.save_checkpoint(last_loss, sampler)
+            for callback in self.callbacks:
+                callback.on_fit_end(self, self.history)
+            bar.summary(self.history, self.world, cfg.tokens_per_sample)
+        finally:
+            bar.close()
+            if logger is not None:
+                logger.close()
+            if self._owns_group and is_initialized():
+                destroy_process_group()
+                self._owns_group = False
+        return self.history
+
+    def evaluate(self, loader: Any) -> Dict[str, Optional[float]]:
+        """Loss and accuracy over ``loader`` (this rank's share), averaged over the ranks."""
+        sums = np.zeros(4)  # loss * samples, samples, correct, counted
+        self.wrapper.eval()
+        with no_grad():
+            for index, batch in enumerate(loader):
+                if self.config.eval_batches is not None and index >= self.config.eval_batches:
+                    break
+                output, loss, target = forward(self.wrapper, batch, self.loss_fn)
+                n = batch_size_of(batch)
+                correct, counted = (correct_predictions(output, target)
+                                    if self.config.compute_accuracy else (0.0, 0.0))
+                sums += (float(loss.item()) * n, n, correct, counted)
+        all_reduce(sums, ReduceOp.SUM, group=self.group)
+        return {"val_loss": float(sums[0] / sums[1]) if sums[1] else None,
+                "val_accuracy": float(sums[2] / sums[3]) if sums[3] else None}
+
+    def save_checkpoint(self, loss: float, sampler: Any = None) -> Optional[str]:
+        """Collective over the data-parallel group; rank 0 of it writes."""
+        if self._manager is None or self._saved_step == self.step:
+            return None
+        extra = {"step": self.step, "epoch": self.epoch, "position": self._position,
+                 "epoch_sums": [float(v) for v in self._epoch_sums],
+                 "elapsed": self._elapsed, "history": self.history.state_dict(),
+                 "callbacks": [c.state_dict() if hasattr(c, "state_dict") else None
+                               for c in self.callbacks]}
+        path = self._manager.save_checkpoint(
+            self.wrapper.module, self.optimizer, self.epoch, self.step,
+            loss if math.isfinite(loss) else None, additional_state=extra,
+            scheduler=self.scheduler, loss_scaler=self._scaler(), sampler=sampler)
+        self._saved_step = self.step
+        return path
+
+    # ------------------------------------------------------------------ internals
+    def _scaler(self) -> Any:
+        return self.wrapper.scaler if self.config.mixed_precision else None
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _resume(self, sampler: Any) -> bool:
+        if self._manager is None:
+            raise ValueError("TrainingConfig(resume=True) needs a checkpoint_dir to resume from")
+        try:
+            info = self._manager.load_checkpoint(
+                self.wrapper.module, self.optimizer, scheduler=self.scheduler,
+                loss_scaler=self._scaler(), sampler=sampler)
+        except NoCheckpointError:
+            return False
+        extra = info["additional_state"]
+        self.step, self.epoch, self._position = extra["step"], extra["epoch"], extra["position"]
+        self._epoch_sums = np.array(extra["epoch_sums"], dtype=np.float64)
+        self._elapsed = float(extra["elapsed"])
+        self.history.load_state_dict(extra["history"])
+        for callback, state in zip(self.callbacks, extra["callbacks"]):
+            if state is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(state)
+        self._saved_step = self.step
+        return True
+
+    def _end_epoch(self, val: Any, epoch_start: float, steps_before: int, logger: Any,
+                   bar: "Progress", start: float) -> None:
+        sums = self._epoch_sums.copy()
+        all_reduce(sums, ReduceOp.SUM, group=self.group)
+        seconds = time.perf_counter() - epoch_start
+        record: Dict[str, Any] = {"epoch": self.epoch,
+                                  "train_loss": float(sums[0] / max(sums[1], 1)),
+                                  "val_loss": None, "val_accuracy": None, "seconds": seconds,
+                                  "samples_per_second":
+                                      float(sums[1] / seconds) if seconds else None,
+                                  "steps": self.step - steps_before}
+        if val is not None:
+            record.update(self.evaluate(val))
+        self.history.append(record)
+        self._record(logger, bar, "epoch", record, time.perf_counter() - start)
+        for callback in self.callbacks:
+            callback.on_epoch_end(self, record)
+        self.epoch += 1
+        self._position = 0
+        self._epoch_sums = np.zeros(2)
+
+    def _record(self, logger: Any, bar: "Progress", kind: str, values: Dict[str, Any],
+                elapsed: float) -> None:
+        if logger is not None:
+            logger.log(kind, self.step, dict(values, time=round(elapsed, 3)))
+        bar.line(kind, self.step, values)
+
+
+class _Interval:
+    """Train loss, samples and communication time since the last record."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.wrapper = wrapper
+        self.sums = np.zeros(3)  # loss * samples, samples, micro-batches
+        self.start = time.perf_counter()
+        self.comm_ms = self._comm_ms()
+
+    def _comm_ms(self) -> float:
+        return float(self.wrapper.get_statistics()["communication_time_ms"]["total"])
+
+    def add(self, loss: float, n: int) -> None:
+        self.sums += (loss * n, n, 1)
+
+    def flush(self, group: Any, tokens_per_sample: Optional[int], lr: float) -> Dict[str, Any]:
+        sums = self.sums.copy()
+        all_reduce(sums, ReduceOp.SUM, group=group)
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        comm = self._comm_ms()
+        stats = self.wrapper.get_statistics()
+        values = {"loss": float(sums[0] / max(sums[1], 1)), "lr": lr,
+                  "grad_norm": float(stats["gradient_norms"]["last"]),
+                  "samples_per_second": float(sums[1] / seconds),
+                  "comm_seconds": (comm - self.comm_ms) / 1e3}
+        if tokens_per_sample:
+            values["tokens_per_second"] = float(sums[1] * tokens_per_sample / seconds)
+        self.flushed = float(sums[1])  # samples of all ranks in this interval
+        self.sums[:] = 0
+        self.start, self.comm_ms = time.perf_counter(), comm
+        return values

@@ -1,0 +1,179 @@
+"""``python -m neural_arch.train_gpt`` in real processes: standalone, under the launcher,
+seed-style (one command per rank), resume, --sample, --tp 2, and bad flags.
+
+All runs train the same tiny GPT on the same generated text for a few steps with the same
+global batch (8 windows of 16 characters), so their per-step losses must agree."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dist_harness import mpi_available
+from launcher_support import free_port
+from repo_paths import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(300)
+MODEL = ["--hidden-size", "32", "--layers", "2", "--attention-heads", "2",
+         "--max-seq-length", "16", "--log-interval", "1", "--no-progress",
+         "--gradient-clip-norm", "0", "--eval-interval", "3", "--eval-batches", "2",
+         "--save-interval", "3"]
+FIELDS = {"kind", "step", "epoch", "time", "loss", "lr", "grad_norm", "samples_per_second",
+          "tokens_per_second", "comm_seconds"}
+
+
+def command(*args, launcher=0):
+    if launcher:
+        return [sys.executable, "-m", "neural_arch.distributed.launcher",
+                f"--nproc_per_node={launcher}", f"--master_port={free_port()}", "-m",
+                "neural_arch.train_gpt", *map(str, args)]
+    return [sys.executable, "-m", "neural_arch.train_gpt", *map(str, args)]
+
+
+def run(*args, launcher=0, expect=0):
+    result = subprocess.run(command(*args, launcher=launcher), capture_output=True, text=True,
+                            timeout=240, cwd=REPO_ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-2000:]
+    return result
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
+        records = [json.loads(line) for line in handle]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
+    return np.array([r["loss"] for r in train]), records
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    words = ["the", "model", "reads", "a", "small", "text", "and", "learns", "its", "letters"]
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(" ".join(rng.choice(words, size=900)) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(text, tmp_path_factory):
+    """Six steps in one process, batch 8."""
+    out = tmp_path_factory.mktemp("runs") / "reference"
+    result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out)
+    return str(out), result
+
+
+def test_standalone_writes_metrics_checkpoints_and_summary(reference):
+    out, result = reference
+    values, records = losses(out)
+    assert len(values) == 6 and np.all(np.isfinite(values))
+    for record in records:
+        if record["kind"] == "train":
+            assert set(record) == FIELDS, record
+        else:
+            assert record["kind"] == "val" and {"val_loss", "val_accuracy"} <= set(record)
+    assert sorted(os.listdir(os.path.join(out, "checkpoints"))) == [
+        "ckpt-e000000-s00000003", "ckpt-e000000-s00000006"]
+    assert "done: 6 steps" in result.stdout and "tokens/s" in result.stdout
+
+
+def test_resume_continues_the_step_count_and_the_loss_curve(text, reference, tmp_path):
+    out = tmp_path / "resumed"
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 3, "--out-dir", out)
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+        "--resume")
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-6)
+
+
+def test_launcher_with_two_ranks_matches_one_process(text, reference, tmp_path):
+    out = tmp_path / "launched"
+    result = run("--data", text, *MODEL, "--batch-size", 4, "--max-steps", 6, "--out-dir", out,
+                 launcher=2)
+    assert "2 data-parallel" in result.stdout
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+
+
+def test_one_command_per_rank_matches_one_process(text, reference, tmp_path):
+    out, port = tmp_path / "seed_style", free_port()
+    procs = [subprocess.Popen(command("--data", text, *MODEL, "--batch-size", 4, "--max-steps",
+                                      6, "--out-dir", out, "--world-size", 2, "--rank", rank,
+                                      "--master-addr", "127.0.0.1", "--master-port", port),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+             for rank in (1, 0)]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+
+
+@pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpiexec")
+def test_mpirun_with_two_ranks_matches_one_process(text, reference, tmp_path):
+    out = tmp_path / "mpi"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(PYTHONPATH=str(REPO_ROOT), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+    cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "neural_arch.train_gpt", "--data", text,
+           *MODEL, "--batch-size", "4", "--max-steps", "6", "--out-dir", str(out)]
+    for _ in range(3):  # Open MPI's runtime occasionally fails to start its server: retry
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+                                env=env)
+        if "PMIx server's listener thread failed" not in result.stderr:
+            break
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 data-parallel" in result.stdout
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_zero_stages_at_two_ranks_match_one_process(text, reference, tmp_path, stage):
+    out = tmp_path / f"zero{stage}"
+    run("--data", text, *MODEL, "--batch-size", 4, "--max-steps", 6, "--out-dir", out,
+        "--zero-stage", stage, launcher=2)
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    if stage == 3:  # the parameters really were sharded: each rank saved its own shard
+        saved = os.listdir(os.path.join(out, "checkpoints", "ckpt-e000000-s00000006"))
+        assert {"model.shard0.safetensors", "model.shard1.safetensors"} <= set(saved), saved
+
+
+def test_mixed_precision_follows_the_float32_run(text, reference, tmp_path):
+    out = tmp_path / "fp16"
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+        "--mixed-precision")
+    half, full = losses(out)[0], losses(reference[0])[0]
+    np.testing.assert_allclose(half, full, rtol=2e-2)
+    assert not np.array_equal(half, full)  # float16 rounding shows: it did compute in float16
+
+
+def test_tensor_parallel_two_ranks_match_one_process(text, reference, tmp_path):
+    out = tmp_path / "tp2"
+    result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+                 "--tp", 2, launcher=2)
+    assert "1 data-parallel x 2 tensor-parallel" in result.stdout
+    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+
+
+def test_sample_prints_text_from_the_latest_checkpoint(reference):
+    result = run("--out-dir", reference[0], "--sample", 40, "--prompt", "the ")
+    text = result.stdout.rstrip("\n")
+    assert text.startswith("the ") and len(text) == 44
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--hidden-size", "30", "--attention-heads", "4"], "not divisible by --attention-heads"),
+    (["--data", "missing.txt"], "missing.txt: no such file"),
+    (["--tp", "3"], "--tp 3 does not divide --attention-heads 4"),
+    (["--pp", "2"], "pipeline parallelism is not supported"),
+    (["--batch-size", "0"], "--batch-size must be a positive integer"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_bad_flags_exit_2_with_one_line(text, flags, message, tmp_path):
+    # --out-dir: were a check missing, the run would train into tmp_path, not the repository
+    args = (["--data", text] if "--data" not in flags else []) + flags + [
+        "--out-dir", str(tmp_path), "--max-steps", "1"]
+    result = run(*args, expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
