@@ -44,7 +44,7 @@ FORWARD_S = 0.040
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 FULL = dict(ps=(2, 4), ms=(1, 2, 4, 8, 16), steps=3,
             gpt=dict(n_layer=4, n_embd=512, n_head=8, block_size=64, vocab_size=1024),
-            batch=16, pp_m=8, speed_steps=4,
+            batch=16, pp_m=8, speed_steps=5,
             memory_gpt=dict(n_layer=4, n_embd=128, n_head=4, block_size=64, vocab_size=256),
             memory_batch=16, memory_m=8)
 QUICK = dict(ps=(2,), ms=(1, 2, 4), steps=1,
