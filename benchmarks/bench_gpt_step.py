@@ -1,0 +1,190 @@
+"""Time one training step of a GPT: neural_arch against the same model in PyTorch on the CPU.
+
+A step is zero_grad, forward, mean cross-entropy over the next characters, backward and an
+AdamW update, in float32 on one thread. The torch model is nanoGPT's layout written here
+(fused q | k | v, ``scaled_dot_product_attention(is_causal=True)``, exact GELU, the LM head tied
+to the token embedding) and starts from neural_arch's weights; the first step's losses must
+agree, or the run stops. Steps of the two are interleaved (in rotating order) so that machine
+noise hits them alike; each reports the median.
+
+    python benchmarks/bench_gpt_step.py [--steps 20] [--quick] [--output benchmarks/RESULTS.md]
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, Dict, List, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+
+import bench_reporting as reporting  # noqa: E402
+
+from neural_arch.core import manual_seed  # noqa: E402
+from neural_arch.models import GPT, GPTConfig  # noqa: E402
+from neural_arch.optim import AdamW  # noqa: E402
+
+GOAL, FLOOR = 1.0, 1.15  # neural_arch / torch step time: the goal, and the most allowed
+SECTION = "bench_gpt_step"
+VOCAB, LR = 65, 1e-3
+# (layers, heads, width, block, batch): the char GPT of the training program, and a wider one
+CONFIGS = [(4, 4, 128, 64, 16), (6, 4, 256, 128, 8)]
+QUICK = [(2, 2, 32, 16, 4)]
+
+
+def _torch_gpt(torch, model: GPT, config: GPTConfig):
+    """nanoGPT in torch, holding a copy of ``model``'s weights."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            c = config.n_embd
+            self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+            self.c_attn, self.attn_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+            self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            h = config.n_head
+            qkv = self.c_attn(self.ln_1(x)).view(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+            x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, c))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+    class TorchGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+            self.h = nn.ModuleList(Block() for _ in range(config.n_layer))
+            self.ln_f = nn.LayerNorm(config.n_embd)
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            for block in self.h:
+                x = block(x)
+            logits = self.ln_f(x) @ self.wte.weight.T  # the tied LM head
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    theirs = TorchGPT()
+    # our names -> theirs: only the blocks' projections are spelled differently
+    rename = {"attn.c_attn": "c_attn", "attn.c_proj": "attn_proj", "mlp.c_fc": "c_fc",
+              "mlp.c_proj": "mlp_proj"}
+    state = {}
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue
+        for ours, torch_name in rename.items():
+            key = key.replace(f".{ours}.", f".{torch_name}.")
+        state[key] = torch.from_numpy(np.array(value, dtype=np.float32))
+    theirs.load_state_dict(state)
+    return theirs
+
+
+class Pair:
+    """The same GPT, batch and optimizer in neural_arch and in torch."""
+
+    def __init__(self, torch, sizes) -> None:
+        layers, heads, width, block, batch = sizes
+        self.config = GPTConfig(vocab_size=VOCAB, n_layer=layers, n_head=heads, n_embd=width,
+                                block_size=block)
+        manual_seed(0)
+        self.ours = GPT(self.config)
+        self.opt = AdamW(list({id(p): p for p in self.ours.parameters()}.values()), lr=LR)
+        rng = np.random.default_rng(1)
+        self.idx = rng.integers(0, VOCAB, (batch, block))
+        self.targets = rng.integers(0, VOCAB, (batch, block))
+        self.torch = torch
+        self.theirs = _torch_gpt(torch, self.ours, self.config)
+        self.topt = torch.optim.AdamW(self.theirs.parameters(), lr=LR, weight_decay=1e-2)
+        self.tidx = torch.from_numpy(self.idx)
+        self.ttargets = torch.from_numpy(self.targets)
+
+    def ours_step(self) -> float:
+        self.opt.zero_grad()
+        _, loss = self.ours(self.idx, self.targets)
+        loss.backward()
+        self.opt.step()
+        return float(loss.item())
+
+    def torch_step(self) -> float:
+        self.topt.zero_grad()
+        loss = self.theirs(self.tidx, self.ttargets)
+        loss.backward()
+        self.topt.step()
+        return float(loss.item())
+
+
+def time_pair(pair: Pair, steps: int, warmup: int) -> Dict[str, float]:
+    first = pair.ours_step(), pair.torch_step()
+    if abs(first[0] - first[1]) > 1e-4 * max(1.0, abs(first[1])):
+        raise RuntimeError(f"the two models disagree on the first loss: neural_arch "
+                           f"{first[0]:.6f}, torch {first[1]:.6f}")
+    runners: Dict[str, Callable[[], float]] = {"neural_arch": pair.ours_step,
+                                               "torch": pair.torch_step}
+    names, times = list(runners), {name: [] for name in runners}
+    for i in range(warmup + steps):
+        for name in names[i % 2:] + names[:i % 2]:
+            start = time.perf_counter()
+            runners[name]()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+
+
+def report(rows: List[dict], command: str, torch_version: str) -> str:
+    table, misses = [], 0
+    for r in rows:
+        ratio = r["neural_arch"] / r["torch"]
+        misses += ratio > GOAL
+        table.append([f"{r['layers']} x {r['width']}, heads {r['heads']}, T {r['block']}, "
+                      f"B {r['batch']}", f"{r['neural_arch']:.1f}", f"{r['torch']:.1f}",
+                      f"{ratio:.3f}", reporting.verdict(ratio <= GOAL),
+                      reporting.verdict(ratio <= FLOOR)])
+    head = reporting.section_head(
+        "GPT training step against PyTorch (`benchmarks/bench_gpt_step.py`)", command,
+        f"{reporting.machine_info()}; torch {torch_version}",
+        "A step: zero_grad, forward, cross-entropy, backward, AdamW; float32, one thread; the "
+        "median of interleaved steps after a warm-up, the first step's losses checked equal.")
+    body = reporting.markdown_table(
+        ["GPT", "neural_arch ms", "torch ms", "neural_arch / torch", f"<= {GOAL}",
+         f"<= {FLOOR}"], table, "lrrrll")
+    return "\n".join(head + [body, "", f"{misses} row(s) slower than torch."])
+
+
+def main(argv: Optional[List[str]] = None) -> List[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a tiny GPT (a smoke run)")
+    parser.add_argument("--output", action="append", default=[])
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("bench_gpt_step needs torch (the peer it measures against): pip install torch")
+        return []
+    torch.set_num_threads(1)
+    rows = []
+    for sizes in (QUICK if args.quick else CONFIGS):
+        result = time_pair(Pair(torch, sizes), args.steps, args.warmup)
+        rows.append(dict(zip(("layers", "heads", "width", "block", "batch"), sizes), **result))
+        print(rows[-1], flush=True)
+    command = reporting.command_line("benchmarks/bench_gpt_step.py",
+                                     sys.argv[1:] if argv is None else argv)
+    reporting.publish(report(rows, command, torch.__version__), args.output, SECTION)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The GPT-against-torch step benchmark runs on a tiny GPT (the first losses of the two models
+must agree, or it stops) and reports ratios and verdicts that follow from its own numbers."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from test_benchmarks_smoke import _ratio_shown, _run
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_gpt_step_benchmark_reports_consistent_numbers(tmp_path):
+    pytest.importorskip("torch", reason="the benchmark measures against torch")
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_gpt_step.py", ["--quick", "--steps", "2", "--warmup", "1",
+                                        "--output", str(output)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- bench_gpt_step:start -->") == 1
+    rows = re.findall(r"^\| (2 x 32, heads 2, T 16, B 4) \| ([0-9.]+) \| ([0-9.]+) \| "
+                      r"([0-9.]+) \| (PASS|MISS) \| (PASS|MISS) \|$", text, re.MULTILINE)
+    assert len(rows) == 1, text
+    _, ours, theirs, ratio, goal, floor = rows[0]
+    assert _ratio_shown(float(ratio), float(ours), float(theirs), 1, 0.0005, 0.05)
+    assert (goal == "PASS") == (float(ratio) <= 1.0 + 0.0005)
+    assert (floor == "PASS") == (float(ratio) <= 1.15 + 0.0005)
+    assert f"{int(goal == 'MISS')} row(s) slower than torch." in text
