@@ -1,13 +1,16 @@
 """Time one training step of a GPT: neural_arch against the same model in PyTorch on the CPU.
 
 A step is zero_grad, forward, mean cross-entropy over the next characters, backward and an
-AdamW update, in float32 on one thread. The torch model is nanoGPT's layout written here
+AdamW update, in float32 on one thread per process; at p = 2 both run data parallel (our
+``DistributedDataParallel`` on shm, torch's on gloo) in the same two processes, each rank on
+its own batch, and the slower rank's median counts. The torch model is nanoGPT's layout written here
 (fused q | k | v, ``scaled_dot_product_attention(is_causal=True)``, exact GELU, the LM head tied
 to the token embedding) and starts from neural_arch's weights; the first step's losses must
 agree, or the run stops. Steps of the two are interleaved (in rotating order) so that machine
 noise hits them alike; each reports the median.
 
-    python benchmarks/bench_gpt_step.py [--steps 20] [--quick] [--output benchmarks/RESULTS.md]
+    python benchmarks/bench_gpt_step.py [--steps 20] [--world-sizes 1,2] [--quick]
+        [--output benchmarks/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import numpy as np  # noqa: E402
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
+import bench_common as common  # noqa: E402
 import bench_reporting as reporting  # noqa: E402
 
 from neural_arch.core import manual_seed  # noqa: E402
@@ -94,14 +98,14 @@ def _torch_gpt(torch, model: GPT, config: GPTConfig):
 class Pair:
     """The same GPT, batch and optimizer in neural_arch and in torch."""
 
-    def __init__(self, torch, sizes) -> None:
+    def __init__(self, torch, sizes, data_seed: int = 1) -> None:
         layers, heads, width, block, batch = sizes
         self.config = GPTConfig(vocab_size=VOCAB, n_layer=layers, n_head=heads, n_embd=width,
                                 block_size=block)
         manual_seed(0)
         self.ours = GPT(self.config)
         self.opt = AdamW(list({id(p): p for p in self.ours.parameters()}.values()), lr=LR)
-        rng = np.random.default_rng(1)
+        rng = np.random.default_rng(data_seed)
         self.idx = rng.integers(0, VOCAB, (batch, block))
         self.targets = rng.integers(0, VOCAB, (batch, block))
         self.torch = torch
@@ -142,49 +146,95 @@ def time_pair(pair: Pair, steps: int, warmup: int) -> Dict[str, float]:
     return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
 
 
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker(job: Dict[str, object]) -> Dict[str, float]:
+    """One rank of a p = 2 job: both models data parallel, timed side by side."""
+    import torch
+    from neural_arch import distributed as dist
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}",
+                                         rank=rank, world_size=world)
+    try:
+        pair = Pair(torch, job["sizes"], data_seed=1 + rank)
+        pair.ours = dist.DistributedDataParallel(pair.ours)
+        pair.theirs = torch.nn.parallel.DistributedDataParallel(pair.theirs)
+        result = time_pair(pair, job["steps"], job["warmup"])
+    finally:
+        torch.distributed.destroy_process_group()
+    slowest = np.array([result["neural_arch"], result["torch"]])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {"neural_arch": float(slowest[0]), "torch": float(slowest[1])}
+
+
 def report(rows: List[dict], command: str, torch_version: str) -> str:
     table, misses = [], 0
     for r in rows:
         ratio = r["neural_arch"] / r["torch"]
         misses += ratio > GOAL
         table.append([f"{r['layers']} x {r['width']}, heads {r['heads']}, T {r['block']}, "
-                      f"B {r['batch']}", f"{r['neural_arch']:.1f}", f"{r['torch']:.1f}",
+                      f"B {r['batch']}", r["p"], f"{r['neural_arch']:.1f}", f"{r['torch']:.1f}",
                       f"{ratio:.3f}", reporting.verdict(ratio <= GOAL),
                       reporting.verdict(ratio <= FLOOR)])
     head = reporting.section_head(
         "GPT training step against PyTorch (`benchmarks/bench_gpt_step.py`)", command,
         f"{reporting.machine_info()}; torch {torch_version}",
-        "A step: zero_grad, forward, cross-entropy, backward, AdamW; float32, one thread; the "
-        "median of interleaved steps after a warm-up, the first step's losses checked equal.")
+        "A step: zero_grad, forward, cross-entropy, backward, AdamW; float32, one thread per "
+        "process; the median of interleaved steps after a warm-up, the first step's losses "
+        "checked equal. p = 2: both data parallel (ours on shm, torch's DDP on gloo) in the "
+        "same two processes, B per rank, the slower rank's median.")
     body = reporting.markdown_table(
-        ["GPT", "neural_arch ms", "torch ms", "neural_arch / torch", f"<= {GOAL}",
-         f"<= {FLOOR}"], table, "lrrrll")
+        ["GPT", "p", "neural_arch ms", "torch ms", "neural_arch / torch", f"<= {GOAL}",
+         f"<= {FLOOR}"], table, "lrrrrll")
     return "\n".join(head + [body, "", f"{misses} row(s) slower than torch."])
 
 
-def main(argv: Optional[List[str]] = None) -> List[dict]:
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--world-sizes", default="1,2", help="1, 2 or both")
     parser.add_argument("--quick", action="store_true", help="a tiny GPT (a smoke run)")
     parser.add_argument("--output", action="append", default=[])
-    args = parser.parse_args(argv)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     try:
         import torch
     except ImportError:
         print("bench_gpt_step needs torch (the peer it measures against): pip install torch")
-        return []
+        return 1
     torch.set_num_threads(1)
+    world_sizes = sorted({int(w) for w in args.world_sizes.split(",")})
+    if not set(world_sizes) <= {1, 2}:
+        raise SystemExit(f"--world-sizes takes 1 and/or 2, got {args.world_sizes!r}")
     rows = []
     for sizes in (QUICK if args.quick else CONFIGS):
-        result = time_pair(Pair(torch, sizes), args.steps, args.warmup)
-        rows.append(dict(zip(("layers", "heads", "width", "block", "batch"), sizes), **result))
-        print(rows[-1], flush=True)
-    command = reporting.command_line("benchmarks/bench_gpt_step.py",
-                                     sys.argv[1:] if argv is None else argv)
+        for p in world_sizes:
+            if p == 1:
+                result = time_pair(Pair(torch, sizes), args.steps, args.warmup)
+            else:
+                result = common.run_job(os.path.abspath(__file__), "shm", p, dict(
+                    sizes=list(sizes), steps=args.steps, warmup=args.warmup,
+                    port=_free_port()), timeout=900)
+            rows.append(dict(zip(("layers", "heads", "width", "block", "batch"), sizes), p=p,
+                             **result))
+            print(rows[-1], flush=True)
     reporting.publish(report(rows, command, torch.__version__), args.output, SECTION)
-    return rows
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return common.entry_point(argv, "benchmarks/bench_gpt_step.py", parse_args, worker, drive)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""The GPT-against-torch step benchmark runs on a tiny GPT (the first losses of the two models
-must agree, or it stops) and reports ratios and verdicts that follow from its own numbers."""
+"""The GPT-against-torch step benchmark runs on a tiny GPT, in one process and data parallel on
+two (the first losses of the two models must agree, or it stops), and reports ratios and
+verdicts that follow from its own numbers."""
 from __future__ import annotations
 
 import re
@@ -19,11 +20,11 @@ def test_gpt_step_benchmark_reports_consistent_numbers(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     text = output.read_text()
     assert text.count("<!-- bench_gpt_step:start -->") == 1
-    rows = re.findall(r"^\| (2 x 32, heads 2, T 16, B 4) \| ([0-9.]+) \| ([0-9.]+) \| "
+    rows = re.findall(r"^\| 2 x 32, heads 2, T 16, B 4 \| ([12]) \| ([0-9.]+) \| ([0-9.]+) \| "
                       r"([0-9.]+) \| (PASS|MISS) \| (PASS|MISS) \|$", text, re.MULTILINE)
-    assert len(rows) == 1, text
-    _, ours, theirs, ratio, goal, floor = rows[0]
-    assert _ratio_shown(float(ratio), float(ours), float(theirs), 1, 0.0005, 0.05)
-    assert (goal == "PASS") == (float(ratio) <= 1.0 + 0.0005)
-    assert (floor == "PASS") == (float(ratio) <= 1.15 + 0.0005)
-    assert f"{int(goal == 'MISS')} row(s) slower than torch." in text
+    assert [r[0] for r in rows] == ["1", "2"], text  # one process, then DDP on two
+    for _, ours, theirs, ratio, goal, floor in rows:
+        assert _ratio_shown(float(ratio), float(ours), float(theirs), 1, 0.0005, 0.05)
+        assert (goal == "PASS") == (float(ratio) <= 1.0 + 0.0005)
+        assert (floor == "PASS") == (float(ratio) <= 1.15 + 0.0005)
+    assert f"{sum(r[4] == 'MISS' for r in rows)} row(s) slower than torch." in text
