@@ -15,22 +15,21 @@ noise hits them alike; each reports the median.
 from __future__ import annotations
 
 import os
-
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-             "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
-    os.environ[_var] = "1"
-
-import argparse  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from typing import Callable, Dict, List, Optional  # noqa: E402
-
-import numpy as np  # noqa: E402
+import sys
 
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 import bench_common as common  # noqa: E402
+
+common.one_thread_per_rank()  # before NumPy and torch are imported
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, Dict, List, Optional  # noqa: E402
+
+import numpy as np  # noqa: E402
+
 import bench_reporting as reporting  # noqa: E402
 
 from neural_arch.core import manual_seed  # noqa: E402

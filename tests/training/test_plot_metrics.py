@@ -16,7 +16,7 @@ from neural_arch.training import Trainer, TrainingConfig
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from trainer_job import problem  # noqa: E402
 
-pytest.importorskip("matplotlib")
+pytest.importorskip("matplotlib", reason="plot_metrics draws with matplotlib (the dev extra)")
 
 
 @pytest.fixture

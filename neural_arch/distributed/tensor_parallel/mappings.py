@@ -39,13 +39,14 @@ def _all_reduce(array: Any, group: Optional[ProcessGroup]) -> Any:
     return out
 
 
-def _all_gather_last(array: Any, group: Optional[ProcessGroup], size: int) -> Any:
-    """Every rank's ``array`` concatenated along the last dimension, in rank order."""
+def all_gather_along(array: Any, group: Optional[ProcessGroup], size: int, axis: int) -> Any:
+    """Every rank's ``array`` concatenated along ``axis``, in rank order (the last dimension
+    for the tensor-parallel regions, the sequence for the sequence-parallel ones)."""
     xp = xp_of(array)
     local = xp.ascontiguousarray(array)
     out = xp.empty((size,) + tuple(local.shape), dtype=local.dtype)
     collectives.all_gather_into_tensor(out, local, group=group)
-    return xp.concatenate(list(out), axis=-1)
+    return xp.concatenate(list(out), axis=axis)
 
 
 def _own_chunk(array: Any, rank: int, size: int, op: str) -> Any:
@@ -85,7 +86,7 @@ def gather_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = N
         raise ValueError(f"gather_from_tensor_parallel_region needs a last dimension, got "
                          f"shape {tuple(x.shape)}")
     op = "gather_from_tensor_parallel_region backward"
-    return make_result(_all_gather_last(x.data, group, size), (x,),
+    return make_result(all_gather_along(x.data, group, size, -1), (x,),
                        lambda g: (_own_chunk(g, rank, size, op),))
 
 
@@ -97,4 +98,4 @@ def scatter_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = No
         return x
     chunk = _own_chunk(x.data, rank, size, "scatter_to_tensor_parallel_region")
     return make_result(xp_of(chunk).ascontiguousarray(chunk), (x,),
-                       lambda g: (_all_gather_last(g, group, size),))
+                       lambda g: (all_gather_along(g, group, size, -1),))

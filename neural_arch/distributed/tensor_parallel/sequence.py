@@ -34,7 +34,7 @@ from ...nn._dtype import as_tensor
 from .. import collectives
 from ..group.world import ProcessGroup
 from ._group import group_rank_size
-from .mappings import copy_to_tensor_parallel_region
+from .mappings import all_gather_along, copy_to_tensor_parallel_region
 
 __all__ = ["gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region",
            "scatter_to_sequence_parallel_region", "SequenceParallelLayerNorm",
@@ -47,14 +47,6 @@ def _check(array: Any, size: int, rank: int, op: str) -> int:
                          f"{tuple(array.shape)} does not split over tensor-parallel size {size} "
                          f"(rank {rank})")
     return array.shape[-2] // size
-
-
-def _all_gather(array: Any, group: Optional[ProcessGroup], size: int) -> Any:
-    xp = xp_of(array)
-    local = xp.ascontiguousarray(array)
-    out = xp.empty((size,) + tuple(local.shape), dtype=local.dtype)
-    collectives.all_gather_into_tensor(out, local, group=group)
-    return xp.concatenate(list(out), axis=-2)
 
 
 def _reduce_scatter(array: Any, group: Optional[ProcessGroup], rank: int, size: int,
@@ -81,7 +73,7 @@ def gather_from_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] =
         return x
     _check(x.data, 1, rank, "gather_from_sequence_parallel_region")
     op = "gather_from_sequence_parallel_region backward"
-    return make_result(_all_gather(x.data, group, size), (x,),
+    return make_result(all_gather_along(x.data, group, size, -2), (x,),
                        lambda g: (_reduce_scatter(g, group, rank, size, op),))
 
 
@@ -93,7 +85,7 @@ def reduce_scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGr
     if size == 1:
         return x
     out = _reduce_scatter(x.data, group, rank, size, "reduce_scatter_to_sequence_parallel_region")
-    return make_result(out, (x,), lambda g: (_all_gather(g, group, size),))
+    return make_result(out, (x,), lambda g: (all_gather_along(g, group, size, -2),))
 
 
 def scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
@@ -103,7 +95,7 @@ def scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] = 
     if size == 1:
         return x
     out = _own(x.data, rank, size, "scatter_to_sequence_parallel_region")
-    return make_result(out, (x,), lambda g: (_all_gather(g, group, size),))
+    return make_result(out, (x,), lambda g: (all_gather_along(g, group, size, -2),))
 
 
 def _whole_gradient(param: Optional[Tensor], group: Optional[ProcessGroup]) -> Optional[Tensor]:
