@@ -16,6 +16,8 @@ keeps the stage of its ``pp`` coordinate (with ``schedule="interleaved"``, the `
 
 The gradients are those of the mean loss over the whole global batch, so the run matches one
 dense process training on that batch (the tests check it to float tolerance, 8 processes).
+``evaluate(idx, targets)`` runs the same stages forward only (no gradients, no step) and
+returns the mean loss over the global batch, as ``train_step`` does.
 Only the ranks with dp = 0 and tp = 0 print (``log``), one line per pipeline stage.
 """
 from __future__ import annotations
@@ -24,12 +26,17 @@ from typing import Any, Dict, List, Optional, Type
 
 import numpy as np
 
+from ...core import Tensor, no_grad
 from ...models.gpt import GPT, GPTConfig
 from ...optim import AdamW, Optimizer
 from .. import collectives
+from .. import point_to_point as p2p
 from ..device_mesh import DeviceMesh
 from ..pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                           pipeline_split)
+from ..pipelining.plan import Msg
+from ..pipelining.stage import sync_tied
+from ..pipelining.transfer import HEADER_LEN, TAG_ACT, TAG_HEADER, decode_header, encode_header
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
 from ..tensor_parallel.gpt import tensor_parallel_loss
@@ -84,6 +91,7 @@ class GPT3D:
             return tensor_parallel_loss(logits, targets, tp_group)
         first = stages if schedule == "interleaved" else stages[0]
         self.schedule = _SCHEDULES[schedule](first, self.n_microbatches, loss_fn)
+        self.stages = stages
         self.params = _unique(p for piece in self.pieces for p in piece.parameters())
         for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
             check_replicas_agree(piece, self.dp_group, "GPT3D")
@@ -98,13 +106,15 @@ class GPT3D:
         self.steps = 0
 
     # ----- training ---------------------------------------------------------------------
-    def _replica_slice(self, value: Any, what: str) -> np.ndarray:
+    def _replica_slice(self, value: Any, what: str,
+                       n_microbatches: Optional[int] = None) -> np.ndarray:
+        micro = self.n_microbatches if n_microbatches is None else n_microbatches
         data = np.asarray(value.data if hasattr(value, "data") and not isinstance(
             value, np.ndarray) else value)
         rows = data.shape[0] if data.ndim else 0
-        if rows % (self.dp * self.n_microbatches):
+        if rows % (self.dp * micro):
             raise ValueError(f"GPT3D: {what} has {rows} rows (shape {data.shape}), which does "
-                             f"not split into dp={self.dp} replicas x {self.n_microbatches} "
+                             f"not split into dp={self.dp} replicas x {micro} "
                              "micro-batches")
         share = rows // self.dp
         return data[self.dp_rank * share:(self.dp_rank + 1) * share]
@@ -155,6 +165,64 @@ class GPT3D:
             collectives.all_reduce(value, op=ReduceOp.AVERAGE, group=self.dp_group)
         collectives.broadcast(value, src=self.pp_group.ranks[-1], group=self.pp_group)
         return float(value[0])
+
+    # ----- evaluation -------------------------------------------------------------------
+    def evaluate(self, idx: Any, targets: Any) -> float:
+        """The mean loss over the global batch ``(idx, targets)`` (the same on every rank), on
+        every rank, without gradients or a step. Each dp replica runs its slice through the
+        stages in stage order, whole (nothing is kept for a backward, so micro-batches would
+        only add messages): the rows need only split into dp equal slices. Dropout is off."""
+        x = self._replica_slice(idx, "idx", n_microbatches=1)
+        y = self._replica_slice(targets, "targets", n_microbatches=1)
+        if not all(stage._ties_synced for stage in self.stages):
+            # as the first train_step does: the holders of a tied weight start equal
+            sync_tied(self.stages, gradients=False)
+            for stage in self.stages:
+                stage._ties_synced = True
+        modes = [piece.training for piece in self.pieces]
+        losses: List[Any] = []
+        try:
+            for piece in self.pieces:
+                piece.eval()
+            with no_grad():
+                self._forward_stages(x, y, losses)
+        finally:
+            for piece, mode in zip(self.pieces, modes):
+                piece.train(mode)
+        return self._global_loss(losses)
+
+    def _forward_stages(self, x: np.ndarray, y: np.ndarray, losses: List[Any]) -> None:
+        """This rank's stages in order, each taking the previous stage's activation (sent over
+        the pp group when another rank ran it); the last stage appends the loss."""
+        value: Any = x
+        for index in range(self.num_stages):
+            if index % self.pp != self.pp_rank:
+                continue
+            if index > 0 and (index - 1) % self.pp != self.pp_rank:
+                value = self._receive_activation(index)
+            piece = self.pieces[self.stage_indices.index(index)]
+            out = piece(value if index == 0 else Tensor(value))
+            if index == self.num_stages - 1:
+                losses.append(tensor_parallel_loss(out, y, self.tp_group))
+                return
+            value = np.ascontiguousarray(out.data)
+            if (index + 1) % self.pp != self.pp_rank:
+                self._send_activation(value, index + 1)
+
+    def _send_activation(self, value: np.ndarray, stage: int) -> None:
+        dst = self.pp_group.ranks[stage % self.pp]
+        msg = Msg("act", stage, 0, self.pp_rank, stage % self.pp)
+        p2p.send(encode_header(msg, value), dst, group=self.pp_group, tag=TAG_HEADER)
+        p2p.send(value, dst, group=self.pp_group, tag=TAG_ACT)
+
+    def _receive_activation(self, stage: int) -> np.ndarray:
+        src_rank = (stage - 1) % self.pp
+        src = self.pp_group.ranks[src_rank]
+        msg = Msg("act", stage, 0, src_rank, self.pp_rank)
+        header = p2p.recv(np.empty(HEADER_LEN, np.int64), src, group=self.pp_group,
+                          tag=TAG_HEADER)
+        shape, dtype = decode_header(msg, header)
+        return p2p.recv(np.empty(shape, dtype), src, group=self.pp_group, tag=TAG_ACT)
 
     # ----- reporting and checkpoints ----------------------------------------------------
     @property
