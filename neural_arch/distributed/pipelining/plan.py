@@ -5,8 +5,9 @@ A schedule is first an order of work per rank (``rank_order``): which forward (F
 then every backward; 1F1B (PipeDream-Flush, as Megatron-LM) runs ``p - r - 1`` forwards to warm
 up, then alternates one forward and one backward, then drains the backwards, so rank ``r`` never
 holds more than ``p - r`` micro-batches of activations; the interleaved schedule (Megatron-LM's
-virtual pipeline) does the same over ``v`` chunks per rank, a group of ``p`` micro-batches per
-chunk at a time.
+virtual pipeline) does the same over ``v`` chunks per rank, a round of micro-batches per chunk
+at a time (``p`` of them when ``p`` divides ``m``, as Megatron-LM; any ``m`` works, see
+``interleaved_rounds``).
 
 Why a plan and not just the order: ranks must agree on which messages travel together.
 ``build_plan`` plays the orders out on a clock, a forward taking one tick and a backward two
@@ -81,26 +82,47 @@ def rank_order(kind: str, rank: int, p: int, m: int, v: int = 1) -> List[Action]
         return order + [Action("B", 0, i) for i in range(m - warm, m)]
     if kind != "interleaved":
         raise ValueError(f"unknown schedule kind {kind!r}; expected one of {KINDS}")
-    if m % p:
-        raise ValueError(f"the interleaved schedule needs n_microbatches divisible by the "
-                         f"number of pipeline ranks (as Megatron-LM): got {m} micro-batches "
-                         f"for {p} ranks")
+    rounds = interleaved_rounds(p, m)
+    forwards: List[Action] = []
+    backwards: List[Action] = []
+    start = 0
+    for size in rounds:  # a round of micro-batches goes through every chunk before the next
+        group = range(start, start + size)
+        forwards += [Action("F", c, i) for c in range(v) for i in group]
+        backwards += [Action("B", c, i) for c in reversed(range(v)) for i in group]
+        start += size
     total = m * v
-    # Megatron-LM: with as many micro-batches as ranks there is no steady state at all
-    warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
-
-    def chunk(k: int, forward: bool) -> int:
-        c = (k % (p * v)) // p
-        return c if forward else v - 1 - c
-
-    def mb(k: int) -> int:  # micro-batches go in groups of p through each chunk
-        return (k // (p * v)) * p + k % p
-
-    order = [Action("F", chunk(k, True), mb(k)) for k in range(warm)]
+    # Megatron-LM: with as many micro-batches as ranks there is no steady state at all. Else
+    # the last rank first runs every chunk but the last on the first round (its first backward
+    # needs that round's last-chunk forward), each rank before it two forwards more.
+    warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * rounds[0], total)
+    order = forwards[:warm]
     for k in range(total - warm):
-        order += [Action("F", chunk(k + warm, True), mb(k + warm)),
-                  Action("B", chunk(k, False), mb(k))]
-    return order + [Action("B", chunk(k, False), mb(k)) for k in range(total - warm, total)]
+        order += [forwards[warm + k], backwards[k]]
+    return order + backwards[total - warm:]
+
+
+def interleaved_rounds(p: int, m: int) -> List[int]:
+    """How many micro-batches each round of the interleaved schedule sends through the chunks:
+    ``max(1, m // p)`` rounds, as even as can be, the larger first (PyTorch's rounds, which
+    need ``m`` divisible by their number; here a round may hold one micro-batch more).
+
+    A round of at least ``p`` micro-batches keeps rank 0 busy until the round's first
+    micro-batch comes back around the ring for the next chunk, so for ``m >= p`` the bubble is
+    ``(p - 1)/(v m + p - 1)`` whether or not ``p`` divides ``m``. With ``m < p`` the one round
+    is shorter than the ring and rank 0 waits (see ``interleaved_bubble``)."""
+    count = max(1, m // p)
+    size, larger = divmod(m, count)
+    return [size + 1] * larger + [size] * (count - larger)
+
+
+def interleaved_bubble(p: int, m: int, v: int) -> float:
+    """The idle fraction of the interleaved schedule with equal-length chunks (whatever the
+    ratio of backward to forward): ``(p - 1)/(v m + p - 1)`` for ``m >= p``; for ``m < p`` every micro-batch
+    crosses all ``p v`` virtual stages one after another, ``1 - v m / (m + p v - 1)``. Both
+    are ``1 - v m / (v m + p - 1 + (v - 1) max(0, p - m))``."""
+    busy = v * m
+    return 1 - busy / (busy + p - 1 + (v - 1) * max(0, p - m))
 
 
 class Plan(NamedTuple):

@@ -226,7 +226,9 @@ class Schedule1F1B(PipelineSchedule):
 
 class ScheduleInterleaved1F1B(PipelineSchedule):
     """Megatron-LM's interleaved 1F1B: rank ``r`` of ``p`` holds model chunks ``r, r + p,
-    ...``; ``n_microbatches`` must be a multiple of ``p``. A smaller bubble for more messages."""
+    ...``. A smaller bubble for more messages. Any ``n_microbatches`` works: micro-batches go
+    through the chunks in rounds of ``p`` when ``p`` divides it (Megatron-LM's rule), else in
+    ``max(1, m // p)`` rounds of nearly equal size (``plan.interleaved_rounds``)."""
 
     kind = "interleaved"
 
@@ -237,12 +239,6 @@ class ScheduleInterleaved1F1B(PipelineSchedule):
         stages = list(stages)
         if not stages:
             raise ValueError("ScheduleInterleaved1F1B needs this rank's stages, got none")
-        p = stages[0].group.size
-        if isinstance(n_microbatches, (int, np.integer)) and not isinstance(n_microbatches, bool) \
-                and n_microbatches >= 1 and n_microbatches % p:
-            raise ValueError(f"ScheduleInterleaved1F1B needs n_microbatches divisible by the "
-                             f"number of pipeline ranks (as Megatron-LM): got {n_microbatches} "
-                             f"micro-batches for {p} ranks")
         super().__init__(stages, n_microbatches, loss_fn)
 
 

@@ -7,7 +7,8 @@ payloads), as ``transfer`` sends them.
 """
 import pytest
 
-from neural_arch.distributed.pipelining.plan import KINDS, build_plan, rank_order
+from neural_arch.distributed.pipelining.plan import (COST, KINDS, build_plan, interleaved_bubble,
+                                                     interleaved_rounds, rank_order)
 
 
 def _names(order):
@@ -33,9 +34,36 @@ def test_interleaved_order_is_megatrons():
     # as many micro-batches as ranks: all forwards first (Megatron-LM's all-warm-up case)
     assert _names(rank_order("interleaved", 0, 2, 2, 2)) == (
         "F0 F1 F0.1 F1.1 B0.1 B1.1 B0 B1".split())
-    with pytest.raises(ValueError, match="divisible by the number of pipeline ranks.*got 6 "
-                                         "micro-batches for 4 ranks"):
-        rank_order("interleaved", 0, 4, 6, 2)
+
+
+def test_interleaved_takes_any_number_of_micro_batches():
+    # PyTorch's rounds: max(1, m // p) of them; 5 for 2 ranks splits as evenly as it can
+    assert interleaved_rounds(2, 5) == [3, 2]
+    assert interleaved_rounds(4, 6) == [6] and interleaved_rounds(4, 2) == [2]
+    assert interleaved_rounds(3, 8) == [4, 4] and interleaved_rounds(2, 8) == [2, 2, 2, 2]
+    # p=2, m=3: one round of three; warm-up 2(p - r - 1) + (v - 1) * 3
+    assert _names(rank_order("interleaved", 0, 2, 3, 2)) == (
+        "F0 F1 F2 F0.1 F1.1 F2.1 B0.1 B1.1 B2.1 B0 B1 B2".split())
+    assert _names(rank_order("interleaved", 1, 2, 3, 2)) == (
+        "F0 F1 F2 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 B0 B1 B2".split())
+    # fewer micro-batches than ranks: one short round
+    assert _names(rank_order("interleaved", 3, 4, 2, 2)) == "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1".split()
+
+
+def _modelled_bubble(plan, m, v):
+    """Idle fraction of the plan's clock: every rank has m * v forwards and backwards to run."""
+    end = max(s.tick + COST[s.action.kind] for steps in plan.steps for s in steps if s.action)
+    return 1 - m * v * (COST["F"] + COST["B"]) / end
+
+
+def test_interleaved_bubble_is_the_formula_for_every_micro_batch_count():
+    for p in range(1, 6):
+        for m in range(1, 17):
+            for v in (1, 2, 3):
+                modelled = _modelled_bubble(build_plan("interleaved", p, m, v), m, v)
+                assert modelled == pytest.approx(interleaved_bubble(p, m, v), abs=1e-12), (p, m, v)
+                if m >= p:  # p need not divide m for the textbook bubble
+                    assert modelled == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
 
 
 def _batches(plan):
@@ -101,8 +129,6 @@ def test_every_plan_finishes_without_buffering(kind):
     for p in range(1, 6):
         for m in range(1, 10):
             for v in ((1, 2, 3) if kind == "interleaved" else (1,)):
-                if kind == "interleaved" and m % p:
-                    continue
                 plan = build_plan(kind, p, m, v)
                 assert no_deadlock(_batches(plan), _ends(plan)), (kind, p, m, v)
                 # every rank runs every pass of its chunks exactly once

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
-from pipeline_cases import batch, compare, make_mlp, mse, train_dense, train_pipeline
+from neural_arch.distributed.pipelining.plan import build_plan
+from pipeline_cases import BATCH, batch, compare, make_mlp, mse, train_dense, train_pipeline
 
 STEPS = 3
 MICROBATCHES = (1, 2, 4, 8)
@@ -17,26 +18,32 @@ def _opt_for(m):
     return "sgd" if m in (1, 4) else "adamw"
 
 
+def _batches(m):
+    """STEPS batches that split into m micro-batches: BATCH rows, or 3 per micro-batch."""
+    rows = BATCH if BATCH % m == 0 else 3 * m
+    return [batch(s, n=rows) for s in range(STEPS)]
+
+
 def _grid(rank, world_size, kind, counts, v):
     out = {}
     for m in counts:
-        batches = [batch(s) for s in range(STEPS)]
-        losses, params, schedule = train_pipeline(rank, world_size, make_mlp(), kind, m, batches,
-                                                  mse, _opt_for(m), v)
+        losses, params, schedule = train_pipeline(rank, world_size, make_mlp(), kind, m,
+                                                  _batches(m), mse, _opt_for(m), v)
         out[m] = (losses, params, schedule.peak_activations)
     return out
 
 
 def _check(results, counts, kind, p):
     for m in counts:
-        dense_losses, dense_params = train_dense(make_mlp(), [batch(s) for s in range(STEPS)],
-                                                 mse, _opt_for(m))
+        dense_losses, dense_params = train_dense(make_mlp(), _batches(m), mse, _opt_for(m))
         compare([r[m] for r in results], dense_losses, dense_params)
         peaks = [r[m][2] for r in results]
         if kind == "gpipe":
             assert peaks == [m] * p, peaks
         elif kind == "1f1b":  # stage s holds at most p - s micro-batches
             assert peaks == [min(p - s, m) for s in range(p)], peaks
+        else:  # what the plan's clock says each rank holds, over both its chunks
+            assert peaks == build_plan(kind, p, m, 2).peak, peaks
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
@@ -48,8 +55,9 @@ def test_schedule_matches_dense_training(kind, p):
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_interleaved_with_two_chunks_per_rank_matches_dense_training(p):
-    # Megatron-LM's rule: n_microbatches divisible by p (for p = 3 none of 1, 2, 4, 8 is)
-    counts = tuple(sorted({m for m in MICROBATCHES if m % p == 0} | {p, 2 * p}))
+    # Any count, divisible by p or not: m < p is one round shorter than the ring, m = p
+    # Megatron-LM's all-warm-up case, 2p + 1 two rounds of unequal size (p + 1, then p).
+    counts = tuple(sorted(set(MICROBATCHES) | {p, 2 * p + 1}))
     results = run_ranks(_grid, p, "shm", timeout=120, args=("interleaved", counts, 2))
     _check(results, counts, "interleaved", p)
 
