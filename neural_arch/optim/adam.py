@@ -53,6 +53,9 @@ class Adam(Optimizer):
                         state["max_exp_avg_sq"] = xp.zeros_like(data)
                 state["step"] += 1
                 step = state["step"]
+                if not (amsgrad or maximize) and self._compiled_update(
+                        data, grad, state, step, lr, beta1, beta2, eps, weight_decay):
+                    continue
                 if weight_decay != 0:
                     if self._decoupled_decay:
                         data *= 1 - lr * weight_decay
@@ -71,6 +74,21 @@ class Adam(Optimizer):
                 denom = xp.sqrt(second_moment) / bias_correction2_sqrt + eps
                 data -= (lr / bias_correction1) * (exp_avg / denom)
         return loss
+
+
+    def _compiled_update(self, data: Any, grad: Any, state: dict, step: int, lr: float,
+                         beta1: float, beta2: float, eps: float, weight_decay: float) -> bool:
+        """The same update as the NumPy form below, by one compiled pass over a CPU float
+        parameter (``backends.adam_kernels``); False where that kernel does not apply."""
+        # imported on first step, not with the optimizer: importing it imports Numba
+        from ..backends import adam_kernels
+        decoupled = self._decoupled_decay
+        return adam_kernels.update(
+            data, grad, state["exp_avg"], state["exp_avg_sq"],
+            decay=1 - lr * weight_decay if decoupled else 1.0,
+            l2=0.0 if decoupled else weight_decay, beta1=beta1, beta2=beta2,
+            bias_correction2_sqrt=math.sqrt(1 - beta2 ** step), eps=eps,
+            step_size=lr / (1 - beta1 ** step))
 
 
 class AdamW(Adam):
