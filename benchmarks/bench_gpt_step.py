@@ -9,8 +9,12 @@ to the token embedding) and starts from neural_arch's weights; the first step's 
 agree, or the run stops. Steps of the two are interleaved (in rotating order) so that machine
 noise hits them alike; each reports the median.
 
+With ``--baseline REF`` a third runner joins the rotation: the same step on neural_arch as
+it was at git revision REF (``gpt_step_baseline.py``: a child process per rank), so one run
+shows what a change gained against torch and against the code before it.
+
     python benchmarks/bench_gpt_step.py [--steps 20] [--world-sizes 1,2] [--quick]
-        [--output benchmarks/RESULTS.md]
+        [--baseline REF] [--output benchmarks/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from typing import Callable, Dict, List, Optional  # noqa: E402
 import numpy as np  # noqa: E402
 
 import bench_reporting as reporting  # noqa: E402
+import gpt_step_baseline as baseline  # noqa: E402
 
 from neural_arch.core import manual_seed  # noqa: E402
 from neural_arch.models import GPT, GPTConfig  # noqa: E402
@@ -98,6 +103,8 @@ class Pair:
     """The same GPT, batch and optimizer in neural_arch and in torch."""
 
     def __init__(self, torch, sizes, data_seed: int = 1) -> None:
+        self.sizes, self.data_seed = sizes, data_seed
+        self.previous: Optional[baseline.BaselineStep] = None  # see with_baseline
         layers, heads, width, block, batch = sizes
         self.config = GPTConfig(vocab_size=VOCAB, n_layer=layers, n_head=heads, n_embd=width,
                                 block_size=block)
@@ -120,6 +127,16 @@ class Pair:
         self.opt.step()
         return float(loss.item())
 
+    def with_baseline(self, folder: Optional[str], job: Optional[dict] = None) -> "Pair":
+        """Also time the earlier commit extracted in ``folder`` (None: no baseline)."""
+        if folder is not None:
+            self.previous = baseline.BaselineStep(folder, self.sizes, self.data_seed, job)
+        return self
+
+    def close(self) -> None:
+        if self.previous is not None:
+            self.previous.close()
+
     def torch_step(self) -> float:
         self.topt.zero_grad()
         loss = self.theirs(self.tidx, self.ttargets)
@@ -128,16 +145,24 @@ class Pair:
         return float(loss.item())
 
 
+def _agree(name: str, loss: float, reference: float) -> None:
+    if abs(loss - reference) > 1e-4 * max(1.0, abs(reference)):
+        raise RuntimeError(f"the models disagree on the first loss: neural_arch "
+                           f"{reference:.6f}, {name} {loss:.6f}")
+
+
 def time_pair(pair: Pair, steps: int, warmup: int) -> Dict[str, float]:
-    first = pair.ours_step(), pair.torch_step()
-    if abs(first[0] - first[1]) > 1e-4 * max(1.0, abs(first[1])):
-        raise RuntimeError(f"the two models disagree on the first loss: neural_arch "
-                           f"{first[0]:.6f}, torch {first[1]:.6f}")
+    first = pair.ours_step()
+    _agree("torch", pair.torch_step(), first)
     runners: Dict[str, Callable[[], float]] = {"neural_arch": pair.ours_step,
                                                "torch": pair.torch_step}
+    if pair.previous is not None:
+        _agree("the baseline commit", pair.previous.first_loss, first)
+        runners["previous"] = pair.previous.step
     names, times = list(runners), {name: [] for name in runners}
     for i in range(warmup + steps):
-        for name in names[i % 2:] + names[:i % 2]:
+        turn = i % len(names)  # rotating order: each runner goes first as often
+        for name in names[turn:] + names[:turn]:
             start = time.perf_counter()
             runners[name]()
             if i >= warmup:
@@ -160,37 +185,50 @@ def worker(job: Dict[str, object]) -> Dict[str, float]:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}",
                                          rank=rank, world_size=world)
+    pair = Pair(torch, job["sizes"], data_seed=1 + rank)
     try:
-        pair = Pair(torch, job["sizes"], data_seed=1 + rank)
         pair.ours = dist.DistributedDataParallel(pair.ours)
         pair.theirs = torch.nn.parallel.DistributedDataParallel(pair.theirs)
+        pair.with_baseline(job["baseline"], dict(port=job["baseline_port"], world=world,
+                                                 rank=rank))
         result = time_pair(pair, job["steps"], job["warmup"])
     finally:
+        pair.close()
         torch.distributed.destroy_process_group()
-    slowest = np.array([result["neural_arch"], result["torch"]])
+    names = sorted(result)
+    slowest = np.array([result[name] for name in names])
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return {"neural_arch": float(slowest[0]), "torch": float(slowest[1])}
+    return dict(zip(names, slowest.tolist()))
 
 
-def report(rows: List[dict], command: str, torch_version: str) -> str:
+def report(rows: List[dict], command: str, torch_version: str,
+           previous: Optional[str] = None) -> str:
     table, misses = [], 0
     for r in rows:
         ratio = r["neural_arch"] / r["torch"]
         misses += ratio > GOAL
-        table.append([f"{r['layers']} x {r['width']}, heads {r['heads']}, T {r['block']}, "
-                      f"B {r['batch']}", r["p"], f"{r['neural_arch']:.1f}", f"{r['torch']:.1f}",
-                      f"{ratio:.3f}", reporting.verdict(ratio <= GOAL),
-                      reporting.verdict(ratio <= FLOOR)])
+        row = [f"{r['layers']} x {r['width']}, heads {r['heads']}, T {r['block']}, "
+               f"B {r['batch']}", r["p"], f"{r['neural_arch']:.1f}", f"{r['torch']:.1f}"]
+        if previous:
+            row += [f"{r['previous']:.1f}", f"{r['neural_arch'] / r['previous']:.3f}"]
+        table.append(row + [f"{ratio:.3f}", reporting.verdict(ratio <= GOAL),
+                            reporting.verdict(ratio <= FLOOR)])
     head = reporting.section_head(
         "GPT training step against PyTorch (`benchmarks/bench_gpt_step.py`)", command,
         f"{reporting.machine_info()}; torch {torch_version}",
         "A step: zero_grad, forward, cross-entropy, backward, AdamW; float32, one thread per "
         "process; the median of interleaved steps after a warm-up, the first step's losses "
         "checked equal. p = 2: both data parallel (ours on shm, torch's DDP on gloo) in the "
-        "same two processes, B per rank, the slower rank's median.")
+        "same two processes, B per rank, the slower rank's median."
+        + (f" `{previous}` ms: the same step on neural_arch at commit {previous}, in its own "
+           "process per rank (its own DDP job at p = 2), in the same rotation; its time "
+           "includes a pipe round trip to that process." if previous else ""))
+    columns = ["GPT", "p", "neural_arch ms", "torch ms"]
+    if previous:
+        columns += [f"`{previous}` ms", f"neural_arch / `{previous}`"]
     body = reporting.markdown_table(
-        ["GPT", "p", "neural_arch ms", "torch ms", "neural_arch / torch", f"<= {GOAL}",
-         f"<= {FLOOR}"], table, "lrrrrll")
+        columns + ["neural_arch / torch", f"<= {GOAL}", f"<= {FLOOR}"], table,
+        "lr" + "r" * (len(columns) - 2) + "rll")
     return "\n".join(head + [body, "", f"{misses} row(s) slower than torch."])
 
 
@@ -200,6 +238,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--world-sizes", default="1,2", help="1, 2 or both")
     parser.add_argument("--quick", action="store_true", help="a tiny GPT (a smoke run)")
+    parser.add_argument("--baseline", default=None, metavar="REF",
+                        help="also time neural_arch as it was at this git revision")
     parser.add_argument("--output", action="append", default=[])
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -215,20 +255,32 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     world_sizes = sorted({int(w) for w in args.world_sizes.split(",")})
     if not set(world_sizes) <= {1, 2}:
         raise SystemExit(f"--world-sizes takes 1 and/or 2, got {args.world_sizes!r}")
+    folder, previous = baseline.extract(args.baseline) if args.baseline else (None, None)
     rows = []
-    for sizes in (QUICK if args.quick else CONFIGS):
-        for p in world_sizes:
-            if p == 1:
-                result = time_pair(Pair(torch, sizes), args.steps, args.warmup)
-            else:
-                result = common.run_job(os.path.abspath(__file__), "shm", p, dict(
-                    sizes=list(sizes), steps=args.steps, warmup=args.warmup,
-                    port=_free_port()), timeout=900)
-            rows.append(dict(zip(("layers", "heads", "width", "block", "batch"), sizes), p=p,
-                             **result))
-            print(rows[-1], flush=True)
-    reporting.publish(report(rows, command, torch.__version__), args.output, SECTION)
+    try:
+        for sizes in (QUICK if args.quick else CONFIGS):
+            for p in world_sizes:
+                rows.append(dict(zip(("layers", "heads", "width", "block", "batch"), sizes),
+                                 p=p, **_time_row(torch, args, sizes, p, folder)))
+                print(rows[-1], flush=True)
+    finally:
+        if folder:
+            baseline.remove(folder)
+    reporting.publish(report(rows, command, torch.__version__, previous), args.output, SECTION)
     return 0
+
+
+def _time_row(torch, args: argparse.Namespace, sizes, p: int,
+              folder: Optional[str]) -> Dict[str, float]:
+    if p == 1:
+        pair = Pair(torch, sizes).with_baseline(folder)
+        try:
+            return time_pair(pair, args.steps, args.warmup)
+        finally:
+            pair.close()
+    return common.run_job(os.path.abspath(__file__), "shm", p, dict(
+        sizes=list(sizes), steps=args.steps, warmup=args.warmup, port=_free_port(),
+        baseline=folder, baseline_port=_free_port()), timeout=1800)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
