@@ -13,6 +13,8 @@ import sys
 from typing import List, NoReturn, Optional
 
 PROG = "python -m neural_arch.train_gpt"
+PP_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+INTERLEAVED_CHUNKS = 2  # model chunks per pipeline rank under --pp-schedule interleaved
 
 
 class UsageError(Exception):
@@ -53,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=1)
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     g.add_argument("--gradient-clip-norm", type=float, default=None,
-                   help="default 1.0 (off with --tp > 1); 0 turns clipping off")
+                   help="default 1.0 (off with --tp or --pp > 1); 0 turns clipping off")
     g.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant")
     g.add_argument("--warmup-steps", type=int, default=0)
     g.add_argument("--mixed-precision", action="store_true", help="float16 compute")
@@ -81,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="auto", help="auto, shm, tcp, mpi, gloo or nccl")
     g.add_argument("--no-nccl", action="store_true", help="never use the nccl backend")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    g.add_argument("--pp", type=int, default=1, help="pipeline stages (only 1 is supported)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    g.add_argument("--microbatches", type=int, default=None,
+                   help="micro-batches per pipeline step (default: --pp); must divide "
+                        "--batch-size")
+    g.add_argument("--pp-schedule", choices=PP_SCHEDULES, default=None,
+                   help="pipeline schedule (default 1f1b)")
     return p
 
 
@@ -92,12 +99,44 @@ def _positive(args: argparse.Namespace, names: List[str]) -> None:
             raise UsageError(f"--{name} must be a positive integer, got {value}")
 
 
+def _check_pipeline(args: argparse.Namespace) -> None:
+    """What ``GPT3D`` (the model of a --pp run) cannot do, and the shapes it needs."""
+    pp, schedule = args.pp, args.pp_schedule or "1f1b"
+    if args.zero_stage > 1:
+        raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with --pp "
+                         f"{pp} (only 0 or 1: the pipeline shards the optimizer, not the "
+                         f"parameters)")
+    if args.mixed_precision:
+        raise UsageError(f"--mixed-precision is not supported together with --pp {pp}")
+    if args.gradient_accumulation_steps > 1:
+        raise UsageError(f"--gradient-accumulation-steps {args.gradient_accumulation_steps} is "
+                         f"not supported together with --pp {pp}; --microbatches already "
+                         f"splits each step's batch")
+    if args.gradient_clip_norm is not None and args.gradient_clip_norm > 0:
+        raise UsageError(f"--gradient-clip-norm {args.gradient_clip_norm} is not supported "
+                         f"together with --pp {pp} (the norm would be per stage); pass 0 or "
+                         f"leave it out")
+    chunks = INTERLEAVED_CHUNKS if schedule == "interleaved" else 1
+    if args.layers < pp * chunks:
+        per = f" x {chunks} chunks per rank ({schedule})" if chunks > 1 else ""
+        raise UsageError(f"--layers {args.layers} is fewer than the {pp * chunks} pipeline "
+                         f"stages of --pp {pp}{per}: every stage needs a block")
+    micro = args.microbatches or pp
+    if args.batch_size % micro:
+        raise UsageError(f"--microbatches {micro} does not divide --batch-size "
+                         f"{args.batch_size}" + ("" if args.microbatches else
+                                                 f" (the default is --pp {pp})"))
+    if schedule == "interleaved" and micro % pp:
+        raise UsageError(f"--pp-schedule interleaved needs --microbatches divisible by --pp "
+                         f"{pp}, got {micro}")
+
+
 def check(args: argparse.Namespace) -> None:
     """Everything the flags alone can reveal; raises UsageError."""
     _positive(args, ["hidden-size", "attention-heads", "layers", "max-seq-length", "batch-size",
                      "epochs", "max-steps", "save-interval", "eval-interval", "eval-batches",
                      "log-interval", "gradient-accumulation-steps", "tp", "pp", "vocab-size",
-                     "world-size", "sample"])
+                     "world-size", "sample", "microbatches"])
     if args.hidden_size % args.attention_heads:
         raise UsageError(f"--hidden-size {args.hidden_size} is not divisible by "
                          f"--attention-heads {args.attention_heads}")
@@ -109,14 +148,16 @@ def check(args: argparse.Namespace) -> None:
     if not 0.0 <= args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.pp > 1:
-        raise UsageError(f"--pp {args.pp}: pipeline parallelism is not supported by this "
-                         f"program (see neural_arch.distributed.pipelining)")
+        _check_pipeline(args)
+    elif args.microbatches is not None or args.pp_schedule is not None:
+        flag = "--microbatches" if args.microbatches is not None else "--pp-schedule"
+        raise UsageError(f"{flag} applies to pipeline parallelism only; it needs --pp > 1")
     if args.attention_heads % args.tp:
         raise UsageError(f"--tp {args.tp} does not divide --attention-heads "
                          f"{args.attention_heads}")
     if args.vocab_size is not None and args.vocab_size % args.tp:
         raise UsageError(f"--tp {args.tp} does not divide --vocab-size {args.vocab_size}")
-    if args.tp > 1 and args.zero_stage:
+    if args.tp > 1 and args.zero_stage and args.pp == 1:
         raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with "
                          f"--tp {args.tp}")
     if args.tp > 1 and args.gradient_clip_norm:
@@ -132,8 +173,9 @@ def check(args: argparse.Namespace) -> None:
             and not 0 <= args.rank < args.world_size:
         raise UsageError(f"--rank {args.rank} is outside [0, {args.world_size - 1}] for "
                          f"--world-size {args.world_size}")
-    if args.world_size is not None and args.world_size % args.tp:
-        raise UsageError(f"--tp {args.tp} does not divide --world-size {args.world_size}")
+    if args.world_size is not None and args.world_size % (args.tp * args.pp):
+        raise UsageError(f"--tp {args.tp} x --pp {args.pp} does not divide --world-size "
+                         f"{args.world_size}")
     if args.temperature <= 0:
         raise UsageError(f"--temperature must be > 0, got {args.temperature}")
 
@@ -145,5 +187,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     except UsageError as exc:
         fail(str(exc))
     if args.gradient_clip_norm is None:
-        args.gradient_clip_norm = 0.0 if args.tp > 1 else 1.0
+        args.gradient_clip_norm = 0.0 if args.tp > 1 or args.pp > 1 else 1.0
+    if args.pp > 1:
+        args.microbatches = args.microbatches or args.pp
+        args.pp_schedule = args.pp_schedule or "1f1b"
     return args

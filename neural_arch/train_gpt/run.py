@@ -5,7 +5,8 @@ How the job is joined: ``--world-size``/``--rank`` given (one command per rank, 
 multi-node recipe) → a ``tcp://MASTER_ADDR:MASTER_PORT`` rendezvous; started by the launcher,
 mpirun or srun (their variables are set) → ``env://``; otherwise one process. ``--tp t``
 arranges the world as a (dp, tp) mesh: the model is split over each "tp" group and gradients
-are averaged over the "dp" group.
+are averaged over the "dp" group. ``--pp p`` trains a ``GPT3D`` on a (dp, tp, pp) mesh in its
+own loop (``pipeline_run``), which writes the same records.
 """
 from __future__ import annotations
 
@@ -76,15 +77,29 @@ def build_model(config: GPTConfig, tp: int, seed: int) -> Tuple[Any, Any]:
     return model, mesh.get_group("dp")
 
 
-def _check_resumable(out_dir: str, config: GPTConfig, tp: int) -> None:
+def _check_resumable(out_dir: str, config: GPTConfig, tp: int, pp: int) -> None:
     path = os.path.join(out_dir, RUN_FILE)
     if not os.path.isfile(path):
         return
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
-    if saved["model"] != dataclasses.asdict(config) or saved["tp"] != tp:
+    saved_pp = saved.get("pp", 1)  # runs from before --pp were data/tensor parallel only
+    if saved["model"] != dataclasses.asdict(config) or saved["tp"] != tp or saved_pp != pp:
         raise UsageError(f"--resume: the flags describe a different model than the run in "
-                         f"{out_dir} (saved {saved['model']}, tp {saved['tp']})")
+                         f"{out_dir} (saved {saved['model']}, tp {saved['tp']}, pp {saved_pp}; "
+                         f"now tp {tp}, pp {pp})")
+
+
+def save_run(out_dir: str, tokenizer: Tokenizer, config: GPTConfig,
+             args: argparse.Namespace) -> None:
+    """``tokenizer.json`` and ``run.json`` (what --resume and --sample read); rank 0 writes."""
+    if get_rank() != 0:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer.save(os.path.join(out_dir, TOKENIZER_FILE))
+    with open(os.path.join(out_dir, RUN_FILE), "w", encoding="utf-8") as handle:
+        json.dump({"model": dataclasses.asdict(config), "tp": args.tp, "pp": args.pp,
+                   "world_size": get_world_size(), "args": vars(args)}, handle, indent=1)
 
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
@@ -111,15 +126,13 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
         raise UsageError(f"--data {args.data}: {exc}") from None
     config = model_config(args, tokenizer)
     if args.resume:
-        _check_resumable(out_dir, config, args.tp)
+        _check_resumable(out_dir, config, args.tp, args.pp)
+    if args.pp > 1:
+        from .pipeline_run import train_pipeline
+        return train_pipeline(args, config, tokenizer, train_set, val_set, out_dir)
     model, dp_group = build_model(config, args.tp, args.seed)
     tp_rank = 0 if args.tp == 1 else get_rank() % args.tp
-    if get_rank() == 0:
-        os.makedirs(out_dir, exist_ok=True)
-        tokenizer.save(saved_tokenizer)
-        with open(os.path.join(out_dir, RUN_FILE), "w", encoding="utf-8") as handle:
-            json.dump({"model": dataclasses.asdict(config), "tp": args.tp,
-                       "world_size": get_world_size(), "args": vars(args)}, handle, indent=1)
+    save_run(out_dir, tokenizer, config, args)
     # each tensor-parallel rank checkpoints its own shards, over its data-parallel group
     checkpoints = os.path.join(out_dir, "checkpoints")
     if args.tp > 1:

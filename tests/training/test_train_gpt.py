@@ -165,7 +165,7 @@ def test_sample_prints_text_from_the_latest_checkpoint(reference):
     (["--hidden-size", "30", "--attention-heads", "4"], "not divisible by --attention-heads"),
     (["--data", "missing.txt"], "missing.txt: no such file"),
     (["--tp", "3"], "--tp 3 does not divide --attention-heads 4"),
-    (["--pp", "2"], "pipeline parallelism is not supported"),
+    (["--pp", "2", "--zero-stage", "3"], "--zero-stage 3 is not supported together with --pp 2"),
     (["--batch-size", "0"], "--batch-size must be a positive integer"),
     (["--no-such-flag"], "unrecognized arguments"),
 ])

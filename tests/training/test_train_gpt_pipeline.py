@@ -1,0 +1,190 @@
+"""``python -m neural_arch.train_gpt --pp N`` in real processes: a GPT3D on a (dp, tp, pp) mesh
+follows the one-process run of the same global batch, resumes, samples, and refuses what it
+cannot do.
+
+Every run trains the same tiny GPT on the same generated text with the same global batch (8
+windows of 16 characters) as the one-process reference, so their per-step training losses and
+their validation losses must agree to float rounding."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launcher_support import free_port
+from repo_paths import REPO_ROOT
+
+MODEL = ["--hidden-size", "32", "--layers", "2", "--attention-heads", "2",
+         "--max-seq-length", "16", "--log-interval", "1", "--no-progress",
+         "--gradient-clip-norm", "0", "--eval-interval", "3", "--eval-batches", "2",
+         "--save-interval", "3"]
+# the Trainer's fields; grad_norm and comm_seconds are null in a pipeline run
+FIELDS = {"kind", "step", "epoch", "time", "loss", "lr", "grad_norm", "samples_per_second",
+          "tokens_per_second", "comm_seconds"}
+
+
+def run(*args, launcher=0, expect=0):
+    cmd = [sys.executable, "-m", "neural_arch.train_gpt", *map(str, args)]
+    if launcher:
+        cmd[1:3] = ["-m", "neural_arch.distributed.launcher", f"--nproc_per_node={launcher}",
+                    f"--master_port={free_port()}", "-m", "neural_arch.train_gpt"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=REPO_ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-2000:]
+    return result
+
+
+def records(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
+        lines = [json.loads(line) for line in handle]
+    train = [r for r in lines if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
+    return lines
+
+
+def losses(out_dir, key="loss"):
+    kind = "train" if key == "loss" else "val"
+    return np.array([r[key] for r in records(out_dir) if r["kind"] == kind])
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    words = ["the", "model", "reads", "a", "small", "text", "and", "learns", "its", "letters"]
+    path = tmp_path_factory.mktemp("data") / "text.txt"
+    path.write_text(" ".join(rng.choice(words, size=900)) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(text, tmp_path_factory):
+    """Six steps in one process, batch 8."""
+    out = tmp_path_factory.mktemp("runs") / "reference"
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def two_stages(text, tmp_path_factory):
+    """The reference's run as two pipeline stages at two processes."""
+    out = tmp_path_factory.mktemp("runs") / "pp2"
+    result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+                 "--pp", 2, launcher=2)
+    return str(out), result
+
+
+def assert_follows(out, reference):
+    np.testing.assert_allclose(losses(out), losses(reference), rtol=1e-5)
+    np.testing.assert_allclose(losses(out, "val_loss"), losses(reference, "val_loss"),
+                               rtol=1e-5)
+    assert len(losses(out)) == 6 and len(losses(out, "val_loss")) == 2
+
+
+@pytest.mark.timeout(200)
+def test_two_stages_match_one_process_and_write_the_trainers_records(reference, two_stages):
+    out, result = two_stages
+    assert_follows(out, reference)
+    assert "1 data-parallel x 1 tensor-parallel x 2 pipeline stages (1f1b, 2 micro-batches)" \
+        in result.stdout
+    assert "done: 6 steps" in result.stdout and "tokens/s" in result.stdout
+    for record in records(out):
+        if record["kind"] == "train":
+            assert set(record) == FIELDS, record
+            assert record["grad_norm"] is None and record["tokens_per_second"] > 0
+    saved = sorted(os.listdir(os.path.join(out, "checkpoints")))
+    assert saved == ["ckpt-e000000-s00000003", "ckpt-e000000-s00000003.loop.json",
+                     "ckpt-e000000-s00000006", "ckpt-e000000-s00000006.loop.json"]
+    with open(os.path.join(out, "run.json")) as handle:
+        assert json.load(handle)["pp"] == 2
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("flags,batch", [
+    (["--pp", 2, "--tp", 2], 8),                                      # dp 1 x tp 2 x pp 2
+    (["--pp", 2, "--zero-stage", 1, "--pp-schedule", "gpipe"], 4),   # dp 2 x tp 1 x pp 2
+])
+def test_four_processes_match_one_process(text, reference, tmp_path, flags, batch):
+    out = tmp_path / "run"
+    run("--data", text, *MODEL, "--batch-size", batch, "--max-steps", 6, "--out-dir", out,
+        *flags, launcher=4)
+    assert_follows(str(out), reference)
+
+
+@pytest.mark.timeout(200)
+def test_interleaved_schedule_matches_one_process(text, tmp_path):
+    deeper = [*MODEL, "--layers", 4, "--batch-size", 8, "--max-steps", 3]
+    run("--data", text, *deeper, "--out-dir", tmp_path / "dense")
+    run("--data", text, *deeper, "--out-dir", tmp_path / "interleaved", "--pp", 2,
+        "--pp-schedule", "interleaved", "--microbatches", 4, launcher=2)
+    np.testing.assert_allclose(losses(tmp_path / "interleaved"), losses(tmp_path / "dense"),
+                               rtol=1e-5)
+
+
+@pytest.mark.timeout(200)
+def test_resume_continues_the_step_count_and_the_loss_curve(text, reference, tmp_path):
+    out = tmp_path / "resumed"
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 3, "--out-dir", out,
+        "--pp", 2, launcher=2)
+    result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+                 "--pp", 2, "--resume", launcher=2)
+    assert "train step 3/6" not in result.stdout and "train step 4/6" in result.stdout
+    np.testing.assert_allclose(losses(out), losses(reference), rtol=1e-5)
+    times = [r["time"] for r in records(out) if r["kind"] == "train"]
+    assert times == sorted(times)  # the clock continues across the resume
+
+
+@pytest.mark.timeout(120)
+def test_resume_with_another_pipeline_is_refused(text, two_stages):
+    result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 7, "--out-dir",
+                 two_stages[0], "--resume", expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--resume" in lines[0] and "pp 2" in lines[0], result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_sample_from_a_pipeline_run_prints_the_reference_runs_text(reference, two_stages):
+    # the same weights (to float rounding), the same seed: the same characters
+    sampled = run("--out-dir", two_stages[0], "--sample", 40, "--prompt", "the ").stdout
+    assert sampled.startswith("the ") and len(sampled.rstrip("\n")) == 44
+    assert sampled == run("--out-dir", reference, "--sample", 40, "--prompt", "the ").stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags,message", [
+    (["--pp", "2", "--zero-stage", "2"], "--zero-stage 2 is not supported together with --pp 2"),
+    (["--pp", "2", "--mixed-precision"], "--mixed-precision is not supported together with --pp"),
+    (["--pp", "2", "--gradient-accumulation-steps", "2"],
+     "--gradient-accumulation-steps 2 is not supported together with --pp 2"),
+    (["--pp", "2", "--gradient-clip-norm", "1"],
+     "--gradient-clip-norm 1.0 is not supported together with --pp 2"),
+    (["--pp", "2", "--layers", "1"], "--layers 1 is fewer than the 2 pipeline stages of --pp 2"),
+    (["--pp", "2", "--layers", "3", "--pp-schedule", "interleaved"],
+     "--layers 3 is fewer than the 4 pipeline stages of --pp 2 x 2 chunks"),
+    (["--pp", "2", "--batch-size", "6", "--microbatches", "4"],
+     "--microbatches 4 does not divide --batch-size 6"),
+    (["--pp", "4", "--batch-size", "6"], "(the default is --pp 4)"),
+    (["--pp", "2", "--pp-schedule", "interleaved", "--layers", "4", "--microbatches", "3",
+      "--batch-size", "6"], "needs --microbatches divisible by --pp 2, got 3"),
+    (["--pp", "2", "--world-size", "3", "--rank", "0"],
+     "--tp 1 x --pp 2 does not divide --world-size 3"),
+    (["--microbatches", "2"], "--microbatches applies to pipeline parallelism only"),
+    (["--pp-schedule", "gpipe"], "--pp-schedule applies to pipeline parallelism only"),
+    (["--pp", "2", "--pp-schedule", "zigzag"], "invalid choice: 'zigzag'"),
+])
+def test_bad_pipeline_flags_exit_2_with_one_line(text, flags, message, tmp_path):
+    result = run("--data", text, *flags, "--out-dir", tmp_path, "--max-steps", 1, expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.timeout(120)
+def test_a_world_the_mesh_does_not_divide_exits_2(text, tmp_path):
+    result = run("--data", text, *MODEL, "--pp", 4, "--layers", 4, "--batch-size", 4,
+                 "--out-dir", tmp_path, launcher=2, expect=2)
+    # the launcher may stop the other rank before it says the same
+    assert "error: --tp 1 x --pp 4 does not divide the world size 2" in result.stderr, \
+        result.stderr
+    assert "Traceback" not in result.stderr
