@@ -1,10 +1,25 @@
 """What rank 0 shows while training: a tqdm bar over the optimizer steps when the output is a
-terminal (and tqdm is installed), interval lines and a final summary in any case. Other ranks
-get a Progress with everything disabled, so the loop calls it without asking who it is."""
+terminal, directly or through the launcher (and tqdm is installed), interval lines and a final
+summary in any case. Other ranks get a Progress with everything disabled, so the loop calls it
+without asking who it is."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Dict, Optional
+
+from ..distributed.launch.config import CONSOLE_TTY_VAR
+
+
+def console_is_terminal() -> bool:
+    """Whether a bar drawn on stderr is seen on a terminal: stderr is one, or the launcher
+    that started this worker (and pipes its stderr through) writes to one."""
+    try:
+        if sys.stderr.isatty():
+            return True
+    except (AttributeError, ValueError):
+        return False
+    return os.environ.get(CONSOLE_TTY_VAR) == "1"
 
 
 def _format(kind: str, step: int, total: int, values: Dict[str, Any]) -> str:
@@ -24,7 +39,7 @@ def _format(kind: str, step: int, total: int, values: Dict[str, Any]) -> str:
 class Progress:
     def __init__(self, total: int, done: int, enabled: bool, verbose: bool) -> None:
         self.total, self.verbose, self._bar = total, verbose, None
-        if enabled and sys.stderr.isatty():
+        if enabled and console_is_terminal():
             try:
                 from tqdm import tqdm
             except ImportError:  # plain lines only

@@ -20,6 +20,9 @@ from ..rendezvous.job import RUN_ID_VAR
 
 BACKENDS = ("auto", "shm", "tcp", "mpi", "gloo", "nccl")
 SECRET_VAR = "NEURAL_ARCH_SECRET"
+# "1" when the launcher's own stderr is a terminal: the workers' stderr is a pipe to the
+# launcher, which passes carriage-return redraws on as they come, so a progress bar can draw.
+CONSOLE_TTY_VAR = "NEURAL_ARCH_CONSOLE_TTY"
 # Variables by which an MPI launcher tells a process its rank. A launcher itself started by
 # mpirun/srun must not pass them on: its workers are not those MPI ranks, and backend "auto"
 # would pick MPI for them.
@@ -198,6 +201,10 @@ class LaunchConfig:
                              f"file, which must be the same on every node; better set "
                              f"{SECRET_VAR} to one value on all {self.nnodes} nodes")
         base["PYTHONUNBUFFERED"] = "1"
+        if _stderr_is_terminal():
+            base[CONSOLE_TTY_VAR] = "1"
+        else:
+            base.pop(CONSOLE_TTY_VAR, None)  # a nested launcher's output goes to a pipe
         if int(self.nproc_per_node) > 1 and "OMP_NUM_THREADS" not in base:
             base["OMP_NUM_THREADS"] = "1"
             notes.append("setting OMP_NUM_THREADS=1 for each worker so they do not oversubscribe "
@@ -221,3 +228,10 @@ class LaunchConfig:
             RESTART_COUNT=str(restart_count),
         )
         return env
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
