@@ -20,6 +20,7 @@ MODEL = ["--hidden-size", "32", "--layers", "2", "--attention-heads", "2",
          "--max-seq-length", "16", "--log-interval", "1", "--no-progress",
          "--gradient-clip-norm", "0", "--eval-interval", "3", "--eval-batches", "2",
          "--save-interval", "3"]
+COSINE = ["--lr-schedule", "cosine", "--warmup-steps", "2", "--learning-rate", "3e-3"]
 # the Trainer's fields; grad_norm and comm_seconds are null in a pipeline run
 FIELDS = {"kind", "step", "epoch", "time", "loss", "lr", "grad_norm", "samples_per_second",
           "tokens_per_second", "comm_seconds"}
@@ -45,7 +46,7 @@ def records(out_dir):
 
 
 def losses(out_dir, key="loss"):
-    kind = "train" if key == "loss" else "val"
+    kind = "val" if key == "val_loss" else "train"
     return np.array([r[key] for r in records(out_dir) if r["kind"] == kind])
 
 
@@ -114,23 +115,45 @@ def test_four_processes_match_one_process(text, reference, tmp_path, flags, batc
 
 @pytest.mark.timeout(200)
 def test_interleaved_schedule_matches_one_process(text, tmp_path):
-    deeper = [*MODEL, "--layers", 4, "--batch-size", 8, "--max-steps", 3]
+    deeper = [*MODEL, "--layers", 4, "--batch-size", 8, "--max-steps", 3, *COSINE]
     run("--data", text, *deeper, "--out-dir", tmp_path / "dense")
     run("--data", text, *deeper, "--out-dir", tmp_path / "interleaved", "--pp", 2,
         "--pp-schedule", "interleaved", "--microbatches", 4, launcher=2)
-    np.testing.assert_allclose(losses(tmp_path / "interleaved"), losses(tmp_path / "dense"),
-                               rtol=1e-5)
+    for key in ("loss", "lr"):
+        np.testing.assert_allclose(losses(tmp_path / "interleaved", key),
+                                   losses(tmp_path / "dense", key), rtol=1e-5, err_msg=key)
 
 
 @pytest.mark.timeout(200)
-def test_resume_continues_the_step_count_and_the_loss_curve(text, reference, tmp_path):
-    out = tmp_path / "resumed"
+def test_two_epochs_reshuffle_and_end_as_one_process_does(text, tmp_path):
+    # 44 training windows: 5 batches of 8 and one of 4, which still splits into 2 micro-batches
+    short = [*MODEL, "--val-fraction", "0.85", "--epochs", 2, "--batch-size", 8]
+    run("--data", text, *short, "--out-dir", tmp_path / "dense")
+    result = run("--data", text, *short, "--out-dir", tmp_path / "pp2", "--pp", 2, launcher=2)
+    assert "done: 12 steps, 2 epochs" in result.stdout
+    np.testing.assert_allclose(losses(tmp_path / "pp2"), losses(tmp_path / "dense"), rtol=1e-5)
+    epochs = [[r for r in records(tmp_path / run_dir) if r["kind"] == "epoch"]
+              for run_dir in ("pp2", "dense")]
+    assert [r["step"] for r in epochs[0]] == [r["step"] for r in epochs[1]] == [6, 12]
+    for key in ("train_loss", "val_loss"):
+        np.testing.assert_allclose([r[key] for r in epochs[0]], [r[key] for r in epochs[1]],
+                                   rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.timeout(200)
+def test_resume_continues_the_step_count_the_loss_and_the_schedule(text, tmp_path):
+    reference, out = tmp_path / "reference", tmp_path / "resumed"
+    run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", reference,
+        *COSINE)
     run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 3, "--out-dir", out,
-        "--pp", 2, launcher=2)
+        "--pp", 2, *COSINE, launcher=2)
     result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
-                 "--pp", 2, "--resume", launcher=2)
+                 "--pp", 2, "--resume", *COSINE, launcher=2)
     assert "train step 3/6" not in result.stdout and "train step 4/6" in result.stdout
     np.testing.assert_allclose(losses(out), losses(reference), rtol=1e-5)
+    # the resumed steps' rates are those of the 6-step schedule (the first run's 3-step
+    # schedule decayed to 0 at its step 3, as the Trainer's does)
+    np.testing.assert_allclose(losses(out, "lr")[3:], losses(reference, "lr")[3:], rtol=1e-9)
     times = [r["time"] for r in records(out) if r["kind"] == "train"]
     assert times == sorted(times)  # the clock continues across the resume
 
