@@ -23,6 +23,7 @@ import numpy as np
 
 from ...core import Tensor
 from .. import collectives
+from .failures import before_the_error_leaves
 from .plan import Plan, build_plan
 from .stage import PipelineStage, sync_tied
 from .timeline import Event, gather_events
@@ -154,6 +155,7 @@ class PipelineSchedule:
                     exc.add_note(f"while pipeline rank {self.group.global_rank} exchanged "
                                  f"activations/gradients with pipeline rank(s) {peers} (tick "
                                  f"{step.tick} of the {self.kind} schedule)")
+                    before_the_error_leaves(self.group.global_rank, exc)
                     raise
             action = step.action
             if action is None:
@@ -177,9 +179,11 @@ class PipelineSchedule:
                     out = stage.backward_one(action.mb, grad, 1.0 / m)
                     produced = None if index == 0 else ("grad", index - 1, action.mb)
             except Exception as exc:
-                exc.add_note(f"in pipeline stage {index} (rank {self.group.global_rank}), "
-                             f"{'forward' if action.kind == 'F' else 'backward'} of "
-                             f"micro-batch {action.mb}")
+                where = (f"in pipeline stage {index} (rank {self.group.global_rank}), "
+                         f"{'forward' if action.kind == 'F' else 'backward'} of micro-batch "
+                         f"{action.mb}")
+                exc.add_note(where)
+                before_the_error_leaves(self.group.global_rank, exc, where)
                 raise
             self._events.append(Event(rank, action.kind, action.mb, action.chunk, start,
                                       time.perf_counter()))

@@ -10,46 +10,92 @@ def _describe(exc):
     return f"{type(exc).__name__}: {exc} || {notes}"
 
 
-def _failing_stage(rank, world_size):
-    from neural_arch.distributed.pipelining import PipelineStage, Schedule1F1B, pipeline_split
+FAILING_STAGE = {  # the virtual stage that raises, of 3 ranks (6 chunks interleaved)
+    "first": {"gpipe": 0, "1f1b": 0, "interleaved": 0},
+    "middle": {"gpipe": 1, "1f1b": 1, "interleaved": 4},  # interleaved: rank 1's 2nd chunk
+    "last": {"gpipe": 2, "1f1b": 2, "interleaved": 5},
+}
+
+
+def _failing_stage(rank, world_size, kind, failing, in_backward):
+    from neural_arch.core.tensor import make_result
+    from neural_arch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                                    ScheduleInterleaved1F1B, pipeline_split)
     from neural_arch.nn import Module
 
     class Explodes(Module):
+        """The identity, until its second micro-batch's forward (or backward) raises."""
+
         def __init__(self):
             super().__init__()
             self.calls = 0
 
         def forward(self, x):
             self.calls += 1
-            if self.calls == 2:
+            if self.calls == 2 and not in_backward:
                 raise RuntimeError("boom in the second micro-batch")
-            return x
 
-    parts = pipeline_split(make_mlp(pairs=3), world_size)
-    if rank == 1:
-        parts[1].append(Explodes())
-    schedule = Schedule1F1B(PipelineStage(parts[rank], rank, world_size), 4, mse)
+            def backward(grad, mb=self.calls):
+                if mb == 2:
+                    raise RuntimeError("boom in the second micro-batch")
+                return (grad,)
+            return make_result(x.data, (x,), backward) if in_backward else x
+
+    v = 2 if kind == "interleaved" else 1
+    n_stages = world_size * v
+    parts = pipeline_split(make_mlp(pairs=6), n_stages)
+    parts[failing].append(Explodes())
+    stages = [PipelineStage(parts[i], i, n_stages) for i in range(rank, n_stages, world_size)]
+    if kind == "interleaved":
+        schedule = ScheduleInterleaved1F1B(stages, 4, mse)
+    else:
+        schedule = (ScheduleGPipe if kind == "gpipe" else Schedule1F1B)(stages[0], 4, mse)
     x, y = batch(0)
     try:
-        if rank == 0:
-            schedule.step(x)
-        elif rank == world_size - 1:
-            schedule.step(target=y, losses=[])
-        else:
-            schedule.step()
+        schedule.step(*((x,) if rank == 0 else ()),
+                      **(dict(target=y, losses=[]) if rank == world_size - 1 else {}))
     except Exception as exc:
         return _describe(exc)
     return "finished"
 
 
-def test_a_stage_that_raises_fails_every_stage_naming_it(backend):
-    errors = run_ranks(_failing_stage, 3, backend, timeout=120)
-    assert errors[1].startswith("RuntimeError: boom"), errors[1]
-    assert "in pipeline stage 1 (rank 1), forward of micro-batch 1" in errors[1]
-    for rank in (0, 2):
-        assert errors[rank].startswith("PeerFailureError"), errors[rank]
-        assert "peer rank 1" in errors[rank], errors[rank]
-        assert "pipeline rank(s) [1]" in errors[rank], errors[rank]
+def _check_every_stage_names(errors, kind, failing, pass_name="forward"):
+    """The raising stage re-raises its error with a note naming it; every other stage fails
+    with PeerFailureError naming that stage, its rank and its error, however far away."""
+    culprit = failing % len(errors)
+    where = f"in pipeline stage {failing} (rank {culprit}), {pass_name} of micro-batch 1"
+    assert errors[culprit].startswith("RuntimeError: boom"), errors[culprit]
+    assert where in errors[culprit], errors[culprit]
+    for rank, error in enumerate(errors):
+        if rank != culprit:
+            assert error.startswith("PeerFailureError"), (kind, failing, rank, error)
+            assert f"peer rank {culprit} failed" in error, (kind, failing, rank, error)
+            assert f"raised RuntimeError: boom in the second micro-batch ({where})" in error, (
+                kind, failing, rank, error)
+            assert f"while pipeline rank {rank} exchanged" in error, (kind, failing, rank, error)
+
+
+@pytest.mark.parametrize("position", ["first", "middle", "last"])
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "interleaved"])
+def test_a_stage_that_raises_fails_every_stage_naming_it(kind, position):
+    # A stage two hops away from the raising one only sees its neighbour leave: it still
+    # names the raising stage, as does every stage when rank 0 (the store's server) raises.
+    failing = FAILING_STAGE[position][kind]
+    errors = run_ranks(_failing_stage, 3, "shm", timeout=120, args=(kind, failing, False))
+    _check_every_stage_names(errors, kind, failing)
+
+
+@pytest.mark.parametrize("kind,failing", [("1f1b", 1), ("interleaved", 3)])
+def test_a_stage_whose_backward_raises_fails_every_stage_naming_it(kind, failing):
+    errors = run_ranks(_failing_stage, 3, "shm", timeout=120, args=(kind, failing, True))
+    _check_every_stage_names(errors, kind, failing, "backward")
+
+
+@pytest.mark.parametrize("position", ["first", "last"])
+def test_a_raising_stage_is_named_on_every_transport(backend, position):
+    failing = FAILING_STAGE[position]["1f1b"]
+    errors = run_ranks(_failing_stage, 3, backend, timeout=120, args=("1f1b", failing, False))
+    _check_every_stage_names(errors, "1f1b", failing)
 
 
 def _mismatch(rank, world_size, case):
