@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
-from tp_cases import (column_case, cross_entropy_case, embedding_case, non_divisible_case,
-                      pair_case, row_case)
+from tp_cases import column_case, cross_entropy_case, embedding_case, pair_case, row_case
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,11 +43,55 @@ def test_vocab_parallel_cross_entropy(tp, scale):
     assert len(set(losses)) == 1  # the same loss on every rank
 
 
-def test_sizes_that_do_not_divide_raise_value_error():
-    messages = run_ranks(non_divisible_case, 4, "shm", timeout=60)[0]
-    assert "ColumnParallelLinear" in messages[0] and "(6)" in messages[0] \
-        and "size 4" in messages[0]
-    assert "RowParallelLinear" in messages[1] and "in_features (6)" in messages[1]
-    assert "VocabParallelEmbedding" in messages[2] and "num_embeddings (10)" in messages[2]
-    assert "n_head (3)" in messages[3] and "size 4" in messages[3]
-    assert "vocab_size (65)" in messages[4]
+# Per tensor-parallel size: sizes it does not divide (features of a linear layer, rows of an
+# embedding, GPT heads), and a GPT whose heads it divides but whose vocabulary it does not.
+NOT_DIVIDING = {2: dict(features=5, rows=9, heads=3, head_width=4, gpt_heads=4, gpt_vocab=65),
+                3: dict(features=7, rows=10, heads=4, head_width=4, gpt_heads=3, gpt_vocab=64),
+                4: dict(features=6, rows=10, heads=3, head_width=4, gpt_heads=4, gpt_vocab=65)}
+
+
+def _not_dividing_case(rank, tp, sizes):
+    """The message of each construction that cannot split over ``tp`` ranks."""
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.tensor_parallel import (ColumnParallelLinear,
+                                                         RowParallelLinear,
+                                                         VocabParallelEmbedding)
+    from neural_arch.models.gpt import GPT, GPTConfig
+    group = dist.new_group(list(range(tp)))
+    n, width = sizes["features"], 4
+    attempts = {
+        "column": lambda: ColumnParallelLinear(width, n, group=group),
+        "row": lambda: RowParallelLinear(n, width, group=group),
+        "embedding": lambda: VocabParallelEmbedding(sizes["rows"], width, group=group),
+        "heads": lambda: GPT(GPTConfig(n_head=sizes["heads"], vocab_size=64,
+                                       n_embd=sizes["heads"] * sizes["head_width"]),
+                             tp_group=group),
+        "vocab": lambda: GPT(GPTConfig(n_head=sizes["gpt_heads"], vocab_size=sizes["gpt_vocab"],
+                                       n_embd=sizes["gpt_heads"] * sizes["head_width"]),
+                             tp_group=group)}
+    messages = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+        except ValueError as exc:
+            messages[name] = str(exc)
+        else:
+            messages[name] = f"no ValueError at tp={tp}"
+    return messages
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4])
+def test_sizes_that_do_not_divide_raise_value_error(tp):
+    sizes = NOT_DIVIDING[tp]
+    for messages in run_ranks(_not_dividing_case, tp, "shm", timeout=60, args=(sizes,)):
+        n = sizes["features"]
+        assert "ColumnParallelLinear" in messages["column"] and f"({n})" in messages["column"] \
+            and f"size {tp}" in messages["column"], messages["column"]
+        assert "RowParallelLinear" in messages["row"] and f"in_features ({n})" in messages[
+            "row"] and f"size {tp}" in messages["row"], messages["row"]
+        assert "VocabParallelEmbedding" in messages["embedding"] and (
+            f"num_embeddings ({sizes['rows']})" in messages["embedding"]), messages["embedding"]
+        assert f"n_head ({sizes['heads']})" in messages["heads"] and (
+            f"size {tp}" in messages["heads"]), messages["heads"]
+        assert f"vocab_size ({sizes['gpt_vocab']})" in messages["vocab"] and (
+            f"size {tp}" in messages["vocab"]), messages["vocab"]
