@@ -84,3 +84,43 @@ def test_tensorboard_scalars_when_tensorboardx_is_installed(tmp_path, monkeypatc
     line = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert line == {"kind": "train", "step": 3, "loss": 1.5, "lr": 0.1, "epoch": 0,
                     "grad_norm": None}
+
+
+def _event_scalars(directory):
+    """{tag: [(step, value)]} read back from tensorboardX's event files (TFRecord frames:
+    8-byte length, 4-byte CRC, an Event protobuf, 4-byte CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+    scalars = {}
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_tensorboard_event_files_hold_the_metrics_lines(tmp_path):
+    """The real tensorboardX: what metrics.jsonl says, the event files say too."""
+    pytest.importorskip("tensorboardX", reason="TensorBoard output needs tensorboardX")
+    from neural_arch.training.metrics import MetricsLogger
+    logger = MetricsLogger(str(tmp_path))
+    logger.log("train", 2, {"epoch": 0, "loss": 2.5, "lr": 1e-3, "grad_norm": 0.75,
+                            "tokens_per_second": 1234.0, "comm_seconds": 0.125})
+    logger.log("train", 4, {"epoch": 0, "loss": 2.25, "lr": 5e-4, "grad_norm": None,
+                            "tokens_per_second": 1300.0, "comm_seconds": 0.0})
+    logger.log("val", 4, {"epoch": 0, "val_loss": 2.75, "val_accuracy": 0.5})
+    logger.close()
+    scalars = _event_scalars(tmp_path / "tensorboard")
+    assert scalars["train/loss"] == [(2, 2.5), (4, 2.25)]
+    assert scalars["train/lr"] == [(2, pytest.approx(1e-3)), (4, pytest.approx(5e-4))]
+    assert scalars["train/grad_norm"] == [(2, 0.75)]  # None is not a number to plot
+    assert scalars["train/tokens_per_second"] == [(2, 1234.0), (4, 1300.0)]
+    assert scalars["train/comm_seconds"] == [(2, 0.125), (4, 0.0)]
+    assert scalars["val/val_loss"] == [(4, 2.75)]
+    assert "train/epoch" not in scalars
