@@ -7,6 +7,9 @@ at the end, and the loaded dense model's logits.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+
 import numpy as np
 import pytest
 
@@ -54,18 +57,21 @@ def _train(rank, world_size, shape, schedule, data_parallel, micro, parent):
         return GPT3D(GPTConfig(**SIZES), mesh, micro, schedule=schedule,
                      data_parallel=data_parallel, dtype=np.float64, lr=LR)
     model = build(7)
-    losses = []
+    losses, printed = [], io.StringIO()
     for s in range(STEPS):
         if s == STEPS - 1:
             resume_from = model.save(parent, "before-last")
         losses.append(model.train_step(*_batch(s)))
+        with contextlib.redirect_stdout(printed):  # what this rank prints, to check which do
+            model.log(f"step {s} loss {losses[-1]:.6f}")
     final = model.save(parent, "final")
     # a model built from another seed, loaded from the checkpoint, takes the same last step
     other = build(99)
     other.load(resume_from)
     resumed = other.train_step(*_batch(STEPS - 1))
     return dict(losses=losses, resumed=resumed, final=final, logs=model.logs,
-                steps=other.steps)
+                steps=other.steps, printed=printed.getvalue(),
+                coordinate=dict(zip(("dp", "tp", "pp"), mesh.get_coordinate())))
 
 
 def _check(results, dense, dense_losses):
@@ -89,6 +95,21 @@ def _check(results, dense, dense_losses):
     return sum(r["logs"] for r in results)
 
 
+def _check_printed(results, pp):
+    """Only the ranks at dp = 0 and tp = 0 print, each its stage's line per step."""
+    printing = []
+    for r in results:
+        at = r["coordinate"]
+        if at["dp"] == 0 and at["tp"] == 0:
+            printing.append(at["pp"])
+            expected = "".join(f"[pp {at['pp']}/{pp}] step {s} loss {loss:.6f}\n"
+                               for s, loss in enumerate(r["losses"]))
+            assert r["printed"] == expected, (at, r["printed"])
+        else:
+            assert r["printed"] == "", (at, r["printed"])
+    assert sorted(printing) == list(range(pp)), printing
+
+
 @pytest.mark.timeout(300)
 def test_eight_ranks_two_by_two_by_two_match_one_dense_process(tmp_path):
     dense, dense_losses = _dense_run()
@@ -96,6 +117,18 @@ def test_eight_ranks_two_by_two_by_two_match_one_dense_process(tmp_path):
                         args=((2, 2, 2), "1f1b", "ddp", 2, str(tmp_path)))
     # one printing rank per pipeline stage (dp = 0, tp = 0)
     assert _check(results, dense, dense_losses) == 2
+    _check_printed(results, pp=2)
+
+
+@pytest.mark.timeout(300)
+def test_zero1_on_eight_ranks_two_by_two_by_two(tmp_path):
+    # ZeRO-1 over the dp group of each (tp, pp) position: each of its dp ranks keeps the
+    # optimizer state of part of that position's tensor-parallel shard
+    dense, dense_losses = _dense_run()
+    results = run_ranks(_train, 8, "shm", timeout=240,
+                        args=((2, 2, 2), "gpipe", "zero1", 4, str(tmp_path)))
+    _check(results, dense, dense_losses)
+    _check_printed(results, pp=2)
 
 
 @pytest.mark.timeout(300)
