@@ -3,20 +3,27 @@ tensor- and pipeline-parallel step time against one process, and the activations
 holds under GPipe and 1F1B.
 
 - Bubble: the idle fraction of a step (``bubble_fraction`` of the schedule's measured timeline)
-  for p = 2 and 4 stages and m = 1..16 micro-batches, against (p - 1)/(m + p - 1), and
-  (p - 1)/(v*m + p - 1) for the interleaved schedule with v = 2 chunks per rank. Each stage's
-  work is a fixed wait (40 ms forward, 80 ms backward per micro-batch and rank; a chunk of the
-  interleaved schedule half of it), so that four stages on two cores do not share cores and
-  the schedule alone decides the idle time; the messages between stages are real.
+  for p = 2 and 4 stages and every m = 1..16 micro-batches, against (p - 1)/(m + p - 1), and
+  (p - 1)/(v*m + p - 1) for the interleaved schedule with v = 2 chunks per rank (m >= p; with
+  fewer micro-batches than stages 1 - v*m/(m + p*v - 1), ``plan.interleaved_bubble``). Each
+  stage's work is a fixed wait (40 ms forward, 80 ms backward per micro-batch and rank; a
+  chunk of the interleaved schedule half of it), so that four stages on two cores do not share
+  cores and the schedule alone decides the idle time; the messages between stages are real.
 - Speed: a GPT (n_embd 512) trained one step at a time, one process against tensor parallel
   at tp = 2 and a 1F1B pipeline at pp = 2 with m = 8; one BLAS thread per process, so that the
   parallel runs use two cores where the single process uses one.
 - Activations: each stage's tracemalloc'd memory right after every forward, over a step, in
-  units of one micro-batch's activations measured the same way: GPipe holds all m, 1F1B at
-  most p (stage 0), fewer further down.
+  units of one micro-batch's activations measured the same way, at p = 2 and 4: GPipe holds
+  all m, 1F1B at most p - s on stage s (the goal: at most p).
 
     python benchmarks/bench_model_parallel.py [--quick] [--output benchmarks/RESULTS.md]
         [--pictures docs]
+
+The tables of RESULTS.md and docs/model-parallel.md, on a quiet machine (about 10 minutes on
+two cores: the bubble's timed waits alone, 4 steps of every schedule, p and m, are 8)::
+
+    python benchmarks/bench_model_parallel.py --pictures docs --output benchmarks/RESULTS.md \
+        --output docs/model-parallel.md
 """
 from __future__ import annotations
 
@@ -38,16 +45,16 @@ from model_parallel_jobs import FORWARD_S, formula, worker  # noqa: E402
 SECTION = "bench_model_parallel"
 SCRIPT = os.path.abspath(__file__)
 BUBBLE_GOAL_POINTS, TP_GOAL, PP_GOAL = 5.0, 1.6, 1.5
-FULL = dict(ps=(2, 4), ms=(1, 2, 4, 8, 16), steps=3,
+FULL = dict(ps=(2, 4), ms=tuple(range(1, 17)), steps=3,
             gpt=dict(n_layer=4, n_embd=512, n_head=8, block_size=64, vocab_size=1024),
             batch=16, pp_m=8, speed_steps=5,
             memory_gpt=dict(n_layer=4, n_embd=128, n_head=4, block_size=64, vocab_size=256),
-            memory_batch=16, memory_m=8)
+            memory_batch=16, memory_m=8, memory_ps=(2, 4))
 QUICK = dict(ps=(2,), ms=(1, 2, 4), steps=1,
              gpt=dict(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=64),
              batch=4, pp_m=2, speed_steps=1,
-             memory_gpt=dict(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=64),
-             memory_batch=4, memory_m=4)
+             memory_gpt=dict(n_layer=4, n_embd=32, n_head=2, block_size=16, vocab_size=64),
+             memory_batch=4, memory_m=4, memory_ps=(2, 4))
 
 
 # ----- the driver's side -------------------------------------------------------------------
@@ -81,18 +88,23 @@ def speed_table(results: Dict[str, dict]) -> tuple:
                                  rows, "lrrrrl"), misses
 
 
-def memory_table(result: dict) -> tuple:
-    p, rows, misses = result["p"], [], 0
-    for row in sorted(result["stages"], key=lambda r: r["rank"]):
-        ok = row["1f1b"]["held"] <= p + 0.05  # a micro-batch's own temporaries aside
-        misses += not ok
-        rows.append([row["rank"], f"{row['one_mib']:.2f}", f"{row['gpipe']['held']:.2f}",
-                     f"{row['1f1b']['held']:.2f}", f"{row['gpipe']['peak_mib']:.1f}",
-                     f"{row['1f1b']['peak_mib']:.1f}", common.verdict(ok)])
+def memory_table(results: List[dict]) -> tuple:
+    rows, misses = [], 0
+    for result in results:
+        p = result["p"]
+        for row in sorted(result["stages"], key=lambda r: r["rank"]):
+            # the goal: at most p micro-batches (a micro-batch's own temporaries aside); what
+            # 1F1B's warm-up promises stage s, p - s, is shown beside it
+            bound = p - row["rank"]
+            ok = row["1f1b"]["held"] <= p + 0.05
+            misses += not ok
+            rows.append([p, row["rank"], f"{row['one_mib']:.2f}", f"{row['gpipe']['held']:.2f}",
+                         f"{row['1f1b']['held']:.2f}", bound, f"{row['gpipe']['peak_mib']:.1f}",
+                         f"{row['1f1b']['peak_mib']:.1f}", common.verdict(ok)])
     return common.markdown_table(
-        ["stage", "one micro-batch MiB", "GPipe held (micro-batches)",
-         "1F1B held (micro-batches)", "GPipe peak MiB", "1F1B peak MiB", f"1F1B <= p = {p}"],
-        rows, "rrrrrrl"), misses
+        ["p", "stage s", "one micro-batch MiB", "GPipe held (micro-batches)",
+         "1F1B held (micro-batches)", "1F1B's warm-up p - s", "GPipe peak MiB",
+         "1F1B peak MiB", "1F1B <= p"], rows, "rrrrrrrrl"), misses
 
 
 def draw(timelines: Dict[str, list], p: int, m: int, directory: str) -> List[str]:
@@ -140,9 +152,9 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
         speed[mode] = common.run_job(SCRIPT, args.backend, world, dict(
             kind="speed", mode=mode, gpt=size["gpt"], batch=size["batch"], m=size["pp_m"],
             steps=size["speed_steps"]), args.timeout)
-    memory = common.run_job(SCRIPT, args.backend, 2, dict(
+    memory = [common.run_job(SCRIPT, args.backend, p, dict(
         kind="memory", gpt=size["memory_gpt"], batch=size["memory_batch"],
-        m=size["memory_m"]), args.timeout)
+        m=size["memory_m"]), args.timeout) for p in size["memory_ps"]]
     bubble_text, bubble_misses = bubble_table(bubble_rows)
     speed_text, speed_misses = speed_table(speed)
     memory_text, memory_misses = memory_table(memory)
@@ -154,14 +166,16 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
         f"{size['steps']} steps after a first), stage work a fixed wait of "
         f"{FORWARD_S * 1e3:.0f} ms forward and {2 * FORWARD_S * 1e3:.0f} ms backward per "
         "micro-batch and rank (halved per chunk for the interleaved schedule, v = 2), so "
-        "that p stages never share a core; formula (p-1)/(v m + p - 1). Speed: GPT "
+        "that p stages never share a core; formula (p-1)/(m + p - 1), interleaved "
+        "(p-1)/(v m + p - 1) for m >= p and 1 - v m/(m + p v - 1) for m < p. Speed: GPT "
         f"{gpt['n_layer']} x {gpt['n_embd']} (heads {gpt['n_head']}, T {gpt['block_size']}, "
         f"vocab {gpt['vocab_size']}), batch {size['batch']}, float32, SGD; the slowest rank's "
         f"median of {size['speed_steps']} steps after one; one thread per process. "
         "Activations: tracemalloc'd memory after each forward of a step, above the memory "
         "before it, in units of one micro-batch's (GPT "
         f"{size['memory_gpt']['n_layer']} x {size['memory_gpt']['n_embd']}, batch "
-        f"{size['memory_batch']}, m = {size['memory_m']}, p = {memory['p']}).")
+        f"{size['memory_batch']}, m = {size['memory_m']}, p = "
+        f"{' and '.join(str(r['p']) for r in memory)}).")
     misses = bubble_misses + speed_misses + memory_misses
     body = head + ["### Pipeline bubble", "", bubble_text, "", "### Step time", "", speed_text,
                    "", "### Activations held per stage", "", memory_text, "",

@@ -15,13 +15,13 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def formula(schedule: str, p: int, m: int) -> float:
-    v = 2 if schedule == "interleaved" else 1
-    return (p - 1) / (v * m + p - 1)
-
-
-def micro_batch_counts(schedule: str, p: int, ms) -> List[int]:
-    # the interleaved schedule sends micro-batches through in groups of p
-    return [m for m in ms if schedule != "interleaved" or m % p == 0]
+    """The bubble with equal passes: (p - 1)/(m + p - 1); interleaved (v = 2)
+    (p - 1)/(v m + p - 1) for m >= p, and for m < p, where each micro-batch crosses the p v
+    virtual stages one after another, 1 - v m/(m + p v - 1) (``plan.interleaved_bubble``)."""
+    if schedule == "interleaved":
+        from neural_arch.distributed.pipelining.plan import interleaved_bubble
+        return interleaved_bubble(p, m, 2)
+    return (p - 1) / (m + p - 1)
 
 
 def _timed_layer(forward_s: float):
@@ -84,7 +84,7 @@ def bubble_job(job: Dict[str, Any]) -> Dict[str, Any]:
         pieces = pp.pipeline_split(Sequential(*layers), p * v)
         stages = [pp.PipelineStage(pieces[rank + c * p], rank + c * p, p * v)
                   for c in range(v)]
-        for m in micro_batch_counts(name, p, job["ms"]):
+        for m in job["ms"]:  # every count, p dividing it or not
             schedule = _schedule(name, stages, m, _mse)
             x, y = np.ones((m, 4)), np.zeros((m, 4))
             measured = []

@@ -118,9 +118,10 @@ def interleaved_rounds(p: int, m: int) -> List[int]:
 
 def interleaved_bubble(p: int, m: int, v: int) -> float:
     """The idle fraction of the interleaved schedule with equal-length chunks (whatever the
-    ratio of backward to forward): ``(p - 1)/(v m + p - 1)`` for ``m >= p``; for ``m < p`` every micro-batch
-    crosses all ``p v`` virtual stages one after another, ``1 - v m / (m + p v - 1)``. Both
-    are ``1 - v m / (v m + p - 1 + (v - 1) max(0, p - m))``."""
+    ratio of backward to forward): ``(p - 1)/(v m + p - 1)`` for ``m >= p``; for ``m < p``
+    every micro-batch crosses all ``p v`` virtual stages one after another,
+    ``1 - v m / (m + p v - 1)``. Both are ``1 - v m / (v m + p - 1 + (v - 1) max(0, p - m))``.
+    """
     busy = v * m
     return 1 - busy / (busy + p - 1 + (v - 1) * max(0, p - m))
 

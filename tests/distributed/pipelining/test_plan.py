@@ -47,7 +47,8 @@ def test_interleaved_takes_any_number_of_micro_batches():
     assert _names(rank_order("interleaved", 1, 2, 3, 2)) == (
         "F0 F1 F2 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 B0 B1 B2".split())
     # fewer micro-batches than ranks: one short round
-    assert _names(rank_order("interleaved", 3, 4, 2, 2)) == "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1".split()
+    assert _names(rank_order("interleaved", 3, 4, 2, 2)) == (
+        "F0 F1 F0.1 B0.1 F1.1 B1.1 B0 B1".split())
 
 
 def _modelled_bubble(plan, m, v):
