@@ -13,11 +13,11 @@ record; such intervals are left out, and the first one, which pays one-time star
 the whole run's wall time (process start to exit, everything included) and tokens/s over it;
 the train loss at the first record and at the end, the last validation loss. The text is
 ``scripts/make_corpus.py``'s (about 1.1 MB of Python's own documentation; it depends on the
-Python version). The default --steps 4500 is sized for about 10 minutes of ours on 2 cores (a
-step of this GPT at p = 2 took about 130 ms, torch's about 86 ms, when it was chosen): with
-torch's run after it, the benchmark takes about 18 minutes.
+Python version). The default --steps 6900 is sized for about 10 minutes of ours on 2 cores
+(a step of this GPT at p = 2 took about 85 ms of ours and 112 ms of torch's in this
+benchmark's own run): with torch's run after it, the benchmark takes about 25 minutes.
 
-    python benchmarks/bench_gpt_run.py [--steps 4500] [--torch-steps N] [--eval-interval 250]
+    python benchmarks/bench_gpt_run.py [--steps 6900] [--torch-steps N] [--eval-interval 250]
         [--log-interval 50] [--corpus PATH] [--out-dir runs/bench_gpt_run] [--quick]
         [--output benchmarks/RESULTS.md] [--chart docs/training_run_1mb.png]
 """
@@ -47,7 +47,7 @@ import gpt_run_torch as torch_run  # noqa: E402
 SECTION = "bench_gpt_run"
 WORLD = 2
 # the char GPT of issue #22 (and of bench_gpt_step's first row), and a tiny one for smoke runs
-FULL = dict(hidden=128, heads=4, layers=4, block=64, batch=16, steps=4500, warmup=100,
+FULL = dict(hidden=128, heads=4, layers=4, block=64, batch=16, steps=6900, warmup=100,
             eval_interval=250, log_interval=50)
 QUICK = dict(hidden=32, heads=2, layers=2, block=16, batch=4, steps=30, warmup=5,
              eval_interval=10, log_interval=1)
