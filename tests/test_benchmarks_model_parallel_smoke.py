@@ -39,12 +39,20 @@ def test_model_parallel_benchmark_reports_consistent_numbers(tmp_path):
         assert 0 <= float(measured) < 1
         assert (verdict == "PASS") == (float(points) <= 5.0 + 0.05)
     speed = re.findall(r"^\| (one process|tensor parallel, tp = 2|1F1B pipeline, pp = 2, m = 2) "
-                       r"\| ([12]) \| ([0-9.]+) \| ([0-9.]+) \|", text, re.MULTILINE)
-    assert [s[0] for s in speed] == ["one process", "tensor parallel, tp = 2",
-                                     "1F1B pipeline, pp = 2, m = 2"], text
-    dense_ms = float(speed[0][2])
-    for _, _, ms, speedup in speed:
-        assert _ratio_shown(float(speedup), dense_ms, float(ms), 1, 0.005, 0.05)
+                       r"\| ([0-9]+) \| ([12]) \| ([0-9.]+) \| ([0-9.]+) \| ([^|]*)\| ([^|]*)\|$",
+                       text, re.MULTILINE)
+    runs = ["one process", "tensor parallel, tp = 2", "1F1B pipeline, pp = 2, m = 2"]
+    assert [(s[0], s[1]) for s in speed] == [(r, b) for b in ("4", "2") for r in runs], text
+    for first in (0, 3):  # each batch's speedups against one process at that batch
+        dense_ms = float(speed[first][3])
+        for _, _, _, ms, speedup, _, _ in speed[first:first + 3]:
+            assert _ratio_shown(float(speedup), dense_ms, float(ms), 1, 0.005, 0.05)
+    # goals judged at the first batch only, for the parallel runs
+    judged = [(s[0], s[4], s[5].strip(), s[6].strip()) for s in speed if s[5].strip()]
+    assert [j[0] for j in judged] == runs[1:], speed
+    assert not any(s[6].strip() for s in speed[3:] + speed[:1])
+    for _, speedup, goal, verdict in judged:
+        assert verdict == ("PASS" if float(speedup) >= float(goal.split()[-1]) else "MISS")
     held = re.findall(r"^\| ([24]) \| ([0-3]) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| "
                       r"(\d) \| [0-9.]+ \| [0-9.]+ \| (PASS|MISS) \|$", text, re.MULTILINE)
     assert [(h[0], h[1]) for h in held] == [("2", "0"), ("2", "1"), ("4", "0"), ("4", "1"),
