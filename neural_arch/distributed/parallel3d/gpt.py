@@ -35,7 +35,7 @@ from ..device_mesh import DeviceMesh
 from ..pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                           pipeline_split)
 from ..pipelining.plan import Msg
-from ..pipelining.stage import sync_tied
+from ..pipelining.stage import start_tied_equal
 from ..pipelining.transfer import HEADER_LEN, TAG_ACT, TAG_HEADER, decode_header, encode_header
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
@@ -174,11 +174,7 @@ class GPT3D:
         only add messages): the rows need only split into dp equal slices. Dropout is off."""
         x = self._replica_slice(idx, "idx", n_microbatches=1)
         y = self._replica_slice(targets, "targets", n_microbatches=1)
-        if not all(stage._ties_synced for stage in self.stages):
-            # as the first train_step does: the holders of a tied weight start equal
-            sync_tied(self.stages, gradients=False)
-            for stage in self.stages:
-                stage._ties_synced = True
+        start_tied_equal(self.stages)  # as the first train_step does
         modes = [piece.training for piece in self.pieces]
         losses: List[Any] = []
         try:

@@ -25,7 +25,7 @@ from ...core import Tensor
 from .. import collectives
 from .failures import before_the_error_leaves
 from .plan import Plan, build_plan
-from .stage import PipelineStage, sync_tied
+from .stage import PipelineStage, start_tied_equal, sync_tied
 from .timeline import Event, gather_events
 from .transfer import exchange
 
@@ -131,10 +131,7 @@ class PipelineSchedule:
             raise TypeError(f"losses must be a list, got {type(losses).__name__}")
         for stage in self._by_chunk:
             stage.clear()
-        if not all(stage._ties_synced for stage in self._by_chunk):
-            sync_tied(self._by_chunk, gradients=False)  # holders start equal
-            for stage in self._by_chunk:
-                stage._ties_synced = True
+        start_tied_equal(self._by_chunk)
         self._run(inputs, targets, losses)
         sync_tied(self._by_chunk, gradients=True)
 

@@ -148,6 +148,16 @@ def _grad_of(param: Any) -> np.ndarray:
     return np.zeros_like(np.asarray(param.data)) if grad is None else np.asarray(grad)
 
 
+def start_tied_equal(stages: Sequence[PipelineStage]) -> None:
+    """Before a stage's first pass: copy each tied weight from its lowest holder to the others
+    (once per stage; every rank of the pipeline must call this at the same point)."""
+    if all(stage._ties_synced for stage in stages):
+        return
+    sync_tied(stages, gradients=False)
+    for stage in stages:
+        stage._ties_synced = True
+
+
 def sync_tied(stages: Sequence[PipelineStage], gradients: bool) -> None:
     """Make every holder of each tied weight agree: the sum of the holders' gradients (in stage
     order) when ``gradients``, else the lowest holder's value. ``stages`` are this rank's."""
