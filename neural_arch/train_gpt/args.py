@@ -126,9 +126,6 @@ def _check_pipeline(args: argparse.Namespace) -> None:
         raise UsageError(f"--microbatches {micro} does not divide --batch-size "
                          f"{args.batch_size}" + ("" if args.microbatches else
                                                  f" (the default is --pp {pp})"))
-    if schedule == "interleaved" and micro % pp:
-        raise UsageError(f"--pp-schedule interleaved needs --microbatches divisible by --pp "
-                         f"{pp}, got {micro}")
 
 
 def check(args: argparse.Namespace) -> None:
