@@ -46,7 +46,8 @@ import gpt_run_torch as torch_run  # noqa: E402
 
 SECTION = "bench_gpt_run"
 WORLD = 2
-# the char GPT of issue #22 (and of bench_gpt_step's first row), and a tiny one for smoke runs
+# the char GPT of the training program (and of bench_gpt_step's first row), and a tiny one for
+# smoke runs
 FULL = dict(hidden=128, heads=4, layers=4, block=64, batch=16, steps=6900, warmup=100,
             eval_interval=250, log_interval=50)
 QUICK = dict(hidden=32, heads=2, layers=2, block=16, batch=4, steps=30, warmup=5,
