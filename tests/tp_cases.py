@@ -166,28 +166,6 @@ def cross_entropy_case(rank, size, scale):
     return loss.item()
 
 
-def non_divisible_case(rank, size):
-    """Each split that does not divide names the layer, the size and the tensor-parallel
-    size; returns the messages."""
-    from neural_arch.distributed.tensor_parallel import (ColumnParallelLinear,
-                                                         RowParallelLinear,
-                                                         VocabParallelEmbedding)
-    from neural_arch.models.gpt import GPT, GPTConfig
-    messages = []
-    attempts = [lambda: ColumnParallelLinear(4, 6), lambda: RowParallelLinear(6, 4),
-                lambda: VocabParallelEmbedding(10, 4),
-                lambda: GPT(GPTConfig(n_head=3, n_embd=12, vocab_size=64), tp_group=world()),
-                lambda: GPT(GPTConfig(n_head=4, n_embd=16, vocab_size=65), tp_group=world())]
-    for attempt in attempts:
-        try:
-            attempt()
-        except ValueError as exc:
-            messages.append(str(exc))
-        else:
-            raise AssertionError(f"no ValueError at tp={size}")
-    return messages
-
-
 def world():
     from neural_arch import distributed as dist
     return dist.new_group(list(range(dist.get_world_size())))
