@@ -3,7 +3,6 @@ seed-style (one command per rank), resume, --sample, --tp 2, and bad flags.
 
 All runs train the same tiny GPT on the same generated text for a few steps with the same
 global batch (8 windows of 16 characters), so their per-step losses must agree."""
-import json
 import os
 import subprocess
 import sys
@@ -14,47 +13,14 @@ import pytest
 from dist_harness import mpi_available
 from launcher_support import free_port
 from repo_paths import REPO_ROOT
+from train_gpt_support import FIELDS, MODEL, command, losses, records, run, write_text
 
 pytestmark = pytest.mark.timeout(300)
-MODEL = ["--hidden-size", "32", "--layers", "2", "--attention-heads", "2",
-         "--max-seq-length", "16", "--log-interval", "1", "--no-progress",
-         "--gradient-clip-norm", "0", "--eval-interval", "3", "--eval-batches", "2",
-         "--save-interval", "3"]
-FIELDS = {"kind", "step", "epoch", "time", "loss", "lr", "grad_norm", "samples_per_second",
-          "tokens_per_second", "comm_seconds"}
-
-
-def command(*args, launcher=0):
-    if launcher:
-        return [sys.executable, "-m", "neural_arch.distributed.launcher",
-                f"--nproc_per_node={launcher}", f"--master_port={free_port()}", "-m",
-                "neural_arch.train_gpt", *map(str, args)]
-    return [sys.executable, "-m", "neural_arch.train_gpt", *map(str, args)]
-
-
-def run(*args, launcher=0, expect=0):
-    result = subprocess.run(command(*args, launcher=launcher), capture_output=True, text=True,
-                            timeout=240, cwd=REPO_ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
-    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-2000:]
-    return result
-
-
-def losses(out_dir):
-    with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
-        records = [json.loads(line) for line in handle]
-    train = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
-    return np.array([r["loss"] for r in train]), records
 
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    words = ["the", "model", "reads", "a", "small", "text", "and", "learns", "its", "letters"]
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text(" ".join(rng.choice(words, size=900)) + "\n")
-    return str(path)
+    return write_text(tmp_path_factory.mktemp("data") / "text.txt")
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +33,9 @@ def reference(text, tmp_path_factory):
 
 def test_standalone_writes_metrics_checkpoints_and_summary(reference):
     out, result = reference
-    values, records = losses(out)
+    values, lines = losses(out), records(out)
     assert len(values) == 6 and np.all(np.isfinite(values))
-    for record in records:
+    for record in lines:
         if record["kind"] == "train":
             assert set(record) == FIELDS, record
         else:
@@ -84,7 +50,7 @@ def test_resume_continues_the_step_count_and_the_loss_curve(text, reference, tmp
     run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 3, "--out-dir", out)
     run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
         "--resume")
-    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-6)
+    np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-6)
 
 
 def test_launcher_with_two_ranks_matches_one_process(text, reference, tmp_path):
@@ -92,7 +58,7 @@ def test_launcher_with_two_ranks_matches_one_process(text, reference, tmp_path):
     result = run("--data", text, *MODEL, "--batch-size", 4, "--max-steps", 6, "--out-dir", out,
                  launcher=2)
     assert "2 data-parallel" in result.stdout
-    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)
 
 
 def test_one_command_per_rank_matches_one_process(text, reference, tmp_path):
@@ -105,7 +71,7 @@ def test_one_command_per_rank_matches_one_process(text, reference, tmp_path):
              for rank in (1, 0)]
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)
 
 
 @pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpiexec")
@@ -124,7 +90,7 @@ def test_mpirun_with_two_ranks_matches_one_process(text, reference, tmp_path):
             break
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 data-parallel" in result.stdout
-    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)
 
 
 @pytest.mark.parametrize("stage", [1, 3])
@@ -132,7 +98,7 @@ def test_zero_stages_at_two_ranks_match_one_process(text, reference, tmp_path, s
     out = tmp_path / f"zero{stage}"
     run("--data", text, *MODEL, "--batch-size", 4, "--max-steps", 6, "--out-dir", out,
         "--zero-stage", stage, launcher=2)
-    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)
     if stage == 3:  # the parameters really were sharded: each rank saved its own shard
         saved = os.listdir(os.path.join(out, "checkpoints", "ckpt-e000000-s00000006"))
         assert {"model.shard0.safetensors", "model.shard1.safetensors"} <= set(saved), saved
@@ -142,7 +108,7 @@ def test_mixed_precision_follows_the_float32_run(text, reference, tmp_path):
     out = tmp_path / "fp16"
     run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
         "--mixed-precision")
-    half, full = losses(out)[0], losses(reference[0])[0]
+    half, full = losses(out), losses(reference[0])
     np.testing.assert_allclose(half, full, rtol=2e-2)
     assert not np.array_equal(half, full)  # float16 rounding shows: it did compute in float16
 
@@ -152,7 +118,7 @@ def test_tensor_parallel_two_ranks_match_one_process(text, reference, tmp_path):
     result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
                  "--tp", 2, launcher=2)
     assert "1 data-parallel x 2 tensor-parallel" in result.stdout
-    np.testing.assert_allclose(losses(out)[0], losses(reference[0])[0], rtol=1e-5)
+    np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)
 
 
 def test_sample_prints_text_from_the_latest_checkpoint(reference):

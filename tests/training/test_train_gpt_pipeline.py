@@ -7,56 +7,18 @@ windows of 16 characters) as the one-process reference, so their per-step traini
 their validation losses must agree to float rounding."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from launcher_support import free_port
-from repo_paths import REPO_ROOT
+from train_gpt_support import FIELDS, MODEL, losses, records, run, write_text
 
-MODEL = ["--hidden-size", "32", "--layers", "2", "--attention-heads", "2",
-         "--max-seq-length", "16", "--log-interval", "1", "--no-progress",
-         "--gradient-clip-norm", "0", "--eval-interval", "3", "--eval-batches", "2",
-         "--save-interval", "3"]
 COSINE = ["--lr-schedule", "cosine", "--warmup-steps", "2", "--learning-rate", "3e-3"]
-# the Trainer's fields; grad_norm and comm_seconds are null in a pipeline run
-FIELDS = {"kind", "step", "epoch", "time", "loss", "lr", "grad_norm", "samples_per_second",
-          "tokens_per_second", "comm_seconds"}
-
-
-def run(*args, launcher=0, expect=0):
-    cmd = [sys.executable, "-m", "neural_arch.train_gpt", *map(str, args)]
-    if launcher:
-        cmd[1:3] = ["-m", "neural_arch.distributed.launcher", f"--nproc_per_node={launcher}",
-                    f"--master_port={free_port()}", "-m", "neural_arch.train_gpt"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=REPO_ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
-    assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-2000:]
-    return result
-
-
-def records(out_dir):
-    with open(os.path.join(out_dir, "metrics.jsonl")) as handle:
-        lines = [json.loads(line) for line in handle]
-    train = [r for r in lines if r["kind"] == "train"]
-    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
-    return lines
-
-
-def losses(out_dir, key="loss"):
-    kind = "val" if key == "val_loss" else "train"
-    return np.array([r[key] for r in records(out_dir) if r["kind"] == kind])
 
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    words = ["the", "model", "reads", "a", "small", "text", "and", "learns", "its", "letters"]
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_text(" ".join(rng.choice(words, size=900)) + "\n")
-    return str(path)
+    return write_text(tmp_path_factory.mktemp("data") / "text.txt")
 
 
 @pytest.fixture(scope="module")
