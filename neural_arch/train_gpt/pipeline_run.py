@@ -25,7 +25,7 @@ from ..distributed import get_rank, get_world_size, init_device_mesh
 from ..distributed.parallel3d import GPT3D
 from ..models.gpt import GPTConfig
 from ..training.callbacks import History
-from ..training.metrics import MetricsLogger
+from ..training.metrics import MetricsLogger, epoch_record, write_record
 from ..training.progress import Progress
 from ..training.schedule import build_schedule
 from .args import INTERLEAVED_CHUNKS, UsageError
@@ -169,20 +169,13 @@ class PipelineLoop:
 
     def _record(self, logger: Any, bar: Progress, kind: str, values: Dict[str, Any],
                 elapsed: float) -> None:
-        if logger is not None:
-            logger.log(kind, self.model.steps, dict(values, time=round(elapsed, 3)))
-        bar.line(kind, self.model.steps, values)
+        write_record(logger, bar, kind, self.model.steps, values, elapsed)
 
     def _end_epoch(self, epoch_start: float, steps_before: int, logger: Any, bar: Progress,
                    start: float) -> None:
         seconds = time.perf_counter() - epoch_start
-        sums = self.epoch_sums
-        record: Dict[str, Any] = {"epoch": self.epoch,
-                                  "train_loss": float(sums[0] / max(sums[1], 1)),
-                                  "val_loss": None, "val_accuracy": None, "seconds": seconds,
-                                  "samples_per_second":
-                                      float(sums[1] / seconds) if seconds else None,
-                                  "steps": self.model.steps - steps_before}
+        record = epoch_record(self.epoch, self.epoch_sums, seconds,
+                              self.model.steps - steps_before)
         if self.val is not None:
             record.update(self.evaluate())
         self.history.append(record)

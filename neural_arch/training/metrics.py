@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -53,3 +53,19 @@ class MetricsLogger:
         self._file.close()
         if self._board is not None:
             self._board.close()
+
+
+def epoch_record(epoch: int, sums: Sequence[float], seconds: float, steps: int) -> Dict[str, Any]:
+    """An epoch's history record from its (loss * samples, samples) summed over the ranks;
+    validation fields None until an evaluation fills them."""
+    return {"epoch": epoch, "train_loss": float(sums[0] / max(sums[1], 1)), "val_loss": None,
+            "val_accuracy": None, "seconds": seconds,
+            "samples_per_second": float(sums[1] / seconds) if seconds else None, "steps": steps}
+
+
+def write_record(logger: Optional[MetricsLogger], bar: Any, kind: str, step: int,
+                 values: Dict[str, Any], elapsed: float) -> None:
+    """One record into metrics.jsonl (rank 0's logger; None elsewhere) and the progress line."""
+    if logger is not None:
+        logger.log(kind, step, dict(values, time=round(elapsed, 3)))
+    bar.line(kind, step, values)

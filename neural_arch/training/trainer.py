@@ -28,7 +28,7 @@ from ..distributed.ddp.advanced import AdvancedDistributedDataParallel
 from .batches import batch_size_of, correct_predictions, forward, shard_loader
 from .callbacks import Callback, EarlyStopping, History
 from .config import TrainingConfig
-from .metrics import MetricsLogger
+from .metrics import MetricsLogger, epoch_record, write_record
 from .progress import Progress
 from .schedule import build_schedule
 
@@ -233,12 +233,7 @@ class Trainer:
         sums = self._epoch_sums.copy()
         all_reduce(sums, ReduceOp.SUM, group=self.group)
         seconds = time.perf_counter() - epoch_start
-        record: Dict[str, Any] = {"epoch": self.epoch,
-                                  "train_loss": float(sums[0] / max(sums[1], 1)),
-                                  "val_loss": None, "val_accuracy": None, "seconds": seconds,
-                                  "samples_per_second":
-                                      float(sums[1] / seconds) if seconds else None,
-                                  "steps": self.step - steps_before}
+        record = epoch_record(self.epoch, sums, seconds, self.step - steps_before)
         if val is not None:
             record.update(self.evaluate(val))
         self.history.append(record)
@@ -251,9 +246,7 @@ class Trainer:
 
     def _record(self, logger: Any, bar: "Progress", kind: str, values: Dict[str, Any],
                 elapsed: float) -> None:
-        if logger is not None:
-            logger.log(kind, self.step, dict(values, time=round(elapsed, 3)))
-        bar.line(kind, self.step, values)
+        write_record(logger, bar, kind, self.step, values, elapsed)
 
 
 class _Interval:
