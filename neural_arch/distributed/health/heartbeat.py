@@ -7,8 +7,9 @@ store silent for ``timeout`` seconds means rank 0 itself died, hung or is unreac
 store that closes without rank 0 having announced its leaving means rank 0 died. Failures a
 transport finds are shared the same way (``report``), so every rank names the same culprit,
 and so is a rank's own leaving through the exit hooks without ``destroy_process_group``.
-Verdicts go out as numbered lists that every rank reads and acknowledges; whoever published one
-(and rank 0, before it closes the store) waits, a bounded time, until every live rank has heard.
+Verdicts go out as numbered lists that every rank reads and acknowledges; a rank that leaves
+after a failure, whether it published the verdict or only heard it (and rank 0, before it closes
+the store), waits, a bounded time, until every live rank has heard it.
 
 Without a store (mpi on one host), peers are watched by pid: one stopped (state T) for
 ``timeout`` seconds is declared hung.

@@ -88,6 +88,7 @@ class StoreMonitor(_Monitor):
         self._left: set = set()  # peers known to have left cleanly
         self._read = 0  # the newest failure list read or written here
         self._own: list = []  # failure lists published here
+        self._heard: list = []  # failure lists published elsewhere and read here
         self._outbox: deque = deque()  # (rank, reason) found here, to be published
         self._unwritten: dict = {}  # failure list number -> when it was first seen missing
         self._rank0_leaving = False
@@ -195,6 +196,8 @@ class StoreMonitor(_Monitor):
                     self._record(int(item["rank"]), str(item["reason"]))
                 self._rank0_leaving |= bool(listed.get("rank0_leaving"))
                 store.set(f"{prefix}/heard/{version}/{self.rank}", b"1")
+                if listed.get("failures"):
+                    self._heard.append(version)
             elif version not in self._own:  # numbered, not written yet: look again next tick,
                 since = self._unwritten.setdefault(version, time.monotonic())
                 if time.monotonic() - since < self.config.timeout:  # unless its writer died
@@ -205,6 +208,9 @@ class StoreMonitor(_Monitor):
         version = self._store.add(f"{prefix}/failed_version", 1)
         self._own.append(version)
         self._store.set(f"{prefix}/failed/{version}", json.dumps(payload).encode())
+        # its writer has read it too: a rank lingering until its peers have read it waits on
+        # the others alone
+        self._store.set(f"{prefix}/heard/{version}/{self.rank}", b"1")
 
     def _judge(self, prefix: str, seen: dict) -> list:
         """Rank 0: a peer whose counter stood still for ``timeout`` seconds has failed."""
@@ -238,8 +244,11 @@ class StoreMonitor(_Monitor):
             self._store.add(f"{prefix}/beat/{self.rank}", LEFT_MARK)
             if self.rank == 0:  # the store closes with us: the others must know it is no crash
                 self._publish(prefix, {"rank0_leaving": True})
-            lists = (self._own if self.rank == 0 or heartbeat.failures() or self._abandoned
-                     else [])
+            # After a failure, the lists that told of it, heard here or published here: a rank
+            # that leaves before its peers have read them is what those peers see first, and
+            # they would blame it (a pipeline stage two hops from the failed one, say)
+            lists = (self._own + self._heard
+                     if self.rank == 0 or heartbeat.failures() or self._abandoned else [])
             self._wait_until_heard(prefix, lists)
         except DistributedError:
             pass  # rank 0 is gone already: nobody is left to misjudge our silence

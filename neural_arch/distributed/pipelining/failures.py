@@ -8,18 +8,15 @@ neighbour. The heartbeat (``health.heartbeat``) carries verdicts to every rank o
 * a rank whose own stage raised declares itself failed through it, with the stage, the pass
   and the error, before the error leaves (where that rank serves the store, rank 0, what its
   neighbours would report could no longer reach anyone once it has gone);
-* a rank that failed because the heartbeat told it of a failure elsewhere waits, before its
-  error leaves, as long as the heartbeat lingers after publishing a verdict of its own, so that
-  the ranks waiting on it hear the verdict too rather than see it leave first. (The heartbeat
-  lingers only for the verdicts a rank published itself; a rank that merely heard one leaves at
-  once, which let a stage two hops from the failure blame its neighbour about one run in twenty.)
+* a rank that failed because the heartbeat told it of a failure elsewhere needs nothing more:
+  before its connections close, the heartbeat lingers until every live rank has heard the
+  verdict too (``health.monitors``), so a stage waiting on it does not see it leave first.
 
 With the heartbeat off (``NEURAL_ARCH_HEARTBEAT=0``) neither happens: neighbours still name the
 failed stage, stages further away their neighbour.
 """
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 from ..errors import PeerFailureError
@@ -30,11 +27,8 @@ def before_the_error_leaves(rank: int, exc: BaseException, where: Optional[str] 
     """``where`` (the stage and pass) when this rank's own stage raised ``exc``; None when the
     error came from exchanging messages."""
     if isinstance(exc, PeerFailureError):
-        if "heartbeat: " in str(exc):  # heard of a failure elsewhere: let the others hear too
-            status = heartbeat.status()
-            if status["running"]:
-                time.sleep(2 * status["interval"] + 0.5)  # the heartbeat's own linger
-        return  # a failed peer this rank found itself was reported on the way (process group)
+        # heard through the heartbeat, or found here and reported on the way (process group)
+        return
     if where is None:
         return  # a mismatch found while exchanging: the peer finds it too, and names itself
     first_line = (str(exc).splitlines() or [""])[0][:200]

@@ -321,6 +321,28 @@ def test_a_failure_a_transport_found_is_shared_with_the_other_ranks(server):
     client.close()
 
 
+def test_a_rank_that_only_heard_a_verdict_leaves_after_its_live_peers_heard_it(server):
+    # Rank 2 published that it failed; rank 1 hears it and leaves cleanly. Leaving at once
+    # would let rank 0, still waiting on rank 1, see rank 1 go before hearing of rank 2, and
+    # blame rank 1: rank 1 must linger until rank 0 has read the verdict.
+    server.add(f"{PREFIX}/failed_version", 1)
+    reason = "the pipeline stage raised ValueError (stage 2, forward)"
+    server.set(f"{PREFIX}/failed/1", json.dumps(
+        {"failures": [{"rank": 2, "reason": reason}]}).encode())
+    server.set(f"{PREFIX}/heard/1/2", b"1")  # its writer
+    client = TCPStore("127.0.0.1", server.port, secret=SECRET)
+    heartbeat.start(1, 3, client, config=FAST)
+    assert eventually(lambda: heartbeat.failures(), 5.0)
+    assert [f.rank for f in heartbeat.failures()] == [2]
+    heard = threading.Timer(0.3, server.set, args=(f"{PREFIX}/heard/1/0", b"1"))
+    heard.start()  # rank 0 reads the verdict a moment later
+    heartbeat.stop()
+    assert server.check([f"{PREFIX}/heard/1/0"])  # rank 1 did not leave before that
+    heard.join()
+    assert server.add(f"{PREFIX}/beat/1", 0) >= heartbeat.LEFT_MARK
+    client.close()
+
+
 def test_a_rank_that_leaves_without_destroy_declares_itself_failed(server):
     # As the exit hooks do for a program that ended with its process group in use: peers may
     # still wait for this rank, so they must name it rather than take its leaving for clean.
