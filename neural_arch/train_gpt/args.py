@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=1)
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     g.add_argument("--gradient-clip-norm", type=float, default=None,
-                   help="default 1.0 (off with --tp or --pp > 1); 0 turns clipping off")
+                   help="clip by the whole model's gradient norm (default 1.0); 0 turns "
+                   "clipping off")
     g.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant")
     g.add_argument("--warmup-steps", type=int, default=0)
     g.add_argument("--mixed-precision", action="store_true", help="float16 compute")
@@ -112,10 +113,6 @@ def _check_pipeline(args: argparse.Namespace) -> None:
         raise UsageError(f"--gradient-accumulation-steps {args.gradient_accumulation_steps} is "
                          f"not supported together with --pp {pp}; --microbatches already "
                          f"splits each step's batch")
-    if args.gradient_clip_norm is not None and args.gradient_clip_norm > 0:
-        raise UsageError(f"--gradient-clip-norm {args.gradient_clip_norm} is not supported "
-                         f"together with --pp {pp} (the norm would be per stage); pass 0 or "
-                         f"leave it out")
     chunks = INTERLEAVED_CHUNKS if schedule == "interleaved" else 1
     if args.layers < pp * chunks:
         per = f" x {chunks} chunks per rank ({schedule})" if chunks > 1 else ""
@@ -157,9 +154,6 @@ def check(args: argparse.Namespace) -> None:
     if args.tp > 1 and args.zero_stage and args.pp == 1:
         raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with "
                          f"--tp {args.tp}")
-    if args.tp > 1 and args.gradient_clip_norm:
-        raise UsageError(f"--gradient-clip-norm is not supported together with --tp {args.tp} "
-                         f"(the norm would be per shard); pass 0 or leave it out")
     if args.gradient_clip_norm is not None and args.gradient_clip_norm < 0:
         raise UsageError(f"--gradient-clip-norm must be >= 0, got {args.gradient_clip_norm}")
     if args.backend == "nccl" and args.no_nccl:
@@ -184,7 +178,7 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     except UsageError as exc:
         fail(str(exc))
     if args.gradient_clip_norm is None:
-        args.gradient_clip_norm = 0.0 if args.tp > 1 or args.pp > 1 else 1.0
+        args.gradient_clip_norm = 1.0
     if args.pp > 1:
         args.microbatches = args.microbatches or args.pp
         args.pp_schedule = args.pp_schedule or "1f1b"

@@ -2,8 +2,8 @@
 
 The Trainer's step is ``AdvancedDistributedDataParallel``'s, which knows nothing of pipeline
 stages, so this loop drives ``GPT3D.train_step`` instead and writes what the Trainer writes:
-the same ``metrics.jsonl`` records (``grad_norm`` and ``comm_seconds`` are null: no rank holds
-the whole gradient, and the pipeline's messages are not timed), the same progress lines and
+the same ``metrics.jsonl`` records (``grad_norm`` is the whole model's, which GPT3D clips by;
+``comm_seconds`` is null: the pipeline's messages are not timed), the same progress lines and
 summary on rank 0 (``training.progress``), the same learning-rate schedules
 (``training.schedule``), validation every ``--eval-interval`` steps and at each epoch's end,
 a checkpoint every ``--save-interval`` steps and at the end (``pipeline_checkpoints``).
@@ -44,7 +44,8 @@ def build_pipeline_model(args: argparse.Namespace, config: GPTConfig) -> GPT3D:
     return GPT3D(config, mesh, args.microbatches, schedule=args.pp_schedule,
                  chunks=INTERLEAVED_CHUNKS,
                  data_parallel="zero1" if args.zero_stage == 1 else "ddp",
-                 lr=args.learning_rate, weight_decay=args.weight_decay)
+                 max_grad_norm=args.gradient_clip_norm or None, lr=args.learning_rate,
+                 weight_decay=args.weight_decay)
 
 
 def train_pipeline(args: argparse.Namespace, config: GPTConfig, tokenizer: Tokenizer,
@@ -163,7 +164,7 @@ class PipelineLoop:
         samples = float(interval[1])
         return {"loss": float(interval[0] / max(samples, 1)),
                 "lr": float(self.model.optimizer.param_groups[0]["lr"]),
-                "grad_norm": None, "samples_per_second": samples / seconds,
+                "grad_norm": self.model.grad_norm, "samples_per_second": samples / seconds,
                 "comm_seconds": None,
                 "tokens_per_second": samples * self.args.max_seq_length / seconds}
 

@@ -121,6 +121,18 @@ def test_tensor_parallel_two_ranks_match_one_process(text, reference, tmp_path):
     np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)
 
 
+def test_tensor_parallel_clips_by_the_whole_models_norm(text, tmp_path):
+    clip = ["--gradient-clip-norm", "0.05"]  # below every step's norm: each step clips
+    run("--data", text, *MODEL, *clip, "--batch-size", 8, "--max-steps", 4,
+        "--out-dir", tmp_path / "one")
+    assert losses(tmp_path / "one", "grad_norm").min() > 0.05 * 4
+    run("--data", text, *MODEL, *clip, "--batch-size", 8, "--max-steps", 4,
+        "--out-dir", tmp_path / "tp2", "--tp", 2, launcher=2)
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(losses(tmp_path / "tp2", key), losses(tmp_path / "one", key),
+                                   rtol=1e-4, err_msg=key)
+
+
 def test_sample_prints_text_from_the_latest_checkpoint(reference):
     result = run("--out-dir", reference[0], "--sample", 40, "--prompt", "the ")
     text = result.stdout.rstrip("\n")

@@ -38,8 +38,22 @@ def two_stages(text, tmp_path_factory):
     return str(out), result
 
 
+CLIP = ["--gradient-clip-norm", "0.05"]  # below every step's norm: each step clips
+
+
+@pytest.fixture(scope="module")
+def clipped_reference(text, tmp_path_factory):
+    """The reference's six steps, clipped."""
+    out = tmp_path_factory.mktemp("runs") / "clipped"
+    run("--data", text, *MODEL, *CLIP, "--batch-size", 8, "--max-steps", 6, "--out-dir", out)
+    return str(out)
+
+
 def assert_follows(out, reference):
     np.testing.assert_allclose(losses(out), losses(reference), rtol=1e-5)
+    # the norm of the whole model's gradient (every stage's, every shard's), before clipping
+    np.testing.assert_allclose(losses(out, "grad_norm"), losses(reference, "grad_norm"),
+                               rtol=1e-4)
     np.testing.assert_allclose(losses(out, "val_loss"), losses(reference, "val_loss"),
                                rtol=1e-5)
     assert len(losses(out)) == 6 and len(losses(out, "val_loss")) == 2
@@ -55,7 +69,7 @@ def test_two_stages_match_one_process_and_write_the_trainers_records(reference, 
     for record in records(out):
         if record["kind"] == "train":
             assert set(record) == FIELDS, record
-            assert record["grad_norm"] is None and record["tokens_per_second"] > 0
+            assert record["grad_norm"] > 0 and record["tokens_per_second"] > 0
     saved = sorted(os.listdir(os.path.join(out, "checkpoints")))
     assert saved == ["ckpt-e000000-s00000003", "ckpt-e000000-s00000003.loop.json",
                      "ckpt-e000000-s00000006", "ckpt-e000000-s00000006.loop.json"]
@@ -73,6 +87,16 @@ def test_four_processes_match_one_process(text, reference, tmp_path, flags, batc
     run("--data", text, *MODEL, "--batch-size", batch, "--max-steps", 6, "--out-dir", out,
         *flags, launcher=4)
     assert_follows(str(out), reference)
+
+
+@pytest.mark.timeout(200)
+def test_clipping_on_a_tp_by_pp_mesh_matches_one_process_clipped(text, clipped_reference,
+                                                                  tmp_path):
+    assert losses(clipped_reference, "grad_norm").min() > 0.05 * 4
+    out = tmp_path / "run"
+    run("--data", text, *MODEL, *CLIP, "--batch-size", 8, "--max-steps", 6, "--out-dir", out,
+        "--pp", 2, "--tp", 2, launcher=4)
+    assert_follows(str(out), clipped_reference)
 
 
 @pytest.mark.timeout(200)
@@ -142,8 +166,6 @@ def test_sample_from_a_pipeline_run_prints_the_reference_runs_text(reference, tw
     (["--pp", "2", "--mixed-precision"], "--mixed-precision is not supported together with --pp"),
     (["--pp", "2", "--gradient-accumulation-steps", "2"],
      "--gradient-accumulation-steps 2 is not supported together with --pp 2"),
-    (["--pp", "2", "--gradient-clip-norm", "1"],
-     "--gradient-clip-norm 1.0 is not supported together with --pp 2"),
     (["--pp", "2", "--layers", "1"], "--layers 1 is fewer than the 2 pipeline stages of --pp 2"),
     (["--pp", "2", "--layers", "3", "--pp-schedule", "interleaved"],
      "--layers 3 is fewer than the 4 pipeline stages of --pp 2 x 2 chunks"),

@@ -49,6 +49,7 @@ from ..group.world import get_world_size
 from ..optim import ZeroRedundancyOptimizer
 from ..profiler import CommunicationProfiler
 from ..reduce_ops import ReduceOp
+from ..tensor_parallel.clip_grad import grad_norm, norm_parameters
 from .data_parallel import DistributedDataParallel
 from .loss_scaler import LossScaler
 from .training_config import DistributedTrainingConfig
@@ -104,6 +105,15 @@ class AdvancedDistributedDataParallel(Module):
                             f"{type(config).__name__}")
         self.config, self._group, self._mixed = config, group, config.mixed_precision
         self._sharded = config.zero_stage in _FSDP_STRATEGY
+        # A tensor-parallel model's norm: each rank's share summed over its tp group (a
+        # replicated parameter counted once), so all clip alike and log the dense model's norm
+        self._norm_share, self._tp_group = norm_parameters(module)
+        if self._tp_group is not None and self._tp_group.size == 1:
+            self._tp_group = None  # every parameter counted on the one rank: the plain norm
+        if self._sharded and self._tp_group is not None:
+            raise ValueError(f"zero_stage={config.zero_stage} shards parameters over the "
+                             "data-parallel group, which a model with tensor-parallel layers "
+                             "does not support; use zero_stage 0 or 1")
         if self._sharded:
             # FSDP averages into the shards during backward; its shards are our parameters.
             self.module = FullyShardedDataParallel(
@@ -231,7 +241,11 @@ class AdvancedDistributedDataParallel(Module):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if self._mixed:
             self.scaler.unscale_(grads)
-        norm = _global_norm(grads, self._group if self._sharded else False)
+        if self._tp_group is None:
+            norm = _global_norm(grads, self._group if self._sharded else False)
+        else:
+            norm = grad_norm(self.parameters(), counted=self._norm_share,
+                             groups=(self._tp_group,))
         # A float64 norm overflows only for absurd finite gradients: look closer before skipping.
         bad_here = not math.isfinite(norm) and (math.isnan(norm) or LossScaler.found_inf(grads))
         overflow = self._agree_on_overflow(bad_here)

@@ -10,9 +10,11 @@ keeps the stage of its ``pp`` coordinate (with ``schedule="interleaved"``, the `
    each stage's layers exchanging partial sums over the ``tp`` group, and the last stage's loss
    is the vocabulary-parallel cross-entropy (full logits are never gathered);
 3. every gradient is averaged over the ``dp`` group (one all-reduce per dtype of a flat copy
-   of the stage's gradients), then the optimizer steps: a plain one over the stage's
-   parameters, or with ``data_parallel="zero1"`` a ``ZeroRedundancyOptimizer`` that keeps each
-   dp rank's share of the optimizer state only.
+   of the stage's gradients); the norm of the whole model's gradient is taken (each rank's
+   share summed over tp, then pp: ``tensor_parallel.grad_norm``; ``grad_norm`` keeps it), and
+   with ``max_grad_norm`` the gradients are clipped by it; then the optimizer steps: a plain
+   one over the stage's parameters, or with ``data_parallel="zero1"`` a
+   ``ZeroRedundancyOptimizer`` that keeps each dp rank's share of the optimizer state only.
 
 The gradients are those of the mean loss over the whole global batch, so the run matches one
 dense process training on that batch (the tests check it to float tolerance, 8 processes).
@@ -35,10 +37,11 @@ from ..device_mesh import DeviceMesh
 from ..pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                           pipeline_split)
 from ..pipelining.plan import Msg
-from ..pipelining.stage import start_tied_equal
+from ..pipelining.stage import start_tied_equal, tied_elsewhere
 from ..pipelining.transfer import HEADER_LEN, TAG_ACT, TAG_HEADER, decode_header, encode_header
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
+from ..tensor_parallel.clip_grad import clip_grad_norm_, grad_norm, norm_parameters
 from ..tensor_parallel.gpt import tensor_parallel_loss
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
@@ -56,7 +59,7 @@ class GPT3D:
     def __init__(self, config: GPTConfig, mesh: DeviceMesh, n_microbatches: int,
                  optimizer_class: Type[Optimizer] = AdamW, schedule: str = "1f1b",
                  chunks: int = 2, data_parallel: str = "ddp", dtype: Any = None,
-                 **optimizer_kwargs: Any) -> None:
+                 max_grad_norm: Optional[float] = None, **optimizer_kwargs: Any) -> None:
         if not isinstance(mesh, DeviceMesh) or set(mesh.mesh_dim_names) != set(MESH_DIMS):
             got = getattr(mesh, "mesh_dim_names", type(mesh).__name__)
             raise ValueError(f"GPT3D needs a DeviceMesh with dimensions {MESH_DIMS}, got {got}")
@@ -64,6 +67,12 @@ class GPT3D:
             raise ValueError(f"schedule must be one of {sorted(_SCHEDULES)}, got {schedule!r}")
         if data_parallel not in ("ddp", "zero1"):
             raise ValueError(f"data_parallel must be 'ddp' or 'zero1', got {data_parallel!r}")
+        if max_grad_norm is not None and not (isinstance(max_grad_norm, (int, float)) and
+                                              0 < max_grad_norm < float("inf")):
+            raise ValueError(f"max_grad_norm must be a positive number or None, got "
+                             f"{max_grad_norm!r}")
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.grad_norm: Optional[float] = None  # the last step's, before any clipping
         self.config, self.mesh, self.n_microbatches = config, mesh, int(n_microbatches)
         self.schedule_name, self.data_parallel = schedule, data_parallel
         self.dp_group, self.tp_group, self.pp_group = (mesh.get_group(d) for d in MESH_DIMS)
@@ -93,6 +102,11 @@ class GPT3D:
         self.schedule = _SCHEDULES[schedule](first, self.n_microbatches, loss_fn)
         self.stages = stages
         self.params = _unique(p for piece in self.pieces for p in piece.parameters())
+        # this rank's share of the gradient norm: tensor-parallel duplicates and a weight tied
+        # across stages count on one rank only
+        elsewhere = tied_elsewhere(stages)
+        self._norm_share = [p for piece in self.pieces for p in norm_parameters(piece)[0]
+                            if id(p) not in elsewhere]
         for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
             check_replicas_agree(piece, self.dp_group, "GPT3D")
             broadcast_module_state(piece, self.dp_group)
@@ -135,6 +149,12 @@ class GPT3D:
         else:
             self.schedule.step()
         self._average_gradients()
+        groups = (self.tp_group, self.pp_group)
+        if self.max_grad_norm is None:
+            self.grad_norm = grad_norm(self.params, counted=self._norm_share, groups=groups)
+        else:
+            self.grad_norm = float(clip_grad_norm_(self.params, self.max_grad_norm,
+                                                   counted=self._norm_share, groups=groups))
         self.optimizer.step()
         self.steps += 1
         return self._global_loss(losses)

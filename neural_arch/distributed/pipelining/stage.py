@@ -158,6 +158,18 @@ def start_tied_equal(stages: Sequence[PipelineStage]) -> None:
         stage._ties_synced = True
 
 
+def tied_elsewhere(stages: Sequence[PipelineStage]) -> set:
+    """The ids of this rank's tied weights whose first holder (lowest stage) another rank runs:
+    after ``sync_tied`` every holder has the same gradient, which a norm over the whole model
+    must count once."""
+    ids = set()
+    for stage in stages:
+        for param, owners in stage.ties.values():
+            if stage.rank_of(min(owners)) != stage.group.global_rank:
+                ids.add(id(param))
+    return ids
+
+
 def sync_tied(stages: Sequence[PipelineStage], gradients: bool) -> None:
     """Make every holder of each tied weight agree: the sum of the holders' gradients (in stage
     order) when ``gradients``, else the lowest holder's value. ``stages`` are this rank's."""

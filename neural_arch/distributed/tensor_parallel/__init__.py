@@ -11,9 +11,11 @@ splits along the sequence what plain tensor parallelism replicates between the s
 
 ``load_dense_state_dict`` / ``dense_state_dict`` go between a dense model's state and the
 shards (``sharding``); ``Layout`` says which part of a dense parameter each rank holds.
+``clip_grad_norm_`` clips by the norm of the whole model's gradient (``clip_grad``).
 """
 from __future__ import annotations
 
+from .clip_grad import clip_grad_norm_, grad_norm, norm_parameters
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from .layout import Layout
@@ -27,9 +29,10 @@ from .sharding import dense_state_dict, load_dense_state_dict
 
 __all__ = [
     "ColumnParallelLinear", "Layout", "RowParallelLinear", "SequenceParallelLayerNorm",
-    "SequenceParallelPositionEmbedding", "VocabParallelEmbedding",
+    "SequenceParallelPositionEmbedding", "VocabParallelEmbedding", "clip_grad_norm_",
     "copy_to_tensor_parallel_region", "dense_state_dict", "gather_from_sequence_parallel_region",
-    "gather_from_tensor_parallel_region", "load_dense_state_dict",
+    "gather_from_tensor_parallel_region", "grad_norm", "load_dense_state_dict",
+    "norm_parameters",
     "reduce_from_tensor_parallel_region", "reduce_scatter_to_sequence_parallel_region",
     "scatter_to_sequence_parallel_region", "scatter_to_tensor_parallel_region",
     "vocab_parallel_cross_entropy",

@@ -158,6 +158,10 @@ def _misuse(rank, world_size):
     except ValueError as exc:
         errors.append(str(exc))
     mesh = init_device_mesh((2, 1, 1), mesh_dim_names=("dp", "tp", "pp"))
+    try:
+        GPT3D(GPTConfig(**SIZES), mesh, 2, max_grad_norm=0.0)
+    except ValueError as exc:
+        errors.append(str(exc))
     model = GPT3D(GPTConfig(**SIZES), mesh, 2)
     x, y = np.zeros((6, 8), np.int64), np.zeros((6, 8), np.int64)
     try:
@@ -170,4 +174,5 @@ def _misuse(rank, world_size):
 def test_misuse_is_named():
     for errors in run_ranks(_misuse, 2, "shm", timeout=60):
         assert "('dp', 'tp', 'pp')" in errors[0] and "('dp',)" in errors[0]
-        assert "6 rows" in errors[1] and "dp=2" in errors[1] and "2 micro-batches" in errors[1]
+        assert errors[1] == "max_grad_norm must be a positive number or None, got 0.0"
+        assert "6 rows" in errors[2] and "dp=2" in errors[2] and "2 micro-batches" in errors[2]
