@@ -93,11 +93,13 @@ def binary_cross_entropy_with_logits(logits: Tensor, target: Any,
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                                  mask: Any = None, scale: Optional[float] = None,
-                                 dropout_p: float = 0.0, training: bool = True) -> Tensor:
+                                 dropout_p: float = 0.0, training: bool = True,
+                                 rng: Any = None) -> Tensor:
     """softmax(q @ k^T * scale + mask) @ v over the last two dims of (..., L, E) tensors.
 
     ``mask``: boolean (True = may attend, as in PyTorch) or additive float, broadcastable to
-    (..., L, S). ``causal=True`` lets position i attend to positions <= i.
+    (..., L, S). ``causal=True`` lets position i attend to positions <= i. ``rng``: what the
+    attention weights' dropout draws from (default: the global generator; see ``dropout``).
     """
     if q.data.shape[-1] != k.data.shape[-1] or k.data.shape[-2] != v.data.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: incompatible shapes q {q.data.shape}, "
@@ -121,5 +123,5 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool =
             scores = scores + mask
     weights = causal_softmax(scores, source - length) if fold else softmax(scores, axis=-1)
     if dropout_p:
-        weights = dropout(weights, dropout_p, training)
+        weights = dropout(weights, dropout_p, training, rng=rng)
     return weights @ v

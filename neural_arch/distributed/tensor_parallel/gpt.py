@@ -24,9 +24,10 @@ shapes) and ``sharding`` maps it to and from the dense state. It initialises as 
 does, drawing every parameter whole from the global generator in the dense model's order and
 keeping this rank's shard: under the same seed the parallel model is the sharded dense one.
 
-Dropout on attention weights draws the same masks on every rank (the generators are in step),
-so with dropout > 0 the heads of different ranks share masks: training is still regularised,
-but no longer equal to the dense model's draws.
+Dropout draws the dense model's masks too (``dropout``): on the replicated residual stream
+every rank draws the same dense mask, and on the attention weights of its heads (and under
+sequence parallelism on its positions) each rank keeps its part of the dense mask. With
+dropout > 0, then, the parallel GPT still trains as the dense GPT under the same seed.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from ...nn._dtype import as_tensor
 from ..group.world import ProcessGroup
 from ._group import divide, group_rank_size
 from .cross_entropy import vocab_parallel_cross_entropy
+from .dropout import DenseDraws, PartDropout
 from .mappings import gather_from_tensor_parallel_region
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, _Sharded
 from .sequence import SequenceParallelLayerNorm, SequenceParallelPositionEmbedding
@@ -68,7 +70,9 @@ class ParallelCausalSelfAttention(Module):
                                            stride=3, sequence_parallel=sequence_parallel)
         self.c_proj = RowParallelLinear(embed_dim, embed_dim, bias=bias, group=group,
                                         sequence_parallel=sequence_parallel)
-        self.resid_dropout = Dropout(dropout)
+        self.resid_dropout = _residual_dropout(dropout, group, sequence_parallel)
+        # the attention weights of this rank's heads take the dense weights' mask there
+        self.attn_draws = DenseDraws(-3, *group_rank_size(group))
 
     def forward(self, x: Any) -> Tensor:
         x = as_tensor(x)
@@ -83,7 +87,7 @@ class ParallelCausalSelfAttention(Module):
         qkv = qkv.reshape(batch, time, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], causal=True,
-                                           dropout_p=dropout_p)
+                                           dropout_p=dropout_p, rng=self.attn_draws)
         y = y.transpose(1, 2).reshape(batch, time, heads * self.head_dim)
         return self.resid_dropout(self.c_proj(y))
 
@@ -99,7 +103,7 @@ class ParallelFeedForward(Module):
         self.gelu = GELU()
         self.c_proj = RowParallelLinear(4 * n_embd, n_embd, bias=bias, group=group,
                                         sequence_parallel=sequence_parallel)
-        self.dropout = Dropout(dropout)
+        self.dropout = _residual_dropout(dropout, group, sequence_parallel)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
@@ -122,6 +126,13 @@ class ParallelBlock(Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
+
+
+def _residual_dropout(p: float, group: Optional[ProcessGroup], sequence_parallel: bool
+                      ) -> Module:
+    """Dropout on the residual stream: replicated (every rank draws the same dense mask), or
+    under sequence parallelism this rank's positions of the dense mask."""
+    return PartDropout(p, group, dim=-2) if sequence_parallel else Dropout(p)
 
 
 def _layer_norm(n_embd: int, group: Optional[ProcessGroup], sequence_parallel: bool) -> Module:
@@ -154,7 +165,7 @@ def build_tensor_parallel(gpt: Module, config: Any, group: ProcessGroup,
                                      sequence_parallel=sp)
     gpt.wpe = SequenceParallelPositionEmbedding(config.block_size, config.n_embd, group) if sp \
         else Embedding(config.block_size, config.n_embd)
-    gpt.drop = Dropout(config.dropout)
+    gpt.drop = _residual_dropout(config.dropout, group, sp)
     gpt.h = ModuleList(ParallelBlock(config, group, sp) for _ in range(config.n_layer))
     gpt.ln_f = _layer_norm(config.n_embd, group, sp)
     # the LM head gives this rank the logits of its vocabulary rows (those of its wte shard),

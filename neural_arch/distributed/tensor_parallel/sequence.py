@@ -19,8 +19,8 @@ the computation through ``copy_to_tensor_parallel_region`` (identity forward, al
 gradient backward), so after backward their gradients are whole and identical on every rank, as
 without sequence parallelism. That is one small all-reduce per such parameter in backward.
 
-Dropout on a sequence shard draws its mask from the global generator, which is in step on every
-rank: the ranks' positions get the same pattern, a valid dropout but not the dense model's.
+Dropout on a sequence shard (``dropout.PartDropout``) keeps this rank's positions of the mask
+the dense model draws, so the ranks' positions get the dense model's pattern.
 """
 from __future__ import annotations
 

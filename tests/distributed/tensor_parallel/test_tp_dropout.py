@@ -1,23 +1,15 @@
-"""Tensor- and sequence-parallel GPT with dropout > 0 against the dense GPT given the same masks.
+"""The tensor- and sequence-parallel GPT with dropout > 0 trains exactly as the dense GPT.
 
-Dropout draws its mask from the global generator, in step on every rank
-(``tensor_parallel/sequence.py``, ``tensor_parallel/gpt.py``): a dense GPT's draws cannot be
-compared with the parallel one's, which are smaller. What is defined, and tested here: each
-rank records the uniforms its dropouts draw; the dense GPT then replays the masks the ranks
-used, put together as the layout says (attention weights: each rank's heads; the residual
-stream under sequence parallelism: each rank's positions; without it the residual stream is
-replicated, so every rank must have drawn the same mask, which is checked). With those masks the
-parallel GPT trains as the dense one: every loss, every gradient and, after the AdamW steps,
-every parameter, in float64.
-
-Under sequence parallelism nothing needs the ranks' masks to agree: it trains as the dense GPT
-with generators out of step too. (In step, as they are, the ranks' positions share one dropout
-pattern, a limit ``docs/tensor-parallel.md`` names; Megatron-LM draws them from a generator
-seeded per tensor-parallel rank.)
+Where an activation is split (attention weights by heads; under sequence parallelism the
+residual stream by positions) each rank keeps its part of the dense activation's mask
+(``tensor_parallel/dropout.py``), and the replicated residual stream draws the dense mask
+whole. So from the same state of the global generator, the dense GPT and the parallel one drop
+the same elements: each rank runs both from one state for every step and compares the loss,
+every gradient (its shard) and, after the AdamW steps, every parameter, in float64; both leave
+the generator in the same state. With activation checkpointing on in the parallel model, its
+recompute replays the same masks.
 """
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 import pytest
@@ -31,89 +23,35 @@ pytestmark = pytest.mark.timeout(180)
 DROPOUT, STEPS = 0.25, 3
 
 
-class _Recording:
-    """The generator, keeping a copy of every array of uniforms drawn from it."""
-
-    def __init__(self, generator):
-        self.generator, self.draws = generator, []
-
-    def random(self, shape, dtype):
-        drawn = self.generator.random(shape, dtype=dtype)
-        self.draws.append(np.array(drawn))
-        return drawn
-
-
-class _Replaying:
-    """Hands out the given arrays of uniforms, in order, each checked against the request."""
-
-    def __init__(self, draws):
-        self.draws = list(draws)
-
-    def random(self, shape, dtype):
-        assert self.draws, f"the dense GPT drew more often than the parallel one ({shape})"
-        drawn = self.draws.pop(0)
-        assert drawn.shape == tuple(shape) and drawn.dtype == np.dtype(dtype), (
-            drawn.shape, drawn.dtype, shape, dtype)
-        return drawn
-
-
-@contextlib.contextmanager
-def _dropout_draws_from(generator):
-    from neural_arch.core import fused_layers  # dropout's module: it asks it for the generator
-    original = fused_layers.get_rng
-    fused_layers.get_rng = lambda: generator
-    try:
-        yield generator
-    finally:
-        fused_layers.get_rng = original
-
-
-def _dense_draws(per_rank, sequence_parallel):
-    """The dense GPT's uniforms from each rank's (the same number and order of draws)."""
-    assert len({len(draws) for draws in per_rank}) == 1, [len(d) for d in per_rank]
-    dense = []
-    for pieces in zip(*per_rank):
-        if pieces[0].ndim == 4 or sequence_parallel:
-            # attention weights (batch, heads, T, T): each rank's heads, in rank order; the
-            # residual stream (batch, T, C) under sequence parallelism: each rank's positions
-            dense.append(np.concatenate(pieces, axis=1))
-        else:  # the replicated residual stream: the ranks must have dropped the same elements
-            for piece in pieces[1:]:
-                np.testing.assert_array_equal(piece, pieces[0])
-            dense.append(pieces[0])
-    return dense
-
-
-def _train_with_dropout(rank, size, sequence_parallel, out_of_step):
-    from neural_arch import distributed as dist
+def _train_with_dropout(rank, size, sequence_parallel, checkpointing):
     from neural_arch.core.random import get_rng
     from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW
-    config = GPTConfig(**GPT_SIZES, dropout=DROPOUT)
     seeded(21)
-    dense = _float64(GPT(config))
-    parallel = _float64(GPT(config, tp_group=world(), sequence_parallel=sequence_parallel))
+    dense = _float64(GPT(GPTConfig(**GPT_SIZES, dropout=DROPOUT)))
+    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, dropout=DROPOUT,
+                                      gradient_checkpointing=checkpointing),
+                            tp_group=world(), sequence_parallel=sequence_parallel))
     parallel.load_dense_state_dict(dense.state_dict())
     opt_d, opt = AdamW(dense.parameters(), lr=1e-2), AdamW(parallel.parameters(), lr=1e-2)
     tokens = np.random.default_rng(22)
-    if out_of_step:  # rank r's dropouts draw from r uniforms further on
-        get_rng().random(rank)
-    losses, dropped = [], []
+    bits = get_rng().bit_generator
+    losses = []
     for step in range(STEPS):
         idx, targets = _tokens(tokens)
         opt.zero_grad()
         opt_d.zero_grad()
-        with _dropout_draws_from(_Recording(get_rng())) as recording:
-            _, loss = parallel(idx, targets)
-        loss.backward()
-        # embedding dropout, then per block attention weights, attention and MLP outputs
-        assert len(recording.draws) == 1 + 3 * GPT_SIZES["n_layer"], len(recording.draws)
-        draws = _dense_draws(dist.all_gather_object(recording.draws), sequence_parallel)
-        dropped.append(float(np.mean(np.concatenate([d.ravel() for d in draws]) < DROPOUT)))
-        with _dropout_draws_from(_Replaying(draws)) as replaying:
-            _, loss_d = dense(idx, targets)
-        assert not replaying.draws, f"{len(replaying.draws)} draws left over"
+        if step == 0:  # without dropout (eval mode draws nothing), to see that it dropped
+            parallel.eval()
+            without = parallel(idx, targets)[1].item()
+            parallel.train()
+        start = bits.state
+        _, loss_d = dense(idx, targets)
         loss_d.backward()
+        after_dense, bits.state = bits.state, start
+        _, loss = parallel(idx, targets)
+        loss.backward()
+        assert bits.state == after_dense, f"step {step}: the models drew different amounts"
         close(loss.item(), loss_d.item(), f"loss of step {step}")
         check_param_grads(parallel, dense, rank, size)
         opt.step()
@@ -122,17 +60,16 @@ def _train_with_dropout(rank, size, sequence_parallel, out_of_step):
     state = parallel.dense_state_dict()
     for key, value in dense.state_dict().items():
         close(state[key], value, f"{key} after {STEPS} steps")
-    return losses, dropped
+    return losses, without
 
 
-@pytest.mark.parametrize("tp,sequence_parallel,out_of_step",
-                         [(2, False, False), (2, True, False), (4, True, False), (2, True, True)])
-def test_gpt_with_dropout_trains_as_dense_with_the_same_masks(tp, sequence_parallel,
-                                                               out_of_step):
+@pytest.mark.parametrize("tp,sequence_parallel,checkpointing",
+                         [(2, False, False), (2, True, False), (4, True, False), (4, False, True),
+                          (2, True, True)])
+def test_gpt_with_dropout_trains_as_the_dense_gpt(tp, sequence_parallel, checkpointing):
     results = run_ranks(_train_with_dropout, tp, "shm", timeout=120,
-                        args=(sequence_parallel, out_of_step))
-    losses, dropped = results[0]
-    for other in results[1:]:
-        assert other == results[0]  # one loss on every rank, and the same dense masks
-    assert all(0.15 < share < 0.35 for share in dropped), dropped  # dropout did drop
+                        args=(sequence_parallel, checkpointing))
+    losses, without = results[0]
+    assert all(other == results[0] for other in results[1:])  # one loss on every rank
     assert len(set(losses)) == STEPS, losses
+    assert abs(losses[0] - without) > 1e-3, (losses[0], without)  # dropout dropped
