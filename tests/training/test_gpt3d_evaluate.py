@@ -9,27 +9,17 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
+from gpt3d_cases import SEED, SIZES, dense_gpt
+from gpt3d_cases import tokens as _batch
 
-SIZES = dict(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
 LR = 3e-2
-
-
-def _batch(seed, rows):
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 32, (rows, 8)), rng.integers(0, 32, (rows, 8))
 
 
 def _dense():
     """(loss of the eval batch, the step's loss, eval loss after the step), one process."""
     from neural_arch.core import no_grad
-    from neural_arch.core.random import manual_seed
-    from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW
-    manual_seed(7)
-    model = GPT(GPTConfig(**SIZES))
-    params = list({id(p): p for p in model.parameters()}.values())
-    for p in params:
-        p.data = p.data.astype(np.float64)
+    model, params = dense_gpt()
     evaluation, train = _batch(1, 6), _batch(2, 8)
 
     def evaluate():
@@ -53,7 +43,7 @@ def _on_mesh(rank, world_size, shape, schedule):
     from neural_arch.distributed.parallel3d import GPT3D
     from neural_arch.models.gpt import GPTConfig
     mesh = init_device_mesh(shape, mesh_dim_names=("dp", "tp", "pp"))
-    manual_seed(7)
+    manual_seed(SEED)
     model = GPT3D(GPTConfig(**SIZES), mesh, 2, schedule=schedule, dtype=np.float64, lr=LR)
     # 6 rows: any dp split will do for evaluate, though 6 rows are no 2 x 2 micro-batches
     evaluation, train = _batch(1, 6), _batch(2, 8)

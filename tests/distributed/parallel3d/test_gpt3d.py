@@ -14,25 +14,18 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
+from gpt3d_cases import SEED, SIZES, dense_gpt, tokens
 
-SIZES = dict(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
 STEPS, BATCH, LR = 3, 8, 3e-2
 
 
 def _batch(step):
-    rng = np.random.default_rng(100 + step)
-    return rng.integers(0, 32, (BATCH, 8)), rng.integers(0, 32, (BATCH, 8))
+    return tokens(100 + step, BATCH)
 
 
 def _dense_run():
-    from neural_arch.core.random import manual_seed
-    from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW
-    manual_seed(7)
-    model = GPT(GPTConfig(**SIZES))
-    params = list({id(p): p for p in model.parameters()}.values())
-    for p in params:
-        p.data = p.data.astype(np.float64)
+    model, params = dense_gpt()
     opt = AdamW(params, lr=LR)
     losses = []
     for s in range(STEPS):
@@ -56,7 +49,7 @@ def _train(rank, world_size, shape, schedule, data_parallel, micro, parent):
         manual_seed(seed)
         return GPT3D(GPTConfig(**SIZES), mesh, micro, schedule=schedule,
                      data_parallel=data_parallel, dtype=np.float64, lr=LR)
-    model = build(7)
+    model = build(SEED)
     losses, printed = [], io.StringIO()
     for s in range(STEPS):
         if s == STEPS - 1:

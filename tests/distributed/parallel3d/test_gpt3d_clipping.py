@@ -12,20 +12,18 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
-from test_gpt3d import LR, SIZES, STEPS, _batch
+from gpt3d_cases import SEED, SIZES, dense_gpt, tokens
 
-MAX_NORM = 0.05
+STEPS, BATCH, LR, MAX_NORM = 3, 8, 3e-2, 0.05
+
+
+def _batch(step):
+    return tokens(100 + step, BATCH)
 
 
 def _dense_clipped():
-    from neural_arch.core.random import manual_seed
-    from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW, clip_grad_norm_
-    manual_seed(7)
-    model = GPT(GPTConfig(**SIZES))
-    params = list({id(p): p for p in model.parameters()}.values())
-    for p in params:
-        p.data = p.data.astype(np.float64)
+    model, params = dense_gpt()
     opt = AdamW(params, lr=LR)
     losses, norms = [], []
     for s in range(STEPS):
@@ -45,7 +43,7 @@ def _train_clipped(rank, world_size, shape, schedule, micro, parent):
     from neural_arch.distributed.parallel3d import GPT3D
     from neural_arch.models.gpt import GPTConfig
     mesh = init_device_mesh(shape, mesh_dim_names=("dp", "tp", "pp"))
-    manual_seed(7)
+    manual_seed(SEED)
     model = GPT3D(GPTConfig(**SIZES), mesh, micro, schedule=schedule, dtype=np.float64,
                   max_grad_norm=MAX_NORM, lr=LR)
     losses, norms = [], []
