@@ -32,13 +32,12 @@ from ...core import Tensor, no_grad
 from ...models.gpt import GPT, GPTConfig
 from ...optim import AdamW, Optimizer
 from .. import collectives
-from .. import point_to_point as p2p
 from ..device_mesh import DeviceMesh
 from ..pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                           pipeline_split)
 from ..pipelining.plan import Msg
 from ..pipelining.stage import start_tied_equal, tied_elsewhere
-from ..pipelining.transfer import HEADER_LEN, TAG_ACT, TAG_HEADER, decode_header, encode_header
+from ..pipelining.transfer import exchange
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
 from ..tensor_parallel.clip_grad import clip_grad_norm_, grad_norm, norm_parameters
@@ -226,19 +225,12 @@ class GPT3D:
                 self._send_activation(value, index + 1)
 
     def _send_activation(self, value: np.ndarray, stage: int) -> None:
-        dst = self.pp_group.ranks[stage % self.pp]
         msg = Msg("act", stage, 0, self.pp_rank, stage % self.pp)
-        p2p.send(encode_header(msg, value), dst, group=self.pp_group, tag=TAG_HEADER)
-        p2p.send(value, dst, group=self.pp_group, tag=TAG_ACT)
+        exchange(self.pp_group, [msg], [], {("act", stage, 0): value}, {})
 
     def _receive_activation(self, stage: int) -> np.ndarray:
-        src_rank = (stage - 1) % self.pp
-        src = self.pp_group.ranks[src_rank]
-        msg = Msg("act", stage, 0, src_rank, self.pp_rank)
-        header = p2p.recv(np.empty(HEADER_LEN, np.int64), src, group=self.pp_group,
-                          tag=TAG_HEADER)
-        shape, dtype = decode_header(msg, header)
-        return p2p.recv(np.empty(shape, dtype), src, group=self.pp_group, tag=TAG_ACT)
+        msg = Msg("act", stage, 0, (stage - 1) % self.pp, self.pp_rank)
+        return exchange(self.pp_group, [], [msg], {}, {})[("act", stage, 0)]
 
     # ----- reporting and checkpoints ----------------------------------------------------
     @property
