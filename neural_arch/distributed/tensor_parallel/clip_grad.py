@@ -46,8 +46,8 @@ def norm_parameters(module: Module) -> Tuple[List[Any], Optional[ProcessGroup]]:
                              f"an earlier layer over {list(group.ranks)}; one tensor-parallel "
                              "group per model")
         group = mine
-        sharded.update(id(sub._parameters[key]) for key, layout in layouts.items()
-                       if layout is not None and sub._parameters.get(key) is not None)
+        sharded.update(id(param) for key, param in sub.named_parameters(recurse=False)
+                       if layouts.get(key) is not None)
     params = _unique(module.parameters())
     if group is None:
         return params, None
@@ -71,7 +71,8 @@ def grad_norm(parameters: Iterable[Any], norm_type: float = 2.0, *,
         xp = xp_of(p.grad)
         flat = xp.abs(p.grad.ravel().astype(np.float64, copy=False))
         if norm_type == math.inf:
-            local = max(local, float(flat.max()))
+            biggest = float(flat.max())
+            local = biggest if biggest > local or math.isnan(biggest) else local  # NaN stays
         elif norm_type == 2.0:
             local += float(flat @ flat)
         else:

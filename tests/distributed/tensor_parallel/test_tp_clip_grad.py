@@ -78,3 +78,21 @@ def test_refusals_name_the_values():
         "norm_parameters: '1' is split over ranks [0], an earlier layer over [0, 1]; one "
         "tensor-parallel group per model",
         "grad_norm: norm_type must be a positive number or math.inf, got 0.0"]
+
+
+def test_without_groups_it_is_optim_clip_grad_norm_and_keeps_a_nan():
+    from neural_arch.distributed.tensor_parallel import clip_grad_norm_, grad_norm
+    from neural_arch.nn import Parameter
+    from neural_arch.optim import clip_grad_norm_ as dense_clip_grad_norm_
+    rng = np.random.default_rng(3)
+    params = [Parameter(rng.normal(size=shape)) for shape in ((3, 4), (5,), (0,))]
+    for p in params:
+        p.grad = rng.normal(size=p.data.shape)
+    for norm_type in NORM_TYPES:
+        want = float(dense_clip_grad_norm_(params, math.inf, norm_type))
+        assert grad_norm(params, norm_type) == pytest.approx(want, rel=1e-12)
+    params[1].grad[2] = np.nan
+    for norm_type in NORM_TYPES:  # a NaN anywhere makes the norm NaN, the max-norm too
+        assert math.isnan(grad_norm(params, norm_type)), norm_type
+    assert math.isnan(float(clip_grad_norm_(params, 1.0)))
+    assert np.isnan(params[0].grad).all()  # scaled by NaN, as PyTorch does
