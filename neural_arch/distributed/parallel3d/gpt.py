@@ -9,12 +9,14 @@ keeps the stage of its ``pp`` coordinate (with ``schedule="interleaved"``, the `
 2. the replica's pipeline runs its micro-batches through the stages over the ``pp`` group,
    each stage's layers exchanging partial sums over the ``tp`` group, and the last stage's loss
    is the vocabulary-parallel cross-entropy (full logits are never gathered);
-3. every gradient is averaged over the ``dp`` group (one all-reduce per dtype of a flat copy
-   of the stage's gradients); the norm of the whole model's gradient is taken (each rank's
-   share summed over tp, then pp: ``tensor_parallel.grad_norm``; ``grad_norm`` keeps it), and
-   with ``max_grad_norm`` the gradients are clipped by it; then the optimizer steps: a plain
-   one over the stage's parameters, or with ``data_parallel="zero1"`` a
-   ``ZeroRedundancyOptimizer`` that keeps each dp rank's share of the optimizer state only.
+3. every gradient is averaged over the ``dp`` group: each piece runs in a
+   ``DistributedDataParallel``, the stage accumulating all micro-batches but the last in
+   ``no_sync`` and the buckets averaging during the last one's backward; the norm of the whole
+   model's gradient is taken (each rank's share summed over tp, then pp:
+   ``tensor_parallel.grad_norm``; ``grad_norm`` keeps it), and with ``max_grad_norm`` the
+   gradients are clipped by it; then the optimizer steps: a plain one over the stage's
+   parameters, or with ``data_parallel="zero1"`` a ``ZeroRedundancyOptimizer`` that keeps each
+   dp rank's share of the optimizer state only.
 
 The gradients are those of the mean loss over the whole global batch, so the run matches one
 dense process training on that batch (the tests check it to float tolerance, 8 processes).
@@ -32,6 +34,7 @@ from ...core import Tensor, no_grad
 from ...models.gpt import GPT, GPTConfig
 from ...optim import AdamW, Optimizer
 from .. import collectives
+from ..ddp import DistributedDataParallel
 from ..device_mesh import DeviceMesh
 from ..pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                           pipeline_split)
@@ -91,8 +94,21 @@ class GPT3D:
         self.block_offsets = [int(starts[i]) for i in self.stage_indices]
         self.num_stages = num_stages
         self.is_last = self.pp_rank == self.pp - 1
-        stages = [PipelineStage(piece, i, num_stages, group=self.pp_group)
-                  for piece, i in zip(self.pieces, self.stage_indices)]
+        for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
+            check_replicas_agree(piece, self.dp_group, "GPT3D")
+            broadcast_module_state(piece, self.dp_group)
+        # Data parallelism: each piece runs in a DistributedDataParallel over dp, whose buckets
+        # average during the step's last backward of that piece, overlapping it (the stage
+        # runs the earlier ones in no_sync). A parameter two pieces of this rank share (the tied
+        # embedding at pp = 1, interleaved) would be averaged by both: then one flat all-reduce
+        # after the pipeline's backward instead (``_average_gradients``).
+        shared = sum(len(list(piece.parameters())) for piece in self.pieces) > len(
+            _unique(p for piece in self.pieces for p in piece.parameters()))
+        self.overlapped = self.dp > 1 and not shared
+        runs = ([DistributedDataParallel(piece, group=self.dp_group) for piece in self.pieces]
+                if self.overlapped else self.pieces)
+        stages = [PipelineStage(run, i, num_stages, group=self.pp_group)
+                  for run, i in zip(runs, self.stage_indices)]
         tp_group = self.tp_group
 
         def loss_fn(logits, targets):
@@ -106,9 +122,6 @@ class GPT3D:
         elsewhere = tied_elsewhere(stages)
         self._norm_share = [p for piece in self.pieces for p in norm_parameters(piece)[0]
                             if id(p) not in elsewhere]
-        for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
-            check_replicas_agree(piece, self.dp_group, "GPT3D")
-            broadcast_module_state(piece, self.dp_group)
         if data_parallel == "zero1":
             from ..optim import ZeroRedundancyOptimizer
             self.optimizer = ZeroRedundancyOptimizer(self.params, optimizer_class,
@@ -147,7 +160,8 @@ class GPT3D:
             self.schedule.step(target=y, losses=losses)
         else:
             self.schedule.step()
-        self._average_gradients()
+        if not self.overlapped:
+            self._average_gradients()
         groups = (self.tp_group, self.pp_group)
         if self.max_grad_norm is None:
             self.grad_norm = grad_norm(self.params, counted=self._norm_share, groups=groups)

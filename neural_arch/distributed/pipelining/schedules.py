@@ -143,6 +143,7 @@ class PipelineSchedule:
         outgoing: Dict[tuple, np.ndarray] = {}
         grad_meta: Dict[tuple, tuple] = {}
         self._events, self.peak_activations = [], 0
+        backwards = [0] * len(self._by_chunk)  # backward passes run per chunk, this step
         for step in self.plan.steps[rank]:
             for sends, recvs in step.batches:
                 try:
@@ -173,7 +174,9 @@ class PipelineSchedule:
                 else:
                     grad = None if index == last_stage else inbox.pop(
                         ("grad", index, action.mb))
-                    out = stage.backward_one(action.mb, grad, 1.0 / m)
+                    backwards[action.chunk] += 1
+                    out = stage.backward_one(action.mb, grad, 1.0 / m,
+                                             last=backwards[action.chunk] == m)
                     produced = None if index == 0 else ("grad", index - 1, action.mb)
             except Exception as exc:
                 where = (f"in pipeline stage {index} (rank {self.group.global_rank}), "

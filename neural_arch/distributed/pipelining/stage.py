@@ -14,6 +14,8 @@ lowest holder's value is copied to the others, so they also start equal.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -67,8 +69,10 @@ class PipelineStage:
                              f"{self.group.rank} of {size}")
         self.is_first = self.stage_index == 0
         self.is_last = self.stage_index == self.num_stages - 1
+        inner = getattr(submodule, "module", submodule)  # a wrapper's (DDP's) model
         self.ties: Dict[str, Tuple[Any, Tuple[int, ...]]] = dict(
-            getattr(submodule, "pipeline_ties", {}) or {})
+            getattr(submodule, "pipeline_ties", None) or getattr(inner, "pipeline_ties", {})
+            or {})
         self._ties_synced = False
         self._inputs: Dict[int, Any] = {}
         self._outputs: Dict[int, Tensor] = {}
@@ -116,15 +120,21 @@ class PipelineStage:
         out = self._outputs[mb]
         return tuple(out.shape), np.dtype(out.dtype)
 
-    def backward_one(self, mb: int, grad: Any, scale: float) -> Optional[np.ndarray]:
+    def backward_one(self, mb: int, grad: Any, scale: float, last: bool = True
+                     ) -> Optional[np.ndarray]:
         """Backward of micro-batch ``mb`` from ``grad`` (the gradient of its output; on the last
         stage the loss is seeded with ``scale``); returns the gradient of the stage's input
-        (None on the first stage) and frees the micro-batch."""
+        (None on the first stage) and frees the micro-batch. ``last``: the step's last
+        backward on this stage. A submodule with ``no_sync`` (``DistributedDataParallel``)
+        accumulates the earlier ones locally, and averages during the last, overlapping its
+        all-reduces with that backward (as torch's ``backward_maybe_with_nosync``)."""
         x, out = self._inputs.pop(mb), self._outputs.pop(mb)
         if self.is_last:
             grad = np.full(out.shape, scale, dtype=out.dtype)
-        if out.requires_grad:
-            out.backward(gradient=grad)
+        no_sync = None if last else getattr(self.submodule, "no_sync", None)
+        with no_sync() if no_sync is not None else contextlib.nullcontext():
+            if out.requires_grad:
+                out.backward(gradient=grad)
         if self.is_first:
             return None
         if isinstance(x, Tensor) and x.grad is not None:

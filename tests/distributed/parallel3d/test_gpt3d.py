@@ -51,20 +51,37 @@ def _train(rank, world_size, shape, schedule, data_parallel, micro, parent):
                      data_parallel=data_parallel, dtype=np.float64, lr=LR)
     model = build(SEED)
     losses, printed = [], io.StringIO()
+    launches = _count_async_all_reduces()
     for s in range(STEPS):
         if s == STEPS - 1:
             resume_from = model.save(parent, "before-last")
         losses.append(model.train_step(*_batch(s)))
         with contextlib.redirect_stdout(printed):  # what this rank prints, to check which do
             model.log(f"step {s} loss {losses[-1]:.6f}")
+    per_step = len(launches) / STEPS
     final = model.save(parent, "final")
     # a model built from another seed, loaded from the checkpoint, takes the same last step
     other = build(99)
     other.load(resume_from)
     resumed = other.train_step(*_batch(STEPS - 1))
     return dict(losses=losses, resumed=resumed, final=final, logs=model.logs,
+                overlapped=model.overlapped, launches=per_step,
                 steps=other.steps, printed=printed.getvalue(),
                 coordinate=dict(zip(("dp", "tp", "pp"), mesh.get_coordinate())))
+
+
+def _count_async_all_reduces():
+    """A list that gets an entry per asynchronous all-reduce from now on (DDP's bucket
+    launches; GPT3D's own collectives are synchronous)."""
+    from neural_arch.distributed import collectives
+    launches, original = [], collectives.all_reduce
+
+    def counting(*args, **kwargs):
+        if kwargs.get("async_op"):
+            launches.append(1)
+        return original(*args, **kwargs)
+    collectives.all_reduce = counting  # this rank's process only
+    return launches
 
 
 def _check(results, dense, dense_losses):
@@ -110,6 +127,10 @@ def test_eight_ranks_two_by_two_by_two_match_one_dense_process(tmp_path):
                         args=((2, 2, 2), "1f1b", "ddp", 2, str(tmp_path)))
     # one printing rank per pipeline stage (dp = 0, tp = 0)
     assert _check(results, dense, dense_losses) == 2
+    # dp = 2: each piece in a DDP whose buckets average during its last backward only, not
+    # once per micro-batch: the stage's one bucket is launched once a step
+    assert all(r["overlapped"] and r["launches"] == 1 for r in results), [
+        (r["overlapped"], r["launches"]) for r in results]
     _check_printed(results, pp=2)
 
 
@@ -130,6 +151,17 @@ def test_zero1_and_the_interleaved_schedule_on_four_ranks(tmp_path):
     results = run_ranks(_train, 4, "shm", timeout=180,
                         args=((2, 1, 2), "interleaved", "zero1", 2, str(tmp_path)))
     _check(results, dense, dense_losses)
+
+
+@pytest.mark.timeout(200)
+def test_replicas_whose_pieces_share_the_tied_embedding_average_after_backward(tmp_path):
+    # pp = 1 with two interleaved chunks: both pieces of a rank hold the tied embedding, which
+    # two DDPs would each average; GPT3D then all-reduces once after the pipeline's backward
+    dense, dense_losses = _dense_run()
+    results = run_ranks(_train, 2, "shm", timeout=180,
+                        args=((2, 1, 1), "interleaved", "ddp", 2, str(tmp_path)))
+    _check(results, dense, dense_losses)
+    assert not any(r["overlapped"] for r in results)
 
 
 @pytest.mark.timeout(200)
