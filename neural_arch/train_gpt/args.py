@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-schedule", choices=("constant", "cosine", "linear"), default="constant")
     g.add_argument("--warmup-steps", type=int, default=0)
     g.add_argument("--mixed-precision", action="store_true", help="float16 compute")
+    g.add_argument("--device", default="cpu",
+                   help="cpu, or cuda (each rank on GPU LOCAL_RANK modulo the GPUs visible; "
+                   "needs CuPy) or cuda:N")
     g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0)
     g.add_argument("--seed", type=int, default=1337)
     g = p.add_argument_group("output")
@@ -167,8 +170,28 @@ def check(args: argparse.Namespace) -> None:
     if args.world_size is not None and args.world_size % (args.tp * args.pp):
         raise UsageError(f"--tp {args.tp} x --pp {args.pp} does not divide --world-size "
                          f"{args.world_size}")
+    _check_device(args)
     if args.temperature <= 0:
         raise UsageError(f"--temperature must be > 0, got {args.temperature}")
+
+
+def _check_device(args: argparse.Namespace) -> None:
+    device = args.device
+    if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:")
+                                                     and device[5:].isdigit())):
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if device == "cpu":
+        return
+    # what has been run on a GPU: one process or data parallel, ZeRO 0 or 1, float32
+    for flag, value, allowed in (("--tp", args.tp, 1), ("--pp", args.pp, 1)):
+        if value != allowed:
+            raise UsageError(f"{flag} {value} is not supported together with --device "
+                             f"{device} (the GPU runs data parallelism only)")
+    if args.zero_stage > 1:
+        raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with "
+                         f"--device {device} (FSDP shards NumPy parameters only)")
+    if args.mixed_precision:
+        raise UsageError(f"--mixed-precision is not supported together with --device {device}")
 
 
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:

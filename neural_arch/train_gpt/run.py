@@ -46,6 +46,21 @@ def join(args: argparse.Namespace) -> None:
         init_process_group(backend, world_size=1, rank=0)
 
 
+def gpu_of(device: str) -> str:
+    """``cuda:N`` as given, or for ``cuda`` the GPU of this rank's LOCAL_RANK (modulo the GPUs
+    visible: ranks share GPUs when there are fewer, which the collectives allow)."""
+    from ..backends import cupy_backend
+    try:
+        count = cupy_backend.require().cuda.runtime.getDeviceCount()
+    except RuntimeError as exc:  # no CuPy, or no device: one line, exit 2
+        raise UsageError(f"--device {device}: {exc}") from None
+    if device != "cuda":
+        if int(device[5:]) >= count:
+            raise UsageError(f"--device {device}: {count} GPU(s) visible")
+        return device
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % count}"
+
+
 def model_config(args: argparse.Namespace, tokenizer: Tokenizer) -> GPTConfig:
     vocab = args.vocab_size
     if vocab is None:
@@ -131,6 +146,8 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
         from .pipeline_run import train_pipeline
         return train_pipeline(args, config, tokenizer, train_set, val_set, out_dir)
     model, dp_group = build_model(config, args.tp, args.seed)
+    if args.device != "cpu":  # the same weights as on the CPU, moved
+        model.to(gpu_of(args.device))
     tp_rank = 0 if args.tp == 1 else get_rank() % args.tp
     save_run(out_dir, tokenizer, config, args)
     # each tensor-parallel rank checkpoints its own shards, over its data-parallel group

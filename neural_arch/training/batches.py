@@ -66,6 +66,11 @@ def forward(model: Any, batch: Any, loss_fn: Optional[Callable]) -> Tuple[Any, T
     return output, loss, target
 
 
+def _host(array: Any) -> np.ndarray:
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
+        else np.asarray(array)  # a CuPy array comes back to host memory
+
+
 def correct_predictions(output: Any, target: Any) -> Tuple[float, float]:
     """(correct, counted) of argmax predictions, when the output is class scores over the
     target's shape (a classifier's (N, C) for (N,), a language model's (B, T, V) for (B, T));
@@ -74,7 +79,7 @@ def correct_predictions(output: Any, target: Any) -> Tuple[float, float]:
         return 0.0, 0.0
     scores = output.data if isinstance(output, Tensor) else output
     labels = target.data if isinstance(target, Tensor) else target
-    scores, labels = np.asarray(scores), np.asarray(labels)
+    scores, labels = _host(scores), _host(labels)
     if labels.dtype.kind not in "iu" or scores.ndim != labels.ndim + 1 \
             or scores.shape[:-1] != labels.shape:
         return 0.0, 0.0

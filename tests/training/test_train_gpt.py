@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dist_harness import mpi_available
+from gpu_testing import GPUS
 from launcher_support import free_port
 from repo_paths import REPO_ROOT
 from train_gpt_support import FIELDS, MODEL, command, losses, records, run, write_text
@@ -146,6 +147,13 @@ def test_sample_prints_text_from_the_latest_checkpoint(reference):
     (["--pp", "2", "--zero-stage", "3"], "--zero-stage 3 is not supported together with --pp 2"),
     (["--batch-size", "0"], "--batch-size must be a positive integer"),
     (["--no-such-flag"], "unrecognized arguments"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["--device", "cuda", "--tp", "2"],
+     "--tp 2 is not supported together with --device cuda (the GPU runs data parallelism only)"),
+    (["--device", "cuda:0", "--zero-stage", "2"],
+     "--zero-stage 2 is not supported together with --device cuda:0"),
+    (["--device", "cuda", "--mixed-precision"],
+     "--mixed-precision is not supported together with --device cuda"),
 ])
 def test_bad_flags_exit_2_with_one_line(text, flags, message, tmp_path):
     # --out-dir: were a check missing, the run would train into tmp_path, not the repository
@@ -155,3 +163,12 @@ def test_bad_flags_exit_2_with_one_line(text, flags, message, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.skipif(GPUS > 0, reason="a GPU is here: --device cuda trains (test_train_gpt_gpu)")
+def test_device_cuda_without_a_gpu_exits_2_with_the_reason(text, tmp_path):
+    result = run("--data", text, "--device", "cuda", "--out-dir", tmp_path, "--max-steps", 1,
+                 expect=2)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda: device 'cuda' is not available" in lines[0], \
+        result.stderr

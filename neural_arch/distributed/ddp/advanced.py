@@ -83,7 +83,7 @@ def _global_norm(grads: list, shards_of: Any = None) -> float:
     total = np.zeros(1)
     for g in grads:
         flat = g.ravel().astype(np.float64, copy=False)
-        total += flat @ flat
+        total[0] += float(flat @ flat)  # float(): a GPU gradient's sum comes to the host
     if shards_of is not False:
         collectives.all_reduce(total, ReduceOp.SUM, group=shards_of)
     return math.sqrt(float(total[0]))
