@@ -182,11 +182,10 @@ def _check_device(args: argparse.Namespace) -> None:
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
     if device == "cpu":
         return
-    # what has been run on a GPU: one process or data parallel, ZeRO 0 or 1, float32
-    for flag, value, allowed in (("--tp", args.tp, 1), ("--pp", args.pp, 1)):
-        if value != allowed:
-            raise UsageError(f"{flag} {value} is not supported together with --device "
-                             f"{device} (the GPU runs data parallelism only)")
+    # what has run on a GPU: data and tensor parallelism, ZeRO 0 or 1, float32
+    if args.pp > 1:
+        raise UsageError(f"--pp {args.pp} is not supported together with --device {device} "
+                         f"(the pipeline's messages are NumPy arrays)")
     if args.zero_stage > 1:
         raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with "
                          f"--device {device} (FSDP shards NumPy parameters only)")
