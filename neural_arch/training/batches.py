@@ -6,6 +6,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
+from ..backends import xp_of
 from ..core import Tensor
 from ..data import DataLoader
 from ..distributed import DistributedSampler
@@ -67,8 +68,8 @@ def forward(model: Any, batch: Any, loss_fn: Optional[Callable]) -> Tuple[Any, T
 
 
 def _host(array: Any) -> np.ndarray:
-    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) \
-        else np.asarray(array)  # a CuPy array comes back to host memory
+    """``array`` in host memory (a CuPy array is copied back)."""
+    return np.asarray(array) if xp_of(array) is np else array.get()
 
 
 def correct_predictions(output: Any, target: Any) -> Tuple[float, float]:
