@@ -331,7 +331,8 @@ def test_a_rank_that_only_heard_a_verdict_leaves_after_its_live_peers_heard_it(s
         {"failures": [{"rank": 2, "reason": reason}]}).encode())
     server.set(f"{PREFIX}/heard/1/2", b"1")  # its writer
     client = TCPStore("127.0.0.1", server.port, secret=SECRET)
-    heartbeat.start(1, 3, client, config=FAST)
+    # a 1 s interval lingers up to 2.5 s: room for a slow machine to run the timer below
+    heartbeat.start(1, 3, client, config=HeartbeatConfig(True, 1.0, 4.0))
     assert eventually(lambda: heartbeat.failures(), 5.0)
     assert [f.rank for f in heartbeat.failures()] == [2]
     heard = threading.Timer(0.3, server.set, args=(f"{PREFIX}/heard/1/0", b"1"))
