@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple
 
-import numpy as np
-
-from ..backends import xp_of
+from ..backends import backend_for
 from ..core import Tensor
 from ..data import DataLoader
 from ..distributed import DistributedSampler
@@ -67,11 +65,6 @@ def forward(model: Any, batch: Any, loss_fn: Optional[Callable]) -> Tuple[Any, T
     return output, loss, target
 
 
-def _host(array: Any) -> np.ndarray:
-    """``array`` in host memory (a CuPy array is copied back)."""
-    return np.asarray(array) if xp_of(array) is np else array.get()
-
-
 def correct_predictions(output: Any, target: Any) -> Tuple[float, float]:
     """(correct, counted) of argmax predictions, when the output is class scores over the
     target's shape (a classifier's (N, C) for (N,), a language model's (B, T, V) for (B, T));
@@ -80,7 +73,8 @@ def correct_predictions(output: Any, target: Any) -> Tuple[float, float]:
         return 0.0, 0.0
     scores = output.data if isinstance(output, Tensor) else output
     labels = target.data if isinstance(target, Tensor) else target
-    scores, labels = _host(scores), _host(labels)
+    # in host memory: a GPU model's scores are copied back
+    scores, labels = backend_for(scores).to_numpy(scores), backend_for(labels).to_numpy(labels)
     if labels.dtype.kind not in "iu" or scores.ndim != labels.ndim + 1 \
             or scores.shape[:-1] != labels.shape:
         return 0.0, 0.0

@@ -77,18 +77,6 @@ def _cast_floats(value: Any, dtype: Any) -> Any:
     return value
 
 
-def _global_norm(grads: list, shards_of: Any = None) -> float:
-    """The 2-norm of all gradients together, accumulated in float64; ``shards_of``: the group
-    over which the gradients are shards of the whole (their squares are summed over it)."""
-    total = np.zeros(1)
-    for g in grads:
-        flat = g.ravel().astype(np.float64, copy=False)
-        total[0] += float(flat @ flat)  # float(): a GPU gradient's sum comes to the host
-    if shards_of is not False:
-        collectives.all_reduce(total, ReduceOp.SUM, group=shards_of)
-    return math.sqrt(float(total[0]))
-
-
 class AdvancedDistributedDataParallel(Module):
     """See the module docstring. ``.module`` is the wrapped model, ``.ddp`` the inner DDP,
     ``.scaler`` the ``LossScaler``, ``.profiler`` the ``CommunicationProfiler``."""
@@ -105,15 +93,18 @@ class AdvancedDistributedDataParallel(Module):
                             f"{type(config).__name__}")
         self.config, self._group, self._mixed = config, group, config.mixed_precision
         self._sharded = config.zero_stage in _FSDP_STRATEGY
-        # A tensor-parallel model's norm: each rank's share summed over its tp group (a
-        # replicated parameter counted once), so all clip alike and log the dense model's norm
-        self._norm_share, self._tp_group = norm_parameters(module)
-        if self._tp_group is not None and self._tp_group.size == 1:
-            self._tp_group = None  # every parameter counted on the one rank: the plain norm
-        if self._sharded and self._tp_group is not None:
-            raise ValueError(f"zero_stage={config.zero_stage} shards parameters over the "
-                             "data-parallel group, which a model with tensor-parallel layers "
-                             "does not support; use zero_stage 0 or 1")
+        # The global norm, the same on every rank: FSDP's shards are summed over the group; a
+        # tensor-parallel model's share (a replicated parameter counted once) over its tp
+        # group; DDP's averaged gradients are whole on every rank already.
+        share, tp_group = norm_parameters(module)
+        if tp_group is not None and tp_group.size > 1:
+            if self._sharded:
+                raise ValueError(f"zero_stage={config.zero_stage} shards parameters over the "
+                                 "data-parallel group, which a model with tensor-parallel "
+                                 "layers does not support; use zero_stage 0 or 1")
+            self._norm_share, self._norm_groups = share, (tp_group,)
+        else:
+            self._norm_share, self._norm_groups = None, (group,) if self._sharded else ()
         if self._sharded:
             # FSDP averages into the shards during backward; its shards are our parameters.
             self.module = FullyShardedDataParallel(
@@ -241,11 +232,7 @@ class AdvancedDistributedDataParallel(Module):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if self._mixed:
             self.scaler.unscale_(grads)
-        if self._tp_group is None:
-            norm = _global_norm(grads, self._group if self._sharded else False)
-        else:
-            norm = grad_norm(self.parameters(), counted=self._norm_share,
-                             groups=(self._tp_group,))
+        norm = grad_norm(self.parameters(), counted=self._norm_share, groups=self._norm_groups)
         # A float64 norm overflows only for absurd finite gradients: look closer before skipping.
         bad_here = not math.isfinite(norm) and (math.isnan(norm) or LossScaler.found_inf(grads))
         overflow = self._agree_on_overflow(bad_here)
@@ -256,8 +243,7 @@ class AdvancedDistributedDataParallel(Module):
             self._zero_all(optimizer)
             return False
         max_norm = self.config.max_grad_norm
-        # Every rank has the same norm (after DDP's all-reduce the gradients are the same on
-        # every rank; shards' squares were summed over the group), so all clip alike.
+        # Every rank has the same norm (see __init__), so all clip alike.
         if max_norm is not None and max_norm / (norm + 1e-6) < 1.0:  # clip_grad_norm_'s rule
             for g in grads:
                 g *= max_norm / (norm + 1e-6)

@@ -94,9 +94,6 @@ class GPT3D:
         self.block_offsets = [int(starts[i]) for i in self.stage_indices]
         self.num_stages = num_stages
         self.is_last = self.pp_rank == self.pp - 1
-        for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
-            check_replicas_agree(piece, self.dp_group, "GPT3D")
-            broadcast_module_state(piece, self.dp_group)
         # Data parallelism: each piece runs in a DistributedDataParallel over dp, whose buckets
         # average during the step's last backward of that piece, overlapping it (the stage
         # runs the earlier ones in no_sync). A parameter two pieces of this rank share (the tied
@@ -105,8 +102,13 @@ class GPT3D:
         shared = sum(len(list(piece.parameters())) for piece in self.pieces) > len(
             _unique(p for piece in self.pieces for p in piece.parameters()))
         self.overlapped = self.dp > 1 and not shared
-        runs = ([DistributedDataParallel(piece, group=self.dp_group) for piece in self.pieces]
-                if self.overlapped else self.pieces)
+        if self.overlapped:  # each DDP checks its replicas agree and broadcasts rank 0's state
+            runs = [DistributedDataParallel(piece, group=self.dp_group) for piece in self.pieces]
+        else:
+            runs = self.pieces
+            for piece in self.pieces:  # replicas must start equal, whatever each rank's seed
+                check_replicas_agree(piece, self.dp_group, "GPT3D")
+                broadcast_module_state(piece, self.dp_group)
         stages = [PipelineStage(run, i, num_stages, group=self.pp_group)
                   for run, i in zip(runs, self.stage_indices)]
         tp_group = self.tp_group

@@ -68,13 +68,14 @@ def grad_norm(parameters: Iterable[Any], norm_type: float = 2.0, *,
     for p in _unique(parameters if counted is None else counted):
         if p.grad is None or p.grad.size == 0:
             continue
-        xp = xp_of(p.grad)
-        flat = xp.abs(p.grad.ravel().astype(np.float64, copy=False))
+        flat = p.grad.ravel().astype(np.float64, copy=False)
+        if norm_type == 2.0:  # the common case: one dot product, no absolute values
+            local += float(flat @ flat)
+            continue
+        flat = xp_of(flat).abs(flat)
         if norm_type == math.inf:
             biggest = float(flat.max())
             local = biggest if biggest > local or math.isnan(biggest) else local  # NaN stays
-        elif norm_type == 2.0:
-            local += float(flat @ flat)
         else:
             local += float((flat ** norm_type).sum())
     value = np.array([local], dtype=np.float64)

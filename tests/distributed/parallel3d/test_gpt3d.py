@@ -105,6 +105,16 @@ def _check(results, dense, dense_losses):
     return sum(r["logs"] for r in results)
 
 
+def _train_and_check(tmp_path, world, backend, shape, schedule, data_parallel, micro,
+                     timeout=180):
+    """Every rank's results of a run on ``shape``, checked against the dense process;
+    returns them and how many ranks print."""
+    dense, dense_losses = _dense_run()
+    results = run_ranks(_train, world, backend, timeout=timeout,
+                        args=(shape, schedule, data_parallel, micro, str(tmp_path)))
+    return results, _check(results, dense, dense_losses)
+
+
 def _check_printed(results, pp):
     """Only the ranks at dp = 0 and tp = 0 print, each its stage's line per step."""
     printing = []
@@ -122,11 +132,8 @@ def _check_printed(results, pp):
 
 @pytest.mark.timeout(300)
 def test_eight_ranks_two_by_two_by_two_match_one_dense_process(tmp_path):
-    dense, dense_losses = _dense_run()
-    results = run_ranks(_train, 8, "shm", timeout=240,
-                        args=((2, 2, 2), "1f1b", "ddp", 2, str(tmp_path)))
-    # one printing rank per pipeline stage (dp = 0, tp = 0)
-    assert _check(results, dense, dense_losses) == 2
+    results, printing = _train_and_check(tmp_path, 8, "shm", (2, 2, 2), "1f1b", "ddp", 2, 240)
+    assert printing == 2  # one printing rank per pipeline stage (dp = 0, tp = 0)
     # dp = 2: each piece in a DDP whose buckets average during its last backward only, not
     # once per micro-batch: the stage's one bucket is launched once a step
     assert all(r["overlapped"] and r["launches"] == 1 for r in results), [
@@ -138,38 +145,26 @@ def test_eight_ranks_two_by_two_by_two_match_one_dense_process(tmp_path):
 def test_zero1_on_eight_ranks_two_by_two_by_two(tmp_path):
     # ZeRO-1 over the dp group of each (tp, pp) position: each of its dp ranks keeps the
     # optimizer state of part of that position's tensor-parallel shard
-    dense, dense_losses = _dense_run()
-    results = run_ranks(_train, 8, "shm", timeout=240,
-                        args=((2, 2, 2), "gpipe", "zero1", 4, str(tmp_path)))
-    _check(results, dense, dense_losses)
+    results, _ = _train_and_check(tmp_path, 8, "shm", (2, 2, 2), "gpipe", "zero1", 4, 240)
     _check_printed(results, pp=2)
 
 
 @pytest.mark.timeout(300)
 def test_zero1_and_the_interleaved_schedule_on_four_ranks(tmp_path):
-    dense, dense_losses = _dense_run()
-    results = run_ranks(_train, 4, "shm", timeout=180,
-                        args=((2, 1, 2), "interleaved", "zero1", 2, str(tmp_path)))
-    _check(results, dense, dense_losses)
+    _train_and_check(tmp_path, 4, "shm", (2, 1, 2), "interleaved", "zero1", 2)
 
 
 @pytest.mark.timeout(200)
 def test_replicas_whose_pieces_share_the_tied_embedding_average_after_backward(tmp_path):
     # pp = 1 with two interleaved chunks: both pieces of a rank hold the tied embedding, which
     # two DDPs would each average; GPT3D then all-reduces once after the pipeline's backward
-    dense, dense_losses = _dense_run()
-    results = run_ranks(_train, 2, "shm", timeout=180,
-                        args=((2, 1, 1), "interleaved", "ddp", 2, str(tmp_path)))
-    _check(results, dense, dense_losses)
+    results, _ = _train_and_check(tmp_path, 2, "shm", (2, 1, 1), "interleaved", "ddp", 2)
     assert not any(r["overlapped"] for r in results)
 
 
 @pytest.mark.timeout(200)
 def test_tcp_with_gpipe_on_a_tp_by_pp_mesh(tmp_path):
-    dense, dense_losses = _dense_run()
-    results = run_ranks(_train, 4, "tcp", timeout=180,
-                        args=((1, 2, 2), "gpipe", "ddp", 4, str(tmp_path)))
-    _check(results, dense, dense_losses)
+    _train_and_check(tmp_path, 4, "tcp", (1, 2, 2), "gpipe", "ddp", 4)
 
 
 def _misuse(rank, world_size):
