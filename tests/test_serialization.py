@@ -14,6 +14,8 @@ import neural_arch as na
 from neural_arch import nn, optim
 from neural_arch.backends import get_backend
 
+pytestmark = pytest.mark.timeout(60)
+
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8,
           np.uint16, np.uint32, np.uint64, np.bool_]
 
@@ -210,6 +212,45 @@ def test_other_safetensors_files_and_damage_are_named(tmp_path):
         na.load(path)
     with pytest.raises(FileNotFoundError, match="no file at"):
         na.load(tmp_path / "missing.nf")
+
+
+def _nested(depth: int):
+    obj = 1
+    for level in range(depth):
+        obj = [obj] if level % 3 == 0 else ((obj,) if level % 3 == 1 else {"k": obj})
+    return obj
+
+
+def test_nesting_up_to_the_limit_round_trips_and_deeper_is_refused_naming_where(tmp_path):
+    assert roundtrip(_nested(100), tmp_path) == _nested(100)
+    for depth in (101, 5000):
+        with pytest.raises(ValueError, match=r"save: obj(\[0\]|\['k'\]){100} is nested deeper "
+                                             r"than 100 containers"):
+            na.save(_nested(depth), tmp_path / "deep.nf")
+    assert os.listdir(tmp_path) == ["obj.nf"]
+
+
+def test_a_changed_byte_anywhere_is_refused_by_the_digest(tmp_path):
+    path = tmp_path / "w.nf"
+    na.save({"w": np.arange(100.0), "lr": 0.5}, path)
+    content = path.read_bytes()
+    for index in (len(content) - 3, content.index(b"0.5") + 2):  # array data, a structure digit
+        changed = bytearray(content)
+        changed[index] ^= 1
+        path.write_bytes(bytes(changed))
+        with pytest.raises(ValueError, match="w.nf' is damaged: its contents do not match the "
+                                             "digest"):
+            na.load(path)
+
+
+def test_files_written_without_a_digest_still_load(tmp_path):
+    from safetensors.numpy import save_file
+    path = tmp_path / "older.nf"
+    save_file({"0": np.arange(3.0)}, path, metadata={
+        "neural_arch.format": "1",
+        "neural_arch.structure": '{"dict": [["w", {"array": "0", "device": "cpu"}]], '
+                                 '"ordered": false}'})
+    assert na.load(path)["w"].tolist() == [0.0, 1.0, 2.0]
 
 
 def test_map_location(tmp_path):
