@@ -10,6 +10,7 @@ project's ``horovodrun``). See docs/horovod.md for what is supported and what ra
 - ``state``: ``broadcast_parameters``, ``broadcast_optimizer_state``, object collectives
 - ``optimizer``: ``DistributedOptimizer``
 - ``rounds``: the agreement round in front of every operation, and ``join()``
+- ``negotiation``: named operations, matched by name on every rank; ``handles``: ``Handle``
 """
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from .basics import (cross_rank, cross_size, gloo_enabled, init, is_homogeneous,
                      nccl_built, rank, shutdown, size)
 from .compression import Adasum, Average, Compression, Sum
 from .rounds import join
-from .ops import (Handle, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
-                  allreduce_async_, broadcast, broadcast_, broadcast_async, broadcast_async_,
-                  poll, synchronize)
+from .handles import Handle, poll, synchronize
+from .ops import (allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+                  allreduce_async_, broadcast, broadcast_, broadcast_async, broadcast_async_)
 from .optimizer import DistributedOptimizer
 from .state import (allgather_object, broadcast_object, broadcast_optimizer_state,
                     broadcast_parameters)

@@ -1,60 +1,26 @@
 """Horovod's tensor collectives on our own: allreduce, allgather, broadcast, their ``_async``
-and in-place ``_`` forms, and ``synchronize``/``poll`` on the handles the async ones return.
+and in-place ``_`` forms (``handles``: ``synchronize``/``poll`` on what the async ones return).
 
 Tensors are NumPy arrays or ``neural_arch.core.Tensor``s; a result is of the same kind. As in
 Horovod, ``allreduce``/``broadcast`` return a new tensor and the ``_`` forms write into theirs.
 Each call first runs an agreement round (``join``), so ranks inside ``hvd.join()`` can answer.
-``allgather`` takes a different first dimension on every rank: the round carries each rank's
-row count, every rank sends its rows padded to the largest count, and the padding is cut off.
+A call with a ``name`` is matched with the same name on every rank, whatever the order the
+ranks submit them in: it starts once every rank has submitted it (``negotiation``); a call
+without one starts at once. ``allgather`` takes a different first dimension on every rank:
+the round carries each rank's row count, every rank sends its rows padded to the largest
+count, and the padding is cut off.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from .. import distributed as dist
 from ..core import Tensor
-from . import basics, rounds
+from . import basics, negotiation, rounds
 from .compression import Average, Compression, check_compression, resolve_op
-
-
-class Handle:
-    """What the ``_async`` operations return: pass it to ``hvd.synchronize`` or ``hvd.poll``."""
-
-    def __init__(self, what: str, works: List[Any], finish: Callable[[], Any]) -> None:
-        self.what, self._works, self._finish = what, works, finish
-        self._synchronized = False
-
-    def poll(self) -> bool:
-        return all(w.is_completed() for w in self._works)
-
-    def wait(self) -> Any:
-        if self._synchronized:
-            raise ValueError(f"hvd.synchronize: the handle of this {self.what} was already "
-                             "synchronized; its result was returned then")
-        self._synchronized = True
-        return self._finish()
-
-    def __repr__(self) -> str:
-        state = "synchronized" if self._synchronized else "done" if self.poll() else "pending"
-        return f"Handle({self.what}, {state})"
-
-
-def synchronize(handle: Handle) -> Any:
-    """Wait for an async operation and return its result (the tensor, for the ``_`` forms)."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"hvd.synchronize needs a handle from an hvd.*_async call, got "
-                        f"{type(handle).__name__}")
-    return handle.wait()
-
-
-def poll(handle: Handle) -> bool:
-    """True once the async operation has finished (``synchronize`` will not wait)."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"hvd.poll needs a handle from an hvd.*_async call, got "
-                        f"{type(handle).__name__}")
-    return handle.poll()
+from .handles import Handle
 
 
 def _array(tensor: Any, what: str) -> np.ndarray:
@@ -81,12 +47,10 @@ def _check_process_set(process_set: Any, what: str) -> None:
 
 
 # -- allreduce -------------------------------------------------------------------------------
-def start_allreduce(arr: np.ndarray, op: Any, compression: Any, prescale: float,
-                    postscale: float, what: str, pending: Optional[rounds.PendingRound] = None):
-    """Launch the sum of ``arr`` (prescaled, compressed); returns (works, finish) where
-    ``finish()`` gives the reduced array in ``arr``'s dtype and shape. ``pending``: the round
-    this all-reduce belongs to (a DistributedOptimizer step runs one round for all of its
-    gradients); by default the all-reduce runs a round of its own."""
+def prepare_allreduce(arr: np.ndarray, op: Any, compression: Any, prescale: float,
+                      postscale: float, what: str):
+    """Check the arguments and make the flat buffer to send (prescaled, compressed, a copy);
+    returns (wire, ctx) for ``launch_allreduce``."""
     if op is Average and arr.dtype.kind != "f":
         raise TypeError(f"hvd.{what}: op=hvd.Average needs a floating tensor, got dtype "
                         f"{arr.dtype}; use op=hvd.Sum")
@@ -95,7 +59,16 @@ def start_allreduce(arr: np.ndarray, op: Any, compression: Any, prescale: float,
                         f"got dtype {arr.dtype}")
     send = arr * arr.dtype.type(prescale) if prescale != 1.0 else arr
     wire, ctx = compression.compress(send)
-    wire = np.array(wire, copy=True, order="C").reshape(-1)  # never the caller's storage
+    return np.array(wire, copy=True, order="C").reshape(-1), ctx  # never the caller's storage
+
+
+def launch_allreduce(wire: np.ndarray, ctx: Any, shape: tuple, dtype: np.dtype, op: Any,
+                     compression: Any, postscale: float,
+                     pending: Optional[rounds.PendingRound] = None):
+    """Start the sum of ``wire``; returns (works, finish) where ``finish()`` gives the reduced
+    array in ``dtype`` and ``shape``. ``pending``: the round this all-reduce belongs to (a
+    DistributedOptimizer step runs one round for all of its gradients); by default the
+    all-reduce runs a round of its own."""
     if pending is None:
         pending = rounds.start_round(rounds.ALLREDUCE, count=wire.size,
                                      dtype=rounds.dtype_code(wire.dtype))
@@ -104,12 +77,20 @@ def start_allreduce(arr: np.ndarray, op: Any, compression: Any, prescale: float,
     def finish() -> np.ndarray:
         contributors = pending.result().active
         work.wait()
-        out = compression.decompress(wire, ctx).astype(arr.dtype, copy=False)
+        out = compression.decompress(wire, ctx).astype(dtype, copy=False)
         factor = postscale / contributors if op is Average else postscale
         if factor != 1.0:
             out = out * out.dtype.type(factor)
-        return out.reshape(arr.shape)
+        return out.reshape(shape)
     return [work], finish
+
+
+def start_allreduce(arr: np.ndarray, op: Any, compression: Any, prescale: float,
+                    postscale: float, what: str, pending: Optional[rounds.PendingRound] = None):
+    """``prepare_allreduce`` and ``launch_allreduce`` at once."""
+    wire, ctx = prepare_allreduce(arr, op, compression, prescale, postscale, what)
+    return launch_allreduce(wire, ctx, arr.shape, arr.dtype, op, compression, postscale,
+                            pending)
 
 
 def _allreduce(tensor, average, name, compression, op, prescale_factor, postscale_factor,
@@ -118,9 +99,14 @@ def _allreduce(tensor, average, name, compression, op, prescale_factor, postscal
     op = resolve_op(op, average, what)
     check_compression(compression, f"hvd.{what}")
     arr = _array(tensor, what)
-    works, finish = start_allreduce(arr, op, compression, float(prescale_factor),
-                                    float(postscale_factor), what)
-    return Handle(what, works, lambda: _result(tensor, finish(), inplace))
+    postscale = float(postscale_factor)
+    wire, ctx = prepare_allreduce(arr, op, compression, float(prescale_factor), postscale, what)
+
+    def launch():
+        works, finish = launch_allreduce(wire, ctx, arr.shape, arr.dtype, op, compression,
+                                         postscale)
+        return works, lambda: _result(tensor, finish(), inplace)
+    return Handle(negotiation.submit(what, name, rounds.ALLREDUCE, launch))
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -161,23 +147,27 @@ def allgather_async(tensor, name=None, process_set=None) -> Handle:
         raise ValueError("hvd.allgather concatenates along the first dimension; got a 0-d "
                          "tensor (reshape it to (1,) first)")
     rows, row = arr.shape[0], int(np.prod(arr.shape[1:], dtype=np.int64))
-    # No root in an allgather: that field carries the number of dimensions, so ranks whose
-    # tensors differ in more than the first dimension are told so.
-    rnd = rounds.agree(rounds.ALLGATHER, count=row, dtype=rounds.dtype_code(arr.dtype),
-                       root=arr.ndim, value=rows)
-    longest = max(rnd.values)
-    if longest * row == 0:  # every rank agreed: nothing to send
-        out = np.zeros((sum(rnd.values),) + arr.shape[1:], dtype=arr.dtype)
-        return Handle("allgather", [], lambda: _result(tensor, out, False))
-    padded = np.zeros(longest * row, dtype=arr.dtype)
-    padded[:rows * row] = arr.reshape(-1)
-    work = dist.all_gather(padded, async_op=True)
+    mine = np.array(arr, copy=True, order="C").reshape(-1)
 
-    def finish():
-        blocks = work.result()
-        parts = [np.asarray(b)[:n * row] for b, n in zip(blocks, rnd.values)]
-        return _result(tensor, np.concatenate(parts).reshape((-1,) + arr.shape[1:]), False)
-    return Handle("allgather", [work], finish)
+    def launch():
+        # No root in an allgather: that field carries the number of dimensions, so ranks
+        # whose tensors differ in more than the first dimension are told so.
+        rnd = rounds.agree(rounds.ALLGATHER, count=row, dtype=rounds.dtype_code(arr.dtype),
+                           root=arr.ndim, value=rows)
+        longest = max(rnd.values)
+        if longest * row == 0:  # every rank agreed: nothing to send
+            out = np.zeros((sum(rnd.values),) + arr.shape[1:], dtype=arr.dtype)
+            return [], lambda: _result(tensor, out, False)
+        padded = np.zeros(longest * row, dtype=arr.dtype)
+        padded[:rows * row] = mine
+        work = dist.all_gather(padded, async_op=True)
+
+        def finish():
+            blocks = work.result()
+            parts = [np.asarray(b)[:n * row] for b, n in zip(blocks, rnd.values)]
+            return _result(tensor, np.concatenate(parts).reshape((-1,) + arr.shape[1:]), False)
+        return [work], finish
+    return Handle(negotiation.submit("allgather", name, rounds.ALLGATHER, launch))
 
 
 def allgather(tensor, name=None, process_set=None):
@@ -201,37 +191,41 @@ def check_root(root_rank: Any, what: str) -> int:
     return int(root_rank)
 
 
-def _broadcast(tensor, root_rank, process_set, inplace: bool, what: str) -> Handle:
+def _broadcast(tensor, root_rank, name, process_set, inplace: bool, what: str) -> Handle:
     _check_process_set(process_set, what)
     arr = _array(tensor, what)
     root = check_root(root_rank, what)
-    rnd = rounds.agree(rounds.BROADCAST, count=arr.size, dtype=rounds.dtype_code(arr.dtype), root=root)
-    rounds.check_root_active(rnd, root, what)
     buf = np.array(arr, copy=True, order="C").reshape(-1)
-    work = dist.broadcast(buf, src=root, async_op=True)
 
-    def finish():
-        work.wait()
-        return _result(tensor, buf.reshape(arr.shape), inplace)
-    return Handle(what, [work], finish)
+    def launch():
+        rnd = rounds.agree(rounds.BROADCAST, count=arr.size, dtype=rounds.dtype_code(arr.dtype),
+                           root=root)
+        rounds.check_root_active(rnd, root, what)
+        work = dist.broadcast(buf, src=root, async_op=True)
+
+        def finish():
+            work.wait()
+            return _result(tensor, buf.reshape(arr.shape), inplace)
+        return [work], finish
+    return Handle(negotiation.submit(what, name, rounds.BROADCAST, launch))
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
-    return _broadcast(tensor, root_rank, process_set, False, "broadcast_async")
+    return _broadcast(tensor, root_rank, name, process_set, False, "broadcast_async")
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
-    return _broadcast(tensor, root_rank, process_set, True, "broadcast_async_")
+    return _broadcast(tensor, root_rank, name, process_set, True, "broadcast_async_")
 
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Rank ``root_rank``'s ``tensor`` on every rank, as a new tensor."""
-    return _broadcast(tensor, root_rank, process_set, False, "broadcast").wait()
+    return _broadcast(tensor, root_rank, name, process_set, False, "broadcast").wait()
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None):
     """``broadcast`` written into ``tensor``; returns it."""
-    return _broadcast(tensor, root_rank, process_set, True, "broadcast_").wait()
+    return _broadcast(tensor, root_rank, name, process_set, True, "broadcast_").wait()
 
 
 def _mirror_broadcast(rnd: rounds.Round) -> None:

@@ -7,7 +7,10 @@ explicit ``synchronize()``) launches what is not launched yet, waits, and puts t
 ``.grad``. Counters start again after every synchronisation.
 
 Every rank launches every parameter exactly once per step, in one fixed order (the reverse of
-the parameter order, roughly the order backward produces gradients): a parameter is launched
+the order of ``named_parameters``, else of the optimizer's parameters: roughly the order
+backward produces gradients), so gradients are matched by parameter name even where ranks
+list the optimizer's parameters in different orders; the step's round carries a checksum of
+the names in that order, and ranks that name them differently raise. A parameter is launched
 once it and all before it are ready, the rest at ``synchronize()``. So ranks whose backward
 skipped a parameter, or reached it fewer times, still issue the same collectives: a parameter
 without a gradient contributes zeros (as in Horovod) and gets the averaged result, which is
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -42,7 +45,7 @@ class _DistributedMixin:
     def _hvd_setup(self, named_parameters, compression, backward_passes_per_step, op,
                    gradient_predivide_factor) -> None:
         params = [p for group in self.param_groups for p in group["params"]]
-        names = _names(params, named_parameters)
+        names, order = _names(params, named_parameters)
         if isinstance(backward_passes_per_step, bool) or not isinstance(
                 backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be an int >= 1, got "
@@ -62,8 +65,11 @@ class _DistributedMixin:
                             f"start the all-reduces); {hookless} are not")
         # Everything is checked: set from here on, so a refused wrap leaves the optimizer as
         # it was.
-        self._hvd_order = [p for p in reversed(params) if getattr(p, "requires_grad", True)]
+        self._hvd_order = [params[i] for i in reversed(order)
+                           if getattr(params[i], "requires_grad", True)]
         self._hvd_names = {id(p): names[i] for i, p in enumerate(params)}
+        self._hvd_names_code = rounds.names_code([self._hvd_names[id(p)]
+                                                  for p in self._hvd_order])
         self._hvd_compression = compression
         self._hvd_k, self._hvd_op, self._hvd_factor = backward_passes_per_step, op, factor
         self._hvd_id = len(_REGISTRY)
@@ -106,7 +112,8 @@ class _DistributedMixin:
     def _hvd_launch(self, param) -> None:
         if self._hvd_round is None:
             self._hvd_round = rounds.start_round(rounds.STEP, count=len(self._hvd_order),
-                                                 optimizer=self._hvd_id)
+                                                 optimizer=self._hvd_id,
+                                                 names=self._hvd_names_code)
         data = param.data
         grad = param.grad if param.grad is not None else np.zeros_like(data)
         grad = np.asarray(grad, dtype=data.dtype)
@@ -190,10 +197,12 @@ def _hook(ref):
     return hook
 
 
-def _names(params: list, named_parameters: Any) -> List[str]:
-    """A name per parameter, in ``params`` order; duplicate or missing names raise."""
+def _names(params: list, named_parameters: Any) -> Tuple[List[str], List[int]]:
+    """A name per parameter, in ``params`` order, and the positions in ``params`` listed in
+    the order of ``named_parameters`` (the same on every rank that built the same model);
+    duplicate or missing names raise."""
     if named_parameters is None:
-        return [f"allreduce.noname.{i}" for i in range(len(params))]
+        return [f"allreduce.noname.{i}" for i in range(len(params))], list(range(len(params)))
     pairs = list(named_parameters)
     if any(not (isinstance(p, tuple) and len(p) == 2) for p in pairs):
         raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, "
@@ -210,7 +219,9 @@ def _names(params: list, named_parameters: Any) -> List[str]:
     if missing:
         raise ValueError(f"named_parameters was specified, but {len(missing)} parameters of the "
                          f"optimizer were not named (positions {missing} over its param_groups)")
-    return [by_id[id(p)] for p in params]
+    position = {id(p): i for i, (_, p) in enumerate(pairs)}
+    order = sorted(range(len(params)), key=lambda i: position[id(params[i])])
+    return [by_id[id(p)] for p in params], order
 
 
 def DistributedOptimizer(optimizer: Any, named_parameters: Any = None,

@@ -15,25 +15,37 @@ import numpy as np
 
 from .. import distributed as dist
 from ..core import Tensor
-from . import basics, ops, rounds
+from . import basics, negotiation, ops, rounds
+from .handles import Handle
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Any = None, process_set: Any = None):
-    """Rank ``root_rank``'s ``obj`` (anything picklable) on every rank."""
+    """Rank ``root_rank``'s ``obj`` (anything picklable) on every rank; with a ``name``,
+    matched with that name on every rank (as the tensor operations are)."""
     ops._check_process_set(process_set, "broadcast_object")
     basics._layout()
     root = ops.check_root(root_rank, "broadcast_object")
-    rnd = rounds.agree(rounds.BROADCAST_OBJECT, root=root)
-    rounds.check_root_active(rnd, root, "broadcast_object")
-    return dist.broadcast_object_list([obj], src=root)[0]
+
+    def launch():
+        rnd = rounds.agree(rounds.BROADCAST_OBJECT, root=root)
+        rounds.check_root_active(rnd, root, "broadcast_object")
+        result = dist.broadcast_object_list([obj], src=root)[0]
+        return [], lambda: result
+    return Handle(negotiation.submit("broadcast_object", name, rounds.BROADCAST_OBJECT,
+                                     launch)).wait()
 
 
 def allgather_object(obj: Any, name: Any = None, process_set: Any = None) -> list:
     """Every rank's ``obj`` in rank order (None for ranks inside ``hvd.join()``)."""
     ops._check_process_set(process_set, "allgather_object")
     basics._layout()
-    rounds.agree(rounds.ALLGATHER_OBJECT)
-    return dist.all_gather_object(obj)
+
+    def launch():
+        rounds.agree(rounds.ALLGATHER_OBJECT)
+        result = dist.all_gather_object(obj)
+        return [], lambda: result
+    return Handle(negotiation.submit("allgather_object", name, rounds.ALLGATHER_OBJECT,
+                                     launch)).wait()
 
 
 def _mirror_broadcast_object(rnd: rounds.Round) -> None:
@@ -88,7 +100,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
     handles = [ops.broadcast_async_(arr, root_rank) for _, arr in _named_tensors(params)
                if arr.size]
     for handle in handles:
-        ops.synchronize(handle)
+        handle.wait()
 
 
 def broadcast_optimizer_state(optimizer: Any, root_rank: int = 0) -> None:

@@ -88,6 +88,19 @@ def test_argument_errors_name_the_values(hvd):
     assert hvd.join() == 0
 
 
+def test_name_errors_name_the_values(hvd, monkeypatch):
+    with pytest.raises(TypeError, match="name must be a str, got int 3"):
+        hvd.allreduce(np.ones(2), name=3)
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "soon")
+    with pytest.raises(ValueError, match="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS='soon'"):
+        hvd.allreduce_async(np.ones(2), name="x")
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0.5")
+    handle = hvd.allgather_async(np.ones((1, 2)), name="x")
+    assert "'x'" in repr(handle) and "queued" in repr(handle)
+    np.testing.assert_array_equal(hvd.synchronize(handle), np.ones((1, 2)))
+    assert hvd.broadcast_object({"k": 1}, name="obj") == {"k": 1}
+
+
 def test_distributed_optimizer_construction_errors(hvd):
     from neural_arch.optim import SGD
     model = small_model()
