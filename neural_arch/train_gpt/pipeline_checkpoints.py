@@ -26,7 +26,8 @@ LOOP_SUFFIX = ".loop.json"
 
 
 def latest_checkpoint(directory: str) -> Optional[str]:
-    """The newest complete checkpoint in ``directory`` (every file checked), or None."""
+    """The newest complete checkpoint in ``directory`` (every file checked), or None; a
+    damaged one passed over is named, with its bad file, in a warning."""
     return CheckpointDirectory(directory).latest_good()
 
 
@@ -47,8 +48,9 @@ class PipelineCheckpoints:
         return path
 
     def resume(self) -> Optional[Dict[str, Any]]:
-        """Load the newest checkpoint (rank 0 chooses it for everyone); its loop state, ``{}``
-        when that file is missing, or None when there is no checkpoint to resume from."""
+        """Load the newest checkpoint (rank 0 checks every rank's pieces and chooses it for
+        everyone, warning of each damaged one it passes over); its loop state, ``{}`` when that
+        file is missing, or None when there is no checkpoint to resume from."""
         world = resolve_group(None)
         chosen = {"path": latest_checkpoint(self.directory)} if world.rank == 0 else {}
         path = exchange.broadcast_json(world, chosen)["path"]

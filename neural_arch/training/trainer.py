@@ -10,6 +10,10 @@ ranks, logging and checkpoints on rank 0, early stopping and resume through
 Without a process group the Trainer starts a one-process group (and ends it after ``fit``),
 so one code path serves every world size. ``group`` selects the data-parallel ranks (the "dp"
 group of a device mesh when the model is also tensor parallel); default: the whole world.
+``resume_group`` (default: ``group``) holds every rank that must resume from the same step:
+tensor-parallel ranks checkpoint their own shards into directories of their own, over their
+data-parallel groups, so they pass the whole world, and a resume takes the newest step whose
+checkpoint is intact in every directory (``DistributedCheckpointManager``).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ class Trainer:
     def __init__(self, model: Any, optimizer: Any, loss_fn: Optional[Callable] = None,
                  config: Optional[TrainingConfig] = None,
                  callbacks: Sequence[Callback] = (), scheduler: Any = None,
-                 group: Any = None) -> None:
+                 group: Any = None, resume_group: Any = None) -> None:
         self.config = config if config is not None else TrainingConfig()
         self._owns_group = not is_initialized()
         if self._owns_group:
@@ -68,7 +72,8 @@ class Trainer:
         self._manager = None
         if self.config.checkpoint_dir is not None:
             self._manager = DistributedCheckpointManager(
-                self.config.checkpoint_dir, self.config.max_checkpoints, group=group)
+                self.config.checkpoint_dir, self.config.max_checkpoints, group=group,
+                resume_group=resume_group)
 
     # ------------------------------------------------------------------ public
     def fit(self, train_loader: Any, val_loader: Any = None, epochs: Optional[int] = None,

@@ -3,7 +3,8 @@
 ``manager`` saves, rotates and restores checkpoints (``DistributedCheckpointManager``,
 ``setup_fault_tolerant_training``); ``format`` is the on-disk format (JSON, safetensors, a
 manifest of checksums, atomic writes), ``state`` turns live training objects into checkpoint
-files and back, and ``directory`` decides which checkpoints in a directory are good and kept.
+files and back, ``directory`` decides which checkpoints in a directory are good and kept, and
+``choice`` which one a group (or ranks saving into several directories) resumes from.
 """
 from __future__ import annotations
 

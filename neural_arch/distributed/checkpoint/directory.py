@@ -34,7 +34,8 @@ class CheckpointDirectory:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self._verified: Dict[str, Tuple[Tuple[int, int, int], bool]] = {}
+        self._verified: Dict[str, Tuple[Tuple[int, int, int],
+                                        Optional[CheckpointCorruptError]]] = {}
 
     def list(self) -> List[str]:
         """Paths of finished checkpoint directories, oldest first (not verified)."""
@@ -47,31 +48,57 @@ class CheckpointDirectory:
                 if os.path.isdir(os.path.join(self.root, n))]
 
     def latest_good(self) -> Optional[str]:
-        """The newest checkpoint whose files all match its manifest, or None."""
+        """The newest checkpoint whose files all match its manifest, or None; each damaged one
+        passed over is reported with a warning naming the bad file."""
         for path in reversed(self.list()):
-            if self.is_good(path):
+            problem = self.problem(path)
+            if problem is None:
                 return path
+            warn_unusable(path, problem)
         return None
+
+    def intact_newest_first(self) -> List[str]:
+        """Every checkpoint whose files all match its manifest, newest first; each damaged one
+        is reported with a warning naming the bad file."""
+        intact = []
+        for path in reversed(self.list()):
+            problem = self.problem(path)
+            if problem is None:
+                intact.append(path)
+            else:
+                warn_unusable(path, problem)
+        return intact
 
     def is_good(self, path: str) -> bool:
         """Full verification, remembered while the manifest file stays the same."""
+        return self.problem(path) is None
+
+    def problem(self, path: str) -> Optional[CheckpointError]:
+        """None when every file of ``path`` matches its manifest; else ``CheckpointCorruptError``
+        naming the bad file, or ``CheckpointChangedError`` when a writer removed or replaced it
+        meanwhile. The verdict on a checkpoint is remembered while its manifest file stays the
+        same (checking reads every file)."""
         try:
             info = os.stat(os.path.join(path, fmt.MANIFEST))
-            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+            stamp: Optional[Tuple[int, int, int]] = (info.st_mtime_ns, info.st_size, info.st_ino)
         except OSError:
-            return False
+            stamp = None  # no manifest to remember the verdict by: the read below says why
         cached = self._verified.get(path)
-        if cached is not None and cached[0] == stamp:
+        if stamp is not None and cached is not None and cached[0] == stamp:
             return cached[1]
         try:
             fmt.read_checkpoint_directory(path)
-            good = True
-        except CheckpointChangedError:
-            return False  # no longer there: nothing to remember
-        except CheckpointCorruptError:
-            good = False
-        self._verified[path] = (stamp, good)
-        return good
+            problem: Optional[CheckpointCorruptError] = None
+        except CheckpointChangedError as exc:
+            return exc  # no longer there: nothing to remember
+        except CheckpointCorruptError as exc:
+            if not os.path.lexists(path):  # removed since it was listed
+                return CheckpointChangedError(path)
+            # a copy without the traceback, whose frames hold the arrays read so far
+            problem = CheckpointCorruptError(exc.directory, exc.file, exc.reason)
+        if stamp is not None:
+            self._verified[path] = (stamp, problem)
+        return problem
 
     def forget(self, path: str) -> None:
         """Drop what is remembered of ``path`` (it was just written or removed)."""
@@ -141,8 +168,14 @@ class CheckpointDirectory:
             except CheckpointCorruptError as exc:
                 if not os.path.lexists(candidate):  # removed since it was listed
                     raise CheckpointChangedError(candidate) from None
-                logger.warning("checkpoint %s is unusable: %s is bad (%s); falling back to the "
-                               "previous checkpoint", candidate, exc.file or candidate,
-                               exc.reason)
+                warn_unusable(candidate, exc)
                 problems.append(str(exc))
         raise CheckpointError(f"no usable checkpoint in {self.root}: " + "; ".join(problems))
+
+
+def warn_unusable(path: str, problem: CheckpointError) -> None:
+    """The line that tells which file of checkpoint ``path`` is bad and how (a checkpoint that
+    a writer removed meanwhile is not damage: nothing is said)."""
+    if isinstance(problem, CheckpointCorruptError):
+        logger.warning("checkpoint %s is unusable: %s is bad (%s); falling back to the previous "
+                       "checkpoint", path, problem.file or path, problem.reason)

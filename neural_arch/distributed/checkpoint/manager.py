@@ -9,7 +9,10 @@ Loading verifies every file against the manifest. Without a path, a bad checkpoi
 with a warning naming the file, and the newest good one is used; a checkpoint named by ``path``
 is loaded or refused (``CheckpointCorruptError`` naming the file), never swapped for another.
 With a process group, rank 0 picks the checkpoint and the others follow, so all ranks resume
-from the same step. Other processes may save into the same directory meanwhile (``directory``).
+from the same step (``choice``). Groups that save into directories of their own but must go on
+together (tensor-parallel ranks) agree over a ``resume_group``: all take the newest step intact
+in every directory, or all raise ``CheckpointError``. Other processes may save into the same directory
+meanwhile (``directory``).
 
 Changing the world size between save and resume works for data parallel training (model and
 optimizer are replicated): rank files of ranks that no longer exist are ignored, and a new rank
@@ -33,14 +36,13 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import DistributedError
-from ..group.world import is_initialized, resolve_group
-from . import exchange
+from ..group.world import ProcessGroup, is_initialized, resolve_group
+from . import choice, exchange
 from . import format as fmt
 from . import sharded as sharded_io
 from . import state as state_io
-from .directory import READ_ATTEMPTS, CheckpointDirectory
-from .format import (CheckpointChangedError, CheckpointCorruptError, CheckpointError,
-                     NoCheckpointError)
+from .directory import CheckpointDirectory
+from .format import CheckpointCorruptError, CheckpointError, NoCheckpointError
 from .values import check_json_data
 
 __all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointManager",
@@ -67,15 +69,24 @@ class DistributedCheckpointManager:
     initialized: every rank of ``group`` (default: the whole job) must call them together.
     ``rank``/``world_size`` default to the group's; without a process group they describe a
     single process (or let one rank read its own part of a checkpoint).
+
+    ``resume_group`` (default: ``group``) holds every rank that must resume from the same step
+    when their groups save into different directories, as tensor-parallel ranks each save
+    their own shards over their data-parallel group: ``load_checkpoint`` without a path is then
+    collective over it and takes the newest step intact in every one of those directories.
     """
 
     def __init__(self, checkpoint_dir: Any, max_checkpoints: int = 5,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
-                 group: Any = None) -> None:
+                 group: Any = None, resume_group: Any = None) -> None:
         if isinstance(max_checkpoints, bool) or not isinstance(max_checkpoints, int) \
                 or max_checkpoints < 1:
             raise ValueError(f"max_checkpoints must be a positive integer, got "
                              f"{max_checkpoints!r}")
+        if resume_group is not None and not isinstance(resume_group, ProcessGroup):
+            raise TypeError(f"resume_group must be a ProcessGroup or None, got "
+                            f"{resume_group!r}")
+        self._resume_group = resume_group
         self.checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
         self.max_checkpoints = max_checkpoints
         self._rank, self._world_size, self._group = rank, world_size, group
@@ -109,8 +120,8 @@ class DistributedCheckpointManager:
         return self._directory.list()
 
     def latest(self) -> Optional[str]:
-        """The newest checkpoint whose files all match its manifest, or None. Local: any rank
-        may call it alone."""
+        """The newest checkpoint whose files all match its manifest, or None (a damaged one
+        passed over is named in a warning). Local: any rank may call it alone."""
         return self._directory.latest_good()
 
     # ----- save ----------------------------------------------------------------------------
@@ -209,21 +220,24 @@ class DistributedCheckpointManager:
                         scheduler: Any = None, loss_scaler: Any = None, sampler: Any = None,
                         map_location: Any = None, *, restore_rng: bool = True) -> Dict[str, Any]:
         """Restore ``path``, or without it the newest good checkpoint (skipping damaged ones
-        with a warning).
+        with a warning); with a ``resume_group``, the newest step good for all its ranks.
 
         Returns ``epoch``, ``step``, ``loss``, ``best_loss``, ``world_size`` (at save time),
         ``additional_state`` and ``path``. Arrays are read into host memory and copied into the
         existing parameters on their own device, so ``map_location`` (kept for PyTorch's
         signature) only accepts None or a device string. Raises ``NoCheckpointError`` when
-        there is no checkpoint, ``CheckpointCorruptError`` naming the bad file when ``path`` is
-        damaged, and ``CheckpointError`` when no checkpoint is good.
+        there is no checkpoint (with a ``resume_group``: no step good for all its ranks),
+        ``CheckpointCorruptError`` naming the bad file when ``path`` is damaged, and
+        ``CheckpointError`` when no checkpoint is good.
         """
         if map_location is not None and not isinstance(map_location, str):
             raise TypeError(f"map_location must be None or a device string, got "
                             f"{map_location!r}")
         rank, world_size, pg = self._topology("load_checkpoint")
-        chosen, contents, failure = self._read_chosen(rank, world_size, pg, path, model,
-                                                      optimizer)
+        resume = self._resume_peers(pg) if path is None else None
+        sync = resume if resume is not None else pg  # the ranks that succeed or fail together
+        chosen, contents, failure = choice.read_chosen(self._directory, rank, world_size, pg,
+                                                       resume, path, model, optimizer)
         if failure is None:
             try:
                 result = state_io.apply_contents(contents, chosen, rank, model, optimizer,
@@ -232,79 +246,31 @@ class DistributedCheckpointManager:
                 self.best_loss = result["best_loss"]
                 self._note_loss(result["loss"])
             except Exception as exc:
-                if pg is None:
+                if sync is None:
                     raise
                 failure = exc
-        if pg is not None and not exchange.all_succeeded(pg, failure is None):
+        if sync is not None and not exchange.all_succeeded(sync, failure is None):
             if failure is not None:
                 raise failure
-            raise DistributedError(f"another rank failed to load {chosen}",
-                                   rank=pg.global_rank, op="load_checkpoint")
+            raise DistributedError(f"another rank failed to load its checkpoint (this rank "
+                                   f"chose {chosen})", rank=sync.global_rank,
+                                   op="load_checkpoint")
         return result
 
-    def _read_chosen(self, rank: int, world_size: int, pg: Any, path: Any, model: Any,
-                     optimizer: Any) -> Tuple[str, Any, Any]:
-        """(path, contents, error while reading) of the checkpoint rank 0 chooses, on every
-        rank. Rank 0 reads all of it while choosing, the others their part afterwards; when
-        another process removed or replaced it before every rank had read it, rank 0 chooses
-        again."""
-        for _ in range(READ_ATTEMPTS):
-            choice, contents = self._choose(rank, pg, path)
-            chosen, changed, failure = choice["path"], False, None
-            if contents is None:
-                try:
-                    wanted = self._wanted(rank, world_size, choice, model, optimizer)
-                    contents = fmt.read_checkpoint_directory(chosen, wanted)
-                except CheckpointChangedError:
-                    changed = True
-                except Exception as exc:
-                    failure = exc
-            if pg is None or exchange.all_succeeded(pg, not changed):
-                return chosen, contents, failure
-        raise CheckpointError(f"checkpoint {chosen} was removed or replaced before every rank "
-                              f"had read it, {READ_ATTEMPTS} times in a row: checkpoints are "
-                              f"saved into {self.checkpoint_dir} faster than a group can read one")
-
-    def _choose(self, rank: int, pg: Any, path: Any) -> Tuple[Dict[str, Any], Any]:
-        """Rank 0's choice (path, and whether and how it is sharded) with its contents there
-        (None elsewhere); its error on every rank."""
-        choice: Dict[str, Any] = {}
-        contents, choice_error = None, None
-        if rank == 0 or pg is None:
-            try:
-                if rank == 0:
-                    self._directory.remove_temporaries()
-                chosen, contents = self._directory.choose(path)
-                meta = contents[fmt.META]
-                # what the other ranks need to know to read only their part
-                choice = {"path": chosen, "sharded": meta.get("sharded"),
-                          "world_size": meta["world_size"]}
-            except Exception as exc:
-                if pg is None:
-                    raise
-                choice_error = exc
-                choice = {"error": type(exc).__name__, "message": str(exc)}
-        if pg is not None:
-            choice = exchange.broadcast_json(pg, choice)
-            if choice_error is not None:
-                raise choice_error
-            if "error" in choice:  # every rank fails the same way rank 0 did
-                if choice["error"] == "NoCheckpointError":
-                    raise NoCheckpointError(choice["message"])
-                raise CheckpointError(f"rank {pg.ranks[0]} could not choose a checkpoint: "
-                                      f"{choice['error']}: {choice['message']}")
-        return choice, contents
-
-    @staticmethod
-    def _wanted(rank: int, world_size: int, choice: Dict[str, Any], model: Any,
-                optimizer: Any) -> set:
-        wanted = {fmt.rank_file(rank), fmt.rank_file(0)}
-        inner = None if model is None else state_io.unwrap_model(model)
-        if choice.get("sharded") and inner is not None and sharded_io.is_sharded(inner):
-            wanted |= sharded_io.files_needed(
-                choice["sharded"]["layout"], choice["world_size"], rank, world_size,
-                sharded_io.layout_of(inner), optimizer is not None)
-        return wanted
+    def _resume_peers(self, pg: Any) -> Any:
+        """The wider group over which the step to resume from is agreed, or None when the
+        checkpoint group itself decides (no ``resume_group``, or the same ranks)."""
+        if self._resume_group is None:
+            return None
+        wide = resolve_group(self._resume_group)
+        wide.check_usable("load_checkpoint")
+        own = resolve_group(self._group).ranks if pg is None else pg.ranks
+        outside = sorted(set(own) - set(wide.ranks))
+        if outside:
+            raise ValueError(f"load_checkpoint: resume_group (ranks {list(wide.ranks)}) must "
+                             f"hold every rank of the checkpoint group (ranks {list(own)}); "
+                             f"ranks {outside} are not in it")
+        return None if sorted(wide.ranks) == sorted(own) else wide
 
 
 def setup_fault_tolerant_training(model: Any, optimizer: Any,
