@@ -8,6 +8,7 @@ group is joined."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import List, NoReturn, Optional
@@ -22,6 +23,7 @@ class UsageError(Exception):
 
 
 def fail(message: str) -> NoReturn:
+    message = "; ".join(line.strip() for line in message.splitlines() if line.strip())
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
 
@@ -133,7 +135,8 @@ def check(args: argparse.Namespace) -> None:
     _positive(args, ["hidden-size", "attention-heads", "layers", "max-seq-length", "batch-size",
                      "epochs", "max-steps", "save-interval", "eval-interval", "eval-batches",
                      "log-interval", "gradient-accumulation-steps", "tp", "pp", "vocab-size",
-                     "world-size", "sample", "microbatches"])
+                     "world-size", "sample", "microbatches", "top-k"])
+    _check_numbers(args)
     if args.hidden_size % args.attention_heads:
         raise UsageError(f"--hidden-size {args.hidden_size} is not divisible by "
                          f"--attention-heads {args.attention_heads}")
@@ -142,8 +145,7 @@ def check(args: argparse.Namespace) -> None:
             raise UsageError("--data PATH is required (a text file to train on)")
         if not os.path.isfile(args.data):
             raise UsageError(f"--data {args.data}: no such file")
-    if not 0.0 <= args.val_fraction < 1.0:
-        raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
+        _check_out_dir(args.out_dir)
     if args.pp > 1:
         _check_pipeline(args)
     elif args.microbatches is not None or args.pp_schedule is not None:
@@ -157,8 +159,6 @@ def check(args: argparse.Namespace) -> None:
     if args.tp > 1 and args.zero_stage and args.pp == 1:
         raise UsageError(f"--zero-stage {args.zero_stage} is not supported together with "
                          f"--tp {args.tp}")
-    if args.gradient_clip_norm is not None and args.gradient_clip_norm < 0:
-        raise UsageError(f"--gradient-clip-norm must be >= 0, got {args.gradient_clip_norm}")
     if args.backend == "nccl" and args.no_nccl:
         raise UsageError("--backend nccl contradicts --no-nccl")
     if args.rank is not None and args.world_size is None:
@@ -171,8 +171,42 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--tp {args.tp} x --pp {args.pp} does not divide --world-size "
                          f"{args.world_size}")
     _check_device(args)
-    if args.temperature <= 0:
-        raise UsageError(f"--temperature must be > 0, got {args.temperature}")
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Numbers argparse accepts that mean nothing here ("nan" and "inf" parse as floats)."""
+    rules = [("learning-rate", lambda v: v > 0, "a finite number > 0"),
+             ("weight-decay", lambda v: v >= 0, "a finite number >= 0"),
+             ("gradient-clip-norm", lambda v: v >= 0, "a finite number >= 0 (0: no clipping)"),
+             ("dropout", lambda v: 0 <= v < 1, "in [0, 1)"),
+             ("val-fraction", lambda v: 0 <= v < 1, "in [0, 1)"),
+             ("temperature", lambda v: v > 0, "a finite number > 0")]
+    for name, allowed, rule in rules:
+        value = getattr(args, name.replace("-", "_"))
+        if value is not None and not (math.isfinite(value) and allowed(value)):
+            raise UsageError(f"--{name} must be {rule}, got {value}")
+    if args.warmup_steps < 0:
+        raise UsageError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """A training run writes into --out-dir: it must be a folder, or one that can be made."""
+    if os.path.exists(out_dir):
+        if not os.path.isdir(out_dir):
+            raise UsageError(f"--out-dir {out_dir} is not a directory (a file is there); name "
+                             f"a directory, new or holding a run")
+        if not os.access(out_dir, os.W_OK | os.X_OK):
+            raise UsageError(f"--out-dir {out_dir}: no permission to write in it")
+        return
+    ancestor = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"--out-dir {out_dir} cannot be created: {ancestor} is not a "
+                         f"directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"--out-dir {out_dir} cannot be created: no permission to write in "
+                         f"{ancestor}")
 
 
 def _check_device(args: argparse.Namespace) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -61,7 +61,6 @@ def train_pipeline(args: argparse.Namespace, config: GPTConfig, tokenizer: Token
     # validation needs only the dp split: evaluate runs each replica's rows whole
     val = GlobalBatches(val_set, args.batch_size, model.dp, 1, shuffle=False,
                         seed=args.seed) if len(val_set) else None
-    save_run(out_dir, tokenizer, config, args)
     if get_rank() == 0:
         held = sum(int(np.asarray(p.data).size) for p in model.params)
         print(f"GPT: {held:,} parameters on rank 0 (pipeline stage 0, tensor-parallel shard "
@@ -69,7 +68,8 @@ def train_pipeline(args: argparse.Namespace, config: GPTConfig, tokenizer: Token
               f"windows of {args.max_seq_length} tokens; world {get_world_size()} = {model.dp} "
               f"data-parallel x {model.tp} tensor-parallel x {model.pp} pipeline stages "
               f"({args.pp_schedule}, {args.microbatches} micro-batches)", flush=True)
-    loop = PipelineLoop(args, model, batches, val, out_dir)
+    loop = PipelineLoop(args, model, batches, val, out_dir,
+                        on_start=lambda: save_run(out_dir, tokenizer, config, args))
     history = loop.fit()
     return {"history": history.state_dict(), "steps": model.steps}
 
@@ -78,9 +78,10 @@ class PipelineLoop:
     """The Trainer's loop (records, validation, checkpoints, resume) around GPT3D's step."""
 
     def __init__(self, args: argparse.Namespace, model: GPT3D, batches: GlobalBatches,
-                 val: Optional[GlobalBatches], out_dir: str) -> None:
+                 val: Optional[GlobalBatches], out_dir: str,
+                 on_start: Callable[[], None] = lambda: None) -> None:
         self.args, self.model, self.batches, self.val = args, model, batches, val
-        self.out_dir = out_dir
+        self.out_dir, self.on_start = out_dir, on_start
         self.checkpoints = PipelineCheckpoints(os.path.join(out_dir, "checkpoints"), model)
         self.is_logger = get_rank() == 0
         self.history = History("val_loss")
@@ -96,6 +97,7 @@ class PipelineLoop:
         total = total if args.max_steps is None else min(total, args.max_steps)
         scheduler = build_schedule(model.optimizer, args.lr_schedule, total, args.warmup_steps)
         resumed = self._resume(scheduler) if args.resume else False
+        self.on_start()  # after the resume: a checkpoint that does not load changes no file
         logger = MetricsLogger(self.out_dir, append=resumed) if self.is_logger else None
         bar = Progress(total, model.steps, enabled=self.is_logger and not args.no_progress,
                        verbose=self.is_logger)

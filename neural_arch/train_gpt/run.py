@@ -21,13 +21,17 @@ from ..core import manual_seed
 from ..data import DataLoader
 from ..distributed import (destroy_process_group, get_rank, get_world_size, init_device_mesh,
                            init_process_group, is_initialized)
+from ..distributed.checkpoint import CheckpointError
+from ..distributed.errors import DistributedError
+from ..distributed.group.world import resolve_group
 from ..models.gpt import GPT, GPTConfig
 from ..optim import AdamW
-from ..training import Trainer, TrainingConfig
+from ..training import Callback, Trainer, TrainingConfig
 from .args import UsageError
+from .out_dir_claim import claim_out_dir
+from .saved_run import RUN_FILE, TOKENIZER_FILE, load_failure, read_run_file
 from .text import Tokenizer, read_text, split_windows
 
-RUN_FILE, TOKENIZER_FILE = "run.json", "tokenizer.json"
 _LAUNCHED_BY = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 
@@ -96,13 +100,25 @@ def _check_resumable(out_dir: str, config: GPTConfig, tp: int, pp: int) -> None:
     path = os.path.join(out_dir, RUN_FILE)
     if not os.path.isfile(path):
         return
-    with open(path, encoding="utf-8") as handle:
-        saved = json.load(handle)
+    try:
+        saved = read_run_file(path)
+    except ValueError as exc:
+        raise UsageError(f"--resume: {exc}; restore it, or train into a fresh --out-dir") \
+            from None
     saved_pp = saved.get("pp", 1)  # runs from before --pp were data/tensor parallel only
     if saved["model"] != dataclasses.asdict(config) or saved["tp"] != tp or saved_pp != pp:
         raise UsageError(f"--resume: the flags describe a different model than the run in "
                          f"{out_dir} (saved {saved['model']}, tp {saved['tp']}, pp {saved_pp}; "
                          f"now tp {tp}, pp {pp})")
+
+
+def _resume_failure(checkpoints: str, exc: BaseException) -> str:
+    """A failed --resume load in one line: what failed and what to do."""
+    if isinstance(exc, (KeyError, ValueError)):  # names or shapes differ from the flags' model
+        return (f"--resume: the checkpoint in {checkpoints} does not fit the model the flags "
+                f"describe ({load_failure(exc)}); give the flags it was trained with, or "
+                f"train into a fresh --out-dir")
+    return f"--resume from {checkpoints} failed: {load_failure(exc)}"
 
 
 def save_run(out_dir: str, tokenizer: Tokenizer, config: GPTConfig,
@@ -117,10 +133,34 @@ def save_run(out_dir: str, tokenizer: Tokenizer, config: GPTConfig,
                    "world_size": get_world_size(), "args": vars(args)}, handle, indent=1)
 
 
+class _SaveRunAtStart(Callback):
+    """``save_run`` once the Trainer has resumed: a checkpoint that does not load leaves the
+    run files as they were."""
+
+    def __init__(self, *save_args: Any) -> None:
+        self.save_args, self.started = save_args, False
+
+    def on_fit_start(self, trainer: Any) -> None:
+        save_run(*self.save_args)
+        self.started = True
+
+
+def _check_job(args: argparse.Namespace) -> None:
+    """What the flags and the job alone reveal: before --out-dir is claimed or data read."""
+    world = get_world_size()
+    if world % (args.tp * args.pp):
+        raise UsageError(f"--tp {args.tp} x --pp {args.pp} does not divide the world size "
+                         f"{world}")
+    if args.device != "cpu":
+        gpu_of(args.device)
+
+
 def train(args: argparse.Namespace) -> Dict[str, Any]:
     join(args)
     try:
-        return _train(args)
+        _check_job(args)
+        with claim_out_dir(args, os.path.abspath(args.out_dir)):
+            return _train(args)
     finally:
         if is_initialized():
             destroy_process_group()
@@ -128,10 +168,18 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
 
 def _train(args: argparse.Namespace) -> Dict[str, Any]:
     out_dir = os.path.abspath(args.out_dir)
-    text = read_text(args.data)
+    try:
+        text = read_text(args.data)
+    except OSError as exc:
+        raise UsageError(f"--data {args.data}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--data {args.data} {exc}") from None
     saved_tokenizer = os.path.join(out_dir, TOKENIZER_FILE)
     if args.resume and os.path.isfile(saved_tokenizer):
-        tokenizer = Tokenizer.load(saved_tokenizer)
+        try:
+            tokenizer = Tokenizer.load(saved_tokenizer)
+        except ValueError as exc:
+            raise UsageError(f"--resume: {exc}") from None
     else:
         tokenizer = Tokenizer.from_text(args.tokenizer, text)
     try:
@@ -149,7 +197,6 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
     if args.device != "cpu":  # the same weights as on the CPU, moved
         model.to(gpu_of(args.device))
     tp_rank = 0 if args.tp == 1 else get_rank() % args.tp
-    save_run(out_dir, tokenizer, config, args)
     # each tensor-parallel rank checkpoints its own shards, over its data-parallel group
     checkpoints = os.path.join(out_dir, "checkpoints")
     if args.tp > 1:
@@ -165,13 +212,21 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
         metrics_dir=out_dir, tokens_per_sample=args.max_seq_length,
         compute_accuracy=args.tp == 1, progress_bar=not args.no_progress)
     optimizer = AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-    trainer = Trainer(model, optimizer, config=cfg, group=dp_group)
+    run_files = _SaveRunAtStart(out_dir, tokenizer, config, args)
+    # every tensor-parallel rank resumes from the newest step intact in all their directories
+    trainer = Trainer(model, optimizer, config=cfg, group=dp_group,
+                      resume_group=resolve_group(None), callbacks=[run_files])
     if get_rank() == 0:
         print(f"GPT: {model.num_parameters():,} parameters per tensor-parallel rank, vocab "
               f"{config.vocab_size} ({args.tokenizer}), {len(train_set)} training windows of "
               f"{args.max_seq_length} tokens; world {get_world_size()} = "
               f"{trainer.world} data-parallel x {args.tp} tensor-parallel", flush=True)
-    history = trainer.fit(DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
-                          DataLoader(val_set, batch_size=args.batch_size)
-                          if len(val_set) else None)
+    try:
+        history = trainer.fit(DataLoader(train_set, batch_size=args.batch_size, shuffle=True),
+                              DataLoader(val_set, batch_size=args.batch_size)
+                              if len(val_set) else None)
+    except (CheckpointError, DistributedError, KeyError, ValueError) as exc:
+        if not args.resume or run_files.started:
+            raise
+        raise UsageError(_resume_failure(checkpoints, exc)) from None
     return {"history": history.state_dict(), "steps": trainer.step}

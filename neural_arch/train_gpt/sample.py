@@ -3,17 +3,16 @@ checkpoint holds every rank's piece: ``load_dense_checkpoint`` rebuilds the dens
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import numpy as np
 
-from ..distributed.checkpoint import DistributedCheckpointManager
+from ..distributed.checkpoint import CheckpointError, DistributedCheckpointManager
 from ..distributed.parallel3d import load_dense_checkpoint
 from ..models.gpt import GPT, GPTConfig
 from .args import UsageError
-from .pipeline_checkpoints import latest_checkpoint
-from .run import RUN_FILE, TOKENIZER_FILE
+from .saved_run import (CHECKPOINTS, RUN_FILE, TOKENIZER_FILE, load_failure,
+                        newest_good_checkpoint, read_run_file)
 from .text import Tokenizer
 
 
@@ -23,26 +22,34 @@ def sample(args: argparse.Namespace) -> str:
     if not os.path.isfile(run_path):
         raise UsageError(f"--sample: {out_dir} holds no run ({RUN_FILE} is missing); train "
                          f"into it first")
-    with open(run_path, encoding="utf-8") as handle:
-        run = json.load(handle)
+    try:
+        run = read_run_file(run_path)
+        tokenizer = Tokenizer.load(os.path.join(out_dir, TOKENIZER_FILE))
+    except ValueError as exc:
+        raise UsageError(f"--sample: {exc}; restore it from the run that wrote it") from None
     pipeline = run.get("pp", 1) > 1
     if run["tp"] != 1 and not pipeline:
         raise UsageError(f"--sample reads data-parallel checkpoints; the run in {out_dir} "
                          f"was tensor parallel (--tp {run['tp']})")
-    tokenizer = Tokenizer.load(os.path.join(out_dir, TOKENIZER_FILE))
     model = GPT(GPTConfig(**run["model"]))
-    checkpoints = os.path.join(out_dir, "checkpoints")
-    if pipeline:  # every piece, tensor-parallel shards included, joined into the dense GPT
-        path = latest_checkpoint(checkpoints)
-        if path is None:
-            raise UsageError(f"--sample: no checkpoint in {checkpoints}")
-        model.load_state_dict(load_dense_checkpoint(path)[1])
-    else:
-        manager = DistributedCheckpointManager(checkpoints)
-        path = manager.latest()
-        if path is None:
-            raise UsageError(f"--sample: no checkpoint in {manager.checkpoint_dir}")
-        manager.load_checkpoint(model, path=path, restore_rng=False)
+    checkpoints = os.path.join(out_dir, CHECKPOINTS)
+    try:
+        path = newest_good_checkpoint(checkpoints)
+    except ValueError as exc:
+        raise UsageError(f"--sample: {exc}") from None
+    if path is None:
+        raise UsageError(f"--sample: no checkpoint in {checkpoints}")
+    try:
+        if pipeline:  # every piece, tensor-parallel shards included, joined into the dense GPT
+            model.load_state_dict(load_dense_checkpoint(path)[1])
+        else:
+            DistributedCheckpointManager(checkpoints).load_checkpoint(model, path=path,
+                                                                      restore_rng=False)
+    except (KeyError, ValueError) as exc:  # names or shapes differ from run.json's model
+        raise UsageError(f"--sample: the checkpoint {path} does not fit the model in "
+                         f"{run_path} ({load_failure(exc)})") from None
+    except CheckpointError as exc:  # replaced or damaged since it was checked
+        raise UsageError(f"--sample: {load_failure(exc)}") from None
     prompt = args.prompt
     if prompt is None:  # a line break when the vocabulary has one: text starts on a new line
         prompt = "\n" if tokenizer.kind == "byte" or "\n" in tokenizer.chars \

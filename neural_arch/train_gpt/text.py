@@ -55,9 +55,19 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str) -> "Tokenizer":
-        with open(path, encoding="utf-8") as handle:
-            state = json.load(handle)
-        return cls(state["kind"], state["chars"])
+        """The tokenizer saved in ``path``; ValueError naming the file and its damage."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                state = json.load(handle)
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError too
+            raise ValueError(f"{path} is damaged ({exc})") from None
+        chars = state.get("chars") if isinstance(state, dict) else None
+        if not isinstance(chars, list) or state.get("kind") not in ("char", "byte") \
+                or not all(isinstance(c, str) and len(c) == 1 for c in chars) \
+                or len(set(chars)) != len(chars):
+            raise ValueError(f"{path} is damaged (not a tokenizer: it needs \"kind\" char or "
+                             f"byte and \"chars\", a list of distinct characters)")
+        return cls(state["kind"], chars)
 
 
 class TokenWindows(Dataset):
@@ -82,8 +92,21 @@ class TokenWindows(Dataset):
 
 
 def read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return handle.read()
+    """The UTF-8 text in ``path``. ValueError (the caller names the file) when it is empty,
+    not UTF-8, or holds a NUL byte (a binary file): training on it would learn garbage."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if not data:
+        raise ValueError("is empty: there is no text to train on")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start} ({exc.reason}); convert it to UTF-8") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"holds a NUL byte at offset {nul}: a binary file, not text")
+    return text
 
 
 def split_windows(tokens: np.ndarray, block_size: int,
