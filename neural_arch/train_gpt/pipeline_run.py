@@ -118,7 +118,7 @@ class PipelineLoop:
                     if scheduler is not None:
                         scheduler.step()
                     step = model.steps
-                    logs: Dict[str, Any] = {"step": step, "epoch": self.epoch}
+                    logs: Dict[str, Any] = {"step": step, "epoch": self.epoch + 1}
                     if step % args.log_interval == 0 or step == total:
                         seconds = max(time.perf_counter() - interval_start, 1e-9)
                         logs.update(self._interval_record(interval, seconds))
@@ -128,7 +128,8 @@ class PipelineLoop:
                         self._record(logger, bar, "train", logs, time.perf_counter() - start)
                     if args.eval_interval and self.val is not None \
                             and step % args.eval_interval == 0:
-                        self._record(logger, bar, "val", dict(self.evaluate(), epoch=self.epoch),
+                        self._record(logger, bar, "val",
+                                     dict(self.evaluate(), epoch=self.epoch + 1),
                                      time.perf_counter() - start)
                     bar.advance(logs.get("loss"))
                     if args.save_interval and step % args.save_interval == 0:

@@ -54,7 +54,8 @@ class History:
     """What ``fit`` returns: one record per epoch (``epoch``, ``train_loss``, ``val_loss``,
     ``val_accuracy``, ``seconds``, ``samples_per_second``, ``steps``), the ``best`` monitored
     value and its ``best_epoch``, ``total_time`` and whether training ``stopped_early``.
-    ``history["train_loss"]`` is the list of one key over the epochs."""
+    ``history["train_loss"]`` is the list of one key over the epochs. Epochs are numbered from
+    1 (``epoch`` and ``best_epoch``), as the console and ``metrics.jsonl`` number them."""
 
     def __init__(self, monitor: str = "val_loss") -> None:
         self.monitor = monitor
@@ -89,11 +90,14 @@ class History:
     def state_dict(self) -> Dict[str, Any]:
         return {"epochs": self.epochs, "best": self.best, "best_epoch": self.best_epoch,
                 "total_time": self.total_time, "monitor": self.monitor,
-                "samples": self.samples, "last_loss": self.last_loss}
+                "samples": self.samples, "last_loss": self.last_loss, "first_epoch": 1}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.epochs = [dict(r) for r in state["epochs"]]
-        self.best, self.best_epoch = state["best"], state["best_epoch"]
+        # checkpoints written before epochs were numbered from 1 lack "first_epoch"
+        shift = 1 - int(state.get("first_epoch", 0))
+        self.epochs = [dict(r, epoch=r["epoch"] + shift) for r in state["epochs"]]
+        self.best = state["best"]
+        self.best_epoch = None if state["best_epoch"] is None else state["best_epoch"] + shift
         self.total_time = float(state["total_time"])
         self.samples, self.last_loss = float(state["samples"]), state["last_loss"]
 

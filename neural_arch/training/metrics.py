@@ -2,11 +2,12 @@
 ``tensorboardX`` is installed). Only the writing rank (rank 0) makes one.
 
 Each line of ``metrics.jsonl`` is one JSON object with ``kind`` ("train", "val" or "epoch"),
-``step`` (optimizer steps so far), ``epoch`` and ``time`` (seconds since the run started,
-continued across resumes). "train" lines also carry ``loss``, ``lr``, ``grad_norm``,
-``samples_per_second``, ``tokens_per_second`` (when the sample length is known) and
-``comm_seconds`` (gradient all-reduce time in the interval); "val" lines ``val_loss`` and
-``val_accuracy``; "epoch" lines the epoch record of the history.
+``step`` (optimizer steps so far), ``epoch`` (numbered from 1, as the console shows it) and
+``time`` (seconds since the run started, continued across resumes). "train" lines also carry
+``loss``, ``lr``, ``grad_norm``, ``samples_per_second``, ``tokens_per_second`` (when the
+sample length is known; both over the interval's steps, the run's first step left out as
+set-up) and ``comm_seconds`` (gradient all-reduce time in the interval); "val" lines
+``val_loss`` and ``val_accuracy``; "epoch" lines the epoch record of the history.
 """
 from __future__ import annotations
 
@@ -55,10 +56,12 @@ class MetricsLogger:
             self._board.close()
 
 
-def epoch_record(epoch: int, sums: Sequence[float], seconds: float, steps: int) -> Dict[str, Any]:
-    """An epoch's history record from its (loss * samples, samples) summed over the ranks;
-    validation fields None until an evaluation fills them."""
-    return {"epoch": epoch, "train_loss": float(sums[0] / max(sums[1], 1)), "val_loss": None,
+def epoch_record(finished: int, sums: Sequence[float], seconds: float,
+                 steps: int) -> Dict[str, Any]:
+    """The history record of the epoch that follows ``finished`` earlier ones (the loop's count,
+    from 0), numbered from 1 as every record and line is; from its (loss * samples, samples)
+    summed over the ranks; validation fields None until an evaluation fills them."""
+    return {"epoch": finished + 1, "train_loss": float(sums[0] / max(sums[1], 1)), "val_loss": None,
             "val_accuracy": None, "seconds": seconds,
             "samples_per_second": float(sums[1] / seconds) if seconds else None, "steps": steps}
 

@@ -1,7 +1,12 @@
 """What rank 0 shows while training: a tqdm bar over the optimizer steps when the output is a
 terminal, directly or through the launcher (and tqdm is installed), interval lines and a final
 summary in any case. Other ranks get a Progress with everything disabled, so the loop calls it
-without asking who it is."""
+without asking who it is.
+
+Epochs are numbered from 1 in the values it is given, as in the records and the History. The
+summary counts the epochs the lines named, so a run stopped inside its first epoch reports
+that epoch, unfinished, not "0 epochs". It is printed after the bar is closed: the bar draws
+its last state once, above it, and nothing follows the summary."""
 from __future__ import annotations
 
 import os
@@ -23,7 +28,7 @@ def console_is_terminal() -> bool:
 
 
 def _format(kind: str, step: int, total: int, values: Dict[str, Any]) -> str:
-    parts = [f"{kind:5s} step {step}/{total}", f"epoch {values.get('epoch', 0) + 1}"]
+    parts = [f"{kind:5s} step {step}/{total}", f"epoch {values.get('epoch')}"]
     for key, fmt in (("loss", "loss {:.4f}"), ("train_loss", "train_loss {:.4f}"),
                      ("val_loss", "val_loss {:.4f}"), ("val_accuracy", "val_acc {:.4f}"),
                      ("lr", "lr {:.2e}"), ("grad_norm", "grad_norm {:.3f}"),
@@ -39,6 +44,7 @@ def _format(kind: str, step: int, total: int, values: Dict[str, Any]) -> str:
 class Progress:
     def __init__(self, total: int, done: int, enabled: bool, verbose: bool) -> None:
         self.total, self.verbose, self._bar = total, verbose, None
+        self._last_epoch = 0  # the number of the latest epoch a line was about
         if enabled and console_is_terminal():
             try:
                 from tqdm import tqdm
@@ -54,6 +60,7 @@ class Progress:
             print(text, flush=True)
 
     def line(self, kind: str, step: int, values: Dict[str, Any]) -> None:
+        self._last_epoch = max(self._last_epoch, int(values.get("epoch") or 0))
         if self.verbose:
             self._print(_format(kind, step, self.total, values))
 
@@ -64,18 +71,23 @@ class Progress:
                 self._bar.set_postfix(loss=f"{loss:.4f}")
 
     def summary(self, history: Any, world: int, tokens_per_sample: Optional[int]) -> None:
+        self.close()  # the bar's last state, once; the summary is the last line
         if not self.verbose:
             return
         last = history.epochs[-1] if history.epochs else {}
         seconds, samples = history.total_time, history.samples
-        text = (f"done: {history.steps} steps, {len(history.epochs)} epochs, "
-                f"{seconds:.1f}s on {world} data-parallel rank(s)")
+        finished = len(history.epochs)
+        epochs = max(finished, self._last_epoch)
+        text = f"done: {history.steps} steps, {epochs} epoch{'' if epochs == 1 else 's'}"
+        if epochs > finished:
+            text += f" (epoch {epochs} unfinished)"
+        text += f", {seconds:.1f}s on {world} data-parallel rank(s)"
         if history.last_loss is not None:
             text += f", last train loss {history.last_loss:.4f}"
         if last.get("val_loss") is not None:
             text += f", val_loss {last['val_loss']:.4f}"
         if history.best is not None:
-            text += f", best {history.monitor} {history.best:.4f} (epoch {history.best_epoch + 1})"
+            text += f", best {history.monitor} {history.best:.4f} (epoch {history.best_epoch})"
         if samples and seconds:
             text += f", {samples / seconds:,.1f} samples/s"
             if tokens_per_sample:

@@ -7,9 +7,11 @@ loss scaler, ZeRO stages, the gradient all-reduce) is ``AdvancedDistributedDataP
 ranks, logging and checkpoints on rank 0, early stopping and resume through
 ``DistributedCheckpointManager``.
 
-Without a process group the Trainer starts a one-process group (and ends it after ``fit``),
-so one code path serves every world size. ``group`` selects the data-parallel ranks (the "dp"
-group of a device mesh when the model is also tensor parallel); default: the whole world.
+Without a process group the Trainer joins the job the environment describes (our launcher's,
+torchrun's, mpirun's or srun's variables; ``joining``), a job of one when there is none, and
+ends that group when ``fit`` returns, so one code path serves every world size. ``group``
+selects the data-parallel ranks (the "dp" group of a device mesh when the model is also tensor
+parallel); default: the whole world.
 ``resume_group`` (default: ``group``) holds every rank that must resume from the same step:
 tensor-parallel ranks checkpoint their own shards into directories of their own, over their
 data-parallel groups, so they pass the whole world, and a resume takes the newest step whose
@@ -25,13 +27,15 @@ import numpy as np
 
 from ..core import no_grad
 from ..distributed import (ReduceOp, all_reduce, destroy_process_group, get_rank, get_world_size,
-                           init_process_group, is_initialized)
+                           is_initialized)
 from ..distributed.checkpoint import DistributedCheckpointManager
 from ..distributed.checkpoint.manager import NoCheckpointError
 from ..distributed.ddp.advanced import AdvancedDistributedDataParallel
 from .batches import batch_size_of, correct_predictions, forward, shard_loader
 from .callbacks import Callback, EarlyStopping, History
 from .config import TrainingConfig
+from .interval import TrainInterval
+from .joining import join_job
 from .metrics import MetricsLogger, epoch_record, write_record
 from .progress import Progress
 from .schedule import build_schedule
@@ -41,11 +45,10 @@ class Trainer:
     def __init__(self, model: Any, optimizer: Any, loss_fn: Optional[Callable] = None,
                  config: Optional[TrainingConfig] = None,
                  callbacks: Sequence[Callback] = (), scheduler: Any = None,
-                 group: Any = None, resume_group: Any = None) -> None:
+                 group: Any = None, resume_group: Any = None, backend: str = "auto") -> None:
         self.config = config if config is not None else TrainingConfig()
-        self._owns_group = not is_initialized()
-        if self._owns_group:
-            init_process_group(world_size=1, rank=0)
+        # backend: for the group the Trainer makes when there is none (else unused)
+        self._owns_group = join_job(backend, announce=self.config.verbose)
         self.group, self.loss_fn = group, loss_fn
         self.rank, self.world = get_rank(group), get_world_size(group)
         self.is_logger = get_rank() == 0  # the job's rank 0 logs, prints and writes metrics
@@ -63,6 +66,8 @@ class Trainer:
             self.callbacks.append(EarlyStopping(self.config.monitor,
                                                 self.config.early_stopping_patience))
         self.history = History(self.config.monitor)
+        # epoch: the epochs finished (the sampler's epoch); what the run reports (lines,
+        # metrics.jsonl, the History, callbacks' logs) numbers epochs from 1, as in "epoch 1/3"
         self.step = self.epoch = 0
         self.should_stop = False
         self._position = 0                    # batches of the current epoch already used
@@ -80,9 +85,9 @@ class Trainer:
             max_steps: Optional[int] = None) -> History:
         cfg = self.config
         if not is_initialized():
-            raise RuntimeError("Trainer.fit: no process group; this Trainer started its own "
-                               "one-process group and ended it after the last fit(): make a "
-                               "new Trainer, or call init_process_group() before creating it")
+            raise RuntimeError("Trainer.fit: no process group; this Trainer joined the job's "
+                               "group itself and ended it after the last fit(): make a new "
+                               "Trainer, or call init_process_group() before creating it")
         epochs = cfg.epochs if epochs is None else int(epochs)
         max_steps = cfg.max_steps if max_steps is None else int(max_steps)
         loader = shard_loader(train_loader, self.world, self.rank, None, cfg.seed)
@@ -103,7 +108,7 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_start(self)
         start = time.perf_counter() - self._elapsed
-        interval = _Interval(self.wrapper)
+        interval = TrainInterval(self.wrapper)
         last_loss = float("nan")
         try:
             # a resumed run may already have done max_steps: then it only saves and reports
@@ -117,6 +122,7 @@ class Trainer:
                 for index, batch in enumerate(loader):
                     if index < self._position:  # resumed inside this epoch: skip what was used
                         continue
+                    interval.begin_batch()
                     _, loss, _ = forward(self.wrapper, batch, self.loss_fn)
                     stepped = self.wrapper.backward_step(loss, self.optimizer)
                     n = batch_size_of(batch)
@@ -127,9 +133,10 @@ class Trainer:
                     if not stepped:
                         continue
                     self.step += 1
+                    interval.stepped()
                     if self.scheduler is not None:
                         self.scheduler.step()
-                    logs = {"step": self.step, "epoch": self.epoch}
+                    logs = {"step": self.step, "epoch": self.epoch + 1}
                     if self.step % cfg.log_interval == 0 or self.step == total:
                         logs.update(interval.flush(self.group, cfg.tokens_per_sample,
                                                    self._lr()))
@@ -138,7 +145,7 @@ class Trainer:
                         self._record(logger, bar, "train", logs, time.perf_counter() - start)
                     if cfg.eval_interval and val is not None and self.step % cfg.eval_interval == 0:
                         scores = self.evaluate(val)
-                        self._record(logger, bar, "val", dict(scores, epoch=self.epoch),
+                        self._record(logger, bar, "val", dict(scores, epoch=self.epoch + 1),
                                      time.perf_counter() - start)
                         self.wrapper.train()
                     bar.advance(logs.get("loss"))
@@ -252,36 +259,3 @@ class Trainer:
     def _record(self, logger: Any, bar: "Progress", kind: str, values: Dict[str, Any],
                 elapsed: float) -> None:
         write_record(logger, bar, kind, self.step, values, elapsed)
-
-
-class _Interval:
-    """Train loss, samples and communication time since the last record."""
-
-    def __init__(self, wrapper: Any) -> None:
-        self.wrapper = wrapper
-        self.sums = np.zeros(3)  # loss * samples, samples, micro-batches
-        self.start = time.perf_counter()
-        self.comm_ms = self._comm_ms()
-
-    def _comm_ms(self) -> float:
-        return float(self.wrapper.get_statistics()["communication_time_ms"]["total"])
-
-    def add(self, loss: float, n: int) -> None:
-        self.sums += (loss * n, n, 1)
-
-    def flush(self, group: Any, tokens_per_sample: Optional[int], lr: float) -> Dict[str, Any]:
-        sums = self.sums.copy()
-        all_reduce(sums, ReduceOp.SUM, group=group)
-        seconds = max(time.perf_counter() - self.start, 1e-9)
-        comm = self._comm_ms()
-        stats = self.wrapper.get_statistics()
-        values = {"loss": float(sums[0] / max(sums[1], 1)), "lr": lr,
-                  "grad_norm": float(stats["gradient_norms"]["last"]),
-                  "samples_per_second": float(sums[1] / seconds),
-                  "comm_seconds": (comm - self.comm_ms) / 1e3}
-        if tokens_per_sample:
-            values["tokens_per_second"] = float(sums[1] * tokens_per_sample / seconds)
-        self.flushed = float(sums[1])  # samples of all ranks in this interval
-        self.sums[:] = 0
-        self.start, self.comm_ms = time.perf_counter(), comm
-        return values

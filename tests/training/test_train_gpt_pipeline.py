@@ -121,6 +121,10 @@ def test_two_epochs_reshuffle_and_end_as_one_process_does(text, tmp_path):
     epochs = [[r for r in records(tmp_path / run_dir) if r["kind"] == "epoch"]
               for run_dir in ("pp2", "dense")]
     assert [r["step"] for r in epochs[0]] == [r["step"] for r in epochs[1]] == [6, 12]
+    # every record names its epoch as the Trainer's do (counted from 1, as the console says)
+    numbered = [[(r["kind"], r["step"], r["epoch"]) for r in records(tmp_path / run_dir)]
+                for run_dir in ("pp2", "dense")]
+    assert numbered[0] == numbered[1] and {e for _, _, e in numbered[0]} == {1, 2}, numbered
     for key in ("train_loss", "val_loss"):
         np.testing.assert_allclose([r[key] for r in epochs[0]], [r[key] for r in epochs[1]],
                                    rtol=1e-5, err_msg=key)

@@ -50,7 +50,7 @@ def test_history_has_the_documented_fields():
         assert set(record) == {"epoch", "train_loss", "val_loss", "val_accuracy", "seconds",
                                "samples_per_second", "steps"}
     assert history.best == min(history["val_loss"])
-    assert history.best_epoch == int(np.argmin(history["val_loss"]))
+    assert history.best_epoch == int(np.argmin(history["val_loss"])) + 1  # counted from 1
     assert history["train_loss"][-1] < history["train_loss"][0]
 
 
@@ -86,7 +86,7 @@ def test_early_stopping_stops():
     # lr 0: the validation loss never improves, so patience 2 ends the run after epoch 3
     history, _ = fit(epochs=10, lr=0.0, early_stopping_patience=2)
     assert history.stopped_early and len(history) == 3
-    assert history.best_epoch == 0
+    assert history.best_epoch == 1
 
 
 def test_resume_equals_an_uninterrupted_run(tmp_path):
