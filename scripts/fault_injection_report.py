@@ -14,7 +14,11 @@ with SIGKILL under workers in all-reduce, on shm and tcp; a rank killed outside 
 that all-reduces, the store host stopped right after init, and ranks that each name another
 broadcast root, on shm and tcp; ranks asking for different backends; 500 idle connections at
 the store and the data ports; a damaged checkpoint named by path; loads while another process
-saves (``fault_rows_inputs``).
+saves (``fault_rows_inputs``); one tensor-parallel rank's newest checkpoint damaged before
+``--resume`` (``fault_rows_resume``); Horovod named operations submitted in a different order on
+every rank (``fault_rows_horovod``); two ``train_gpt`` runs in one ``--out-dir``
+(``fault_rows_train_gpt``); a rank waiting for a store that never answers
+(``fault_rows_rendezvous``).
 
 Every fault is injected ``--runs`` times (3 by default), each time into fresh processes. A row
 gives the measured time as min / median / max over the runs, what the runs left behind
@@ -55,8 +59,12 @@ for _path in (ROOT, TESTS, TESTS / "distributed" / "health", TESTS / "distribute
         sys.path.insert(0, str(_path))
 
 import fault_rows as rows  # noqa: E402
+import fault_rows_horovod as horovod_rows  # noqa: E402
 import fault_rows_inputs as inputs  # noqa: E402
 import fault_rows_mpi as mpi_rows  # noqa: E402
+import fault_rows_rendezvous as rendezvous_rows  # noqa: E402
+import fault_rows_resume as resume_rows  # noqa: E402
+import fault_rows_train_gpt as train_gpt_rows  # noqa: E402
 from fault_leftovers import Leftovers  # noqa: E402
 from fault_rows import Run  # noqa: E402
 
@@ -124,6 +132,14 @@ def faults() -> List[Fault]:
               partial(inputs.named_damaged_checkpoint, rows.flip_byte)),
         Fault("loads while another process saves", "-", 1, inputs.loads_during_saves),
     ]
+    table += [Fault("one tensor-parallel rank's newest checkpoint corrupted, --resume", "shm", 2,
+                    resume_rows.tp_rank_checkpoint_damaged)]
+    table += [Fault("Horovod named ops submitted in different orders", "shm", 3,
+                    horovod_rows.named_orders)]
+    table += [Fault("two train_gpt runs in one --out-dir", "-", 1,
+                    train_gpt_rows.two_runs_one_out_dir)]
+    table += [Fault("rank waiting for a store that never answers", "tcp", 2,
+                    rendezvous_rows.store_never_answers)]
     return table
 
 

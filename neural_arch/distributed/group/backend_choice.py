@@ -18,6 +18,7 @@ from typing import Any
 from .. import transports
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, RendezvousError
 from ..processes import host_identity
+from ..rendezvous.arrival import wait_for_ranks
 from ..rendezvous.env import is_launched_by_mpi
 from ..transports.base import who_chose
 
@@ -63,6 +64,9 @@ def agree_on_backend(info, store, requested: str) -> None:
     all are the same, every rank raises CollectiveMismatchError naming the ranks that chose each
     backend."""
     store.set(backend_key(info.rank), requested.encode())
+    # The rendezvous: bounded by its own timeout, saying meanwhile which ranks are missing.
+    wait_for_ranks(store, info.rank, info.world_size, backend_key,
+                   None if info.rank == 0 else [f"{_BACKEND_KEY}/all"])
     if info.rank == 0:
         chosen = [store.get(backend_key(r)).decode() for r in range(info.world_size)]
         store.set(f"{_BACKEND_KEY}/all", json.dumps(chosen).encode())

@@ -12,7 +12,8 @@ server can name that job even when it has another secret.
 
 A connection that fails underneath the handshake (reset, refused, closed by the server) is a
 ``ConnectionError`` naming the address, not an ``AuthenticationError``: only a wrong proof or
-a peer that does not speak the protocol is a question of the secret.
+a peer that does not speak the protocol is a question of the secret; a server that says nothing
+in time is a ``SilentPeerError`` (busy, stopped or ending: the store's clients try again).
 """
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ _ACCEPT = b"NFok"
 _INFO_LEN = struct.Struct("<H")
 _SERVER_ROLE = b"neural_arch/server"
 _CLIENT_ROLE = b"neural_arch/client"
+
+
+class SilentPeerError(AuthenticationError):
+    """The accepting side sent nothing in time during the handshake."""
 
 
 def secret_file() -> Path:
@@ -157,7 +162,7 @@ def _recv_exact(sock: socket.socket, n: int, what: str, peer: str) -> bytes:
         try:
             k = sock.recv_into(view[got:])
         except socket.timeout:
-            raise AuthenticationError(f"{peer} sent no {what} in time") from None
+            raise SilentPeerError(f"{peer} sent no {what} in time") from None
         except OSError as e:
             raise _connection_error(peer, what, e) from None
         if k == 0:

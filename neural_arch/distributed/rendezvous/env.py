@@ -13,19 +13,21 @@ first node at a port derived from their job id, so two jobs on one node do not c
 
 As with torch.distributed, a half-set ``env://`` contract is an error, not a job of one:
 RANK without WORLD_SIZE, WORLD_SIZE without RANK, and (WORLD_SIZE > 1, a store to meet at)
-RANK and WORLD_SIZE without MASTER_ADDR and MASTER_PORT. A job of one that kept running while
-its siblings waited would train alone and look healthy.
+RANK and WORLD_SIZE without MASTER_ADDR and MASTER_PORT, and so is a SLURM task of several
+without a node list or MASTER_ADDR (``hostlist`` reads the node list; a malformed one is an
+error too). A job of one that kept running while its siblings waited would train alone and
+look healthy.
 """
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 from urllib.parse import urlsplit
 
 from .families import (LAUNCHER_MARKERS, TITLES, Reading, is_job_step, present, read,
                        read_int)
+from .hostlist import expand_nodelist, first_host  # noqa: F401 (expand_nodelist: for callers)
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -65,29 +67,6 @@ def backend_from_environment(environ: Optional[Mapping[str, str]] = None) -> Opt
         raise ValueError(f"{BACKEND_VAR}={main!r} and its alias {BACKEND_ALIAS}={alias!r} "
                          f"disagree; set only one of them")
     return main or alias or None
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand SLURM host lists: ``"node[01-03,07],gpu5"`` -> node01 node02 node03 node07 gpu5."""
-    hosts: list[str] = []
-    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist):
-        hosts.extend(_expand_brackets(item.strip()))
-    return [h for h in hosts if h]
-
-
-def _expand_brackets(item: str) -> list[str]:
-    match = re.search(r"\[([^\]]*)\]", item)
-    if match is None:
-        return [item]
-    head, tail = item[:match.start()], item[match.end():]
-    out = []
-    for part in match.group(1).split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"cannot expand SLURM node list entry {item!r} (range {part!r})")
-        for n in range(int(lo), int(hi or lo) + 1):
-            out.extend(head + str(n).zfill(len(lo)) + rest for rest in _expand_brackets(tail))
-    return out
 
 
 def _parse_tcp(init_method: str) -> tuple[str, int]:
@@ -155,9 +134,11 @@ def resolve(init_method: str = "env://", world_size: Optional[int] = None,
     if not 0 <= local < local_size:
         raise ValueError(f"{names['local']}={local} is outside [0, {names['local_size']}="
                          f"{local_size})")
-    if (launcher in ("env", "k8s", "pet") and world_size > 1 and master_needed
-            and init_method == "env://"):
-        _require_master(environ, rank, world_size, found)
+    if world_size > 1 and master_needed and init_method == "env://":
+        if launcher in ("env", "k8s", "pet"):
+            _require_master(environ, rank, world_size, found)
+        elif launcher == "slurm":
+            _require_slurm_master(environ, rank, world_size, found)
     (addr, addr_from), (port, port_from) = _master(init_method, environ, launcher)
     sources.update(master_addr=addr_from, master_port=port_from)
     if sources["rank"] is None:
@@ -235,6 +216,25 @@ def _require_master(environ: Mapping[str, str], rank: int, world_size: int,
                          f"MASTER_PORT={DEFAULT_MASTER_PORT})")
 
 
+def _node_list(environ: Mapping[str, str]) -> Optional[str]:
+    """The SLURM node list variable that names the master's host: the step's, else the job's."""
+    return next((n for n in ("SLURM_STEP_NODELIST", "SLURM_NODELIST")
+                 if environ.get(n, "").strip()), None)
+
+
+def _require_slurm_master(environ: Mapping[str, str], rank: int, world_size: int,
+                          found: Reading) -> None:
+    """srun names the master's host in its node list; without it (nor MASTER_ADDR) each rank
+    would take its own host for the master, as a half-set env:// contract would."""
+    if any(environ.get(n, "").strip() for n in ("MASTER_ADDR", "PET_MASTER_ADDR")):
+        return
+    if _node_list(environ) is None:
+        raise ValueError(f"rank {rank} of {world_size} (from {found.describe('rank')}, "
+                         f"{found.describe('size')}): neither SLURM_STEP_NODELIST nor "
+                         f"SLURM_NODELIST (nor MASTER_ADDR) is set to name the host of rank 0's "
+                         f"store; run the tasks with srun, which sets them, or set MASTER_ADDR")
+
+
 def slurm_port(environ: Mapping[str, str]) -> Optional[int]:
     """A port of the SLURM job's own, for srun jobs that set no MASTER_PORT: every task of a
     step computes the same one, and two jobs (or two steps of one job) on a node get different
@@ -262,13 +262,12 @@ def _master(init_method: str, environ: Mapping[str, str],
         addr = environ[addr_name].strip()
         addr_from = f"{addr_name}={addr}"
     else:
-        list_name = next((n for n in ("SLURM_STEP_NODELIST", "SLURM_NODELIST")
-                          if environ.get(n)), None)
-        hosts = (expand_nodelist(environ[list_name])
-                 if list_name and launcher in ("slurm", "explicit") else [])
-        addr = hosts[0] if hosts else DEFAULT_MASTER_ADDR
-        addr_from = (f"{list_name}={environ[list_name]} (its first host)" if hosts
-                     else "default: this host")
+        list_name = _node_list(environ) if launcher in ("slurm", "explicit") else None
+        if list_name:
+            addr = first_host(environ[list_name], list_name)
+            addr_from = f"{list_name}={environ[list_name]} (its first host)"
+        else:
+            addr, addr_from = DEFAULT_MASTER_ADDR, "default: this host"
     port_name = next((n for n in ("MASTER_PORT", "PET_MASTER_PORT")
                       if read_int(environ, n) is not None), None)
     derived = slurm_port(environ) if launcher in ("slurm", "explicit") else None

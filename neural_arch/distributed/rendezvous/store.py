@@ -1,12 +1,11 @@
 """A small authenticated TCP key-value store, served by rank 0, that ranks rendezvous through.
 
-This module holds the client every rank uses (``TCPStore``) and ``barrier``; the wire format is
-in ``store_protocol`` and the server in ``store_server``. Their public names are importable from
-here too.
+This module holds the client every rank uses (``TCPStore``); the wire format is in
+``store_protocol``, the server in ``store_server``, ``barrier`` and ``claim_rank`` in
+``arrival``. Their public names are importable from here too.
 """
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import threading
@@ -15,21 +14,25 @@ from datetime import timedelta
 from typing import Iterable, Optional, Union
 
 from ..errors import AuthenticationError, CollectiveTimeoutError, RendezvousError
-from .auth import check_secret, client_handshake, job_secret
+from .arrival import barrier, claim_rank
+from .auth import SilentPeerError, check_secret, client_handshake, job_secret
 from .job import check_store_job, foreign_job
 from .store_protocol import (_ERROR, _OP_NAMES, _RESPONSE, _TIMEOUT, ADD, CHECK, DELETE,
                              DEFAULT_MAX_VALUE_BYTES, GET, MAX_KEY_BYTES, MAX_TIMEOUT_S, SET, WAIT,
                              FrameError, Request, _recv_exact, decode_keys, encode_keys,
                              encode_request, read_request)
 from .store_server import _listen, _Server
+from .waiting import TIMEOUT_ENV, WaitReport, rendezvous_timeout
 
 __all__ = [
     "ADD", "CHECK", "DEFAULT_MAX_VALUE_BYTES", "DELETE", "GET", "MAX_KEY_BYTES", "MAX_TIMEOUT_S",
-    "SET", "WAIT", "FrameError", "Request", "TCPStore", "barrier", "claim_rank", "decode_keys",
+    "SET", "WAIT", "FrameError", "Request", "StoreGoneError", "TCPStore", "barrier", "claim_rank", "decode_keys",
     "encode_keys", "encode_request", "read_request",
 ]
 
 _GRACE_S = 10.0  # the server answers "timed out" itself; the socket waits this much longer
+# A server answers a hello at once; one silent this long is busy, stopped or ending: try again.
+_HANDSHAKE_S = 5.0
 
 
 def _seconds(timeout: Union[float, timedelta, None], default: float) -> float:
@@ -41,23 +44,32 @@ def _seconds(timeout: Union[float, timedelta, None], default: float) -> float:
     return value
 
 
+class StoreGoneError(RendezvousError):
+    """The connection to the store failed under a request (the server closed or went away)."""
+
+
 class TCPStore:
     """Key-value store for rendezvous; rank 0 passes ``is_server=True`` and serves it.
 
     Every rank, the server's own included, talks to the server over an authenticated socket.
     ``port=0`` on the server picks a free port (read ``.port``). Clients retry connecting
-    until ``timeout``, since the server may start after them, and when the connection fails
-    under the handshake (reset or closed: a busy or restarting server); a wrong secret fails at
-    once. ``rank``, when given, is named in every error. ``job`` names the job the store
-    serves (the server's) or the job this rank belongs to (a client's): a client that reaches
-    another job's store fails at once, naming both (``job``).
+    for ``connect_timeout`` seconds, since the server may start after them, and when the
+    connection fails under the handshake (reset, closed or silent: a busy, restarting or ending
+    server), saying on stderr what they wait for (``waiting``); a wrong secret fails at once.
+    ``connect_timeout`` defaults to the rendezvous timeout (600 s, or
+    NEURAL_ARCH_RENDEZVOUS_TIMEOUT) within ``timeout``, which bounds each request and is the
+    default wait of ``get`` and ``wait``. ``rank``, when given, is named in every error and
+    message. ``job`` names the job the store serves (the server's) or the job this rank
+    belongs to (a client's): a client that reaches another job's store fails at once, naming
+    both (``job``).
     """
 
     def __init__(self, host: str, port: int, world_size: Optional[int] = None,
                  is_server: bool = False, secret: Optional[bytes] = None,
                  timeout: Union[float, timedelta] = 300.0, *,
                  max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
-                 rank: Optional[int] = None, job: Optional[str] = None) -> None:
+                 rank: Optional[int] = None, job: Optional[str] = None,
+                 connect_timeout: Union[float, timedelta, None] = None) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535 or (port == 0 and not is_server):
             raise ValueError(f"store port must be an int in [1, 65535] (0 only for the server), "
                              f"got {port!r}")
@@ -66,6 +78,10 @@ class TCPStore:
         self.host, self.world_size, self.is_server, self.rank = host, world_size, is_server, rank
         self.job = job
         self.timeout = _seconds(timeout, 300.0)
+        self._connect_limit = (None if connect_timeout is None
+                               else _seconds(connect_timeout, self.timeout))
+        if connect_timeout is None:  # a malformed setting fails here, before anything opens
+            rendezvous_timeout(self.timeout)
         self._secret = (job_secret() if secret is None
                         else check_secret(secret, "the store's secret"))
         self._max_value = max_value_bytes
@@ -80,19 +96,24 @@ class TCPStore:
                                    min(self.timeout, 30.0), clients, job)
         self.port = port
         try:
-            self._connect(self.timeout)
-            if job is not None:
-                check_store_job(self, job)
+            self._join(self._connect_report())
         except BaseException:
             self.close()
             raise
+
+    @property
+    def connect_timeout(self) -> float:
+        """Seconds that connecting waits for the server (see the class)."""
+        if self._connect_limit is not None:
+            return self._connect_limit
+        return rendezvous_timeout(self.timeout)
 
     @property
     def local_address(self) -> str:
         """The address this process uses to reach the store (routable from the other ranks)."""
         with self._lock:
             if self._sock is None:
-                self._connect(self.timeout)
+                self._connect(self._connect_report())
             return self._sock.getsockname()[0]
 
     @property
@@ -103,35 +124,59 @@ class TCPStore:
         return self._server.num_clients
 
     def set_timeout(self, timeout: Union[float, timedelta]) -> None:
-        """From now on, bound connecting and each request by ``timeout`` (the default wait of
-        ``get`` and ``wait`` too), as PyTorch's ``Store.set_timeout``."""
+        """From now on, bound each request by ``timeout`` (the default wait of ``get`` and
+        ``wait`` too, and the limit of connecting), as PyTorch's ``Store.set_timeout``."""
         self.timeout = _seconds(timeout, self.timeout)
 
-    def _connect(self, timeout: float) -> None:
-        start = time.monotonic()
+    def _connect_report(self) -> WaitReport:
+        limit = self.connect_timeout
+        by_setting = self._connect_limit is None and limit < self.timeout
+        return WaitReport(self.rank, f"for the store at {self.host}:{self.port} (rank 0 "
+                          f"serves it)", limit, TIMEOUT_ENV if by_setting else "")
+
+    def _join(self, report: WaitReport) -> None:
+        """Connect, then check that the store serves this rank's job. The check is part of
+        connecting: bounded by what is left of its wait, and a store that goes away under it
+        is waited for again, as one that is not there yet (a job that ends frees its port)."""
+        while True:
+            self._connect(report)
+            if self.job is None:
+                return
+            saved, self.timeout = self.timeout, max(report.limit - report.elapsed(), 1.0)
+            try:
+                check_store_job(self, self.job)
+                return
+            except StoreGoneError:
+                if report.elapsed() >= report.limit:
+                    raise
+            finally:
+                self.timeout = saved
+
+    def _connect(self, report: WaitReport) -> None:
         delay, last_error = 0.01, "no attempt made"
         while True:
-            remaining = timeout - (time.monotonic() - start)
+            remaining = report.limit - report.elapsed()
             if remaining <= 0:
                 raise RendezvousError(
                     f"could not reach the store at {self.host}:{self.port} after waiting "
-                    f"{timeout:.1f} s (last error: {last_error}); is rank 0 running and "
-                    "MASTER_ADDR/MASTER_PORT the same on every rank?", rank=self.rank,
-                    op="store.connect")
+                    f"{report.limit:.1f} s (last error: {last_error}); is rank 0 running and "
+                    f"MASTER_ADDR/MASTER_PORT the same on every rank?{report.set_by()}",
+                    rank=self.rank, op="store.connect")
+            report.say(f"last attempt: {last_error}")
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=min(remaining, 5))
             except OSError as e:
                 last_error = str(e)
-                time.sleep(min(delay, max(remaining, 0)))
+                time.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.5)
                 continue
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                client_handshake(sock, self._secret, min(remaining, 30.0))
-            except ConnectionError as e:  # not a secret problem: try again, as when refused
+                client_handshake(sock, self._secret, min(remaining, _HANDSHAKE_S))
+            except (ConnectionError, SilentPeerError) as e:  # not a secret problem: try again
                 sock.close()
                 last_error = str(e)
-                time.sleep(min(delay, max(timeout - (time.monotonic() - start), 0)))
+                time.sleep(min(delay, max(report.limit - report.elapsed(), 0)))
                 delay = min(delay * 2, 0.5)
                 continue
             except AuthenticationError as e:
@@ -154,7 +199,7 @@ class TCPStore:
         with self._lock:
             if self._sock is None:
                 try:
-                    self._connect(self.timeout)
+                    self._connect(self._connect_report())
                 except RendezvousError as e:
                     # the same error, said of this request: without _connect's own prefix
                     raise RendezvousError(f"{what}: {str(e).split('] ', 1)[-1]}",
@@ -174,7 +219,7 @@ class TCPStore:
                                              **where) from None
             except (OSError, EOFError) as e:
                 self._drop_connection()
-                raise RendezvousError(f"{what} failed: the store at {self.host}:{self.port} "
+                raise StoreGoneError(f"{what} failed: the store at {self.host}:{self.port} "
                                       f"went away ({e})", **where) from None
         if status == _TIMEOUT:
             raise CollectiveTimeoutError(f"{what} timed out after {wait_s:.1f} s waiting for "
@@ -251,50 +296,3 @@ def _encode_key(key: str) -> bytes:
         raise ValueError(f"store key must be 1..{MAX_KEY_BYTES} bytes, got {len(raw)} bytes "
                          f"({key[:40]!r})")
     return raw
-
-
-def barrier(store: TCPStore, key_prefix: str, world_size: int, rank: int,
-            timeout: Union[float, timedelta, None] = None) -> None:
-    """Block until ``world_size`` ranks reach it; use a fresh ``key_prefix`` for each barrier."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"barrier rank {rank} outside [0, {world_size})")
-    store.set(f"{key_prefix}/arrived/{rank}", b"1")
-    if store.add(f"{key_prefix}/count", 1) == world_size:
-        store.set(f"{key_prefix}/done", b"1")
-    try:
-        store.wait([f"{key_prefix}/done"], timeout)
-    except CollectiveTimeoutError:
-        missing = [r for r in range(world_size)
-                   if not store.check([f"{key_prefix}/arrived/{r}"])]
-        raise CollectiveTimeoutError(f"barrier {key_prefix!r} timed out; ranks {missing} never "
-                                     "arrived", rank=rank, op="store.barrier") from None
-
-
-_CLAIM_KEY = "neural_arch/init/rank"
-
-
-def claim_rank(store: TCPStore, rank: int) -> None:
-    """Join ``store`` as ``rank``, or raise RendezvousError when another process already did.
-
-    Rank 0 serves a fresh store for each job (and each restart), so each rank joins it once. A
-    second claim means this rank reached another job's store: one started on the same
-    MASTER_ADDR/MASTER_PORT with the same secret (its own rank 0 then failed to bind the port),
-    or two processes of one job were given the same RANK. Without this check such a rank would
-    read the other job's rendezvous data and wait for its own rank 0 until the timeout.
-    """
-    key = f"{_CLAIM_KEY}/{rank}"
-    claims = store.add(key, 1)
-    if claims == 1:
-        store.set(f"{key}/by", f"pid {os.getpid()} on host {socket.gethostname()}")
-        return
-    # The first claimant writes who it is right after claiming; wait for that only briefly.
-    try:
-        holder = store.get(f"{key}/by", timeout=1.0).decode(errors="replace")
-    except CollectiveTimeoutError:
-        holder = "a process that has not said who it is yet"
-    raise RendezvousError(
-        f"the store at {store.host}:{store.port} already has a rank {rank}: {holder} joined it "
-        f"as rank {rank} first (this process is join {claims} of rank {rank}). This store serves "
-        "another job, started on the same MASTER_ADDR/MASTER_PORT with the same secret, or two "
-        f"processes were given RANK={rank}; give each job its own MASTER_PORT", rank=rank,
-        op="init_process_group")

@@ -168,3 +168,24 @@ def test_is_launched_by_mpi_markers():
     assert not is_launched_by_mpi({"RANK": "0", "WORLD_SIZE": "1"})
     assert is_launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "2"})
     assert is_launched_by_mpi({"PMIX_RANK": "0"})
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_slurm_ranks_of_a_job_of_several_need_a_node_list_or_master_addr(rank):
+    """As a half-set env:// contract: each rank would otherwise take its own host for rank 0's."""
+    env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_JOB_ID": "77",
+           "SLURM_STEP_ID": "0", "SLURM_NODELIST": " "}
+    with pytest.raises(ValueError, match=rf"rank {rank} of 2 \(from SLURM_PROCID={rank}, "
+                                         r"SLURM_NTASKS=2\): neither SLURM_STEP_NODELIST nor "
+                                         r"SLURM_NODELIST \(nor MASTER_ADDR\)"):
+        resolve(environ=env)
+    assert resolve(environ=dict(env, MASTER_ADDR="n7")).master_addr == "n7"
+    assert resolve(environ=dict(env, SLURM_STEP_NODELIST="n[3-4]")).master_addr == "n3"
+    # a store handed in, or an explicit tcp:// master, needs no list
+    assert resolve(environ=env, master_needed=False).rank == rank
+    assert resolve("tcp://h:5", environ=env).master_addr == "h"
+
+
+def test_a_one_task_slurm_job_may_meet_on_this_host():
+    info = resolve(environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_ID": "77"})
+    assert (info.world_size, info.master_addr) == (1, "127.0.0.1")
