@@ -103,7 +103,11 @@ def _gpt(size: Dict[str, int], tp_group=None):
     from neural_arch.core import manual_seed
     from neural_arch.models import GPT, GPTConfig
     manual_seed(0)
-    return GPT(GPTConfig(**size), tp_group=tp_group)
+    model = GPT(GPTConfig(**size))
+    if tp_group is None:
+        return model
+    from neural_arch.distributed.tensor_parallel import parallelize_gpt
+    return parallelize_gpt(model, tp_group)
 
 
 def _batch(size: Dict[str, int], batch: int):

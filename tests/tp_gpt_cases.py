@@ -22,12 +22,13 @@ def _float64(model):
 def _gpt_pair(seed, sequence_parallel=False, group=None, **config_options):
     """(dense GPT, tensor-parallel GPT over ``group`` (default: a group of the whole world)
     loaded from it), both float64."""
+    from neural_arch.distributed.tensor_parallel import parallelize_gpt
     from neural_arch.models.gpt import GPT, GPTConfig
     seeded(seed)
     dense = _float64(GPT(GPTConfig(**GPT_SIZES)))
     group = world() if group is None else group
-    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, **config_options), tp_group=group,
-                            sequence_parallel=sequence_parallel))
+    parallel = _float64(parallelize_gpt(GPT(GPTConfig(**GPT_SIZES, **config_options)), group,
+                                        sequence_parallel=sequence_parallel))
     parallel.load_dense_state_dict(dense.state_dict())
     return dense, parallel
 
@@ -92,13 +93,17 @@ def block_case(rank, size, sequence_parallel=False):
 def gpt_case(rank, size, steps, sequence_parallel=False):
     """The whole model: same weights under the same seed, loss and every gradient, then
     ``steps`` AdamW steps; returns what must be identical across ranks."""
+    from neural_arch.core.random import get_rng
+    from neural_arch.distributed.tensor_parallel import parallelize_gpt
     from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW
     seeded(8)
-    built = GPT(GPTConfig(**GPT_SIZES), tp_group=world(),
-                sequence_parallel=sequence_parallel).dense_state_dict()
+    built = parallelize_gpt(GPT(GPTConfig(**GPT_SIZES)), world(),
+                            sequence_parallel=sequence_parallel).dense_state_dict()
+    after_parallel = get_rng().bit_generator.state
     seeded(8)
     reference = GPT(GPTConfig(**GPT_SIZES)).state_dict()
+    assert get_rng().bit_generator.state == after_parallel  # dropout's draws stay in step
     assert list(built) == list(reference)
     for key, value in reference.items():  # initialised as the sharded dense model
         np.testing.assert_array_equal(built[key], value, err_msg=key)

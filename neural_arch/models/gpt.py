@@ -66,38 +66,37 @@ def _token_array(tokens: Any) -> Any:
     return data if hasattr(data, "shape") and hasattr(data, "dtype") else np.asarray(data)
 
 
+def _refuse_removed(removed: dict) -> None:
+    """``GPT(config, tp_group=...)`` built a different model under this name; now a clear
+    error says where tensor parallelism went."""
+    moved = sorted(set(removed) & {"tp_group", "sequence_parallel"})
+    if moved:
+        raise TypeError(f"GPT() no longer takes {', '.join(moved)}: build the dense GPT(config) "
+                        "and split it with neural_arch.distributed.tensor_parallel."
+                        "parallelize_gpt(model, tp_mesh, sequence_parallel=...)")
+    if removed:
+        raise TypeError(f"GPT() got an unexpected keyword argument '{sorted(removed)[0]}'")
+
+
 class GPT(Module):
     """Token + position embeddings, ``n_layer`` blocks, final LayerNorm and the LM head.
 
     Initialised as nanoGPT: N(0, 0.02) weights, zero biases, and residual projections scaled
     by ``1/sqrt(2 * n_layer)``.
 
-    ``tp_group`` (a process group of t ranks) splits the model Megatron-style: attention heads,
-    MLP and vocabulary are divided across the group (n_head, vocab_size and 4 * n_embd must
-    divide by t), the rest is replicated. ``forward`` then returns this rank's vocabulary shard
-    of the logits (batch, time, vocab / t) with the loss of the full vocabulary;
-    ``dense_state_dict`` / ``load_dense_state_dict`` go to and from the dense model's state.
-    ``sequence_parallel`` (with a ``tp_group``) also splits the sequence between the
-    sub-blocks: LayerNorms, dropout and residuals run on time/t positions per rank (the
-    sequence length must divide by t).
+    Tensor parallelism is applied from outside, on a built model:
+    ``neural_arch.distributed.tensor_parallel.parallelize_gpt(model, tp_mesh)`` splits it in
+    place (``forward`` then returns this rank's vocabulary shard of the logits, with the loss
+    of the full vocabulary); ``_loss`` and ``_next_token_logits`` are where it differs.
     """
 
-    def __init__(self, config: GPTConfig, tp_group: Any = None,
-                 sequence_parallel: bool = False) -> None:
+    def __init__(self, config: GPTConfig, **removed: Any) -> None:
         super().__init__()
+        _refuse_removed(removed)
         if config.n_embd % config.n_head != 0:
             raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head "
                              f"({config.n_head})")
         self.config = config
-        # With a tensor-parallel process group, heads, MLP and vocabulary are split across it
-        # (neural_arch.distributed.tensor_parallel.gpt); imported here, as only then is it used.
-        self.tp_group, self.sequence_parallel = tp_group, bool(sequence_parallel)
-        if sequence_parallel and tp_group is None:
-            raise ValueError("sequence_parallel=True needs a tp_group to split the sequence over")
-        if tp_group is not None:
-            from ..distributed.tensor_parallel.gpt import build_tensor_parallel
-            build_tensor_parallel(self, config, tp_group, sequence_parallel)
-            return
         self.wte = Embedding(config.vocab_size, config.n_embd)
         self.wpe = Embedding(config.block_size, config.n_embd)
         self.drop = Dropout(config.dropout)
@@ -149,35 +148,26 @@ class GPT(Module):
         if target_data.shape != idx_data.shape:
             raise ValueError(f"targets shape {target_data.shape} does not match idx shape "
                              f"{idx_data.shape}")
-        if self.tp_group is not None:  # logits of this rank's vocabulary entries only
-            from ..distributed.tensor_parallel.gpt import tensor_parallel_loss
-            return logits, tensor_parallel_loss(logits, target_data, self.tp_group)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                               target_data.reshape(-1).astype(np.int64), ignore_index=-1)
-        return logits, loss
+        return logits, self._loss(logits, target_data)
+
+    def _loss(self, logits: Tensor, targets: Any) -> Tensor:
+        """The mean cross-entropy of ``logits`` (batch, time, vocab) against ``targets``
+        (batch, time); targets of -1 are ignored."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                               targets.reshape(-1).astype(np.int64), ignore_index=-1)
 
     def load_dense_state_dict(self, state_dict: Any, strict: bool = True) -> Any:
-        """Load a dense GPT's ``state_dict()``: with a tensor-parallel group, each rank takes
-        its shards of it; without one, this is ``load_state_dict``."""
-        if self.tp_group is None:
-            return self.load_state_dict(state_dict, strict)
-        from ..distributed.tensor_parallel.sharding import load_dense_state_dict
-        return load_dense_state_dict(self, state_dict, strict)
+        """Load a dense GPT's ``state_dict()``: here ``load_state_dict``; a tensor-parallel GPT
+        takes its shards of it."""
+        return self.load_state_dict(state_dict, strict)
 
     def dense_state_dict(self) -> Any:
-        """The dense GPT's ``state_dict()`` (same keys and shapes): with a tensor-parallel group
-        the shards are gathered over it (every rank of it must call this and gets the same
-        dict); without one, this is ``state_dict()``."""
-        if self.tp_group is None:
-            return self.state_dict()
-        from ..distributed.tensor_parallel.sharding import dense_state_dict
-        return dense_state_dict(self)
+        """The dense GPT's ``state_dict()``: here ``state_dict()``; a tensor-parallel GPT
+        gathers its shards."""
+        return self.state_dict()
 
     def _next_token_logits(self, context: Any) -> Tensor:
         """The logits (batch, vocab) that follow ``context``, over the whole vocabulary."""
-        if self.tp_group is not None:
-            from ..distributed.tensor_parallel.gpt import next_token_logits
-            return next_token_logits(self, context)
         return self(context)[0][:, -1, :]
 
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,

@@ -88,11 +88,10 @@ def build_model(config: GPTConfig, tp: int, seed: int) -> Tuple[Any, Any]:
         return GPT(config), None
     if world % tp:
         raise UsageError(f"--tp {tp} does not divide the world size {world}")
+    from ..distributed.tensor_parallel import parallelize_gpt  # tensor-parallel runs only
     mesh = init_device_mesh((world // tp, tp), mesh_dim_names=("dp", "tp"))
     # The dense model's weights, sharded: the same start as --tp 1 with the same seed.
-    dense = GPT(config).state_dict()
-    model = GPT(config, tp_group=mesh.get_group("tp"))
-    model.load_dense_state_dict(dense)
+    model = parallelize_gpt(GPT(config), mesh.get_group("tp"))
     return model, mesh.get_group("dp")
 
 

@@ -1,9 +1,10 @@
 """One GPT trained with data, tensor and pipeline parallelism at once, on a dp x tp x pp mesh.
 
-Each rank builds ``GPT(config, tp_group=<its tp group>)`` (its tensor-parallel shards of every
-layer, initialised as the dense GPT under the same seed), cuts it with ``pipeline_split`` and
-keeps the stage of its ``pp`` coordinate (with ``schedule="interleaved"``, the ``v`` chunks
-``pp, pp + p, ...``). A step then runs in three layers, each on its own group of the mesh:
+Each rank builds the dense GPT and splits it over its tp group (``parallelize_gpt``: its
+tensor-parallel shards of every layer, the dense GPT's weights under the same seed), cuts it
+with ``pipeline_split`` and keeps the stage of its ``pp`` coordinate (with
+``schedule="interleaved"``, the ``v`` chunks ``pp, pp + p, ...``). A step then runs in three
+layers, each on its own group of the mesh:
 
 1. the global batch is cut along the batch dimension into one slice per ``dp`` replica;
 2. the replica's pipeline runs its micro-batches through the stages over the ``pp`` group,
@@ -44,7 +45,7 @@ from ..pipelining.transfer import exchange
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
 from ..tensor_parallel.clip_grad import clip_grad_norm_, grad_norm, norm_parameters
-from ..tensor_parallel.gpt import tensor_parallel_loss
+from ..tensor_parallel.gpt import parallelize_gpt, tensor_parallel_loss
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 MESH_DIMS = ("dp", "tp", "pp")
@@ -81,7 +82,7 @@ class GPT3D:
         self.dp, self.tp, self.pp = (mesh.size(d) for d in MESH_DIMS)
         self.dp_rank, self.tp_rank, self.pp_rank = (mesh.get_local_rank(d) for d in MESH_DIMS)
         self.chunks = int(chunks) if schedule == "interleaved" else 1
-        model = GPT(config, tp_group=self.tp_group)
+        model = parallelize_gpt(GPT(config), self.tp_group)
         if dtype is not None:
             for p in _unique(model.parameters()):
                 p.data = p.data.astype(dtype)

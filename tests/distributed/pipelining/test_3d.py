@@ -47,14 +47,14 @@ def _train_dense():
 def _three_d(rank, world_size):
     from neural_arch.distributed import init_device_mesh
     from neural_arch.distributed.pipelining import PipelineStage, Schedule1F1B, pipeline_split
-    from neural_arch.distributed.tensor_parallel.gpt import tensor_parallel_loss
+    from neural_arch.distributed.tensor_parallel.gpt import parallelize_gpt, tensor_parallel_loss
     from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import SGD
     mesh = init_device_mesh((2, 2), mesh_dim_names=("pp", "tp"))
     pp, tp = mesh.get_group("pp"), mesh.get_group("tp")
     pp_rank = mesh.get_local_rank("pp")
     dense = _dense()
-    model = GPT(GPTConfig(**SIZES), tp_group=tp)
+    model = parallelize_gpt(GPT(GPTConfig(**SIZES)), tp)
     for p in {id(p): p for p in model.parameters()}.values():
         p.data = p.data.astype(np.float64)
     model.load_dense_state_dict(dense.state_dict())

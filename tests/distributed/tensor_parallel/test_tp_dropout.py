@@ -25,13 +25,14 @@ DROPOUT, STEPS = 0.25, 3
 
 def _train_with_dropout(rank, size, sequence_parallel, checkpointing):
     from neural_arch.core.random import get_rng
+    from neural_arch.distributed.tensor_parallel import parallelize_gpt
     from neural_arch.models.gpt import GPT, GPTConfig
     from neural_arch.optim import AdamW
     seeded(21)
     dense = _float64(GPT(GPTConfig(**GPT_SIZES, dropout=DROPOUT)))
-    parallel = _float64(GPT(GPTConfig(**GPT_SIZES, dropout=DROPOUT,
-                                      gradient_checkpointing=checkpointing),
-                            tp_group=world(), sequence_parallel=sequence_parallel))
+    parallel = _float64(parallelize_gpt(GPT(GPTConfig(**GPT_SIZES, dropout=DROPOUT,
+                                                      gradient_checkpointing=checkpointing)),
+                                        world(), sequence_parallel=sequence_parallel))
     parallel.load_dense_state_dict(dense.state_dict())
     opt_d, opt = AdamW(dense.parameters(), lr=1e-2), AdamW(parallel.parameters(), lr=1e-2)
     tokens = np.random.default_rng(22)

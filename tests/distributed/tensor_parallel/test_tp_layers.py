@@ -55,7 +55,8 @@ def _not_dividing_case(rank, tp, sizes):
     from neural_arch import distributed as dist
     from neural_arch.distributed.tensor_parallel import (ColumnParallelLinear,
                                                          RowParallelLinear,
-                                                         VocabParallelEmbedding)
+                                                         VocabParallelEmbedding,
+                                                         parallelize_gpt)
     from neural_arch.models.gpt import GPT, GPTConfig
     group = dist.new_group(list(range(tp)))
     n, width = sizes["features"], 4
@@ -63,12 +64,12 @@ def _not_dividing_case(rank, tp, sizes):
         "column": lambda: ColumnParallelLinear(width, n, group=group),
         "row": lambda: RowParallelLinear(n, width, group=group),
         "embedding": lambda: VocabParallelEmbedding(sizes["rows"], width, group=group),
-        "heads": lambda: GPT(GPTConfig(n_head=sizes["heads"], vocab_size=64,
-                                       n_embd=sizes["heads"] * sizes["head_width"]),
-                             tp_group=group),
-        "vocab": lambda: GPT(GPTConfig(n_head=sizes["gpt_heads"], vocab_size=sizes["gpt_vocab"],
-                                       n_embd=sizes["gpt_heads"] * sizes["head_width"]),
-                             tp_group=group)}
+        "heads": lambda: parallelize_gpt(GPT(GPTConfig(
+            n_head=sizes["heads"], vocab_size=64, n_embd=sizes["heads"] * sizes["head_width"])),
+            group),
+        "vocab": lambda: parallelize_gpt(GPT(GPTConfig(
+            n_head=sizes["gpt_heads"], vocab_size=sizes["gpt_vocab"],
+            n_embd=sizes["gpt_heads"] * sizes["head_width"])), group)}
     messages = {}
     for name, attempt in attempts.items():
         try:
