@@ -5,8 +5,9 @@ How the job is joined: ``--world-size``/``--rank`` given (one command per rank, 
 multi-node recipe) → a ``tcp://MASTER_ADDR:MASTER_PORT`` rendezvous; started by the launcher,
 mpirun or srun (their variables are set) → ``env://``; otherwise one process. ``--tp t``
 arranges the world as a (dp, tp) mesh: the model is split over each "tp" group and gradients
-are averaged over the "dp" group. ``--pp p`` trains a ``GPT3D`` on a (dp, tp, pp) mesh in its
-own loop (``pipeline_run``), which writes the same records.
+are averaged over the "dp" group (the Trainer's "tensor_parallel" strategy). ``--pp p`` trains
+a ``GPT3D`` on a (dp, tp, pp) mesh (``pipeline_run``) with the same Trainer and its "pipeline"
+strategy.
 """
 from __future__ import annotations
 
@@ -190,8 +191,11 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
     if args.resume:
         _check_resumable(out_dir, config, args.tp, args.pp)
     if args.pp > 1:
-        from .pipeline_run import train_pipeline
-        return train_pipeline(args, config, tokenizer, train_set, val_set, out_dir)
+        from .pipeline_run import build_pipeline_model, check_pipeline_data
+        pipeline = build_pipeline_model(args, config)
+        check_pipeline_data(args, pipeline, train_set)
+        return _fit(args, config, tokenizer, train_set, val_set, pipeline, pipeline.optimizer,
+                    os.path.join(out_dir, "checkpoints"), None, "pipeline")
     model, dp_group = build_model(config, args.tp, args.seed)
     if args.device != "cpu":  # the same weights as on the CPU, moved
         model.to(gpu_of(args.device))
@@ -200,6 +204,17 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
     checkpoints = os.path.join(out_dir, "checkpoints")
     if args.tp > 1:
         checkpoints = os.path.join(checkpoints, f"tp{tp_rank}")
+    optimizer = AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+    return _fit(args, config, tokenizer, train_set, val_set, model, optimizer, checkpoints,
+                dp_group, "tensor_parallel" if args.tp > 1 else None)
+
+
+def _fit(args: argparse.Namespace, config: GPTConfig, tokenizer: Tokenizer, train_set: Any,
+         val_set: Any, model: Any, optimizer: Any, checkpoints: str, dp_group: Any,
+         strategy: Any) -> Dict[str, Any]:
+    """The Trainer's run, whatever the parallelism (``strategy``: None chooses from
+    --zero-stage)."""
+    out_dir = os.path.abspath(args.out_dir)
     cfg = TrainingConfig(
         epochs=args.epochs, max_steps=args.max_steps,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -209,13 +224,16 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
         eval_interval=args.eval_interval, eval_batches=args.eval_batches,
         checkpoint_dir=checkpoints, save_interval=args.save_interval, resume=args.resume,
         metrics_dir=out_dir, tokens_per_sample=args.max_seq_length,
-        compute_accuracy=args.tp == 1, progress_bar=not args.no_progress)
-    optimizer = AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
+        compute_accuracy=args.tp == 1 and args.pp == 1, progress_bar=not args.no_progress)
     run_files = _SaveRunAtStart(out_dir, tokenizer, config, args)
     # every tensor-parallel rank resumes from the newest step intact in all their directories
     trainer = Trainer(model, optimizer, config=cfg, group=dp_group,
-                      resume_group=resolve_group(None), callbacks=[run_files])
-    if get_rank() == 0:
+                      resume_group=resolve_group(None), callbacks=[run_files],
+                      strategy=strategy)
+    if args.pp > 1:
+        from .pipeline_run import announce_pipeline
+        announce_pipeline(args, model, config, len(train_set))
+    elif get_rank() == 0:
         print(f"GPT: {model.num_parameters():,} parameters per tensor-parallel rank, vocab "
               f"{config.vocab_size} ({args.tokenizer}), {len(train_set)} training windows of "
               f"{args.max_seq_length} tokens; world {get_world_size()} = "

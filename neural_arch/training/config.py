@@ -23,6 +23,7 @@ class TrainingConfig:
     max_grad_norm: Optional[float] = None   # clip by the global 2-norm (None: no clipping)
     mixed_precision: bool = False           # float16 compute, float32 master weights
     loss_scale: float = 65536.0
+    loss_scale_window: int = 1000           # clean steps before the loss scale grows
     zero_stage: int = 0                     # 0 DDP, 1 sharded optimizer, 2/3 FSDP
     lr_schedule: str = "constant"           # "constant", "cosine" or "linear" decay
     warmup_steps: int = 0
@@ -80,4 +81,5 @@ class TrainingConfig:
         return DistributedTrainingConfig(
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             max_grad_norm=self.max_grad_norm, mixed_precision=bool(self.mixed_precision),
-            loss_scale=float(self.loss_scale), zero_stage=self.zero_stage)
+            loss_scale=float(self.loss_scale), loss_scale_window=self.loss_scale_window,
+            zero_stage=self.zero_stage)

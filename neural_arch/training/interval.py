@@ -19,16 +19,19 @@ from ..distributed import ReduceOp, all_reduce
 
 
 class TrainInterval:
-    def __init__(self, wrapper: Any, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.wrapper, self.clock = wrapper, clock
+    """``strategy``: the Trainer's (its ``grad_norm`` and ``comm_ms()``; None where the
+    communication is not timed, and the record's ``comm_seconds`` is then null)."""
+
+    def __init__(self, strategy: Any, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.strategy, self.clock = strategy, clock
         self.sums = np.zeros(3)  # loss * samples, samples, samples since the clock started
         self.first_step_start: Optional[float] = None
         self.start: Optional[float] = None  # the end of the run's first step
         self.comm_ms = self._comm_ms()
         self.flushed = 0.0
 
-    def _comm_ms(self) -> float:
-        return float(self.wrapper.get_statistics()["communication_time_ms"]["total"])
+    def _comm_ms(self) -> Optional[float]:
+        return self.strategy.comm_ms()
 
     def begin_batch(self) -> None:
         """Before a micro-batch's forward: the first one starts the first step."""
@@ -55,11 +58,11 @@ class TrainInterval:
             timed, began = sums[1], self.first_step_start
         seconds = max(now - (now if began is None else began), 1e-9)
         comm = self._comm_ms()
-        stats = self.wrapper.get_statistics()
+        norm = self.strategy.grad_norm
         values = {"loss": float(sums[0] / max(sums[1], 1)), "lr": lr,
-                  "grad_norm": float(stats["gradient_norms"]["last"]),
+                  "grad_norm": None if norm is None else float(norm),
                   "samples_per_second": float(timed / seconds),
-                  "comm_seconds": (comm - self.comm_ms) / 1e3}
+                  "comm_seconds": None if comm is None else (comm - self.comm_ms) / 1e3}
         if tokens_per_sample:
             values["tokens_per_second"] = float(timed * tokens_per_sample / seconds)
         self.flushed = float(sums[1])  # samples of all ranks in this interval

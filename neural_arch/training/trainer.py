@@ -1,17 +1,17 @@
-"""``Trainer``: the training loop for any model, one process or many.
+"""``Trainer``: the training loop for any model and any parallelism, one process or many.
 
-The step itself (accumulation, clipping by the global norm, float16 mixed precision with a
-loss scaler, ZeRO stages, the gradient all-reduce) is ``AdvancedDistributedDataParallel``'s
-``backward_step``; the Trainer adds what surrounds it: the data split over the ranks
-(``batches.shard_loader``), the learning-rate schedule, validation, metrics averaged over the
-ranks, logging and checkpoints on rank 0, early stopping and resume through
-``DistributedCheckpointManager``.
+The step itself is the ``strategy``'s (``strategies``): "single", "ddp" (communication
+overlapping backward), "zero1", "fsdp" (ZeRO-2/3), "tensor_parallel" and "pipeline" (a
+``GPT3D``), each with its accumulation, clipping, precision and checkpoint format; without
+one, ``TrainingConfig.zero_stage`` chooses. The Trainer adds what surrounds the step: the data
+split over the strategy's data group, the learning-rate schedule, validation, metrics summed
+over the ranks, logging and checkpoints on rank 0, early stopping and resume.
 
 Without a process group the Trainer joins the job the environment describes (our launcher's,
 torchrun's, mpirun's or srun's variables; ``joining``), a job of one when there is none, and
 ends that group when ``fit`` returns, so one code path serves every world size. ``group``
 selects the data-parallel ranks (the "dp" group of a device mesh when the model is also tensor
-parallel); default: the whole world.
+parallel; the "pipeline" strategy takes its model's); default: the whole world.
 ``resume_group`` (default: ``group``) holds every rank that must resume from the same step:
 tensor-parallel ranks checkpoint their own shards into directories of their own, over their
 data-parallel groups, so they pass the whole world, and a resume takes the newest step whose
@@ -19,19 +19,14 @@ checkpoint is intact in every directory (``DistributedCheckpointManager``).
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ..core import no_grad
-from ..distributed import (ReduceOp, all_reduce, destroy_process_group, get_rank, get_world_size,
-                           is_initialized)
-from ..distributed.checkpoint import DistributedCheckpointManager
-from ..distributed.checkpoint.manager import NoCheckpointError
-from ..distributed.ddp.advanced import AdvancedDistributedDataParallel
-from .batches import batch_size_of, correct_predictions, forward, shard_loader
+from ..distributed import destroy_process_group, is_initialized
+from .batches import batch_size_of, correct_predictions
 from .callbacks import Callback, EarlyStopping, History
 from .config import TrainingConfig
 from .interval import TrainInterval
@@ -39,28 +34,25 @@ from .joining import join_job
 from .metrics import MetricsLogger, epoch_record, write_record
 from .progress import Progress
 from .schedule import build_schedule
+from .strategies import Strategy, resolve_strategy
 
 
 class Trainer:
     def __init__(self, model: Any, optimizer: Any, loss_fn: Optional[Callable] = None,
                  config: Optional[TrainingConfig] = None,
                  callbacks: Sequence[Callback] = (), scheduler: Any = None,
-                 group: Any = None, resume_group: Any = None, backend: str = "auto") -> None:
+                 group: Any = None, resume_group: Any = None, backend: str = "auto",
+                 strategy: Any = None) -> None:
         self.config = config if config is not None else TrainingConfig()
+        self.strategy: Strategy = resolve_strategy(strategy, self.config)
         # backend: for the group the Trainer makes when there is none (else unused)
         self._owns_group = join_job(backend, announce=self.config.verbose)
-        self.group, self.loss_fn = group, loss_fn
-        self.rank, self.world = get_rank(group), get_world_size(group)
-        self.is_logger = get_rank() == 0  # the job's rank 0 logs, prints and writes metrics
-        self.model = model
-        self.wrapper = AdvancedDistributedDataParallel(model, self.config.data_parallel(),
-                                                       group=group)
-        stage = self.config.zero_stage
-        if stage == 1:
-            optimizer = self.wrapper.wrap_optimizer(optimizer)
-        elif stage in (2, 3):  # the optimizer must hold the shards: rebuild it on them
-            optimizer = self.wrapper.wrap_optimizer(type(optimizer), **optimizer.defaults)
-        self.optimizer, self.scheduler = optimizer, scheduler
+        self.loss_fn, self.model = loss_fn, model
+        self.strategy.setup(model, optimizer, self.config, group)
+        self.group = self.strategy.data_group
+        self.rank, self.world = self.strategy.data_rank, self.strategy.data_world
+        self.is_logger = self.strategy.is_global_zero  # logs, prints and writes metrics
+        self.optimizer, self.scheduler = self.strategy.optimizer, scheduler
         self.callbacks: List[Callback] = list(callbacks)
         if self.config.early_stopping_patience is not None:
             self.callbacks.append(EarlyStopping(self.config.monitor,
@@ -74,11 +66,9 @@ class Trainer:
         self._epoch_sums = np.zeros(2)        # loss * samples, samples (this rank, this epoch)
         self._elapsed = 0.0                   # seconds of earlier runs (resume)
         self._saved_step = -1
-        self._manager = None
+        self._manager = None  # the strategy's checkpoints (save/load), if any
         if self.config.checkpoint_dir is not None:
-            self._manager = DistributedCheckpointManager(
-                self.config.checkpoint_dir, self.config.max_checkpoints, group=group,
-                resume_group=resume_group)
+            self._manager = self.strategy.checkpoints(self.config, resume_group)
 
     # ------------------------------------------------------------------ public
     def fit(self, train_loader: Any, val_loader: Any = None, epochs: Optional[int] = None,
@@ -90,16 +80,16 @@ class Trainer:
                                "Trainer, or call init_process_group() before creating it")
         epochs = cfg.epochs if epochs is None else int(epochs)
         max_steps = cfg.max_steps if max_steps is None else int(max_steps)
-        loader = shard_loader(train_loader, self.world, self.rank, None, cfg.seed)
-        val = None if val_loader is None else shard_loader(val_loader, self.world, self.rank,
-                                                           False, cfg.seed)
+        loader = self.strategy.shard_loader(train_loader, None, cfg.seed)
+        val = None if val_loader is None else self.strategy.shard_loader(val_loader, False,
+                                                                         cfg.seed)
         total = -(-epochs * len(loader) // cfg.gradient_accumulation_steps)
         total = total if max_steps is None else min(total, max_steps)
         if self.scheduler is None:
             self.scheduler = build_schedule(self.optimizer, cfg.lr_schedule, total,
                                             cfg.warmup_steps, cfg.min_lr_ratio)
         sampler = getattr(loader, "sampler", None)
-        resumed = self._resume(sampler) if cfg.resume else False
+        resumed = self._resume(sampler, len(loader)) if cfg.resume else False
         logger = None
         if self.is_logger and cfg.metrics_dir is not None:
             logger = MetricsLogger(cfg.metrics_dir, append=resumed)
@@ -108,7 +98,7 @@ class Trainer:
         for callback in self.callbacks:
             callback.on_fit_start(self)
         start = time.perf_counter() - self._elapsed
-        interval = TrainInterval(self.wrapper)
+        interval = TrainInterval(self.strategy)
         last_loss = float("nan")
         try:
             # a resumed run may already have done max_steps: then it only saves and reports
@@ -118,15 +108,12 @@ class Trainer:
                     sampler.set_epoch(self.epoch)
                 epoch_start = time.perf_counter()
                 steps_before = self.step
-                self.wrapper.train()
+                self.strategy.train()
                 for index, batch in enumerate(loader):
                     if index < self._position:  # resumed inside this epoch: skip what was used
                         continue
                     interval.begin_batch()
-                    _, loss, _ = forward(self.wrapper, batch, self.loss_fn)
-                    stepped = self.wrapper.backward_step(loss, self.optimizer)
-                    n = batch_size_of(batch)
-                    last_loss = float(loss.item())
+                    last_loss, n, stepped = self.strategy.training_step(batch, self.loss_fn)
                     self._epoch_sums += (last_loss * n, n)
                     interval.add(last_loss, n)
                     self._position = index + 1
@@ -147,7 +134,7 @@ class Trainer:
                         scores = self.evaluate(val)
                         self._record(logger, bar, "val", dict(scores, epoch=self.epoch + 1),
                                      time.perf_counter() - start)
-                        self.wrapper.train()
+                        self.strategy.train()
                     bar.advance(logs.get("loss"))
                     for callback in self.callbacks:
                         callback.on_step_end(self, logs)
@@ -183,22 +170,22 @@ class Trainer:
     def evaluate(self, loader: Any) -> Dict[str, Optional[float]]:
         """Loss and accuracy over ``loader`` (this rank's share), averaged over the ranks."""
         sums = np.zeros(4)  # loss * samples, samples, correct, counted
-        self.wrapper.eval()
+        self.strategy.eval()
         with no_grad():
             for index, batch in enumerate(loader):
                 if self.config.eval_batches is not None and index >= self.config.eval_batches:
                     break
-                output, loss, target = forward(self.wrapper, batch, self.loss_fn)
+                output, loss, target = self.strategy.evaluation_step(batch, self.loss_fn)
                 n = batch_size_of(batch)
                 correct, counted = (correct_predictions(output, target)
                                     if self.config.compute_accuracy else (0.0, 0.0))
-                sums += (float(loss.item()) * n, n, correct, counted)
-        all_reduce(sums, ReduceOp.SUM, group=self.group)
+                sums += (loss * n, n, correct, counted)
+        self.strategy.reduce(sums)
         return {"val_loss": float(sums[0] / sums[1]) if sums[1] else None,
                 "val_accuracy": float(sums[2] / sums[3]) if sums[3] else None}
 
     def save_checkpoint(self, loss: float, sampler: Any = None) -> Optional[str]:
-        """Collective over the data-parallel group; rank 0 of it writes."""
+        """Collective (over the data-parallel group, or as the strategy's checkpoints are)."""
         if self._manager is None or self._saved_step == self.step:
             return None
         extra = {"step": self.step, "epoch": self.epoch, "position": self._position,
@@ -206,35 +193,32 @@ class Trainer:
                  "elapsed": self._elapsed, "history": self.history.state_dict(),
                  "callbacks": [c.state_dict() if hasattr(c, "state_dict") else None
                                for c in self.callbacks]}
-        path = self._manager.save_checkpoint(
-            self.wrapper.module, self.optimizer, self.epoch, self.step,
-            loss if math.isfinite(loss) else None, additional_state=extra,
-            scheduler=self.scheduler, loss_scaler=self._scaler(), sampler=sampler)
+        path = self._manager.save(self.epoch, self.step, loss if np.isfinite(loss) else None,
+                                  extra, scheduler=self.scheduler, sampler=sampler)
         self._saved_step = self.step
         return path
 
     # ------------------------------------------------------------------ internals
-    def _scaler(self) -> Any:
-        return self.wrapper.scaler if self.config.mixed_precision else None
-
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _resume(self, sampler: Any) -> bool:
+    def _resume(self, sampler: Any, batches_per_epoch: int) -> bool:
         if self._manager is None:
             raise ValueError("TrainingConfig(resume=True) needs a checkpoint_dir to resume from")
-        try:
-            info = self._manager.load_checkpoint(
-                self.wrapper.module, self.optimizer, scheduler=self.scheduler,
-                loss_scaler=self._scaler(), sampler=sampler)
-        except NoCheckpointError:
+        extra = self._manager.load(scheduler=self.scheduler, sampler=sampler)
+        if extra is None:
             return False
-        extra = info["additional_state"]
-        self.step, self.epoch, self._position = extra["step"], extra["epoch"], extra["position"]
-        self._epoch_sums = np.array(extra["epoch_sums"], dtype=np.float64)
-        self._elapsed = float(extra["elapsed"])
-        self.history.load_state_dict(extra["history"])
-        for callback, state in zip(self.callbacks, extra["callbacks"]):
+        self.step = int(extra["step"])
+        if "epoch" in extra:
+            self.epoch, self._position = int(extra["epoch"]), int(extra["position"])
+        else:  # a checkpoint without the loop's state: where the step count puts it
+            used = self.step * self.config.gradient_accumulation_steps
+            self.epoch, self._position = divmod(used, max(batches_per_epoch, 1))
+        self._epoch_sums = np.array(extra.get("epoch_sums", (0.0, 0.0)), dtype=np.float64)
+        self._elapsed = float(extra.get("elapsed", 0.0))
+        if "history" in extra:
+            self.history.load_state_dict(extra["history"])
+        for callback, state in zip(self.callbacks, extra.get("callbacks", ())):
             if state is not None and hasattr(callback, "load_state_dict"):
                 callback.load_state_dict(state)
         self._saved_step = self.step
@@ -242,8 +226,7 @@ class Trainer:
 
     def _end_epoch(self, val: Any, epoch_start: float, steps_before: int, logger: Any,
                    bar: "Progress", start: float) -> None:
-        sums = self._epoch_sums.copy()
-        all_reduce(sums, ReduceOp.SUM, group=self.group)
+        sums = self.strategy.reduce(self._epoch_sums.copy())
         seconds = time.perf_counter() - epoch_start
         record = epoch_record(self.epoch, sums, seconds, self.step - steps_before)
         if val is not None:

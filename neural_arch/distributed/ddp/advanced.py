@@ -3,6 +3,8 @@ norm, overflow-safe steps, float16 mixed precision and communication statistics.
 
 It composes a ``DistributedDataParallel`` (whose buckets do the all-reduce) and drives one
 optimizer step per ``gradient_accumulation_steps`` calls of ``backward_step(loss, optimizer)``.
+With ``overlap=True`` the buckets are all-reduced during the window's last backward (DDP's
+automatic sync); by default after it, explicitly and timed. Both give the same gradients.
 
 Mixed precision (``mixed_precision=True``): float16 compute, float32 master weights.
 - The wrapped module's own parameters are the float32 masters: ``parameters()``, the
@@ -82,7 +84,7 @@ class AdvancedDistributedDataParallel(Module):
     ``.scaler`` the ``LossScaler``, ``.profiler`` the ``CommunicationProfiler``."""
 
     def __init__(self, module: Module, config: Optional[DistributedTrainingConfig] = None,
-                 group: Any = None) -> None:
+                 group: Any = None, overlap: bool = False) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"AdvancedDistributedDataParallel wraps an nn.Module, got "
@@ -113,11 +115,13 @@ class AdvancedDistributedDataParallel(Module):
             object.__setattr__(self, "_ddp", self.module)
         else:
             self.module = module
-            # Explicit sync: backward_step synchronises once per window itself, timed for the
-            # statistics (automatic sync would hide the all-reduce inside backward).
+            # overlap=False: backward_step synchronises once per window itself, so the whole
+            # all-reduce is timed for the statistics. overlap=True: DDP's hooks launch each
+            # bucket during the window's last backward, hiding communication behind it; the
+            # statistics then time only what backward left to wait for (nothing, usually).
             ddp = DistributedDataParallel(module, bucket_size_mb=config.bucket_size_mb,
                                           group=group, gradient_compression=self._mixed,
-                                          auto_sync=False)
+                                          auto_sync=bool(overlap))
             object.__setattr__(self, "_ddp", ddp)  # unregistered: its parameters are ours
         self.scaler = LossScaler(config.loss_scale, growth_interval=config.loss_scale_window,
                                  min_scale=config.min_loss_scale,
