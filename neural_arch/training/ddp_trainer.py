@@ -1,0 +1,153 @@
+"""``PyTorchDDPTrainer``: one object that trains a model data parallel in N processes it starts
+itself, in the spelling of PyTorch DDP wrappers::
+
+    trainer = PyTorchDDPTrainer(model=MyModel(), num_gpus=8, batch_size=256, epochs=50)
+    history = trainer.fit(train_loader, val_loader, checkpoint_dir="./checkpoints")
+
+``fit`` runs ``fit_in_processes`` (``launching``): each worker builds a ``TrainingConfig`` and a
+``Trainer`` from these settings around its copy of the model; rank 0's ``History`` comes back,
+and with it the trained weights, loaded into ``trainer.model`` (ZeRO stages 0 and 1, where
+every rank holds the whole model; with 2 and 3 they are in ``checkpoint_dir``). ``num_gpus``
+(alias ``num_processes``) counts processes: without a GPU they all run on the CPU.
+``batch_size`` is per process, so a step sees ``num_gpus * batch_size`` samples.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from .. import functional as F
+from ..data import DataLoader
+from ..optim import SGD, Adam, AdamW
+from .config import TrainingConfig
+from .launching.fit import check_num_processes, under_launcher
+from .launching.processes import run_in_processes
+from .launching.recipe_check import check_main_guard, importing_main, pickle_recipe
+
+OWNER = "PyTorchDDPTrainer"
+OPTIMIZERS = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainingConfig)}
+
+
+class PyTorchDDPTrainer:
+    def __init__(self, model: Any, num_gpus: Optional[int] = None,
+                 batch_size: Optional[int] = None, epochs: int = 1,
+                 learning_rate: float = 1e-3, optimizer: Any = "adam", loss_fn: Any = None,
+                 mixed_precision: bool = False, gradient_accumulation_steps: int = 1,
+                 zero_stage: int = 0, scaler_init_scale: float = 65536.0,
+                 scaler_growth_interval: int = 1000, backend: str = "shm", seed: int = 0,
+                 num_processes: Optional[int] = None, timeout: Optional[float] = None,
+                 **config: Any) -> None:
+        if num_gpus is not None and num_processes is not None and num_gpus != num_processes:
+            raise ValueError(f"{OWNER}: num_gpus={num_gpus} and its alias num_processes="
+                             f"{num_processes} disagree; pass one of them")
+        count = num_gpus if num_gpus is not None else num_processes
+        self.num_processes = check_num_processes(1 if count is None else count,
+                                                 "num_gpus", OWNER)
+        if batch_size is not None:
+            check_num_processes(batch_size, "batch_size", OWNER)
+        self.model, self.batch_size, self.backend, self.timeout = (model, batch_size, backend,
+                                                                   timeout)
+        self.learning_rate = float(learning_rate)
+        if isinstance(optimizer, str) and optimizer.lower() not in OPTIMIZERS:
+            raise ValueError(f"{OWNER}: optimizer={optimizer!r} is none of {sorted(OPTIMIZERS)}; "
+                             f"or pass an optimizer class, called as cls(params, lr=...)")
+        if not isinstance(optimizer, str) and not callable(optimizer):
+            raise TypeError(f"{OWNER}: optimizer must be a name or an optimizer class, got "
+                            f"{type(optimizer).__name__}")
+        self.optimizer = OPTIMIZERS[optimizer.lower()] if isinstance(optimizer, str) else optimizer
+        self.loss_fn = F.cross_entropy if loss_fn is None else loss_fn
+        unknown = sorted(set(config) - _CONFIG_FIELDS)
+        if unknown:
+            raise TypeError(f"{OWNER}: unknown setting(s) {unknown}; besides its own, it takes "
+                            f"TrainingConfig's fields: {sorted(_CONFIG_FIELDS)}")
+        # checked here, in this process, rather than by every worker
+        self.config = TrainingConfig(**{
+            "epochs": epochs, "mixed_precision": mixed_precision,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "zero_stage": zero_stage, "loss_scale": float(scaler_init_scale),
+            "loss_scale_window": scaler_growth_interval, "seed": seed, **config})
+        self._announced = False
+
+    def fit(self, train_data: Any, val_loader: Any = None,
+            checkpoint_dir: Optional[str] = None, mlflow_experiment: Optional[str] = None) -> Any:
+        """Train on ``train_data`` (a DataLoader or a Dataset) in ``num_gpus`` processes;
+        rank 0's ``History`` (``total_time``, ``best_accuracy``, one record per epoch)."""
+        if mlflow_experiment is not None:
+            raise NotImplementedError(f"{OWNER}.fit: mlflow_experiment={mlflow_experiment!r}: "
+                                      f"MLflow logging is not supported yet; the run's metrics "
+                                      f"go to metrics.jsonl with metrics_dir=")
+        if importing_main():
+            raise RuntimeError(f"{OWNER}.fit was called while this worker process imports the "
+                               f"main module; put the training under `if __name__ == "
+                               f"\"__main__\":`")
+        config = self.config
+        if checkpoint_dir is not None:
+            config = dataclasses.replace(config, checkpoint_dir=str(checkpoint_dir))
+        recipe = DDPRecipe(self.model, self.optimizer, self.learning_rate, self.loss_fn,
+                           config, self._loader(train_data), val_loader)
+        if self.num_processes == 1 or under_launcher():
+            return recipe()[0]  # the model trained here, in place
+        check_main_guard(f"{OWNER}.fit")
+        payload = pickle_recipe(recipe, {"model": self.model, "optimizer": self.optimizer,
+                                         "loss_fn": self.loss_fn, "train_data": train_data,
+                                         "val_loader": val_loader}, OWNER)
+        self._announce()
+        history, weights = run_in_processes(payload, self.num_processes, backend=self.backend,
+                                            timeout=self.timeout, owner=f"{OWNER}.fit")
+        if weights is not None:
+            self.model.load_state_dict(weights)
+        return history
+
+    def _loader(self, data: Any) -> Any:
+        """A DataLoader of ``batch_size`` per process: a Dataset is wrapped (shuffled), a plain
+        DataLoader of another batch size rebuilt (the Trainer adds the DistributedSampler)."""
+        if not isinstance(data, DataLoader):
+            if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+                raise TypeError(f"{OWNER}.fit: train_data must be a DataLoader or a Dataset, "
+                                f"got {type(data).__name__}")
+            return DataLoader(data, batch_size=self.batch_size or 32, shuffle=True)
+        if self.batch_size is None or data.batch_size == self.batch_size:
+            return data
+        if data.sampler is not None:
+            raise ValueError(f"{OWNER}.fit: batch_size={self.batch_size} per process, but the "
+                             f"loader (batch_size={data.batch_size}) has its own sampler and "
+                             f"cannot be rebuilt; give it batch_size={self.batch_size}")
+        print(f"{OWNER}: the loader's batch_size={data.batch_size} is replaced by batch_size="
+              f"{self.batch_size} per process ({self.batch_size * self.num_processes} a step "
+              f"over {self.num_processes} processes)", flush=True)
+        return DataLoader(data.dataset, batch_size=self.batch_size, shuffle=data.shuffle,
+                          drop_last=data.drop_last, collate_fn=data.collate_fn)
+
+    def _announce(self) -> None:
+        if self._announced:
+            return
+        self._announced = True
+        from ..backends import cupy_backend
+        if not cupy_backend.is_available():
+            print(f"{OWNER}: no GPU here: num_gpus={self.num_processes} starts "
+                  f"{self.num_processes} processes on the CPU ({self.backend} backend)",
+                  flush=True)
+
+
+class DDPRecipe:
+    """What each worker runs: optimizer and Trainer around its copy of the model, ``fit``;
+    returns (History, the weights when every rank holds the whole model, else None)."""
+
+    def __init__(self, model: Any, optimizer: Any, learning_rate: float, loss_fn: Any,
+                 config: TrainingConfig, train_loader: Any, val_loader: Any) -> None:
+        self.model, self.optimizer, self.learning_rate = model, optimizer, learning_rate
+        self.loss_fn, self.config = loss_fn, config
+        self.train_loader, self.val_loader = train_loader, val_loader
+
+    def __call__(self) -> tuple:
+        from .trainer import Trainer
+        optimizer = self.optimizer(self.model.parameters(), lr=self.learning_rate)
+        trainer = Trainer(self.model, optimizer, self.loss_fn, self.config)
+        history = trainer.fit(self.train_loader, self.val_loader)
+        whole = self.config.zero_stage < 2
+        return history, (self.model.state_dict() if whole else None)
+
+    def __repr__(self) -> str:
+        return f"DDPRecipe({type(self.model).__name__}, {self.config})"
+
