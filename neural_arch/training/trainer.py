@@ -42,8 +42,16 @@ class Trainer:
                  config: Optional[TrainingConfig] = None,
                  callbacks: Sequence[Callback] = (), scheduler: Any = None,
                  group: Any = None, resume_group: Any = None, backend: str = "auto",
-                 strategy: Any = None) -> None:
+                 strategy: Any = None, num_processes: Optional[int] = None) -> None:
         self.config = config if config is not None else TrainingConfig()
+        self._spawn = None
+        if num_processes is not None and self._spawns(num_processes, group, resume_group):
+            # Not yet a rank of a job: fit() starts the workers; each builds this Trainer.
+            self.model, self.optimizer, self.history = model, optimizer, None
+            self._spawn = (num_processes, "shm" if backend == "auto" else backend,
+                           (model, optimizer, loss_fn, self.config, tuple(callbacks), scheduler),
+                           {"backend": backend, "strategy": strategy})
+            return
         self.strategy: Strategy = resolve_strategy(strategy, self.config)
         # backend: for the group the Trainer makes when there is none (else unused)
         self._owns_group = join_job(backend, announce=self.config.verbose)
@@ -70,9 +78,24 @@ class Trainer:
         if self.config.checkpoint_dir is not None:
             self._manager = self.strategy.checkpoints(self.config, resume_group)
 
+    @staticmethod
+    def _spawns(num_processes: Any, group: Any, resume_group: Any) -> bool:
+        """Whether this Trainer starts ``num_processes`` workers of its own at ``fit``: more
+        than one asked, and this process not already a rank of a job (then the job decides)."""
+        from .launching import check_num_processes, under_launcher
+        check_num_processes(num_processes, "num_processes", "Trainer")
+        if num_processes == 1 or under_launcher():
+            return False
+        if group is not None or resume_group is not None:
+            raise ValueError("Trainer(num_processes=...) starts a job of its own: group= and "
+                             "resume_group= belong to a job that exists already")
+        return True
+
     # ------------------------------------------------------------------ public
     def fit(self, train_loader: Any, val_loader: Any = None, epochs: Optional[int] = None,
             max_steps: Optional[int] = None) -> History:
+        if self._spawn is not None:
+            return self._fit_in_workers(train_loader, val_loader, epochs, max_steps)
         cfg = self.config
         if not is_initialized():
             raise RuntimeError("Trainer.fit: no process group; this Trainer joined the job's "
@@ -165,6 +188,24 @@ class Trainer:
             if self._owns_group and is_initialized():
                 destroy_process_group()
                 self._owns_group = False
+        return self.history
+
+    def _fit_in_workers(self, train_loader: Any, val_loader: Any, epochs: Optional[int],
+                        max_steps: Optional[int]) -> History:
+        """``fit`` in ``num_processes`` workers started here (``launching``): rank 0's History,
+        and its trained weights loaded into this model when every rank holds all of it."""
+        from .launching import check_main_guard, pickle_recipe, run_in_processes
+        from .launching.trainer_recipe import TrainerRecipe
+        num_processes, backend, args, kwargs = self._spawn
+        fit_kwargs = {k: v for k, v in (("epochs", epochs), ("max_steps", max_steps))
+                      if v is not None}
+        recipe = TrainerRecipe(args, kwargs, train_loader, val_loader, fit_kwargs)
+        check_main_guard("Trainer.fit")
+        payload = pickle_recipe(recipe, recipe.parts(), "Trainer")
+        self.history, weights = run_in_processes(payload, num_processes, backend=backend,
+                                                 owner="Trainer.fit")
+        if weights is not None:
+            self.model.load_state_dict(weights)
         return self.history
 
     def evaluate(self, loader: Any) -> Dict[str, Optional[float]]:

@@ -7,6 +7,8 @@ output.
 """
 from __future__ import annotations
 
-from .supervisor import DistributedLauncher, LaunchError, launch_distributed_training, main
+from .supervisor import (DistributedLauncher, LaunchError, LaunchOutcome,
+                         launch_distributed_training, main)
 
-__all__ = ["DistributedLauncher", "LaunchError", "launch_distributed_training", "main"]
+__all__ = ["DistributedLauncher", "LaunchError", "LaunchOutcome", "launch_distributed_training",
+           "main"]

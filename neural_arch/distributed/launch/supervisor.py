@@ -17,14 +17,16 @@ import threading
 import time
 from contextlib import contextmanager
 from multiprocessing import spawn
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 from ..errors import DistributedError
 from .args import LaunchConfig, Target, parse_launcher_args
 from .guard import LauncherGuard
 from .workers import WorkerOutput, WorkerProcess, describe_exit, exit_code
 
-__all__ = ["DistributedLauncher", "LaunchError", "launch_distributed_training", "main"]
+__all__ = ["DistributedLauncher", "LaunchError", "LaunchOutcome", "launch_distributed_training",
+           "main"]
 
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -40,6 +42,15 @@ fn, args = pickle.load(sys.stdin.buffer)
 sys.stdin = open(os.devnull)
 fn(*args)
 """
+
+
+class LaunchOutcome(NamedTuple):
+    """How ``run()`` ended: ``kind`` is "success", "failure", "signal" or "timeout"; ``rank`` the
+    worker that failed first (-1 when none did); ``code`` its Popen return code (negative: the
+    signal that ended it), or the signal the launcher received."""
+    kind: str
+    rank: int
+    code: int
 
 
 class LaunchError(DistributedError):
@@ -68,6 +79,8 @@ class DistributedLauncher:
             monitor_interval, timeout, prefix_output, grace_period)
         self._signals: List[int] = []
         self._guard: Optional[LauncherGuard] = None
+        # how the last run() ended, for callers that want more than the exit code
+        self.outcome = LaunchOutcome("success", -1, 0)
 
     @property
     def ranks(self) -> List[int]:
@@ -108,6 +121,7 @@ class DistributedLauncher:
             output.close()
 
     def _conclude(self, kind: str, rank: int, code: int, output: WorkerOutput) -> int:
+        self.outcome = LaunchOutcome(kind, rank, code)
         if kind == "success":
             return 0
         if kind == "signal":

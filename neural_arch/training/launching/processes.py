@@ -19,7 +19,7 @@ import pickle
 import shutil
 import signal
 import tempfile
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from ...distributed.launch import DistributedLauncher
 from ...distributed.launch.workers import describe_exit
@@ -29,16 +29,6 @@ from .worker import RESULT_FILE, run_worker
 _MONITOR_INTERVAL_S = 0.05
 
 
-class _Launcher(DistributedLauncher):
-    """The launcher, keeping how its run ended: (kind, failed rank, Popen return code)."""
-
-    outcome: Tuple[str, int, int] = ("success", -1, 0)
-
-    def _conclude(self, kind: str, rank: int, code: int, output: Any) -> int:
-        self.outcome = (kind, rank, code)
-        return super()._conclude(kind, rank, code, output)
-
-
 def run_in_processes(recipe: bytes, num_processes: int, *, backend: str = "shm",
                      timeout: Optional[float] = None, grace_period: float = 5.0,
                      owner: str = "fit_in_processes") -> Any:
@@ -46,9 +36,10 @@ def run_in_processes(recipe: bytes, num_processes: int, *, backend: str = "shm",
     workers; RuntimeError naming the rank that failed, how, and what it raised."""
     result_dir = tempfile.mkdtemp(prefix="neural_arch_processes_")
     try:
-        launcher = _Launcher(run_worker, nproc_per_node=num_processes, backend=backend,
-                             script_args=(recipe, result_dir), standalone=True, timeout=timeout,
-                             grace_period=grace_period, monitor_interval=_MONITOR_INTERVAL_S)
+        launcher = DistributedLauncher(
+            run_worker, nproc_per_node=num_processes, backend=backend,
+            script_args=(recipe, result_dir), standalone=True, timeout=timeout,
+            grace_period=grace_period, monitor_interval=_MONITOR_INTERVAL_S)
         launcher.run()
         kind, rank, code = launcher.outcome
         if kind == "signal" and code == signal.SIGINT:

@@ -83,6 +83,18 @@ def test_callable_that_raises_fails_the_job(tmp_path, capsys):
     assert "rank 1 failed with exit code 1" in err
 
 
+def test_outcome_names_how_the_run_ended_and_which_rank_failed(tmp_path):
+    launcher = DistributedLauncher(fail_on_rank_one, nproc_per_node=2, master_port=free_port(),
+                                   script_args=(str(tmp_path),))
+    assert launcher.run() == 1
+    assert launcher.outcome == ("failure", 1, 1)
+    assert launcher.outcome.rank == 1
+    launcher = DistributedLauncher(record_contract, nproc_per_node=2, master_port=free_port(),
+                                   script_args=(str(tmp_path), "ok"))
+    assert launcher.run() == 0
+    assert launcher.outcome == ("success", -1, 0)
+
+
 def test_launcher_class_restarts_a_callable(tmp_path, capsys):
     launcher = DistributedLauncher(fail_on_rank_one, nproc_per_node=2, master_port=free_port(),
                                    script_args=(str(tmp_path),), max_restarts=1,
