@@ -43,6 +43,7 @@ class TrainingConfig:
     monitor: str = "val_loss"               # what early stopping and ``best`` watch
     progress_bar: bool = True               # tqdm on rank 0 when on a terminal
     verbose: bool = True                    # rank 0 prints interval and epoch lines
+    scale_lr: bool = False                  # lr x data-parallel ranks at set-up (linear rule)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -67,6 +68,9 @@ class TrainingConfig:
         if not (0.0 <= self.min_lr_ratio <= 1.0):
             raise ValueError(f"TrainingConfig.min_lr_ratio must be in [0, 1], got "
                              f"{self.min_lr_ratio!r}")
+        if not isinstance(self.scale_lr, bool):
+            raise ValueError(f"TrainingConfig.scale_lr must be True or False, got "
+                             f"{self.scale_lr!r}")
         if self.monitor not in ("val_loss", "train_loss"):
             raise ValueError(f"TrainingConfig.monitor must be 'val_loss' or 'train_loss', got "
                              f"{self.monitor!r}")

@@ -120,7 +120,7 @@ def refused(rank, world_size, strategy, zero_stage):
                  "zero_stage is 2"),
     ("tensor_parallel", 0, "ValueError: strategy 'tensor_parallel' needs group="),
     ("pipeline", 0, "TypeError: strategy 'pipeline' trains a GPT3D"),
-    ("horovod", 0, "ValueError: Trainer: unknown strategy 'horovod'; choose one of"),
+    ("megatron", 0, "ValueError: Trainer: unknown strategy 'megatron'; choose one of"),
     (3, 0, "TypeError: Trainer: strategy must be a name"),
 ])
 def test_what_a_strategy_cannot_run_is_refused(strategy, zero_stage, message):

@@ -9,6 +9,7 @@ from typing import Any, Dict, Type
 from .base import StepOutcome, Strategy
 from .data_parallel import DataParallel
 from .fsdp import FullyShardedDataParallel
+from .horovod import HorovodStrategy
 from .pipeline import Pipeline
 from .single import SingleProcess
 from .tensor_parallel import TensorParallel
@@ -16,7 +17,7 @@ from .zero import ZeroOne
 
 STRATEGIES: Dict[str, Type[Strategy]] = {
     cls.name: cls for cls in (SingleProcess, DataParallel, ZeroOne, FullyShardedDataParallel,
-                              TensorParallel, Pipeline)}
+                              TensorParallel, Pipeline, HorovodStrategy)}
 _BY_ZERO_STAGE = {0: "ddp", 1: "zero1", 2: "fsdp", 3: "fsdp"}
 
 
@@ -35,6 +36,6 @@ def resolve_strategy(strategy: Any, config: Any) -> Strategy:
                     f"None, got {type(strategy).__name__}")
 
 
-__all__ = ["DataParallel", "FullyShardedDataParallel", "Pipeline", "STRATEGIES",
-           "SingleProcess", "StepOutcome", "Strategy", "TensorParallel", "ZeroOne",
-           "resolve_strategy"]
+__all__ = ["DataParallel", "FullyShardedDataParallel", "HorovodStrategy", "Pipeline",
+           "STRATEGIES", "SingleProcess", "StepOutcome", "Strategy", "TensorParallel",
+           "ZeroOne", "resolve_strategy"]

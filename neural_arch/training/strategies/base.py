@@ -4,7 +4,8 @@ The loop (epochs, the schedule, records, validation, callbacks, checkpoints' tim
 is the same for every kind of parallelism; what differs is behind this interface:
 
 - ``setup(model, optimizer, config, group)``: wrap the model and the optimizer (DDP, FSDP's
-  shards, a pipeline's stages), with the config's accumulation, clipping, precision;
+  shards, a pipeline's stages), with the config's accumulation, clipping, precision, and
+  ``scale_learning_rate(config)`` last (``scale_lr``);
 - ``training_step(batch, loss_fn)``: forward, loss, backward, gradient sync, clipping and,
   at the end of an accumulation window, the optimizer step; ``StepOutcome`` says which;
 - ``evaluation_step(batch, loss_fn)``: forward only, ``(output, loss, target)``;
@@ -45,6 +46,20 @@ class Strategy:
     # ------------------------------------------------------------------ set-up
     def setup(self, model: Any, optimizer: Any, config: Any, group: Any = None) -> None:
         raise NotImplementedError(f"{type(self).__name__}.setup")
+
+    def scale_learning_rate(self, config: Any) -> None:
+        """``TrainingConfig(scale_lr=True)``: every param group's lr times the data-parallel
+        ranks (the linear scaling rule, Goyal et al.: N ranks step on an N times larger
+        batch). A ``setup`` calls it once, last, on the optimizer it will step."""
+        if not getattr(config, "scale_lr", False):
+            return
+        ranks, groups = self.data_world, self.optimizer.param_groups
+        before = groups[0]["lr"]
+        for param_group in groups:
+            param_group["lr"] = param_group["lr"] * ranks
+        if self.is_global_zero and config.verbose:
+            print(f"scale_lr: lr {before:g} x {ranks} data-parallel ranks = "
+                  f"{groups[0]['lr']:g}", flush=True)
 
     @property
     def data_group(self) -> Any:

@@ -53,6 +53,7 @@ class Pipeline(Strategy):
                              "leave group=None")
         model.max_grad_norm = config.max_grad_norm  # the config decides, as for every strategy
         self.model, self.optimizer, self.group = model, model.optimizer, model.dp_group
+        self.scale_learning_rate(config)  # each stage's optimizer, times the dp ranks
 
     def shard_loader(self, loader: Any, shuffle: Optional[bool], seed: int) -> Any:
         return _WholeMicroBatches.wrap(super().shard_loader(loader, shuffle, seed),

@@ -45,6 +45,7 @@ class WrappedStep(Strategy):
         elif self.zero_stage in (2, 3):  # the optimizer must hold the shards: rebuild it
             optimizer = self.wrapper.wrap_optimizer(type(optimizer), **optimizer.defaults)
         self.optimizer = optimizer
+        self.scale_learning_rate(config)
 
     def train(self) -> None:
         self.wrapper.train()
