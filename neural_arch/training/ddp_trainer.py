@@ -22,7 +22,8 @@ from ..optim import SGD, Adam, AdamW
 from .config import TrainingConfig
 from .launching.fit import check_num_processes, under_launcher
 from .launching.processes import run_in_processes
-from .launching.recipe_check import check_main_guard, importing_main, pickle_recipe
+from .launching.main_import import stop_main_import
+from .launching.recipe_check import pickle_recipe
 
 OWNER = "PyTorchDDPTrainer"
 OPTIMIZERS = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
@@ -77,10 +78,7 @@ class PyTorchDDPTrainer:
             raise NotImplementedError(f"{OWNER}.fit: mlflow_experiment={mlflow_experiment!r}: "
                                       f"MLflow logging is not supported yet; the run's metrics "
                                       f"go to metrics.jsonl with metrics_dir=")
-        if importing_main():
-            raise RuntimeError(f"{OWNER}.fit was called while this worker process imports the "
-                               f"main module; put the training under `if __name__ == "
-                               f"\"__main__\":`")
+        stop_main_import(f"{OWNER}.fit")  # a worker importing an unguarded script stops here
         config = self.config
         if checkpoint_dir is not None:
             config = dataclasses.replace(config, checkpoint_dir=str(checkpoint_dir))
@@ -88,7 +86,6 @@ class PyTorchDDPTrainer:
                            config, self._loader(train_data), val_loader)
         if self.num_processes == 1 or under_launcher():
             return recipe()[0]  # the model trained here, in place
-        check_main_guard(f"{OWNER}.fit")
         payload = pickle_recipe(recipe, {"model": self.model, "optimizer": self.optimizer,
                                          "loss_fn": self.loss_fn, "train_data": train_data,
                                          "val_loader": val_loader}, OWNER)

@@ -194,13 +194,13 @@ class Trainer:
                         max_steps: Optional[int]) -> History:
         """``fit`` in ``num_processes`` workers started here (``launching``): rank 0's History,
         and its trained weights loaded into this model when every rank holds all of it."""
-        from .launching import check_main_guard, pickle_recipe, run_in_processes
+        from .launching import pickle_recipe, run_in_processes, stop_main_import
         from .launching.trainer_recipe import TrainerRecipe
         num_processes, backend, args, kwargs = self._spawn
         fit_kwargs = {k: v for k, v in (("epochs", epochs), ("max_steps", max_steps))
                       if v is not None}
         recipe = TrainerRecipe(args, kwargs, train_loader, val_loader, fit_kwargs)
-        check_main_guard("Trainer.fit")
+        stop_main_import("Trainer.fit")
         payload = pickle_recipe(recipe, recipe.parts(), "Trainer")
         self.history, weights = run_in_processes(payload, num_processes, backend=backend,
                                                  owner="Trainer.fit")

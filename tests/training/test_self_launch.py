@@ -148,22 +148,6 @@ def test_an_unpicklable_recipe_is_refused_before_any_process_starts(monkeypatch,
     assert "top level of a module" in str(caught.value)
 
 
-def test_an_unguarded_script_is_refused_before_any_process_starts(tmp_path):
-    script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent("""\
-        from self_launch_job import loader, small_model
-        from neural_arch.training.ddp_trainer import PyTorchDDPTrainer
-
-        trainer = PyTorchDDPTrainer(model=small_model(), num_gpus=2, batch_size=4)
-        history = trainer.fit(loader(4))
-        """))
-    result = subprocess.run([sys.executable, str(script)], env=script_env(),
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 1
-    assert "line 5) outside `if __name__ == \"__main__\":`" in result.stderr, result.stderr
-    assert "[rank" not in result.stdout + result.stderr  # no worker ever ran
-
-
 def test_a_model_defined_in_an_interactive_main_is_refused_before_any_process_starts():
     # python -c stands for a notebook or a REPL: a __main__ that a worker cannot import
     code = textwrap.dedent("""\

@@ -31,12 +31,22 @@ __all__ = ["DistributedLauncher", "LaunchError", "LaunchOutcome", "launch_distri
 TIMEOUT_EXIT_CODE = 124  # as coreutils' timeout
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Runs a callable target the way multiprocessing's "spawn" does: the parent's preparation data
-# (sys.path, cwd, main module as __mp_main__) first, then the pickled (function, args).
+# (sys.path, cwd, main module as __mp_main__) first, then the pickled (function, args). A main
+# script may end that import early by raising an exception that carries ``main_namespace``, its
+# globals so far (training.launching does at an unguarded training call): they become
+# __mp_main__, as spawn would have made them.
 _SPAWN_BOOTSTRAP = """\
-import os, pickle, sys
+import os, pickle, sys, types
 from multiprocessing import process, spawn
 process.current_process()._inheriting = True
-spawn.prepare(pickle.load(sys.stdin.buffer))
+try:
+    spawn.prepare(pickle.load(sys.stdin.buffer))
+except BaseException as stopped:
+    if getattr(stopped, "main_namespace", None) is None:
+        raise
+    main = types.ModuleType("__mp_main__")
+    main.__dict__.update(stopped.main_namespace)
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = main
 process.current_process()._inheriting = False
 fn, args = pickle.load(sys.stdin.buffer)
 sys.stdin = open(os.devnull)

@@ -5,6 +5,8 @@ call starts ``num_processes`` workers through the launcher (``processes``); each
 Trainer from the recipe, which joins the job the launcher describes, and fits; rank 0's
 ``History`` comes back. Already a rank of a job, it builds the Trainer and fits right here, so
 one script runs alike under ``python script.py``, the launcher, torchrun, mpirun and srun.
+A script may call it at its top level without ``if __name__ == "__main__":``: each worker runs
+the script only up to that call (``main_import``).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from typing import Any, Callable, Mapping, Optional
 from ...distributed import is_initialized
 from ...distributed.rendezvous.families import is_job_step, present
 from .processes import run_in_processes
-from .recipe_check import check_main_guard, importing_main, pickle_recipe
+from .main_import import importing_main, stop_main_import
+from .recipe_check import pickle_recipe
 
 OWNER = "fit_in_processes"
 
@@ -22,7 +25,12 @@ OWNER = "fit_in_processes"
 def under_launcher(environ: Optional[Mapping[str, str]] = None) -> bool:
     """True when this process is already a rank of a job: a process group exists, or a
     launcher's variables (ours, torchrun's, Horovod's, MPI's, srun's, ...) were set for it. A
-    SLURM batch script's inherited SLURM_PROCID is not an srun task (``is_job_step``)."""
+    SLURM batch script's inherited SLURM_PROCID is not an srun task (``is_job_step``).
+    While a worker imports the main script it is not one yet: the script's top level takes
+    the parent's path (a Trainer keeps its arguments) up to its training call, which ends the
+    import (``main_import``) rather than joining the job there."""
+    if importing_main():
+        return False
     if is_initialized():
         return True
     environ = os.environ if environ is None else environ
@@ -67,9 +75,7 @@ def fit_in_processes(make_trainer: Callable[[], Any], train_loader: Any, val_loa
     this process is already a rank of a job, the fit runs here. RuntimeError names a worker
     that failed (its rank, exit code or signal, and what it raised); the others are stopped.
     """
-    if importing_main():
-        raise RuntimeError(f"{OWNER} was called while this worker process imports the main "
-                           f"module; put the training under `if __name__ == \"__main__\":`")
+    stop_main_import(OWNER)
     if not callable(make_trainer) or callable(getattr(make_trainer, "fit", None)):
         raise TypeError(f"{OWNER}: make_trainer must be a callable that builds the Trainer in "
                         f"each worker (a Trainer made here has joined this process's group), "
@@ -78,7 +84,6 @@ def fit_in_processes(make_trainer: Callable[[], Any], train_loader: Any, val_loa
     recipe = FitRecipe(make_trainer, train_loader, val_loader, fit_kwargs)
     if num_processes == 1 or under_launcher():
         return recipe()
-    check_main_guard(OWNER)
     parts = {"make_trainer": make_trainer, "train_loader": train_loader,
              "val_loader": val_loader, **fit_kwargs}
     payload = pickle_recipe(recipe, parts, OWNER)

@@ -10,7 +10,6 @@ and unguarded, that import would start the training again in every worker.
 """
 from __future__ import annotations
 
-import ast
 import io
 import pickle
 import sys
@@ -77,49 +76,3 @@ def main_is_importable() -> bool:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     return bool(getattr(main, "__file__", None) or getattr(spec, "name", None))
-
-
-def check_main_guard(owner: str) -> None:
-    """RuntimeError when this call runs in the main script's top-level code outside
-    ``if __name__ == "__main__":`` (found by reading the script; silent when it cannot)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path or not str(path).endswith(".py"):
-        return
-    frame = sys._getframe(1)
-    while frame is not None and not (frame.f_code.co_name == "<module>"
-                                     and frame.f_globals is vars(main)):
-        frame = frame.f_back
-    if frame is None:  # not called from the script's top-level code at all
-        return
-    line = frame.f_lineno
-    try:
-        with open(path, encoding="utf-8") as handle:
-            tree = ast.parse(handle.read(), path)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _tests_main(node.test) \
-                and node.body[0].lineno <= line <= node.body[-1].end_lineno:
-            return
-    raise RuntimeError(f"{owner} is called at the top level of {path} (line {line}) outside "
-                       f"`if __name__ == \"__main__\":`; each worker process imports that "
-                       f"script to find what it defines, and would start the training again. "
-                       f"Put the training under `if __name__ == \"__main__\":`")
-
-
-def _tests_main(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` (either way round)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [s.id for s in sides if isinstance(s, ast.Name)]
-    values = [s.value for s in sides if isinstance(s, ast.Constant)]
-    return names == ["__name__"] and values == ["__main__"]
-
-
-def importing_main() -> bool:
-    """True while this process, a worker, still imports the main module (spawn's bootstrap)."""
-    from multiprocessing import process
-    return bool(getattr(process.current_process(), "_inheriting", False))

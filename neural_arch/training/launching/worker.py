@@ -5,7 +5,9 @@ recipe's return value in ``result_dir``; a rank whose recipe raises leaves the e
 text (with the time, so the parent can tell the first failure from its consequences: a peer
 of a failed rank fails too, a moment later) and then raises it again, so that its traceback
 reaches the console and its exit code the launcher. A rank that dies without raising
-(a signal, ``os._exit``) leaves nothing; the launcher's exit status names it.
+(a signal, ``os._exit``) leaves nothing; the launcher's exit status names it. A recipe that
+names what an unguarded script defines only below its training call is explained
+(``main_import``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import json
 import os
 import pickle
 import time
+from typing import Any
+
+from . import main_import
 
 RESULT_FILE = "result.pickle"
 
@@ -34,10 +39,20 @@ def _rank() -> int:
     return resolve(master_needed=False).rank
 
 
+def _load(recipe: bytes) -> Any:
+    try:
+        return pickle.loads(recipe)
+    except AttributeError as exc:
+        explained = main_import.missing_from_main(exc)
+        if explained is None:
+            raise
+        raise explained from exc
+
+
 def run_worker(recipe: bytes, result_dir: str) -> None:
     rank = _rank()
     try:
-        result = pickle.loads(recipe)()
+        result = _load(recipe)()
         if rank == 0:
             _write_atomically(os.path.join(result_dir, RESULT_FILE),
                               pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
