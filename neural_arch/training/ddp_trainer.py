@@ -97,24 +97,13 @@ class PyTorchDDPTrainer:
         return history
 
     def _loader(self, data: Any) -> Any:
-        """A DataLoader of ``batch_size`` per process: a Dataset is wrapped (shuffled), a plain
-        DataLoader of another batch size rebuilt (the Trainer adds the DistributedSampler)."""
-        if not isinstance(data, DataLoader):
-            if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
-                raise TypeError(f"{OWNER}.fit: train_data must be a DataLoader or a Dataset, "
-                                f"got {type(data).__name__}")
-            return DataLoader(data, batch_size=self.batch_size or 32, shuffle=True)
-        if self.batch_size is None or data.batch_size == self.batch_size:
-            return data
-        if data.sampler is not None:
-            raise ValueError(f"{OWNER}.fit: batch_size={self.batch_size} per process, but the "
-                             f"loader (batch_size={data.batch_size}) has its own sampler and "
-                             f"cannot be rebuilt; give it batch_size={self.batch_size}")
-        print(f"{OWNER}: the loader's batch_size={data.batch_size} is replaced by batch_size="
-              f"{self.batch_size} per process ({self.batch_size * self.num_processes} a step "
-              f"over {self.num_processes} processes)", flush=True)
-        return DataLoader(data.dataset, batch_size=self.batch_size, shuffle=data.shuffle,
-                          drop_last=data.drop_last, collate_fn=data.collate_fn)
+        loader = per_process_loader(data, self.batch_size, f"{OWNER}.fit")
+        if loader is not data and isinstance(data, DataLoader):
+            step = self.batch_size * self.num_processes
+            print(f"{OWNER}: the loader's batch_size={data.batch_size} is replaced by "
+                  f"batch_size={self.batch_size} per process ({step} a step over "
+                  f"{self.num_processes} processes)", flush=True)
+        return loader
 
     def _announce(self) -> None:
         if self._announced:
@@ -125,6 +114,25 @@ class PyTorchDDPTrainer:
             print(f"{OWNER}: no GPU here: num_gpus={self.num_processes} starts "
                   f"{self.num_processes} processes on the CPU ({self.backend} backend)",
                   flush=True)
+
+
+def per_process_loader(data: Any, batch_size: Optional[int], owner: str) -> Any:
+    """A DataLoader of ``batch_size`` rows per process: a Dataset is wrapped (shuffled, 32 rows
+    when no size is given), a plain DataLoader of another batch size rebuilt (the Trainer adds
+    the DistributedSampler); ``data`` itself when it already fits."""
+    if not isinstance(data, DataLoader):
+        if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+            raise TypeError(f"{owner}: the training data must be a DataLoader or a Dataset, "
+                            f"got {type(data).__name__}")
+        return DataLoader(data, batch_size=batch_size or 32, shuffle=True)
+    if batch_size is None or data.batch_size == batch_size:
+        return data
+    if data.sampler is not None:
+        raise ValueError(f"{owner}: batch_size={batch_size} per process, but the loader "
+                         f"(batch_size={data.batch_size}) has its own sampler and cannot be "
+                         f"rebuilt; give it batch_size={batch_size}")
+    return DataLoader(data.dataset, batch_size=batch_size, shuffle=data.shuffle,
+                      drop_last=data.drop_last, collate_fn=data.collate_fn)
 
 
 class DDPRecipe:

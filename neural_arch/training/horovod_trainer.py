@@ -25,9 +25,8 @@ import numpy as np
 
 from .. import functional as F
 from .. import horovod as hvd
-from ..data import DataLoader
 from .config import TrainingConfig
-from .ddp_trainer import OPTIMIZERS
+from .ddp_trainer import OPTIMIZERS, per_process_loader
 from .strategies.horovod import HorovodStrategy, join_horovod
 
 OWNER = "HorovodTrainer"
@@ -90,24 +89,8 @@ class HorovodTrainer:
                                    **self.optimizer_options)
         self.trainer = Trainer(self.model, optimizer, self.loss_fn, config,
                                strategy=HorovodStrategy(**self.strategy_options))
-        return self.trainer.fit(self._loader(train_loader), val_loader)
-
-    def _loader(self, data: Any) -> Any:
-        """A DataLoader of ``batch_size`` rows per process: a Dataset is wrapped (shuffled), a
-        DataLoader of another batch size rebuilt (the Trainer adds the sampler)."""
-        if not isinstance(data, DataLoader):
-            if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
-                raise TypeError(f"{OWNER}.fit: train_loader must be a DataLoader or a Dataset, "
-                                f"got {type(data).__name__}")
-            return DataLoader(data, batch_size=self.batch_size or 32, shuffle=True)
-        if self.batch_size is None or data.batch_size == self.batch_size:
-            return data
-        if data.sampler is not None:
-            raise ValueError(f"{OWNER}.fit: batch_size={self.batch_size} per process, but the "
-                             f"loader (batch_size={data.batch_size}) has its own sampler and "
-                             f"cannot be rebuilt; give it batch_size={self.batch_size}")
-        return DataLoader(data.dataset, batch_size=self.batch_size, shuffle=data.shuffle,
-                          drop_last=data.drop_last, collate_fn=data.collate_fn)
+        return self.trainer.fit(per_process_loader(train_loader, self.batch_size,
+                                                   f"{OWNER}.fit"), val_loader)
 
     def __repr__(self) -> str:
         return (f"{OWNER}({type(self.model).__name__}, optimizer={self.optimizer.__name__}, "
