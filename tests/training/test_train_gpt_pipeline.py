@@ -89,6 +89,16 @@ def test_four_processes_match_one_process(text, reference, tmp_path, flags, batc
     assert_follows(str(out), reference)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_eight_processes_on_a_full_3d_mesh_match_one_process(text, reference, tmp_path):
+    # dp 2 x tp 2 x pp 2: every parallelism at once, through the Trainer's pipeline strategy
+    out = tmp_path / "run"
+    run("--data", text, *MODEL, "--batch-size", 4, "--max-steps", 6, "--out-dir", out,
+        "--pp", 2, "--tp", 2, launcher=8)
+    assert_follows(str(out), reference)
+
+
 @pytest.mark.timeout(200)
 def test_clipping_on_a_tp_by_pp_mesh_matches_one_process_clipped(text, clipped_reference,
                                                                   tmp_path):
