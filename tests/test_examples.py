@@ -29,6 +29,18 @@ def test_train_digits_reaches_95_percent():
     assert "digits" in result.stderr  # the tqdm progress bar
 
 
+@pytest.mark.timeout(120)
+def test_the_self_launched_example_trains_in_two_processes_from_plain_python():
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "train_self_launched.py")],
+        capture_output=True, text=True, timeout=110, env=_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "on 2 data-parallel rank(s)" in result.stdout  # two workers, started by the script
+    match = re.search(r"^Final accuracy: ([0-9.]+)$", result.stdout, re.MULTILINE)
+    assert match and result.stdout.count("Training time: ") == 1, result.stdout[-2000:]
+    assert float(match.group(1)) >= 0.95
+
+
 @pytest.mark.timeout(300)
 def test_bench_step_writes_its_section(tmp_path):
     output = tmp_path / "RESULTS.md"

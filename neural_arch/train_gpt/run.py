@@ -3,7 +3,8 @@
 
 How the job is joined: ``--world-size``/``--rank`` given (one command per rank, as in the
 multi-node recipe) → a ``tcp://MASTER_ADDR:MASTER_PORT`` rendezvous; started by the launcher,
-mpirun or srun (their variables are set) → ``env://``; otherwise one process. ``--tp t``
+mpirun or srun (their variables are set) → ``env://``; otherwise one process (``--world-size
+N`` alone has already restarted the program under the launcher: ``self_launch``). ``--tp t``
 arranges the world as a (dp, tp) mesh: the model is split over each "tp" group and gradients
 are averaged over the "dp" group (the Trainer's "tensor_parallel" strategy). ``--pp p`` trains
 a ``GPT3D`` on a (dp, tp, pp) mesh (``pipeline_run``) with the same Trainer and its "pipeline"
@@ -28,12 +29,13 @@ from ..distributed.group.world import resolve_group
 from ..models.gpt import GPT, GPTConfig
 from ..optim import AdamW
 from ..training import Callback, Trainer, TrainingConfig
+from .announce import AnnounceResume, announce_backend
 from .args import UsageError
 from .out_dir_claim import claim_out_dir
 from .saved_run import RUN_FILE, TOKENIZER_FILE, load_failure, read_run_file
+from .self_launch import under_a_launcher
 from .text import Tokenizer, read_text, split_windows
 
-_LAUNCHED_BY = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 
 def join(args: argparse.Namespace) -> None:
@@ -41,14 +43,11 @@ def join(args: argparse.Namespace) -> None:
     if args.world_size is not None and (args.rank is not None or args.world_size == 1):
         init_process_group(backend, init_method=f"tcp://{args.master_addr}:{args.master_port}",
                            world_size=args.world_size, rank=args.rank or 0)
-    elif any(name in os.environ for name in _LAUNCHED_BY):
+    elif under_a_launcher():
         init_process_group(backend, world_size=args.world_size)
-    elif args.world_size not in (None, 1):
-        raise UsageError(f"--world-size {args.world_size} needs --rank on each process, or a "
-                         f"launcher (python -m neural_arch.distributed.launcher "
-                         f"--nproc_per_node={args.world_size} -m neural_arch.train_gpt ...)")
     else:
         init_process_group(backend, world_size=1, rank=0)
+    announce_backend(args)
 
 
 def gpu_of(device: str) -> str:
@@ -224,11 +223,13 @@ def _fit(args: argparse.Namespace, config: GPTConfig, tokenizer: Tokenizer, trai
         eval_interval=args.eval_interval, eval_batches=args.eval_batches,
         checkpoint_dir=checkpoints, save_interval=args.save_interval, resume=args.resume,
         metrics_dir=out_dir, tokens_per_sample=args.max_seq_length,
-        compute_accuracy=args.tp == 1 and args.pp == 1, progress_bar=not args.no_progress)
+        # a --tp model finds its predictions over the vocabulary split across its tp group
+        compute_accuracy=args.pp == 1, progress_bar=not args.no_progress)
     run_files = _SaveRunAtStart(out_dir, tokenizer, config, args)
+    callbacks = [run_files] + ([AnnounceResume(checkpoints)] if args.resume else [])
     # every tensor-parallel rank resumes from the newest step intact in all their directories
     trainer = Trainer(model, optimizer, config=cfg, group=dp_group,
-                      resume_group=resolve_group(None), callbacks=[run_files],
+                      resume_group=resolve_group(None), callbacks=callbacks,
                       strategy=strategy)
     if args.pp > 1:
         from .pipeline_run import announce_pipeline

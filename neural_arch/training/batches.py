@@ -65,19 +65,22 @@ def forward(model: Any, batch: Any, loss_fn: Optional[Callable]) -> Tuple[Any, T
     return output, loss, target
 
 
-def correct_predictions(output: Any, target: Any) -> Tuple[float, float]:
+def correct_predictions(output: Any, target: Any,
+                        predict: Optional[Callable] = None) -> Tuple[float, float]:
     """(correct, counted) of argmax predictions, when the output is class scores over the
     target's shape (a classifier's (N, C) for (N,), a language model's (B, T, V) for (B, T));
-    (0, 0) otherwise."""
+    (0, 0) otherwise. ``predict(scores)``, when given, replaces the argmax: a model's own
+    (a tensor-parallel GPT's scores are its shard of the vocabulary)."""
     if output is None or target is None:
         return 0.0, 0.0
     scores = output.data if isinstance(output, Tensor) else output
     labels = target.data if isinstance(target, Tensor) else target
-    # in host memory: a GPU model's scores are copied back
-    scores, labels = backend_for(scores).to_numpy(scores), backend_for(labels).to_numpy(labels)
+    labels = backend_for(labels).to_numpy(labels)
     if labels.dtype.kind not in "iu" or scores.ndim != labels.ndim + 1 \
-            or scores.shape[:-1] != labels.shape:
+            or tuple(scores.shape[:-1]) != labels.shape:
         return 0.0, 0.0
+    predicted = scores.argmax(axis=-1) if predict is None else predict(scores)
+    predicted = backend_for(predicted).to_numpy(predicted)  # a GPU model's, copied back
     valid = labels >= 0  # -1 marks ignored positions (as cross_entropy's ignore_index)
-    hits = (scores.argmax(axis=-1) == labels) & valid
+    hits = (predicted == labels) & valid
     return float(hits.sum()), float(valid.sum())

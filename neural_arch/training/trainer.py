@@ -211,6 +211,8 @@ class Trainer:
     def evaluate(self, loader: Any) -> Dict[str, Optional[float]]:
         """Loss and accuracy over ``loader`` (this rank's share), averaged over the ranks."""
         sums = np.zeros(4)  # loss * samples, samples, correct, counted
+        # a model that decides its predictions itself (a tensor-parallel GPT: over its group)
+        predict = getattr(self.model, "predicted_tokens", None)
         self.strategy.eval()
         with no_grad():
             for index, batch in enumerate(loader):
@@ -218,7 +220,7 @@ class Trainer:
                     break
                 output, loss, target = self.strategy.evaluation_step(batch, self.loss_fn)
                 n = batch_size_of(batch)
-                correct, counted = (correct_predictions(output, target)
+                correct, counted = (correct_predictions(output, target, predict)
                                     if self.config.compute_accuracy else (0.0, 0.0))
                 sums += (loss * n, n, correct, counted)
         self.strategy.reduce(sums)

@@ -20,8 +20,8 @@ model left it (dropout then draws the dense model's masks: ``dropout``). The mod
 the dense GPT's, so ``state_dict()`` has the dense keys (this rank's shapes).
 
 The model becomes a ``TensorParallelGPT`` (a subclass of its class, as torch's ``fully_shard``
-does): its loss is the vocabulary-parallel cross-entropy, ``generate`` gathers the last
-position's logits, and ``dense_state_dict`` / ``load_dense_state_dict`` go to and from the
+does): its loss is the vocabulary-parallel cross-entropy, ``predicted_tokens`` is the argmax over
+the split vocabulary (``argmax``), ``generate`` gathers the last position's logits, and ``dense_state_dict`` / ``load_dense_state_dict`` go to and from the
 dense model's state (``sharding``).
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ...core.tensor import Tensor
 from ...models.gpt import GPT
 from ..group.world import ProcessGroup
 from ._group import group_rank_size
+from .argmax import vocab_parallel_argmax
 from .cross_entropy import vocab_parallel_cross_entropy
 from .mappings import gather_from_tensor_parallel_region
 from .parallelize import parallelize_module, tensor_parallel_group
@@ -92,6 +93,11 @@ class TensorParallelGPT(GPT):
 
     def _next_token_logits(self, context: Any) -> Tensor:
         return next_token_logits(self, context)
+
+    def predicted_tokens(self, logits: Any) -> Any:
+        """The argmax token ids (B, T) of this rank's vocabulary shard ``logits`` (B, T, V/t)
+        over the whole vocabulary (``Trainer`` accuracy); collective over the tp group."""
+        return vocab_parallel_argmax(logits, self.tp_group)
 
     def load_dense_state_dict(self, state_dict: Any, strict: bool = True) -> Any:
         """Each rank takes its shards of a dense GPT's ``state_dict()``."""
