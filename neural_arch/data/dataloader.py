@@ -9,6 +9,7 @@ import numpy as np
 from ..core import Tensor
 from ..core.random import get_rng
 from .dataset import batch_fetcher
+from .worker_pool import WorkerPool, get_context
 
 
 def _to_tensor(array: np.ndarray) -> Tensor:
@@ -48,24 +49,40 @@ def default_collate(samples: Sequence[Any]) -> Any:
 
 
 def _check_worker_options(num_workers: Any, timeout: Any, prefetch_factor: Any,
-                          persistent_workers: bool) -> None:
+                          persistent_workers: bool, worker_init_fn: Any) -> Optional[int]:
+    """Validate torch's worker options; the prefetch factor to use (2 per worker by default)."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
             or num_workers < 0:
         raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
-    if num_workers > 0:
-        raise ValueError(f"DataLoader(num_workers={num_workers}): worker processes are not "
-                         f"supported; use num_workers=0 (batches are made in the training "
-                         f"process; a TensorDataset, or a dataset with _fetch_batch, fetches a "
-                         f"whole batch with one indexing)")
-    if timeout != 0:
-        raise ValueError(f"timeout={timeout!r} applies to worker processes; with "
-                         f"num_workers=0 it must be 0")
-    if prefetch_factor is not None:
-        raise ValueError(f"prefetch_factor={prefetch_factor!r} applies to worker processes; "
-                         f"with num_workers=0 leave it None")
-    if persistent_workers:
-        raise ValueError("persistent_workers=True needs worker processes (num_workers > 0); "
-                         "with num_workers=0 leave it False")
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
+    if num_workers == 0:
+        if timeout != 0:
+            raise ValueError(f"timeout={timeout!r} applies to worker processes; with "
+                             f"num_workers=0 it must be 0")
+        if prefetch_factor is not None:
+            raise ValueError(f"prefetch_factor={prefetch_factor!r} applies to worker processes; "
+                             f"with num_workers=0 leave it None")
+        if persistent_workers:
+            raise ValueError("persistent_workers=True needs worker processes (num_workers > 0); "
+                             "with num_workers=0 leave it False")
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+    if prefetch_factor is None:
+        return 2
+    if isinstance(prefetch_factor, bool) or not isinstance(prefetch_factor, (int, np.integer)) \
+            or prefetch_factor < 1:
+        raise ValueError(f"prefetch_factor must be a positive integer, got {prefetch_factor!r}")
+    return int(prefetch_factor)
+
+
+def _arrays_to_tensors(arrays: Sequence[np.ndarray]) -> tuple:
+    return tuple(_to_tensor(a) for a in arrays)
+
+
+def _unchanged(batch: Any) -> Any:
+    return batch
 
 
 class DataLoader:
@@ -76,12 +93,22 @@ class DataLoader:
     (``manual_seed``) is used. ``sampler`` is any iterable of indices with ``__len__`` (for
     example ``DistributedSampler``) and excludes ``shuffle``.
 
-    torch's loading options are accepted so that ported scripts run unchanged: batches are
-    always made in this process (``num_workers=0``; a dataset with ``_fetch_batch``, as
-    ``TensorDataset``, builds a whole batch with one indexing and needs no workers), and
-    ``pin_memory`` changes nothing (batches are host arrays, moved by ``.to(device)``).
-    ``persistent_workers``, ``prefetch_factor`` and ``timeout`` concern workers, so, as in
-    torch, they are refused without them; ``worker_init_fn`` is never called.
+    ``num_workers > 0`` makes batches in that many worker processes, with torch's semantics
+    (see ``worker_pool``): the sampler runs here, so the batches and their order are those of
+    ``num_workers=0``; ``prefetch_factor`` batches per worker are in flight (default 2);
+    ``worker_init_fn(worker_id)`` runs once in each worker after it is seeded with
+    ``base_seed + worker_id`` (``random``, NumPy's global generator and ``manual_seed``; the base
+    seed comes from ``seed`` and the epoch, or from the global generator without disturbing
+    its draws); ``get_worker_info()`` tells a dataset which worker it runs in;
+    ``persistent_workers`` keeps the workers from one epoch to the next; ``timeout`` (seconds,
+    0 = none) bounds the wait for one batch; ``multiprocessing_context`` is ``"fork"`` by
+    default (as torch on Linux) or ``"spawn"`` (dataset and functions must then be picklable).
+    A worker's exception is raised here naming the worker, with its traceback; a worker that
+    dies is a ``RuntimeError`` naming it and its signal or exit code. A dataset with
+    ``_fetch_batch``, as ``TensorDataset``, builds a whole batch with one indexing and seldom
+    gains from workers. ``pin_memory`` changes nothing (batches are host arrays, moved by
+    ``.to(device)``). Without workers, as in torch, the worker options are refused and
+    ``worker_init_fn`` is never called.
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
@@ -89,13 +116,19 @@ class DataLoader:
                  seed: Optional[int] = None, collate_fn: Optional[Callable[[List[Any]], Any]] = None,
                  num_workers: int = 0, pin_memory: bool = False, timeout: float = 0,
                  worker_init_fn: Optional[Callable[[int], None]] = None,
-                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False
-                 ) -> None:
+                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
+                 multiprocessing_context: Any = None) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        _check_worker_options(num_workers, timeout, prefetch_factor, persistent_workers)
-        self.num_workers, self.pin_memory = 0, bool(pin_memory)
+        self.prefetch_factor = _check_worker_options(num_workers, timeout, prefetch_factor,
+                                                     persistent_workers, worker_init_fn)
+        self.num_workers, self.pin_memory = int(num_workers), bool(pin_memory)
+        self.timeout, self.worker_init_fn = timeout, worker_init_fn
+        self.persistent_workers = bool(persistent_workers)
+        self.multiprocessing_context = (get_context(multiprocessing_context)
+                                        if self.num_workers else multiprocessing_context)
+        self._persistent_pool: Optional[WorkerPool] = None
         if sampler is not None and shuffle:
             raise ValueError("sampler and shuffle=True are mutually exclusive")
         if sampler is not None and not hasattr(sampler, "__len__"):
@@ -118,15 +151,51 @@ class DataLoader:
         rng = get_rng() if self.seed is None else np.random.default_rng((self.seed, self.epoch))
         return rng.permutation(n).astype(np.int64, copy=False)
 
+    def _batch_index_lists(self, indices: np.ndarray) -> List[np.ndarray]:
+        stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
+        return [indices[start:start + self.batch_size]
+                for start in range(0, stop, self.batch_size)]
+
     def __iter__(self) -> Iterator[Any]:
+        if self.num_workers == 0:
+            return self._batches_in_this_process()
+        epoch = self.epoch
+        batches = self._batch_index_lists(self._indices())
+        self.epoch += 1
+        pool = self._persistent_pool
+        if pool is None or pool.closed:
+            pool = self._start_workers(epoch)
+            if self.persistent_workers:
+                self._persistent_pool = pool
+        pool.start_epoch(batches)
+        return pool
+
+    def _base_seed(self, epoch: int) -> int:
+        """Workers' base seed: from ``seed`` and the epoch, else from the global generator by
+        spawning a child, which leaves the generator's own draws (the shuffles) unchanged."""
+        if self.seed is not None:
+            source = np.random.default_rng((self.seed, epoch, 1))
+        else:
+            generator = get_rng()
+            source = generator.spawn(1)[0] if hasattr(generator, "spawn") else generator
+        return int(source.integers(2 ** 62))
+
+    def _start_workers(self, epoch: int) -> WorkerPool:
+        fetch = batch_fetcher(self.dataset) if self.collate_fn is None else None
+        collate = None if fetch is not None else (self.collate_fn or default_collate)
+        return WorkerPool(self.dataset, collate, self.num_workers, self.prefetch_factor,
+                          self.timeout, self.worker_init_fn, self._base_seed(epoch),
+                          self.multiprocessing_context,
+                          _arrays_to_tensors if fetch is not None else _unchanged,
+                          persistent=self.persistent_workers)
+
+    def _batches_in_this_process(self) -> Iterator[Any]:
         indices = self._indices()
         self.epoch += 1
         fetch = batch_fetcher(self.dataset) if self.collate_fn is None else None
-        stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
-        for start in range(0, stop, self.batch_size):
-            batch = indices[start:start + self.batch_size]
+        for batch in self._batch_index_lists(indices):
             if fetch is not None:
-                yield tuple(_to_tensor(a) for a in fetch(batch))
+                yield _arrays_to_tensors(fetch(batch))
             else:
                 samples = [self.dataset[int(i)] for i in batch]
                 yield (self.collate_fn or default_collate)(samples)

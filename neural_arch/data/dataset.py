@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -84,13 +85,22 @@ def batch_fetcher(dataset: Any) -> Optional[Callable[[np.ndarray], Tuple[np.ndar
 
 
 def _split_lengths(total: int, lengths: Sequence[Union[int, float]]) -> List[int]:
-    if all(isinstance(x, (int, np.integer)) for x in lengths):
-        counts = [int(x) for x in lengths]
-    elif math.isclose(sum(lengths), 1.0) and all(0 <= x <= 1 for x in lengths):
-        # Fractions: floor each, then hand the remainder out round-robin (as PyTorch does).
-        counts = [int(math.floor(total * frac)) for frac in lengths]
+    if math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
+        # Fractions (torch's rule, so [1, 0] is one too): floor each, then hand the remainder
+        # out round-robin.
+        for index, fraction in enumerate(lengths):
+            if not 0 <= fraction <= 1:
+                raise ValueError(f"Fraction at index {index} is not between 0 and 1: "
+                                 f"{fraction!r} in lengths {list(lengths)}")
+        counts = [int(math.floor(total * fraction)) for fraction in lengths]
         for i in range(total - sum(counts)):
             counts[i % len(counts)] += 1
+        for index, count in enumerate(counts):
+            if count == 0:
+                warnings.warn(f"Length of split at index {index} is 0. This might result in an "
+                              f"empty dataset.")
+    elif all(isinstance(x, (int, np.integer)) for x in lengths):
+        counts = [int(x) for x in lengths]
     else:
         raise ValueError(f"lengths must be integers or fractions summing to 1, got {list(lengths)}")
     if any(c < 0 for c in counts) or sum(counts) != total:
@@ -99,9 +109,15 @@ def _split_lengths(total: int, lengths: Sequence[Union[int, float]]) -> List[int
     return counts
 
 
-def random_split(dataset: Any, lengths: Sequence[Union[int, float]], seed: Optional[int] = None,
-                 generator: Optional[np.random.Generator] = None) -> List[Subset]:
-    """Split into non-overlapping random subsets of the given lengths (or fractions)."""
+def random_split(dataset: Any, lengths: Sequence[Union[int, float]],
+                 generator: Optional[np.random.Generator] = None, *,
+                 seed: Optional[int] = None) -> List[Subset]:
+    """Split into non-overlapping random subsets of the given lengths (or fractions summing to
+    1), as torch: each call draws a new split from the global generator (``manual_seed``) unless
+    ``generator`` (a ``numpy.random.Generator``) or ``seed`` fixes it."""
+    if generator is not None and not isinstance(generator, np.random.Generator):
+        raise TypeError(f"generator must be a numpy.random.Generator, got "
+                        f"{type(generator).__name__}")
     total = len(dataset)
     counts = _split_lengths(total, lengths)
     order = resolve_rng(seed, generator).permutation(total)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from ..._lazy import lazy_names
 from ...data import (DataLoader, Dataset, Subset, TensorDataset, default_collate,
                      random_split)
+from ...data import WorkerInfo, get_worker_info
 
 
 __getattr__, __dir__ = lazy_names(__name__, {"DistributedSampler": ".distributed"})
 
 __all__ = ["DataLoader", "Dataset", "Subset", "TensorDataset", "default_collate",
            "random_split", "DistributedSampler"]
+__all__ += ["get_worker_info", "WorkerInfo"]
