@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -155,6 +155,17 @@ class DataLoader:
         stop = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
         return [indices[start:start + self.batch_size]
                 for start in range(0, stop, self.batch_size)]
+
+    def worker_options(self) -> Dict[str, Any]:
+        """The worker settings as keyword arguments, for a loader rebuilt over the same data
+        (with a sampler of its own, say) that must make its batches the same way."""
+        if not self.num_workers:
+            return {"pin_memory": self.pin_memory}
+        return {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                "timeout": self.timeout, "worker_init_fn": self.worker_init_fn,
+                "prefetch_factor": self.prefetch_factor,
+                "persistent_workers": self.persistent_workers,
+                "multiprocessing_context": self.multiprocessing_context}
 
     def __iter__(self) -> Iterator[Any]:
         if self.num_workers == 0:

@@ -32,7 +32,8 @@ def shard_loader(loader: Any, world: int, rank: int, shuffle: Optional[bool],
     sampler = DistributedSampler(len(loader.dataset), num_replicas=world, rank=rank,
                                  shuffle=bool(shuffle), seed=seed)
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler,
-                      drop_last=loader.drop_last, collate_fn=loader.collate_fn)
+                      drop_last=loader.drop_last, collate_fn=loader.collate_fn,
+                      **loader.worker_options())
 
 
 def batch_size_of(batch: Any) -> int:

@@ -132,7 +132,8 @@ def per_process_loader(data: Any, batch_size: Optional[int], owner: str) -> Any:
                          f"(batch_size={data.batch_size}) has its own sampler and cannot be "
                          f"rebuilt; give it batch_size={batch_size}")
     return DataLoader(data.dataset, batch_size=batch_size, shuffle=data.shuffle,
-                      drop_last=data.drop_last, collate_fn=data.collate_fn)
+                      drop_last=data.drop_last, collate_fn=data.collate_fn,
+                      **data.worker_options())
 
 
 class DDPRecipe:
