@@ -14,7 +14,11 @@ from .core.fused_activations import erf as _erf
 from .core.fused_activations import causal_softmax, gelu, log_softmax, softmax
 from .core.fused_layers import dropout, embedding, layer_norm, linear
 from .core.fused_losses import cross_entropy, nll_loss
+from .core.ops_batchnorm import batch_norm
+from .core.ops_channel_dropout import dropout2d
+from .core.ops_conv import conv1d, conv2d
 from .core.ops_elementwise import operand
+from .core.ops_pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from .core.ops_shape import where
 from .core.tensor import Tensor
 
@@ -24,6 +28,8 @@ __all__ = [
     "linear", "relu", "gelu", "tanh", "sigmoid", "silu", "erf", "softmax", "log_softmax",
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy_with_logits",
     "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "where",
+    "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
+    "dropout2d",
 ]
 
 

@@ -2,7 +2,10 @@
 from . import functional, init  # ``functional``: the functional API at torch's path
 from .activation import GELU, ReLU, Sigmoid, Softmax, Tanh
 from .attention import CausalSelfAttention, MultiheadAttention
+from .batchnorm import BatchNorm1d, BatchNorm2d
+from .channel_dropout import Dropout2d
 from .container import ModuleList, Sequential
+from .conv import Conv1d, Conv2d
 from .dropout import Dropout
 from .embedding import Embedding
 from .linear import Flatten, Identity, Linear
@@ -10,6 +13,7 @@ from .loss import CrossEntropyLoss, MSELoss
 from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
+from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .serialization import load_state_dict_file, save_state_dict
 
 __all__ = [
@@ -18,4 +22,6 @@ __all__ = [
     "MultiheadAttention", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "init",
     "functional",
     "save_state_dict", "load_state_dict_file",
+    "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d",
+    "BatchNorm2d", "Dropout2d",
 ]

@@ -1,0 +1,148 @@
+"""Batch normalisation over every dimension but the channels (dim 1), torch's ``batch_norm``.
+
+Training normalises with the batch's mean and biased variance in one graph node with its own
+backward; the running estimates are updated with the unbiased variance, as torch. Evaluation
+(or any call with fixed statistics) is a per-channel affine map.
+
+Two seams serve a synchronised variant (statistics over every process of a group):
+``statistics(x, axes) -> (mean, biased var, count)`` computes the batch statistics, and
+``reduce_sums(sums) -> sums`` turns the per-channel gradient sums of the input gradient
+(shape (2, C): sum of g, sum of g * x_hat) into the group's sums. The defaults are local.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+from ..backends import xp_of
+from .grad_mode import GRAD_MODE
+from .tensor import Tensor, _constant, _node
+
+Statistics = Callable[[Any, Tuple[int, ...]], Tuple[Any, Any, int]]
+
+
+def reduced_axes(op: str, xd: Any) -> Tuple[int, ...]:
+    if xd.ndim < 2:
+        raise ValueError(f"{op}: expected an input of shape (N, C, ...), got {tuple(xd.shape)}")
+    return (0,) + tuple(range(2, xd.ndim))
+
+
+def local_statistics(xd: Any, axes: Tuple[int, ...]) -> Tuple[Any, Any, int]:
+    """Per-channel mean, biased variance (two passes, for accuracy) and element count."""
+    count = xd.size // xd.shape[1]
+    mean = xd.mean(axis=axes)
+    centered = xd - mean.reshape(_channel_shape(xd))
+    return mean, (centered * centered).mean(axis=axes), count
+
+
+def _channel_shape(xd: Any) -> Tuple[int, ...]:
+    return (1, xd.shape[1]) + (1,) * (xd.ndim - 2)
+
+
+def _check_params(op: str, xd: Any, weight: Optional[Tensor], bias: Optional[Tensor]) -> None:
+    for label, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.data.shape) != (xd.shape[1],):
+            raise ValueError(f"{op}: {label} shape {tuple(p.data.shape)} does not match the "
+                             f"{xd.shape[1]} channels of input shape {tuple(xd.shape)}")
+
+
+def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                        eps: float, statistics: Statistics = local_statistics,
+                        reduce_sums: Optional[Callable[[Any], Any]] = None
+                        ) -> Tuple[Tensor, Any, Any, int]:
+    """Normalise with the batch's statistics: (output, mean, biased var, count)."""
+    op = "batch_norm"
+    xd = x.data
+    axes = reduced_axes(op, xd)
+    _check_params(op, xd, weight, bias)
+    mean, var, count = statistics(xd, axes)
+    if count <= 1:
+        raise ValueError(f"{op}: expected more than 1 value per channel when training, got "
+                         f"input shape {tuple(xd.shape)}")
+    shape = _channel_shape(xd)
+    inv_std = 1.0 / (var + eps) ** 0.5
+    normalized = (xd - mean.reshape(shape)) * inv_std.reshape(shape)
+    wd = None if weight is None else weight.data.reshape(shape)
+    out = normalized if wd is None else normalized * wd
+    if bias is not None:
+        out = out + bias.data.reshape(shape)
+    parents = tuple(t for t in (x, weight, bias) if t is not None)
+    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
+        return _constant(out), mean, var, count
+
+    def backward(g: Any) -> tuple:
+        sum_g = g.sum(axis=axes)
+        sum_g_hat = (g * normalized).sum(axis=axes)
+        grads = []
+        if x.requires_grad:
+            sums = xp_of(g).stack([sum_g, sum_g_hat])
+            if reduce_sums is not None:
+                sums = reduce_sums(sums)
+            scale = inv_std if wd is None else inv_std * wd.reshape(-1)
+            gx = (g - (sums[0] / count).reshape(shape)
+                  - normalized * (sums[1] / count).reshape(shape)) * scale.reshape(shape)
+            grads.append(gx)
+        else:
+            grads.append(None)
+        if weight is not None:
+            grads.append(sum_g_hat if weight.requires_grad else None)
+        if bias is not None:
+            grads.append(sum_g if bias.requires_grad else None)
+        return tuple(grads)
+
+    return _node(out, parents, backward), mean, var, count
+
+
+def batch_norm_fixed(x: Tensor, mean: Any, var: Any, weight: Optional[Tensor],
+                     bias: Optional[Tensor], eps: float) -> Tensor:
+    """Normalise with given per-channel statistics (evaluation): ``x * scale + shift``."""
+    op = "batch_norm"
+    xd = x.data
+    axes = reduced_axes(op, xd)
+    _check_params(op, xd, weight, bias)
+    shape = _channel_shape(xd)
+    inv_std = (1.0 / (var + eps) ** 0.5).astype(xd.dtype)
+    scale = inv_std if weight is None else inv_std * weight.data
+    shift = -mean * scale if bias is None else bias.data - mean * scale
+    out = xd * scale.reshape(shape) + shift.reshape(shape)
+    parents = tuple(t for t in (x, weight, bias) if t is not None)
+    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
+        return _constant(out)
+
+    def backward(g: Any) -> tuple:
+        grads = [g * scale.reshape(shape) if x.requires_grad else None]
+        if weight is not None:
+            normalized = (xd - mean.reshape(shape)) * inv_std.reshape(shape)
+            grads.append((g * normalized).sum(axis=axes) if weight.requires_grad else None)
+        if bias is not None:
+            grads.append(g.sum(axis=axes) if bias.requires_grad else None)
+        return tuple(grads)
+
+    return _node(out, parents, backward)
+
+
+def update_running(running_mean: Optional[Tensor], running_var: Optional[Tensor], mean: Any,
+                   var: Any, count: int, momentum: float) -> None:
+    """``running = (1 - momentum) * running + momentum * batch``, in place; the variance
+    enters unbiased (times count / (count - 1)), as torch."""
+    if running_mean is not None:
+        running_mean.data *= 1.0 - momentum
+        running_mean.data += (momentum * mean).astype(running_mean.data.dtype)
+    if running_var is not None:
+        running_var.data *= 1.0 - momentum
+        running_var.data += (momentum * var * (count / (count - 1))).astype(
+            running_var.data.dtype)
+
+
+def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> Tensor:
+    """torch's ``F.batch_norm``: batch statistics when ``training`` (updating the running
+    ones in place when given), else the running statistics."""
+    if training:
+        out, mean, var, count = batch_norm_training(input, weight, bias, eps)
+        update_running(running_mean, running_var, mean, var, count, momentum)
+        return out
+    if running_mean is None or running_var is None:
+        raise ValueError("batch_norm: running_mean and running_var are required when "
+                         "training=False")
+    return batch_norm_fixed(input, running_mean.data, running_var.data, weight, bias, eps)
