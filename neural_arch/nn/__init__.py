@@ -14,6 +14,8 @@ from .module import IncompatibleKeys, Module
 from .normalization import LayerNorm
 from .parameter import Parameter
 from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
+from .rnn import GRU, LSTM, RNN, RNNBase
+from .rnn_cell import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from .serialization import load_state_dict_file, save_state_dict
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "MultiheadAttention", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "init",
     "functional",
     "save_state_dict", "load_state_dict_file",
+    "RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell",
     "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d",
     "BatchNorm2d", "Dropout2d",
 ]
