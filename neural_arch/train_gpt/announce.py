@@ -3,12 +3,9 @@ the checkpoint a ``--resume`` continues from."""
 from __future__ import annotations
 
 import argparse
-import os
-from typing import Any, Optional
+from typing import Any
 
 from ..distributed import get_backend, get_rank
-from ..distributed.checkpoint.directory import CheckpointDirectory
-from ..distributed.checkpoint.format import parse_checkpoint_name
 from ..training import Callback
 
 
@@ -20,31 +17,18 @@ def announce_backend(args: argparse.Namespace) -> None:
               f"automatically)", flush=True)
 
 
-def checkpoint_of_step(directory: str, step: int) -> Optional[str]:
-    """The checkpoint directory in ``directory`` saved at ``step`` (names carry the step)."""
-    for path in reversed(CheckpointDirectory(directory).list()):
-        parsed = parse_checkpoint_name(os.path.basename(path))
-        if parsed is not None and parsed[1] == step:
-            return path
-    return None
-
-
 class AnnounceResume(Callback):
     """Once the Trainer has loaded a checkpoint, rank 0 says which one: the step it continues
     after, and the epoch it continues in (numbered from 1, as the run's lines number them).
-    ``directory``: rank 0's checkpoint directory."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
+    The checkpoint is the one the loader chose (``Trainer.resumed_from``): the newest intact
+    one, which is not the newest when that one is damaged."""
 
     def on_fit_start(self, trainer: Any) -> None:
-        # step 0: nothing was loaded (claim_out_dir has already warned that there is none)
-        if get_rank() != 0 or trainer.step == 0:
+        # None: nothing was loaded (claim_out_dir has already warned that there is none)
+        if get_rank() != 0 or trainer.resumed_from is None:
             return
-        path = checkpoint_of_step(self.directory, trainer.step) or \
-            f"the checkpoint of step {trainer.step} in {self.directory}"
-        print(f"resumed from {path} (step {trainer.step}, epoch {trainer.epoch + 1})",
-              flush=True)
+        print(f"resumed from {trainer.resumed_from} (step {trainer.step}, epoch "
+              f"{trainer.epoch + 1})", flush=True)
 
 
-__all__ = ["AnnounceResume", "announce_backend", "checkpoint_of_step"]
+__all__ = ["AnnounceResume", "announce_backend"]

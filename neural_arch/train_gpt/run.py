@@ -223,10 +223,11 @@ def _fit(args: argparse.Namespace, config: GPTConfig, tokenizer: Tokenizer, trai
         eval_interval=args.eval_interval, eval_batches=args.eval_batches,
         checkpoint_dir=checkpoints, save_interval=args.save_interval, resume=args.resume,
         metrics_dir=out_dir, tokens_per_sample=args.max_seq_length,
-        # a --tp model finds its predictions over the vocabulary split across its tp group
-        compute_accuracy=args.pp == 1, progress_bar=not args.no_progress)
+        # --tp (and --pp's last stage) find the predictions over the vocabulary split across
+        # the tp group, without gathering the logits
+        compute_accuracy=True, progress_bar=not args.no_progress)
     run_files = _SaveRunAtStart(out_dir, tokenizer, config, args)
-    callbacks = [run_files] + ([AnnounceResume(checkpoints)] if args.resume else [])
+    callbacks = [run_files] + ([AnnounceResume()] if args.resume else [])
     # every tensor-parallel rank resumes from the newest step intact in all their directories
     trainer = Trainer(model, optimizer, config=cfg, group=dp_group,
                       resume_group=resolve_group(None), callbacks=callbacks,

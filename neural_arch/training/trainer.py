@@ -15,7 +15,8 @@ parallel; the "pipeline" strategy takes its model's); default: the whole world.
 ``resume_group`` (default: ``group``) holds every rank that must resume from the same step:
 tensor-parallel ranks checkpoint their own shards into directories of their own, over their
 data-parallel groups, so they pass the whole world, and a resume takes the newest step whose
-checkpoint is intact in every directory (``DistributedCheckpointManager``).
+checkpoint is intact in every directory (``DistributedCheckpointManager``); ``resumed_from``
+then names the checkpoint that was loaded (None when the run did not resume).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class Trainer:
                  strategy: Any = None, num_processes: Optional[int] = None) -> None:
         self.config = config if config is not None else TrainingConfig()
         self._spawn = None
+        self.resumed_from: Optional[str] = None  # the checkpoint fit() resumed from, if any
         if num_processes is not None and self._spawns(num_processes, group, resume_group):
             # Not yet a rank of a job: fit() starts the workers; each builds this Trainer.
             self.model, self.optimizer, self.history = model, optimizer, None
@@ -211,8 +213,10 @@ class Trainer:
     def evaluate(self, loader: Any) -> Dict[str, Optional[float]]:
         """Loss and accuracy over ``loader`` (this rank's share), averaged over the ranks."""
         sums = np.zeros(4)  # loss * samples, samples, correct, counted
-        # a model that decides its predictions itself (a tensor-parallel GPT: over its group)
-        predict = getattr(self.model, "predicted_tokens", None)
+        # a strategy or model that decides its predictions itself (a tensor-parallel GPT, a
+        # pipeline's last stage: the argmax over the vocabulary split across the tp group)
+        predict = getattr(self.strategy, "predicted_tokens", None) or getattr(
+            self.model, "predicted_tokens", None)
         self.strategy.eval()
         with no_grad():
             for index, batch in enumerate(loader):
@@ -251,6 +255,7 @@ class Trainer:
         extra = self._manager.load(scheduler=self.scheduler, sampler=sampler)
         if extra is None:
             return False
+        self.resumed_from = getattr(self._manager, "loaded_path", None)
         self.step = int(extra["step"])
         if "epoch" in extra:
             self.epoch, self._position = int(extra["epoch"]), int(extra["position"])

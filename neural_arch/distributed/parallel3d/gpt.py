@@ -203,11 +203,13 @@ class GPT3D:
         return float(value[0])
 
     # ----- evaluation -------------------------------------------------------------------
-    def evaluate(self, idx: Any, targets: Any) -> float:
+    def evaluate(self, idx: Any, targets: Any, logits: Optional[List[Any]] = None) -> float:
         """The mean loss over the global batch ``(idx, targets)`` (the same on every rank), on
         every rank, without gradients or a step. Each dp replica runs its slice through the
         stages in stage order, whole (nothing is kept for a backward, so micro-batches would
-        only add messages): the rows need only split into dp equal slices. Dropout is off."""
+        only add messages): the rows need only split into dp equal slices. Dropout is off.
+        ``logits``: a list the last stage appends its output to (its replica's rows, its tp
+        rank's shard of the vocabulary), for the caller's accuracy."""
         x = self._replica_slice(idx, "idx", n_microbatches=1)
         y = self._replica_slice(targets, "targets", n_microbatches=1)
         start_tied_equal(self.stages)  # as the first train_step does
@@ -217,15 +219,17 @@ class GPT3D:
             for piece in self.pieces:
                 piece.eval()
             with no_grad():
-                self._forward_stages(x, y, losses)
+                self._forward_stages(x, y, losses, logits)
         finally:
             for piece, mode in zip(self.pieces, modes):
                 piece.train(mode)
         return self._global_loss(losses)
 
-    def _forward_stages(self, x: np.ndarray, y: np.ndarray, losses: List[Any]) -> None:
+    def _forward_stages(self, x: np.ndarray, y: np.ndarray, losses: List[Any],
+                        logits: Optional[List[Any]] = None) -> None:
         """This rank's stages in order, each taking the previous stage's activation (sent over
-        the pp group when another rank ran it); the last stage appends the loss."""
+        the pp group when another rank ran it); the last stage appends the loss (and its
+        output to ``logits``)."""
         value: Any = x
         for index in range(self.num_stages):
             if index % self.pp != self.pp_rank:
@@ -236,6 +240,8 @@ class GPT3D:
             out = piece(value if index == 0 else Tensor(value))
             if index == self.num_stages - 1:
                 losses.append(tensor_parallel_loss(out, y, self.tp_group))
+                if logits is not None:
+                    logits.append(out)
                 return
             value = np.ascontiguousarray(out.data)
             if (index + 1) % self.pp != self.pp_rank:

@@ -4,7 +4,8 @@ loss scaler: ``DistributedCheckpointManager`` behind the two calls the ``Trainer
 ``save(epoch, step, loss, loop_state, scheduler, sampler)`` writes a checkpoint (collective
 over the data group; its rank 0 writes) and returns its path; ``load(scheduler, sampler)``
 restores the newest good one and returns the loop's state saved with it, or None when there
-is no checkpoint to resume from.
+is no checkpoint to resume from; ``loaded_path`` then names the checkpoint it restored (None
+before a load, or when there was none).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class ManagerCheckpoints:
         self.manager = DistributedCheckpointManager(directory, keep, group=group,
                                                     resume_group=resume_group)
         self.module, self.optimizer, self.scaler = module, optimizer, scaler
+        self.loaded_path: Optional[str] = None
 
     def save(self, epoch: int, step: int, loss: Optional[float], loop_state: Dict[str, Any],
              scheduler: Any = None, sampler: Any = None) -> str:
@@ -34,4 +36,6 @@ class ManagerCheckpoints:
                                                 sampler=sampler)
         except NoCheckpointError:
             return None
+        # the loader's choice: the newest intact one, which need not be the newest
+        self.loaded_path = info["path"]
         return info["additional_state"]

@@ -8,6 +8,10 @@ optimizer (ZeRO-1 when the model was built with ``data_parallel="zero1"``) steps
 split over the dp group: each replica's loader gives its own rows, which the step runs as that
 replica's slice of the global batch. The loss returned is the global batch's mean, on every
 rank; the model computes its own (vocabulary-parallel) loss, so there is no ``loss_fn``.
+In evaluation the last stage's ranks return their logits (their replica's rows, their shard of
+the vocabulary) and ``predicted_tokens`` takes the argmax over the tp group; the other stages
+count nothing, and ``reduce`` sends the last stage's sums (over dp) along the pipeline, as the
+loss is sent.
 
 A data-parallel loader's short last batch is used only when its rows still split into the
 micro-batches; otherwise the epoch ends without it. Not supported: gradient accumulation
@@ -15,10 +19,12 @@ micro-batches; otherwise the epoch ends without it. Not supported: gradient accu
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ...distributed import ReduceOp, broadcast
+from ...distributed.tensor_parallel.argmax import vocab_parallel_argmax
 from .base import StepOutcome, Strategy
 from .pipeline_checkpoints import PipelineCheckpoints
 
@@ -85,8 +91,25 @@ class Pipeline(Strategy):
 
     def evaluation_step(self, batch: Any,
                         loss_fn: Optional[Callable]) -> Tuple[Any, float, Any]:
-        # no accuracy: the logits stay split over the last stage's tp ranks
-        return None, float(self.model.evaluate(*self._global_batch(batch, loss_fn))), None
+        logits: List[Any] = []
+        loss = float(self.model.evaluate(*self._global_batch(batch, loss_fn), logits=logits))
+        if not logits:  # not the last stage: no predictions here
+            return None, loss, None
+        # the logits are this replica's rows: its own targets, not the global batch's
+        return logits[-1], loss, _array(batch[1])
+
+    def predicted_tokens(self, logits: Any) -> Any:
+        """The argmax over the whole vocabulary of the last stage's shard ``logits`` (B, T,
+        V/tp); collective over its tp group, whose ranks all hold the same rows."""
+        return vocab_parallel_argmax(logits, self.model.tp_group)
+
+    def reduce(self, values: np.ndarray, op: Any = ReduceOp.SUM) -> np.ndarray:
+        """Over dp, then the last stage's values sent along the pipeline: only it counts the
+        predictions (the loss sums are the same on every stage already)."""
+        super().reduce(values, op)
+        pp_group = self.model.pp_group
+        broadcast(values, src=pp_group.ranks[-1], group=pp_group)
+        return values
 
     @property
     def grad_norm(self) -> Optional[float]:

@@ -31,6 +31,7 @@ class PipelineCheckpoints:
 
     def __init__(self, directory: str, model: Any, keep: int) -> None:
         self.directory, self.model, self.keep = directory, model, int(keep)
+        self.loaded_path: Optional[str] = None  # the checkpoint ``load`` restored
 
     def save(self, epoch: int, step: int, loss: Optional[float], loop_state: Dict[str, Any],
              scheduler: Any = None, sampler: Any = None) -> str:
@@ -55,6 +56,7 @@ class PipelineCheckpoints:
         if path is None:
             return None
         self.model.load(path)
+        self.loaded_path = path
         for _ in range(self.model.steps if scheduler is not None else 0):
             scheduler.step()
         try:
