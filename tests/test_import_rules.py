@@ -54,10 +54,11 @@ LAYERS = (
                     f"{_D}.comm_hooks", f"{_D}.checkpoint", f"{_D}.launch", f"{_D}.launcher",
                     f"{_D}.health.preemption", f"{_D}.tensor_parallel", f"{_D}.pipelining",
                     f"{_D}.parallel3d", f"{_D}.device_mesh", f"{_D}.replicas",
-                    f"{_D}.advanced"),
+                    f"{_D}.advanced", f"{_D}.sync_batchnorm"),
           (EVERYTHING_BELOW,)),
     # torch's paths into distributed: the model code never imports them
     Layer("torch's doors to distributed", ("neural_arch.nn.parallel",
+                                           "neural_arch.nn.sync_batchnorm",
                                            "neural_arch.utils.data.distributed"),
           (EVERYTHING_BELOW,)),
     Layer("save and load", ("neural_arch.serialization",),

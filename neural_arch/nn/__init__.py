@@ -28,3 +28,10 @@ __all__ = [
     "Conv1d", "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d",
     "BatchNorm2d", "Dropout2d",
 ]
+
+# torch's ``nn.SyncBatchNorm`` lives in ``distributed`` (it needs collectives): named here but
+# imported on first use, through its door module, so ``import neural_arch.nn`` stays without it
+from .._lazy import lazy_names  # noqa: E402
+
+__getattr__, __dir__ = lazy_names(__name__, {"SyncBatchNorm": ".sync_batchnorm"})
+__all__ += ["SyncBatchNorm"]
