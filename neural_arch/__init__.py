@@ -10,12 +10,20 @@ import importlib
 from typing import Any
 
 from . import functional
+from .amp import autocast  # torch.autocast; also makes neural_arch.amp an attribute
 from .backends import default_device, set_default_device
 from .core import (Tensor, arange, cat, concatenate, enable_grad, eye, from_numpy, full,
                    get_rng, gradcheck, is_grad_enabled, manual_seed, no_grad, ones, ones_like,
                    rand, randn, set_grad_enabled, stack, tensor, where, zeros, zeros_like)
 from .core.dtypes import bool_, float16, float32, float64, int32, int64
 from .serialization import load, save
+# torch's namespace (`import neural_arch as torch`); `int`, `float` and `bool` are dtypes from
+# here on, so this module's code below must not use them as the builtins
+from .core import (Generator, allclose, argsort, concat, device, einsum, empty_like, full_like,
+                   inference_mode, linspace, multinomial, numel, rand_like, randint,
+                   randn_like, randperm, sort, topk, tril, triu)
+from .core.torch_dtypes import (bool, double, float, half, int, int8, int16, long, short,
+                                uint8)
 
 __version__ = "0.1.0"
 
@@ -41,4 +49,9 @@ __all__ = [
     "rand", "arange", "zeros_like", "ones_like", "from_numpy", "manual_seed", "get_rng",
     "default_device", "set_default_device", "functional", "float16", "float32", "float64",
     "int32", "int64", "bool_", "save", "load", "__version__",
+]
+__all__ += [  # the dtype names stay out: `import *` must not shadow int, float and bool
+    "Generator", "allclose", "argsort", "concat", "device", "einsum", "empty_like", "full_like",
+    "inference_mode", "linspace", "multinomial", "numel", "rand_like", "randint", "randn_like",
+    "randperm", "sort", "topk", "tril", "triu", "uint8", "int8", "int16",
 ]

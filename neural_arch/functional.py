@@ -10,6 +10,7 @@ import math
 from typing import Any, Optional
 
 from .backends import xp_of
+from .core.autocast_state import autocast_inputs
 from .core.fused_activations import erf as _erf
 from .core.fused_activations import causal_softmax, gelu, log_softmax, softmax
 from .core.fused_layers import dropout, embedding, layer_norm, linear
@@ -80,54 +81,95 @@ def _same_shape(op: str, input: Tensor, target: Any) -> Any:
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Mean squared error; input and target shapes must match exactly."""
+    input, target = autocast_inputs("mse_loss", input, target)
     diff = input - _same_shape("mse_loss", input, target)
     return _reduce(diff * diff, reduction, "mse_loss")
 
 
 def l1_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     """Mean absolute error; input and target shapes must match exactly."""
+    input, target = autocast_inputs("l1_loss", input, target)
     return _reduce((input - _same_shape("l1_loss", input, target)).abs(), reduction, "l1_loss")
 
 
 def binary_cross_entropy_with_logits(logits: Tensor, target: Any,
                                      reduction: str = "mean") -> Tensor:
     """BCE on raw scores, computed as max(z, 0) - z*y + log(1 + exp(-|z|))."""
+    logits, target = autocast_inputs("binary_cross_entropy_with_logits", logits, target)
     target = _same_shape("binary_cross_entropy_with_logits", logits, target)
     loss = logits.relu() - logits * target + ((-logits.abs()).exp() + 1.0).log()
     return _reduce(loss, reduction, "binary_cross_entropy_with_logits")
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
-                                 mask: Any = None, scale: Optional[float] = None,
-                                 dropout_p: float = 0.0, training: bool = True,
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: Optional[float] = None, enable_gqa: bool = False, *,
+                                 causal: bool = False, mask: Any = None, training: bool = True,
                                  rng: Any = None) -> Tensor:
-    """softmax(q @ k^T * scale + mask) @ v over the last two dims of (..., L, E) tensors.
+    """softmax(query @ key^T * scale + mask) @ value over the last two dims of (..., L, E)
+    tensors, with ``torch.nn.functional.scaled_dot_product_attention``'s signature.
 
-    ``mask``: boolean (True = may attend, as in PyTorch) or additive float, broadcastable to
-    (..., L, S). ``causal=True`` lets position i attend to positions <= i. ``rng``: what the
-    attention weights' dropout draws from (default: the global generator; see ``dropout``).
+    ``attn_mask``: boolean (True = may attend) or additive float, broadcastable to (..., L, S).
+    ``is_causal``: query i attends to keys <= i (top-left aligned; an error with ``attn_mask``,
+    both as PyTorch). A row no key may attend to gives zeros (and zero gradients), as PyTorch.
+    ``scale`` defaults to 1/sqrt(E). Dropout on the weights applies whenever ``dropout_p`` > 0
+    (pass 0 outside training, as with PyTorch). Keyword-only extras: ``causal`` (the causal mask
+    aligned bottom-right, for queries that are the last L of S positions; it combines with a
+    mask), ``mask`` (another name
+    for ``attn_mask``), ``training=False`` (skips dropout), ``rng`` (what dropout draws from;
+    default the global generator, see ``dropout``).
     """
+    q, k, v = _tensor(query), _tensor(key), _tensor(value)
     if q.data.shape[-1] != k.data.shape[-1] or k.data.shape[-2] != v.data.shape[-2]:
-        raise ValueError(f"scaled_dot_product_attention: incompatible shapes q {q.data.shape}, "
-                         f"k {k.data.shape}, v {v.data.shape}")
+        raise ValueError(f"scaled_dot_product_attention: incompatible shapes query "
+                         f"{q.data.shape}, key {k.data.shape}, value {v.data.shape}")
+    if enable_gqa and q.data.shape[-3:-2] != k.data.shape[-3:-2]:
+        raise NotImplementedError("scaled_dot_product_attention: enable_gqa with fewer key/value "
+                                  f"heads than query heads (query {q.data.shape}, key "
+                                  f"{k.data.shape}) is not supported")
+    if mask is not None:
+        if attn_mask is not None:
+            raise TypeError("scaled_dot_product_attention: pass attn_mask or mask, not both")
+        attn_mask = mask
+    if is_causal and (causal or attn_mask is not None):
+        raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask (or causal) "
+                           "should not be set when is_causal=True")
     scale = 1.0 / math.sqrt(q.data.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale
     length, source = scores.data.shape[-2], scores.data.shape[-1]
-    mask_data = mask.data if isinstance(mask, Tensor) else mask
-    boolean = getattr(mask_data, "dtype", None) is not None and mask_data.dtype.kind == "b"
-    # The causal mask folds into the softmax (no mask array, no masked_fill pass) unless an
-    # additive mask follows it, whose -inf + inf = NaN the composed form must keep.
-    fold = causal and (mask is None or boolean)
-    if causal and not fold:
-        xp = xp_of(scores.data)
-        allowed = xp.tril(xp.ones((length, source), dtype=bool), k=source - length)
-        scores = scores.masked_fill(~allowed, -math.inf)
-    if mask is not None:
-        if boolean:
-            scores = scores.masked_fill(~mask_data, -math.inf)
-        else:
-            scores = scores + mask
-    weights = causal_softmax(scores, source - length) if fold else softmax(scores, axis=-1)
+    offset = 0 if is_causal else (source - length if causal else None)
+    if attn_mask is None:
+        # The causal mask folds into the softmax: no mask array, no masked_fill pass.
+        weights = softmax(scores, axis=-1) if offset is None else causal_softmax(scores, offset)
+    else:
+        weights = _masked_softmax(scores, attn_mask, offset)
     if dropout_p:
         weights = dropout(weights, dropout_p, training, rng=rng)
     return weights @ v
+
+
+def _masked_softmax(scores: Tensor, attn_mask: Any, causal_offset: Optional[int]) -> Tensor:
+    """softmax over the last axis after the causal and the given mask; rows left with no key
+    give zero weights (PyTorch's safe softmax) instead of NaN."""
+    xp = xp_of(scores.data)
+    mask_data = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+    try:
+        fits = xp.broadcast_shapes(mask_data.shape, scores.data.shape) == scores.data.shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"scaled_dot_product_attention: attn_mask of shape "
+                         f"{tuple(mask_data.shape)} does not broadcast to the scores' "
+                         f"(..., L, S) shape {tuple(scores.data.shape)}")
+    if causal_offset is not None:
+        length, source = scores.data.shape[-2:]
+        allowed = xp.tril(xp.ones((length, source), dtype=bool), k=causal_offset)
+        scores = scores.masked_fill(~allowed, -math.inf)
+    if mask_data.dtype.kind == "b":
+        scores = scores.masked_fill(~mask_data, -math.inf)
+    else:
+        scores = scores + attn_mask
+    dead = xp.isneginf(scores.data).all(axis=-1, keepdims=True)
+    if not dead.any():
+        return softmax(scores, axis=-1)
+    return softmax(scores.masked_fill(dead, 0.0), axis=-1).masked_fill(dead, 0.0)

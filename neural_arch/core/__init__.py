@@ -17,3 +17,22 @@ __all__ = [
     "rand", "arange", "zeros_like", "ones_like", "from_numpy", "manual_seed", "get_rng",
     "unbroadcast", "float16", "float32", "float64", "int32", "int64", "bool_",
 ]
+
+# torch's namespace. These `randn`, `rand` and `where` replace the ones imported above: they
+# take torch's extra arguments (generator=, the one-argument `where`) and otherwise delegate.
+from .creation import empty_like, full_like, linspace  # noqa: E402
+from .generator import Generator  # noqa: E402
+from .ops_einsum import einsum  # noqa: E402
+from .ops_select import argsort, sort, topk, tril, triu, where  # noqa: E402,F811
+from .sampling import (multinomial, rand, rand_like, randint, randn, randn_like,  # noqa: E402
+                       randperm)  # noqa: F811
+from .torch_device import device  # noqa: E402
+from .torch_utilities import allclose, inference_mode, numel  # noqa: E402
+
+concat = concatenate
+
+__all__ += [
+    "empty_like", "full_like", "linspace", "Generator", "einsum", "argsort", "sort", "topk",
+    "tril", "triu", "multinomial", "rand_like", "randint", "randn_like", "randperm", "device",
+    "allclose", "inference_mode", "numel", "concat",
+]

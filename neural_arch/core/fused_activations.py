@@ -15,6 +15,7 @@ import numpy as np
 
 from .._environ import raw_reader
 from ..backends import backend_for, xp_of
+from .autocast_state import autocast_inputs
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 
@@ -70,6 +71,7 @@ def _record(x: Tensor, out: Any, backward: Any) -> Tensor:
 def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), after subtracting the max."""
     axis = axis if dim is None else dim
+    x, = autocast_inputs("softmax", x)
     xd = x.data
     backend = backend_for(xd)  # one pass per row over the last axis with the CPU kernels
     out = backend.softmax(xd, axis, None)
@@ -81,6 +83,7 @@ def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
     j > i + offset counts as -inf: ``softmax(x.masked_fill(future, -inf), -1)`` without
     building the mask (the CPU kernels skip the masked tail of each row). A row left with no
     entry is NaN, as there."""
+    x, = autocast_inputs("softmax", x)
     xd = x.data
     if xd.ndim < 2:
         raise ValueError(f"causal_softmax needs at least 2 dimensions, got shape {xd.shape}")
@@ -92,6 +95,7 @@ def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
 def log_softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """x - logsumexp(x) along ``axis`` (or PyTorch's ``dim``)."""
     axis = axis if dim is None else dim
+    x, = autocast_inputs("log_softmax", x)
     xd = x.data
     xp = xp_of(xd)
     shifted = xd - xd.max(axis=axis, keepdims=True)

@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..backends import backend_for, xp_of
+from .autocast_state import autocast_inputs
 from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .ops_shape import index_add
@@ -16,6 +17,7 @@ from .tensor import Tensor, _constant, _node
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
+    x, weight, bias = autocast_inputs("linear", x, weight, bias)
     xd, wd = x.data, weight.data
     if wd.ndim != 2 or xd.ndim < 1 or xd.shape[-1] != wd.shape[1]:
         raise ValueError(f"linear: input shape {xd.shape} does not match weight shape {wd.shape} "
@@ -85,6 +87,7 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     norm_shape = tuple(normalized_shape)
+    x, weight, bias = autocast_inputs("layer_norm", x, weight, bias)
     xd = x.data
     k = len(norm_shape)
     if k == 0 or tuple(xd.shape[xd.ndim - k:]) != norm_shape or xd.ndim < k:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Tuple
 import numpy as np
 
 from ..backends import xp_of
+from .autocast_state import autocast_inputs
 from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
@@ -110,6 +111,7 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_i
 
     Float32 GPU logits with integer targets run the fused CUDA kernel (see
     ``fused_activations.on_cuda_float32``)."""
+    logits, target = autocast_inputs("cross_entropy", logits, target)
     ld = logits.data
     _check_common("cross_entropy", ld, reduction)
     if not 0.0 <= label_smoothing <= 1.0:
@@ -193,6 +195,7 @@ def _soft_cross_entropy(logits: Tensor, probs: Any, reduction: str, smoothing: f
 def nll_loss(log_probs: Tensor, target: Any, reduction: str = "mean",
              ignore_index: int = -100) -> Tensor:
     """Mean (or sum) of ``-log_probs[i, target[i]]`` over non-ignored items."""
+    log_probs, = autocast_inputs("nll_loss", log_probs)
     ld = log_probs.data
     _check_common("nll_loss", ld, reduction)
     td = _as_array(target, ld)

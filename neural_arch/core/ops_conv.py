@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from ..backends import xp_of
+from .autocast_state import autocast_inputs
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 
@@ -94,6 +95,7 @@ def _check(op: str, xd: Any, wd: Any, bd: Any, groups: int, spatial: int) -> Non
 def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOrPair,
                 padding: Any, dilation: IntOrPair, groups: int, spatial: int, op: str) -> Tensor:
     """torch's ``conv1d`` (``spatial=1``) / ``conv2d`` (``spatial=2``); unbatched input too."""
+    x, weight, bias = autocast_inputs(op, x, weight, bias)
     xd, wd = x.data, weight.data
     bd = None if bias is None else bias.data
     unbatched = xd.ndim == spatial + 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends import xp_of
+from .autocast_state import autocast_inputs
 from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .ops_elementwise import operand
@@ -59,6 +60,7 @@ def _backward_general(g: Any, ad: Any, bd: Any, need_a: bool, need_b: bool) -> t
 
 def matmul(a: Tensor, b: Any) -> Tensor:
     """``a @ b``; shape mismatches raise ValueError naming both shapes."""
+    a, b = autocast_inputs("matmul", a, b)
     bd, bt = operand(b, a)
     ad = a.data
     out = _matmul_data(ad, bd)

@@ -4,7 +4,7 @@ from .activation import GELU, ReLU, Sigmoid, Softmax, Tanh
 from .attention import CausalSelfAttention, MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d
 from .channel_dropout import Dropout2d
-from .container import ModuleList, Sequential
+from .container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .conv import Conv1d, Conv2d
 from .dropout import Dropout
 from .embedding import Embedding
@@ -17,8 +17,10 @@ from .pooling import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .rnn import GRU, LSTM, RNN, RNNBase
 from .rnn_cell import GRUCell, LSTMCell, RNNCell, RNNCellBase
 from .serialization import load_state_dict_file, save_state_dict
+from . import utils  # torch.nn.utils: gradient clipping, parameters as one vector
 
 __all__ = [
+    "ModuleDict", "ParameterList", "ParameterDict", "utils",
     "Module", "Parameter", "IncompatibleKeys", "Linear", "Identity", "Flatten", "ReLU", "GELU",
     "Tanh", "Sigmoid", "Softmax", "Dropout", "LayerNorm", "Embedding", "CausalSelfAttention",
     "MultiheadAttention", "Sequential", "ModuleList", "CrossEntropyLoss", "MSELoss", "init",

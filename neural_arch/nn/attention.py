@@ -47,13 +47,13 @@ class CausalSelfAttention(Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 dtype: Any = None) -> None:
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         _check_heads(embed_dim, num_heads)
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
         self.dropout = float(dropout)
-        self.c_attn = Linear(embed_dim, 3 * embed_dim, bias=bias, dtype=dtype)
-        self.c_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
+        self.c_attn = Linear(embed_dim, 3 * embed_dim, bias=bias, device=device, dtype=dtype)
+        self.c_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x: Any) -> Tensor:
@@ -86,7 +86,7 @@ class MultiheadAttention(Module):
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = False, dtype: Any = None) -> None:
+                 batch_first: bool = False, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         _check_heads(embed_dim, num_heads)
         self.embed_dim, self.num_heads = int(embed_dim), int(num_heads)
@@ -103,6 +103,8 @@ class MultiheadAttention(Module):
         init.xavier_uniform_(self.in_proj_weight)
         if bias:
             init.zeros_(self.out_proj.bias)
+        if device is not None:
+            self.to(device)
 
     def _project(self, x: Any, part: int) -> Tensor:
         rows = slice(part * self.embed_dim, (part + 1) * self.embed_dim)

@@ -16,7 +16,8 @@ class Embedding(Module):
     Initialised from N(0, 1), as PyTorch.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: Any = None) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, device: Any = None,
+                 dtype: Any = None) -> None:
         super().__init__()
         if num_embeddings < 1 or embedding_dim < 1:
             raise ValueError(f"Embedding sizes must be positive, got num_embeddings="
@@ -24,6 +25,8 @@ class Embedding(Module):
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
         table = get_rng().standard_normal((self.num_embeddings, self.embedding_dim))
         self.weight = Parameter(table.astype(parameter_dtype(dtype)))
+        if device is not None:
+            self.to(device)
 
     def forward(self, indices: Any) -> Any:
         return F.embedding(indices, self.weight)

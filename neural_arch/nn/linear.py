@@ -21,7 +21,7 @@ class Linear(Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 dtype: Any = None) -> None:
+                 device: Any = None, dtype: Any = None) -> None:
         super().__init__()
         if in_features < 0 or out_features < 0:
             raise ValueError(f"Linear sizes must be non-negative, got in_features={in_features}, "
@@ -34,6 +34,8 @@ class Linear(Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        if device is not None:
+            self.to(device)
 
     def reset_parameters(self) -> None:
         if self.in_features == 0:

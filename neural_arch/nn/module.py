@@ -8,6 +8,7 @@ import numpy as np
 
 from ..backends import backend_for
 from ..core import Tensor
+from .module_lookup import ModuleLookups
 from .parameter import Parameter
 
 
@@ -29,7 +30,7 @@ def _host_array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-class Module:
+class Module(ModuleLookups):
     """Base class: assign ``Parameter``s and ``Module``s as attributes and they are registered
     (in assignment order); define ``forward`` and call the module.
 
@@ -130,25 +131,31 @@ class Module:
     add_module = register_module
 
     # ------------------------------------------------------------------ traversal
-    def named_modules(self, prefix: str = "", memo: Optional[Set[int]] = None
-                      ) -> Iterator[Tuple[str, "Module"]]:
-        """This module and every descendant once, depth first, with dotted names."""
+    def named_modules(self, memo: Optional[Set[int]] = None, prefix: str = "",
+                      remove_duplicate: bool = True) -> Iterator[Tuple[str, "Module"]]:
+        """This module and every descendant (once each unless ``remove_duplicate=False``),
+        depth first, with dotted names."""
         memo = set() if memo is None else memo
-        if id(self) in memo:
-            return
-        memo.add(id(self))
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
             if child is not None:
-                yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+                yield from child.named_modules(memo, f"{prefix}.{name}" if prefix else name,
+                                               remove_duplicate)
 
     def modules(self) -> Iterator["Module"]:
         for _, module in self.named_modules():
             yield module
 
     def named_children(self) -> Iterator[Tuple[str, "Module"]]:
+        """Direct submodules, each once (a child under two names shows the first)."""
+        seen: Set[int] = set()
         for name, child in self._modules.items():
-            if child is not None:
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
                 yield name, child
 
     def children(self) -> Iterator["Module"]:
@@ -158,7 +165,7 @@ class Module:
     def _named_members(self, table: str, recurse: bool, unique: bool
                        ) -> Iterator[Tuple[str, Any]]:
         seen: Set[int] = set()
-        owners = self.named_modules() if recurse else iter([("", self)])
+        owners = self.named_modules(remove_duplicate=unique) if recurse else iter([("", self)])
         for prefix, module in owners:
             for name, value in getattr(module, table).items():
                 if value is None or (unique and id(value) in seen):
@@ -166,11 +173,15 @@ class Module:
                 seen.add(id(value))
                 yield (f"{prefix}.{name}" if prefix else name), value
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True
-                         ) -> Iterator[Tuple[str, Parameter]]:
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[Tuple[str, Parameter]]:
         """(dotted name, parameter) in registration order; a shared parameter appears once.
         Each submodule is asked for its own, so one that overrides this (a sharding wrapper
         whose parameters are its shards) shows the same parameters inside a container."""
+        if not remove_duplicate:
+            for name, param in self._named_members("_parameters", recurse, unique=False):
+                yield (f"{prefix}.{name}" if prefix else name), param
+            return
         seen: Set[int] = set()
         for name, param in self._parameters.items():
             if param is not None and id(param) not in seen:
@@ -191,8 +202,9 @@ class Module:
         for _, param in self.named_parameters(recurse=recurse):
             yield param
 
-    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[Tuple[str, Any]]:
-        for name, buf in self._named_members("_buffers", recurse, unique=True):
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+                      ) -> Iterator[Tuple[str, Any]]:
+        for name, buf in self._named_members("_buffers", recurse, unique=remove_duplicate):
             yield (f"{prefix}.{name}" if prefix else name), buf
 
     def buffers(self, recurse: bool = True) -> Iterator[Any]:
@@ -249,21 +261,14 @@ class Module:
     # ------------------------------------------------------------------ modes and devices
     def train(self, mode: bool = True) -> "Module":
         """Set training mode here and in every submodule; returns self."""
+        if not isinstance(mode, bool):
+            raise ValueError(f"training mode is expected to be boolean, got {mode!r}")
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
         return self
 
     def eval(self) -> "Module":
         return self.train(False)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for param in self.parameters():
-            if param.grad is None:
-                continue
-            if set_to_none:
-                param.grad = None
-            else:
-                param.grad[...] = 0
 
     def to(self, device: Any) -> "Module":
         """Move every parameter and buffer to ``device`` in place (parameters keep their

@@ -15,7 +15,8 @@ class LayerNorm(Module):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` (biased variance, as PyTorch)."""
 
     def __init__(self, normalized_shape: Union[int, Sequence[int]], eps: float = 1e-5,
-                 elementwise_affine: bool = True, bias: bool = True, dtype: Any = None) -> None:
+                 elementwise_affine: bool = True, bias: bool = True, device: Any = None,
+                 dtype: Any = None) -> None:
         super().__init__()
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
@@ -31,6 +32,8 @@ class LayerNorm(Module):
         else:
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
+        if device is not None:
+            self.to(device)
 
     def forward(self, x: Any) -> Any:
         return F.layer_norm(as_tensor(x), self.normalized_shape, self.weight, self.bias, self.eps)

@@ -1,0 +1,48 @@
+"""torch's creation functions that ``factories`` lacks: ``linspace``, ``full_like``,
+``empty_like``."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DEFAULT_FLOAT, resolve_dtype
+from .tensor import Tensor
+
+
+def linspace(start: Any, end: Any, steps: int, *, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False) -> Tensor:
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (float32 default);
+    computed in float64, then cast."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise RuntimeError(f"linspace: number of steps must be a non-negative int, got "
+                           f"{steps!r}")
+    start = start.item() if isinstance(start, Tensor) else start
+    end = end.item() if isinstance(end, Tensor) else end
+    wanted = resolve_dtype(dtype if dtype is not None else DEFAULT_FLOAT)
+    values = np.linspace(start, end, int(steps), dtype=np.float64)
+    if wanted.kind in "iu":  # torch truncates toward zero for integer dtypes
+        values = np.trunc(values)
+    return Tensor(values.astype(wanted), requires_grad=requires_grad, device=device)
+
+
+def _like(input: Any, dtype: Any) -> tuple:
+    data = input.data if isinstance(input, Tensor) else np.asarray(input)
+    wanted = resolve_dtype(dtype) if dtype is not None else data.dtype
+    return tuple(data.shape), wanted, getattr(input, "device", None)
+
+
+def full_like(input: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
+              requires_grad: bool = False) -> Tensor:
+    """A tensor of ``input``'s shape (and dtype, unless given) filled with ``fill_value``."""
+    shape, wanted, source_device = _like(input, dtype)
+    return Tensor(np.full(shape, fill_value, dtype=wanted), requires_grad=requires_grad,
+                  device=device or source_device)
+
+
+def empty_like(input: Any, *, dtype: Any = None, device: Any = None,
+               requires_grad: bool = False) -> Tensor:
+    """A tensor of ``input``'s shape and dtype; its values are unspecified (zeros here)."""
+    shape, wanted, source_device = _like(input, dtype)
+    return Tensor(np.zeros(shape, dtype=wanted), requires_grad=requires_grad,
+                  device=device or source_device)
