@@ -13,9 +13,8 @@ from typing import Any, Dict, Iterable, List
 
 import numpy as np
 
+from ...amp.grad_scaler import next_scale
 from ...backends import xp_of
-
-_FLOAT32_MAX = float(np.finfo(np.float32).max)  # PyTorch keeps the scale in a float32 tensor
 
 
 def _positive(name: str, value: Any) -> float:
@@ -104,16 +103,11 @@ class LossScaler:
         """Adapt the scale after a step that did (``found_inf``) or did not overflow."""
         if not self.dynamic:
             return
-        if found_inf:
-            self._scale = max(self._scale * self.backoff_factor, self.min_scale)
-            self._growth_tracker = 0
-            return
-        self._growth_tracker += 1
-        if self._growth_tracker == self.growth_interval:
-            grown = self._scale * self.growth_factor
-            if grown <= _FLOAT32_MAX:
-                self._scale = grown
-            self._growth_tracker = 0
+        # torch's rule (GradScaler's), then this scaler's floor
+        scale, self._growth_tracker = next_scale(self._scale, self._growth_tracker, found_inf,
+                                                 self.growth_factor, self.backoff_factor,
+                                                 self.growth_interval)
+        self._scale = max(scale, self.min_scale)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> Dict[str, Any]:
