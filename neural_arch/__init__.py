@@ -22,6 +22,7 @@ from .serialization import load, save
 from .core import (Generator, allclose, argsort, concat, device, einsum, empty_like, full_like,
                    inference_mode, linspace, multinomial, numel, rand_like, randint,
                    randn_like, randperm, sort, topk, tril, triu)
+from .core.torch_size import Size
 from .core.torch_dtypes import (bool, double, float, half, int, int8, int16, long, short,
                                 uint8)
 
@@ -54,4 +55,5 @@ __all__ += [  # the dtype names stay out: `import *` must not shadow int, float 
     "Generator", "allclose", "argsort", "concat", "device", "einsum", "empty_like", "full_like",
     "inference_mode", "linspace", "multinomial", "numel", "rand_like", "randint", "randn_like",
     "randperm", "sort", "topk", "tril", "triu", "uint8", "int8", "int16",
+    "Size",
 ]

@@ -27,6 +27,7 @@ from .ops_select import argsort, sort, topk, tril, triu, where  # noqa: E402,F81
 from .sampling import (multinomial, rand, rand_like, randint, randn, randn_like,  # noqa: E402
                        randperm)  # noqa: F811
 from .torch_device import device  # noqa: E402
+from .torch_size import Size  # noqa: E402
 from .torch_utilities import allclose, inference_mode, numel  # noqa: E402
 
 concat = concatenate
@@ -35,4 +36,5 @@ __all__ += [
     "empty_like", "full_like", "linspace", "Generator", "einsum", "argsort", "sort", "topk",
     "tril", "triu", "multinomial", "rand_like", "randint", "randn_like", "randperm", "device",
     "allclose", "inference_mode", "numel", "concat",
+    "Size",
 ]

@@ -1,8 +1,10 @@
 """``Tensor``: an array plus the record of how it was computed.
 
-Every operator and method a Tensor has is named in the class body below. The operations
-themselves live in the ``ops_*`` modules (which import this one), so the body names them through
-``op_refs.OpRef`` stand-ins that the bottom of this file swaps for the functions.
+Every operator and method a Tensor has is named in the class body below or in one of its two
+bases (``tensor_torch_api``: torch's further methods; ``tensor_inplace``: ``add_`` and the other
+in-place ones). The operations themselves live in the ``ops_*`` modules (which import this
+one), so the bodies name them through ``op_refs.OpRef`` stand-ins that the bottom of this file
+swaps for the functions.
 
 An op output stores its parents and a backward closure ``grad -> tuple of parent grads``; the
 engine in ``autograd.py`` walks that graph. Rarely used per-tensor state (name, hooks,
@@ -17,6 +19,8 @@ from . import autograd
 from .dtypes import default_dtype_for, is_floating, resolve_dtype
 from .grad_mode import GRAD_MODE
 from .op_refs import OpRef, bind_op_refs
+from .tensor_inplace import InPlaceMethods
+from .tensor_torch_api import TorchTensorMethods
 
 _NUMPY = get_backend("numpy")
 _NDARRAY = _NUMPY.array_type
@@ -70,8 +74,9 @@ _ew, _la, _rd, _sh, _misc = (OpRef(name) for name in (
     "ops_elementwise", "ops_linalg", "ops_reduce", "ops_shape", "ops_misc"))
 
 
-class Tensor:
-    """An n-dimensional array that can record operations for reverse-mode autodiff."""
+class Tensor(TorchTensorMethods, InPlaceMethods):
+    """An n-dimensional array that can record operations for reverse-mode autodiff (torch's
+    further methods, such as ``size()`` and the in-place ``add_``, come from the two bases)."""
 
     __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_meta", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer `array op tensor` to the reflected Tensor method
@@ -100,10 +105,6 @@ class Tensor:
     @property
     def ndim(self) -> int:
         return self.data.ndim
-
-    @property
-    def size(self) -> int:
-        return self.data.size
 
     @property
     def device(self) -> str:
@@ -270,7 +271,7 @@ class Tensor:
     unsqueeze, squeeze, flatten = _sh.unsqueeze, _sh.squeeze, _sh.flatten
     masked_fill = _sh.masked_fill
     T = property(_sh.transpose, doc="All axes reversed.")
-    astype, to, clone = _misc.astype, _misc.to, _misc.clone
+    astype, clone = _misc.astype, _misc.clone  # `to` is TorchTensorMethods.to
 
     # shorthands for `to` and `astype` (ops_misc is imported at the bottom of this file)
     def cpu(self) -> "Tensor":
@@ -325,6 +326,8 @@ def make_result(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> T
 
 # The op modules import this one, so they come last; only then can the stand-ins be resolved.
 from . import ops_elementwise, ops_linalg, ops_misc, ops_reduce, ops_shape  # noqa: E402
+from . import ops_gather, ops_pieces, ops_select  # noqa: E402
 
 bind_op_refs(Tensor, (ops_elementwise, ops_linalg, ops_misc, ops_reduce, ops_shape))
+bind_op_refs(TorchTensorMethods, (ops_gather, ops_pieces, ops_select))
 del _ew, _la, _rd, _sh, _misc

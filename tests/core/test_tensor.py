@@ -44,7 +44,7 @@ def test_integer_tensor_cannot_require_grad():
 
 def test_attributes_and_conversions():
     t = Tensor(np.arange(6.0).reshape(2, 3), name="weights")
-    assert t.shape == (2, 3) and t.ndim == 2 and t.size == 6 and len(t) == 2
+    assert t.shape == (2, 3) and t.ndim == 2 and t.numel() == 6 and len(t) == 2
     assert t.device == "cpu" and t.name == "weights" and t.is_leaf
     assert t.T.shape == (3, 2) and t.tolist() == [[0, 1, 2], [3, 4, 5]]
     assert t.numpy() is t.data and Tensor(2.5).item() == 2.5

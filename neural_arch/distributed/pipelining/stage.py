@@ -103,7 +103,7 @@ class PipelineStage:
                 raise ValueError(f"the last pipeline stage ({self.stage_index}) needs a loss_fn "
                                  "to train: pass loss_fn to the schedule")
             loss = loss_fn(out, target)
-            if not isinstance(loss, Tensor) or loss.size != 1:
+            if not isinstance(loss, Tensor) or loss.data.size != 1:
                 raise TypeError(f"loss_fn must return a one-element Tensor, got "
                                 f"{type(loss).__name__} {getattr(loss, 'shape', '')} for "
                                 f"micro-batch {mb} on stage {self.stage_index}")

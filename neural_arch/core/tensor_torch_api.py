@@ -1,0 +1,103 @@
+"""torch's Tensor methods beyond the operators: sizes (``size()``, ``numel()``, ``dim()``),
+conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bool()``), ``t()``,
+``contiguous()``, and the pieces, gather/scatter and selection methods.
+
+A base class of ``Tensor``. As in ``tensor.py``, methods that are op functions are named
+through ``OpRef`` stand-ins, which the bottom of ``tensor.py`` binds once the op modules load.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .op_refs import OpRef
+from .torch_size import Size
+
+_pieces, _gather, _select = (OpRef(name) for name in ("ops_pieces", "ops_gather", "ops_select"))
+
+
+def _core(module: str) -> Any:
+    """A core module that imports ``tensor.py`` (which imports this one first)."""
+    return importlib.import_module(f"{__package__}.{module}")
+
+
+class TorchTensorMethods:
+    """Mixed into ``Tensor``; relies on its ``data`` and on the ops bound to it."""
+
+    __slots__ = ()
+
+    # ----------------------------------------------------------------- sizes
+    def size(self, dim: Any = None) -> Any:
+        """The shape as a ``Size``, or the length of dimension ``dim`` as an int."""
+        shape = self.data.shape
+        if dim is None:
+            return Size(shape)
+        ndim = max(len(shape), 1)
+        if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+            raise IndexError(f"Dimension out of range (expected to be in range of "
+                             f"[{-ndim}, {ndim - 1}], but got {dim})")
+        return shape[dim] if shape else 1
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return int(self.data.size)
+
+    nelement = numel
+
+    def dim(self) -> int:
+        return self.data.ndim
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self.data.dtype.itemsize
+
+    def is_contiguous(self) -> bool:
+        return bool(self.data.flags.c_contiguous)
+
+    def t(self) -> Any:
+        """The transpose of a 2-D tensor; 0-D and 1-D tensors come back as they are."""
+        if self.data.ndim > 2:
+            raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
+                               f"{self.data.ndim}D")
+        return self.transpose(0, 1) if self.data.ndim == 2 else self
+
+    # ----------------------------------------------------------------- conversions
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)`` (its
+        device and dtype), with torch's keywords ``device=``, ``dtype=``, ``non_blocking=``
+        and ``copy=`` (a copy even when nothing changes). Differentiable."""
+        kwargs.pop("non_blocking", None)
+        copy = kwargs.pop("copy", False)
+        if args and isinstance(args[0], _core("tensor").Tensor):
+            other, args = args[0], args[1:]
+            kwargs.setdefault("device", other.device)
+            kwargs.setdefault("dtype", other.dtype)
+        if len(args) > 2 or set(kwargs) - {"device", "dtype"}:
+            raise TypeError(f"to() takes (device, dtype) or (tensor), got {len(args)} "
+                            f"positional arguments and keywords {sorted(kwargs)}")
+        out = _core("ops_misc").to(self, *args, **kwargs)
+        return out.clone() if copy and out is self else out
+
+    def type_as(self, other: Any) -> Any:
+        """This tensor cast to ``other``'s dtype."""
+        return self.astype(other.dtype)
+
+    # ----------------------------------------------------------------- pieces and selection
+    repeat, split, chunk, unbind = _pieces.repeat, _pieces.split, _pieces.chunk, _pieces.unbind
+    contiguous = _pieces.contiguous
+    gather, scatter, scatter_add = _gather.gather, _gather.scatter, _gather.scatter_add
+    sort, argsort, topk = _select.sort, _select.argsort, _select.topk
+
+    def where(self, condition: Any, other: Any) -> Any:
+        """``where(condition, self, other)``: self where ``condition`` holds, else ``other``."""
+        return _core("ops_shape").where(condition, self, other)
+
+    # Last: these names shadow the builtins in the rest of the class body.
+    def int(self) -> Any:
+        return self.astype("int32")
+
+    def half(self) -> Any:
+        return self.astype("float16")
+
+    def bool(self) -> Any:
+        return self.astype("bool")
