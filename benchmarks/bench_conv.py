@@ -202,7 +202,7 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
             failures.append(str(exc))
     if not args.no_ddp and torch is not None:
         job = {"model": "resnet8", "batch": args.batch // 2, "image": args.image,
-               "steps": args.steps, "warmup": args.warmup, "port": _free_port()}
+               "steps": args.steps, "warmup": args.warmup}
         results, job_failures = common.run_jobs(
             SCRIPT, [("p = 2, resnet8: DistributedDataParallel (shm) and torch DDP (gloo)",
                       "shm", 2)], job, args.job_timeout)
@@ -217,13 +217,6 @@ def _child_argv(args: argparse.Namespace) -> List[str]:
     return ["--batch", str(args.batch), "--image", str(args.image), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--models", ",".join(args.models)] + \
         (["--no-torch"] if args.no_torch else [])
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

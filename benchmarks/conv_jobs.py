@@ -184,6 +184,20 @@ def time_models(torch, models, batch_size: int, image: int, n_steps: int,
     return results
 
 
+def _torch_store(torch: Any, rank: int, world: int) -> Any:
+    """torch's rendezvous store: rank 0 listens on a port the system picks (a port chosen
+    beforehand could be taken by then) and tells the others through our own group."""
+    from neural_arch import distributed as dist
+    store = (torch.distributed.TCPStore("127.0.0.1", 0, world, is_master=True,
+                                        wait_for_workers=False)
+             if rank == 0 else None)
+    port = [store.port if store is not None else None]
+    dist.broadcast_object_list(port, src=0)
+    if store is None:
+        store = torch.distributed.TCPStore("127.0.0.1", port[0], world, is_master=False)
+    return store
+
+
 def ddp_worker(job: Dict[str, Any]) -> Dict[str, Any]:
     """One rank of the p = 2 job: resnet8 data parallel in both frameworks, ``batch`` images
     per rank, stepped in turn after a barrier; the slower rank's medians."""
@@ -191,7 +205,7 @@ def ddp_worker(job: Dict[str, Any]) -> Dict[str, Any]:
     from neural_arch import distributed as dist
     torch.set_num_threads(1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}",
+    torch.distributed.init_process_group("gloo", store=_torch_store(torch, rank, world),
                                          rank=rank, world_size=world)
     try:
         ours, theirs = build_pair(torch, job["model"])
