@@ -75,10 +75,6 @@ LAYERS = (
 # imports the table forbids that the code still makes (importer, imported module and what is
 # under it, why); each must still occur, so an entry goes once its import is gone
 KNOWN_VIOLATIONS = (
-    KnownViolation(f"{_D}.group.world", f"{_D}.object_collectives",
-                   "new_group checks that every rank passed the same members with "
-                   "object_collectives.check_same_everywhere, a collective above groups; it "
-                   "belongs with the array collectives groups may use (algorithms)"),
 )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import algorithms
 from .buffers import Flat
+from .group.agreement import check_same_everywhere  # noqa: F401 - its public home before
 from .group.world import ProcessGroup, resolve_group
 
 _MISSING = object()
@@ -43,15 +44,6 @@ def gather_array(pg: ProcessGroup, arr: np.ndarray, root: int, op: str) -> Optio
                                      None if out is None else out.reshape(-1), root, fp),
            False, fp, op)
     return out
-
-
-def check_same_everywhere(pg: ProcessGroup, op: str, values: Sequence[int], what: str) -> None:
-    """ValueError on every rank unless all ranks passed the same ``values``."""
-    rows = all_gather_array(pg, np.asarray(values, dtype=np.int64), op)
-    differ = [pg.ranks[i] for i in range(pg.size) if not np.array_equal(rows[i], rows[0])]
-    if differ:
-        raise ValueError(f"{what}: ranks {differ} passed different arguments than rank "
-                         f"{pg.ranks[0]} (every rank must make the same call)")
 
 
 def _trusted_group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:

@@ -19,6 +19,7 @@ from ..transports.base import Fingerprint, Transport
 from ..work import CommQueue, Seconds, to_seconds
 from .backend_choice import (agree_on_backend, choose_on_one_host, launched_by_mpi,
                              normalize_backend)
+from .agreement import check_same_everywhere
 from .process_group import ProcessGroup
 from .subgroup_transport import GroupTransport
 
@@ -246,7 +247,6 @@ def new_group(ranks: Optional[Sequence[int]] = None, backend: Optional[str] = No
                          "subgroups share the job's transport")
     group_id = len(w.groups)
     # Every rank must agree on the membership, or later collectives would talk past each other.
-    from ..object_collectives import check_same_everywhere
     check_same_everywhere(w.default, "new_group", [group_id, zlib.crc32(repr(members).encode())],
                           f"new_group #{group_id} ranks {members}")
     me = w.info.rank
