@@ -9,21 +9,11 @@ import numpy as np
 import pytest
 
 from dist_harness import installed_backends, run_ranks
-from leftovers import Leftovers
+from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
 
 pytestmark = pytest.mark.timeout(180)
 BACKEND = "shm" if "shm" in installed_backends() else "tcp"
 GLOBAL_BATCH, TRAIN_ROWS, VAL_ROWS = 16, 256, 64
-
-
-@pytest.fixture(autouse=True)
-def leftovers():
-    """No process or /dev/shm segment outlives a test (see tests/faults/conftest.py)."""
-    watch = Leftovers()
-    yield watch
-    processes, segments = watch.check()
-    watch.remove(processes, segments)
-    assert (processes, segments) == ([], []), "left behind: processes, /dev/shm segments"
 
 
 def train(rank, world_size, strategy, zero_stage):

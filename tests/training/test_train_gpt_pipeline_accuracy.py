@@ -8,20 +8,10 @@ step 3."""
 import numpy as np
 import pytest
 
-from leftovers import Leftovers
+from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
 from train_gpt_support import MODEL, records, run, write_text
 
 STEPS = ["--max-steps", 3]
-
-
-@pytest.fixture(autouse=True)
-def leftovers():
-    """No process or /dev/shm segment outlives a test (see tests/faults/conftest.py)."""
-    watch = Leftovers()
-    yield watch
-    processes, segments = watch.check()
-    watch.remove(processes, segments)
-    assert (processes, segments) == ([], []), "left behind: processes, /dev/shm segments"
 
 
 @pytest.fixture(scope="module")

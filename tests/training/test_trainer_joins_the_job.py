@@ -15,7 +15,7 @@ from neural_arch.optim import SGD
 from neural_arch.training import Trainer, TrainingConfig
 
 from launcher_support import free_port, job  # noqa: F401  (job: the launcher fixture)
-from leftovers import Leftovers
+from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -24,15 +24,6 @@ from trainer_joins_job import train  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 JOINED = "Trainer: joined the job's process group"
-
-
-@pytest.fixture(autouse=True)
-def leftovers():
-    watch = Leftovers()
-    yield watch
-    processes, segments = watch.check()
-    watch.remove(processes, segments)
-    assert (processes, segments) == ([], []), "left behind: processes, /dev/shm segments"
 
 
 def test_the_trainer_joins_the_launchers_job_without_init_process_group(job, tmp_path):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dist_harness import installed_backends, run_ranks
-from leftovers import Leftovers
+from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
 from repo_paths import TESTS_DIR
 from train_gpt_support import MODEL, run, write_text
 
@@ -21,16 +21,6 @@ from resume_agreement_job import damage  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 BACKEND = "shm" if "shm" in installed_backends() else "tcp"
-
-
-@pytest.fixture(autouse=True)
-def leftovers():
-    """No process or /dev/shm segment outlives a test (see tests/faults/conftest.py)."""
-    watch = Leftovers()
-    yield watch
-    processes, segments = watch.check()
-    watch.remove(processes, segments)
-    assert (processes, segments) == ([], []), "left behind: processes, /dev/shm segments"
 
 
 def train(rank, world_size, directory, max_steps, resume):
