@@ -2,17 +2,18 @@
 a name one rank never submits.
 
 The runner injects its fault once into fresh processes and returns a ``Run`` (``fault_rows``).
-The ranks' functions live here, at module level, so that the harness's workers import them.
+The ranks' functions live at module level (here and in tests/horovod_names_job.py), so that
+the harness's workers import them.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
 
 from dist_harness import RankFailed, run_ranks
 from fault_rows import Run
+from horovod_names_job import data, missing_name, rows
 
 WORLD = 3
 STALL_S = 1.0  # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS of these jobs
@@ -22,29 +23,19 @@ ORDERS = [("a", "b", "c", "gather", "bcast"), ("c", "bcast", "a", "gather", "b")
           ("gather", "b", "bcast", "c", "a")]  # a different order on every rank
 
 
-def _data(name: str, rank: int) -> np.ndarray:
-    """One shape for every name: a sum of two names' tensors would pass unnoticed."""
-    return np.random.default_rng(1000 * len(name) + 10 * ord(name[0]) + rank).standard_normal(
-        (2, 3))
-
-
-def _rows(rank: int) -> np.ndarray:
-    return np.full((rank + 1, 3), float(rank))
-
-
 def _reference() -> dict:
-    want = {n: sum(_data(n, r) for r in range(WORLD)) for n in ("a", "b", "c")}
-    want["gather"] = np.concatenate([_rows(r) for r in range(WORLD)])
-    want["bcast"] = _data("bcast", 0)
+    want = {n: sum(data(n, r) for r in range(WORLD)) for n in ("a", "b", "c")}
+    want["gather"] = np.concatenate([rows(r) for r in range(WORLD)])
+    want["bcast"] = data("bcast", 0)
     return want
 
 
 def _submit(hvd, name: str, rank: int):
     if name == "gather":
-        return hvd.allgather_async(_rows(rank), name=name)
+        return hvd.allgather_async(rows(rank), name=name)
     if name == "bcast":
-        return hvd.broadcast_async(_data(name, rank), root_rank=0, name=name)
-    return hvd.allreduce_async(_data(name, rank), name=name, op=hvd.Sum)
+        return hvd.broadcast_async(data(name, rank), root_rank=0, name=name)
+    return hvd.allreduce_async(data(name, rank), name=name, op=hvd.Sum)
 
 
 def _permuted(rank: int, world_size: int) -> dict:
@@ -56,24 +47,6 @@ def _permuted(rank: int, world_size: int) -> dict:
     return out
 
 
-def _missing(rank: int, world_size: int) -> dict:
-    """Rank 1 never submits "a"; then every rank averages a metric under the name "loss"."""
-    import neural_arch.horovod as hvd
-    hvd.init()
-    names = ["b"] if rank == 1 else ["a", "b"]
-    handles = [hvd.allreduce_async(_data(n, rank), name=n) for n in names]
-    start = time.monotonic()
-    try:
-        for handle in handles:
-            hvd.synchronize(handle)
-        hvd.allreduce(np.ones(1), name="loss")
-        return {"error": None, "seconds": time.monotonic() - start}
-    except RuntimeError as exc:
-        return {"error": str(exc), "seconds": time.monotonic() - start}
-    finally:
-        hvd.shutdown()
-
-
 def named_orders(tmp: Path) -> Run:
     """Three ranks submit three named allreduces, an allgather and a broadcast, each rank in
     another order; then a job where rank 1 leaves out one name. The time is the slowest
@@ -82,7 +55,7 @@ def named_orders(tmp: Path) -> Run:
               "init_kwargs": {"timeout": COLLECTIVE_TIMEOUT_S}}
     try:
         results = run_ranks(_permuted, WORLD, "shm", **kwargs)
-        missing = run_ranks(_missing, WORLD, "shm", **kwargs)
+        missing = run_ranks(missing_name, WORLD, "shm", args=(1,), **kwargs)
     except RankFailed as exc:
         return Run(None, False, f"a rank failed: {exc.summary[:200]}")
     want = _reference()

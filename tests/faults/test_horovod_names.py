@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dist_harness import run_ranks
+from horovod_names_job import data, missing_name, rows
 
 pytestmark = pytest.mark.timeout(120)
 STALL_S = 1.0  # HOROVOD_STALL_SHUTDOWN_TIME_SECONDS in these jobs
@@ -24,16 +25,6 @@ STALL_ENV = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_S)}
 COLLECTIVE_TIMEOUT_S = 20.0  # what a rank would wait for a collective that is not coming
 NAMES = ("a", "b", "c")
 ORDERS = {2: [(0, 1, 2), (2, 1, 0)], 3: [(0, 1, 2), (1, 2, 0), (2, 1, 0)]}
-
-
-def data(name: str, rank: int) -> np.ndarray:
-    """The same shape for every name, so a sum of two names' tensors would go unnoticed."""
-    seed = 100 * (ord(name[0]) + len(name)) + rank
-    return np.random.default_rng(seed).standard_normal((2, 3))
-
-
-def rows(rank: int) -> np.ndarray:
-    return np.full((rank + 1, 3), float(rank))  # rank r gives r + 1 rows
 
 
 def run(case, world: int, backend: str = "shm", args: tuple = ()) -> list:
@@ -118,25 +109,6 @@ def test_named_allreduces_in_different_orders_on_every_transport(backend):
 
 
 # ----- a name one rank never submits --------------------------------------------------------
-def missing_name(rank: int, world: int, missing_on: int) -> dict:
-    """Every rank but ``missing_on`` submits "a"; all submit "b"; then each waits for its
-    handles and averages a metric under the name "loss"."""
-    import neural_arch.horovod as hvd
-    hvd.init()
-    names = ["b"] if rank == missing_on else ["a", "b"]
-    handles = [hvd.allreduce_async(data(n, rank), name=n) for n in names]
-    start = time.monotonic()
-    try:
-        for handle in handles:
-            hvd.synchronize(handle)
-        hvd.allreduce(np.ones(1), name="loss")
-        return {"error": None, "seconds": time.monotonic() - start}
-    except RuntimeError as exc:
-        return {"error": str(exc), "seconds": time.monotonic() - start}
-    finally:
-        hvd.shutdown()
-
-
 def test_a_name_missing_on_one_rank_is_named_on_every_rank_within_the_timeout():
     results = run(missing_name, 3, args=(1,))
     for rank, out in enumerate(results):
