@@ -1,0 +1,158 @@
+"""How the MPI transport waits: every wait polls non-blocking requests, bounded by the
+transport's timeout, and looks about twice a second for a dead peer on this host (pid and start
+time), a peer's notice that it left or saw a failure, and the heartbeat's verdicts. A wait that
+gives up cancels its requests and marks the peers it needed unusable.
+
+``RequestWaiting`` is the part of ``MpiTransport`` (``mpi.py``) that does this; it uses the
+transport's communicator, notices, peer table and timeout.
+"""
+from __future__ import annotations
+
+import time
+
+from ..errors import CollectiveTimeoutError, DistributedError, PeerFailureError
+from ..health import heartbeat
+from ..processes import process_alive
+from .base import Fingerprint
+from .mpi_exit import mark_broken
+from .mpi_notices import FAILED, LEFT
+
+LIVENESS_PERIOD_S = 0.5
+_FAILED_LOOKS = 5  # over one liveness period, for news of a failure to arrive
+
+
+class RequestWaiting:
+    """The waiting half of ``MpiTransport``."""
+
+    def _wait(self, reqs: list, peers: list[int], fp: Fingerprint, advance=None) -> None:
+        """Poll ``reqs`` to completion; raise on timeout, a dead same-host peer (any rank of
+        the job: a subgroup's waits fail too when a rank outside it died) or a failure the
+        heartbeat found. With ``advance``, each poll calls it instead: it tests the requests
+        itself, posts what their completion allows, and returns those still pending (none:
+        done)."""
+        MPI = self._mpi
+        start = time.monotonic()
+        deadline, polls = start + self.timeout, 0
+        self._look(reqs, peers, fp, start, start)  # even when the requests complete at once
+        while True:
+            try:
+                if advance is not None:
+                    reqs = advance()
+                    if not reqs:
+                        return
+                elif MPI.Request.Testall(reqs):
+                    return
+            except MPI.Exception as e:
+                failed = self._failed_ranks()
+                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}",
+                              peer_failed=bool(failed))
+                if failed:
+                    raise PeerFailureError(f"MPI reports rank(s) {failed} failed during "
+                                           f"{fp.describe()} ({e})", rank=self.rank,
+                                           peer=failed[0], op=fp.op, seq=fp.seq) from None
+                raise DistributedError(f"MPI reported: {e}", rank=self.rank,
+                                       peer=peers[0] if peers else None, op=fp.op,
+                                       seq=fp.seq) from None
+            polls += 1
+            now = time.monotonic()
+            self._look(reqs, peers, fp, start, now)
+            if now > deadline:
+                self._give_up(reqs, peers, f"timeout in {fp.describe()}")
+                raise CollectiveTimeoutError(
+                    f"{fp.describe()} did not complete within {self.timeout} s"
+                    + (f" (waiting on rank(s) {peers})" if peers else ""), rank=self.rank,
+                    peer=peers[0] if len(peers) == 1 else None, op=fp.op, seq=fp.seq)
+            if polls > 64:  # spin briefly for latency, then stop burning a shared core
+                time.sleep(min(1e-3, 1e-6 * (polls - 64)))
+
+    def _look(self, reqs: list, peers: list[int], fp: Fingerprint, start: float,
+              now: float) -> None:
+        """Every ~``LIVENESS_PERIOD_S`` of this rank's waiting: the pids, the peers' notices,
+        then the heartbeat."""
+        if now >= self._next_check:
+            self._next_check = now + LIVENESS_PERIOD_S
+            self._check_liveness(reqs, peers, fp)
+            gone = self._read_notices(reqs, peers, waited=now - start)
+            try:  # first: a peer that left may have left because of a failure the heartbeat knows
+                heartbeat.check(self.rank, fp.op, fp.seq)
+            except PeerFailureError as e:
+                self._give_up(reqs, [] if e.peer is None else [e.peer], str(e), peer_failed=True)
+                raise
+            if gone:
+                why = f"peer rank {gone[0]} left the job (it closed its transport)"
+                self._give_up(reqs, gone, why, peer_failed=True)
+                raise PeerFailureError(f"{why} while this rank was waiting for it in "
+                                       f"{fp.describe()}", rank=self.rank, peer=gone[0],
+                                       op=fp.op, seq=fp.seq)
+
+    def _check_liveness(self, reqs: list, peers: list[int], fp: Fingerprint) -> None:
+        dead = [peer for peer, (pid, start) in self._local_peers.items()
+                if not process_alive(pid, start)]
+        if dead:
+            # Name the peer we wait on first: others may be exiting because of that death.
+            dead.sort(key=lambda peer: (peer not in peers, peer))
+            self._give_up(reqs, peers + dead, f"peer rank(s) {dead} died", peer_failed=True)
+            raise PeerFailureError(f"peer rank(s) {dead} on this host (pids "
+                                   f"{[self._local_peers[d][0] for d in dead]}) died during "
+                                   f"{fp.describe()}", rank=self.rank, peer=dead[0],
+                                   op=fp.op, seq=fp.seq)
+
+    def _read_notices(self, reqs: list, peers: list[int], waited: float) -> list[int]:
+        """Take in the peers' notices; return the peers this wait needs that have left.
+
+        A failure a peer found goes to the heartbeat's list, which the caller checks next. A
+        peer that left fails the wait only once this rank has waited ``LIVENESS_PERIOD_S``
+        for it and the requests still do not complete: a peer that sent its last message and
+        then closed is read, not blamed. Peers this wait does not need may leave: they may have
+        no more work in the subgroups still running. ``peers`` empty: every rank takes part."""
+        for sender, kind, about, reason in self._notices.poll():
+            if kind == LEFT:
+                self._left.add(sender)
+            elif kind == FAILED and about != self.rank:
+                heartbeat.record_failure(about, reason)  # it says who saw it
+        needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
+        gone = sorted(needed & self._left)
+        if gone and waited >= LIVENESS_PERIOD_S and not self._mpi.Request.Testall(reqs):
+            return gone
+        return []
+
+    def publish_failure(self, peer: int, reason: str) -> None:
+        """Tell every other rank that ``peer`` failed (the heartbeat's ``publish`` without a
+        store): their waits then name that peer, not this rank, which leaves because of it."""
+        with self._lock:
+            if self._comm is not None:
+                self._notices.send(FAILED, peer, reason)
+
+    def _failed_ranks(self) -> list[int]:
+        """Ranks that MPI knows to have failed: with fault tolerance on (Open MPI's
+        ``mpiexec --with-ft ulfm``) a death makes requests fail instead of aborting the job.
+        The news may reach this rank a moment after the failed request, so look a few times."""
+        MPI, comm = self._mpi, self._comm
+        for _ in range(_FAILED_LOOKS):
+            try:
+                group = comm.Get_failed()
+            except (AttributeError, NotImplementedError, MPI.Exception):
+                return []  # an MPI without ULFM
+            try:
+                size = group.Get_size()
+                if size:
+                    mine = comm.Get_group()
+                    try:
+                        return sorted(MPI.Group.Translate_ranks(group, list(range(size)), mine))
+                    finally:
+                        mine.Free()
+            finally:
+                group.Free()
+            time.sleep(LIVENESS_PERIOD_S / _FAILED_LOOKS)
+        return []
+
+    def _give_up(self, reqs: list, peers: list[int], why: str, peer_failed: bool = False) -> None:
+        for req in reqs:
+            try:
+                req.Cancel()
+            except Exception:  # already complete, or an MPI that cannot cancel sends
+                pass
+        for peer in peers:
+            self._unusable.setdefault(peer, why)
+        if peer_failed:  # MPI_Finalize would wait for it (see ``at_process_exit``)
+            mark_broken(why)
