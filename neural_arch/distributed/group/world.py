@@ -75,7 +75,7 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
     transport = None
     try:
         if owns_store:
-            from ..rendezvous.auth import job_secret
+            from ..rendezvous.secret import job_secret
             from ..rendezvous.job import job_identity
             from ..rendezvous.store import TCPStore, claim_rank
             secret = job_secret()
@@ -89,7 +89,7 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
             agree_on_backend(info, store, requested)
         chosen = choose_on_one_host(info, store) if requested == "auto" else requested
         if chosen == "tcp" and secret is None:
-            from ..rendezvous.auth import job_secret
+            from ..rendezvous.secret import job_secret
             secret = job_secret()
         transport = transports.create_transport(chosen, rank=info.rank,
                                                 world_size=info.world_size, store=store,

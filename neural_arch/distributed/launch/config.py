@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from shutil import which
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..rendezvous.auth import check_secret
+from ..rendezvous.secret import check_secret
 from ..rendezvous.env import BACKEND_ALIAS
 from ..rendezvous.job import RUN_ID_VAR
 

@@ -1,4 +1,4 @@
-"""The job secret, and the mutual HMAC challenge-response every connection starts with.
+"""The mutual HMAC challenge-response every connection starts with (the secret: ``secret.py``).
 
 Both ends send a fresh 32-byte nonce and prove knowledge of the secret with an HMAC-SHA256 over
 both nonces and a role label, so a response reflected back at its sender never verifies. Before
@@ -19,21 +19,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 import selectors
 import socket
-import stat
 import struct
 import time
-from pathlib import Path
 from typing import Optional
 
 from ..errors import AuthenticationError
 from .job import labelled_nonce, nonce_label
+# the secret's names, where the transports and the store have always imported them
+from .secret import (MIN_SECRET_BYTES, SECRET_ENV, check_secret,  # noqa: F401
+                     job_secret, secret_file)
 
-SECRET_ENV = "NEURAL_ARCH_SECRET"
-MIN_SECRET_BYTES = 16  # below this a secret can be guessed; generated ones have 32 or more
 NONCE_SIZE = 32
 MAC_SIZE = 32
 MAX_CLIENT_INFO = 1024
@@ -47,91 +45,6 @@ _CLIENT_ROLE = b"neural_arch/client"
 
 class SilentPeerError(AuthenticationError):
     """The accepting side sent nothing in time during the handshake."""
-
-
-def secret_file() -> Path:
-    return Path.home() / ".neural_arch" / "secret"
-
-
-def check_secret(secret, source: str = "the job secret") -> bytes:
-    """``secret`` as bytes; a ValueError when it is too short to keep strangers out."""
-    if not isinstance(secret, (bytes, bytearray, memoryview)):
-        raise TypeError(f"{source} must be bytes, got {type(secret).__name__}")
-    secret = bytes(secret)
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"{source} is {len(secret)} byte(s) long; a job secret needs at least "
-                         f"{MIN_SECRET_BYTES} bytes (e.g. python -c 'import secrets; "
-                         f"print(secrets.token_hex(16))')")
-    return secret
-
-
-def job_secret() -> bytes:
-    """The job's shared secret: ``$NEURAL_ARCH_SECRET`` if set, else the per-user cookie file."""
-    from_env = os.environ.get(SECRET_ENV)
-    if from_env:
-        return check_secret(from_env.encode(), SECRET_ENV)
-    path = secret_file()
-    try:
-        cookie = _read_or_create_cookie(path)
-    except OSError as e:
-        raise AuthenticationError(f"cannot use secret file {path} ({e}); set {SECRET_ENV} to "
-                                  "the same value on every rank instead") from None
-    return check_secret(cookie, f"secret file {path}")
-
-
-def _read_or_create_cookie(path: Path) -> bytes:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not path.exists():
-        _create_cookie_atomically(path)
-    deadline = time.monotonic() + 5.0
-    while True:
-        _check_private(path)
-        value = path.read_bytes().strip()
-        if value:
-            return value
-        if time.monotonic() > deadline:  # an O_EXCL creator that died before writing
-            raise AuthenticationError(f"secret file {path} is empty; delete it or set "
-                                      f"{SECRET_ENV}")
-        time.sleep(0.01)
-
-
-def _create_cookie_atomically(path: Path) -> None:
-    """Write a temporary file, then hard-link it into place: whoever links first wins, and
-    nobody ever reads a half-written cookie."""
-    cookie = secrets.token_hex(32).encode() + b"\n"
-    tmp = path.with_name(f".secret.{os.getpid()}.{secrets.token_hex(4)}")
-    _write_exclusive(tmp, cookie)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    except OSError:  # no hard links here: plain O_EXCL; readers wait until the content lands
-        try:
-            _write_exclusive(path, cookie)
-        except FileExistsError:
-            pass
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _write_exclusive(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _check_private(path: Path) -> None:
-    info = path.stat()
-    if info.st_mode & 0o077:
-        raise AuthenticationError(
-            f"secret file {path} has mode {stat.filemode(info.st_mode)} and can be read by other "
-            f"users; run 'chmod 600 {path}' or set {SECRET_ENV}")
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise AuthenticationError(f"secret file {path} belongs to uid {info.st_uid}, not to "
-                                  f"uid {os.getuid()}; remove it or set {SECRET_ENV}")
 
 
 def _mac(secret: bytes, role: bytes, *parts: bytes) -> bytes:

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Mapping, Optional, Sequence
 
-from .auth import SECRET_ENV, secret_file
+from .secret import SECRET_ENV, secret_file
 from .env import resolve
 from .families import TITLES
 from .job import job_identity
