@@ -14,50 +14,12 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+import resnet_twin
+
 LR = 0.01
 MODELS = ("conv", "resnet8")
 PHASES = ("forward", "backward", "update")
 MODEL_TITLES = {"conv": "Conv2d 3→16 3×3", "resnet8": "resnet8"}
-
-
-def _torch_resnet8(torch):
-    """torchvision's BasicBlock ResNet at the CIFAR widths 16, 32, 64, one block per stage,
-    with the parameter names of ``neural_arch.models.resnet8``."""
-    tnn = torch.nn
-
-    class Block(tnn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(cout)
-            self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = tnn.BatchNorm2d(cout)
-            self.downsample = None
-            if stride != 1 or cin != cout:
-                self.downsample = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False),
-                                                 tnn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
-            return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-    class Net(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(3, 16, 3, 1, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(16)
-            self.layer1 = tnn.Sequential(Block(16, 16, 1))
-            self.layer2 = tnn.Sequential(Block(16, 32, 2))
-            self.layer3 = tnn.Sequential(Block(32, 64, 2))
-            self.avgpool = tnn.AdaptiveAvgPool2d(1)
-            self.fc = tnn.Linear(64, 10)
-
-        def forward(self, x):
-            out = torch.relu(self.bn1(self.conv1(x)))
-            out = self.layer3(self.layer2(self.layer1(out)))
-            return self.fc(torch.flatten(self.avgpool(out), 1))
-
-    return Net()
 
 
 def _conv_layer(nn):
@@ -83,12 +45,8 @@ def build_ours(model: str):
 def build_pair(torch, model: str):
     """(ours, theirs): the same network, torch's loaded with ours' initial state."""
     ours = build_ours(model)
-    theirs = _conv_layer(torch.nn) if model == "conv" else _torch_resnet8(torch)
-    state = ours.state_dict()
-    if sorted(state) != sorted(theirs.state_dict()):
-        raise RuntimeError(f"{model}: the state dicts differ: ours {sorted(state)}, torch "
-                           f"{sorted(theirs.state_dict())}")
-    theirs.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()})
+    theirs = _conv_layer(torch.nn) if model == "conv" else resnet_twin.torch_resnet(torch)
+    resnet_twin.load_our_state(torch, theirs, ours.state_dict(), model)
     return ours, theirs
 
 

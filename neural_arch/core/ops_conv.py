@@ -1,11 +1,10 @@
 """Convolution over 1 or 2 spatial dimensions (``conv1d``, ``conv2d``) as im2col + matmul.
 
-The forward views the zero-padded input as sliding windows (``as_strided``, no copy), copies
-each group's windows once into one (C/groups * kernel, positions) matrix per sample and
-multiplies the group's weight by them: a batched matmul, whose output is already in NCHW order
-(and far faster on BLAS than one tall, skinny product). The backward reuses those matrices for
-the weight gradient and adds the windows' gradients back into the input (col2im) with one strided-slice addition per kernel
-offset, which is much faster than a scatter (``add.at``) over every element.
+The forward builds the (N, C * kh * kw, Ho * Wo) column matrix of the input once
+(``conv_windows.im2col``) and multiplies each group's weight by it: one product per sample,
+whose output is already in NCHW order. The backward reuses the columns for the weight gradient
+and adds the columns' gradient back into the input (``col2im``). Both run on the array module
+of the input (NumPy or CuPy); on the CPU with Numba, im2col and col2im are single-pass kernels.
 A 1-D convolution is the 2-D one with a height of 1.
 """
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from ..backends import xp_of
 from .autocast_state import autocast_inputs
+from .conv_windows import col2im, im2col
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 
@@ -49,26 +49,16 @@ def conv_padding(padding: Any, kernel: Tuple[int, ...], stride: Tuple[int, ...],
     return tuple((p, p) for p in expand_param(padding, len(kernel), "padding", op, 0))
 
 
-def sliding_windows(xp: Any, padded: Any, out_size: Tuple[int, int], kernel: Tuple[int, int],
-                    stride: Tuple[int, int], dilation: Tuple[int, int]) -> Any:
-    """View (N, C, Ho, Wo, kh, kw) of the windows of a (N, C, H, W) array (no copy)."""
-    sn, sc, sh, sw = padded.strides
-    shape = padded.shape[:2] + tuple(out_size) + tuple(kernel)
-    strides = (sn, sc, sh * stride[0], sw * stride[1], sh * dilation[0], sw * dilation[1])
-    return xp.lib.stride_tricks.as_strided(padded, shape=shape, strides=strides,
-                                           writeable=False)
+# Columns are built for a span of samples at a time, each span's at most this size: glibc
+# serves blocks up to 32 MiB from its heap (see backends.allocator) and maps larger ones
+# afresh, page faults and all, on every call; smaller spans also stay nearer the cache.
+SPAN_BYTES = 16 * 1024 * 1024
 
 
-def add_windows(target: Any, window_grads: Any, stride: Tuple[int, int],
-                dilation: Tuple[int, int]) -> None:
-    """col2im: add (N, C, Ho, Wo, kh, kw) window gradients into the (N, C, H, W) ``target``."""
-    ho, wo, kh, kw = window_grads.shape[2:]
-    for i in range(kh):
-        top = i * dilation[0]
-        for j in range(kw):
-            left = j * dilation[1]
-            target[:, :, top:top + stride[0] * (ho - 1) + 1:stride[0],
-                   left:left + stride[1] * (wo - 1) + 1:stride[1]] += window_grads[..., i, j]
+def sample_spans(n: int, bytes_per_sample: int) -> list:
+    """[(start, stop)] covering 0..n, each span's columns within ``SPAN_BYTES``."""
+    per_span = max(1, SPAN_BYTES // max(1, bytes_per_sample))
+    return [(start, min(start + per_span, n)) for start in range(0, n, per_span)]
 
 
 def _check(op: str, xd: Any, wd: Any, bd: Any, groups: int, spatial: int) -> None:
@@ -121,26 +111,23 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
         raise ValueError(f"{op}: input shape {tuple(xd.shape)} with padding {padding!r} is "
                          f"smaller than the dilated kernel {tuple(wd.shape[2:])} (dilation "
                          f"{dilation!r})")
-    padded = x4
-    if any(p for pair in pads for p in pair):
-        padded = xp.pad(x4, ((0, 0), (0, 0)) + pads)
-    windows = sliding_windows(xp, padded, out_hw, kernel, stride_t, dilation_t)
     out_channels, group_in = w4.shape[0], w4.shape[1]
     group_out = out_channels // groups
     positions = out_hw[0] * out_hw[1]
+    group_k = group_in * kernel[0] * kernel[1]
+    weights = [w4[g * group_out:(g + 1) * group_out].reshape(group_out, group_k)
+               for g in range(groups)]
+    spans = sample_spans(n, groups * group_k * positions * x4.dtype.itemsize)
     out = xp.empty((n, out_channels, positions), dtype=x4.dtype)
-    columns, weights = [], []
-    for g in range(groups):
-        # (N, Cg, kh, kw, Ho, Wo) in memory order: one copy, then per sample a (K, Ho*Wo)
-        cols = windows[:, g * group_in:(g + 1) * group_in].transpose(0, 1, 4, 5, 2, 3)
-        cols = xp.ascontiguousarray(cols).reshape(n, -1, positions)
-        w2 = w4[g * group_out:(g + 1) * group_out].reshape(group_out, -1)
-        out[:, g * group_out:(g + 1) * group_out] = w2 @ cols
+    columns = []  # per span of samples: (samples, C*kh*kw, P)
+    for start, stop in spans:
+        cols = im2col(xp, x4[start:stop], kernel, stride_t, dilation_t, pads, out_hw)
+        for g in range(groups):  # one product per sample, already in (N, C_out, P) order
+            out[start:stop, g * group_out:(g + 1) * group_out] = \
+                weights[g] @ cols[:, g * group_k:(g + 1) * group_k]
         columns.append(cols)
-        weights.append(w2)
-    out = out.reshape((n, out_channels) + out_hw)
     if bd is not None:
-        out += bd.reshape(1, -1, 1, 1)
+        out += bd.reshape(1, -1, 1)
     result_shape = (out_channels,) + out_hw[spatial == 1:]
     final = out.reshape((n,) + result_shape)
     if unbatched:
@@ -150,33 +137,35 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
     need_b = bias is not None and bias.requires_grad
     if not ((need_x or need_w or need_b) and GRAD_MODE.enabled):
         return _constant(final)
+    if not need_w:
+        columns = []  # only the weight gradient reads the columns again
 
     def backward(grad: Any) -> tuple:
-        g4 = grad.reshape((n, out_channels) + out_hw)
+        g3 = grad.reshape(n, out_channels, positions)
         gx = gw = None
-        if need_x:
-            gpad = xp.zeros((n, channels) + padded_hw, dtype=g4.dtype)
         if need_w:
-            gw = xp.empty(w4.shape, dtype=g4.dtype)
-        g3 = g4.reshape(n, out_channels, positions)
-        for g in range(groups):
-            gg = g3[:, g * group_out:(g + 1) * group_out]
-            if need_w:
-                gw[g * group_out:(g + 1) * group_out] = (
-                    gg @ columns[g].transpose(0, 2, 1)).sum(axis=0).reshape(
-                        (group_out,) + w4.shape[1:])
-            if need_x:
-                gcols = (weights[g].T @ gg).reshape((n, group_in) + kernel + out_hw)
-                add_windows(gpad[:, g * group_in:(g + 1) * group_in],
-                            gcols.transpose(0, 1, 4, 5, 2, 3), stride_t, dilation_t)
+            gw = xp.zeros((out_channels, group_k), dtype=g3.dtype)
         if need_x:
-            gx = gpad[:, :, pads[0][0]:pads[0][0] + height, pads[1][0]:pads[1][0] + width]
-            gx = gx.reshape(x.data.shape)
+            gx = xp.empty((n, channels, height, width), dtype=g3.dtype)
+        for span, (start, stop) in enumerate(spans):
+            gs = g3[start:stop]
+            for g in range(groups):
+                rows, ks = slice(g * group_out, (g + 1) * group_out), \
+                    slice(g * group_k, (g + 1) * group_k)
+                if need_w:  # the sum over samples of g_n @ cols_n.T
+                    gw[rows] += (gs[:, rows] @ columns[span][:, ks].transpose(0, 2, 1)).sum(0)
+                if need_x:
+                    gcols = weights[g].T @ gs[:, rows]
+                    gx[start:stop, g * group_in:(g + 1) * group_in] = col2im(
+                        xp, gcols, (stop - start, group_in, height, width), kernel, stride_t,
+                        dilation_t, pads, out_hw)
         if need_w:
             gw = gw.reshape(wd.shape)
+        if need_x:
+            gx = gx.reshape(x.data.shape)
         if bias is None:
             return gx, gw
-        return gx, gw, (g4.sum(axis=(0, 2, 3)) if need_b else None)
+        return gx, gw, (g3.sum(axis=(0, 2)) if need_b else None)
 
     return _node(final, parents, backward)
 

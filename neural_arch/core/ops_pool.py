@@ -11,7 +11,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 from ..backends import xp_of
 from .grad_mode import GRAD_MODE
-from .ops_conv import add_windows, expand_param, sliding_windows
+from .conv_windows import add_windows, sliding_windows
+from .ops_conv import expand_param
 from .tensor import Tensor, _constant, _node
 
 IntOrPair = Union[int, Sequence[int]]
@@ -85,7 +86,7 @@ def max_pool2d(x: Tensor, kernel_size: IntOrPair, stride: Optional[IntOrPair] = 
     result = _finish(out, unbatched)
     indices = None
     if return_indices:
-        row, col = divmod(arg, kernel[1])
+        row, col = arg // kernel[1], arg % kernel[1]
         top = xp.arange(out_hw[0]).reshape(-1, 1) * strides[0] - pads[0]
         left = xp.arange(out_hw[1]).reshape(1, -1) * strides[1] - pads[1]
         indices = _constant(_finish(((top + row * dil[0]) * x4.shape[3]

@@ -1,7 +1,6 @@
 """Convolution layers ``Conv1d`` and ``Conv2d`` with torch's arguments and initialisation."""
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
@@ -69,14 +68,7 @@ class _ConvNd(Module):
             self.to(device)
 
     def reset_parameters(self) -> None:
-        fan_in = self.weight.data[0].size
-        if fan_in == 0:
-            init.zeros_(self.weight)
-        else:
-            init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
-            init.uniform_(self.bias, -bound, bound)
+        init.affine_default_(self.weight, self.bias)
 
     def forward(self, x: Any) -> Any:
         return convolution(as_tensor(x), self.weight, self.bias, self.stride, self.padding,

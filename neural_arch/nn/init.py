@@ -101,3 +101,18 @@ def kaiming_uniform_(tensor: Any, a: float = 0.0, mode: str = "fan_in",
                          f"{tuple(_array(tensor).shape)}")
     bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan)
     return uniform_(tensor, -bound, bound, generator)
+
+
+def affine_default_(weight: Any, bias: Optional[Any] = None,
+                    generator: Optional[np.random.Generator] = None) -> None:
+    """torch's default initialisation of ``Linear`` and the ``Conv`` layers, in place: weight
+    ``kaiming_uniform_(a=sqrt(5))``, i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), then the bias
+    from the same range; a zero fan_in leaves zeros (torch would divide by zero)."""
+    fan_in = calculate_fan_in_and_fan_out(weight)[0]
+    if fan_in == 0:
+        zeros_(weight)
+    else:
+        kaiming_uniform_(weight, a=math.sqrt(5), generator=generator)
+    if bias is not None:
+        bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+        uniform_(bias, -bound, bound, generator)

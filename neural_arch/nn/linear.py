@@ -1,7 +1,6 @@
 """Affine and shape-only layers: ``Linear``, ``Identity``, ``Flatten``."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -38,13 +37,7 @@ class Linear(Module):
             self.to(device)
 
     def reset_parameters(self) -> None:
-        if self.in_features == 0:
-            init.zeros_(self.weight)
-        else:
-            init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
-            init.uniform_(self.bias, -bound, bound)
+        init.affine_default_(self.weight, self.bias)
 
     def forward(self, x: Any) -> Any:
         return F.linear(as_tensor(x), self.weight, self.bias)

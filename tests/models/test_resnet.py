@@ -1,4 +1,7 @@
-"""The CIFAR ResNet against the same architecture built in torch with copied weights."""
+"""The CIFAR ResNet against the same architecture built in torch with copied weights (the
+torch twin is ``benchmarks/resnet_twin.py``, which the convolution benchmark uses too)."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -6,59 +9,19 @@ from neural_arch import functional as F
 from neural_arch.core import Tensor, manual_seed
 from neural_arch.models import ResNet, resnet8, resnet20
 from neural_arch.optim import SGD
+from repo_paths import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+from resnet_twin import load_our_state, torch_resnet  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _torch_resnet(torch, block_counts, widths, num_classes):
-    tnn = torch.nn
-
-    class Block(tnn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(cout)
-            self.conv2 = tnn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.bn2 = tnn.BatchNorm2d(cout)
-            self.downsample = None
-            if stride != 1 or cin != cout:
-                self.downsample = tnn.Sequential(tnn.Conv2d(cin, cout, 1, stride, bias=False),
-                                                 tnn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            out = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
-            return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-    class Net(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv1 = tnn.Conv2d(3, widths[0], 3, 1, 1, bias=False)
-            self.bn1 = tnn.BatchNorm2d(widths[0])
-            cin = widths[0]
-            for stage, (count, width) in enumerate(zip(block_counts, widths)):
-                blocks = [Block(cin if i == 0 else width, width, 2 if stage and not i else 1)
-                          for i in range(count)]
-                setattr(self, f"layer{stage + 1}", tnn.Sequential(*blocks))
-                cin = width
-            self.avgpool = tnn.AdaptiveAvgPool2d(1)
-            self.fc = tnn.Linear(cin, num_classes)
-
-        def forward(self, x):
-            out = torch.relu(self.bn1(self.conv1(x)))
-            for stage in range(len(block_counts)):
-                out = getattr(self, f"layer{stage + 1}")(out)
-            return self.fc(torch.flatten(self.avgpool(out), 1))
-
-    return Net()
 
 
 def _twins(torch, block_counts=(1, 1, 1), widths=(16, 32, 64), dtype=np.float64):
     manual_seed(0)
     ours = ResNet(block_counts, widths, num_classes=10, dtype=dtype)
-    theirs = _torch_resnet(torch, block_counts, widths, 10).to(getattr(torch, np.dtype(dtype).name))
-    state = ours.state_dict()
-    assert sorted(state) == sorted(theirs.state_dict())
-    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    theirs = torch_resnet(torch, block_counts, widths, 10).to(getattr(torch, np.dtype(dtype).name))
+    load_our_state(torch, theirs, ours.state_dict(), "resnet")
     return ours, theirs
 
 

@@ -76,3 +76,26 @@ def test_reproducible_with_manual_seed_and_generator():
     init.uniform_(b, generator=np.random.default_rng(1))
     np.testing.assert_array_equal(a.data, b.data)
     assert isinstance(a, Tensor)
+
+
+def test_affine_default_is_the_linear_and_conv_init():
+    """One helper serves Linear and Conv: the same draws as kaiming_uniform_(a=sqrt(5)) then
+    U(-1/sqrt(fan_in), ...) for the bias, fan_in counting the kernel and the groups."""
+    from neural_arch import nn
+    for make, shape in ((lambda: nn.Linear(6, 4), ((4, 6), (4,))),
+                        (lambda: nn.Conv2d(6, 4, (3, 2), groups=2), ((4, 3, 3, 2), (4,)))):
+        manual_seed(5)
+        layer = make()
+        manual_seed(5)
+        weight, bias = _param(*shape[0]), _param(*shape[1])
+        init.kaiming_uniform_(weight, a=math.sqrt(5))
+        fan_in = int(np.prod(shape[0][1:]))
+        init.uniform_(bias, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
+        np.testing.assert_array_equal(layer.weight.data, weight.data)
+        np.testing.assert_array_equal(layer.bias.data, bias.data)
+    empty = _param(3, 0)
+    init.affine_default_(empty, _param(3))
+    assert empty.shape == (3, 0)
+    bias = _param(3)
+    init.affine_default_(_param(3, 0), bias)
+    np.testing.assert_array_equal(bias.data, 0)
