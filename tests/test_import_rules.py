@@ -69,7 +69,7 @@ LAYERS = (
           ("save and load", "model code", "core", "backends", "package helpers")),
     Layer("horovod", ("neural_arch.horovod",), (EVERYTHING_BELOW,)),
     Layer("training", ("neural_arch.training", "neural_arch.train_gpt",
-                       "neural_arch.plot_metrics"), (EVERYTHING_BELOW,)),
+                       "neural_arch.plot_metrics", "neural_arch.cli"), (EVERYTHING_BELOW,)),
 )
 
 # imports the table forbids that the code still makes (importer, imported module and what is
