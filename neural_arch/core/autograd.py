@@ -103,6 +103,8 @@ def topological_order(*roots: Any) -> List[Any]:
         while stack:
             node, parents = stack[-1]
             for parent in parents:
+                if parent._meta is not None and "inplace_history" in parent._meta:
+                    parent = _routed(node, parent)
                 if parent.requires_grad and parent not in visited:
                     visited.add(parent)
                     stack.append((parent, iter(parent._parents)))
@@ -111,6 +113,13 @@ def topological_order(*roots: Any) -> List[Any]:
                 stack.pop()
                 order.append(node)
     return order
+
+
+def _routed(node: Any, parent: Any) -> Any:
+    """``parent`` as ``node`` saw it: an in-place write recorded on ``parent`` after ``node``
+    was made left its earlier history on a stand-in (``inplace_graph``)."""
+    from .inplace_graph import route  # it imports tensor.py, which imports this module
+    return route(node, parent)
 
 
 def _as_gradient(value: Any, node: Any, source: str) -> Any:
@@ -297,7 +306,11 @@ def _sweep(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, 
             if len(set(ids)) != len(ids):
                 repeated = ids
         for parent, pgrad in zip(parents, parent_grads):
-            if pgrad is None or not parent.requires_grad:
+            if pgrad is None:
+                continue
+            if parent._meta is not None and "inplace_history" in parent._meta:
+                parent = _routed(node, parent)
+            if not parent.requires_grad:
                 continue
             fresh = (pgrad.base is None and (pgrad is not grad or may_pass_through)
                      and (not repeated or id(pgrad) not in repeated))

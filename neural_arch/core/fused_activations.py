@@ -18,6 +18,7 @@ from ..backends import backend_for, xp_of
 from .autocast_state import autocast_inputs
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, modified_error, saved_entry
 
 _TANH_SCALE = math.sqrt(2.0 / math.pi)
 _TANH_CUBIC = 0.044715
@@ -62,10 +63,21 @@ def _use_fused_gelu(xd: Any, approximate: str) -> bool:
             and 0 < xd.shape[-1] <= INT32_MAX)
 
 
-def _record(x: Tensor, out: Any, backward: Any) -> Tensor:
-    if x.requires_grad and GRAD_MODE.enabled:
+def _record(x: Tensor, out: Any, backward: Any, saved_output: str = "") -> Tensor:
+    """``saved_output``: the op's name when ``backward`` reads ``out``, which is then checked
+    against in-place writes (``versions``)."""
+    if not (x.requires_grad and GRAD_MODE.enabled):
+        return _constant(out)
+    if not saved_output:
         return _node(out, (x,), backward)
-    return _constant(out)
+    counter = [0]
+
+    def checked(g: Any) -> tuple:
+        if counter[0]:
+            raise modified_error(f"{saved_output}Backward", out, counter, 0)
+        return backward(g)
+
+    return _node(out, (x,), checked, counter)
 
 
 def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
@@ -75,7 +87,7 @@ def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     xd = x.data
     backend = backend_for(xd)  # one pass per row over the last axis with the CPU kernels
     out = backend.softmax(xd, axis, None)
-    return _record(x, out, lambda g: (backend.softmax_backward(g, out, axis),))
+    return _record(x, out, lambda g: (backend.softmax_backward(g, out, axis),), "Softmax")
 
 
 def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
@@ -104,7 +116,7 @@ def log_softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     def backward(g: Any) -> tuple:
         return (g - xp.exp(out) * g.sum(axis=axis, keepdims=True),)
 
-    return _record(x, out, backward)
+    return _record(x, out, backward, "LogSoftmax")
 
 
 def erf_array(x: Any) -> Any:
@@ -124,7 +136,13 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
         out, derivative = backend_for(xd).gelu(xd, need_grad)
         if not need_grad:
             return _constant(out)
-        return _node(out, (x,), lambda g: (g * derivative,))
+        saved = (saved_entry(x),)  # torch saves the input; the derivative here is precomputed
+
+        def backward(g: Any) -> tuple:
+            check_saved("GeluBackward", saved)
+            return (g * derivative,)
+
+        return _node(out, (x,), backward)
     xp = xp_of(xd)
     if approximate == "tanh":
         inner = _TANH_SCALE * (xd + _TANH_CUBIC * xd * xd * xd)

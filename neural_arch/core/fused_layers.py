@@ -13,6 +13,7 @@ from .grad_mode import GRAD_MODE
 from .ops_shape import index_add
 from .random import get_rng
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
@@ -43,8 +44,11 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     need_b = bias is not None and bias.requires_grad
     if not ((need_x or need_w or need_b) and GRAD_MODE.enabled):
         return _constant(out)
+    # the weight is read for the input's gradient, the input for the weight's
+    saved = ((saved_entry(weight),) if need_x else ()) + ((saved_entry(x),) if need_w else ())
 
     def backward(g: Any) -> tuple:
+        check_saved("AddmmBackward", saved)
         g2 = g if g.ndim == 2 else g.reshape(-1, g.shape[-1])
         gx = None
         if need_x:

@@ -7,6 +7,7 @@ from ..backends import xp_of
 from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
+from .versions import modified_error
 
 _PY_SCALARS = (int, float, bool)
 
@@ -32,7 +33,11 @@ def broadcast_error(op: str, left: Any, right: Any) -> ValueError:
 
 
 def _binary(op: str, a: Tensor, b: Any, forward: Callable, grad_a: Callable,
-            grad_b: Callable) -> Tensor:
+            grad_b: Callable, saves: str = "") -> Tensor:
+    """``saves``: what the backward reads, as torch saves it: "a" / "b" for ``a``'s / ``b``'s
+    values read for the other side's gradient (d(a*b)/da reads b), "B" for ``b``'s values read
+    for both, "o" for the output; a write into any of them before the backward raises
+    (``versions``)."""
     bd, bt = operand(b, a)
     ad = a.data
     try:
@@ -44,14 +49,33 @@ def _binary(op: str, a: Tensor, b: Any, forward: Callable, grad_a: Callable,
     if not ((need_a or need_b) and GRAD_MODE.enabled):
         return _constant(out)
     a_shape, b_shape = ad.shape, _shape(bd)
+    checks = _saved_checks(saves, ad, a, bt if need_a or "B" in saves else None,
+                           a if need_b else None, out) if saves else ()
+    out_counter = checks[-1][1] if checks and "o" in saves else None
 
     def backward(g: Any) -> tuple:
+        for array, counter, version in checks:
+            if counter[0] != version:
+                raise modified_error(f"{op.capitalize()}Backward", array, counter, version)
         ga = unbroadcast(grad_a(g, ad, bd, out), a_shape) if need_a else None
         if bt is None:
             return (ga,)
         return ga, (unbroadcast(grad_b(g, ad, bd, out), b_shape) if need_b else None)
 
-    return _node(out, (a,) if bt is None else (a, bt), backward)
+    return _node(out, (a,) if bt is None else (a, bt), backward, out_counter)
+
+
+def _saved_checks(saves: str, ad: Any, a: Tensor, b_needed: Optional[Tensor],
+                  a_needed: Optional[Tensor], out: Any) -> tuple:
+    """(array, counter, version) of each tensor the backward will read; the output's last."""
+    checks = []
+    if "a" in saves and a_needed is not None:
+        checks.append((ad, a._vc, a._vc[0]))
+    if ("b" in saves or "B" in saves) and b_needed is not None:
+        checks.append((b_needed.data, b_needed._vc, b_needed._vc[0]))
+    if "o" in saves:
+        checks.append((out, [0], 0))
+    return tuple(checks)
 
 
 def _pass(g: Any, x: Any, y: Any, out: Any) -> Any:
@@ -76,12 +100,12 @@ def rsub(a: Tensor, b: Any) -> Tensor:
 
 def mul(a: Tensor, b: Any) -> Tensor:
     return _binary("mul", a, b, lambda x, y: x * y,
-                   lambda g, x, y, out: g * y, lambda g, x, y, out: g * x)
+                   lambda g, x, y, out: g * y, lambda g, x, y, out: g * x, saves="ab")
 
 
 def div(a: Tensor, b: Any) -> Tensor:
     return _binary("div", a, b, lambda x, y: x / y,
-                   lambda g, x, y, out: g / y, lambda g, x, y, out: -g * out / y)
+                   lambda g, x, y, out: g / y, lambda g, x, y, out: -g * out / y, saves="B")
 
 
 def rdiv(a: Tensor, b: Any) -> Tensor:
@@ -115,10 +139,23 @@ def rpow(a: Tensor, b: Any) -> Tensor:
                    lambda g, x, y, out: g * x * y ** (x - 1))
 
 
-def _unary(x: Tensor, out: Any, grad: Callable[[Any], Any]) -> Tensor:
-    if x.requires_grad and GRAD_MODE.enabled:
+def _unary(x: Tensor, out: Any, grad: Callable[[Any], Any], saves: str = "",
+           op: str = "") -> Tensor:
+    """``saves``: "x" when ``grad`` reads the input's values, "o" the output's (checked
+    against in-place writes before the backward, as torch)."""
+    if not (x.requires_grad and GRAD_MODE.enabled):
+        return _constant(out)
+    if not saves:
         return _node(out, (x,), lambda g: (grad(g),))
-    return _constant(out)
+    array, counter = (x.data, x._vc) if saves == "x" else (out, [0])
+    version = counter[0]
+
+    def backward(g: Any) -> tuple:
+        if counter[0] != version:
+            raise modified_error(f"{op}Backward", array, counter, version)
+        return (grad(g),)
+
+    return _node(out, (x,), backward, counter if saves == "o" else None)
 
 
 def neg(x: Tensor) -> Tensor:
@@ -127,27 +164,27 @@ def neg(x: Tensor) -> Tensor:
 
 def exp(x: Tensor) -> Tensor:
     out = xp_of(x.data).exp(x.data)
-    return _unary(x, out, lambda g: g * out)
+    return _unary(x, out, lambda g: g * out, "o", "Exp")
 
 
 def log(x: Tensor) -> Tensor:
     xd = x.data
-    return _unary(x, xp_of(xd).log(xd), lambda g: g / xd)
+    return _unary(x, xp_of(xd).log(xd), lambda g: g / xd, "x", "Log")
 
 
 def tanh(x: Tensor) -> Tensor:
     out = xp_of(x.data).tanh(x.data)
-    return _unary(x, out, lambda g: g * (1 - out * out))
+    return _unary(x, out, lambda g: g * (1 - out * out), "o", "Tanh")
 
 
 def sqrt(x: Tensor) -> Tensor:
     out = xp_of(x.data).sqrt(x.data)
-    return _unary(x, out, lambda g: g * 0.5 / out)
+    return _unary(x, out, lambda g: g * 0.5 / out, "o", "Sqrt")
 
 
 def relu(x: Tensor) -> Tensor:
     out = xp_of(x.data).maximum(x.data, 0)
-    return _unary(x, out, lambda g: g * (out > 0))
+    return _unary(x, out, lambda g: g * (out > 0), "o", "Relu")
 
 
 def sigmoid(x: Tensor) -> Tensor:
@@ -155,13 +192,13 @@ def sigmoid(x: Tensor) -> Tensor:
     xp = xp_of(xd)
     e = xp.exp(-xp.abs(xd))  # never overflows
     out = xp.where(xd >= 0, 1 / (1 + e), e / (1 + e))
-    return _unary(x, out, lambda g: g * out * (1 - out))
+    return _unary(x, out, lambda g: g * out * (1 - out), "o", "Sigmoid")
 
 
 def abs(x: Tensor) -> Tensor:
     xd = x.data
     xp = xp_of(xd)
-    return _unary(x, xp.abs(xd), lambda g: g * xp.sign(xd))
+    return _unary(x, xp.abs(xd), lambda g: g * xp.sign(xd), "x", "Abs")
 
 
 def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
@@ -181,7 +218,7 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
             inside = inside & (xd <= hi)
         return g * inside
 
-    return _unary(x, out, grad)
+    return _unary(x, out, grad, "x", "Clamp")
 
 
 def _compare(op: str, fn: Callable) -> Callable:

@@ -9,6 +9,7 @@ from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .ops_elementwise import operand
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 
 def _shape_error(a: Any, b: Any) -> ValueError:
@@ -68,14 +69,19 @@ def matmul(a: Tensor, b: Any) -> Tensor:
     need_b = bt is not None and bt.requires_grad
     if not ((need_a or need_b) and GRAD_MODE.enabled):
         return _constant(out)
+    # what the backward reads (b for a's gradient, a for b's), checked against in-place writes
+    saved = ((saved_entry(bt),) if need_a and bt is not None else ()) + \
+        ((saved_entry(a),) if need_b else ())
     if ad.ndim == 2 and bd.ndim == 2:
         def backward(g: Any) -> tuple:
+            check_saved("MmBackward", saved)
             ga = g @ bd.T if need_a else None
             if bt is None:
                 return (ga,)
             return ga, (ad.T @ g if need_b else None)
     else:
         def backward(g: Any) -> tuple:
+            check_saved("MmBackward", saved)
             ga, gb = _backward_general(g, ad, bd, need_a, need_b)
             return (ga,) if bt is None else (ga, gb)
     return _node(out, (a,) if bt is None else (a, bt), backward)

@@ -8,6 +8,7 @@ from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .ops_elementwise import broadcast_error, operand
 from .tensor import Tensor, _constant, _node
+from .versions import share_counter
 
 
 def _shape_args(shape: tuple) -> Tuple[int, ...]:
@@ -18,8 +19,18 @@ def _shape_args(shape: tuple) -> Tuple[int, ...]:
 
 def _unary(x: Tensor, out: Any, grad: Any) -> Tensor:
     if x.requires_grad and GRAD_MODE.enabled:
-        return _node(out, (x,), lambda g: (grad(g),))
-    return _constant(out)
+        result = _node(out, (x,), lambda g: (grad(g),))
+    else:
+        result = _constant(out)
+    return _counted_as_view(result, x)
+
+
+def _counted_as_view(result: Tensor, x: Tensor) -> Tensor:
+    """A result over ``x``'s memory (NumPy gave a view) shares ``x``'s version counter."""
+    out = result.data
+    if out.base is not None and xp_of(out).may_share_memory(out, x.data):
+        share_counter(result, x)
+    return result
 
 
 def reshape(x: Tensor, *shape: Any) -> Tensor:
@@ -166,7 +177,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     xd = x.data
     out = xd[index]
     if not (x.requires_grad and GRAD_MODE.enabled):
-        return _constant(out)
+        return _counted_as_view(_constant(out), x)
     in_shape = xd.shape
     assign = _is_basic(index) or _is_single_mask(index)
 
@@ -179,7 +190,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             index_add(xp, grad, index, g)
         return (grad,)
 
-    return _node(out, (x,), backward)
+    return _counted_as_view(_node(out, (x,), backward), x)
 
 
 def _as_tensors(tensors: Sequence[Any], op: str) -> list:

@@ -1,8 +1,9 @@
 """``Tensor``: an array plus the record of how it was computed.
 
-Every operator and method a Tensor has is named in the class body below or in one of its two
-bases (``tensor_torch_api``: torch's further methods; ``tensor_inplace``: ``add_`` and the other
-in-place ones). The operations themselves live in the ``ops_*`` modules (which import this
+Every operator and method a Tensor has is named in the class body below or in one of its three
+bases (``tensor_torch_api``: torch's further methods, ``view`` among them; ``tensor_autograd``:
+``backward``, ``detach``, hooks, the version counter and ``t[i] = v``; ``tensor_inplace``:
+``add_`` and the other in-place ones). The operations themselves live in the ``ops_*`` modules (which import this
 one), so the bodies name them through ``op_refs.OpRef`` stand-ins that the bottom of this file
 swaps for the functions.
 
@@ -12,13 +13,14 @@ retain_grad) lives in one optional dict, ``_meta``, so creating an op output sta
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Optional, Tuple
 
 from ..backends import backend_for, default_device, device_type, get_backend
-from . import autograd
-from .dtypes import default_dtype_for, is_floating, resolve_dtype
+from .dtypes import default_dtype_for, resolve_dtype
 from .grad_mode import GRAD_MODE
 from .op_refs import OpRef, bind_op_refs
+from .tensor_autograd import AutogradMethods
 from .tensor_inplace import InPlaceMethods
 from .tensor_torch_api import TorchTensorMethods
 
@@ -74,11 +76,19 @@ _ew, _la, _rd, _sh, _misc = (OpRef(name) for name in (
     "ops_elementwise", "ops_linalg", "ops_reduce", "ops_shape", "ops_misc"))
 
 
-class Tensor(TorchTensorMethods, InPlaceMethods):
-    """An n-dimensional array that can record operations for reverse-mode autodiff (torch's
-    further methods, such as ``size()`` and the in-place ``add_``, come from the two bases)."""
+# Every recorded node gets the next number (``_seq``): an in-place write on a recorded tensor
+# tells the ops made before it from those made after (``inplace_graph``).
+_node_numbers = itertools.count(1)
+next_node_number = _node_numbers.__next__
 
-    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_meta", "__weakref__")
+
+class Tensor(TorchTensorMethods, AutogradMethods, InPlaceMethods):
+    """An n-dimensional array that can record operations for reverse-mode autodiff (torch's
+    further methods, such as ``size()``, ``backward()`` and the in-place ``add_``, come from the
+    three bases). ``_vc`` is the version counter (``versions``), shared by aliases."""
+
+    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_meta", "_vc",
+                 "_seq", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer `array op tensor` to the reflected Tensor method
     __hash__ = object.__hash__
 
@@ -89,6 +99,7 @@ class Tensor(TorchTensorMethods, InPlaceMethods):
         self._parents: Tuple["Tensor", ...] = ()
         self._backward: Optional[Callable] = None
         self._meta = None if name is None else {"name": name}
+        self._vc = [0]
         self.requires_grad = False
         if requires_grad:
             self.requires_grad_(True)
@@ -109,10 +120,6 @@ class Tensor(TorchTensorMethods, InPlaceMethods):
     @property
     def device(self) -> str:
         return "cpu" if isinstance(self.data, _NUMPY.array_types) else "cuda"
-
-    @property
-    def is_leaf(self) -> bool:
-        return self._backward is None
 
     @property
     def name(self) -> Optional[str]:
@@ -178,66 +185,6 @@ class Tensor(TorchTensorMethods, InPlaceMethods):
             raise TypeError(f"only integer tensors can be used as an index, got {self.dtype}")
         return int(self.item())
 
-    def detach(self) -> "Tensor":
-        """A tensor sharing this data but cut from the graph."""
-        return _constant(self.data)
-
-    def requires_grad_(self, flag: bool = True) -> "Tensor":
-        if flag and not is_floating(self.data.dtype):
-            raise TypeError(f"only floating tensors can require grad, got dtype {self.dtype}")
-        if not flag and not self.is_leaf:
-            raise RuntimeError("requires_grad_(False) is only allowed on leaf tensors; "
-                               "use detach() for a non-leaf")
-        self.requires_grad = bool(flag)
-        return self
-
-    def zero_grad(self) -> None:
-        """Forget the accumulated gradient (set ``.grad`` to None)."""
-        self.grad = None
-
-    def retain_grad(self) -> None:
-        """Keep ``.grad`` on this non-leaf tensor during ``backward()``."""
-        if not self.requires_grad:
-            raise RuntimeError("retain_grad() on a tensor that does not require grad")
-        if not self.is_leaf:
-            self._get_meta()["retain"] = True
-
-    # ----------------------------------------------------------------- autograd
-    def backward(self, gradient: Any = None, retain_graph: Optional[bool] = None) -> None:
-        """Accumulate d(self)/d(leaf), times ``gradient``, into every leaf's ``.grad``.
-
-        The graph is never freed by ``backward`` (it goes away with its output tensors), so
-        calling it twice is allowed; ``retain_graph`` is accepted for PyTorch compatibility.
-        """
-        if not self.requires_grad:
-            raise RuntimeError("backward() on a tensor that does not require grad and has no "
-                               "grad_fn (did you forget requires_grad=True, or use no_grad()?)")
-        seed, owned = autograd.make_seed(self, gradient)
-        autograd.run_backward(self, seed, owned)
-
-    def register_hook(self, fn: Callable[[Any], Any]) -> autograd.RemovableHandle:
-        """Call ``fn(grad)`` once this tensor's gradient is complete (before a leaf accumulates
-        it); an array returned by ``fn`` replaces the gradient."""
-        if not self.requires_grad:
-            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
-        return autograd.RemovableHandle(self._get_meta().setdefault("hooks", {})).add(fn)
-
-    def register_post_accumulate_grad_hook(self, fn: Callable[["Tensor"], Any]
-                                           ) -> autograd.RemovableHandle:
-        """Call ``fn(tensor)`` right after ``backward()`` updated this leaf's ``.grad``."""
-        if not self.is_leaf or not self.requires_grad:
-            raise RuntimeError("post-accumulate-grad hooks can only be registered on leaf "
-                               "tensors that require grad")
-        return autograd.RemovableHandle(self._get_meta().setdefault("post_hooks", {})).add(fn)
-
-    def __setitem__(self, index: Any, value: Any) -> None:
-        if self.requires_grad and GRAD_MODE.enabled:
-            raise RuntimeError("in-place assignment into a tensor that requires grad; "
-                               "wrap it in no_grad() or write to .data")
-        if isinstance(index, Tensor):
-            index = index.data
-        self.data[index] = value.data if isinstance(value, Tensor) else value
-
     # ----------------------------------------------------------------- operations
     # Last in the body: names such as `sum`, `max` and `float` shadow the builtins from here on.
     __add__ = __radd__ = add = _ew.add
@@ -265,7 +212,7 @@ class Tensor(TorchTensorMethods, InPlaceMethods):
     sum, mean, var, std = _rd.sum, _rd.mean, _rd.var, _rd.std
     max, min, argmax, argmin = _rd.max, _rd.min, _rd.argmax, _rd.argmin
     __getitem__ = _sh.getitem
-    reshape = view = _sh.reshape
+    reshape = _sh.reshape
     expand = broadcast_to = _sh.expand
     transpose, permute, swapaxes = _sh.transpose, _sh.permute, _sh.swapaxes
     unsqueeze, squeeze, flatten = _sh.unsqueeze, _sh.squeeze, _sh.flatten
@@ -299,11 +246,14 @@ def _constant(data: Any) -> Tensor:
     out._parents = ()
     out._backward = None
     out._meta = None
+    out._vc = [0]
     return out
 
 
-def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> Tensor:
-    """Wrap an op result that records ``parents`` and its ``backward`` closure."""
+def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable,
+          version_counter: Optional[list] = None) -> Tensor:
+    """Wrap an op result that records ``parents`` and its ``backward`` closure
+    (``version_counter``: the one the closure checks, when it saves this output)."""
     out = Tensor.__new__(Tensor)
     out.data = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
     out.grad = None
@@ -311,6 +261,8 @@ def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable) -> Tensor:
     out._parents = parents
     out._backward = backward
     out._meta = None
+    out._vc = [0] if version_counter is None else version_counter
+    out._seq = next_node_number()
     return out
 
 

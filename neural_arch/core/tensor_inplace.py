@@ -1,13 +1,15 @@
 """torch's in-place methods for ``Tensor``: ``zero_``, ``fill_``, ``normal_``, ``uniform_``,
 ``copy_``, ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``, ``masked_fill_``.
 
-Each writes into ``.data`` and returns the tensor. Tensors hold no version counter, so an
-in-place write cannot be recorded in, or checked against, the autograd graph. The rule is
-therefore the safe subset of torch's: while gradients are recorded, an in-place op on a tensor
-that requires grad (a leaf, as in torch, or an op output), or with an argument that requires
-grad, raises; under ``no_grad()`` (how initialisers use these methods) it simply writes.
-Writing into a tensor that a recorded op saved for its backward changes that op's gradient
-(torch would raise there), so do such writes before the forward pass or on a clone.
+Each writes into ``.data``, adds one to the tensor's version counter and returns the tensor.
+The autograd rules are torch's: while gradients are recorded, an in-place op on a leaf that
+requires grad (or a view of one) raises; on any other tensor, when it or an argument requires
+grad, the op is recorded: the out-of-place form is computed from a stand-in for the old value,
+written into the data, and the tensor takes its history (``inplace_graph``). A tensor that
+shares its storage with a view cannot be recorded that way (torch rewrites the view's history
+too) and raises; so does ``div_`` with a ``rounding_mode``. Under ``no_grad()`` (how
+initialisers and optimizers use these methods) they simply write. A backward that needs values
+written over since raises (``versions``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,10 @@ def _tensor_type() -> type:
     return Tensor
 
 
+def _needs_grad(value: Any) -> bool:
+    return isinstance(value, _tensor_type()) and value.requires_grad
+
+
 def _value(other: Any) -> Any:
     return other.data if isinstance(other, _tensor_type()) else other
 
@@ -33,20 +39,46 @@ class InPlaceMethods:
 
     __slots__ = ()
 
+    def _records(self, op: str, *others: Any) -> bool:
+        """Whether in-place ``op`` must be recorded in the graph (after torch's checks)."""
+        if not GRAD_MODE.enabled:
+            return False
+        tensor = _tensor_type()
+        if not (self.requires_grad
+                or any(isinstance(o, tensor) and o.requires_grad for o in others)):
+            return False
+        if self.requires_grad and self.is_leaf:
+            raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in an "
+                               "in-place operation.")
+        if len(self._vc) > 1:  # the storage has views (versions.share_counter marks it)
+            base = self._parents[0] if self._parents else None
+            if base is not None and base.is_leaf and base.requires_grad and base._vc is self._vc:
+                raise RuntimeError(f"{op}: a view of a leaf Variable that requires grad is "
+                                   "being used in an in-place operation.")
+            raise RuntimeError(f"{op}: this tensor shares its storage with a view, and in-place "
+                               "operations on such tensors are not recorded in the graph here; "
+                               f"write into a clone() or use the out-of-place form")
+        return True
+
+    def _record(self, compute: Any, *others: Any, keep_values: bool = False) -> Any:
+        """Record an in-place op: ``compute(old, *others)`` is its out-of-place form (``self``
+        among ``others`` reads as the old value); ``keep_values``: its backward reads the old
+        values, so they are kept in a copy."""
+        from .inplace_graph import rebase, stand_in
+        old = stand_in(self, keep_values)
+        result = compute(old, *(old if o is self else o for o in others))
+        xd = self.data
+        if tuple(result.data.shape) != tuple(xd.shape):
+            raise RuntimeError(f"output with shape {list(xd.shape)} doesn't match the broadcast "
+                               f"shape {list(result.data.shape)}")
+        xp_of(xd).copyto(xd, result.data, casting="unsafe")
+        self._vc[0] += 1
+        rebase(self, old, result)
+        return self
+
     def _check_inplace(self, op: str, *others: Any) -> Any:
-        """The data to write into, after torch's autograd checks for in-place ``op``."""
-        if GRAD_MODE.enabled:
-            if self.requires_grad and self.is_leaf:
-                raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in "
-                                   "an in-place operation (run it under no_grad())")
-            if self.requires_grad:
-                raise RuntimeError(f"{op}: in-place operations on a tensor that is part of the "
-                                   f"autograd graph are not supported; use the out-of-place "
-                                   f"form (x = x.{op.rstrip('_')}(...)) or no_grad()")
-            tensor = _tensor_type()
-            if any(isinstance(o, tensor) and o.requires_grad for o in others):
-                raise RuntimeError(f"{op}: an argument requires grad, and in-place results are "
-                                   "not recorded in the graph; use the out-of-place form")
+        """The data to write into, once the write is known not to need recording."""
+        self._vc[0] += 1
         return self.data
 
     def _apply_ufunc(self, op: str, ufunc_name: str, other: Any) -> Any:
@@ -66,20 +98,32 @@ class InPlaceMethods:
 
     def add_(self, other: Any, *, alpha: Any = 1) -> Any:
         """``self += alpha * other``."""
+        if self._records("add_", other):
+            return self._record(lambda old, o: old + (o if alpha == 1 else o * alpha), other)
         return self._apply_ufunc("add_", "add", other if alpha == 1 else _value(other) * alpha)
 
     def sub_(self, other: Any, *, alpha: Any = 1) -> Any:
         """``self -= alpha * other``."""
+        if self._records("sub_", other):
+            return self._record(lambda old, o: old - (o if alpha == 1 else o * alpha), other)
         return self._apply_ufunc("sub_", "subtract",
                                  other if alpha == 1 else _value(other) * alpha)
 
     def mul_(self, other: Any) -> Any:
+        if self._records("mul_", other):
+            return self._record(lambda old, o: old * o, other, keep_values=_needs_grad(other))
         return self._apply_ufunc("mul_", "multiply", other)
 
     def div_(self, other: Any, *, rounding_mode: Any = None) -> Any:
         """True division, or ``rounding_mode`` "trunc" / "floor" of it, as in torch."""
+        recorded = self._records("div_", other)
         if rounding_mode is None:
+            if recorded:
+                return self._record(lambda old, o: old / o, other)
             return self._apply_ufunc("div_", "true_divide", other)
+        if recorded:
+            raise RuntimeError("div_ with a rounding_mode is not recorded in the graph; use "
+                               "torch.div(x, y, rounding_mode=...) out of place or no_grad()")
         if rounding_mode not in ("trunc", "floor"):
             raise ValueError(f"div_ expected rounding_mode to be one of None, 'trunc', or "
                              f"'floor' but found {rounding_mode!r}")
@@ -95,11 +139,15 @@ class InPlaceMethods:
     def clamp_(self, min: Any = None, max: Any = None) -> Any:
         if min is None and max is None:
             raise RuntimeError("clamp_: at least one of 'min' or 'max' must not be None")
+        if self._records("clamp_", min, max):
+            return self._record(lambda old: old.clamp(min, max), keep_values=True)
         xd = self._check_inplace("clamp_", min, max)
         xp_of(xd).clip(xd, _value(min), _value(max), out=xd)
         return self
 
     def zero_(self) -> Any:
+        if self._records("zero_"):
+            return self._record(lambda old: old.masked_fill(True, 0))
         self._check_inplace("zero_")[...] = 0
         return self
 
@@ -107,11 +155,20 @@ class InPlaceMethods:
         if isinstance(value, _tensor_type()) and value.data.ndim:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
                                f"with {value.data.ndim} dimensions")
+        if self._records("fill_", value):
+            if isinstance(value, _tensor_type()):
+                return self._record(lambda old, v: old.masked_fill(True, 0) + v, value)
+            return self._record(lambda old: old.masked_fill(True, value))
         self._check_inplace("fill_", value)[...] = _value(value)
         return self
 
     def copy_(self, src: Any, non_blocking: bool = False) -> Any:
         """Write ``src`` (broadcast to this shape, cast to this dtype and device) into self."""
+        if self._records("copy_", src):
+            if isinstance(src, _tensor_type()):
+                return self._record(lambda old, s: old.masked_fill(True, 0) + s, src)
+            return self._record(lambda old: old.masked_fill(True, backend_for(old.data)
+                                                            .asarray(src)))
         xd = self._check_inplace("copy_", src)
         values = backend_for(xd).asarray(_value(src))
         try:
@@ -127,6 +184,8 @@ class InPlaceMethods:
         if getattr(maskd, "dtype", None) is None or maskd.dtype.kind != "b":
             raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with "
                                f"dtype {getattr(maskd, 'dtype', type(maskd).__name__)}")
+        if self._records("masked_fill_", value):
+            return self._record(lambda old: old.masked_fill(mask, value))
         xd = self._check_inplace("masked_fill_", value)
         xp = xp_of(xd)
         try:
@@ -137,11 +196,15 @@ class InPlaceMethods:
         return self
 
     def _fill_random(self, op: str, draw: Any, generator: Any) -> Any:
-        xd = self._check_inplace(op)
+        xd = self.data
         if not is_floating(xd.dtype):
             raise RuntimeError(f"{op} expects a floating point tensor, got dtype {xd.dtype}")
+        recorded = self._records(op)
         samples = draw(resolve_generator(generator), xd.shape)
-        xd[...] = backend_for(xd).asarray(samples.astype(xd.dtype, copy=False))
+        samples = backend_for(xd).asarray(samples.astype(xd.dtype, copy=False))
+        if recorded:
+            return self._record(lambda old: old.masked_fill(True, samples))
+        self._check_inplace(op)[...] = samples
         return self
 
     def normal_(self, mean: Any = 0.0, std: Any = 1.0, *, generator: Any = None) -> Any:

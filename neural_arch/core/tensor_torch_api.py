@@ -1,5 +1,5 @@
 """torch's Tensor methods beyond the operators: sizes (``size()``, ``numel()``, ``dim()``),
-conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bool()``), ``t()``,
+conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bool()``), ``view``, ``t()``,
 ``contiguous()``, and the pieces, gather/scatter and selection methods.
 
 A base class of ``Tensor``. As in ``tensor.py``, methods that are op functions are named
@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..backends import xp_of
 from .op_refs import OpRef
 from .torch_size import Size
 
@@ -53,6 +54,20 @@ class TorchTensorMethods:
 
     def is_contiguous(self) -> bool:
         return bool(self.data.flags.c_contiguous)
+
+    def view(self, *shape: Any) -> Any:
+        """The same data seen with ``shape`` (one entry may be -1), sharing memory and the
+        version counter. Data that no such view can show (a transposed matrix flattened)
+        raises RuntimeError, as torch's ``view``; ``reshape`` copies there."""
+        out = self.reshape(*shape)
+        xd, od = self.data, out.data
+        if od.size and not (od.base is not None and xp_of(xd).may_share_memory(od, xd)):
+            raise RuntimeError(
+                f"view size is not compatible with input tensor's size and stride (at least "
+                f"one dimension spans across two contiguous subspaces): a tensor of shape "
+                f"{tuple(xd.shape)} with strides {tuple(xd.strides)} cannot be viewed as "
+                f"{tuple(od.shape)}. Use .reshape(...) instead.")
+        return out
 
     def t(self) -> Any:
         """The transpose of a 2-D tensor; 0-D and 1-D tensors come back as they are."""

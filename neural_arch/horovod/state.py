@@ -1,11 +1,10 @@
 """Starting every rank from the same state: ``broadcast_parameters``,
 ``broadcast_optimizer_state``, and the object collectives they rest on.
 
-``Module.state_dict()`` returns copies in this framework, so broadcasting into one would leave
-the model as it was; ``broadcast_parameters`` therefore takes what holds the model's own
-storage: ``model.named_parameters()`` (Horovod's other spelling), a dict or list of
-``Tensor``s, or the model itself (parameters and buffers). A dict of bare arrays is refused
-with that explanation rather than synchronised without effect.
+``broadcast_parameters`` writes into the storage of what it is given, in place, as Horovod's:
+``model.state_dict()`` (its tensors share storage with the parameters and buffers),
+``model.named_parameters()``, a dict or list of ``Tensor``s or arrays, or the model itself
+(parameters and buffers).
 """
 from __future__ import annotations
 
@@ -63,19 +62,14 @@ rounds.register_mirror(rounds.ALLGATHER_OBJECT, _mirror_allgather_object)
 
 
 def _named_tensors(params: Any) -> list:
-    """(name, storage array) pairs of what ``broadcast_parameters`` was given, in order."""
+    """(name, storage array, its Tensor or None) of what ``broadcast_parameters`` was given,
+    in order."""
     if hasattr(params, "named_parameters") and callable(params.named_parameters):
         pairs = list(params.named_parameters())
         if hasattr(params, "named_buffers"):
             pairs += [(f"buffer {n}", b) for n, b in params.named_buffers()]
     elif isinstance(params, dict):
         pairs = sorted(params.items(), key=lambda kv: str(kv[0]))  # the same order everywhere
-        if pairs and all(type(v) is np.ndarray for _, v in pairs):
-            raise TypeError(
-                "hvd.broadcast_parameters got a dict of NumPy arrays: Module.state_dict() "
-                "returns copies here, so broadcasting into them would not change the model. "
-                "Pass model.named_parameters() or the model itself: "
-                "hvd.broadcast_parameters(model.named_parameters(), root_rank=0)")
     else:
         try:
             pairs = list(params)
@@ -90,17 +84,20 @@ def _named_tensors(params: Any) -> list:
         if not isinstance(arr, np.ndarray):
             raise TypeError(f"hvd.broadcast_parameters: {name!r} is a {type(value).__name__}, "
                             "not a Tensor or NumPy array")
-        out.append((name, arr))
+        out.append((name, arr, value if isinstance(value, Tensor) else None))
     return out
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
     """Overwrite every rank's parameters, in place, with those of ``root_rank``."""
     basics._layout()
-    handles = [ops.broadcast_async_(arr, root_rank) for _, arr in _named_tensors(params)
-               if arr.size]
+    entries = _named_tensors(params)
+    handles = [ops.broadcast_async_(arr, root_rank) for _, arr, _ in entries if arr.size]
     for handle in handles:
         handle.wait()
+    for _, _, tensor in entries:
+        if tensor is not None:
+            tensor._bump_version()  # an in-place write, as torch counts it
 
 
 def broadcast_optimizer_state(optimizer: Any, root_rank: int = 0) -> None:

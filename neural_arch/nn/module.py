@@ -1,36 +1,23 @@
-"""``Module``: the base of every layer, with registration of parameters, buffers and children."""
+"""``Module``: the base of every layer, with registration of parameters, buffers and children
+(the state dict is in ``module_state``, the lookups by dotted name in ``module_lookup``)."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-import numpy as np
-
-from ..backends import backend_for
 from ..core import Tensor
 from .module_lookup import ModuleLookups
+from .module_state import IncompatibleKeys, ModuleState
 from .parameter import Parameter
 
-
-class IncompatibleKeys(NamedTuple):
-    missing_keys: List[str]
-    unexpected_keys: List[str]
+__all__ = ["IncompatibleKeys", "Module"]
 
 
 def _array_on(array: Any, device: Any) -> Any:
     return Tensor(array, dtype=array.dtype, device=device).data
 
 
-def _host_array(value: Any) -> np.ndarray:
-    """A NumPy array of a Tensor, a CuPy array or any array-like (shared where possible)."""
-    if isinstance(value, Tensor):
-        return value.numpy()
-    if hasattr(value, "__cuda_array_interface__"):
-        return value.get()
-    return np.asarray(value)
-
-
-class Module(ModuleLookups):
+class Module(ModuleLookups, ModuleState):
     """Base class: assign ``Parameter``s and ``Module``s as attributes and they are registered
     (in assignment order); define ``forward`` and call the module.
 
@@ -210,53 +197,6 @@ class Module(ModuleLookups):
     def buffers(self, recurse: bool = True) -> Iterator[Any]:
         for _, buf in self.named_buffers(recurse=recurse):
             yield buf
-
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> "OrderedDict[str, np.ndarray]":
-        """Name -> host NumPy copy of every parameter and persistent buffer (shared ones under
-        each of their names, as in PyTorch)."""
-        return OrderedDict((key, np.array(_host_array(getattr(module, table)[name]), copy=True))
-                           for key, (module, table, name) in self._state_targets().items())
-
-    def _state_targets(self) -> "OrderedDict[str, Tuple[Module, str, str]]":
-        """Dotted name -> (owning module, table, attribute) of every entry of the state dict."""
-        targets: "OrderedDict[str, Tuple[Module, str, str]]" = OrderedDict()
-        for prefix, module in self.named_modules():
-            dot = f"{prefix}." if prefix else ""
-            for name, param in module._parameters.items():
-                if param is not None:
-                    targets[dot + name] = (module, "_parameters", name)
-            for name, buf in module._buffers.items():
-                if buf is not None and name not in module._non_persistent:
-                    targets[dot + name] = (module, "_buffers", name)
-        return targets
-
-    def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> IncompatibleKeys:
-        """Copy arrays into the parameters and buffers in place (dtype and device kept).
-
-        A shape mismatch always raises ``ValueError`` naming the key and both shapes; with
-        ``strict`` missing or unexpected keys raise ``KeyError``, else they are returned.
-        """
-        targets = self._state_targets()
-        missing = [key for key in targets if key not in state_dict]
-        unexpected = [key for key in state_dict if key not in targets]
-        if strict and (missing or unexpected):
-            raise KeyError(f"error loading state_dict into {type(self).__name__}: missing keys "
-                           f"{missing}, unexpected keys {unexpected}")
-        for key, (module, table, name) in targets.items():
-            if key not in state_dict:
-                continue
-            source = _host_array(state_dict[key])
-            current = getattr(module, table)[name]
-            array = current.data if isinstance(current, Tensor) else current
-            if tuple(source.shape) != tuple(array.shape):
-                raise ValueError(f"size mismatch for '{key}': the checkpoint has shape "
-                                 f"{tuple(source.shape)}, the model has {tuple(array.shape)}")
-            if isinstance(array, np.ndarray):
-                np.copyto(array, source, casting="unsafe")
-            else:
-                array[...] = backend_for(array).asarray(source.astype(array.dtype))
-        return IncompatibleKeys(missing, unexpected)
 
     # ------------------------------------------------------------------ modes and devices
     def train(self, mode: bool = True) -> "Module":

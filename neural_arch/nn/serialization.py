@@ -12,7 +12,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 def save_state_dict(state_dict_or_module: Any, path: PathLike) -> None:
-    """Write a ``{name: array}`` dict (or a Module's ``state_dict()``) to ``path``."""
+    """Write a ``{name: array or tensor}`` dict (or a Module's ``state_dict()``) to ``path``."""
     state = state_dict_or_module
     if hasattr(state, "state_dict") and callable(state.state_dict):
         state = state.state_dict()
@@ -25,7 +25,8 @@ def save_state_dict(state_dict_or_module: Any, path: PathLike) -> None:
         data = getattr(value, "data", value) if hasattr(value, "requires_grad") else value
         if not isinstance(data, np.ndarray) and hasattr(data, "get"):
             data = data.get()
-        arrays[key] = np.ascontiguousarray(np.asarray(data))
+        # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)
+        arrays[key] = np.require(np.asarray(data), requirements="C")
     save_file(arrays, os.fspath(path))
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from ...core import Tensor
 from ...nn import Module, Parameter
+from ...nn.module_state import state_dict_copy
 from ..group.world import get_world_size, is_initialized
 from ..replicas import broadcast_module_state, check_replicas_agree
 from . import state
@@ -183,7 +184,7 @@ class FullyShardedDataParallel(Module):
     def full_state_dict(self) -> Dict[str, np.ndarray]:
         """The wrapped module's ``state_dict()`` with full values, on every rank (collective)."""
         with self.summon_full_params(writeback=False):
-            return dict(self.module.state_dict())
+            return dict(state_dict_copy(self.module))  # the full values go on exit
 
     def load_full_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> Any:
         """Load a full state dict (the wrapped module's keys) into the shards (collective)."""

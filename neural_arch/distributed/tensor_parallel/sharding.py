@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ...nn import Module
+from ...nn.module_state import state_dict_copy
 from .. import collectives
 from .layout import Layout
 
@@ -68,7 +69,7 @@ def _gather(local: np.ndarray, layout: Layout, owner: Module) -> np.ndarray:
 
 def dense_state_dict(module: Module) -> "OrderedDict[str, np.ndarray]":
     """The dense state dict (host NumPy arrays) rebuilt from every rank's shards."""
-    local = module.state_dict()
+    local = state_dict_copy(module)  # host arrays, as the gathered entries
     done: Dict[int, np.ndarray] = {}
     dense: "OrderedDict[str, np.ndarray]" = OrderedDict()
     for key, (owner, table, name) in module._state_targets().items():

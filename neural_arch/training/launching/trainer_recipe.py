@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
+from ...nn.module_state import state_dict_copy
+
 # Strategies whose every rank holds the whole model: its weights can come back from rank 0.
 _WHOLE_MODEL = ("single", "ddp", "zero1", "horovod")
 
@@ -30,7 +32,8 @@ class TrainerRecipe:
         trainer = Trainer(*self.args, **self.kwargs)
         history = trainer.fit(self.train_loader, self.val_loader, **self.fit_kwargs)
         whole = trainer.strategy.name in _WHOLE_MODEL
-        return history, (trainer.model.state_dict() if whole else None)
+        # a copy: the weights go back to the parent process after the model is gone
+        return history, (state_dict_copy(trainer.model) if whole else None)
 
     def parts(self) -> Dict[str, Any]:
         """Each piece by name, so that one that cannot be pickled is named."""

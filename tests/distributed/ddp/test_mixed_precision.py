@@ -90,7 +90,7 @@ def probe_worker(rank: int, world_size: int):
             model.backward_step(F.cross_entropy(out, Tensor(rng.integers(0, 2, 4))), opt)
     return (inner.seen, outputs, masters_before_forward,
             [p.data.copy() for p in model.parameters()],
-            {k: v.copy() for k, v in model.state_dict().items()},
+            {k: v.numpy().copy() for k, v in model.state_dict().items()},
             model.get_statistics()["communication"]["gradient_sync"]["total_bytes"],
             wire.get_statistics()["all_reduce"])
 

@@ -1,0 +1,107 @@
+"""The autograd side of ``Tensor``: ``requires_grad_``, ``detach``, ``backward``, hooks,
+``retain_grad``, the version counter (``_version``) and item assignment (``t[i] = v``).
+
+A base class of ``Tensor``, kept apart so that ``tensor.py`` stays about the array, the
+conversions and the operator table. ``x[i] = v`` is an in-place write: under recorded
+gradients it follows the rules of ``tensor_inplace`` (refused on a leaf that requires grad,
+recorded on other tensors).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional
+
+from . import autograd
+from .dtypes import is_floating
+from .grad_mode import GRAD_MODE
+
+
+def _tensor_module() -> Any:
+    # tensor.py imports this module first; `from . import tensor` would find the package's
+    # `tensor()` factory instead of the module
+    return importlib.import_module(f"{__package__}.tensor")
+
+
+class AutogradMethods:
+    """Mixed into ``Tensor``; relies on its slots (``data``, ``requires_grad``, ``_parents``,
+    ``_backward``, ``_meta``, ``_vc``) and on ``tensor_inplace``'s recording helpers."""
+
+    __slots__ = ()
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._backward is None
+
+    @property
+    def _version(self) -> int:
+        """How many in-place writes this tensor's storage has had (torch's ``_version``)."""
+        return self._vc[0]
+
+    def _bump_version(self) -> None:
+        self._vc[0] += 1
+
+    def detach(self) -> Any:
+        """A tensor sharing this data and its version counter, cut from the graph."""
+        out = _tensor_module()._constant(self.data)
+        out._vc = self._vc
+        return out
+
+    def requires_grad_(self, flag: bool = True) -> Any:
+        if flag and not is_floating(self.data.dtype):
+            raise TypeError(f"only floating tensors can require grad, got dtype {self.dtype}")
+        if not flag and not self.is_leaf:
+            raise RuntimeError("requires_grad_(False) is only allowed on leaf tensors; "
+                               "use detach() for a non-leaf")
+        self.requires_grad = bool(flag)
+        return self
+
+    def zero_grad(self) -> None:
+        """Forget the accumulated gradient (set ``.grad`` to None)."""
+        self.grad = None
+
+    def retain_grad(self) -> None:
+        """Keep ``.grad`` on this non-leaf tensor during ``backward()``."""
+        if not self.requires_grad:
+            raise RuntimeError("retain_grad() on a tensor that does not require grad")
+        if not self.is_leaf:
+            self._get_meta()["retain"] = True
+
+    def backward(self, gradient: Any = None, retain_graph: Optional[bool] = None) -> None:
+        """Accumulate d(self)/d(leaf), times ``gradient``, into every leaf's ``.grad``.
+
+        The graph is never freed by ``backward`` (it goes away with its output tensors), so
+        calling it twice is allowed; ``retain_graph`` is accepted for PyTorch compatibility.
+        """
+        if not self.requires_grad:
+            raise RuntimeError("backward() on a tensor that does not require grad and has no "
+                               "grad_fn (did you forget requires_grad=True, or use no_grad()?)")
+        seed, owned = autograd.make_seed(self, gradient)
+        autograd.run_backward(self, seed, owned)
+
+    def register_hook(self, fn: Callable[[Any], Any]) -> autograd.RemovableHandle:
+        """Call ``fn(grad)`` once this tensor's gradient is complete (before a leaf accumulates
+        it); an array returned by ``fn`` replaces the gradient."""
+        if not self.requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that does not require grad")
+        return autograd.RemovableHandle(self._get_meta().setdefault("hooks", {})).add(fn)
+
+    def register_post_accumulate_grad_hook(self, fn: Callable[[Any], Any]
+                                           ) -> autograd.RemovableHandle:
+        """Call ``fn(tensor)`` right after ``backward()`` updated this leaf's ``.grad``."""
+        if not self.is_leaf or not self.requires_grad:
+            raise RuntimeError("post-accumulate-grad hooks can only be registered on leaf "
+                               "tensors that require grad")
+        return autograd.RemovableHandle(self._get_meta().setdefault("post_hooks", {})).add(fn)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        tensor = _tensor_module().Tensor
+        if isinstance(index, tensor):
+            index = index.data
+        elif isinstance(index, tuple):
+            index = tuple(i.data if isinstance(i, tensor) else i for i in index)
+        if GRAD_MODE.enabled and self._records("__setitem__", value):
+            from .ops_index_put import index_put
+            self._record(lambda old, v: index_put(old, index, v), value)
+            return
+        self.data[index] = value.data if isinstance(value, tensor) else value
+        self._vc[0] += 1
