@@ -25,6 +25,10 @@ from .core import (Generator, allclose, argsort, concat, device, einsum, empty_l
 from .core.torch_size import Size
 from .core.torch_dtypes import (bool, double, float, half, int, int8, int16, long, short,
                                 uint8)
+from . import cuda  # torch.cuda: GPUs through CuPy
+from .backends import get_num_threads, set_num_threads
+from .core.ops_extremes import argmax, argmin, max, maximum, min, minimum
+from .core.tensor_torch_extras import narrow
 
 __version__ = "0.1.0"
 
@@ -56,4 +60,8 @@ __all__ += [  # the dtype names stay out: `import *` must not shadow int, float 
     "inference_mode", "linspace", "multinomial", "numel", "rand_like", "randint", "randn_like",
     "randperm", "sort", "topk", "tril", "triu", "uint8", "int8", "int16",
     "Size",
+]
+__all__ += [  # `max` and `min` stay out, as the dtype names: they would shadow the builtins
+    "cuda", "get_num_threads", "set_num_threads", "argmax", "argmin", "maximum", "minimum",
+    "narrow",
 ]

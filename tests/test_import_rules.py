@@ -32,7 +32,7 @@ LAYERS = (
     Layer("core", ("neural_arch.core",), ("backends", "package helpers")),
     Layer("model code", ("neural_arch.nn", "neural_arch.optim", "neural_arch.data",
                          "neural_arch.models", "neural_arch.utils", "neural_arch.functional",
-                         "neural_arch.amp"),
+                         "neural_arch.amp", "neural_arch.cuda"),
           ("core", "backends", "package helpers")),
     Layer("distributed basics", (f"{_D}.errors", f"{_D}.reduce_ops", f"{_D}.processes"),
           ("package helpers",)),

@@ -124,3 +124,10 @@ _NUMPY = get_backend("numpy")
 
 __all__ = ["ENV_DEVICE", "available_backends", "backend_for", "default_device", "device_type",
            "get_backend", "set_default_device", "xp_of"]
+
+# torch's names under ``torch.backends`` (``cuda.matmul.allow_tf32``, ``cudnn.benchmark``: flags
+# that nothing here reads) and torch's thread-count functions
+from .threads import get_num_threads, set_num_threads  # noqa: E402
+from .torch_flags import cuda, cudnn  # noqa: E402
+
+__all__ += ["cuda", "cudnn", "get_num_threads", "set_num_threads"]

@@ -23,6 +23,7 @@ from .op_refs import OpRef, bind_op_refs
 from .tensor_autograd import AutogradMethods
 from .tensor_inplace import InPlaceMethods
 from .tensor_torch_api import TorchTensorMethods
+from .tensor_torch_extras import TorchExtraMethods
 
 _NUMPY = get_backend("numpy")
 _NDARRAY = _NUMPY.array_type
@@ -82,7 +83,7 @@ _node_numbers = itertools.count(1)
 next_node_number = _node_numbers.__next__
 
 
-class Tensor(TorchTensorMethods, AutogradMethods, InPlaceMethods):
+class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMethods):
     """An n-dimensional array that can record operations for reverse-mode autodiff (torch's
     further methods, such as ``size()``, ``backward()`` and the in-place ``add_``, come from the
     three bases). ``_vc`` is the version counter (``versions``), shared by aliases."""
@@ -210,7 +211,6 @@ class Tensor(TorchTensorMethods, AutogradMethods, InPlaceMethods):
     relu, sigmoid = _ew.relu, _ew.sigmoid
     clip = clamp = _ew.clip
     sum, mean, var, std = _rd.sum, _rd.mean, _rd.var, _rd.std
-    max, min, argmax, argmin = _rd.max, _rd.min, _rd.argmax, _rd.argmin
     __getitem__ = _sh.getitem
     reshape = _sh.reshape
     expand = broadcast_to = _sh.expand

@@ -51,7 +51,7 @@ num_layers = 3
 num_batches = 10  # compare: not 50
 epochs = 2  # compare: not 3
 
-device = 'cuda' if torch.cuda.is_available() else 'cpu'  # port: device = 'cpu'
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
 torch.set_default_device(device)
 
 rng = np.random.default_rng(0)  # compare: NumPy's numbers, the same in both

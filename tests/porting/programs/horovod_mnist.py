@@ -94,8 +94,8 @@ def train(args):
                 data, target = data.cuda(), target.cuda()
             output = model(data)
             test_loss += F.nll_loss(output, target, reduction='sum').item()
-            pred = output.data.max(1, keepdim=True)[1]  # port: pred = output.argmax(1).view(-1, 1)
-            test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum()  # port: test_accuracy += pred.eq(target.view(-1, 1)).cpu().float().sum()
+            pred = output.data.max(1, keepdim=True)[1]  # port: pred = output.max(1, keepdim=True)[1]
+            test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum()  # port: test_accuracy += pred.eq(target.view_as(pred)).cpu().float().sum()
         test_loss /= len(test_sampler)
         test_accuracy /= len(test_sampler)
         test_loss = metric_average(test_loss, 'avg_loss')
@@ -109,7 +109,7 @@ def train(args):
     if args.cuda:
         torch.cuda.set_device(hvd.local_rank())
         torch.cuda.manual_seed(args.seed)
-    torch.set_num_threads(1)  # port: pass
+    torch.set_num_threads(1)
 
     kwargs = {'num_workers': 1, 'pin_memory': True} if args.cuda else {}
     train_dataset = synthetic_mnist(args.batch_size * args.steps * hvd.size(), args.seed)
@@ -152,5 +152,5 @@ def train(args):
 
 if __name__ == '__main__':
     args = parser.parse_args()
-    args.cuda = not args.no_cuda and torch.cuda.is_available()  # port: args.cuda = False
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
     train(args)

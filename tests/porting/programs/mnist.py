@@ -71,7 +71,7 @@ def main():
     parser.add_argument('--save-init', help='compare: write the first weights here (.npz)')
     parser.add_argument('--losses-out', help='compare: write the losses here (JSON)')
     args = parser.parse_args()
-    use_cuda = not args.no_cuda and torch.cuda.is_available()  # port: use_cuda = False
+    use_cuda = not args.no_cuda and torch.cuda.is_available()
 
     torch.manual_seed(args.seed)
 

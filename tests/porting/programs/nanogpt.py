@@ -201,8 +201,8 @@ dtype = 'float32'  # CPU: not 'bfloat16' / 'float16'
 compile = False  # CPU: no torch.compile
 
 torch.manual_seed(1337)
-torch.backends.cuda.matmul.allow_tf32 = True # allow tf32 on matmul  # port: pass
-torch.backends.cudnn.allow_tf32 = True # allow tf32 on cudnn  # port: pass
+torch.backends.cuda.matmul.allow_tf32 = True # allow tf32 on matmul
+torch.backends.cudnn.allow_tf32 = True # allow tf32 on cudnn
 device_type = 'cuda' if 'cuda' in device else 'cpu'
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]  # port: ptdtype = {'float32': torch.float32, 'float16': torch.float16}[dtype]
 ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
@@ -237,7 +237,7 @@ if args.init_weights:  # compare
 if args.save_init:  # compare
     np.savez(args.save_init, **{k: np.asarray(v) for k, v in model.state_dict().items()})
 model.to(device)
-scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))  # port: scaler = torch.amp.GradScaler('cuda', enabled=(dtype == 'float16'))
+scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 
 

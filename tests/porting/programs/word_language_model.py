@@ -70,8 +70,8 @@ class RNNModel(nn.Module):
 
     def init_hidden(self, bsz):
         weight = next(self.parameters())
-        return (weight.new_zeros(self.nlayers, bsz, self.nhid),  # port: return (torch.zeros(self.nlayers, bsz, self.nhid),
-                weight.new_zeros(self.nlayers, bsz, self.nhid))  # port: torch.zeros(self.nlayers, bsz, self.nhid))
+        return (weight.new_zeros(self.nlayers, bsz, self.nhid),
+                weight.new_zeros(self.nlayers, bsz, self.nhid))
 
 
 class Corpus(object):
@@ -94,7 +94,7 @@ class Corpus(object):
 
 def batchify(data, bsz):
     nbatch = data.size(0) // bsz
-    data = data.narrow(0, 0, nbatch * bsz)  # port: data = data[:nbatch * bsz]
+    data = data.narrow(0, 0, nbatch * bsz)
     data = data.view(bsz, -1).t().contiguous()
     return data.to(device)
 
