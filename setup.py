@@ -15,6 +15,11 @@ extras = {
         "pyyaml",  # the Kubernetes recipes' test parses them
         "tensorboardX",  # TensorBoard event files of neural_arch.training (optional there)
     ],
+    # neural_arch.tune.DistributedTuner: the study, its samplers, pruners and journal storage
+    "tune": ["optuna>=4.0"],
+    # Trainer.fit(mlflow_experiment=...): the skinny client (no server, no UI) with the
+    # SQLite store's database layer, and matplotlib for the run's loss chart
+    "mlflow": ["mlflow-skinny>=3.0", "sqlalchemy>=2.0", "alembic>=1.10", "matplotlib"],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})
 

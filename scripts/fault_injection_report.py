@@ -65,6 +65,7 @@ import fault_rows_mpi as mpi_rows  # noqa: E402
 import fault_rows_rendezvous as rendezvous_rows  # noqa: E402
 import fault_rows_resume as resume_rows  # noqa: E402
 import fault_rows_train_gpt as train_gpt_rows  # noqa: E402
+import fault_rows_tune as tune_rows  # noqa: E402
 from fault_leftovers import Leftovers  # noqa: E402
 from fault_rows import Run  # noqa: E402
 
@@ -140,6 +141,9 @@ def faults() -> List[Fault]:
                     train_gpt_rows.two_runs_one_out_dir)]
     table += [Fault("rank waiting for a store that never answers", "tcp", 2,
                     rendezvous_rows.store_never_answers)]
+    table += [Fault("tuner SIGKILLed mid-study, then resumed", "shm", 1,
+                    tune_rows.killed_then_resumed),
+              Fault("a tuner's trial raises", "shm", 1, tune_rows.trial_raises)]
     return table
 
 

@@ -21,7 +21,8 @@ from typing import Dict, List, NamedTuple, Sequence, Tuple
 # import name -> the distribution that provides it
 THIRD_PARTY = {"numba": "numba", "mpi4py": "mpi4py", "cupy": "cupy-cuda12x", "torch": "torch",
                "safetensors": "safetensors", "tqdm": "tqdm", "tensorboardX": "tensorboardX",
-               "matplotlib": "matplotlib", "sklearn": "scikit-learn"}
+               "matplotlib": "matplotlib", "sklearn": "scikit-learn", "optuna": "optuna",
+               "mlflow": "mlflow-skinny"}
 
 _PROBE = r'''
 import importlib, importlib.abc, json, sys, traceback

@@ -44,7 +44,7 @@ LAYERS = (
           ("health checks", "rendezvous", "distributed basics", "backends", "package helpers")),
     Layer("algorithms", (f"{_D}.algorithms",),
           (f"{_D}.transports.base", "distributed basics", "package helpers")),
-    Layer("groups", (f"{_D}.group", f"{_D}.work", f"{_D}.profiler"),
+    Layer("groups", (f"{_D}.group", f"{_D}.work", f"{_D}.profiler", f"{_D}.sent_bytes"),
           ("algorithms", "transports", "health checks", "rendezvous", "distributed basics",
            "package helpers")),
     Layer("collectives", (f"{_D}.collectives", f"{_D}.object_collectives",
@@ -69,7 +69,8 @@ LAYERS = (
           ("save and load", "model code", "core", "backends", "package helpers")),
     Layer("horovod", ("neural_arch.horovod",), (EVERYTHING_BELOW,)),
     Layer("training", ("neural_arch.training", "neural_arch.train_gpt",
-                       "neural_arch.plot_metrics", "neural_arch.cli"), (EVERYTHING_BELOW,)),
+                       "neural_arch.plot_metrics", "neural_arch.cli", "neural_arch.tune"),
+          (EVERYTHING_BELOW,)),
 )
 
 # imports the table forbids that the code still makes (importer, imported module and what is
@@ -119,12 +120,13 @@ _LIGHT = ("neural_arch", "neural_arch.nn", "neural_arch.nn.functional", "neural_
           "neural_arch.data", "neural_arch.models", "neural_arch.utils", "neural_arch.utils.data",
           "neural_arch.nn.parallel", "neural_arch.serialization")
 _HEAVY = ("neural_arch.distributed", "neural_arch.horovod", "neural_arch.training",
-          "neural_arch.train_gpt")
+          "neural_arch.train_gpt", "neural_arch.tune")
 
 
 def test_the_package_imports_without_the_optional_packages_and_nn_stays_light():
     blocked = optional_packages(REPO_ROOT / "setup.py")
-    assert {"numba", "mpi4py", "cupy", "torch", "matplotlib", "tensorboardX"} <= set(blocked)
+    assert {"numba", "mpi4py", "cupy", "torch", "matplotlib", "tensorboardX", "optuna",
+            "mlflow"} <= set(blocked)
     imported = probe_imports(_LIGHT + _HEAVY, blocked, REPO_ROOT, watched=_D)
     failed = {name: result.error for name, result in imported.items() if result.error}
     assert not failed, "\n".join(f"{name}:\n{error}" for name, error in failed.items())

@@ -18,12 +18,14 @@ from typing import Any, Optional
 
 from .. import functional as F
 from ..data import DataLoader
+from ..nn.module_state import state_dict_copy
 from ..optim import SGD, Adam, AdamW
 from .config import TrainingConfig
 from .launching.fit import check_num_processes, under_launcher
 from .launching.processes import run_in_processes
 from .launching.main_import import stop_main_import
 from .launching.recipe_check import pickle_recipe
+from .mlflow_logger import require_mlflow
 
 OWNER = "PyTorchDDPTrainer"
 OPTIMIZERS = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
@@ -74,16 +76,14 @@ class PyTorchDDPTrainer:
             checkpoint_dir: Optional[str] = None, mlflow_experiment: Optional[str] = None) -> Any:
         """Train on ``train_data`` (a DataLoader or a Dataset) in ``num_gpus`` processes;
         rank 0's ``History`` (``total_time``, ``best_accuracy``, one record per epoch)."""
-        if mlflow_experiment is not None:
-            raise NotImplementedError(f"{OWNER}.fit: mlflow_experiment={mlflow_experiment!r}: "
-                                      f"MLflow logging is not supported yet; the run's metrics "
-                                      f"go to metrics.jsonl with metrics_dir=")
+        if mlflow_experiment is not None:  # rank 0 records the run (``MLflowLogger``)
+            require_mlflow(f"{OWNER}.fit")
         stop_main_import(f"{OWNER}.fit")  # a worker importing an unguarded script stops here
         config = self.config
         if checkpoint_dir is not None:
             config = dataclasses.replace(config, checkpoint_dir=str(checkpoint_dir))
         recipe = DDPRecipe(self.model, self.optimizer, self.learning_rate, self.loss_fn,
-                           config, self._loader(train_data), val_loader)
+                           config, self._loader(train_data), val_loader, mlflow_experiment)
         if self.num_processes == 1 or under_launcher():
             return recipe()[0]  # the model trained here, in place
         payload = pickle_recipe(recipe, {"model": self.model, "optimizer": self.optimizer,
@@ -141,18 +141,22 @@ class DDPRecipe:
     returns (History, the weights when every rank holds the whole model, else None)."""
 
     def __init__(self, model: Any, optimizer: Any, learning_rate: float, loss_fn: Any,
-                 config: TrainingConfig, train_loader: Any, val_loader: Any) -> None:
+                 config: TrainingConfig, train_loader: Any, val_loader: Any,
+                 mlflow_experiment: Optional[str] = None) -> None:
         self.model, self.optimizer, self.learning_rate = model, optimizer, learning_rate
         self.loss_fn, self.config = loss_fn, config
         self.train_loader, self.val_loader = train_loader, val_loader
+        self.mlflow_experiment = mlflow_experiment
 
     def __call__(self) -> tuple:
         from .trainer import Trainer
         optimizer = self.optimizer(self.model.parameters(), lr=self.learning_rate)
         trainer = Trainer(self.model, optimizer, self.loss_fn, self.config)
-        history = trainer.fit(self.train_loader, self.val_loader)
+        history = trainer.fit(self.train_loader, self.val_loader,
+                              mlflow_experiment=self.mlflow_experiment)
         whole = self.config.zero_stage < 2
-        return history, (self.model.state_dict() if whole else None)
+        # a copy: the weights go back to the parent process after the model is gone
+        return history, (state_dict_copy(self.model) if whole else None)
 
     def __repr__(self) -> str:
         return f"DDPRecipe({type(self.model).__name__}, {self.config})"

@@ -33,6 +33,7 @@ from .config import TrainingConfig
 from .interval import TrainInterval
 from .joining import join_job
 from .metrics import MetricsLogger, epoch_record, write_record
+from .mlflow_logger import require_mlflow, with_mlflow
 from .progress import Progress
 from .schedule import build_schedule
 from .strategies import Strategy, resolve_strategy
@@ -95,9 +96,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ public
     def fit(self, train_loader: Any, val_loader: Any = None, epochs: Optional[int] = None,
-            max_steps: Optional[int] = None) -> History:
+            max_steps: Optional[int] = None, mlflow_experiment: Optional[str] = None) -> History:
+        """``mlflow_experiment``: also record the run in MLflow (``MLflowLogger``)."""
+        if mlflow_experiment is not None:
+            require_mlflow("Trainer.fit")
         if self._spawn is not None:
-            return self._fit_in_workers(train_loader, val_loader, epochs, max_steps)
+            return self._fit_in_workers(train_loader, val_loader, epochs, max_steps,
+                                        mlflow_experiment)
+        if mlflow_experiment is not None:  # before the resume, which restores its run id
+            self.callbacks = with_mlflow(self.callbacks, mlflow_experiment)
         cfg = self.config
         if not is_initialized():
             raise RuntimeError("Trainer.fit: no process group; this Trainer joined the job's "
@@ -193,13 +200,14 @@ class Trainer:
         return self.history
 
     def _fit_in_workers(self, train_loader: Any, val_loader: Any, epochs: Optional[int],
-                        max_steps: Optional[int]) -> History:
+                        max_steps: Optional[int], mlflow_experiment: Optional[str]) -> History:
         """``fit`` in ``num_processes`` workers started here (``launching``): rank 0's History,
         and its trained weights loaded into this model when every rank holds all of it."""
         from .launching import pickle_recipe, run_in_processes, stop_main_import
         from .launching.trainer_recipe import TrainerRecipe
         num_processes, backend, args, kwargs = self._spawn
-        fit_kwargs = {k: v for k, v in (("epochs", epochs), ("max_steps", max_steps))
+        fit_kwargs = {k: v for k, v in (("epochs", epochs), ("max_steps", max_steps),
+                                        ("mlflow_experiment", mlflow_experiment))
                       if v is not None}
         recipe = TrainerRecipe(args, kwargs, train_loader, val_loader, fit_kwargs)
         stop_main_import("Trainer.fit")

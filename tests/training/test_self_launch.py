@@ -225,5 +225,3 @@ def test_the_settings_reach_the_training_config():
         PyTorchDDPTrainer(job.small_model(), epoch=3)
     with pytest.raises(ValueError, match="num_gpus=2 and its alias num_processes=3 disagree"):
         PyTorchDDPTrainer(job.small_model(), num_gpus=2, num_processes=3)
-    with pytest.raises(NotImplementedError, match="MLflow logging is not supported yet"):
-        trainer.fit(job.loader(4), mlflow_experiment="runs")

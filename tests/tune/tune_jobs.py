@@ -1,0 +1,81 @@
+"""The train functions the tuner tests hand to trial processes: importable there, so they live
+in a module. Each leaves ``pid_<rank>`` in its trial's directory (so a test can check that
+the processes are gone) and ``finished_<rank>`` when it ran to its end."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from neural_arch import tune
+
+TARGET = 0.3
+
+
+def expected_loss(x: float, step: int) -> float:
+    """What ``curve`` reports at ``step``: the distance to TARGET plus a decaying term."""
+    return (x - TARGET) ** 2 + 1.0 / (step + 1)
+
+
+def _mark(name: str) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    with open(os.path.join(tune.trial_dir(), f"{name}_{rank}"), "w") as handle:
+        handle.write(str(os.getpid()))
+
+
+def curve(config):
+    """``config["steps"]`` reports of ``expected_loss``, ``config["sleep"]`` seconds apart."""
+    _mark("pid")
+    for step in range(config["steps"]):
+        tune.report(loss=expected_loss(config["x"], step), step=step)
+        time.sleep(config["sleep"])
+    _mark("finished")
+
+
+def failing_curve(config):
+    """``curve``, except that a config with x above 0.5 raises at its second step."""
+    _mark("pid")
+    for step in range(config["steps"]):
+        if step == 1 and config["x"] > 0.5:
+            raise ValueError(f"x={config['x']} is too large")
+        tune.report(loss=expected_loss(config["x"], step), step=step)
+        time.sleep(config["sleep"])
+    _mark("finished")
+
+
+def two_rank_sum(config):
+    """Both ranks of the trial all-reduce their share; rank 0 returns the total, so a trial
+    whose ranks did not form one job cannot return it."""
+    from neural_arch import distributed as dist
+    _mark("pid")
+    dist.init_process_group("auto", timeout=30)
+    try:
+        share = np.array([config["x"] * (dist.get_rank() + 1)])
+        dist.all_reduce(share)
+        tune.report(loss=float(share[0]), world=dist.get_world_size())
+    finally:
+        dist.destroy_process_group()
+    _mark("finished")
+    return {"loss": float(share[0])}
+
+
+def digits_mlp(config):
+    """A small MLP trained by the Trainer on a synthetic digits-like problem; the validation
+    loss of each epoch is reported (``TuneReportCallback``)."""
+    import neural_arch.functional as F
+    from neural_arch.core import manual_seed
+    from neural_arch.data import DataLoader, TensorDataset
+    from neural_arch.models import MLP
+    from neural_arch.optim import SGD
+    from neural_arch.training import Trainer, TrainingConfig
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 8)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    manual_seed(0)
+    model = MLP([8, config["hidden"], 2])
+    trainer = Trainer(model, SGD(model.parameters(), lr=config["lr"]), F.cross_entropy,
+                      TrainingConfig(epochs=3, verbose=False, progress_bar=False),
+                      callbacks=[tune.TuneReportCallback(metrics={"loss": "val_loss"})])
+    trainer.fit(DataLoader(TensorDataset(x[:64], y[:64]), batch_size=16, shuffle=True),
+                DataLoader(TensorDataset(x[64:], y[64:]), batch_size=16))
