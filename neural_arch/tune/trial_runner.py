@@ -14,30 +14,17 @@ import glob
 import json
 import os
 import pickle
-import signal
 import threading
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from ..distributed.launch import DistributedLauncher, LaunchOutcome
+from ..distributed.launch import DistributedLauncher
 from ..distributed.launch.workers import describe_exit
 from ..training.launching.worker import RESULT_FILE, run_worker
 from .session import REPORTS_FILE
 from .trial_worker import log_path
 
 MONITOR_INTERVAL_S = 0.05  # the launcher's polls: a failed or stopped rank is seen this fast
-
-
-class _TrialLauncher(DistributedLauncher):
-    """The launcher, stoppable from the tuner's thread, and quiet: the tuner says how each
-    trial ended, naming its logs, so the launcher's own notes would only repeat it."""
-
-    def stop(self) -> None:
-        self._signals.append(signal.SIGTERM)  # read by the launcher's loop, as a signal is
-
-    def _conclude(self, kind: str, rank: int, code: int, output: Any) -> int:
-        self.outcome = LaunchOutcome(kind, rank, code)
-        return 0 if kind == "success" else 1
 
 
 class Outcome(NamedTuple):
@@ -57,11 +44,12 @@ class RunningTrial:
         self.pruned_at: Optional[int] = None
         self._offset = 0
         self._error: Optional[BaseException] = None
-        self._launcher = _TrialLauncher(
+        self._launcher = DistributedLauncher(
             run_worker, nproc_per_node=processes, backend=backend, script_args=(payload,
                                                                                directory),
             standalone=True, env=dict(env), timeout=timeout, grace_period=grace_period,
-            monitor_interval=MONITOR_INTERVAL_S, prefix_output=False)
+            monitor_interval=MONITOR_INTERVAL_S, prefix_output=False,
+            announce_end=False)  # the tuner says how each trial ended, naming its logs
         self._thread = threading.Thread(target=self._run, name=f"tune-trial-{trial.number}",
                                         daemon=True)
         self._thread.start()

@@ -82,13 +82,16 @@ class DistributedLauncher:
                  env: Optional[Mapping[str, str]] = None, *, run_module: bool = False,
                  no_python: bool = False, standalone: bool = False,
                  monitor_interval: float = 0.1, timeout: Optional[float] = None,
-                 prefix_output: bool = True, grace_period: float = 5.0) -> None:
+                 prefix_output: bool = True, grace_period: float = 5.0,
+                 announce_end: bool = True) -> None:
         self.config = LaunchConfig(
             script_or_fn, nproc_per_node, nnodes, node_rank, master_addr, master_port, backend,
             tuple(script_args), max_restarts, log_dir, env, run_module, no_python, standalone,
             monitor_interval, timeout, prefix_output, grace_period)
         self._signals: List[int] = []
         self._guard: Optional[LauncherGuard] = None
+        # False: no closing note on how the run ended (a caller that reports it itself)
+        self._announce_end = announce_end
         # how the last run() ended, for callers that want more than the exit code
         self.outcome = LaunchOutcome("success", -1, 0)
 
@@ -130,10 +133,18 @@ class DistributedLauncher:
                 self._guard = None
             output.close()
 
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """End the run from another thread as a signal would: the workers get ``signum``, a
+        grace period, then SIGKILL; ``run()`` returns 128 + ``signum``, no restart."""
+        self._signals.append(signum)  # read by run()'s loop, as the handlers' signals are
+
     def _conclude(self, kind: str, rank: int, code: int, output: WorkerOutput) -> int:
         self.outcome = LaunchOutcome(kind, rank, code)
         if kind == "success":
             return 0
+        if not self._announce_end:
+            return 128 + code if kind == "signal" else (
+                TIMEOUT_EXIT_CODE if kind == "timeout" else exit_code(code))
         if kind == "signal":
             output.note(f"received {signal.Signals(code).name}; stopped all workers")
             return 128 + code
