@@ -8,10 +8,17 @@ Two seams serve a synchronised variant (statistics over every process of a group
 ``statistics(x, axes) -> (mean, biased var, count)`` computes the batch statistics, and
 ``reduce_sums(sums) -> sums`` turns the per-channel gradient sums of the input gradient
 (shape (2, C): sum of g, sum of g * x_hat) into the group's sums. The defaults are local.
+
+On the CPU with Numba, C-contiguous float32/float64 inputs of rank 3 or more take the
+one-channel-at-a-time kernels of ``backends.batchnorm_kernels`` (statistics and output in one
+pass over memory; the backward recomputes the normalised input instead of keeping it);
+elsewhere (CuPy, ``NEURAL_ARCH_NUMBA=0``, other dtypes) the NumPy form below runs.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
 
 from ..backends import xp_of
 from .grad_mode import GRAD_MODE
@@ -26,9 +33,33 @@ def reduced_axes(op: str, xd: Any) -> Tuple[int, ...]:
     return (0,) + tuple(range(2, xd.ndim))
 
 
+_kernels: Any = None  # backends.batchnorm_kernels when Numba runs, else False; on first use
+
+
+def channel_kernels(xd: Any, *params: Any) -> Any:
+    """``batchnorm_kernels`` when they can take ``xd`` (a C-contiguous NumPy float32/float64
+    array of rank >= 3, not empty) and ``params`` (arrays of its dtype or None), else None."""
+    global _kernels
+    if not (isinstance(xd, np.ndarray) and xd.ndim >= 3 and xd.size and xd.flags.c_contiguous):
+        return None
+    if _kernels is None:
+        from ..backends import batchnorm_kernels
+        _kernels = batchnorm_kernels if batchnorm_kernels.available() else False
+    if not _kernels or xd.dtype not in _kernels.DTYPES:
+        return None
+    if any(p is not None and not (isinstance(p, np.ndarray) and p.dtype == xd.dtype)
+           for p in params):
+        return None
+    return _kernels
+
+
 def local_statistics(xd: Any, axes: Tuple[int, ...]) -> Tuple[Any, Any, int]:
     """Per-channel mean, biased variance (two passes, for accuracy) and element count."""
     count = xd.size // xd.shape[1]
+    kernels = channel_kernels(xd)
+    if kernels is not None and axes == reduced_axes("batch_norm", xd):
+        mean, var = kernels.statistics(xd)
+        return mean, var, count
     mean = xd.mean(axis=axes)
     centered = xd - mean.reshape(_channel_shape(xd))
     return mean, (centered * centered).mean(axis=axes), count
@@ -54,10 +85,11 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
     xd = x.data
     axes = reduced_axes(op, xd)
     _check_params(op, xd, weight, bias)
+    kernels = channel_kernels(xd, *(None if p is None else p.data for p in (weight, bias)))
+    if kernels is not None:
+        return _training_with_kernels(kernels, x, weight, bias, eps, statistics, reduce_sums)
     mean, var, count = statistics(xd, axes)
-    if count <= 1:
-        raise ValueError(f"{op}: expected more than 1 value per channel when training, got "
-                         f"input shape {tuple(xd.shape)}")
+    _check_count(xd, count)
     shape = _channel_shape(xd)
     inv_std = 1.0 / (var + eps) ** 0.5
     normalized = (xd - mean.reshape(shape)) * inv_std.reshape(shape)
@@ -90,6 +122,52 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
         return tuple(grads)
 
     return _node(out, parents, backward), mean, var, count
+
+
+def _training_with_kernels(kernels: Any, x: Tensor, weight: Optional[Tensor],
+                           bias: Optional[Tensor], eps: float, statistics: Statistics,
+                           reduce_sums: Optional[Callable[[Any], Any]]
+                           ) -> Tuple[Tensor, Any, Any, int]:
+    """``batch_norm_training`` through ``batchnorm_kernels``: the same values, fewer passes."""
+    xd = x.data
+    wd = None if weight is None else weight.data
+    bd = None if bias is None else bias.data
+    if statistics is local_statistics:  # statistics and output in one pass
+        count = xd.size // xd.shape[1]
+        _check_count(xd, count)
+        out, mean, var, inv_std = kernels.forward(xd, wd, bd, eps)
+    else:
+        mean, var, count = statistics(xd, reduced_axes("batch_norm", xd))
+        _check_count(xd, count)
+        mean, var = np.asarray(mean, xd.dtype), np.asarray(var, xd.dtype)
+        inv_std = (1.0 / (var + eps) ** 0.5).astype(xd.dtype)
+        out = kernels.normalize(xd, mean, inv_std, wd, bd)
+    parents = tuple(t for t in (x, weight, bias) if t is not None)
+    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
+        return _constant(out), mean, var, count
+
+    def backward(g: Any) -> tuple:
+        grads = [None]
+        if x.requires_grad and reduce_sums is None:  # sums and gradient in one pass
+            grads[0], local = kernels.backward(g, xd, mean, inv_std, wd, count)
+        else:
+            local = kernels.gradient_sums(g, xd, mean, inv_std)
+        if x.requires_grad and reduce_sums is not None:
+            sums = reduce_sums(local.copy())
+            grads[0] = kernels.input_gradient(g, xd, mean, inv_std, wd, sums, count)
+        if weight is not None:
+            grads.append(local[1].copy() if weight.requires_grad else None)
+        if bias is not None:
+            grads.append(local[0].copy() if bias.requires_grad else None)
+        return tuple(grads)
+
+    return _node(out, parents, backward), mean, var, count
+
+
+def _check_count(xd: Any, count: int) -> None:
+    if count <= 1:
+        raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
+                         f"got input shape {tuple(xd.shape)}")
 
 
 def batch_norm_fixed(x: Tensor, mean: Any, var: Any, weight: Optional[Tensor],

@@ -1,17 +1,23 @@
 """Convolution over 1 or 2 spatial dimensions (``conv1d``, ``conv2d``) as im2col + matmul.
 
-The forward builds the (N, C * kh * kw, Ho * Wo) column matrix of the input once
-(``conv_windows.im2col``) and multiplies each group's weight by it: one product per sample,
-whose output is already in NCHW order. The backward reuses the columns for the weight gradient
-and adds the columns' gradient back into the input (``col2im``). Both run on the array module
-of the input (NumPy or CuPy); on the CPU with Numba, im2col and col2im are single-pass kernels.
-A 1-D convolution is the 2-D one with a height of 1.
+On the CPU (NumPy arrays) ``conv_cpu`` computes it a span of samples at a time, with columns
+that stay in cache and none kept for the backward (stride 1: ``conv_wide``, whose input
+gradient is itself a convolution; strided: ``conv_strided``). Elsewhere (CuPy), for a
+stride-1 padding wider than the kernel, and when only the weight needs a gradient (a first
+layer, whose few column rows are cheaper kept than rebuilt), the forward below builds the
+(N, C * kh * kw, Ho * Wo) column matrix of the whole batch once (``conv_windows.im2col``) and
+multiplies each group's weight by it: one product per sample, whose output is already in NCHW
+order; the backward reuses the columns for the weight gradient and adds the columns' gradient
+back into the input (``col2im``). A 1-D convolution is the 2-D one with a height of 1.
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from ..backends import xp_of
+from . import conv_cpu
 from .autocast_state import autocast_inputs
 from .conv_windows import col2im, im2col
 from .grad_mode import GRAD_MODE
@@ -112,6 +118,33 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
                          f"smaller than the dilated kernel {tuple(wd.shape[2:])} (dilation "
                          f"{dilation!r})")
     out_channels, group_in = w4.shape[0], w4.shape[1]
+    need_x, need_w = x.requires_grad, weight.requires_grad
+    need_b = bias is not None and bias.requires_grad
+    parents = (x, weight) if bias is None else (x, weight, bias)
+    geom = conv_cpu.Geometry(n, channels, height, width, out_channels, groups, kernel,
+                             stride_t, dilation_t, pads, out_hw)
+    wants_grad = (need_x or need_w or need_b) and GRAD_MODE.enabled
+    # a first layer (no input gradient) keeps its few column rows for the weight gradient
+    # below: rebuilding them per span costs more than storing them
+    if isinstance(x4, np.ndarray) and conv_cpu.supports(geom) and (need_x or not wants_grad):
+        out = conv_cpu.forward(x4, w4, geom)
+        if bd is not None:
+            out += bd.reshape(1, -1, 1, 1)
+        final = out.reshape((n, out_channels) + out_hw[spatial == 1:])
+        final = final[0] if unbatched else final
+        if not wants_grad:
+            return _constant(final)
+
+        def cpu_backward(grad: Any) -> tuple:
+            g4 = grad.reshape((n, out_channels) + out_hw)
+            gx, gw = conv_cpu.backward(g4, x4, w4, geom, need_x, need_w)
+            grads = (None if gx is None else gx.reshape(x.data.shape),
+                     None if gw is None else gw.reshape(wd.shape))
+            if bias is None:
+                return grads
+            return grads + ((g4.sum(axis=(0, 2, 3)) if need_b else None),)
+
+        return _node(final, parents, cpu_backward)
     group_out = out_channels // groups
     positions = out_hw[0] * out_hw[1]
     group_k = group_in * kernel[0] * kernel[1]
@@ -132,9 +165,6 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
     final = out.reshape((n,) + result_shape)
     if unbatched:
         final = final[0]
-    parents = (x, weight) if bias is None else (x, weight, bias)
-    need_x, need_w = x.requires_grad, weight.requires_grad
-    need_b = bias is not None and bias.requires_grad
     if not ((need_x or need_w or need_b) and GRAD_MODE.enabled):
         return _constant(final)
     if not need_w:

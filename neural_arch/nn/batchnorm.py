@@ -89,9 +89,15 @@ class _BatchNorm(Module):
         if not use_batch:
             return batch_norm_fixed(x, self.running_mean.data, self.running_var.data,
                                     self.weight, self.bias, self.eps)
+        # unless a subclass overrides them, the seams are the local defaults, which lets the
+        # kernels compute the statistics and the gradient sums in their output's pass
+        layer = type(self)
+        local = layer._batch_statistics is _BatchNorm._batch_statistics
+        local_sums = layer._reduce_gradient_sums is _BatchNorm._reduce_gradient_sums
         out, mean, var, count = batch_norm_training(
-            x, self.weight, self.bias, self.eps, self._batch_statistics,
-            self._reduce_gradient_sums)
+            x, self.weight, self.bias, self.eps,
+            local_statistics if local else self._batch_statistics,
+            None if local_sums else self._reduce_gradient_sums)
         if self.training and self.track_running_stats:
             self.num_batches_tracked.data += 1
             momentum = self.momentum
