@@ -6,12 +6,14 @@ it; this module only enters and leaves regions.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
 from ..core.autocast_state import (check_device_type, get_autocast_dtype, is_autocast_enabled,
                                    set_autocast_state)
+from ..backends import get_backend
 from ..core.dtypes import resolve_dtype
 
 # torch's CPU default is bfloat16, which NumPy arrays cannot hold: float16 on both devices
@@ -24,7 +26,8 @@ class autocast:
     losses in float32 (see ``core.autocast_state`` for the lists); ``@autocast("cpu")`` does
     the same around each call of a function. Regions nest, and leaving one (also through an
     exception) restores the state it found. ``cache_enabled`` is accepted for torch's
-    signature; casts are not cached, which changes speed, never results."""
+    signature; casts are not cached, which changes speed, never results. As torch's,
+    ``autocast("cuda")`` where CUDA is not available warns and disables itself."""
 
     def __init__(self, device_type: str, dtype: Optional[Any] = None, enabled: bool = True,
                  cache_enabled: Optional[bool] = None) -> None:
@@ -35,6 +38,10 @@ class autocast:
                              f"got {self.fast_dtype} for device_type {self.device!r}")
         if not isinstance(enabled, bool):
             raise TypeError(f"autocast enabled must be a bool, got {type(enabled).__name__}")
+        if enabled and self.device == "cuda" and not get_backend("cupy").is_available():
+            warnings.warn("autocast: device_type 'cuda', but CUDA is not available (no CuPy or "
+                          "no device). Disabling autocast.", UserWarning, stacklevel=2)
+            enabled = False
         self._enabled = enabled
         self._cache_enabled = cache_enabled
         self._saved: List[Tuple[bool, np.dtype]] = []  # one entry per region this object is in

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from .. import amp as _amp
-from ..backends import get_backend
 
 
 class GradScaler(_amp.GradScaler):
@@ -39,10 +38,6 @@ class autocast(_amp.autocast):
         warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated. Please use "
                       "`torch.amp.autocast('cuda', args...)` instead.", FutureWarning,
                       stacklevel=2)
-        if enabled is True and not get_backend("cupy").is_available():
-            warnings.warn("CUDA is not available. Disabling autocast.", UserWarning,
-                          stacklevel=2)
-            enabled = False
         super().__init__("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 

@@ -1,6 +1,7 @@
 """``neural_arch.amp.autocast``: each op's output dtype and values against torch's CPU autocast,
 gradients reaching float32 parameters as float32, and the state kept per thread."""
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -10,6 +11,9 @@ from neural_arch import amp
 from neural_arch.nn import functional as F
 
 from amp_models import attention
+from gpu_testing import GPUS
+
+CUDA = GPUS > 0
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -144,9 +148,27 @@ def test_state_is_per_thread():
 
 
 def test_cpu_autocast_leaves_other_devices_alone():
-    with amp.autocast("cuda"):
-        assert amp.is_autocast_enabled("cuda") and not amp.is_autocast_enabled("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # without CUDA the region disables itself (below)
+        region = amp.autocast("cuda")
+    with region:
+        assert amp.is_autocast_enabled("cuda") is CUDA and not amp.is_autocast_enabled("cpu")
         assert F.linear(neural_arch.tensor(X), neural_arch.tensor(W)).dtype == np.float32
+
+
+@pytest.mark.skipif(CUDA, reason="a GPU is present")
+def test_cuda_autocast_without_cuda_warns_and_disables_itself_as_torchs():
+    with pytest.warns(UserWarning, match="CUDA is not available.*Disabling autocast"):
+        region = amp.autocast("cuda")
+    with region:
+        assert not amp.is_autocast_enabled("cuda")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        with pytest.warns(UserWarning, match="CUDA is not available.*Disabling autocast"):
+            torch.autocast("cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # enabled=False asks for nothing: no warning
+        amp.autocast("cuda", enabled=False)
 
 
 def test_bad_arguments_name_the_value():
