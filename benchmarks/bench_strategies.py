@@ -1,14 +1,20 @@
 """The Trainer's strategies on real processes: DDP's overlapped step against the explicit sync
-after backward, and the memory each strategy holds per rank.
+after backward, the bytes each strategy sends per step, and the memory each holds per rank.
 
 One MLP (float32, Adam, cross-entropy, one BLAS thread per rank, backend shm), each strategy
 set up and stepped as the ``Trainer`` does (``strategy.training_step``; ``strategy_jobs``).
 - Overlap: ``DataParallel(overlap=True)`` (the default "ddp") and ``DataParallel(overlap=False)``
   (the explicit sync the Trainer ran before) step in turn on replicas of the same weights; DDP
   buckets are ``--bucket-mb`` so that there are several. Reported: the slowest rank's median
-  step, the communication each step waited for after backward (``comm_ms()``), the hidden
-  communication (explicit's wait minus overlap's) as a share of the explicit step, and the
-  ratio of the steps. Goal: overlap faster, by at least half the share hidden.
+  step, the communication each step waited for (``comm_ms()``: with overlap, the wait at the
+  end of backward), the communication that ran hidden under backward (``comm_hidden_ms()``),
+  the hidden share (explicit's wait minus overlap's, over the explicit step), and the ratio of
+  the steps. Goal: overlap faster, by at least half the share hidden.
+- Bytes per step: the payload bytes each rank's transport sent in a step, counted on tcp
+  (``distributed.sent_bytes``; shm's collectives are no messages), beside the formula for Ψ
+  float32 parameters at world N: 2(N-1)/N·4Ψ for DDP (ring all-reduce), ZeRO-1 (reduce-scatter
+  + all-gather) and FSDP stage 2, 3(N-1)/N·4Ψ for ZeRO-1 over DDP (``ZeroRedundancyOptimizer``)
+  and FSDP stage 3; and each strategy's median step against DDP's, on shm and on tcp.
 - Memory per rank, at world N: tracemalloc from before the model is built (at rest after two
   steps; peak of a third), and the parameters, gradients and optimizer state the rank holds
   as the optimizer steps, counted array by array, beside the formula for Ψ parameters (fp32,
@@ -16,7 +22,8 @@ set up and stepped as the ``Trainer`` does (``strategy.training_step``; ``strate
   stage 3, 16Ψ_rank for tensor parallel (the parameters this rank holds; mesh dp 1 × tp N).
 
     python benchmarks/bench_strategies.py [--quick] [--world-size 2] [--sizes 512,1024,...]
-        [--batch 64] [--bucket-mb 1] [--steps 10] [--output benchmarks/RESULTS.md]
+        [--batch 64] [--bucket-mb 1] [--steps 60] [--traffic-steps 5]
+        [--output benchmarks/RESULTS.md]
 """
 from __future__ import annotations
 
@@ -49,16 +56,23 @@ def formula(name: str, psi: int, psi_rank: int, n: int) -> float:
             "tensor_parallel": 16 * psi_rank}[name]
 
 
+TRAFFIC_FORMULA = {"ddp": 2, "zero1": 2, "zero1_over_ddp": 3, "fsdp2": 2, "fsdp3": 3}
+
+
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     from neural_arch import distributed as dist
-    timing = jobs.time_overlap(job)
-    if dist.get_rank() == 0:
-        print(f"overlap {timing['overlap']['step'] * 1e3:.2f} ms, explicit "
-              f"{timing['explicit']['step'] * 1e3:.2f} ms per step", flush=True)
-    jobs.warm_up(job)
-    rows = [jobs.measure_memory(name, job) for name in job["memory_strategies"]]
-    return {"world_size": dist.get_world_size(), "timing": timing, "memory": rows,
-            "psi": common.parameter_count(job["sizes"])}
+    result = {"world_size": dist.get_world_size(), "backend": job["backend"],
+              "psi": common.parameter_count(job["sizes"])}
+    if job["backend"] == "shm":
+        result["timing"] = jobs.time_overlap(job)
+        if dist.get_rank() == 0:
+            print(f"overlap {result['timing']['overlap']['step'] * 1e3:.2f} ms, explicit "
+                  f"{result['timing']['explicit']['step'] * 1e3:.2f} ms per step", flush=True)
+    result["traffic"] = [jobs.measure_traffic(name, job) for name in jobs.TRAFFIC_STRATEGIES]
+    if job["backend"] == "shm":
+        jobs.warm_up(job)
+        result["memory"] = [jobs.measure_memory(name, job) for name in job["memory_strategies"]]
+    return result
 
 
 # ----- the driver ------------------------------------------------------------------------------
@@ -70,16 +84,47 @@ def overlap_lines(result: Dict[str, Any]) -> list:
     hidden = round(hidden_ms / (explicit["step"] * 1e3), 2)
     ok = ratio < 1.0 and ratio <= 1 - hidden / 2 + 1e-9
     body = [[path, f"{t[path]['step'] * 1e3:.2f}", f"{t[path]['step'] / explicit['step']:.2f}",
-             f"{t[path]['comm'] * 1e3:.2f}", f"{t[path]['comm'] / t[path]['step']:.2f}"]
+             f"{t[path]['comm'] * 1e3:.2f}", f"{t[path]['comm'] / t[path]['step']:.2f}",
+             f"{t[path]['hidden'] * 1e3:.2f}"]
             for path in ("explicit", "overlap")]
     body[1][2] = f"{ratio:.2f}"
     return [common.markdown_table(["DDP step", "step (ms)", "× explicit", "comm waited (ms)",
-                                   "comm share"], body), "",
+                                   "comm share", "comm hidden under backward (ms)"], body), "",
             f"Buckets: {t['buckets']}. Communication hidden: {hidden_ms:.2f} ms, {hidden:.2f} "
             f"of the explicit step; overlap saved {1 - ratio:.2f} of it.",
             "",
             f"Goal overlap faster than explicit, by at least half the share hidden "
             f"(× explicit < 1 and ≤ 1 − {hidden:.2f}/2): {common.verdict(ok)}."]
+
+
+def traffic_lines(shm: Optional[Dict[str, Any]], tcp: Optional[Dict[str, Any]]) -> list:
+    some = shm or tcp
+    n, psi = some["world_size"], some["psi"]
+    rows = {}
+    for backend, result in (("shm", shm), ("tcp", tcp)):
+        for r in (result or {}).get("traffic", []):
+            rows.setdefault(r["strategy"], {})[backend] = r
+    body = []
+    for name, per in rows.items():
+        factor = TRAFFIC_FORMULA[name]
+        want = factor * (n - 1) / n * 4 * psi
+        line = [name, f"{factor}(N-1)/N", f"{want / MiB:.2f}"]
+        sent = per.get("tcp", {}).get("sent")
+        line += [f"{sent / MiB:.2f}", f"{sent / want:.3f}"] if sent else ["–", "–"]
+        for backend in ("shm", "tcp"):
+            r, ddp = per.get(backend), rows.get("ddp", {}).get(backend)
+            line += [f"{r['step'] * 1e3:.2f}", f"{r['step'] / ddp['step']:.2f}"] \
+                if r and ddp else ["–", "–"]
+        body.append(line)
+    return [common.markdown_table(
+        ["strategy", "formula (× 4Ψ)", "formula (MiB)", "sent per step (MiB, tcp)",
+         "sent / formula", "step shm (ms)", "× ddp shm", "step tcp (ms)", "× ddp tcp"], body),
+        "", "Sent: the payload bytes the most loaded rank's transport sent in one step, counted "
+        "at the transport (tcp; shm's collectives read shared memory and send no messages); "
+        "the few bytes beyond the formula are the norm's and the overflow flag's all-reduces "
+        "and the padding of the shards. ZeRO-1 reduce-scatters the gradients and all-gathers "
+        "the updated shards; zero1_over_ddp is DDP's all-reduce plus ZeroRedundancyOptimizer's "
+        "all-gather of whole parameters (pieces padded to the most loaded rank's)."]
 
 
 def memory_lines(result: Dict[str, Any]) -> list:
@@ -105,19 +150,29 @@ def memory_lines(result: Dict[str, Any]) -> list:
 
 def report(results, failures, command: str, machine: str, job: Dict[str, Any]) -> str:
     lines = common.section_head(
-        "Trainer strategies: DDP overlap and memory per rank (`benchmarks/bench_strategies.py`)",
+        "Trainer strategies: DDP overlap, bytes per step and memory per rank "
+        "(`benchmarks/bench_strategies.py`)",
         command, machine,
         f"MLP {common.model_name(job['sizes'])} (Ψ = {common.parameter_count(job['sizes'])}), "
         f"batch {job['batch']} per rank, float32, Adam, cross-entropy; backend shm, one BLAS "
         f"thread per rank; each strategy set up and stepped as the Trainer does. DDP buckets "
         f"{job['bucket_mb']} MiB. Overlap: slowest rank's median of {job['steps']} steps per "
         f"path, interleaved, after {job['warmup']} warm-up rounds; *comm waited* is what the "
-        f"step waited for after backward (`comm_ms()`).")
+        f"step waited for (`comm_ms()`), *comm hidden* what ran on the communication thread "
+        f"while backward computed (`comm_hidden_ms()`). Bytes: {job['traffic_steps']} steps "
+        f"per strategy, on shm and on tcp.")
     lines += [f"Failed job: {f}" for f in failures]
-    for result in results:
-        lines += [f"### p = {result['world_size']}", ""] + overlap_lines(result) + [""]
-        lines += memory_lines(result) + [""]
-    if not results:
+    shm = next((r for r in results if r["backend"] == "shm"), None)
+    tcp = next((r for r in results if r["backend"] == "tcp"), None)
+    if shm or tcp:
+        lines += [f"### p = {(shm or tcp)['world_size']}", ""]
+    if shm:
+        lines += overlap_lines(shm) + [""]
+    if shm or tcp:
+        lines += traffic_lines(shm, tcp) + [""]
+    if shm:
+        lines += memory_lines(shm) + [""]
+    else:
         lines.append(f"Goal overlap faster than explicit: {common.verdict(None)}.")
     return "\n".join(lines)
 
@@ -131,7 +186,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         f"{','.join(map(str, SIZES))}; quick {','.join(map(str, QUICK_SIZES))})")
     parser.add_argument("--batch", type=int, help="rows per rank (default 64; quick 8)")
     parser.add_argument("--bucket-mb", type=float, help="DDP bucket size (default 1; quick 0.01)")
-    parser.add_argument("--steps", type=int, help="timed steps per path (default 10; quick 2)")
+    parser.add_argument("--steps", type=int, help="timed steps per path (default 60; quick 2)")
+    parser.add_argument("--traffic-steps", type=int,
+                        help="steps per strategy for the bytes sent (default 5; quick 1)")
     parser.add_argument("--warmup", type=int, help="default 2 (quick 1)")
     parser.add_argument("--job-timeout", type=float, default=900.0)
     parser.add_argument("--output", action="append", default=[])
@@ -145,7 +202,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error(f"cannot read --sizes {args.sizes!r}")
     args.batch = args.batch or (8 if args.quick else 64)
     args.bucket_mb = args.bucket_mb or (0.01 if args.quick else 1.0)
-    args.steps = args.steps or (2 if args.quick else 10)
+    args.steps = args.steps or (2 if args.quick else 60)
+    args.traffic_steps = args.traffic_steps or (1 if args.quick else 5)
     args.warmup = (1 if args.quick else 2) if args.warmup is None else args.warmup
     n = args.world_size
     if n < 2 or len(args.sizes) < 3 or min(args.sizes + [args.batch, args.steps]) < 1 \
@@ -159,10 +217,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     job = {"sizes": args.sizes, "batch": args.batch, "bucket_mb": args.bucket_mb,
-           "steps": args.steps, "warmup": args.warmup,
+           "steps": args.steps, "warmup": args.warmup, "traffic_steps": args.traffic_steps,
            "memory_strategies": list(jobs.MEMORY_STRATEGIES)}
+    n = args.world_size
     results, failures = common.run_jobs(
-        SCRIPT, [(f"shm, {args.world_size} ranks", "shm", args.world_size)], job,
+        SCRIPT, [(f"shm, {n} ranks", "shm", n), (f"tcp, {n} ranks", "tcp", n)], job,
         args.job_timeout)
     common.publish(report(results, failures, command, machine, job), args.output, SECTION)
     return 1 if failures else 0

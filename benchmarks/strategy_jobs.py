@@ -19,6 +19,8 @@ import bench_common as common
 
 MiB = 1 << 20
 MEMORY_STRATEGIES = ("single", "ddp", "zero1", "fsdp2", "fsdp3", "tensor_parallel")
+# bytes sent per step: ZeRO-1 by reduce-scatter and, for comparison, over DDP's all-reduce
+TRAFFIC_STRATEGIES = ("ddp", "zero1", "zero1_over_ddp", "fsdp2", "fsdp3")
 
 
 def _config(bucket_mb: float) -> Any:
@@ -85,8 +87,11 @@ def build(name: str, job: Dict[str, Any], overlap: bool = True):
         group, strategy = mesh.get_group("dp"), S.TensorParallel()
     else:
         strategy = {"ddp": lambda: S.DataParallel(overlap=overlap), "zero1": S.ZeroOne,
+                    "zero1_over_ddp": S.ZeroOne,
                     "fsdp2": lambda: S.FullyShardedDataParallel(stage=2),
                     "fsdp3": lambda: S.FullyShardedDataParallel(stage=3)}[name]()
+        if name == "zero1_over_ddp":  # DDP's all-reduce + ZeroRedundancyOptimizer
+            strategy.reduce_scatter = False
     model = _tp_mlp(job["sizes"], mesh.get_group("tp")) if name == "tensor_parallel" \
         else _mlp(job["sizes"])
     strategy.setup(model, Adam(model.parameters(), lr=1e-4), config, group)
@@ -104,22 +109,49 @@ def time_overlap(job: Dict[str, Any]) -> Dict[str, Any]:
     loss_fn = _loss_fn()
     steps: Dict[str, List[float]] = {p: [] for p in paths}
     comm: Dict[str, List[float]] = {p: [] for p in paths}
+    hidden: Dict[str, List[float]] = {p: [] for p in paths}
     for i in range(job["warmup"] + job["steps"]):
         for path in (list(paths) if i % 2 == 0 else list(reversed(list(paths)))):
             strategy = paths[path]
-            before = strategy.comm_ms()
+            before, hidden_before = strategy.comm_ms(), strategy.comm_hidden_ms()
             dist.barrier()
             start = time.perf_counter()
             strategy.training_step(batch, loss_fn)
             if i >= job["warmup"]:
                 steps[path].append(time.perf_counter() - start)
                 comm[path].append((strategy.comm_ms() - before) / 1e3)
-    everyone = dist.all_gather_object((steps, comm))
+                hidden[path].append((strategy.comm_hidden_ms() - hidden_before) / 1e3)
+    everyone = dist.all_gather_object((steps, comm, hidden))
     buckets = len(paths["explicit"].wrapper.ddp._buckets)
     return {"buckets": buckets, **{
-        path: {"step": common.slowest_median([s[path] for s, _ in everyone]),
-               "comm": common.slowest_median([c[path] for _, c in everyone])}
+        path: {key: common.slowest_median([e[k][path] for e in everyone])
+               for k, key in enumerate(("step", "comm", "hidden"))}
         for path in paths}}
+
+
+# ----- bytes sent per step ---------------------------------------------------------------------
+def measure_traffic(name: str, job: Dict[str, Any]) -> Dict[str, Any]:
+    """Payload bytes this rank's transport sent per step (counted: ``sent_bytes``; 0 where the
+    collectives are shared memory's own) and the median step; the most loaded rank's."""
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.sent_bytes import counting_sent_bytes
+    batch, loss_fn = _batch(job, dist.get_rank()), _loss_fn()
+    strategy, _ = build(name, job)
+    sent, steps = [], []
+    for i in range(job["warmup"] + job["traffic_steps"]):
+        dist.barrier()
+        with counting_sent_bytes() as tally:
+            start = time.perf_counter()
+            strategy.training_step(batch, loss_fn)
+            seconds = time.perf_counter() - start
+        if i >= job["warmup"]:
+            sent.append(tally.counted)
+            steps.append(seconds)
+    del strategy
+    gc.collect()
+    everyone = dist.all_gather_object((sent, steps))
+    return {"strategy": name, "sent": max(max(s) for s, _ in everyone),
+            "step": common.slowest_median([t for _, t in everyone])}
 
 
 def _loss_fn():
@@ -128,10 +160,22 @@ def _loss_fn():
 
 
 # ----- memory per rank -------------------------------------------------------------------------
+def _owner(array):
+    """The array whose memory ``array`` views (itself when it owns its memory)."""
+    while hasattr(getattr(array, "base", None), "nbytes"):
+        array = array.base
+    return array
+
+
 def _nbytes(arrays) -> int:
+    """Bytes of the memory behind ``arrays``: views of one buffer (ZeRO-1's flat parameters
+    and gradients) count that buffer once."""
     seen, total = set(), 0
     for a in arrays:
-        if a is not None and hasattr(a, "nbytes") and id(a) not in seen:
+        if a is None or not hasattr(a, "nbytes"):
+            continue
+        a = _owner(a)
+        if id(a) not in seen:
             seen.add(id(a))
             total += a.nbytes
     return total
@@ -144,9 +188,11 @@ def _held(strategy) -> Dict[str, int]:
     optimizer = strategy.optimizer
     state = getattr(optimizer, "optim", optimizer).state
     fsdp = _fsdp(strategy)
+    # ZeRO-1 by reduce-scatter: the gradients lie in flat buffers, the shards' are views
+    flat = [f.grads for f in getattr(optimizer, "flats", ())]
     # FSDP stage 2's shards are slices of the gathered full parameters: counted there once
     return {"params": _nbytes(p.data for p in params if not _in_mapping(p.data)),
-            "grads": _nbytes(p.grad for p in params),
+            "grads": _nbytes([p.grad for p in params] + flat),
             "optimizer": _nbytes(v for p in state for v in state[p].values()
                                  if getattr(v, "ndim", 0) > 0),
             "gathered": fsdp.memory_stats()["gathered_bytes"] if fsdp else 0}

@@ -11,6 +11,7 @@ order.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from datetime import timedelta
 from typing import Any, Callable, Optional, Union
@@ -36,6 +37,10 @@ class Work:
         self._done = threading.Event()
         self._result: Any = None
         self._error: Optional[BaseException] = None
+        # time.perf_counter() when the queue's thread began and ended running it (None until
+        # then, and for work that never went through the queue): DDP's hidden communication
+        self.started: Optional[float] = None
+        self.finished: Optional[float] = None
 
     @classmethod
     def completed(cls, op: str, result: Any, rank: int) -> "Work":
@@ -206,12 +211,18 @@ class CommQueue:
                 fn, work = self._items.popleft()
             try:
                 with self._exec_lock:
+                    work.started = time.perf_counter()
                     result = fn()
             except BaseException as exc:  # handed to whoever waits on the Work
+                work.finished = time.perf_counter()
                 work._finish(None, exc)
             else:
+                work.finished = time.perf_counter()
                 work._finish(result, None)
             finally:
+                # the finished collective's closure and result hold its buffers (an FSDP
+                # unit's whole flat gradient, say): not kept alive until the next one
+                fn = work = result = None
                 with self._cond:
                     self._running = False
                     self._cond.notify_all()

@@ -19,8 +19,9 @@ from ..distributed import ReduceOp, all_reduce
 
 
 class TrainInterval:
-    """``strategy``: the Trainer's (its ``grad_norm`` and ``comm_ms()``; None where the
-    communication is not timed, and the record's ``comm_seconds`` is then null)."""
+    """``strategy``: the Trainer's (its ``grad_norm``, ``comm_ms()`` and ``comm_hidden_ms()``;
+    None where the communication is not timed, and the record's ``comm_seconds`` and
+    ``comm_hidden_seconds`` are then null)."""
 
     def __init__(self, strategy: Any, clock: Callable[[], float] = time.perf_counter) -> None:
         self.strategy, self.clock = strategy, clock
@@ -28,10 +29,15 @@ class TrainInterval:
         self.first_step_start: Optional[float] = None
         self.start: Optional[float] = None  # the end of the run's first step
         self.comm_ms = self._comm_ms()
+        self.hidden_ms = self._hidden_ms()
         self.flushed = 0.0
 
     def _comm_ms(self) -> Optional[float]:
         return self.strategy.comm_ms()
+
+    def _hidden_ms(self) -> Optional[float]:
+        hidden = getattr(self.strategy, "comm_hidden_ms", None)
+        return hidden() if hidden is not None else None
 
     def begin_batch(self) -> None:
         """Before a micro-batch's forward: the first one starts the first step."""
@@ -57,15 +63,17 @@ class TrainInterval:
         else:  # the first step alone
             timed, began = sums[1], self.first_step_start
         seconds = max(now - (now if began is None else began), 1e-9)
-        comm = self._comm_ms()
+        comm, hidden = self._comm_ms(), self._hidden_ms()
         norm = self.strategy.grad_norm
         values = {"loss": float(sums[0] / max(sums[1], 1)), "lr": lr,
                   "grad_norm": None if norm is None else float(norm),
                   "samples_per_second": float(timed / seconds),
-                  "comm_seconds": None if comm is None else (comm - self.comm_ms) / 1e3}
+                  "comm_seconds": None if comm is None else (comm - self.comm_ms) / 1e3,
+                  "comm_hidden_seconds": None if hidden is None
+                  else (hidden - self.hidden_ms) / 1e3}
         if tokens_per_sample:
             values["tokens_per_second"] = float(timed * tokens_per_sample / seconds)
         self.flushed = float(sums[1])  # samples of all ranks in this interval
         self.sums[:] = 0
-        self.start, self.comm_ms = now, comm
+        self.start, self.comm_ms, self.hidden_ms = now, comm, hidden
         return values

@@ -6,7 +6,8 @@ Each line of ``metrics.jsonl`` is one JSON object with ``kind`` ("train", "val" 
 ``time`` (seconds since the run started, continued across resumes). "train" lines also carry
 ``loss``, ``lr``, ``grad_norm``, ``samples_per_second``, ``tokens_per_second`` (when the
 sample length is known; both over the interval's steps, the run's first step left out as
-set-up) and ``comm_seconds`` (gradient all-reduce time in the interval); "val" lines
+set-up), ``comm_seconds`` (gradient communication the steps waited for in the interval) and
+``comm_hidden_seconds`` (gradient communication that ran hidden under backward); "val" lines
 ``val_loss`` and ``val_accuracy``; "epoch" lines the epoch record of the history.
 """
 from __future__ import annotations

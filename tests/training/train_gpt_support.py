@@ -14,9 +14,10 @@ MODEL = ["--hidden-size", "32", "--layers", "2", "--attention-heads", "2",
          "--max-seq-length", "16", "--log-interval", "1", "--no-progress",
          "--gradient-clip-norm", "0", "--eval-interval", "3", "--eval-batches", "2",
          "--save-interval", "3"]
-# the fields of a "train" record (comm_seconds is null in a pipeline run)
+# the fields of a "train" record (comm_seconds and comm_hidden_seconds are null in a
+# pipeline run)
 FIELDS = {"kind", "step", "epoch", "time", "loss", "lr", "grad_norm", "samples_per_second",
-          "tokens_per_second", "comm_seconds"}
+          "tokens_per_second", "comm_seconds", "comm_hidden_seconds"}
 
 
 def command(*args, launcher=0):

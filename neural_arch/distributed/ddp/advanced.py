@@ -24,7 +24,11 @@ Mixed precision (``mixed_precision=True``): float16 compute, float32 master weig
 
 ZeRO stage 1 (``zero_stage=1``): ``wrap_optimizer`` returns a ``ZeroRedundancyOptimizer``, so
 each rank keeps the optimizer state of its share of the parameters only; gradients are still
-averaged by the inner DDP, and the optimizer's step all-gathers the updated shares. Stages 2
+averaged by the inner DDP, and the optimizer's step all-gathers the updated shares (3(N-1)/N
+of the model per step). With ``reduce_scatter=True`` (the ``"zero1"`` strategy) there is no
+DDP: ``wrap_optimizer`` returns a ``ReduceScatterZeroOptimizer``, the window's sync
+reduce-scatters the gradients (``zero_sync``), the norm is summed over the ranks' shards, and
+the step all-gathers the updated shards (2(N-1)/N). Stages 2
 and 3 replace the inner DDP by ``FullyShardedDataParallel`` with ``SHARD_GRAD_OP`` and
 ``FULL_SHARD``: ``.module`` is then that wrapper (holding the model), ``parameters()`` are its
 shards (build the optimizer on them, or use ``wrap_optimizer``), gradients are averaged into
@@ -48,13 +52,14 @@ from ...optim import Optimizer
 from .. import collectives
 from ..fsdp import FullyShardedDataParallel
 from ..group.world import get_world_size
-from ..optim import ZeroRedundancyOptimizer
+from ..optim import ReduceScatterZeroOptimizer, ZeroRedundancyOptimizer
 from ..profiler import CommunicationProfiler
 from ..reduce_ops import ReduceOp
 from ..tensor_parallel.clip_grad import grad_norm, norm_parameters
 from .data_parallel import DistributedDataParallel
 from .loss_scaler import LossScaler
 from .training_config import DistributedTrainingConfig
+from .zero_sync import ReduceScatterSync
 
 _LOG = logging.getLogger(__name__)
 _FSDP_STRATEGY = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}  # the stages FSDP implements
@@ -84,7 +89,7 @@ class AdvancedDistributedDataParallel(Module):
     ``.scaler`` the ``LossScaler``, ``.profiler`` the ``CommunicationProfiler``."""
 
     def __init__(self, module: Module, config: Optional[DistributedTrainingConfig] = None,
-                 group: Any = None, overlap: bool = False) -> None:
+                 group: Any = None, overlap: bool = False, reduce_scatter: bool = False) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"AdvancedDistributedDataParallel wraps an nn.Module, got "
@@ -95,19 +100,28 @@ class AdvancedDistributedDataParallel(Module):
                             f"{type(config).__name__}")
         self.config, self._group, self._mixed = config, group, config.mixed_precision
         self._sharded = config.zero_stage in _FSDP_STRATEGY
+        self._reduce_scatter = bool(reduce_scatter)
+        if self._reduce_scatter and config.zero_stage != 1:
+            raise ValueError(f"reduce_scatter=True is ZeRO-1 by reduce-scatter; it needs "
+                             f"zero_stage=1, got zero_stage={config.zero_stage}")
         # The global norm, the same on every rank: FSDP's shards are summed over the group; a
         # tensor-parallel model's share (a replicated parameter counted once) over its tp
         # group; DDP's averaged gradients are whole on every rank already.
         share, tp_group = norm_parameters(module)
         if tp_group is not None and tp_group.size > 1:
-            if self._sharded:
+            if self._sharded or self._reduce_scatter:
                 raise ValueError(f"zero_stage={config.zero_stage} shards parameters over the "
                                  "data-parallel group, which a model with tensor-parallel "
-                                 "layers does not support; use zero_stage 0 or 1")
+                                 "layers does not support; use zero_stage 0, or 1 with DDP")
             self._norm_share, self._norm_groups = share, (tp_group,)
         else:
-            self._norm_share, self._norm_groups = None, (group,) if self._sharded else ()
-        if self._sharded:
+            sharded = self._sharded or self._reduce_scatter
+            self._norm_share, self._norm_groups = None, (group,) if sharded else ()
+        if self._reduce_scatter:
+            # no DDP: the optimizer reduce-scatters the gradients (see zero_sync)
+            self.module = module
+            object.__setattr__(self, "_ddp", ReduceScatterSync(module, group))
+        elif self._sharded:
             # FSDP averages into the shards during backward; its shards are our parameters.
             self.module = FullyShardedDataParallel(
                 module, process_group=group, sharding_strategy=_FSDP_STRATEGY[config.zero_stage],
@@ -135,6 +149,7 @@ class AdvancedDistributedDataParallel(Module):
         self.step_count = self.micro_step_count = self.skipped_steps = 0
         self._norm_count, self._norm_sum, self._norm_max, self._norm_last = 0, 0.0, 0.0, 0.0
         self._comm_seconds, self._sync_count = 0.0, 0
+        self._hidden_seconds = self._ddp_seen = self._hidden_seen = 0.0
 
     @property
     def ddp(self) -> Any:
@@ -189,6 +204,11 @@ class AdvancedDistributedDataParallel(Module):
         else:
             raise TypeError(f"wrap_optimizer needs an Optimizer class or instance, got "
                             f"{optimizer!r}")
+        if self._reduce_scatter:
+            zero = ReduceScatterZeroOptimizer(params, optimizer_class, process_group=self._group,
+                                              **defaults)
+            self._ddp.optimizer = zero
+            return zero
         return ZeroRedundancyOptimizer(params, optimizer_class, process_group=self._group,
                                        **defaults)
 
@@ -198,10 +218,16 @@ class AdvancedDistributedDataParallel(Module):
         zero_stage 2/3 backward has averaged them into the shards already."""
         if self._sharded:
             return
+        # With overlap the buckets were averaged at the end of backward: what that waited for
+        # is counted here, and what ran on the communication thread under backward is hidden.
+        before = self._ddp.comm_stats()
         start = time.perf_counter()
         with self.profiler.profile_operation("gradient_sync", self._grad_bytes), self._quiet():
             self._ddp.sync_gradients()
-        self._comm_seconds += time.perf_counter() - start
+        after = self._ddp.comm_stats()
+        self._comm_seconds += time.perf_counter() - start + before["waited_s"] - self._ddp_seen
+        self._hidden_seconds += after["hidden_s"] - self._hidden_seen
+        self._ddp_seen, self._hidden_seen = after["waited_s"], after["hidden_s"]
         self._sync_count += 1
 
     def backward_step(self, loss: Tensor, optimizer: Any) -> bool:
@@ -214,7 +240,8 @@ class AdvancedDistributedDataParallel(Module):
         if not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
             raise TypeError(f"backward_step needs an optimizer with step() and zero_grad(), "
                             f"got {type(optimizer).__name__}")
-        if self.config.zero_stage == 1 and not isinstance(optimizer, ZeroRedundancyOptimizer):
+        zero = ReduceScatterZeroOptimizer if self._reduce_scatter else ZeroRedundancyOptimizer
+        if self.config.zero_stage == 1 and not isinstance(optimizer, zero):
             raise TypeError(f"zero_stage=1 shards the optimizer state: pass the optimizer "
                             f"returned by wrap_optimizer(), got a {type(optimizer).__name__}")
         steps = self.config.gradient_accumulation_steps
@@ -233,10 +260,13 @@ class AdvancedDistributedDataParallel(Module):
 
     def _finish_window(self, optimizer: Any) -> bool:
         self.sync_gradients()
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        # ZeRO-1 by reduce-scatter: each rank holds its shards' averaged gradients only
+        stepped = (optimizer.shard_parameters() if self._reduce_scatter
+                   else list(self.parameters()))
+        grads = [p.grad for p in stepped if p.grad is not None]
         if self._mixed:
             self.scaler.unscale_(grads)
-        norm = grad_norm(self.parameters(), counted=self._norm_share, groups=self._norm_groups)
+        norm = grad_norm(stepped, counted=self._norm_share, groups=self._norm_groups)
         # A float64 norm overflows only for absurd finite gradients: look closer before skipping.
         bad_here = not math.isfinite(norm) and (math.isnan(norm) or LossScaler.found_inf(grads))
         overflow = self._agree_on_overflow(bad_here)
@@ -291,7 +321,8 @@ class AdvancedDistributedDataParallel(Module):
                                "max": self._norm_max, "last": self._norm_last, "count": count},
             "communication_time_ms": {
                 "total": self._comm_seconds * 1e3,
-                "mean": self._comm_seconds * 1e3 / self._sync_count if self._sync_count else 0.0},
+                "mean": self._comm_seconds * 1e3 / self._sync_count if self._sync_count else 0.0,
+                "hidden": self._hidden_seconds * 1e3},
             "loss_scale": self.scaler.scale_value if self._mixed else 1.0,
             "mixed_precision": self._mixed,
             "gradient_accumulation_steps": self.config.gradient_accumulation_steps,

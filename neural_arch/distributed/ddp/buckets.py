@@ -31,6 +31,7 @@ class PrivateBuckets:
     """
 
     shared = False
+    copies_on_queue = False  # DDP packs and unpacks: a hook's collectives run on the queue
 
     def __init__(self, pg: Optional[ProcessGroup], specs: Sequence[Spec],
                  grads_as_views: bool = False) -> None:

@@ -9,7 +9,10 @@ Two ways to synchronise:
   all-reduce in the background as soon as backward has produced all of its gradients,
   overlapping communication with the rest of backward, and a callback queued for the end of
   backward (``autograd.queue_callback``) waits for them and unpacks: gradients are averaged by
-  the time ``loss.backward()`` returns, and ``sync_gradients()`` after it does nothing;
+  the time ``loss.backward()`` returns, and ``sync_gradients()`` after it does nothing. On
+  shared buckets the communication thread packs and unpacks those buckets too (the copies
+  are most of the work), so that backward's thread does none of it; ``comm_stats()`` tells
+  the communication waited for after backward from the part hidden under it (``bucket``);
 - explicit (``auto_sync=False``): call ``sync_gradients()`` after ``loss.backward()``. A
   forward or a second backward after gradients that were never synchronised (outside
   ``no_sync()``) raises instead of letting the replicas drift apart.
@@ -31,49 +34,23 @@ it (a hook runs collectives of its own), so shared ones are given up when a hook
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 import zlib
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
 from ...core import autograd
 from ...nn import Module
 from .. import collectives, object_collectives
-from ..buffers import copy_into_host
 from ..comm_hooks.bucket import GradBucket
 from ..comm_hooks.default_hooks import fp16_compress_hook
 from ..group.world import get_world_size, is_initialized, resolve_group
 from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
+from .bucket import Bucket, SyncTimes
 from .buckets import bucket_storage
-
-
-class _Bucket:
-    """A flat buffer holding the gradients of a few parameters of one dtype, back to back."""
-
-    def __init__(self, index: int, params: list, flat: np.ndarray) -> None:
-        self.index = index
-        self.params = params
-        sizes = [p.data.size for p in params]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-        self.flat = flat  # from the bucket storage: private, or this rank's shared copy
-        self.ready = 0  # parameters whose gradient this backward has finished
-        self.work = None  # pending async all-reduce
-        self.used = np.ones(len(params), dtype=bool)
-
-    def views(self) -> Iterator[tuple]:
-        for i, p in enumerate(self.params):
-            yield i, p, self.flat[self.offsets[i]:self.offsets[i + 1]]
-
-    def pack(self) -> None:
-        for i, p, view in self.views():
-            if p.grad is None:
-                self.used[i] = False
-                view[...] = 0
-            else:
-                self.used[i] = True
-                copy_into_host(view, p.grad)  # GPU gradients are staged through the bucket
 
 
 _FP16 = "gradient_compression=True (the float16 communication hook)"
@@ -154,6 +131,7 @@ class DistributedDataParallel(Module):
         self._unsynced = None   # explicit mode: (count, first name) of gradients never synced
         self._fresh = 0         # gradients this backward produced outside no_sync()
         self._first_fresh = "?"
+        self._sync_times = SyncTimes()
         # Also in explicit mode: there the hooks only watch for a forgotten sync_gradients().
         self._hook_handles = [p.register_post_accumulate_grad_hook(_weak_hook(self))
                               for p in self._params]
@@ -166,7 +144,7 @@ class DistributedDataParallel(Module):
     def _broadcast_state(self) -> None:
         broadcast_module_state(self.module, self._group, self.broadcast_buffers)
 
-    def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[_Bucket]:
+    def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[Bucket]:
         groups: List[tuple] = []
         current: Dict[np.dtype, list] = {}
         sizes: Dict[np.dtype, int] = {}
@@ -182,7 +160,7 @@ class DistributedDataParallel(Module):
         hook = _FP16 if self.gradient_compression else None
         self._storage = bucket_storage(self._group, self._specs, shared, hook,
                                        self.gradient_as_bucket_view)
-        return [_Bucket(i, params, flat)
+        return [Bucket(i, params, flat)
                 for i, ((params, _), flat) in enumerate(zip(groups, self._storage.flats))]
 
     # -- communication hook -------------------------------------------------------------
@@ -292,13 +270,22 @@ class DistributedDataParallel(Module):
                 "after loss.backward(), run that backward inside no_sync() to accumulate, or "
                 "leave auto_sync at its default (True) to average during backward()")
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
+        if self.auto_sync and self._storage.copies_on_queue and bucket.on_host():
+            # Launched by the hooks, its gradients are final: the queue's thread packs,
+            # averages and unpacks it while backward goes on. On backward's thread the copies,
+            # most of an shm all-reduce, would only move from after backward into it. (A
+            # bucket with a gradient missing is not on_host: packed and unpacked here.)
+            bucket.used[:] = True
+            bucket.work = self._storage.all_reduce(bucket.index, bucket)
+            bucket.unpacked = True
+            return
         self._storage.acquire()  # shared buckets: peers no longer read the last sync's results
         bucket.pack()
         self._check_unused(bucket)
         bucket.work = self._storage.all_reduce(bucket.index)
 
-    def _check_unused(self, bucket: _Bucket) -> None:
+    def _check_unused(self, bucket: Bucket) -> None:
         if self.find_unused_parameters or bucket.used.all():
             return
         names = [self._names.get(id(p), "?") for p, u in zip(bucket.params, bucket.used) if not u]
@@ -320,6 +307,7 @@ class DistributedDataParallel(Module):
         if self._world == 1:
             self._reset()
             return
+        arrived = time.perf_counter()
         try:
             for bucket in self._buckets:
                 if bucket.work is None:
@@ -330,12 +318,22 @@ class DistributedDataParallel(Module):
             start = 0
             for bucket in self._buckets:
                 n = len(bucket.params)
-                keep = None if used is None else used[start:start + n]
-                self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
+                # a bucket unpacked on the queue had every gradient here: all of them are kept
+                if not bucket.unpacked:
+                    keep = None if used is None else used[start:start + n]
+                    self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
                 start += n
             self._storage.release()
+            self._sync_times.record(arrived, [b.work for b in self._buckets])
         finally:
             self._reset()
+
+    def comm_stats(self) -> Dict[str, float]:
+        """Seconds of gradient communication over all syncs so far: ``waited_s`` (what the
+        thread that ran backward spent in syncs: after backward with overlap, the whole
+        ``sync_gradients()`` without), ``hidden_s`` (what the communication thread spent on
+        the buckets while backward still computed) and ``syncs``. See ``bucket``."""
+        return self._sync_times.as_dict()
 
     def _globally_used(self) -> np.ndarray:
         """Which parameters got a gradient on at least one rank (PyTorch leaves the rest None)."""
@@ -348,6 +346,7 @@ class DistributedDataParallel(Module):
         for bucket in self._buckets:
             bucket.ready = 0
             bucket.work = None
+            bucket.unpacked = False
 
     def __repr__(self) -> str:
         return (f"DistributedDataParallel(world_size={self._world}, buckets={len(self._buckets)}, "

@@ -12,6 +12,13 @@ bucket copies nothing in or out of a workspace:
    every rank has arrived at the next bucket's barrier, so only the last bucket of a sync ends
    with a barrier of its own.
 
+A bucket that DDP's hooks launch during backward (``all_reduce(index, bucket)``) holds final
+gradients, so the queue's thread packs it before step 1 and unpacks it once its slices are
+final (right after the next bucket's reduction, or after the last barrier): backward's thread
+copies nothing, and the copies, most of the work of a sync, run beside backward instead of
+inside it. NumPy releases the GIL while it copies and adds large arrays, so they can run on a
+core of their own.
+
 One copy per rank suffices: before the first pack of a sync, a rank waits until every peer
 has announced (``release``) that it finished unpacking the previous sync, since unpacking
 reads the other ranks' copies. That wait almost never blocks (peers released before their
@@ -90,6 +97,7 @@ class SharedBucketArena:
     """Every rank's buckets in one shared segment; see the module docstring."""
 
     shared = True
+    copies_on_queue = True  # all_reduce(index, bucket): see the module docstring
 
     def __init__(self, pg: ProcessGroup, specs: Sequence[Spec], mm, name: str) -> None:
         self._pg, self._t, self._mm = pg, pg.transport, mm
@@ -112,6 +120,7 @@ class SharedBucketArena:
         self._scratch: dict = {}
         self._released = 0   # syncs whose results this rank finished reading
         self._acquired = False
+        self._to_unpack: List = []  # queue-packed buckets whose slices are not final yet
 
     @staticmethod
     def _signature(what: str) -> int:
@@ -131,15 +140,17 @@ class SharedBucketArena:
                         target + 1, f"peer rank {peer} to finish reading sync {target}")
         self._acquired = True
 
-    def all_reduce(self, index: int):
+    def all_reduce(self, index: int, bucket=None):
         """Average packed bucket ``index`` in the group's queue; returns the ``Work``.
-        Buckets must be launched in index order, all of them, every sync."""
+        Buckets must be launched in index order, all of them, every sync. ``bucket``: DDP's
+        bucket of final host gradients, which the queue's thread packs (``bucket.pack()``)
+        and unpacks into ``bucket.params`` itself (the caller does neither)."""
         pg = self._pg
         pg.check_usable(OP)
         flat = self.flats[index]
         fp = pg.fingerprint(OP, flat.dtype, flat.size)
         last = index == len(self.flats) - 1
-        return pg.run(lambda: self._reduce_bucket(index, fp.seq, last), True, fp, OP)
+        return pg.run(lambda: self._reduce_bucket(index, fp.seq, last, bucket), True, fp, OP)
 
     def unpack(self, index: int, params: Sequence, offsets: Sequence[int],
                keep: Optional[np.ndarray] = None) -> None:
@@ -164,6 +175,7 @@ class SharedBucketArena:
 
     def release(self) -> None:
         """After unpacking: tell the peers this rank no longer reads their copies."""
+        self._to_unpack.clear()  # empty unless a sync failed halfway
         self._released += 1
         self._acquired = False
         self._ctrl[self._rank * LINE_WORDS + RELEASED] = self._released
@@ -178,14 +190,32 @@ class SharedBucketArena:
                 out[a - lo:b - lo] = self._views[q][index][a:b]
 
     # ----- on the queue's thread -----------------------------------------------------------
-    def _reduce_bucket(self, index: int, seq: int, last: bool) -> None:
+    def _reduce_bucket(self, index: int, seq: int, last: bool, bucket=None) -> None:
         self._check_open(OP, seq)
-        self._barrier(self._sigs[index], seq, f"every rank to pack bucket {index}")
-        lo, hi = self._bounds[index][self._rank]
-        if hi > lo:
-            self._reduce_slice(index, lo, hi)
-        if last:
-            self._barrier(self._finish_sig, seq, "every rank to reduce its slice of the buckets")
+        try:
+            if bucket is not None:
+                self.acquire()
+                bucket.pack()
+            self._barrier(self._sigs[index], seq, f"every rank to pack bucket {index}")
+            lo, hi = self._bounds[index][self._rank]
+            if hi > lo:
+                self._reduce_slice(index, lo, hi)
+            # every rank reduced the buckets before this one: their slices are final
+            self._unpack_waiting()
+            if bucket is not None:
+                self._to_unpack.append(bucket)
+            if last:
+                self._barrier(self._finish_sig, seq,
+                              "every rank to reduce its slice of the buckets")
+                self._unpack_waiting()
+        except BaseException:
+            self._to_unpack.clear()
+            raise
+
+    def _unpack_waiting(self) -> None:
+        while self._to_unpack:
+            bucket = self._to_unpack.pop(0)
+            self.unpack(bucket.index, bucket.params, bucket.offsets)
 
     def _reduce_slice(self, index: int, lo: int, hi: int) -> None:
         copies = [self._views[q][index] for q in range(self._size)]

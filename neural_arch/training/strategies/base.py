@@ -9,8 +9,9 @@ is the same for every kind of parallelism; what differs is behind this interface
 - ``training_step(batch, loss_fn)``: forward, loss, backward, gradient sync, clipping and,
   at the end of an accumulation window, the optimizer step; ``StepOutcome`` says which;
 - ``evaluation_step(batch, loss_fn)``: forward only, ``(output, loss, target)``;
-- ``grad_norm`` (the last step's global norm, before clipping) and ``comm_ms()`` (gradient
-  communication so far, or None where it is not timed), for the records;
+- ``grad_norm`` (the last step's global norm, before clipping), ``comm_ms()`` (gradient
+  communication the steps waited for so far, or None where it is not timed) and
+  ``comm_hidden_ms()`` (what ran hidden under backward), for the records;
 - ``data_group``: the ranks that split the data (the sampler's replicas) and over which the
   loop sums its metrics; ``is_global_zero``: whether this rank logs and writes;
 - ``checkpoints(config, resume_group)``: what saves and restores the state the strategy
@@ -102,7 +103,13 @@ class Strategy:
         raise NotImplementedError(f"{type(self).__name__}.grad_norm")
 
     def comm_ms(self) -> Optional[float]:
-        """Milliseconds of gradient communication so far (None: not timed)."""
+        """Milliseconds of gradient communication so far that the step waited for (None: not
+        timed)."""
+        return None
+
+    def comm_hidden_ms(self) -> Optional[float]:
+        """Milliseconds of gradient communication so far that ran hidden under backward, on
+        the communication thread while backward computed (None: not timed)."""
         return None
 
     # ------------------------------------------------------------------ collectives

@@ -20,6 +20,8 @@ from .checkpoints import ManagerCheckpoints
 class WrappedStep(Strategy):
     # the ZeRO stage this strategy runs; a config asking for another one is refused
     zero_stage = 0
+    # ZeRO-1 by reduce-scatter instead of DDP's all-reduce (AdvancedDistributedDataParallel's)
+    reduce_scatter = False
 
     def __init__(self, overlap: bool = True) -> None:
         super().__init__()
@@ -38,7 +40,8 @@ class WrappedStep(Strategy):
         settings = dataclasses.replace(config.data_parallel(), zero_stage=self.zero_stage)
         self.group, self.model = group, model
         self.wrapper = AdvancedDistributedDataParallel(model, settings, group=group,
-                                                       overlap=self.overlap)
+                                                       overlap=self.overlap,
+                                                       reduce_scatter=self.reduce_scatter)
         self._mixed = settings.mixed_precision
         if self.zero_stage == 1:
             optimizer = self.wrapper.wrap_optimizer(optimizer)
@@ -69,6 +72,9 @@ class WrappedStep(Strategy):
 
     def comm_ms(self) -> Optional[float]:
         return float(self.wrapper.get_statistics()["communication_time_ms"]["total"])
+
+    def comm_hidden_ms(self) -> Optional[float]:
+        return float(self.wrapper.get_statistics()["communication_time_ms"]["hidden"])
 
     def checkpoints(self, config: Any, resume_group: Any = None) -> ManagerCheckpoints:
         scaler = self.wrapper.scaler if self._mixed else None

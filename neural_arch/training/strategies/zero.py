@@ -1,7 +1,11 @@
-"""``ZeroOne`` ("zero1"): DDP's gradients, the optimizer state sharded over the group.
+"""``ZeroOne`` ("zero1"): ZeRO stage 1 as DeepSpeed runs it, the optimizer state sharded.
 
-Each rank keeps the optimizer state of its share of the parameters only
-(``ZeroRedundancyOptimizer``); after the step the updated shares are all-gathered.
+Each rank keeps the optimizer state of a contiguous 1/N of the flattened parameters
+(``ReduceScatterZeroOptimizer``). There is no DDP: backward leaves the gradients local, the
+window's sync reduce-scatters them (each rank receives the average of its shard), the norm for
+clipping is summed over the shards, and after the step the updated shards are all-gathered:
+2(N-1)/N of the model per step, where DDP plus ``ZeroRedundancyOptimizer`` moves 3(N-1)/N.
+The reduce-scatter runs after backward (``overlap`` does not apply).
 """
 from __future__ import annotations
 
@@ -11,3 +15,4 @@ from .wrapped import WrappedStep
 class ZeroOne(WrappedStep):
     name = "zero1"
     zero_stage = 1
+    reduce_scatter = True
