@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from neural_arch.nn.module_state import state_dict_copy
+
 from dist_harness import run_ranks
 from fsdp_cases import STEPS, make_model, share, wrap_policy
 
@@ -34,7 +36,7 @@ def reference(world_size, skip=()):
         opt.zero_grad()
         F.cross_entropy(model(Tensor(x)), Tensor(y)).backward()
         opt.step()
-    return model.state_dict()
+    return state_dict_copy(model)  # arrays: the state dict's tensors share the model's storage
 
 
 def mixed_worker(rank, world_size, strategy, init_scale, inject_inf_on=None):
