@@ -20,6 +20,8 @@ extras = {
     # Trainer.fit(mlflow_experiment=...): the skinny client (no server, no UI) with the
     # SQLite store's database layer, and matplotlib for the run's loss chart
     "mlflow": ["mlflow-skinny>=3.0", "sqlalchemy>=2.0", "alembic>=1.10", "matplotlib"],
+    # neural_arch.ray.RayTrainer and `neural_arch.cli train --backend ray`: Ray's core only
+    "ray": ["ray>=2.9"],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})
 

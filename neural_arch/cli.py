@@ -1,11 +1,14 @@
-"""``python -m neural_arch.cli train --script train.py --nproc N --backend ddp|horovod``: one
+"""``python -m neural_arch.cli train --script train.py --nproc N --backend ddp|horovod|ray``: one
 command line that starts a training script on any of the engines the project runs on.
 
 - ``ddp`` (also ``pytorch-ddp``): the script's ranks start under our launcher
   (``neural_arch.distributed.launcher``), which sets the variables ``init_process_group`` reads.
 - ``horovod``: the same through our ``horovodrun`` (``neural_arch.horovod.run``), which also sets
   ``HOROVOD_RANK`` and the others that ``hvd.init()`` reads.
-- ``ray``: refused, with the reason: the Ray integration is not part of this version.
+- ``ray``: the script runs as the training loop of N Ray workers (``neural_arch.ray``), each a
+  Ray actor that joins the job's process group; on a Ray started for the command, or on a
+  running cluster with ``--address`` (or ``RAY_ADDRESS``). ``--max-restarts`` restarts the
+  workers after a failure, from the last checkpoint reported.
 
 Run under a launcher already (``horovodrun -np 8 python -m neural_arch.cli train --script
 train.py --backend horovod``, torchrun, srun, mpirun), the command runs the script in this
@@ -16,6 +19,7 @@ with several nodes. Without CUDA each "GPU" is a CPU process.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import runpy
 import sys
@@ -51,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the collectives' transport (default: auto, shm on one host)")
     train.add_argument("--address", default=None, help="a Ray cluster's address (ray only)")
     train.add_argument("--max-restarts", type=int, default=0,
-                       help="restart the ranks after a failure up to this many times (ddp)")
+                       help="restart the ranks after a failure up to this many times (ddp, "
+                            "ray)")
     train.add_argument("script_args", nargs=argparse.REMAINDER,
                        help="arguments for the script, after --")
     return parser
@@ -74,11 +79,13 @@ def _check(args: argparse.Namespace) -> str:
     if backend is None:
         raise ValueError(f"--backend {args.backend!r} is not one of "
                          f"{', '.join(sorted(BACKENDS))}")
-    if backend == "ray":
-        raise ValueError("--backend ray needs the Ray integration, which this version does not "
-                         "have; use --backend ddp (this machine or several, with --nnodes) or "
-                         "horovod")
-    if args.address is not None:
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("--backend ray needs Ray, which is not installed: "
+                         "pip install 'neural-arch[ray]'")
+    if backend == "ray" and args.nnodes > 1:
+        raise ValueError("--backend ray places the workers on the cluster's nodes itself; "
+                         "drop --nnodes and give --nproc the number of workers")
+    if args.address is not None and backend != "ray":
         raise ValueError(f"--address {args.address!r} names a Ray cluster; it applies to "
                          f"--backend ray only, not {args.backend}")
     if not os.path.isfile(args.script):
@@ -106,6 +113,10 @@ def run_here(script: str, script_args: Sequence[str], backend: str) -> int:
 def launch(args: argparse.Namespace, backend: str) -> int:
     """Start the script's ranks on this node through the chosen engine's starter."""
     nproc, script_args = _nproc(args), _script_args(args)
+    if backend == "ray":
+        from .ray.script import run_script_on_ray
+        return run_script_on_ray(args.script, script_args, nproc, args.address,
+                                 args.max_restarts, args.comm_backend)
     if backend == "horovod":
         from .horovod.run import main as horovodrun
         argv = ["-np", str(nproc)]

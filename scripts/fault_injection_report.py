@@ -18,7 +18,7 @@ saves (``fault_rows_inputs``); one tensor-parallel rank's newest checkpoint dama
 ``--resume`` (``fault_rows_resume``); Horovod named operations submitted in a different order on
 every rank (``fault_rows_horovod``); two ``train_gpt`` runs in one ``--out-dir``
 (``fault_rows_train_gpt``); a rank waiting for a store that never answers
-(``fault_rows_rendezvous``).
+(``fault_rows_rendezvous``); a RayTrainer worker SIGKILLed mid-epoch (``fault_rows_ray``).
 
 Every fault is injected ``--runs`` times (3 by default), each time into fresh processes. A row
 gives the measured time as min / median / max over the runs, what the runs left behind
@@ -62,6 +62,7 @@ import fault_rows as rows  # noqa: E402
 import fault_rows_horovod as horovod_rows  # noqa: E402
 import fault_rows_inputs as inputs  # noqa: E402
 import fault_rows_mpi as mpi_rows  # noqa: E402
+import fault_rows_ray as ray_rows  # noqa: E402
 import fault_rows_rendezvous as rendezvous_rows  # noqa: E402
 import fault_rows_resume as resume_rows  # noqa: E402
 import fault_rows_train_gpt as train_gpt_rows  # noqa: E402
@@ -141,6 +142,8 @@ def faults() -> List[Fault]:
                     train_gpt_rows.two_runs_one_out_dir)]
     table += [Fault("rank waiting for a store that never answers", "tcp", 2,
                     rendezvous_rows.store_never_answers)]
+    table += [Fault("Ray worker SIGKILLed mid-epoch, max_failures=1", "shm", 2,
+                    ray_rows.worker_killed)]
     table += [Fault("tuner SIGKILLed mid-study, then resumed", "shm", 1,
                     tune_rows.killed_then_resumed),
               Fault("a tuner's trial raises", "shm", 1, tune_rows.trial_raises)]

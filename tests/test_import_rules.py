@@ -69,7 +69,8 @@ LAYERS = (
           ("save and load", "model code", "core", "backends", "package helpers")),
     Layer("horovod", ("neural_arch.horovod",), (EVERYTHING_BELOW,)),
     Layer("training", ("neural_arch.training", "neural_arch.train_gpt",
-                       "neural_arch.plot_metrics", "neural_arch.cli", "neural_arch.tune"),
+                       "neural_arch.plot_metrics", "neural_arch.cli", "neural_arch.tune",
+                       "neural_arch.ray"),
           (EVERYTHING_BELOW,)),
 )
 

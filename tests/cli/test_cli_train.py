@@ -104,7 +104,7 @@ def test_under_the_launcher_the_command_runs_the_script_in_each_rank(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--backend", "ray"], "--backend ray needs the Ray integration"),
+    (["--backend", "ray", "--nnodes", "2"], "--backend ray places the workers"),
     (["--backend", "mpi"], "--backend 'mpi' is not one of ddp, horovod, pytorch-ddp, ray"),
     (["--address", "ray://head:10001"], "applies to --backend ray only"),
     (["--nnodes", "2", "--node-rank", "2"], "--node-rank must be in [0, 2)"),
