@@ -22,6 +22,8 @@ extras = {
     "mlflow": ["mlflow-skinny>=3.0", "sqlalchemy>=2.0", "alembic>=1.10", "matplotlib"],
     # neural_arch.ray.RayTrainer and `neural_arch.cli train --backend ray`: Ray's core only
     "ray": ["ray>=2.9"],
+    # python -m neural_arch.serve: Starlette's routing on the uvicorn server (no pydantic)
+    "serve": ["starlette>=0.37", "uvicorn>=0.29"],
 }
 extras["all"] = sorted({dep for deps in extras.values() for dep in deps})
 

@@ -40,10 +40,10 @@ def read_curves(run_dir: str) -> Dict[str, Curve]:
     return curves
 
 
-def plot(run_dir: str, out: Optional[str] = None) -> str:
-    curves = read_curves(run_dir)
-    if not curves["train"][0] and not curves["val"][0]:
-        raise ValueError(f"{os.path.join(run_dir, METRICS_FILE)} has no loss values to plot")
+def draw_curves(curves: Dict[str, Tuple[List[int], List[float]]], title: str, out: str,
+                ylabel: str = "loss", dpi: int = 110) -> str:
+    """The "train" and "val" loss curves (steps, losses) against the optimizer step, into the
+    image file ``out`` (matplotlib, no display needed)."""
     import matplotlib
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
@@ -53,15 +53,22 @@ def plot(run_dir: str, out: Optional[str] = None) -> str:
         if steps:
             axes.plot(steps, losses, style, label=f"{name} loss", markersize=3)
     axes.set_xlabel("optimizer step")
-    axes.set_ylabel("cross-entropy loss")
-    axes.set_title(os.path.basename(os.path.abspath(run_dir)))
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend()
-    out = out or os.path.join(run_dir, "loss.png")
     figure.tight_layout()
-    figure.savefig(out, dpi=110)
+    figure.savefig(out, dpi=dpi)
     plt.close(figure)
     return out
+
+
+def plot(run_dir: str, out: Optional[str] = None) -> str:
+    curves = read_curves(run_dir)
+    if not curves["train"][0] and not curves["val"][0]:
+        raise ValueError(f"{os.path.join(run_dir, METRICS_FILE)} has no loss values to plot")
+    return draw_curves(curves, os.path.basename(os.path.abspath(run_dir)),
+                       out or os.path.join(run_dir, "loss.png"), ylabel="cross-entropy loss")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

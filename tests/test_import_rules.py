@@ -70,7 +70,7 @@ LAYERS = (
     Layer("horovod", ("neural_arch.horovod",), (EVERYTHING_BELOW,)),
     Layer("training", ("neural_arch.training", "neural_arch.train_gpt",
                        "neural_arch.plot_metrics", "neural_arch.cli", "neural_arch.tune",
-                       "neural_arch.ray", "neural_arch.tabgpt"),
+                       "neural_arch.ray", "neural_arch.tabgpt", "neural_arch.serve"),
           (EVERYTHING_BELOW,)),
 )
 

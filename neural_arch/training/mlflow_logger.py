@@ -205,24 +205,11 @@ def draw_loss_chart(curves: Dict[str, Tuple[List[int], List[float]]], title: str
     if not curves["train"][0] and not curves["val"][0]:
         return False
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401 - only whether it is installed
     except ImportError:
         print("MLflowLogger: matplotlib is not installed: no loss chart in the run; "
               f"{INSTALL_HINT}", flush=True)
         return False
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for name, style in (("train", "-"), ("val", "o-")):
-        steps, losses = curves[name]
-        if steps:
-            axes.plot(steps, losses, style, label=f"{name} loss", markersize=3)
-    axes.set_xlabel("optimizer step")
-    axes.set_ylabel("loss")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
+    from ..plot_metrics import draw_curves
+    draw_curves(curves, title, out, dpi=100)
     return True
