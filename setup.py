@@ -20,8 +20,9 @@ extras = {
     # Trainer.fit(mlflow_experiment=...): the skinny client (no server, no UI) with the
     # SQLite store's database layer, and matplotlib for the run's loss chart
     "mlflow": ["mlflow-skinny>=3.0", "sqlalchemy>=2.0", "alembic>=1.10", "matplotlib"],
-    # neural_arch.ray.RayTrainer and `neural_arch.cli train --backend ray`: Ray's core only
-    "ray": ["ray>=2.9"],
+    # neural_arch.ray.RayTrainer, `neural_arch.cli train --backend ray` and
+    # DistributedTuner(backend="ray"): Ray's core and Ray Tune (pandas, pyarrow, ...)
+    "ray": ["ray[tune]>=2.9"],
     # python -m neural_arch.serve: Starlette's routing on the uvicorn server (no pydantic)
     "serve": ["starlette>=0.37", "uvicorn>=0.29"],
 }

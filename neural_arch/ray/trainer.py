@@ -26,6 +26,13 @@ SETTLE_S = 3.0  # after a first failure, how long the others get to report their
 
 
 class RayTrainer:
+    def __new__(cls, *args: Any, **kwargs: Any) -> "RayTrainer":
+        # RayTrainer(model, config): the model-first spelling (model_trainer)
+        if cls is RayTrainer and args and _is_model(args[0]):
+            from .model_trainer import ModelRayTrainer
+            return super().__new__(ModelRayTrainer)
+        return super().__new__(cls)
+
     def __init__(self, train_loop_per_worker: Callable, *,
                  train_loop_config: Optional[Dict[str, Any]] = None,
                  scaling_config: Optional[ScalingConfig] = None,
@@ -123,6 +130,11 @@ class RayTrainer:
             return failures, counts
         finally:
             group.shutdown(graceful=bool(failures))
+
+
+def _is_model(value: Any) -> bool:
+    from ..nn import Module
+    return isinstance(value, Module)
 
 
 def _wait_for_workers(ray: Any, refs: Dict[Any, Member],

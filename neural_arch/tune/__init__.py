@@ -16,12 +16,16 @@ Each trial is a job of ``processes_per_trial`` processes started through the lau
 run side by side; the study lives in Optuna storage (a journal file by default) and resumes
 when the tuner is started again. Optuna is needed by the tuner process only (the ``tune``
 extra); ``report``, ``trial_dir`` and the search-space spellings import without it.
+``backend="ray"`` runs the trials as Ray Tune trials instead (``ray_backend``), and
+``tune.run(train_fn, config=..., num_samples=...)`` is Ray Tune's spelling of a search.
 """
 from .callback import TuneReportCallback
 from .results import TuneResults
 from .search_space import choice, loguniform, randint, uniform
 from .session import report, trial_dir, trial_number
+from .tune_run import ExperimentAnalysis, run
 from .tuner import DistributedTuner
 
-__all__ = ["DistributedTuner", "TuneReportCallback", "TuneResults", "choice", "loguniform",
-           "randint", "report", "trial_dir", "trial_number", "uniform"]
+__all__ = ["DistributedTuner", "ExperimentAnalysis", "TuneReportCallback", "TuneResults",
+           "choice", "loguniform", "randint", "report", "run", "trial_dir", "trial_number",
+           "uniform"]

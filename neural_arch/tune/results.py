@@ -6,47 +6,40 @@ tuners included), with ``trial`` (its number), ``state`` ("COMPLETE", "PRUNED", 
 last one reported), ``steps`` (reports the pruner saw), ``last_step``, the other metrics of
 the last report (``last_report``), ``error`` (why it failed), ``seconds`` and ``dir``.
 ``best_config`` and ``best_result`` are those of the best finished trial. ``plot()`` draws
-every trial's reported curve into one PNG.
+every trial's reported curve into one PNG. The Ray backend builds the same table from its
+trials' directories (``ray_results``).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .study import RETRY_OF, config_of
 
 
 class TuneResults:
-    def __init__(self, study: Any, metric: str, mode: str, constants: Mapping[str, Any],
-                 study_dir: str) -> None:
+    def __init__(self, rows: List[Dict[str, Any]], curves: Mapping[int, List[Tuple[int, float]]],
+                 metric: str, mode: str, study_name: str, study_dir: str) -> None:
         self.metric, self.mode, self.study_dir = metric, mode, study_dir
-        self.study_name = study.study_name
-        trials = study.get_trials(deepcopy=False)
-        rerun = {int(t.user_attrs[RETRY_OF]): t.number for t in trials
-                 if RETRY_OF in t.user_attrs}
-        self.trials: List[Dict[str, Any]] = [self._row(t, constants, rerun) for t in trials]
-        self._curves = {t.number: sorted(t.intermediate_values.items()) for t in trials}
+        self.study_name = study_name
+        self.trials: List[Dict[str, Any]] = list(rows)
+        self._curves = dict(curves)
         complete = [row for row in self.trials
                     if row["state"] == "COMPLETE" and row[metric] is not None]
         pick = min if mode == "min" else max
         self.best_result: Optional[Dict[str, Any]] = (
             pick(complete, key=lambda row: row[metric]) if complete else None)
 
-    def _row(self, trial: Any, constants: Mapping[str, Any],
-             rerun: Mapping[int, int]) -> Dict[str, Any]:
-        error = trial.user_attrs.get("error")
-        if trial.number in rerun:
-            error = (f"interrupted: the tuner stopped while it ran; its config runs again as "
-                     f"trial {rerun[trial.number]}")
-        duration = trial.duration
-        return {"trial": trial.number, "state": trial.state.name,
-                "config": config_of(trial.params, constants),
-                self.metric: trial.value if trial.values else None,
-                "steps": len(trial.intermediate_values),
-                "last_step": trial.last_step, "last_report": trial.user_attrs.get("last_report"),
-                "error": error, "retry_of": trial.user_attrs.get(RETRY_OF),
-                "seconds": None if duration is None else duration.total_seconds(),
-                "dir": trial.user_attrs.get("dir")}
+    @classmethod
+    def from_study(cls, study: Any, metric: str, mode: str, constants: Mapping[str, Any],
+                   study_dir: str) -> "TuneResults":
+        """The table of an Optuna study (the default backend)."""
+        trials = study.get_trials(deepcopy=False)
+        rerun = {int(t.user_attrs[RETRY_OF]): t.number for t in trials
+                 if RETRY_OF in t.user_attrs}
+        rows = [_row(t, metric, constants, rerun) for t in trials]
+        curves = {t.number: sorted(t.intermediate_values.items()) for t in trials}
+        return cls(rows, curves, metric, mode, study.study_name, study_dir)
 
     @property
     def best_config(self) -> Optional[Dict[str, Any]]:
@@ -108,3 +101,20 @@ class TuneResults:
         figure.savefig(path, dpi=100)
         plt.close(figure)
         return path
+
+
+def _row(trial: Any, metric: str, constants: Mapping[str, Any],
+         rerun: Mapping[int, int]) -> Dict[str, Any]:
+    error = trial.user_attrs.get("error")
+    if trial.number in rerun:
+        error = (f"interrupted: the tuner stopped while it ran; its config runs again as "
+                 f"trial {rerun[trial.number]}")
+    duration = trial.duration
+    return {"trial": trial.number, "state": trial.state.name,
+            "config": config_of(trial.params, constants),
+            metric: trial.value if trial.values else None,
+            "steps": len(trial.intermediate_values),
+            "last_step": trial.last_step, "last_report": trial.user_attrs.get("last_report"),
+            "error": error, "retry_of": trial.user_attrs.get(RETRY_OF),
+            "seconds": None if duration is None else duration.total_seconds(),
+            "dir": trial.user_attrs.get("dir")}

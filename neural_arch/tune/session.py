@@ -4,8 +4,9 @@ A trial's processes are started by ``DistributedTuner``; each runs ``train_fn(co
 this module's context set (``TrialRecipe``). ``report`` is called by every rank alike, and
 rank 0's values are the trial's: they are appended to ``reports.jsonl`` in the trial's
 directory, one JSON line each, which the tuner reads while the trial runs (to feed its
-pruner) and stops the trial's processes when the pruner says so. Nothing here imports
-Optuna: the trial processes never need it.
+pruner) and stops the trial's processes when the pruner says so. In a Ray Tune trial
+(``backend="ray"``) rank 0's reports also go to Ray Tune's ``report`` (``forward``). Nothing
+here imports Optuna: the trial processes never need it.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 REPORTS_FILE = "reports.jsonl"
+# receives each of rank 0's reports (values, step) as well: Ray Tune's report, in a Ray trial
+Forward = Callable[[Dict[str, float], int], None]
 
 
 @dataclass
@@ -26,6 +29,8 @@ class TrialContext:
     rank: int
     world_size: int
     reports: int = field(default=0)  # reports made so far (the default step of the next)
+    forward: Optional[Forward] = None
+    last_step: Optional[int] = None  # the step of the latest report
 
 
 _context: Optional[TrialContext] = None
@@ -34,6 +39,11 @@ _context: Optional[TrialContext] = None
 def start(context: TrialContext) -> None:
     global _context
     _context = context
+
+
+def end() -> None:
+    global _context
+    _context = None
 
 
 def _current(what: str) -> TrialContext:
@@ -83,6 +93,7 @@ def report(metrics: Optional[Mapping[str, Any]] = None, *, step: Optional[int] =
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"neural_arch.tune.report: step must be an int >= 0, got {step!r}")
     context.reports += 1
+    context.last_step = step
     if context.rank != 0:
         return
     record = {"step": step, "time": time.time(),
@@ -91,3 +102,5 @@ def report(metrics: Optional[Mapping[str, Any]] = None, *, step: Optional[int] =
     # one write of one whole line: the tuner reads only lines that end in a newline
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
+    if context.forward is not None:
+        context.forward(clean, step)

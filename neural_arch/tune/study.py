@@ -99,17 +99,21 @@ def pruner_for(scheduler: Any) -> Any:
                      f"an optuna pruner, got {scheduler!r}")
 
 
+SEARCHES = ("tpe", "random")
+
+
 def open_study(storage: Any, study_name: str, mode: str, seed: Optional[int],
-               pruner: Any) -> Any:
+               pruner: Any, search: str = "tpe") -> Any:
+    """``search``: Optuna's TPE sampler, or "random" (Ray Tune's default search)."""
     import optuna
     direction = "minimize" if mode == "min" else "maximize"
+    sampler = optuna.samplers.TPESampler if search == "tpe" else optuna.samplers.RandomSampler
     study = optuna.create_study(storage=storage, study_name=study_name, direction=direction,
-                                sampler=optuna.samplers.TPESampler(seed=seed), pruner=pruner,
-                                load_if_exists=True)
+                                sampler=sampler(seed=seed), pruner=pruner, load_if_exists=True)
     earlier = len(study.get_trials(deepcopy=False))
     if seed is not None and earlier:
         # a resumed study: the seeded sampler would draw the first tuner's configs again
-        study.sampler = optuna.samplers.TPESampler(seed=seed + earlier)
+        study.sampler = sampler(seed=seed + earlier)
     if study.direction.name.lower() != direction:
         raise ValueError(f"DistributedTuner: study {study_name!r} in this storage was made to "
                          f"{study.direction.name.lower()}; mode={mode!r} asks to {direction}; "

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from ..distributed.launch import DistributedLauncher
 from ..distributed.launch.workers import describe_exit
 from ..training.launching.worker import RESULT_FILE, run_worker
-from .session import REPORTS_FILE
+from .reports import ReportReader
 from .trial_worker import log_path
 
 MONITOR_INTERVAL_S = 0.05  # the launcher's polls: a failed or stopped rank is seen this fast
@@ -40,9 +40,8 @@ class RunningTrial:
         self.trial, self.config, self.directory, self.slot = trial, config, directory, slot
         self.processes = processes
         self.started = time.monotonic()
-        self.last_values: Dict[str, Optional[float]] = {}
         self.pruned_at: Optional[int] = None
-        self._offset = 0
+        self._reports = ReportReader(directory)
         self._error: Optional[BaseException] = None
         self._launcher = DistributedLauncher(
             run_worker, nproc_per_node=processes, backend=backend, script_args=(payload,
@@ -74,23 +73,13 @@ class RunningTrial:
         self._thread.join(timeout)
         return self.done()
 
+    @property
+    def last_values(self) -> Dict[str, Optional[float]]:
+        return self._reports.last_values
+
     def new_reports(self) -> List[Tuple[int, Dict[str, Optional[float]]]]:
         """(step, values) of the whole lines rank 0 appended since the last call."""
-        path = os.path.join(self.directory, REPORTS_FILE)
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next poll
-        self._offset += end
-        found = []
-        for line in data[:end].splitlines():
-            record = json.loads(line)
-            self.last_values.update(record["values"])
-            found.append((int(record["step"]), record["values"]))
-        return found
+        return self._reports.new_reports()
 
     def outcome(self) -> Outcome:
         if self.pruned_at is not None:

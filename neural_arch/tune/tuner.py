@@ -31,6 +31,7 @@ from .trial_runner import RunningTrial
 from .trial_worker import TrialRecipe
 
 OWNER = "DistributedTuner"
+RAY_BACKEND = "ray"     # trials as Ray Tune trials; any other backend names the collectives'
 POLL_S = 0.05           # how often running trials are read: a pruning decision waits this long
 STOP_WAIT_S = 30.0      # a stopped trial's processes are gone well within this
 
@@ -51,7 +52,8 @@ class DistributedTuner:
                  seed: Optional[int] = None, *, num_gpus: Optional[int] = None,
                  trials_per_gpu: int = 1, backend: str = "shm", local_dir: str = "tune_runs",
                  points_to_evaluate: Sequence[Mapping[str, Any]] = (),
-                 trial_timeout: Optional[float] = None, verbose: bool = True) -> None:
+                 trial_timeout: Optional[float] = None, verbose: bool = True,
+                 search: str = "tpe") -> None:
         if not callable(train_fn):
             raise TypeError(f"{OWNER}: train_fn must be a function of the config, got "
                             f"{type(train_fn).__name__}")
@@ -95,7 +97,14 @@ class DistributedTuner:
                 raise ValueError(f"{OWNER}: points_to_evaluate names {unknown}, which are not "
                                  f"hyperparameters of search_space {sorted(self.space)}")
         self.trial_timeout, self.verbose = trial_timeout, verbose
+        if search not in studies.SEARCHES:
+            raise ValueError(f"{OWNER}: search must be one of {list(studies.SEARCHES)}, got "
+                             f"{search!r}")
+        self.search = search
         self.results: Optional[TuneResults] = None
+        if backend == RAY_BACKEND:
+            from .ray_backend import check_settings
+            check_settings(self)
 
     @property
     def best_config(self) -> Optional[Dict[str, Any]]:
@@ -109,20 +118,25 @@ class DistributedTuner:
     def tune(self, num_samples: Optional[int] = None) -> TuneResults:
         """Run the study until ``num_samples`` trials (this call's, else the tuner's) have
         finished, counting those an earlier tuner of the study finished; the results."""
-        stop_main_import(f"{OWNER}.tune")  # a trial process importing an unguarded script
         total = self.num_samples if num_samples is None else _positive(num_samples,
                                                                        "num_samples")
+        if self.backend == RAY_BACKEND:  # Ray Tune runs the trials, in its actors
+            from .ray_backend import run_search
+            self.results = run_search(self, total)
+            self._say(repr(self.results))
+            return self.results
+        stop_main_import(f"{OWNER}.tune")  # a trial process importing an unguarded script
         studies.require_optuna(OWNER)
         lock = studies.StudyLock(self.study_dir)
         lock.acquire()
         try:
             study = studies.open_study(studies.storage_for(self.storage, self.study_dir),
                                        self.study_name, self.mode, self.seed,
-                                       studies.pruner_for(self.scheduler))
+                                       studies.pruner_for(self.scheduler), self.search)
             self._prepare(study)
             self._search(study, total)
-            self.results = TuneResults(study, self.metric, self.mode, self.constants,
-                                       self.study_dir)
+            self.results = TuneResults.from_study(study, self.metric, self.mode,
+                                                  self.constants, self.study_dir)
         finally:
             lock.release()
         self._say(repr(self.results))
