@@ -104,12 +104,19 @@ def in_documented_order(parts: list, op, algorithm: str, bounds) -> "np.ndarray 
     """The exact bits of a reduction of ``parts`` (one per rank) in the order the algorithm's
     docstring fixes; None when it documents none (MPI's native collectives).
 
-    shm_direct: every element over ranks 0..p-1. ring: chunk ``c`` (``bounds[c]``) starts at
-    rank c + 1 and is folded in ring order, ending at rank c. AVERAGE: that sum / p.
+    shm_direct: every element over ranks 0..p-1 (float16 sums in float32, rounded once after
+    the mean). ring: chunk ``c`` (``bounds[c]``) starts at rank c + 1 and is folded in ring
+    order, ending at rank c. AVERAGE: that sum / p.
     """
     n, ufunc = len(parts), UFUNCS[op]
     if n == 1:
         out = parts[0].copy()
+    elif algorithm == "shm_direct" and parts[0].dtype == np.float16 and ufunc is np.add:
+        # float16 sums in float32, the mean taken there, rounded once (reduction_kernels)
+        wide = fold([p.astype(np.float32) for p in parts], range(n), ufunc)
+        if op is dist.ReduceOp.AVERAGE:
+            wide /= np.float32(n)
+        return wide.astype(np.float16)
     elif algorithm == "shm_direct":
         out = fold(parts, range(n), ufunc)
     elif algorithm == "ring":

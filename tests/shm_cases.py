@@ -83,6 +83,21 @@ def check_all_reduce_matrix(rank, p, store, workspace_bytes, large):
         t.close()
 
 
+def rank_order_reduction(inputs: list, op: ReduceOp) -> np.ndarray:
+    """The direct all-reduce's documented result: ranks 0..p-1 in order; a float16 SUM or
+    AVERAGE summed in float32 (and divided there) and rounded once."""
+    if inputs[0].dtype == np.float16 and op is not ReduceOp.PRODUCT:
+        wide = rank_order_reduction([x.astype(np.float32) for x in inputs], op)
+        return wide.astype(np.float16)
+    expected = inputs[0].copy()
+    for other in inputs[1:]:
+        np.multiply(expected, other, out=expected) if op is ReduceOp.PRODUCT \
+            else np.add(expected, other, out=expected)
+    if op is ReduceOp.AVERAGE:
+        expected = expected / np.asarray(len(inputs), expected.dtype)
+    return expected
+
+
 def random_floats_identical(rank, p, store, workspace_bytes):
     """Random floats: each rank checks against the rank-order reduction; returns digests."""
     t = shm.create(rank, p, store, 60.0, workspace_bytes=workspace_bytes)
@@ -93,12 +108,7 @@ def random_floats_identical(rank, p, store, workspace_bytes):
                 for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.PRODUCT):
                     rngs = [np.random.default_rng([r, n, np.dtype(dtype).num]) for r in range(p)]
                     inputs = [g.uniform(0.5, 1.5, n).astype(dtype) for g in rngs]
-                    expected = inputs[0].copy()
-                    for other in inputs[1:]:
-                        np.multiply(expected, other, out=expected) if op is ReduceOp.PRODUCT \
-                            else np.add(expected, other, out=expected)
-                    if op is ReduceOp.AVERAGE:
-                        expected = expected / np.asarray(p, dtype)
+                    expected = rank_order_reduction(inputs, op)
                     buf = inputs[rank].copy()
                     t.collectives.all_reduce(buf, op, calls.fp("all_reduce", buf))
                     if not np.array_equal(buf.view(np.uint8), expected.view(np.uint8)):

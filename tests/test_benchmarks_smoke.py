@@ -291,3 +291,23 @@ def test_compression_benchmark_reports_consistent_numbers(tmp_path):
     assert goal, text[-3000:]
     ok = float(goal.group(1)) <= 5.0 and float(goal.group(2)) >= -1.0
     assert (goal.group(3) == "PASS") == ok
+
+
+def test_compression_benchmark_help_and_fp16_goal_row(tmp_path):
+    helped = _run("bench_compression.py", ["--help"])
+    assert helped.returncode == 0 and "--hidden" in helped.stdout, helped.stderr[-2000:]
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_compression.py", ["--quick", "--backends", "shm", "--epochs", "1",
+                                           "--hidden", "32", "--hooks", "none,fp16",
+                                           "--output", str(output)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert "MLP 64-32-32-10" in text, text[:2000]
+    times = dict(re.findall(r"^\| shm \| 2 \| (none|fp16) \| [0-9.]+ (?:KiB|B) \| [0-9.]+% \| "
+                            r"([0-9.]+) \|", text, re.MULTILINE))
+    goal = re.search(r"\| fp16 sync >= 1.0x faster than none, shm, p=2 \| ([0-9.]+)x \(([0-9.]+) "
+                     r"vs ([0-9.]+) ms\) \| (PASS|MISS) \|", text)
+    assert goal and set(times) == {"none", "fp16"}, text[-3000:]
+    assert _ratio_shown(float(goal.group(1)), float(times["none"]), float(times["fp16"]), 1,
+                        0.005, 0.0005)
+    assert (goal.group(4) == "PASS") == (float(goal.group(1)) >= 1.0)

@@ -34,7 +34,8 @@ LAYERS = (
                          "neural_arch.models", "neural_arch.utils", "neural_arch.functional",
                          "neural_arch.amp", "neural_arch.cuda"),
           ("core", "backends", "package helpers")),
-    Layer("distributed basics", (f"{_D}.errors", f"{_D}.reduce_ops", f"{_D}.processes"),
+    Layer("distributed basics", (f"{_D}.errors", f"{_D}.reduce_ops", f"{_D}.processes",
+                                 f"{_D}.reduction_kernels", f"{_D}.compiled_sums"),
           ("package helpers",)),
     Layer("rendezvous", (f"{_D}.rendezvous",), ("distributed basics", "package helpers")),
     # the failure detector collectives and transports consult; preemption sits with the tools

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
+
+from .reduction_kernels import add_halves, divide_halves
 
 
 class ReduceOp(Enum):
@@ -56,6 +58,15 @@ def reduce_into(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
     _UFUNC[op](acc, other, out=acc)
 
 
+def combiner(op: ReduceOp, dtype: np.dtype) -> Callable[..., Any]:
+    """What adds two vectors for ``op`` (called as ``combine(x, y, out=out)``): the ufunc, or
+    for a float16 sum the compiled loop with NumPy's bits (``reduction_kernels``), since
+    NumPy adds float16 one element at a time."""
+    if dtype == np.float16 and _UFUNC[op] is np.add:
+        return add_halves
+    return _UFUNC[op]
+
+
 def averager(dtype: np.dtype, count: int) -> Tuple[np.ufunc, Any]:
     """The ufunc and scalar that turn a float sum of ``count`` values into their mean:
     ``np.divide`` by ``count``, or, for a power-of-two ``count``, ``np.multiply`` by its
@@ -75,7 +86,11 @@ def averager(dtype: np.dtype, count: int) -> Tuple[np.ufunc, Any]:
 
 
 def divide_by_count(values: np.ndarray, count: int, out: Optional[np.ndarray] = None) -> None:
-    """``out = values / count`` (in place without ``out``), through ``averager``."""
+    """``out = values / count`` (in place without ``out``), through ``averager``; float16
+    through the compiled loop, with NumPy's bits."""
+    if values.dtype == np.float16:
+        divide_halves(values, count, values if out is None else out)
+        return
     ufunc, scalar = averager(values.dtype, count)
     ufunc(values, scalar, out=values if out is None else out)
 

@@ -13,9 +13,10 @@ again by ``init_process_group`` (``read_environment``), not on every call: a loo
 variable costs about as much as a whole small shared-memory all-reduce.
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
-is (the shared-memory ones divide each round while it is still in cache), and the others sum,
-the mean being taken after in one more pass over the result. ``reduce`` takes a sum, never an
-average: its caller turns AVERAGE into SUM and divides after.
+is (the shared-memory ones divide in the pass that adds, or as they copy out), the ring
+all-reduce divides each finished piece while it is in cache, and the others sum, the mean being
+taken after in one more pass over the result. ``reduce`` takes a sum, never an average: its
+caller turns AVERAGE into SUM and divides after.
 
 The rooted collectives that run on the binomial trees (``broadcast``, ``reduce``, ``gather``,
 ``scatter``) first make sure that every rank passed the same root (``agreement``); a native
@@ -123,10 +124,10 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
         t.native_collectives().all_reduce(buf, op, fp)
         return name
     summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
-    if name == "ring":
-        ring.all_reduce(t, buf, summed, fp)
-    else:
-        recursive_doubling.all_reduce(t, buf, summed, fp)
+    if name == "ring":  # divides each finished piece while it is in cache
+        ring.all_reduce(t, buf, summed, fp, t.world_size if op is ReduceOp.AVERAGE else 0)
+        return name
+    recursive_doubling.all_reduce(t, buf, summed, fp)
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(buf, t.world_size)
     return name

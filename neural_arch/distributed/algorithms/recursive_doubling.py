@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, ufunc_for
+from ..reduce_ops import ReduceOp, combiner
 from ..transports.base import Fingerprint, Transport
 from .exchange import exchange, recv, segment_elems, send
 
@@ -17,7 +17,7 @@ from .exchange import exchange, recv, segment_elems, send
 def _all_reduce_piece(t: Transport, buf: np.ndarray, scratch: np.ndarray, op: ReduceOp,
                       fp: Fingerprint) -> None:
     n, r = t.world_size, t.rank
-    combine = ufunc_for(op)
+    combine = combiner(op, buf.dtype)
     pow2 = 1 << (n.bit_length() - 1)
     extra = n - pow2
     other = scratch[:buf.size]

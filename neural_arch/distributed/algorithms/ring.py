@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, ufunc_for
+from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from ..transports.base import Fingerprint, Transport
 from .exchange import chunk_bounds, exchange, segment_elems, segment_pairs
 
 
 def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, int]],
-                            op: ReduceOp, fp: Fingerprint) -> None:
-    """Afterwards chunk ``t.rank`` of ``buf`` holds the reduction of that chunk over all ranks.
+                            op: ReduceOp, fp: Fingerprint, mean: int = 0) -> None:
+    """Afterwards chunk ``t.rank`` of ``buf`` holds the reduction of that chunk over all ranks
+    (divided by ``mean`` when it is > 0, each piece as it is finished, still in cache).
 
     Chunk ``c`` starts at rank ``c + 1`` and is folded in ring order, arriving complete at rank
     ``c`` after ``n - 1`` steps; other chunks of ``buf`` are left holding partial results.
     """
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
-    combine = ufunc_for(op)
+    combine = combiner(op, buf.dtype)
     seg = segment_elems(buf.itemsize)
     largest = max(hi - lo for lo, hi in bounds)
     incoming = np.empty(min(seg, largest), dtype=buf.dtype)
@@ -35,6 +36,8 @@ def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[in
             got = incoming[:acc.size]
             exchange(t, outgoing[out_part], right, got, left, fp)
             combine(got, acc, out=acc)
+            if mean and step == n - 2:  # the last step completes this rank's own chunk
+                divide_by_count(acc, mean)
 
 
 def _all_gather_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, int]],
@@ -51,12 +54,15 @@ def _all_gather_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, i
             exchange(t, outgoing[out_part], right, target[in_part], left, fp)
 
 
-def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
-    """In-place all-reduce of a 1-D contiguous buffer: reduce-scatter, then all-gather."""
+def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
+               mean: int = 0) -> None:
+    """In-place all-reduce of a 1-D contiguous buffer: reduce-scatter, then all-gather. With
+    ``mean`` > 0 the result is divided by it (the sum then the division, as ``divide_by_count``
+    rounds it), at no pass of its own."""
     if t.world_size == 1 or buf.size == 0:
         return
     bounds = chunk_bounds(buf.size, t.world_size)
-    _reduce_scatter_inplace(t, buf, bounds, op, fp)
+    _reduce_scatter_inplace(t, buf, bounds, op, fp, mean)
     _all_gather_inplace(t, buf, bounds, fp)
 
 

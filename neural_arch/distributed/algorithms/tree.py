@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, ufunc_for
+from ..reduce_ops import ReduceOp, combiner
 from ..transports.base import Fingerprint, Transport
 from .exchange import recv, segment_elems, send
 
@@ -62,7 +62,7 @@ def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerpri
     if n == 1 or buf.size == 0:
         return
     vrank = (t.rank - root) % n
-    combine = ufunc_for(op)
+    combine = combiner(op, buf.dtype)
     has_children = vrank % 2 == 0 and vrank + 1 < n
     acc = buf if vrank == 0 or not has_children else buf.copy()
     seg = segment_elems(buf.itemsize)

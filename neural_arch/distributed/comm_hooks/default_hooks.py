@@ -13,13 +13,16 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...backends.numba_kernels import cast_to_float16
 from .. import collectives
 from ..group.process_group import ProcessGroup
 from ..group.world import resolve_group
 from ..reduce_ops import ReduceOp
+from ..reduction_kernels import to_float16, to_float32
 from ..work import Future
 from .bucket import GradBucket
+
+
+MAX_KEPT_WIRES = 64  # float16 copies a CommHookState keeps for fp16_compress_hook
 
 
 class CommHookState:
@@ -74,24 +77,44 @@ def allreduce_hook(state: Any, bucket: GradBucket) -> Future:
     return average_future(hook_group(state), flat)
 
 
+def _wire_buffer(state: Any, bucket: GradBucket, flat: np.ndarray) -> np.ndarray:
+    """Storage for the float16 copy of ``flat``: kept on a ``CommHookState`` per bucket
+    buffer (DDP waits for every bucket's future before the next step runs the hook on that
+    bucket again), so its pages are not faulted in afresh every step (a new 8 MiB array cost
+    about as much as the cast itself); new for any other state."""
+    if not isinstance(state, CommHookState):
+        return np.empty(flat.shape, np.float16)
+    kept = state.__dict__.setdefault("_fp16_wire", {})
+    key = (id(flat), bucket.index(), flat.shape)  # two live buffers never share an id
+    wire = kept.get(key)
+    if wire is None:
+        if len(kept) >= MAX_KEPT_WIRES:  # buckets rebuilt many times: start afresh
+            kept.clear()
+        wire = kept[key] = np.empty(flat.shape, np.float16)
+    return wire
+
+
 def fp16_compress_hook(state: Any, bucket: GradBucket) -> Future:
     """Average a float16 copy (half the bytes of float32), written back in the bucket's dtype.
 
-    The average is taken in float16: values round to float16 (about 3 significant digits),
-    and a sum beyond float16's range (65504) becomes inf, as it would in the float16 copy.
+    Values round to float16 (about 3 significant digits). The collectives add float16 in
+    float32 (``reduction_kernels``): shared memory sums all ranks there and rounds the mean
+    once; the ring and recursive doubling round each partial sum to float16, so a partial sum
+    beyond float16's range (65504) becomes inf there. The casts and sums are compiled (Numba):
+    NumPy converts and adds float16 one element at a time.
     """
     flat = bucket.buffer()
     if flat.dtype == np.float16:
         return allreduce_hook(state, bucket)
-    if flat.dtype == np.float32:
-        wire = cast_to_float16(flat)  # Numba: several times NumPy's cast
-    else:
-        with np.errstate(over="ignore"):
-            wire = flat.astype(np.float16)
+    # float32 through the compiled cast; other dtypes through NumPy's
+    wire = to_float16(flat, _wire_buffer(state, bucket, flat))
     _account(state, bucket, wire.nbytes)
     sent = average_future(hook_group(state), wire)
 
     def decompress(future: Future) -> np.ndarray:
-        np.copyto(flat, future.value())
+        if flat.dtype == np.float32:
+            to_float32(future.value(), flat)
+        else:
+            np.copyto(flat, future.value())
         return flat
     return sent.then(decompress)

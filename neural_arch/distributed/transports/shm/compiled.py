@@ -5,9 +5,10 @@ signature, arriving, polling, checking the peers, reducing or copying are each a
 or ufunc call. ``kernels`` takes the same steps on the same words and
 areas in one compiled call, so a rank on the compiled path and a rank on the Python one meet
 in the same generation and end with the same bits. An all-reduce sums or multiplies in rank
-order in the vector's dtype, and a mean goes through float64: one rounding of the exact quotient
-to float32, as NumPy's float32 division gives, since float64 carries more than twice float32's
-precision. Broadcasts and all-gathers copy bytes, so every dtype is compiled.
+order in the vector's dtype, and a mean divides by ``p`` in that dtype (multiplies by ``1/p`` for
+a power-of-two ``p``, which rounds the same exact quotient, as ``reduce_ops.averager`` chooses)
+in the loop that adds the last rank's vector. Broadcasts and all-gathers copy bytes, so every
+dtype is compiled.
 
 Everything rare stays in Python: writing the full header when the fingerprint changes, waking a
 peer asleep in the kernel, waiting beyond a short poll (with the timeout and the liveness
@@ -30,7 +31,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from ....backends import numba_backend
-from ...reduce_ops import ReduceOp
+from ...reduce_ops import ReduceOp, averager
 from ..base import Fingerprint
 from . import futex
 
@@ -87,11 +88,16 @@ def _check(kernels: Any) -> None:
     areas = np.zeros((6, 8), np.float32)  # rows (half, rank); the result rows stay unused
     areas[1, :3] = [0.5, -2.0, 7.0]
     buf, words = np.array([1.0, 2.0, 3.0], np.float32), peer_arrived(False)
-    status = kernels.small_all_reduce(words, areas, 0, False, 0.0, buf, 2, 99, 5, 4, False)
+    zero = np.float32(0)
+    status = kernels.small_all_reduce(words, areas, 0, False, 0, zero, buf, 2, 99, 5, 4, False)
     expect("the all-reduce before the peer arrived", (status, words[0]), (kernels.WAIT, 2))
-    status = kernels.small_all_reduce(peer_arrived(True), areas, 0, False, 0.0, buf, 2, 99, 5,
-                                      4, True)
+    status = kernels.small_all_reduce(peer_arrived(True), areas, 0, False, 0, zero, buf, 2, 99,
+                                      5, 4, True)
     expect("the all-reduce", (status, buf.tolist()), (0, [1.5, 0.0, 10.0]))
+    areas[0, :3] = buf  # this rank's input, as if published
+    status = kernels.small_all_reduce(peer_arrived(True), areas, 0, False, kernels.MULTIPLY,
+                                      np.float32(0.5), buf, 2, 99, 5, 4, True)
+    expect("the mean", (status, buf.tolist()), (0, [1.0, -1.0, 8.5]))
     areas = np.zeros((6, 8), np.uint8)
     areas[0, :2] = [5, 6]  # a broadcast's data sits in the half's first area, whoever the root
     data = np.array([1, 2], np.uint8)
@@ -154,10 +160,13 @@ def all_reduce(c: Any, stamp: Any, dtype: np.dtype, n: int,
     kernels = _kernels()
     if kernels is None:
         return None
-    divisor = float(c.world_size) if op is ReduceOp.AVERAGE else 0.0
+    mean, factor = 0, dtype.type(0)
+    if op is ReduceOp.AVERAGE:  # averager's choice: the same bits as NumPy's division
+        ufunc, factor = averager(dtype, c.world_size)
+        mean = kernels.MULTIPLY if ufunc is np.multiply else kernels.DIVIDE
     return _form(c, stamp, kernels, partial(
         kernels.small_all_reduce, c.control_words(), c.workspace_rows(dtype), c.rank,
-        op is ReduceOp.PRODUCT, divisor))
+        op is ReduceOp.PRODUCT, mean, factor))
 
 
 def broadcast(c: Any, stamp: Any, nbytes: int,

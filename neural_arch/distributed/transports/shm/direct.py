@@ -9,16 +9,18 @@ state of their own.
 
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks
-instead both reduce everything, with the operands in the same order. ``reference.py`` beside
-this file is the same all-reduce without rounds or slices, to read first.
+instead both reduce everything, with the operands in the same order. A float16 sum is taken
+in float32 over all p operands and rounded once (``reduction_kernels``). ``reference.py``
+beside this file is the same all-reduce without rounds or slices, to read first.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
+from ...reduction_kernels import pair_mean, sum_halves
 from ..base import Fingerprint
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
@@ -42,15 +44,38 @@ def _slice(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
 
 
 # ----- all-reduce ---------------------------------------------------------------------------
+def sums_halves(dtype: np.dtype, op: ReduceOp) -> bool:
+    """Whether ``op`` on ``dtype`` is a float16 sum, which ``sum_halves`` takes in float32 and
+    rounds once, the mean included (``reduction_kernels``)."""
+    return dtype == np.float16 and ufunc_for(op) is np.add
+
+
+def _pair_round(dtype: np.dtype, op: ReduceOp, rank: int) -> Callable[[Any, Any], None]:
+    """``reduce(part, other)``: ``part = x0 op x1`` in place on a rank of two, rank 0's operand
+    first, the mean included in the same pass."""
+    first = rank == 0
+    if sums_halves(dtype, op):
+        divisor = 2 if op is ReduceOp.AVERAGE else 0
+        return lambda part, other: sum_halves(part, (part, other) if first else (other, part),
+                                              divisor)
+    if op is ReduceOp.AVERAGE:
+        factor = averager(dtype, 2)[1]  # 1/2: the product rounds as the quotient does
+        return lambda part, other: pair_mean(part, other, factor, first)
+    ufunc = ufunc_for(op)
+    if first:
+        return lambda part, other: ufunc(part, other, out=part)
+    return lambda part, other: ufunc(other, part, out=part)
+
+
 def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     """Two ranks: both reduce every round whole, as ``x0 op x1`` with the same operands in the
     same order (so both get the same bits). Each rank copies its round into the workspace and
     nothing back out, one barrier a round; splitting the work takes a copy out and a barrier
-    more, and was slower at every size tried, 256 KiB to 64 MiB."""
+    more, and was slower at every size tried, 256 KiB to 64 MiB. A mean is taken in the pass
+    that adds (a second pass over each round cost AVERAGE 17-19% over SUM at 256 KiB-4 MiB)."""
     inputs, _ = c.views(buf.dtype)
-    ufunc, rank = ufunc_for(op), c.rank
-    average = op is ReduceOp.AVERAGE
-    scale, factor = averager(buf.dtype, 2)
+    rank = c.rank
+    reduce_round = _pair_round(buf.dtype, op, rank)
     step = min(ROUND_BYTES, c.layout.workspace_bytes) // buf.itemsize
     gen, sig = c.begin(fp, buf.nbytes)
     for lo in range(0, buf.size, step):
@@ -58,13 +83,7 @@ def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> N
         areas = inputs[gen & 1]
         c.writer.write(areas[rank][:part.size], part)
         c.sync(gen, fp, sig if lo == 0 else 0)
-        other = areas[1 - rank][:part.size]
-        if rank == 0:
-            ufunc(part, other, out=part)
-        else:
-            ufunc(other, part, out=part)
-        if average:  # while the round is still in cache
-            scale(part, factor, out=part)
+        reduce_round(part, areas[1 - rank][:part.size])
         gen += 1
 
 
@@ -73,8 +92,16 @@ def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> 
     result area; after the next generation's barrier everyone copies the other slices out."""
     p, rank, itemsize = c.world_size, c.rank, buf.itemsize
     inputs, results = c.views(buf.dtype)
-    ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
+    ufunc, halves = ufunc_for(op), sums_halves(buf.dtype, op)
+    divisor = p if op is ReduceOp.AVERAGE else 0
     scale, factor = averager(buf.dtype, p)
+    if divisor and not halves:
+        # the result area holds the sum; every rank divides as it copies its slices out, so
+        # the mean costs no pass of its own and every rank rounds the same sum the same way
+        def take(dst: np.ndarray, src: np.ndarray) -> None:
+            scale(src, factor, out=dst)
+    else:
+        take = np.copyto
     step = min(ROUND_BYTES, c.layout.workspace_bytes) // itemsize
     rounds = _ceil_div(buf.size, step)
     gen, sig = c.begin(fp, buf.nbytes)
@@ -93,19 +120,20 @@ def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> 
         if prev is not None:
             p_lo, p_hi, p_s_lo, p_s_hi = prev
             done = results[half ^ 1]
-            buf[p_lo:p_lo + p_s_lo] = done[:p_s_lo]
-            buf[p_lo + p_s_hi:p_hi] = done[p_s_hi:p_hi - p_lo]
+            take(buf[p_lo:p_lo + p_s_lo], done[:p_s_lo])
+            take(buf[p_lo + p_s_hi:p_hi], done[p_s_hi:p_hi - p_lo])
         if k < rounds:
             if s_hi > s_lo:
                 out = results[half][s_lo:s_hi]
                 operands = [buf[lo + s_lo:lo + s_hi] if r == rank else inputs[half][r][s_lo:s_hi]
                             for r in range(p)]
-                ufunc(operands[0], operands[1], out=out)
-                for other in operands[2:]:
-                    ufunc(out, other, out=out)
-                if average:
-                    scale(out, factor, out=out)
-                buf[lo + s_lo:lo + s_hi] = out
+                if halves:
+                    sum_halves(out, operands, divisor)
+                else:
+                    ufunc(operands[0], operands[1], out=out)
+                    for other in operands[2:]:
+                        ufunc(out, other, out=out)
+                take(buf[lo + s_lo:lo + s_hi], out)
             prev = (lo, hi, s_lo, s_hi)
         gen += 1
 
@@ -155,6 +183,7 @@ def reduce_scatter(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceO
     """``recvbuf`` (length n) receives chunk ``rank`` of the reduction of ``sendbuf`` (p x n)."""
     p, rank, n = c.world_size, c.rank, recvbuf.size
     ufunc, itemsize = ufunc_for(op), sendbuf.itemsize
+    halves = sums_halves(sendbuf.dtype, op)
     inputs, _ = c.views(sendbuf.dtype)
     step = c.layout.workspace_bytes // p // itemsize
     align = max(1, ALIGN_BYTES // itemsize)
@@ -176,11 +205,14 @@ def reduce_scatter(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceO
         operands = [sendbuf[rank * n + lo:rank * n + hi] if r == rank and not own_in_shm
                     else inputs[gen & 1][r][rank * step:rank * step + m] for r in range(p)]
         out = recvbuf[lo:hi]
-        ufunc(operands[0], operands[1], out=out)
-        for other in operands[2:]:
-            ufunc(out, other, out=out)
-        if op is ReduceOp.AVERAGE:
-            divide_by_count(out, p)
+        if halves:
+            sum_halves(out, operands, p if op is ReduceOp.AVERAGE else 0)
+        else:
+            ufunc(operands[0], operands[1], out=out)
+            for other in operands[2:]:
+                ufunc(out, other, out=out)
+            if op is ReduceOp.AVERAGE:
+                divide_by_count(out, p)
         gen += 1
 
 

@@ -136,11 +136,15 @@ def _publish_and_meet(src, words, areas, rank, gen, sig, seq, polls,
 # being rank r's input area of that half; the rank and the op or root. With ``resume`` this
 # rank has published and every peer has arrived: only the checks and the copies out are left.
 
+MULTIPLY, DIVIDE = 1, 2  # how small_all_reduce takes a mean: by a reciprocal, or dividing
+
+
 @njit(cache=True, nogil=True)
-def small_all_reduce(words, areas, rank, product, divisor, buf, gen, sig, seq, polls,
+def small_all_reduce(words, areas, rank, product, mean, factor, buf, gen, sig, seq, polls,
                      resume):  # pragma: no cover - compiled
     """Everyone publishes ``buf``, then reduces all of them in rank order into it:
-    ``product`` multiplies instead of adding, ``divisor`` > 0 divides the sum (AVERAGE)."""
+    ``product`` multiplies instead of adding; ``mean`` (MULTIPLY or DIVIDE, else 0) scales the
+    sum by ``factor``, a scalar of ``buf``'s dtype, in the loop that adds the last operand."""
     status = _publish_and_meet(buf, words, areas, rank, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status
@@ -154,17 +158,46 @@ def small_all_reduce(words, areas, rank, product, divisor, buf, gen, sig, seq, p
             c = areas[first + r]
             for i in range(n):
                 buf[i] = buf[i] * c[i]
+    elif p == 2:
+        _add_and_scale(buf, a, b, mean, factor)
     else:
         for i in range(n):
             buf[i] = a[i] + b[i]
-        for r in range(2, p):
+        for r in range(2, p - 1):
             c = areas[first + r]
             for i in range(n):
                 buf[i] = buf[i] + c[i]
-    if divisor > 0:
-        for i in range(n):
-            buf[i] = buf[i] / divisor
+        _add_and_scale_in_place(buf, areas[first + p - 1], mean, factor)
     return status
+
+
+# Two forms, so that LLVM sees which arrays may be the same memory and vectorizes both.
+@njit(cache=True, nogil=True)
+def _add_and_scale(out, x, y, mean, factor):  # pragma: no cover - compiled
+    """``out = x + y``, times or divided by ``factor`` (see ``small_all_reduce``)."""
+    if mean == MULTIPLY:
+        for i in range(out.size):
+            out[i] = (x[i] + y[i]) * factor
+    elif mean == DIVIDE:
+        for i in range(out.size):
+            out[i] = (x[i] + y[i]) / factor
+    else:
+        for i in range(out.size):
+            out[i] = x[i] + y[i]
+
+
+@njit(cache=True, nogil=True)
+def _add_and_scale_in_place(acc, y, mean, factor):  # pragma: no cover - compiled
+    """``acc = acc + y``, times or divided by ``factor``."""
+    if mean == MULTIPLY:
+        for i in range(acc.size):
+            acc[i] = (acc[i] + y[i]) * factor
+    elif mean == DIVIDE:
+        for i in range(acc.size):
+            acc[i] = (acc[i] + y[i]) / factor
+    else:
+        for i in range(acc.size):
+            acc[i] = acc[i] + y[i]
 
 
 @njit(cache=True, nogil=True)

@@ -18,8 +18,9 @@ from typing import Any, Callable, Dict
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, ufunc_for
+from ...reduction_kernels import sum_halves
 from ..base import Fingerprint
-from . import compiled
+from . import compiled, direct
 
 MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
 
@@ -65,17 +66,25 @@ def python_all_reduce(c: Any, stamp: Stamp, dtype: np.dtype, n: int,
     ufunc, average = ufunc_for(op), op is ReduceOp.AVERAGE
     scale, factor = averager(dtype, c.world_size)
     rank = c.rank
+    if direct.sums_halves(dtype, op):  # in float32, rounded once, as the large rounds do
+        divisor = c.world_size if average else 0
+
+        def reduce(buf: np.ndarray, slots: tuple) -> None:
+            sum_halves(buf, slots, divisor)
+    else:
+        def reduce(buf: np.ndarray, slots: tuple) -> None:
+            ufunc(slots[0], slots[1], out=buf)
+            for other in slots[2:]:
+                ufunc(buf, other, out=buf)
+            if average:
+                scale(buf, factor, out=buf)
 
     def run(buf: np.ndarray, fp: Fingerprint) -> None:
         gen = stamp.begin(fp)[0]
         slots = halves[gen & 1]
         slots[rank][...] = buf
         stamp.meet(gen, fp)
-        ufunc(slots[0], slots[1], out=buf)
-        for other in slots[2:]:
-            ufunc(buf, other, out=buf)
-        if average:
-            scale(buf, factor, out=buf)
+        reduce(buf, slots)
     return run
 
 

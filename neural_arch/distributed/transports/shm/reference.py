@@ -25,6 +25,8 @@ def all_reduce(t, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     c = t.native_collectives()           # its workspace views and fingerprint checks
     inputs, _ = c.views(buf.dtype)       # inputs[half][rank]: one area per rank and half
     combine = ufunc_for(op)              # np.add for SUM and AVERAGE, np.maximum for MAX, ...
+    # float16 sums are taken in float32 and rounded once (as reduction_kernels does)
+    wide = np.dtype(np.float32) if buf.dtype == np.float16 and combine is np.add else buf.dtype
     step = t.layout.workspace_bytes // buf.itemsize
     gen, sig = c.begin(fp, buf.nbytes)   # the first generation carries the fingerprint check
     for lo in range(0, max(buf.size, 1), step):
@@ -32,10 +34,12 @@ def all_reduce(t, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
         areas = inputs[gen & 1]          # this round's half of the workspace
         areas[t.rank][:part.size] = part          # 1. publish my part
         c.sync(gen, fp, sig if lo == 0 else 0)    # 2. wait until every rank has published
-        result = areas[0][:part.size].copy()      # 3. reduce every rank's part, in rank order
+        result = areas[0][:part.size].astype(wide)  # 3. reduce every rank's part, in rank order
         for rank in range(1, t.world_size):
             combine(result, areas[rank][:part.size], out=result)
-        part[...] = result
+        if op is ReduceOp.AVERAGE and wide != buf.dtype:
+            divide_by_count(result, t.world_size)  # the mean of float16, still in float32
+        part[...] = result                        # (float16: rounded once, here)
         gen += 1
-    if op is ReduceOp.AVERAGE:
+    if op is ReduceOp.AVERAGE and wide == buf.dtype:
         divide_by_count(buf, t.world_size)

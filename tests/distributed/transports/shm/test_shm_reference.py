@@ -29,9 +29,10 @@ def both_all_reduces(rank, p, store, workspace_bytes):
                 plain.all_reduce(t, buf, op, calls.fp("all_reduce", buf))
                 if not np.array_equal(buf, reference(p, n, dtype, op)):
                     failures.append((n, np.dtype(dtype).name, op.name))
-            for op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+            for dtype, op in ((np.float32, ReduceOp.SUM), (np.float32, ReduceOp.AVERAGE),
+                              (np.float16, ReduceOp.SUM), (np.float16, ReduceOp.AVERAGE)):
                 g = np.random.default_rng([rank, n])
-                mine = g.standard_normal(n).astype(np.float32)
+                mine = g.standard_normal(n).astype(dtype)
                 a, b = mine.copy(), mine.copy()
                 plain.all_reduce(t, a, op, calls.fp("all_reduce", a))
                 t.collectives.all_reduce(b, op, calls.fp("all_reduce", b))
