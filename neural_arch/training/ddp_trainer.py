@@ -10,6 +10,10 @@ and with it the trained weights, loaded into ``trainer.model`` (ZeRO stages 0 an
 every rank holds the whole model; with 2 and 3 they are in ``checkpoint_dir``). ``num_gpus``
 (alias ``num_processes``) counts processes: without a GPU they all run on the CPU.
 ``batch_size`` is per process, so a step sees ``num_gpus * batch_size`` samples.
+
+MLflow: ``mlflow_tracking=True`` (or ``fit(..., mlflow_experiment="name")``) has rank 0 record
+the run; inside ``with mlflow.start_run():`` it logs into that run, which the caller goes on
+using and ends, else it starts a run of its own (``MLflowLogger``).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from .launching.fit import check_num_processes, under_launcher
 from .launching.processes import run_in_processes
 from .launching.main_import import stop_main_import
 from .launching.recipe_check import pickle_recipe
-from .mlflow_logger import require_mlflow
+from .mlflow_logger import for_active_run
 
 OWNER = "PyTorchDDPTrainer"
 OPTIMIZERS = {"adam": Adam, "adamw": AdamW, "sgd": SGD}
@@ -40,7 +44,7 @@ class PyTorchDDPTrainer:
                  zero_stage: int = 0, scaler_init_scale: float = 65536.0,
                  scaler_growth_interval: int = 1000, backend: str = "shm", seed: int = 0,
                  num_processes: Optional[int] = None, timeout: Optional[float] = None,
-                 **config: Any) -> None:
+                 mlflow_tracking: bool = False, **config: Any) -> None:
         if num_gpus is not None and num_processes is not None and num_gpus != num_processes:
             raise ValueError(f"{OWNER}: num_gpus={num_gpus} and its alias num_processes="
                              f"{num_processes} disagree; pass one of them")
@@ -70,20 +74,26 @@ class PyTorchDDPTrainer:
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "zero_stage": zero_stage, "loss_scale": float(scaler_init_scale),
             "loss_scale_window": scaler_growth_interval, "seed": seed, **config})
+        if not isinstance(mlflow_tracking, bool):
+            raise TypeError(f"{OWNER}: mlflow_tracking must be a bool, got {mlflow_tracking!r}")
+        self.mlflow_tracking = mlflow_tracking
         self._announced = False
 
     def fit(self, train_data: Any, val_loader: Any = None,
             checkpoint_dir: Optional[str] = None, mlflow_experiment: Optional[str] = None) -> Any:
         """Train on ``train_data`` (a DataLoader or a Dataset) in ``num_gpus`` processes;
-        rank 0's ``History`` (``total_time``, ``best_accuracy``, one record per epoch)."""
-        if mlflow_experiment is not None:  # rank 0 records the run (``MLflowLogger``)
-            require_mlflow(f"{OWNER}.fit")
+        rank 0's ``History`` (``total_time``, ``best_accuracy``, one record per epoch).
+        ``mlflow_experiment``: the experiment of a new MLflow run, unless one is active here."""
+        # Rank 0 records the run (``MLflowLogger``): into the run open in this process
+        # (``with mlflow.start_run():`` around fit), else a new one in the experiment.
+        logger = (for_active_run(mlflow_experiment, f"{OWNER}.fit")
+                  if self.mlflow_tracking or mlflow_experiment is not None else None)
         stop_main_import(f"{OWNER}.fit")  # a worker importing an unguarded script stops here
         config = self.config
         if checkpoint_dir is not None:
             config = dataclasses.replace(config, checkpoint_dir=str(checkpoint_dir))
         recipe = DDPRecipe(self.model, self.optimizer, self.learning_rate, self.loss_fn,
-                           config, self._loader(train_data), val_loader, mlflow_experiment)
+                           config, self._loader(train_data), val_loader, logger)
         if self.num_processes == 1 or under_launcher():
             return recipe()[0]  # the model trained here, in place
         payload = pickle_recipe(recipe, {"model": self.model, "optimizer": self.optimizer,
@@ -142,18 +152,18 @@ class DDPRecipe:
 
     def __init__(self, model: Any, optimizer: Any, learning_rate: float, loss_fn: Any,
                  config: TrainingConfig, train_loader: Any, val_loader: Any,
-                 mlflow_experiment: Optional[str] = None) -> None:
+                 mlflow_logger: Any = None) -> None:
         self.model, self.optimizer, self.learning_rate = model, optimizer, learning_rate
         self.loss_fn, self.config = loss_fn, config
         self.train_loader, self.val_loader = train_loader, val_loader
-        self.mlflow_experiment = mlflow_experiment
+        self.mlflow_logger = mlflow_logger
 
     def __call__(self) -> tuple:
         from .trainer import Trainer
         optimizer = self.optimizer(self.model.parameters(), lr=self.learning_rate)
-        trainer = Trainer(self.model, optimizer, self.loss_fn, self.config)
-        history = trainer.fit(self.train_loader, self.val_loader,
-                              mlflow_experiment=self.mlflow_experiment)
+        callbacks = () if self.mlflow_logger is None else (self.mlflow_logger,)
+        trainer = Trainer(self.model, optimizer, self.loss_fn, self.config, callbacks=callbacks)
+        history = trainer.fit(self.train_loader, self.val_loader)
         whole = self.config.zero_stage < 2
         # a copy: the weights go back to the parent process after the model is gone
         return history, (state_dict_copy(self.model) if whole else None)

@@ -14,6 +14,10 @@ SQLite store ``mlflow.db`` in ``directory`` (default: the run's ``metrics_dir``,
 ``artifacts/``. MLflow refuses its plain-folder store unless told otherwise, and SQLite needs
 no server: every rank-0 process of any job can write there.
 
+With ``run_id`` the callback logs into that existing run instead (``for_active_run``: the run
+a script opened with ``mlflow.start_run()`` around the training call, as ``PyTorchDDPTrainer(...,
+mlflow_tracking=True)`` does), and leaves it running at the end of ``fit`` for its owner to end.
+
 The other ranks construct the callback alike and do nothing with it, so a job of N processes
 makes exactly one run. The run's id is part of the callback's state in the Trainer's
 checkpoints: a resumed fit goes on in the same run.
@@ -45,6 +49,19 @@ def require_mlflow(owner: str) -> None:
                            f"installed; {INSTALL_HINT}")
 
 
+def for_active_run(experiment: Optional[str], owner: str) -> "MLflowLogger":
+    """A logger into the MLflow run active in this process (``mlflow.start_run()``), at this
+    process's tracking URI; with no active run, one that starts its own run in ``experiment``
+    (default "neural_arch"). Called in the process that launches the job: its workers cannot
+    see that process's active run."""
+    require_mlflow(owner)
+    import mlflow
+    run = mlflow.active_run()
+    if run is None:
+        return MLflowLogger(experiment or "neural_arch")
+    return MLflowLogger(tracking_uri=mlflow.get_tracking_uri(), run_id=run.info.run_id)
+
+
 def with_mlflow(callbacks: Sequence[Callback], experiment: str) -> List[Callback]:
     """``callbacks`` with an ``MLflowLogger`` for ``experiment`` added, unless one is there."""
     if any(isinstance(c, MLflowLogger) and c.experiment == experiment for c in callbacks):
@@ -66,7 +83,7 @@ def _metrics(values: Dict[str, Any], prefix: str) -> Dict[str, float]:
 class MLflowLogger(Callback):
     def __init__(self, experiment: str = "neural_arch", tracking_uri: Optional[str] = None,
                  run_name: Optional[str] = None, directory: Optional[str] = None,
-                 params: Optional[Dict[str, Any]] = None) -> None:
+                 params: Optional[Dict[str, Any]] = None, run_id: Optional[str] = None) -> None:
         if not isinstance(experiment, str) or not experiment:
             raise ValueError(f"MLflowLogger: experiment must be a non-empty name, got "
                              f"{experiment!r}")
@@ -75,7 +92,8 @@ class MLflowLogger(Callback):
         # resolved here: the process that builds the logger may not be the one that writes
         self.directory = None if directory is None else os.path.abspath(directory)
         self.params = dict(params or {})
-        self.run_id: Optional[str] = None
+        self.run_id: Optional[str] = run_id
+        self._external = run_id is not None  # someone else's run: never ended here
         self._client: Any = None
         self._curves: Dict[str, Tuple[List[int], List[float]]] = {"train": ([], []),
                                                                  "val": ([], [])}
@@ -122,12 +140,14 @@ class MLflowLogger(Callback):
         from mlflow.tracking import MlflowClient
         uri, artifacts = self._store(trainer)
         self._client = MlflowClient(tracking_uri=uri)
-        if self.run_id is not None:  # resumed from a checkpoint: the same run goes on
+        if self.run_id is not None and not self._external:  # resumed: the same run goes on
             self._client.update_run(self.run_id, status="RUNNING")
             return
-        run = self._client.create_run(self._experiment_id(artifacts), run_name=self.run_name,
-                                      tags={"neural_arch.world_size": str(trainer.world)})
-        self.run_id = run.info.run_id
+        if self.run_id is None:
+            run = self._client.create_run(self._experiment_id(artifacts),
+                                          run_name=self.run_name,
+                                          tags={"neural_arch.world_size": str(trainer.world)})
+            self.run_id = run.info.run_id
         params = [Param(k, v) for k, v in self._parameters(trainer).items()]
         for start in range(0, len(params), 100):  # MLflow takes 100 a batch
             self._client.log_batch(self.run_id, params=params[start:start + 100])
@@ -169,7 +189,8 @@ class MLflowLogger(Callback):
                     self._client.log_artifact(self.run_id, metrics_file)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        self._client.set_terminated(self.run_id, "FINISHED")
+        if not self._external:
+            self._client.set_terminated(self.run_id, "FINISHED")
         self._client = None
 
     def _log(self, metrics: Dict[str, float], step: int) -> None:
