@@ -92,6 +92,11 @@ def close_session() -> None:
     _SESSION = None
 
 
+def next_report_index() -> int:
+    """The index the open session's next report would take (reports made so far included)."""
+    return _session("next_report_index").index
+
+
 def report(metrics: Dict[str, Any], checkpoint: Optional[Checkpoint] = None) -> None:
     """Report ``metrics`` (a dict with string keys) and, optionally, a checkpoint directory,
     which is copied into the run's folder before this returns. Every worker must make the same

@@ -41,7 +41,7 @@ class TrainWorker:
         try:
             takes_config = bool(inspect.signature(loop).parameters)
             loop(config if config is not None else {}) if takes_config else loop()
-            return session._SESSION.index - next_index
+            return session.next_report_index() - next_index
         finally:
             session.close_session()
             from ..distributed.group import world
