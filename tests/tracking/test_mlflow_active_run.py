@@ -29,6 +29,7 @@ def data():
 @pytest.fixture
 def tracking(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)  # MLflow's Default experiment keeps artifacts in ./mlruns
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     yield uri
