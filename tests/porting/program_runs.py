@@ -91,10 +91,21 @@ def _command(launcher: str, framework: str, script: Path, ranks: int = 2) -> lis
     raise ValueError(f"unknown launcher {launcher!r}")
 
 
-def run_program(command: list, workdir: Path, args: list, label: str) -> None:
+# What torch's gloo threads print when they abort a process at interpreter teardown, after the
+# program's work is done (seen once in a few hundred runs of the torchrun program)
+TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run_program(command: list, workdir: Path, args: list, label: str,
+                torch_oracle: bool = False) -> None:
+    """Run one variant; RuntimeError with its output if it fails. For torch's run only, an
+    abort at teardown is let pass: the loss files read next show whether the program
+    finished (a rank that aborted earlier wrote none, and reading them fails)."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(command + args, cwd=workdir, env=_environment(), text=True,
                             capture_output=True, timeout=RUN_TIMEOUT_S)
+    if torch_oracle and TORCH_TEARDOWN_ABORT in result.stdout + result.stderr:
+        return
     if result.returncode != 0:
         raise RuntimeError(f"{label} exited with {result.returncode}: {' '.join(command + args)}"
                            f"\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
@@ -145,7 +156,8 @@ def compare(program: Program, workdir: Path) -> Comparison:
         reference = "torch"
         run_program(_command(program.launcher, "torch", torch_script), workdir / "run_torch",
                     [*program.args, "--save-init", str(init),
-                     "--losses-out", str(workdir / "torch.json")], f"{program.name} (torch)")
+                     "--losses-out", str(workdir / "torch.json")], f"{program.name} (torch)",
+                    torch_oracle=True)
         torch_losses = read_losses(workdir / "torch.json", ranks)
     run_program(_command(program.launcher, "ours", our_script), workdir / "run_ours",
                 [*program.args, "--init-weights", str(init),
