@@ -56,7 +56,7 @@ class Trainer:
         shape = (size["batch"], size["block_size"])
         self.idx, self.targets = rng.integers(0, 65, shape), rng.integers(0, 65, shape)
         for p in self.params:  # gradients exist from the start and are zeroed in place
-            p.grad = np.zeros_like(p.data)
+            p.grad = np.zeros_like(p.array)
 
     def step(self, keep_gradients: bool = False) -> float:
         """One training step. The timed steps drop the gradients first (``zero_grad()``'s
@@ -73,12 +73,12 @@ class Trainer:
         return float(loss.item())
 
     def state_bytes(self) -> int:
-        return sum(p.data.nbytes + p.grad.nbytes for p in self.params)
+        return sum(p.array.nbytes + p.grad.nbytes for p in self.params)
 
     def peak_step_bytes(self) -> int:
         for p in self.params:
             if p.grad is None:
-                p.grad = np.zeros_like(p.data)
+                p.grad = np.zeros_like(p.array)
         tracemalloc.start()
         try:
             self.step(keep_gradients=True)

@@ -98,9 +98,9 @@ def _train(kind: str, epochs: int, hidden: int) -> Dict[str, Any]:
             steps += 1
         schedule.step()
     with no_grad():
-        accuracy = float((model(Tensor(tx)).data.argmax(axis=1) == ty).mean())
+        accuracy = float((model(Tensor(tx)).array.argmax(axis=1) == ty).mean())
     # DDP's own average hands every gradient to the all-reduce once per step
-    dense = sum(p.data.nbytes for p in model.module.parameters())
+    dense = sum(p.array.nbytes for p in model.module.parameters())
     step_bytes = dense if state is None else state.last_step_bytes
     times = dist.all_gather_object(sync_s[len(sync_s) // 10:])  # the first tenth is warm-up
     return {"hook": kind, "bytes": int(step_bytes), "dense_bytes": int(dense),

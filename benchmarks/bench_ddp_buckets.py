@@ -72,7 +72,7 @@ def _sync_rows(job: Dict[str, Any]) -> List[dict]:
         module = MLP(sizes)
         rng = np.random.default_rng(dist.get_rank())
         for p in module.parameters():
-            p.grad = rng.standard_normal(p.data.shape).astype(np.float32)
+            p.grad = rng.standard_normal(p.array.shape).astype(np.float32)
         wrappers = {s: dist.DistributedDataParallel(module, shared_buckets=s == "shared")
                     for s in STORAGES}
         assert wrappers["shared"].shared_buckets and not wrappers["copy"].shared_buckets

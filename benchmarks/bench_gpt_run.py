@@ -147,7 +147,7 @@ def describe_data(argv: List[str]) -> Dict[str, object]:
     tokenizer = Tokenizer.from_text(args.tokenizer, text)
     train, val = split_windows(tokenizer.encode(text), args.max_seq_length, args.val_fraction)
     config = model_config(args, tokenizer)
-    params = sum(p.data.size for p in GPT(config).parameters())
+    params = sum(p.array.size for p in GPT(config).parameters())
     return {"bytes": os.path.getsize(args.data), "characters": len(text),
             "distinct": tokenizer.vocab_size, "vocab": config.vocab_size,
             "train_windows": len(train), "val_windows": len(val), "parameters": params,

@@ -55,7 +55,7 @@ def _counted(model, optimizer) -> Dict[str, int]:
         return total
     params = list(model.parameters())
     state = getattr(optimizer, "optim", optimizer).state
-    return {"params": nbytes(p.data for p in params), "grads": nbytes(p.grad for p in params),
+    return {"params": nbytes(p.array for p in params), "grads": nbytes(p.grad for p in params),
             "optimizer": nbytes(v for p in state for v in state[p].values()
                                 if hasattr(v, "nbytes") and getattr(v, "ndim", 0) > 0)}
 
@@ -71,7 +71,7 @@ def _measure(strategy: str, job: Dict[str, Any]) -> Dict[str, Any]:
     rng = np.random.default_rng(rank)
     idx = rng.integers(0, job["vocab"], (job["batch"], job["block"]))
     targets = rng.integers(0, job["vocab"], (job["batch"], job["block"]))
-    psi = sum(p.data.size for p in setup.gpt(job).parameters())
+    psi = sum(p.array.size for p in setup.gpt(job).parameters())
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]

@@ -109,7 +109,7 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     if rank == 0:
         print(f"p={dist.get_world_size()}: " + ", ".join(
             f"{s} {medians[s] * 1e3:.1f} ms" for s in STRATEGIES), flush=True)
-    psi = sum(p.data.size for p in setup.gpt(job).parameters())
+    psi = sum(p.array.size for p in setup.gpt(job).parameters())
     return {"world_size": dist.get_world_size(), "median": medians, "volume": volume,
             "psi": psi}
 

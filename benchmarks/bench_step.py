@@ -77,8 +77,8 @@ class NeuralArchMLP:
         self.model = MLP(sizes)
         linears = [m for m in self.model if hasattr(m, "weight")]
         for layer, w, b in zip(linears, weights, biases):
-            layer.weight.data[...] = w
-            layer.bias.data[...] = b
+            layer.weight.array[...] = w
+            layer.bias.array[...] = b
         self.linears = linears
         self.optimizer = SGD(self.model.parameters(), lr=LR)
 
@@ -87,7 +87,7 @@ class NeuralArchMLP:
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return float(loss.data)
+        return float(loss.array)
 
 
 class TorchMLP:
@@ -142,7 +142,7 @@ def _check_same_math(sizes: List[int], batch: int) -> None:
     if not np.isclose(loss_ours, loss_ref, rtol=1e-4):
         raise RuntimeError(f"losses differ: neural_arch {loss_ours} vs NumPy {loss_ref}")
     for layer, w in zip(ours.linears, reference.weights):
-        if not np.allclose(layer.weight.data, w, rtol=1e-4, atol=1e-6):
+        if not np.allclose(layer.weight.array, w, rtol=1e-4, atol=1e-6):
             raise RuntimeError(f"weights after one step differ for layer {layer}")
 
 

@@ -56,7 +56,7 @@ def train_digits(config: dict) -> dict:
             loss.backward()
             optimizer.step()
         logits = model(Tensor(vx))
-        logits = np.asarray(getattr(logits, "data", logits))
+        logits = np.asarray(getattr(logits, "array", logits))
         accuracy = float((logits.argmax(axis=1) == vy).mean())
         tune.report(accuracy=accuracy, step=epoch)
     return {"accuracy": accuracy}

@@ -72,7 +72,7 @@ class OursStep:
         t2 = time.perf_counter()
         self.optimizer.step()
         t3 = time.perf_counter()
-        self.loss = float(loss.data)
+        self.loss = float(loss.array)
         return {"forward": t1 - t0, "backward": t2 - t1, "update": t3 - t2}
 
 

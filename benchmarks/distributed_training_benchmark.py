@@ -52,7 +52,7 @@ def _replica_digest(model) -> str:
     import hashlib
     digest = hashlib.sha256()
     for _, p in model.named_parameters():
-        digest.update(p.data.tobytes())
+        digest.update(p.array.tobytes())
     return digest.hexdigest()
 
 

@@ -42,7 +42,7 @@ def _timed_layer(forward_s: float):
             def backward(grad):
                 time.sleep(2 * forward_s)
                 return (grad,)
-            return make_result(y.data, (y,), backward)
+            return make_result(y.array, (y,), backward)
     return TimedLayer()
 
 

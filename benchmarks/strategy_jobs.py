@@ -191,7 +191,7 @@ def _held(strategy) -> Dict[str, int]:
     # ZeRO-1 by reduce-scatter: the gradients lie in flat buffers, the shards' are views
     flat = [f.grads for f in getattr(optimizer, "flats", ())]
     # FSDP stage 2's shards are slices of the gathered full parameters: counted there once
-    return {"params": _nbytes(p.data for p in params if not _in_mapping(p.data)),
+    return {"params": _nbytes(p.array for p in params if not _in_mapping(p.array)),
             "grads": _nbytes([p.grad for p in params] + flat),
             "optimizer": _nbytes(v for p in state for v in state[p].values()
                                  if getattr(v, "ndim", 0) > 0),
@@ -258,7 +258,7 @@ def measure_memory(name: str, job: Dict[str, Any]) -> Dict[str, Any]:
     peak = tracemalloc.get_traced_memory()[1] - base
     peak += fsdp.memory_stats()["peak_gathered_bytes"] if fsdp else 0
     tracemalloc.stop()
-    psi_rank = sum(p.data.size for p in strategy.wrapper.module.parameters()) \
+    psi_rank = sum(p.array.size for p in strategy.wrapper.module.parameters()) \
         if not fsdp else None
     mine = dict(held, at_rest=at_rest, peak=peak, psi_rank=psi_rank or 0)
     del strategy

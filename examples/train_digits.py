@@ -41,9 +41,9 @@ def accuracy(model: MLP, loader: DataLoader) -> float:
     correct = total = 0
     with no_grad():
         for features, labels in loader:
-            predictions = model(features).data.argmax(axis=1)
-            correct += int((predictions == labels.data).sum())
-            total += len(labels.data)
+            predictions = model(features).array.argmax(axis=1)
+            correct += int((predictions == labels.array).sum())
+            total += len(labels.array)
     model.train()
     return correct / total
 

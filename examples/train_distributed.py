@@ -51,8 +51,8 @@ def console_is_terminal() -> bool:
 def evaluate(model, dataset) -> float:
     x, y = dataset.tensors
     with no_grad():
-        predictions = model(x).data.argmax(axis=1)
-    return float((predictions == y.data).mean())
+        predictions = model(x).array.argmax(axis=1)
+    return float((predictions == y.array).mean())
 
 
 def main() -> None:
@@ -96,8 +96,8 @@ def main() -> None:
             if args.explicit_sync:
                 model.sync_gradients()
             optimizer.step()
-            n = len(y.data)
-            totals += (loss.item() * n, float((logits.data.argmax(axis=1) == y.data).sum()), n)
+            n = len(y.array)
+            totals += (loss.item() * n, float((logits.array.argmax(axis=1) == y.array).sum()), n)
             if bar is not None:
                 bar.update()
         all_reduce(totals, ReduceOp.SUM)

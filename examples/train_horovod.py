@@ -68,7 +68,7 @@ def main() -> None:
                 loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            total += float(loss.data)
+            total += float(loss.array)
         if args.uneven:
             break  # one epoch: join() below ends it
         mean = hvd.allreduce(np.array([total / max(mine, 1)]), name="loss")
@@ -82,7 +82,7 @@ def main() -> None:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"rank{hvd.rank()}.npz"),
-                 **{name: p.data for name, p in model.named_parameters()})
+                 **{name: p.array for name, p in model.named_parameters()})
     hvd.shutdown()
 
 

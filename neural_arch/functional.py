@@ -74,8 +74,8 @@ def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
 def _same_shape(op: str, input: Tensor, target: Any) -> Any:
     target_data, target_tensor = operand(target, input)
     shape = tuple(getattr(target_data, "shape", ()))
-    if shape != input.data.shape:
-        raise ValueError(f"{op}: input shape {input.data.shape} and target shape {shape} differ")
+    if shape != input.array.shape:
+        raise ValueError(f"{op}: input shape {input.array.shape} and target shape {shape} differ")
     return target_tensor if target_tensor is not None else target_data
 
 
@@ -120,13 +120,13 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     default the global generator, see ``dropout``).
     """
     q, k, v = _tensor(query), _tensor(key), _tensor(value)
-    if q.data.shape[-1] != k.data.shape[-1] or k.data.shape[-2] != v.data.shape[-2]:
+    if q.array.shape[-1] != k.array.shape[-1] or k.array.shape[-2] != v.array.shape[-2]:
         raise ValueError(f"scaled_dot_product_attention: incompatible shapes query "
-                         f"{q.data.shape}, key {k.data.shape}, value {v.data.shape}")
-    if enable_gqa and q.data.shape[-3:-2] != k.data.shape[-3:-2]:
+                         f"{q.array.shape}, key {k.array.shape}, value {v.array.shape}")
+    if enable_gqa and q.array.shape[-3:-2] != k.array.shape[-3:-2]:
         raise NotImplementedError("scaled_dot_product_attention: enable_gqa with fewer key/value "
-                                  f"heads than query heads (query {q.data.shape}, key "
-                                  f"{k.data.shape}) is not supported")
+                                  f"heads than query heads (query {q.array.shape}, key "
+                                  f"{k.array.shape}) is not supported")
     if mask is not None:
         if attn_mask is not None:
             raise TypeError("scaled_dot_product_attention: pass attn_mask or mask, not both")
@@ -134,9 +134,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if is_causal and (causal or attn_mask is not None):
         raise RuntimeError("scaled_dot_product_attention: an explicit attn_mask (or causal) "
                            "should not be set when is_causal=True")
-    scale = 1.0 / math.sqrt(q.data.shape[-1]) if scale is None else scale
+    scale = 1.0 / math.sqrt(q.array.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale
-    length, source = scores.data.shape[-2], scores.data.shape[-1]
+    length, source = scores.array.shape[-2], scores.array.shape[-1]
     offset = 0 if is_causal else (source - length if causal else None)
     if attn_mask is None:
         # The causal mask folds into the softmax: no mask array, no masked_fill pass.
@@ -151,25 +151,25 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 def _masked_softmax(scores: Tensor, attn_mask: Any, causal_offset: Optional[int]) -> Tensor:
     """softmax over the last axis after the causal and the given mask; rows left with no key
     give zero weights (PyTorch's safe softmax) instead of NaN."""
-    xp = xp_of(scores.data)
-    mask_data = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+    xp = xp_of(scores.array)
+    mask_data = attn_mask.array if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
     try:
-        fits = xp.broadcast_shapes(mask_data.shape, scores.data.shape) == scores.data.shape
+        fits = xp.broadcast_shapes(mask_data.shape, scores.array.shape) == scores.array.shape
     except ValueError:
         fits = False
     if not fits:
         raise ValueError(f"scaled_dot_product_attention: attn_mask of shape "
                          f"{tuple(mask_data.shape)} does not broadcast to the scores' "
-                         f"(..., L, S) shape {tuple(scores.data.shape)}")
+                         f"(..., L, S) shape {tuple(scores.array.shape)}")
     if causal_offset is not None:
-        length, source = scores.data.shape[-2:]
+        length, source = scores.array.shape[-2:]
         allowed = xp.tril(xp.ones((length, source), dtype=bool), k=causal_offset)
         scores = scores.masked_fill(~allowed, -math.inf)
     if mask_data.dtype.kind == "b":
         scores = scores.masked_fill(~mask_data, -math.inf)
     else:
         scores = scores + attn_mask
-    dead = xp.isneginf(scores.data).all(axis=-1, keepdims=True)
+    dead = xp.isneginf(scores.array).all(axis=-1, keepdims=True)
     if not dead.any():
         return softmax(scores, axis=-1)
     return softmax(scores.masked_fill(dead, 0.0), axis=-1).masked_fill(dead, 0.0)

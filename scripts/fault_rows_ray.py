@@ -96,7 +96,7 @@ def worker_killed(tmp: Path) -> Run:
     after = [s for p, s in done if p != victim]
     lost = before[-1] + 1 - after[0] if before and after else None
     model, _ = ray_jobs.train_steps(0, TOTAL, 0, 1)
-    same = all(np.allclose(result.metrics["weights"][k], np.asarray(v.data), rtol=1e-4,
+    same = all(np.allclose(result.metrics["weights"][k], np.asarray(v.array), rtol=1e-4,
                            atol=1e-6) for k, v in model.state_dict().items())
     ok = (result.attempts == 2 and lost is not None and 0 <= lost <= INTERVAL
           and after == list(range(after[0], TOTAL)) and same)

@@ -121,7 +121,7 @@ def check_broadcast(ctx: Context) -> str:
         t = Tensor(block(5, root, np.float32) if ctx.rank == root else np.zeros(5, np.float32))
         problems.expect(dist.broadcast(t, src=root) is t, "broadcast(Tensor) returned another "
                                                           "object")
-        problems.expect_equal(t.data, block(5, root, np.float32), f"Tensor from root {root}")
+        problems.expect_equal(t.array, block(5, root, np.float32), f"Tensor from root {root}")
     return problems.verdict(f"{cases} cases: every root x algorithms {[label(a) for a in algos]} "
                             f"x float64/int32/float16 x sizes {sizes(n)}, plus a Tensor per root")
 

@@ -25,7 +25,7 @@ def make_model(seed: int) -> MLP:
     manual_seed(seed)
     model = MLP([IN, HIDDEN, HIDDEN, OUT], activation="tanh")
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -51,7 +51,7 @@ def train_step(model, optimizer, x: np.ndarray, y: np.ndarray) -> None:
 
 def parameters_of(model) -> list[np.ndarray]:
     module = getattr(model, "module", model)
-    return [p.data.copy() for p in module.parameters()]
+    return [p.array.copy() for p in module.parameters()]
 
 
 def reference_run(n: int, optimizer_name: str, steps: int = STEPS) -> list[np.ndarray]:

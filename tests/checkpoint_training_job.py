@@ -87,10 +87,10 @@ class TrainingJob:
             self.model.sync_gradients()
         self.optimizer.step()
         self.scheduler.step()
-        return float(loss.data)
+        return float(loss.array)
 
     def parameters(self) -> dict:
-        return {name: p.data.copy() for name, p in self.net.named_parameters()}
+        return {name: p.array.copy() for name, p in self.net.named_parameters()}
 
 
 # ----- script mode -------------------------------------------------------------------------------

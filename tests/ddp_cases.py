@@ -15,7 +15,7 @@ def make_model(seed: int, sizes=(IN, HIDDEN, HIDDEN, OUT)):
     manual_seed(seed)
     model = MLP(list(sizes), activation="tanh")
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -45,7 +45,7 @@ def train_reference(world_size: int, optimizer_name: str, micro: int = 1):
         for x, y in zip(np.array_split(xs[step], micro), np.array_split(ys[step], micro)):
             F.cross_entropy(model(Tensor(x)), Tensor(y)).backward()
         opt.step()
-    return [p.data.copy() for p in model.parameters()]
+    return [p.array.copy() for p in model.parameters()]
 
 
 def rank_share(step: int, rank: int, world_size: int, micro: int = 1):
@@ -74,7 +74,7 @@ def train_ddp(model, opt, rank: int, world_size: int, micro: int, sync: bool = T
         if sync:
             model.sync_gradients()
         opt.step()
-    return [p.data.copy() for p in model.module.parameters()], len(model._buckets)
+    return [p.array.copy() for p in model.module.parameters()], len(model._buckets)
 
 
 def ddp_worker(rank: int, world_size: int, optimizer_name: str, auto_sync: bool, micro: int,

@@ -23,7 +23,7 @@ def make_model(kind: str, seed: int):
     else:
         model = MLP(list(MLP_SIZES if kind == "mlp" else TINY_SIZES), activation="tanh")
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -121,7 +121,7 @@ def fsdp_worker(rank, world_size, kind, strategy, optimizer, wrap, micro=1, clip
     opt = make_optimizer(optimizer, model.parameters())
     norms = train(kind, model, opt, rank, world_size, micro, clip, model.clip_grad_norm_)
     return {"state": model.full_state_dict(), "norms": norms, "memory": model.memory_stats(),
-            "shards": [p.data.size for p in model.parameters()],
+            "shards": [p.array.size for p in model.parameters()],
             "grads": [None if p.grad is None else p.grad.size for p in model.parameters()],
             "adam_state": [sorted((k, np.asarray(v).size) for k, v in opt.state[p].items())
                            for p in model.parameters()],

@@ -23,5 +23,5 @@ def dense_gpt():
     model = GPT(GPTConfig(**SIZES))
     params = list({id(p): p for p in model.parameters()}.values())
     for p in params:
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model, params

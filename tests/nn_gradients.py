@@ -24,7 +24,7 @@ def check_parameter_gradients(module, forward, names=None, eps=1e-6, rtol=1e-5, 
     weighted_loss(output, weights).backward()
     analytic = {name: params[name].grad.copy() for name in names}
     for name in names:
-        data = params[name].data.reshape(-1)
+        data = params[name].array.reshape(-1)
         count = data.size
         entries = range(count) if count <= max_entries else \
             rng.choice(count, max_entries, replace=False)

@@ -93,5 +93,5 @@ def train_columns(rank: int, world_size: int, root: str, columns: int, max_steps
         return {"column": column, "error": type(exc).__name__, "message": str(exc),
                 "warnings": warnings}
     return {"column": column, "start": started[0], "steps": trainer.step,
-            "weights": {n: p.data.copy() for n, p in model.named_parameters()},
+            "weights": {n: p.array.copy() for n, p in model.named_parameters()},
             "warnings": warnings}

@@ -66,17 +66,17 @@ def column_case(rank, size, gather_output):
     layer = ColumnParallelLinear.from_dense(dense, gather_output=gather_output)
     assert get_rng().bit_generator.state == state  # from_dense leaves the global stream alone
     assert layer.weight.shape == (8 // size, 6) and layer.bias.shape == (8 // size,)
-    close(layer.weight.data, dense.weight.data[rank * 8 // size:(rank + 1) * 8 // size], "rows")
+    close(layer.weight.array, dense.weight.array[rank * 8 // size:(rank + 1) * 8 // size], "rows")
     x_np, w = rng.standard_normal((3, 5, 6)), rng.standard_normal((3, 5, 8))
     x, xd = leaf(x_np), leaf(x_np)
     yd = dense(xd)
     weighted_sum(yd, w).backward()
     y = layer(x)
     if gather_output:
-        close(y.data, yd.data, "gathered output")
+        close(y.array, yd.array, "gathered output")
         weighted_sum(y, w).backward()
     else:
-        close(y.data, chunk(yd.data, rank, size), "output shard")
+        close(y.array, chunk(yd.array, rank, size), "output shard")
         weighted_sum(y, chunk(w, rank, size)).backward()
     close(x.grad, xd.grad, "input gradient")
     return check_param_grads(layer, dense, rank, size)
@@ -95,7 +95,7 @@ def row_case(rank, size, input_is_parallel):
     yd = dense(xd)
     weighted_sum(yd, w).backward()
     y = layer(x)
-    close(y.data, yd.data, "output")
+    close(y.array, yd.array, "output")
     weighted_sum(y, w).backward()
     close(x.grad, chunk(xd.grad, rank, size) if input_is_parallel else xd.grad,
           "input gradient")
@@ -125,10 +125,10 @@ def pair_case(rank, size):
     yd = dense(xd)
     weighted_sum(yd, w).backward()
     y = layer(x)
-    close(y.data, yd.data, "output")
+    close(y.array, yd.array, "output")
     weighted_sum(y, w).backward()
     close(x.grad, xd.grad, "input gradient")
-    return check_param_grads(layer, dense, rank, size), y.data
+    return check_param_grads(layer, dense, rank, size), y.array
 
 
 def embedding_case(rank, size):
@@ -142,7 +142,7 @@ def embedding_case(rank, size):
     yd = dense(ids)
     weighted_sum(yd, w).backward()
     y = layer(ids)
-    close(y.data, yd.data, "embedding output")
+    close(y.array, yd.array, "embedding output")
     weighted_sum(y, w).backward()
     return check_param_grads(layer, dense, rank, size)
 

@@ -15,7 +15,7 @@ BATCH, TIME = 2, 8
 
 def _float64(model):
     for p in model.parameters():
-        p.data = p.data.astype(F64)
+        p.array = p.array.astype(F64)
     return model
 
 
@@ -82,7 +82,7 @@ def block_case(rank, size, sequence_parallel=False):
     mine = (lambda a: chunk(a, rank, size, axis=1)) if sequence_parallel else (lambda a: a)
     with _CountCollectives() as forward:
         y = parallel.h[0](x)
-    close(y.data, mine(yd.data), "block output")
+    close(y.array, mine(yd.array), "block output")
     with _CountCollectives() as backward:
         weighted_sum(y, mine(w)).backward()
     close(x.grad, mine(xd.grad), "block input gradient")
@@ -115,7 +115,7 @@ def gpt_case(rank, size, steps, sequence_parallel=False):
     logits_d, loss_d = dense(idx, targets)
     logits, loss = parallel(idx, targets)
     assert logits.shape == (BATCH, TIME, GPT_SIZES["vocab_size"] // size)
-    close(logits.data, chunk(logits_d.data, rank, size), "logits shard")
+    close(logits.array, chunk(logits_d.array, rank, size), "logits shard")
     close(loss.item(), loss_d.item(), "loss")
     loss_d.backward()
     loss.backward()

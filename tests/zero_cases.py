@@ -34,7 +34,7 @@ def build_model(name: str):
                 return self.b(self.a(x).tanh())
         model = Three()
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -89,7 +89,7 @@ def reference(model_name: str, optimizer_name: str, with_scheduler: bool,
     model = build_model(model_name)
     opt = make_optimizer(optimizer_name, model.parameters())
     train(model, opt, model_name, steps, scheduler=make_scheduler(opt, with_scheduler))
-    return [p.data.copy() for p in model.parameters()]
+    return [p.array.copy() for p in model.parameters()]
 
 
 def state_arrays(optimizer):

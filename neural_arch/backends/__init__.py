@@ -66,7 +66,7 @@ def backend_for(obj: Any) -> ModuleType:
     """The backend of an array, a tensor, or a device string."""
     if isinstance(obj, str):
         return get_backend(_DEVICE_TO_BACKEND[device_type(obj)])
-    data = getattr(obj, "data", obj) if hasattr(obj, "requires_grad") else obj
+    data = getattr(obj, "array", obj) if hasattr(obj, "requires_grad") else obj
     numpy_backend = get_backend("numpy")
     if isinstance(data, numpy_backend.array_types):
         return numpy_backend

@@ -92,7 +92,7 @@ def autocast_inputs(op: str, *tensors: Any) -> Tuple[Any, ...]:
 
 def _device_of(tensors: Tuple[Any, ...]) -> str:
     for tensor in tensors:
-        data = getattr(tensor, "data", None)
+        data = getattr(tensor, "array", None)
         if data is not None and hasattr(tensor, "requires_grad"):
             return "cpu" if isinstance(data, (np.ndarray, np.generic)) else "cuda"
     return "cpu"
@@ -105,10 +105,10 @@ def _cast_for(op: str, tensors: Tuple[Any, ...]) -> Tuple[Any, ...]:
     policy = POLICIES[device].get(op) if _STATE.enabled[device] else None
     if policy is None:
         return tensors
-    first = getattr(tensors[0], "data", None)
+    first = getattr(tensors[0], "array", None)
     out = []
     for tensor in tensors:
-        dtype = getattr(getattr(tensor, "data", None), "dtype", None)
+        dtype = getattr(getattr(tensor, "array", None), "dtype", None)
         if dtype is not None and hasattr(tensor, "requires_grad") and dtype.kind == "f":
             if policy == LOWER_PRECISION and dtype != np.float64:
                 tensor = astype(tensor, _STATE.dtype[device])

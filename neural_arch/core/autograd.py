@@ -123,12 +123,12 @@ def _routed(node: Any, parent: Any) -> Any:
 
 
 def _as_gradient(value: Any, node: Any, source: str) -> Any:
-    data = getattr(value, "data", value) if hasattr(value, "requires_grad") else value
+    data = getattr(value, "array", value) if hasattr(value, "requires_grad") else value
     if not hasattr(data, "shape"):
-        data = backend_for(node.data).asarray(data)
-    if data.shape != node.data.shape:
+        data = backend_for(node.array).asarray(data)
+    if data.shape != node.array.shape:
         raise ValueError(f"{source} returned a gradient of shape {tuple(data.shape)} for a "
-                         f"tensor of shape {tuple(node.data.shape)}")
+                         f"tensor of shape {tuple(node.array.shape)}")
     return data
 
 
@@ -136,31 +136,31 @@ def make_seed(root: Any, gradient: Any) -> Tuple[Any, bool]:
     """The array a backward from ``root`` starts with (ones for a one-element root when
     ``gradient`` is None), and whether the engine owns it (may update it in place)."""
     if gradient is None:
-        if root.data.size != 1:
+        if root.array.size != 1:
             raise RuntimeError("grad can be implicitly created only for scalar outputs; "
-                               f"got shape {tuple(root.data.shape)}, pass gradient=")
-        return backend_for(root.data).xp.ones(root.data.shape, root.data.dtype), True
-    seed = gradient.data if hasattr(gradient, "requires_grad") else gradient
-    seed = backend_for(root.data).asarray(seed)
-    if seed.shape != root.data.shape:
+                               f"got shape {tuple(root.array.shape)}, pass gradient=")
+        return backend_for(root.array).xp.ones(root.array.shape, root.array.dtype), True
+    seed = gradient.array if hasattr(gradient, "requires_grad") else gradient
+    seed = backend_for(root.array).asarray(seed)
+    if seed.shape != root.array.shape:
         raise ValueError(f"gradient shape {tuple(seed.shape)} does not match "
-                         f"tensor shape {tuple(root.data.shape)}")
-    if seed.dtype != root.data.dtype:
-        seed = seed.astype(root.data.dtype)
+                         f"tensor shape {tuple(root.array.shape)}")
+    if seed.dtype != root.array.dtype:
+        seed = seed.astype(root.array.dtype)
     return seed, False
 
 
 def _leaf_gradient(leaf: Any, grad: Any, owned: bool) -> Tuple[Any, bool]:
     """``grad`` as an array of the leaf's backend, dtype and shape (and whether it is owned)."""
-    backend = backend_for(leaf.data)
+    backend = backend_for(leaf.array)
     if not isinstance(grad, backend.array_type):  # NumPy ops on 0-d arrays return scalars
         grad, owned = backend.asarray(grad), True
-    target = leaf.data.dtype
+    target = leaf.array.dtype
     if grad.dtype != target:
         grad, owned = grad.astype(target), True
-    if grad.shape != leaf.data.shape:
+    if grad.shape != leaf.array.shape:
         raise RuntimeError(f"internal error: gradient of shape {grad.shape} reached a leaf of "
-                           f"shape {leaf.data.shape}")
+                           f"shape {leaf.array.shape}")
     return grad, owned
 
 
@@ -215,7 +215,7 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None,
     for kind, tensors in (("output", outputs), ("input", inputs)):
         for i, tensor in enumerate(tensors):
             if not tensor.requires_grad:
-                raise RuntimeError(f"grad(): {kind} {i} (shape {tuple(tensor.data.shape)}) does "
+                raise RuntimeError(f"grad(): {kind} {i} (shape {tuple(tensor.array.shape)}) does "
                                    "not require grad")
     seeds = [(out, *make_seed(out, g)) for out, g in zip(outputs, grad_outputs)]
     captured: Dict[Any, Any] = dict.fromkeys(inputs)
@@ -224,7 +224,7 @@ def grad(outputs: Any, inputs: Any, grad_outputs: Any = None,
     if not allow_unused:
         for i, (x, g) in enumerate(zip(inputs, result)):
             if g is None:
-                raise RuntimeError(f"grad(): input {i} (shape {tuple(x.data.shape)}) is not "
+                raise RuntimeError(f"grad(): input {i} (shape {tuple(x.array.shape)}) is not "
                                    "reached from the outputs; pass allow_unused=True to get None")
     return result
 
@@ -294,7 +294,7 @@ def _sweep(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, 
                     fn(node)
             continue
         if meta is not None and meta.get("retain"):
-            kept = backend_for(node.data).asarray(grad)
+            kept = backend_for(node.array).asarray(grad)
             node.grad = kept.copy() if node.grad is None else node.grad + kept
         parent_grads = backward(grad)
         parents = node._parents

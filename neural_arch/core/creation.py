@@ -27,7 +27,7 @@ def linspace(start: Any, end: Any, steps: int, *, dtype: Any = None, device: Any
 
 
 def _like(input: Any, dtype: Any) -> tuple:
-    data = input.data if isinstance(input, Tensor) else np.asarray(input)
+    data = input.array if isinstance(input, Tensor) else np.asarray(input)
     wanted = resolve_dtype(dtype) if dtype is not None else data.dtype
     return tuple(data.shape), wanted, getattr(input, "device", None)
 

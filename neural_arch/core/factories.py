@@ -27,7 +27,7 @@ def tensor(data: Any, dtype: Any = None, requires_grad: bool = False,
            device: Optional[str] = None) -> Tensor:
     """A new tensor holding a copy of ``data``."""
     if isinstance(data, Tensor):
-        source, device = data.data, device or data.device  # a copy stays where its source is
+        source, device = data.array, device or data.device  # a copy stays where its source is
     else:
         source = data
     copied = source.copy() if hasattr(source, "copy") and hasattr(source, "shape") else source
@@ -67,7 +67,7 @@ def eye(n: int, m: Optional[int] = None, dtype: Any = None, requires_grad: bool 
 
 
 def _like(other: Any, dtype: Any) -> tuple:
-    data = other.data if isinstance(other, Tensor) else np.asarray(other)
+    data = other.array if isinstance(other, Tensor) else np.asarray(other)
     return data.shape, resolve_dtype(dtype) if dtype is not None else data.dtype
 
 

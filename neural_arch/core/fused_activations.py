@@ -84,7 +84,7 @@ def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), after subtracting the max."""
     axis = axis if dim is None else dim
     x, = autocast_inputs("softmax", x)
-    xd = x.data
+    xd = x.array
     backend = backend_for(xd)  # one pass per row over the last axis with the CPU kernels
     out = backend.softmax(xd, axis, None)
     return _record(x, out, lambda g: (backend.softmax_backward(g, out, axis),), "Softmax")
@@ -96,7 +96,7 @@ def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
     building the mask (the CPU kernels skip the masked tail of each row). A row left with no
     entry is NaN, as there."""
     x, = autocast_inputs("softmax", x)
-    xd = x.data
+    xd = x.array
     if xd.ndim < 2:
         raise ValueError(f"causal_softmax needs at least 2 dimensions, got shape {xd.shape}")
     backend = backend_for(xd)
@@ -108,7 +108,7 @@ def log_softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """x - logsumexp(x) along ``axis`` (or PyTorch's ``dim``)."""
     axis = axis if dim is None else dim
     x, = autocast_inputs("log_softmax", x)
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     shifted = xd - xd.max(axis=axis, keepdims=True)
     out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
@@ -126,7 +126,7 @@ def erf_array(x: Any) -> Any:
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula (both as in PyTorch)."""
-    xd = x.data
+    xd = x.array
     if type(xd) is not _NDARRAY and _use_fused_gelu(xd, approximate):
         return fused_ops().fused_bias_gelu(x, None, approximate)
     if approximate == "none":
@@ -159,7 +159,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 def erf(x: Tensor) -> Tensor:
     """Elementwise error function; d/dx erf(x) = 2 / sqrt(pi) * exp(-x^2)."""
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     scale = 2.0 / math.sqrt(math.pi)
     return _record(x, erf_array(xd), lambda g: (g * (scale * xp.exp(-(xd * xd))),))

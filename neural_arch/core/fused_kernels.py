@@ -33,8 +33,8 @@ def _record(out: Any, parents: Tuple[Tensor, ...], backward: Callable) -> Tensor
 def fused_bias_gelu(x: Tensor, bias: Optional[Tensor] = None,
                     approximate: str = "none") -> Tensor:
     """gelu(x + bias) as one node (``bias`` broadcast over the last dimension)."""
-    kernels, xd = kernels_for(x.data), x.data
-    bd = None if bias is None else bias.data
+    kernels, xd = kernels_for(x.array), x.array
+    bd = None if bias is None else bias.array
     out = _like(kernels.bias_gelu_forward(xd, bd, approximate), xd)
 
     def backward(g: Any) -> tuple:
@@ -52,9 +52,9 @@ def fused_cross_entropy(logits: Tensor, target: Any, reduction: str = "mean",
     if reduction not in _REDUCTIONS:
         raise ValueError(f"fused_cross_entropy: reduction must be one of {_REDUCTIONS}, got "
                          f"{reduction!r}")
-    kernels, z = kernels_for(logits.data), logits.data
+    kernels, z = kernels_for(logits.array), logits.array
     xp = backend_for(z).xp
-    t = xp.asarray(target.data if isinstance(target, Tensor) else target)
+    t = xp.asarray(target.array if isinstance(target, Tensor) else target)
     loss_rows, lse = kernels.cross_entropy_forward(z, t, ignore_index, label_smoothing)
     loss_rows = _like(loss_rows, z)
     count = None
@@ -83,14 +83,14 @@ def fused_layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
                      eps: float = 1e-5) -> Tensor:
     """LayerNorm over the trailing ``normalized_shape`` dimensions, as one node."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    xd = x.data
+    xd = x.array
     if not shape or tuple(xd.shape[xd.ndim - len(shape):]) != shape or xd.ndim < len(shape):
         raise ValueError(f"fused_layer_norm: normalized_shape {shape} does not match the "
                          f"trailing dimensions of input shape {tuple(xd.shape)}")
     cols = 1
     for n in shape:
         cols *= int(n)
-    flat = lambda t: None if t is None else t.data.reshape(cols)  # noqa: E731
+    flat = lambda t: None if t is None else t.array.reshape(cols)  # noqa: E731
     kernels, x2 = kernels_for(xd), xd.reshape(-1, cols)
     wd, bd = flat(weight), flat(bias)
     y, mean, rstd = kernels.layer_norm_forward(x2, wd, bd, eps)
@@ -101,9 +101,9 @@ def fused_layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
         dx, dw, db = kernels.layer_norm_backward(g2, x2, wd, mean, rstd)
         grads: List[Any] = [_like(dx, xd).reshape(xd.shape)]
         if weight is not None:
-            grads.append(_like(dw, weight.data).reshape(weight.data.shape))
+            grads.append(_like(dw, weight.array).reshape(weight.array.shape))
         if bias is not None:
-            grads.append(_like(db, bias.data).reshape(bias.data.shape))
+            grads.append(_like(db, bias.array).reshape(bias.array.shape))
         return tuple(grads)
 
     parents = tuple(t for t in (x, weight, bias) if t is not None)

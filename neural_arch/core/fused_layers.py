@@ -19,7 +19,7 @@ from .versions import check_saved, saved_entry
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
     x, weight, bias = autocast_inputs("linear", x, weight, bias)
-    xd, wd = x.data, weight.data
+    xd, wd = x.array, weight.array
     if wd.ndim != 2 or xd.ndim < 1 or xd.shape[-1] != wd.shape[1]:
         raise ValueError(f"linear: input shape {xd.shape} does not match weight shape {wd.shape} "
                          f"(expected input (..., {wd.shape[1] if wd.ndim == 2 else '?'}))")
@@ -32,7 +32,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         out = out.reshape(xd.shape[:-1] + (wd.shape[0],))
     bd = None
     if bias is not None:
-        bd = bias.data
+        bd = bias.array
         if bd.shape != (wd.shape[0],):
             raise ValueError(f"linear: bias shape {bd.shape} does not match weight shape "
                              f"{wd.shape} (expected ({wd.shape[0]},))")
@@ -76,7 +76,7 @@ def _use_fused_layer_norm(xd: Any, norm_shape: Tuple[int, ...], weight: Optional
     if norm_shape[0] != cols or not 0 < cols <= INT32_MAX or xd.size // cols > INT32_MAX:
         return False
     for p in (weight, bias):
-        if p is not None and not (on_cuda_float32(p.data) and tuple(p.data.shape) == (cols,)):
+        if p is not None and not (on_cuda_float32(p.array) and tuple(p.array.shape) == (cols,)):
             return False
     return isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, bool)
 
@@ -92,14 +92,14 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
         normalized_shape = (normalized_shape,)
     norm_shape = tuple(normalized_shape)
     x, weight, bias = autocast_inputs("layer_norm", x, weight, bias)
-    xd = x.data
+    xd = x.array
     k = len(norm_shape)
     if k == 0 or tuple(xd.shape[xd.ndim - k:]) != norm_shape or xd.ndim < k:
         raise ValueError(f"layer_norm: normalized_shape {norm_shape} does not match the trailing "
                          f"dimensions of input shape {xd.shape}")
     for label, p in (("weight", weight), ("bias", bias)):
-        if p is not None and tuple(p.data.shape) != norm_shape:
-            raise ValueError(f"layer_norm: {label} shape {p.data.shape} must equal "
+        if p is not None and tuple(p.array.shape) != norm_shape:
+            raise ValueError(f"layer_norm: {label} shape {p.array.shape} must equal "
                              f"normalized_shape {norm_shape}")
     if type(xd) is not _NDARRAY and _use_fused_layer_norm(xd, norm_shape, weight, bias, eps):
         return fused_ops().fused_layer_norm(x, norm_shape, weight, bias, eps)
@@ -108,8 +108,8 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
     backend = backend_for(xd)
     cols = math.prod(norm_shape)
     flat = xd if k == 1 else xd.reshape(xd.shape[:xd.ndim - k] + (cols,))
-    wd = None if weight is None else weight.data.reshape(cols)
-    bd = None if bias is None else bias.data.reshape(cols)
+    wd = None if weight is None else weight.array.reshape(cols)
+    bd = None if bias is None else bias.array.reshape(cols)
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     record = GRAD_MODE.enabled and any(t.requires_grad for t in parents)
     out, normalized, inv_std = backend.layer_norm(flat, wd, bd, eps, record)
@@ -134,8 +134,8 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
 
 def embedding(indices: Any, weight: Tensor) -> Tensor:
     """Rows of ``weight`` (num_embeddings, dim) picked by integer ``indices``."""
-    idx = indices.data if isinstance(indices, Tensor) else xp_of(weight.data).asarray(indices)
-    wd = weight.data
+    idx = indices.array if isinstance(indices, Tensor) else xp_of(weight.array).asarray(indices)
+    wd = weight.array
     if idx.dtype.kind not in "iu":
         raise ValueError(f"embedding: indices must be integers, got dtype {idx.dtype}")
     if wd.ndim != 2:
@@ -162,7 +162,7 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, rng: Any = None) -
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
     if not training or p == 0.0:
         return x
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     if p == 1.0:
         mask = xp.zeros(xd.shape, dtype=xd.dtype)

@@ -20,7 +20,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def _as_array(value: Any, like: Any) -> Any:
     if isinstance(value, Tensor):
-        return value.data
+        return value.array
     return xp_of(like).asarray(value)
 
 
@@ -112,7 +112,7 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_i
     Float32 GPU logits with integer targets run the fused CUDA kernel (see
     ``fused_activations.on_cuda_float32``)."""
     logits, target = autocast_inputs("cross_entropy", logits, target)
-    ld = logits.data
+    ld = logits.array
     _check_common("cross_entropy", ld, reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
@@ -165,7 +165,7 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_i
 
 
 def _soft_cross_entropy(logits: Tensor, probs: Any, reduction: str, smoothing: float) -> Tensor:
-    ld = logits.data
+    ld = logits.array
     if probs.shape != ld.shape:
         raise ValueError(f"cross_entropy: probability target shape {probs.shape} must equal "
                          f"logits shape {ld.shape}")
@@ -196,7 +196,7 @@ def nll_loss(log_probs: Tensor, target: Any, reduction: str = "mean",
              ignore_index: int = -100) -> Tensor:
     """Mean (or sum) of ``-log_probs[i, target[i]]`` over non-ignored items."""
     log_probs, = autocast_inputs("nll_loss", log_probs)
-    ld = log_probs.data
+    ld = log_probs.array
     _check_common("nll_loss", ld, reduction)
     td = _as_array(target, ld)
     if td.dtype.kind not in "iu":

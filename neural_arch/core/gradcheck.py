@@ -11,7 +11,7 @@ from .tensor import Tensor
 
 def _outputs(result: Any) -> list:
     items = result if isinstance(result, (tuple, list)) else (result,)
-    return [t for t in items if isinstance(t, Tensor) and t.data.dtype.kind == "f"]
+    return [t for t in items if isinstance(t, Tensor) and t.array.dtype.kind == "f"]
 
 
 def _weighted_total(outputs: list, weights: list) -> Any:
@@ -34,7 +34,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Union[Tensor, Sequence[Any]], eps:
     originals = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     args = []
     for value in originals:
-        if isinstance(value, Tensor) and value.data.dtype.kind == "f":
+        if isinstance(value, Tensor) and value.array.dtype.kind == "f":
             # float64 data is shared (strides kept; perturbations are undone), others are copied
             data = value.numpy()
             data = data if data.dtype == np.float64 else data.astype(np.float64)
@@ -50,7 +50,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Union[Tensor, Sequence[Any]], eps:
         if not outputs:
             raise ValueError("gradcheck: fn returned no floating tensor")
         rng = np.random.default_rng(12345)
-        weights = [rng.uniform(0.5, 1.5, out.data.shape) * rng.choice([-1.0, 1.0], out.data.shape)
+        weights = [rng.uniform(0.5, 1.5, out.array.shape) * rng.choice([-1.0, 1.0], out.array.shape)
                    for out in outputs]
         total = _weighted_total(outputs, weights)
         if not total.requires_grad:
@@ -62,8 +62,8 @@ def gradcheck(fn: Callable[..., Any], inputs: Union[Tensor, Sequence[Any]], eps:
 
     for i in checked:
         tensor = args[i]
-        analytic = tensor.grad if tensor.grad is not None else np.zeros_like(tensor.data)
-        data = tensor.data  # perturbed in place, element by element (it may be a strided view)
+        analytic = tensor.grad if tensor.grad is not None else np.zeros_like(tensor.array)
+        data = tensor.array  # perturbed in place, element by element (it may be a strided view)
         for position in np.ndindex(*data.shape):
             saved = data[position]
             with no_grad():

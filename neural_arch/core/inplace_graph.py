@@ -20,7 +20,7 @@ def stand_in(tensor: Tensor, keep_values: bool) -> Tensor:
     ``keep_values``: the op's backward reads the values, so they are copied before the write
     (else the stand-in shares the array and its version counter)."""
     old = Tensor.__new__(Tensor)
-    old.data = tensor.data.copy() if keep_values else tensor.data
+    old.array = tensor.array.copy() if keep_values else tensor.array
     old._vc = [0] if keep_values else tensor._vc
     old.grad = None
     old.requires_grad = tensor.requires_grad

@@ -71,8 +71,8 @@ def _channel_shape(xd: Any) -> Tuple[int, ...]:
 
 def _check_params(op: str, xd: Any, weight: Optional[Tensor], bias: Optional[Tensor]) -> None:
     for label, p in (("weight", weight), ("bias", bias)):
-        if p is not None and tuple(p.data.shape) != (xd.shape[1],):
-            raise ValueError(f"{op}: {label} shape {tuple(p.data.shape)} does not match the "
+        if p is not None and tuple(p.array.shape) != (xd.shape[1],):
+            raise ValueError(f"{op}: {label} shape {tuple(p.array.shape)} does not match the "
                              f"{xd.shape[1]} channels of input shape {tuple(xd.shape)}")
 
 
@@ -82,10 +82,10 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
                         ) -> Tuple[Tensor, Any, Any, int]:
     """Normalise with the batch's statistics: (output, mean, biased var, count)."""
     op = "batch_norm"
-    xd = x.data
+    xd = x.array
     axes = reduced_axes(op, xd)
     _check_params(op, xd, weight, bias)
-    kernels = channel_kernels(xd, *(None if p is None else p.data for p in (weight, bias)))
+    kernels = channel_kernels(xd, *(None if p is None else p.array for p in (weight, bias)))
     if kernels is not None:
         return _training_with_kernels(kernels, x, weight, bias, eps, statistics, reduce_sums)
     mean, var, count = statistics(xd, axes)
@@ -93,10 +93,10 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
     shape = _channel_shape(xd)
     inv_std = 1.0 / (var + eps) ** 0.5
     normalized = (xd - mean.reshape(shape)) * inv_std.reshape(shape)
-    wd = None if weight is None else weight.data.reshape(shape)
+    wd = None if weight is None else weight.array.reshape(shape)
     out = normalized if wd is None else normalized * wd
     if bias is not None:
-        out = out + bias.data.reshape(shape)
+        out = out + bias.array.reshape(shape)
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
         return _constant(out), mean, var, count
@@ -129,9 +129,9 @@ def _training_with_kernels(kernels: Any, x: Tensor, weight: Optional[Tensor],
                            reduce_sums: Optional[Callable[[Any], Any]]
                            ) -> Tuple[Tensor, Any, Any, int]:
     """``batch_norm_training`` through ``batchnorm_kernels``: the same values, fewer passes."""
-    xd = x.data
-    wd = None if weight is None else weight.data
-    bd = None if bias is None else bias.data
+    xd = x.array
+    wd = None if weight is None else weight.array
+    bd = None if bias is None else bias.array
     if statistics is local_statistics:  # statistics and output in one pass
         count = xd.size // xd.shape[1]
         _check_count(xd, count)
@@ -174,13 +174,13 @@ def batch_norm_fixed(x: Tensor, mean: Any, var: Any, weight: Optional[Tensor],
                      bias: Optional[Tensor], eps: float) -> Tensor:
     """Normalise with given per-channel statistics (evaluation): ``x * scale + shift``."""
     op = "batch_norm"
-    xd = x.data
+    xd = x.array
     axes = reduced_axes(op, xd)
     _check_params(op, xd, weight, bias)
     shape = _channel_shape(xd)
     inv_std = (1.0 / (var + eps) ** 0.5).astype(xd.dtype)
-    scale = inv_std if weight is None else inv_std * weight.data
-    shift = -mean * scale if bias is None else bias.data - mean * scale
+    scale = inv_std if weight is None else inv_std * weight.array
+    shift = -mean * scale if bias is None else bias.array - mean * scale
     out = xd * scale.reshape(shape) + shift.reshape(shape)
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
@@ -203,12 +203,12 @@ def update_running(running_mean: Optional[Tensor], running_var: Optional[Tensor]
     """``running = (1 - momentum) * running + momentum * batch``, in place; the variance
     enters unbiased (times count / (count - 1)), as torch."""
     if running_mean is not None:
-        running_mean.data *= 1.0 - momentum
-        running_mean.data += (momentum * mean).astype(running_mean.data.dtype)
+        running_mean.array *= 1.0 - momentum
+        running_mean.array += (momentum * mean).astype(running_mean.array.dtype)
     if running_var is not None:
-        running_var.data *= 1.0 - momentum
-        running_var.data += (momentum * var * (count / (count - 1))).astype(
-            running_var.data.dtype)
+        running_var.array *= 1.0 - momentum
+        running_var.array += (momentum * var * (count / (count - 1))).astype(
+            running_var.array.dtype)
 
 
 def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optional[Tensor],
@@ -223,4 +223,4 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when "
                          "training=False")
-    return batch_norm_fixed(input, running_mean.data, running_var.data, weight, bias, eps)
+    return batch_norm_fixed(input, running_mean.array, running_var.array, weight, bias, eps)

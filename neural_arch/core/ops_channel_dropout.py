@@ -18,7 +18,7 @@ def dropout2d(input: Tensor, p: float = 0.5, training: bool = True, inplace: boo
     if inplace:
         raise ValueError("dropout2d: inplace=True is not supported (tensors that record a "
                          "graph are never changed in place); use inplace=False")
-    xd = input.data
+    xd = input.array
     if xd.ndim not in (3, 4):
         raise ValueError(f"dropout2d: expected a (N, C, H, W) or (N, C, L) input, got shape "
                          f"{tuple(xd.shape)}")

@@ -92,8 +92,8 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
                 padding: Any, dilation: IntOrPair, groups: int, spatial: int, op: str) -> Tensor:
     """torch's ``conv1d`` (``spatial=1``) / ``conv2d`` (``spatial=2``); unbatched input too."""
     x, weight, bias = autocast_inputs(op, x, weight, bias)
-    xd, wd = x.data, weight.data
-    bd = None if bias is None else bias.data
+    xd, wd = x.array, weight.array
+    bd = None if bias is None else bias.array
     unbatched = xd.ndim == spatial + 1
     if unbatched:
         xd = xd[None]
@@ -138,7 +138,7 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
         def cpu_backward(grad: Any) -> tuple:
             g4 = grad.reshape((n, out_channels) + out_hw)
             gx, gw = conv_cpu.backward(g4, x4, w4, geom, need_x, need_w)
-            grads = (None if gx is None else gx.reshape(x.data.shape),
+            grads = (None if gx is None else gx.reshape(x.array.shape),
                      None if gw is None else gw.reshape(wd.shape))
             if bias is None:
                 return grads
@@ -192,7 +192,7 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
         if need_w:
             gw = gw.reshape(wd.shape)
         if need_x:
-            gx = gx.reshape(x.data.shape)
+            gx = gx.reshape(x.array.shape)
         if bias is None:
             return gx, gw
         return gx, gw, (g3.sum(axis=(0, 2)) if need_b else None)

@@ -90,7 +90,7 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in operands)
-    arrays = [t.data for t in tensors]
+    arrays = [t.array for t in tensors]
     subs, output = _split(equation, [a.ndim for a in arrays])
     explicit = f"{','.join(subs)}->{output}"
     try:

@@ -15,12 +15,12 @@ _PY_SCALARS = (int, float, bool)
 def operand(value: Any, like: Tensor) -> Tuple[Any, Optional[Tensor]]:
     """(array or Python scalar, the Tensor it came from or None) for the other side of an op."""
     if isinstance(value, Tensor):
-        return value.data, value
+        return value.array, value
     if isinstance(value, _PY_SCALARS) or hasattr(value, "shape"):
         return value, None
-    array = xp_of(like.data).asarray(value)
-    if array.dtype.kind == "f" and like.data.dtype.kind == "f":
-        array = array.astype(like.data.dtype)
+    array = xp_of(like.array).asarray(value)
+    if array.dtype.kind == "f" and like.array.dtype.kind == "f":
+        array = array.astype(like.array.dtype)
     return array, None
 
 
@@ -39,7 +39,7 @@ def _binary(op: str, a: Tensor, b: Any, forward: Callable, grad_a: Callable,
     for both, "o" for the output; a write into any of them before the backward raises
     (``versions``)."""
     bd, bt = operand(b, a)
-    ad = a.data
+    ad = a.array
     try:
         out = forward(ad, bd)
     except ValueError:
@@ -72,7 +72,7 @@ def _saved_checks(saves: str, ad: Any, a: Tensor, b_needed: Optional[Tensor],
     if "a" in saves and a_needed is not None:
         checks.append((ad, a._vc, a._vc[0]))
     if ("b" in saves or "B" in saves) and b_needed is not None:
-        checks.append((b_needed.data, b_needed._vc, b_needed._vc[0]))
+        checks.append((b_needed.array, b_needed._vc, b_needed._vc[0]))
     if "o" in saves:
         checks.append((out, [0], 0))
     return tuple(checks)
@@ -147,7 +147,7 @@ def _unary(x: Tensor, out: Any, grad: Callable[[Any], Any], saves: str = "",
         return _constant(out)
     if not saves:
         return _node(out, (x,), lambda g: (grad(g),))
-    array, counter = (x.data, x._vc) if saves == "x" else (out, [0])
+    array, counter = (x.array, x._vc) if saves == "x" else (out, [0])
     version = counter[0]
 
     def backward(g: Any) -> tuple:
@@ -159,36 +159,36 @@ def _unary(x: Tensor, out: Any, grad: Callable[[Any], Any], saves: str = "",
 
 
 def neg(x: Tensor) -> Tensor:
-    return _unary(x, -x.data, lambda g: -g)
+    return _unary(x, -x.array, lambda g: -g)
 
 
 def exp(x: Tensor) -> Tensor:
-    out = xp_of(x.data).exp(x.data)
+    out = xp_of(x.array).exp(x.array)
     return _unary(x, out, lambda g: g * out, "o", "Exp")
 
 
 def log(x: Tensor) -> Tensor:
-    xd = x.data
+    xd = x.array
     return _unary(x, xp_of(xd).log(xd), lambda g: g / xd, "x", "Log")
 
 
 def tanh(x: Tensor) -> Tensor:
-    out = xp_of(x.data).tanh(x.data)
+    out = xp_of(x.array).tanh(x.array)
     return _unary(x, out, lambda g: g * (1 - out * out), "o", "Tanh")
 
 
 def sqrt(x: Tensor) -> Tensor:
-    out = xp_of(x.data).sqrt(x.data)
+    out = xp_of(x.array).sqrt(x.array)
     return _unary(x, out, lambda g: g * 0.5 / out, "o", "Sqrt")
 
 
 def relu(x: Tensor) -> Tensor:
-    out = xp_of(x.data).maximum(x.data, 0)
+    out = xp_of(x.array).maximum(x.array, 0)
     return _unary(x, out, lambda g: g * (out > 0), "o", "Relu")
 
 
 def sigmoid(x: Tensor) -> Tensor:
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     e = xp.exp(-xp.abs(xd))  # never overflows
     out = xp.where(xd >= 0, 1 / (1 + e), e / (1 + e))
@@ -196,7 +196,7 @@ def sigmoid(x: Tensor) -> Tensor:
 
 
 def abs(x: Tensor) -> Tensor:
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     return _unary(x, xp.abs(xd), lambda g: g * xp.sign(xd), "x", "Abs")
 
@@ -205,9 +205,9 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
     """Clamp into [min, max]; the gradient flows where the input was inside the range."""
     if min is None and max is None:
         raise ValueError("clip needs at least one of min and max")
-    xd = x.data
-    lo = min.data if isinstance(min, Tensor) else min
-    hi = max.data if isinstance(max, Tensor) else max
+    xd = x.array
+    lo = min.array if isinstance(min, Tensor) else min
+    hi = max.array if isinstance(max, Tensor) else max
     out = xp_of(xd).clip(xd, lo, hi)
 
     def grad(g: Any) -> Any:
@@ -225,9 +225,9 @@ def _compare(op: str, fn: Callable) -> Callable:
     def compare(a: Tensor, b: Any) -> Tensor:
         bd, _ = operand(b, a)
         try:
-            return _constant(fn(a.data, bd))
+            return _constant(fn(a.array, bd))
         except ValueError:
-            raise broadcast_error(op, a.data, bd) from None
+            raise broadcast_error(op, a.array, bd) from None
     compare.__name__ = op
     return compare
 
@@ -244,4 +244,4 @@ logical_xor = _compare("logical_xor", lambda x, y: x ^ y)
 
 
 def logical_not(x: Tensor) -> Tensor:
-    return _constant(~x.data)
+    return _constant(~x.array)

@@ -34,7 +34,7 @@ def reduction_axis(input: Tensor, dim: Any, op: str) -> int:
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
         raise TypeError(f"{op}() received an invalid combination of arguments: dim must be an "
                         f"int, got {type(dim).__name__} {dim!r}")
-    bound = builtins.max(input.data.ndim, 1)  # this module's `max` is torch's
+    bound = builtins.max(input.array.ndim, 1)  # this module's `max` is torch's
     if not -bound <= dim < bound:
         raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, "
                          f"{bound - 1}], but got {dim})")
@@ -49,13 +49,13 @@ def _nonempty_along(data: Any, axis: int, op: str) -> None:
 def _along_dim(input: Tensor, dim: Any, keepdim: bool, largest: bool) -> tuple:
     op = "max" if largest else "min"
     axis = reduction_axis(input, dim, op)
-    data = input.data if input.data.ndim else input.data.reshape(1)
+    data = input.array if input.array.ndim else input.array.reshape(1)
     xp = xp_of(data)
     _nonempty_along(data, axis, op)
     picked = (xp.argmax if largest else xp.argmin)(data, axis=axis, keepdims=True)
     values = xp.take_along_axis(data, picked, axis=axis)
-    shape, input_shape = values.shape, input.data.shape
-    keep = keepdim and input.data.ndim > 0
+    shape, input_shape = values.shape, input.array.shape
+    keep = keepdim and input.array.ndim > 0
     out_shape = shape if keep else shape[:axis] + shape[axis + 1:]
 
     def backward(g: Any) -> tuple:
@@ -89,7 +89,7 @@ def _elementwise(input: Tensor, other: Any, largest: bool) -> Tensor:
     op = "maximum" if largest else "minimum"
     if not isinstance(other, Tensor):
         raise TypeError(f"{op}(): other must be a Tensor, got {type(other).__name__}")
-    a, b = input.data, other.data
+    a, b = input.array, other.array
     xp = xp_of(a)
     dtype = _promoted(a, b)
     try:
@@ -144,7 +144,7 @@ def _extreme(input: Tensor, dim: Any, keepdim: Any, other: Any, axis: Any, keepd
         if keepdim is not _UNSET:
             raise TypeError(f"{op}() received an invalid combination of arguments: keepdim "
                             f"without dim")
-        if input.data.size == 0:
+        if input.array.size == 0:
             raise RuntimeError(f"{op}(): Expected reduction dim to be specified for "
                                f"input.numel() == 0. Specify the reduction dim with the 'dim' "
                                f"argument.")
@@ -170,7 +170,7 @@ def min(input: Tensor, dim: Any = _UNSET, keepdim: Any = _UNSET, *, other: Any =
 
 def _arg_extreme(input: Tensor, dim: Any, keepdim: bool, largest: bool) -> Tensor:
     op = "argmax" if largest else "argmin"
-    data = input.data
+    data = input.array
     if data.dtype.kind == "b":
         raise RuntimeError(f"{op}(): does not support bool input")
     xp = xp_of(data)

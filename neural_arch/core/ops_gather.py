@@ -25,7 +25,7 @@ def _axis(x: Any, dim: Any, op: str) -> int:
 
 
 def _checked_index(x: Any, axis: int, index: Any, op: str, other: Any = None) -> Any:
-    idx = index.data if isinstance(index, Tensor) else np.asarray(index)
+    idx = index.array if isinstance(index, Tensor) else np.asarray(index)
     if idx.dtype.kind not in "iu":
         raise RuntimeError(f"{op}: index must be an integer tensor, got dtype {idx.dtype}")
     if idx.ndim != x.ndim:
@@ -62,7 +62,7 @@ def _block(shape: Tuple[int, ...]) -> Tuple[slice, ...]:
 def gather(input: Tensor, dim: int, index: Any) -> Tensor:
     """``out[i][j] = input[index[i][j]][j]`` for ``dim=0`` (and likewise for other dims);
     ``out`` has ``index``'s shape. Repeated indices add their gradients."""
-    xd = input.data
+    xd = input.array
     axis = _axis(xd, dim, "gather")
     idx = _checked_index(xd, axis, index, "gather")
     places = _places(idx, axis)
@@ -79,19 +79,19 @@ def gather(input: Tensor, dim: int, index: Any) -> Tensor:
 def _source(input: Tensor, src: Any, op: str) -> Tuple[Any, Any]:
     """(src array, src Tensor or None); a number becomes a filled block (torch's ``value``)."""
     if isinstance(src, Tensor):
-        if src.data.dtype != input.data.dtype:
-            raise RuntimeError(f"{op}: expected src to have dtype {input.data.dtype} like the "
-                               f"input, got {src.data.dtype}")
-        if src.data.ndim != input.data.ndim:
-            raise RuntimeError(f"{op}: src has {src.data.ndim} dimensions (shape "
-                               f"{tuple(src.data.shape)}) but input has {input.data.ndim}")
-        return src.data, src
-    return xp_of(input.data).asarray(src, dtype=input.data.dtype), None
+        if src.array.dtype != input.array.dtype:
+            raise RuntimeError(f"{op}: expected src to have dtype {input.array.dtype} like the "
+                               f"input, got {src.array.dtype}")
+        if src.array.ndim != input.array.ndim:
+            raise RuntimeError(f"{op}: src has {src.array.ndim} dimensions (shape "
+                               f"{tuple(src.array.shape)}) but input has {input.array.ndim}")
+        return src.array, src
+    return xp_of(input.array).asarray(src, dtype=input.array.dtype), None
 
 
 def _scatter(input: Tensor, dim: int, index: Any, src: Any, op: str, accumulate: bool
              ) -> Tensor:
-    xd = input.data
+    xd = input.array
     axis = _axis(xd, dim, op)
     srcd, src_tensor = _source(input, src, op)
     idx = _checked_index(xd, axis, index, op, srcd if srcd.ndim else None)

@@ -12,9 +12,9 @@ from .tensor import Tensor, _constant, _node
 def index_put(x: Tensor, index: Any, value: Any) -> Tensor:
     """A copy of ``x`` with ``out[index] = value``: the gradient reaches ``x`` where it was not
     overwritten and ``value`` (summed over its broadcast) where it was."""
-    xd = x.data
+    xd = x.array
     vt = value if isinstance(value, Tensor) else None
-    vd = value.data if vt is not None else value
+    vd = value.array if vt is not None else value
     out = xd.copy()
     try:
         out[index] = vd

@@ -63,7 +63,7 @@ def matmul(a: Tensor, b: Any) -> Tensor:
     """``a @ b``; shape mismatches raise ValueError naming both shapes."""
     a, b = autocast_inputs("matmul", a, b)
     bd, bt = operand(b, a)
-    ad = a.data
+    ad = a.array
     out = _matmul_data(ad, bd)
     need_a = a.requires_grad
     need_b = bt is not None and bt.requires_grad

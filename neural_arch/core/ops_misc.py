@@ -12,7 +12,7 @@ from .tensor import Tensor, _constant, _node
 def astype(x: Tensor, dtype: Any) -> Tensor:
     """Cast to ``dtype``; the gradient is cast back. Casting to an integer cuts the graph."""
     wanted = resolve_dtype(dtype)
-    xd = x.data
+    xd = x.array
     if xd.dtype == wanted:
         return x
     out = xd.astype(wanted)
@@ -31,9 +31,9 @@ def to(x: Tensor, device: Any = None, dtype: Any = None) -> Tensor:
         target_kind, dtype = None, device
     out = x
     if target_kind is not None and target_kind != x.device:
-        source = backend_for(x.data)
+        source = backend_for(x.array)
         target = get_backend("numpy" if target_kind == "cpu" else "cupy")
-        moved = target.asarray(x.data)
+        moved = target.asarray(x.array)
         if x.requires_grad and GRAD_MODE.enabled:
             out = _node(moved, (x,), lambda g: (source.asarray(g),))
         else:
@@ -45,7 +45,7 @@ def to(x: Tensor, device: Any = None, dtype: Any = None) -> Tensor:
 
 def clone(x: Tensor) -> Tensor:
     """A copy of the data that stays in the graph (gradient passes through unchanged)."""
-    out = x.data.copy()
+    out = x.array.copy()
     if x.requires_grad and GRAD_MODE.enabled:
         return _node(out, (x,), lambda g: (g,))
     return _constant(out)

@@ -12,10 +12,10 @@ from .tensor import Tensor, make_result
 
 
 def _axis(x: Tensor, dim: Any, op: str) -> int:
-    ndim = max(x.data.ndim, 1)
+    ndim = max(x.array.ndim, 1)
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not -ndim <= dim < ndim:
         raise IndexError(f"{op}: dim {dim!r} is out of range for a tensor of shape "
-                         f"{tuple(x.data.shape)}")
+                         f"{tuple(x.array.shape)}")
     return int(dim) % ndim
 
 
@@ -27,7 +27,7 @@ def split(tensor: Tensor, split_size_or_sections: Any, dim: int = 0) -> Tuple[Te
     """Pieces of ``split_size_or_sections`` elements along ``dim`` (the last may be smaller),
     or of the listed sizes, which must add up to the dimension's size."""
     axis = _axis(tensor, dim, "split")
-    total = tensor.data.shape[axis]
+    total = tensor.array.shape[axis]
     if isinstance(split_size_or_sections, (list, tuple)):
         sizes = [int(n) for n in split_size_or_sections]
         if sum(sizes) != total or any(n < 0 for n in sizes):
@@ -50,7 +50,7 @@ def chunk(input: Tensor, chunks: int, dim: int = 0) -> Tuple[Tensor, ...]:
     """At most ``chunks`` pieces of ``ceil(size / chunks)`` elements along ``dim``."""
     if isinstance(chunks, bool) or int(chunks) <= 0:
         raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
-    total = input.data.shape[_axis(input, dim, "chunk")]
+    total = input.array.shape[_axis(input, dim, "chunk")]
     return split(input, max(-(-total // int(chunks)), 1), dim)
 
 
@@ -58,7 +58,7 @@ def unbind(input: Tensor, dim: int = 0) -> Tuple[Tensor, ...]:
     """The slices along ``dim``, each without that dimension."""
     axis = _axis(input, dim, "unbind")
     prefix = (slice(None),) * axis
-    return tuple(getitem(input, prefix + (i,)) for i in range(input.data.shape[axis]))
+    return tuple(getitem(input, prefix + (i,)) for i in range(input.array.shape[axis]))
 
 
 def repeat(input: Tensor, *sizes: Any) -> Tensor:
@@ -67,7 +67,7 @@ def repeat(input: Tensor, *sizes: Any) -> Tensor:
     if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
         sizes = tuple(sizes[0])
     times = tuple(int(n) for n in sizes)
-    xd = input.data
+    xd = input.array
     if len(times) < xd.ndim:
         raise RuntimeError(f"Number of dimensions of repeat dims ({len(times)}) can not be "
                            f"smaller than number of dimensions of tensor ({xd.ndim}, shape "
@@ -89,7 +89,7 @@ def repeat(input: Tensor, *sizes: Any) -> Tensor:
 
 def contiguous(input: Tensor) -> Tensor:
     """``input`` itself when its data is C-contiguous, else a contiguous copy in the graph."""
-    xd = input.data
+    xd = input.array
     if xd.flags.c_contiguous:
         return input
     return make_result(xp_of(xd).ascontiguousarray(xd), (input,), lambda g: (g,))

@@ -28,7 +28,7 @@ def pooled_size(size: int, kernel: int, stride: int, pad: int, dilation: int,
 
 
 def _as_batched(op: str, x: Tensor) -> Tuple[Any, bool]:
-    xd = x.data
+    xd = x.array
     if xd.ndim not in (3, 4):
         raise ValueError(f"{op}: expected a (N, C, H, W) or (C, H, W) input, got shape "
                          f"{tuple(xd.shape)}")
@@ -102,7 +102,7 @@ def max_pool2d(x: Tensor, kernel_size: IntOrPair, stride: Optional[IntOrPair] = 
             picks = (arg[..., None, None] == offsets) * g4[..., None, None]
             add_windows(gpad, picks, strides, dil)
             gx = gpad[:, :, pads[0]:pads[0] + x4.shape[2], pads[1]:pads[1] + x4.shape[3]]
-            return (gx.reshape(x.data.shape),)
+            return (gx.reshape(x.array.shape),)
 
         out_tensor = _node(result, (x,), backward)
     return (out_tensor, indices) if return_indices else out_tensor
@@ -151,7 +151,7 @@ def avg_pool2d(x: Tensor, kernel_size: IntOrPair, stride: Optional[IntOrPair] = 
         spread = xp.broadcast_to(g4[..., None, None], g4.shape + kernel)
         add_windows(gpad, spread, strides, dil)
         gx = gpad[:, :, pads[0]:pads[0] + x4.shape[2], pads[1]:pads[1] + x4.shape[3]]
-        return (gx.reshape(x.data.shape),)
+        return (gx.reshape(x.array.shape),)
 
     return _node(_finish(out, unbatched), (x,), backward)
 
@@ -179,7 +179,7 @@ def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
         raise ValueError(f"{op}: output_size must hold positive ints or None, got "
                          f"{output_size!r}")
     if min(x4.shape[2:]) < 1:
-        raise ValueError(f"{op}: input shape {tuple(x.data.shape)} has an empty spatial dim")
+        raise ValueError(f"{op}: input shape {tuple(x.array.shape)} has an empty spatial dim")
     xp = xp_of(x4)
     rows = _adaptive_matrix(xp, x4.shape[2], sizes[0], x4.dtype)
     cols = _adaptive_matrix(xp, x4.shape[3], sizes[1], x4.dtype)
@@ -189,6 +189,6 @@ def adaptive_avg_pool2d(x: Tensor, output_size: Any) -> Tensor:
 
     def backward(grad: Any) -> tuple:
         g4 = grad.reshape(out.shape)
-        return ((rows.T @ g4 @ cols).reshape(x.data.shape),)
+        return ((rows.T @ g4 @ cols).reshape(x.array.shape),)
 
     return _node(_finish(out, unbatched), (x,), backward)

@@ -54,26 +54,26 @@ def _count(shape: Tuple[int, ...], axes: Optional[Tuple[int, ...]]) -> int:
 
 
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None) -> Tensor:
-    axes = normalize_axes(_pick(axis, dim), x.data.ndim)
-    out = x.data.sum(axis=axes, keepdims=keepdims)
+    axes = normalize_axes(_pick(axis, dim), x.array.ndim)
+    out = x.array.sum(axis=axes, keepdims=keepdims)
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
-    shape = x.data.shape
+    shape = x.array.shape
     return _node(out, (x,), lambda g: (_restore(g, shape, axes, keepdims),))
 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None) -> Tensor:
-    axes = normalize_axes(_pick(axis, dim), x.data.ndim)
-    out = x.data.mean(axis=axes, keepdims=keepdims)
+    axes = normalize_axes(_pick(axis, dim), x.array.ndim)
+    out = x.array.mean(axis=axes, keepdims=keepdims)
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
-    shape = x.data.shape
+    shape = x.array.shape
     count = _count(shape, axes)
     return _node(out, (x,), lambda g: (_restore(g / count, shape, axes, keepdims),))
 
 
 def _extreme(x: Tensor, axis: Axis, keepdims: bool, dim: Axis, largest: bool) -> Tensor:
-    xd = x.data
+    xd = x.array
     axes = normalize_axes(_pick(axis, dim), xd.ndim)
     if axes is None:
         axes = tuple(range(xd.ndim))
@@ -117,10 +117,10 @@ def var(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None,
         correction = given[0]
     else:
         correction = 1
-    axes = normalize_axes(_pick(axis, dim), x.data.ndim)
+    axes = normalize_axes(_pick(axis, dim), x.array.ndim)
     centered = x - mean(x, axes, keepdims=True)
     total = sum(centered * centered, axes, keepdims=keepdims)
-    return total / (_count(x.data.shape, axes) - correction)
+    return total / (_count(x.array.shape, axes) - correction)
 
 
 def std(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None,
@@ -133,10 +133,10 @@ def std(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None,
 def argmax(x: Tensor, axis: Optional[int] = None, keepdims: bool = False,
            dim: Optional[int] = None) -> Tensor:
     axis = _pick(axis, dim)
-    return _constant(x.data.argmax(axis=axis, keepdims=keepdims))
+    return _constant(x.array.argmax(axis=axis, keepdims=keepdims))
 
 
 def argmin(x: Tensor, axis: Optional[int] = None, keepdims: bool = False,
            dim: Optional[int] = None) -> Tensor:
     axis = _pick(axis, dim)
-    return _constant(x.data.argmin(axis=axis, keepdims=keepdims))
+    return _constant(x.array.argmin(axis=axis, keepdims=keepdims))

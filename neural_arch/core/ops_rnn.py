@@ -68,9 +68,9 @@ def _steps(length: int, reverse: bool) -> range:
 
 def _project_input(x: Tensor, w_ih: Tensor, bias: Any) -> Tuple[Any, Any]:
     """(x as (T*B, I) rows, x @ w_ih.T + bias as (T, B, gates * H))."""
-    xd = x.data
+    xd = x.array
     rows = xd.reshape(-1, xd.shape[2])
-    projected = rows @ w_ih.data.T
+    projected = rows @ w_ih.array.T
     if bias is not None:
         projected += bias
     return rows, projected.reshape(xd.shape[0], xd.shape[1], -1)
@@ -82,7 +82,7 @@ def _weight_grads(x: Tensor, rows: Any, w_ih: Tensor, d_in: Any, d_rec: Any, h_p
     length, batch = d_in.shape[:2]
     d_in2 = d_in.reshape(length * batch, -1)
     d_rec2 = d_rec.reshape(length * batch, -1)
-    gx = (d_in2 @ w_ih.data).reshape(x.shape) if x.requires_grad else None
+    gx = (d_in2 @ w_ih.array).reshape(x.shape) if x.requires_grad else None
     g_wih = d_in2.T @ rows
     g_whh = d_rec2.T @ h_prev.reshape(length * batch, -1)
     g_bias = tuple(d.sum(axis=0) for b, d in zip(biases, (d_in2, d_rec2)) if b is not None)
@@ -95,8 +95,8 @@ def _parents(*tensors: Optional[Tensor]) -> Tuple[Tensor, ...]:
 
 def _summed_bias(b_ih: Optional[Tensor], b_hh: Optional[Tensor]) -> Any:
     if b_ih is None:
-        return None if b_hh is None else b_hh.data
-    return b_ih.data if b_hh is None else b_ih.data + b_hh.data
+        return None if b_hh is None else b_hh.array
+    return b_ih.array if b_hh is None else b_ih.array + b_hh.array
 
 
 def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
@@ -104,14 +104,14 @@ def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
                reverse: bool = False) -> Tensor:
     """One LSTM layer over x (T, B, I); returns (T + 1, B, H): the T outputs, then c_n."""
     length, batch, _, hidden = _check("lstm_layer", 4, x, (h0, c0), w_ih, w_hh, b_ih, b_hh)
-    xp, H = xp_of(x.data), hidden
+    xp, H = xp_of(x.array), hidden
     rows, gates_in = _project_input(x, w_ih, _summed_bias(b_ih, b_hh))
-    w_hh_t = w_hh.data.T
+    w_hh_t = w_hh.array.T
     acts = xp.empty_like(gates_in)
     tanh_c = xp.empty((length, batch, H), dtype=gates_in.dtype)
     h_prev, c_prev = xp.empty_like(tanh_c), xp.empty_like(tanh_c)
     out = xp.empty((length + 1, batch, H), dtype=gates_in.dtype)
-    h, c = h0.data, c0.data
+    h, c = h0.array, c0.array
     for t in _steps(length, reverse):
         h_prev[t], c_prev[t] = h, c
         a = acts[t]
@@ -138,7 +138,7 @@ def lstm_layer(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
             d[:, 2 * H:3 * H] = dc * i * (1 - gg * gg)
             d[:, 3 * H:] = dh * tc * o * (1 - o)
             dc = dc * f
-            dh = d @ w_hh.data
+            dh = d @ w_hh.array
         x_w = _weight_grads(x, rows, w_ih, d_gates, d_gates, h_prev, (b_ih, b_hh))
         return (x_w[0], dh, dc) + x_w[1:]
 
@@ -150,20 +150,20 @@ def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor,
               reverse: bool = False) -> Tensor:
     """One GRU layer over x (T, B, I); returns the hidden states (T, B, H)."""
     length, batch, _, hidden = _check("gru_layer", 3, x, (h0,), w_ih, w_hh, b_ih, b_hh)
-    xp, H = xp_of(x.data), hidden
+    xp, H = xp_of(x.array), hidden
     # b_hh stays out of the input projection: its n part is scaled by r
-    rows, gates_in = _project_input(x, w_ih, None if b_ih is None else b_ih.data)
-    w_hh_t = w_hh.data.T
+    rows, gates_in = _project_input(x, w_ih, None if b_ih is None else b_ih.array)
+    w_hh_t = w_hh.array.T
     rz = xp.empty((length, batch, 2 * H), dtype=gates_in.dtype)
     new, rec_new = xp.empty((2, length, batch, H), dtype=gates_in.dtype)
     h_prev = xp.empty_like(new)
     out = xp.empty_like(new)
-    h = h0.data
+    h = h0.array
     for t in _steps(length, reverse):
         h_prev[t] = h
         gates_h = h @ w_hh_t
         if b_hh is not None:
-            gates_h += b_hh.data
+            gates_h += b_hh.array
         rz[t] = _sigmoid(xp, gates_in[t, :, :2 * H] + gates_h[:, :2 * H])
         rec_new[t] = gates_h[:, 2 * H:]
         new[t] = xp.tanh(gates_in[t, :, 2 * H:] + rz[t, :, :H] * rec_new[t])
@@ -182,7 +182,7 @@ def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor,
             d_in[t, :, H:2 * H] = d_rec[t, :, H:2 * H] = dh * (h_prev[t] - n) * z * (1 - z)
             d_in[t, :, 2 * H:] = dn
             d_rec[t, :, 2 * H:] = dn * r
-            dh = dh * z + d_rec[t] @ w_hh.data
+            dh = dh * z + d_rec[t] @ w_hh.array
         x_w = _weight_grads(x, rows, w_ih, d_in, d_rec, h_prev, (b_ih, b_hh))
         return (x_w[0], dh) + x_w[1:]
 
@@ -197,12 +197,12 @@ def rnn_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor,
         raise ValueError(f"rnn_layer: unknown nonlinearity {nonlinearity!r} "
                          f"(expected 'tanh' or 'relu')")
     length, _, _, _ = _check("rnn_layer", 1, x, (h0,), w_ih, w_hh, b_ih, b_hh)
-    xp = xp_of(x.data)
+    xp = xp_of(x.array)
     rows, pre = _project_input(x, w_ih, _summed_bias(b_ih, b_hh))
-    w_hh_t = w_hh.data.T
+    w_hh_t = w_hh.array.T
     out = xp.empty_like(pre)
     h_prev = xp.empty_like(pre)
-    h = h0.data
+    h = h0.array
     for t in _steps(length, reverse):
         h_prev[t] = h
         total = pre[t] + h @ w_hh_t
@@ -216,7 +216,7 @@ def rnn_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor,
             dh = dh + g[t]
             local = 1 - out[t] * out[t] if nonlinearity == "tanh" else out[t] > 0
             d_pre[t] = dh * local
-            dh = d_pre[t] @ w_hh.data
+            dh = d_pre[t] @ w_hh.array
         x_w = _weight_grads(x, rows, w_ih, d_pre, d_pre, h_prev, (b_ih, b_hh))
         return (x_w[0], dh) + x_w[1:]
 

@@ -22,10 +22,10 @@ TopKResult = namedtuple("topk", ["values", "indices"])
 
 
 def _axis(x: Tensor, dim: int, op: str) -> int:
-    ndim = max(x.data.ndim, 1)
+    ndim = max(x.array.ndim, 1)
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not -ndim <= dim < ndim:
         raise IndexError(f"{op}: dim {dim!r} is out of range for a tensor of shape "
-                         f"{tuple(x.data.shape)}")
+                         f"{tuple(x.array.shape)}")
     return int(dim) % ndim
 
 
@@ -42,7 +42,7 @@ def _order(data: Any, axis: int, descending: bool) -> Any:
 
 def _gathered(x: Tensor, indices: Any, axis: int) -> Tensor:
     """``x``'s values at ``indices`` along ``axis``; the gradient goes back to those places."""
-    xd = x.data
+    xd = x.array
     xp = xp_of(xd)
     values = xp.take_along_axis(xd, indices, axis=axis)
     shape = xd.shape
@@ -57,7 +57,7 @@ def _gathered(x: Tensor, indices: Any, axis: int) -> Tensor:
 
 def _as_1d(x: Tensor) -> Tuple[Tensor, bool]:
     """Torch treats a 0-d tensor as one element along dim 0 or -1."""
-    return (ops_shape.reshape(x, (1,)), True) if x.data.ndim == 0 else (x, False)
+    return (ops_shape.reshape(x, (1,)), True) if x.array.ndim == 0 else (x, False)
 
 
 def sort(input: Tensor, dim: int = -1, descending: bool = False, *, stable: bool = False
@@ -65,7 +65,7 @@ def sort(input: Tensor, dim: int = -1, descending: bool = False, *, stable: bool
     """``(values, indices)`` of ``input`` sorted along ``dim``; ``values`` is differentiable."""
     x, scalar = _as_1d(input)
     axis = _axis(x, dim, "sort")
-    indices = _order(x.data, axis, descending).astype(np.int64)
+    indices = _order(x.array, axis, descending).astype(np.int64)
     values = _gathered(x, indices, axis)
     if scalar:
         return SortResult(ops_shape.reshape(values, ()), _constant(indices.reshape(())))
@@ -84,12 +84,12 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     among equal values the lower index comes first. Always returned sorted."""
     x, scalar = _as_1d(input)
     axis = _axis(x, dim, "topk")
-    size = x.data.shape[axis]
+    size = x.array.shape[axis]
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= size:
         raise RuntimeError(f"topk: k={k!r} is out of range for dimension {dim} of size {size} "
-                           f"(shape {tuple(input.data.shape)})")
-    order = _order(x.data, axis, descending=largest)
-    picked = [slice(None)] * x.data.ndim
+                           f"(shape {tuple(input.array.shape)})")
+    order = _order(x.array, axis, descending=largest)
+    picked = [slice(None)] * x.array.ndim
     picked[axis] = slice(0, int(k))
     indices = order[tuple(picked)].astype(np.int64)
     values = _gathered(x, indices, axis)
@@ -103,7 +103,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:
     (broadcast, differentiable in both). ``where(condition)``: a tuple of int64 index tensors,
     one per dimension, of the non-zero elements (``nonzero(as_tuple=True)``)."""
     if input is None and other is None:
-        cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+        cond = condition.array if isinstance(condition, Tensor) else np.asarray(condition)
         return tuple(_constant(i.astype(np.int64)) for i in xp_of(cond).nonzero(cond))
     if input is None or other is None:
         raise TypeError("where() takes either (condition) or (condition, input, other)")
@@ -111,7 +111,7 @@ def where(condition: Any, input: Any = None, other: Any = None) -> Any:
 
 
 def _triangle(input: Tensor, diagonal: int, op: str, keep_lower: bool) -> Tensor:
-    xd = input.data
+    xd = input.array
     if xd.ndim < 2:
         raise RuntimeError(f"{op}: input tensor must have at least 2 dimensions, got shape "
                            f"{tuple(xd.shape)}")

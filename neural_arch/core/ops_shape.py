@@ -27,8 +27,8 @@ def _unary(x: Tensor, out: Any, grad: Any) -> Tensor:
 
 def _counted_as_view(result: Tensor, x: Tensor) -> Tensor:
     """A result over ``x``'s memory (NumPy gave a view) shares ``x``'s version counter."""
-    out = result.data
-    if out.base is not None and xp_of(out).may_share_memory(out, x.data):
+    out = result.array
+    if out.base is not None and xp_of(out).may_share_memory(out, x.array):
         share_counter(result, x)
     return result
 
@@ -36,23 +36,23 @@ def _counted_as_view(result: Tensor, x: Tensor) -> Tensor:
 def reshape(x: Tensor, *shape: Any) -> Tensor:
     """Reshape to ``shape`` (a tuple or several ints; one entry may be -1)."""
     shape = _shape_args(shape)
-    in_shape = x.data.shape
+    in_shape = x.array.shape
     try:
-        out = x.data.reshape(shape)
+        out = x.array.reshape(shape)
     except ValueError:
-        raise ValueError(f"cannot reshape tensor of shape {in_shape} (size {x.data.size}) "
+        raise ValueError(f"cannot reshape tensor of shape {in_shape} (size {x.array.size}) "
                          f"into shape {shape}") from None
     return _unary(x, out, lambda g: g.reshape(in_shape))
 
 
 def _permute(x: Tensor, perm: Tuple[int, ...]) -> Tensor:
-    ndim = x.data.ndim
+    ndim = x.array.ndim
     if sorted(p % ndim for p in perm) != list(range(ndim)) or len(perm) != ndim:
         raise ValueError(f"axes {perm} are not a permutation of the {ndim} dimensions of a "
-                         f"tensor of shape {x.data.shape}")
+                         f"tensor of shape {x.array.shape}")
     perm = tuple(p % ndim for p in perm)
     inverse = tuple(sorted(range(ndim), key=perm.__getitem__))
-    return _unary(x, x.data.transpose(perm), lambda g: g.transpose(inverse))
+    return _unary(x, x.array.transpose(perm), lambda g: g.transpose(inverse))
 
 
 def permute(x: Tensor, *dims: Any) -> Tensor:
@@ -63,14 +63,14 @@ def permute(x: Tensor, *dims: Any) -> Tensor:
 def transpose(x: Tensor, *axes: Any) -> Tensor:
     """No arguments: reverse the axes. Two axes: swap them (PyTorch). Otherwise a permutation."""
     axes = _shape_args(axes) if axes else ()
-    ndim = x.data.ndim
+    ndim = x.array.ndim
     if not axes:
         return _permute(x, tuple(reversed(range(ndim))))
     if len(axes) == 2:
         first, second = axes
         for a in axes:
             if not -ndim <= a < ndim:
-                raise ValueError(f"axis {a} is out of range for shape {x.data.shape}")
+                raise ValueError(f"axis {a} is out of range for shape {x.array.shape}")
         perm = list(range(ndim))
         perm[first], perm[second] = perm[second], perm[first]
         return _permute(x, tuple(perm))
@@ -83,17 +83,17 @@ def swapaxes(x: Tensor, axis1: int, axis2: int) -> Tensor:
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
     """Insert a size-1 dimension at ``dim`` (``-ndim-1 <= dim <= ndim``)."""
-    ndim = x.data.ndim
+    ndim = x.array.ndim
     if not -ndim - 1 <= dim <= ndim:
-        raise ValueError(f"unsqueeze dim {dim} is out of range for shape {x.data.shape}")
-    in_shape = x.data.shape
-    out = xp_of(x.data).expand_dims(x.data, dim % (ndim + 1))
+        raise ValueError(f"unsqueeze dim {dim} is out of range for shape {x.array.shape}")
+    in_shape = x.array.shape
+    out = xp_of(x.array).expand_dims(x.array, dim % (ndim + 1))
     return _unary(x, out, lambda g: g.reshape(in_shape))
 
 
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     """Drop size-1 dimensions (all, or only ``dim``; a ``dim`` of size > 1 is left alone)."""
-    shape = x.data.shape
+    shape = x.array.shape
     if dim is None:
         dims = tuple(i for i, n in enumerate(shape) if n == 1)
     else:
@@ -102,21 +102,21 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
             if not -len(shape) <= d < max(len(shape), 1):
                 raise ValueError(f"squeeze dim {d} is out of range for shape {shape}")
         dims = tuple(d % len(shape) for d in requested if shape[d] == 1) if shape else ()
-    out = x.data.reshape(tuple(n for i, n in enumerate(shape) if i not in dims))
+    out = x.array.reshape(tuple(n for i, n in enumerate(shape) if i not in dims))
     return _unary(x, out, lambda g: g.reshape(shape))
 
 
 def expand(x: Tensor, *shape: Any) -> Tensor:
     """Broadcast to ``shape`` without copying; -1 keeps a dimension's size."""
     shape = _shape_args(shape)
-    in_shape = x.data.shape
+    in_shape = x.array.shape
     offset = len(shape) - len(in_shape)
     if offset < 0:
         raise ValueError(f"cannot expand shape {in_shape} to fewer dimensions {shape}")
     target = tuple(in_shape[i - offset] if n == -1 and i >= offset else n
                    for i, n in enumerate(shape))
     try:
-        out = xp_of(x.data).broadcast_to(x.data, target)
+        out = xp_of(x.array).broadcast_to(x.array, target)
     except ValueError:
         raise ValueError(f"cannot expand shape {in_shape} to shape {target}") from None
     return _unary(x, out, lambda g: unbroadcast(g, in_shape))
@@ -124,7 +124,7 @@ def expand(x: Tensor, *shape: Any) -> Tensor:
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     """Merge dimensions ``start_dim..end_dim`` (inclusive) into one."""
-    shape = x.data.shape
+    shape = x.array.shape
     if not shape:
         return reshape(x, (1,))
     start, end = start_dim % len(shape), end_dim % len(shape)
@@ -139,9 +139,9 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def _plain_index(index: Any) -> Any:
     if isinstance(index, Tensor):
-        return index.data
+        return index.array
     if isinstance(index, tuple):
-        return tuple(i.data if isinstance(i, Tensor) else i for i in index)
+        return tuple(i.array if isinstance(i, Tensor) else i for i in index)
     return index
 
 
@@ -174,7 +174,7 @@ def index_add(xp: Any, target: Any, index: Any, values: Any) -> None:
 def getitem(x: Tensor, index: Any) -> Tensor:
     """Indexing as in NumPy; repeated integer indices accumulate their gradients."""
     index = _plain_index(index)
-    xd = x.data
+    xd = x.array
     out = xd[index]
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _counted_as_view(_constant(out), x)
@@ -201,8 +201,8 @@ def _as_tensors(tensors: Sequence[Any], op: str) -> list:
 
 def _join(tensors: Sequence[Any], axis: int, op: str, stacked: bool) -> Tensor:
     parts = _as_tensors(tensors, op)
-    xp = xp_of(parts[0].data)
-    arrays = [t.data for t in parts]
+    xp = xp_of(parts[0].array)
+    arrays = [t.array for t in parts]
     try:
         out = xp.stack(arrays, axis=axis) if stacked else xp.concatenate(arrays, axis=axis)
     except ValueError as exc:
@@ -242,11 +242,11 @@ def stack(tensors: Sequence[Any], axis: int = 0, dim: Any = None) -> Tensor:
 
 def where(condition: Any, a: Any, b: Any) -> Tensor:
     """Elements of ``a`` where ``condition`` holds, else of ``b`` (either may be a scalar)."""
-    cond = condition.data if isinstance(condition, Tensor) else condition
+    cond = condition.array if isinstance(condition, Tensor) else condition
     like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else Tensor(0.0)
     ad, at = operand(a, like)
     bd, bt = operand(b, like)
-    xp = xp_of(like.data)
+    xp = xp_of(like.array)
     try:
         out = xp.where(cond, ad, bd)
     except ValueError:
@@ -271,9 +271,9 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
 
 def masked_fill(x: Tensor, mask: Any, value: Any) -> Tensor:
     """``x`` with ``value`` written where ``mask`` is True (no gradient flows there)."""
-    maskd = mask.data if isinstance(mask, Tensor) else mask
-    fill = value.data if isinstance(value, Tensor) else value
-    xd = x.data
+    maskd = mask.array if isinstance(mask, Tensor) else mask
+    fill = value.array if isinstance(value, Tensor) else value
+    xd = x.array
     xp = xp_of(xd)
     try:
         out = xp.where(maskd, xp.asarray(fill, dtype=xd.dtype), xd)

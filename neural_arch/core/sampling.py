@@ -34,7 +34,7 @@ def rand(*size: Any, generator: Any = None, dtype: Any = None, device: Any = Non
 
 def _like(input: Any, dtype: Any, op: str) -> tuple:
     """(shape, floating dtype, device) of a ``*_like`` result."""
-    data = input.data if isinstance(input, Tensor) else np.asarray(input)
+    data = input.array if isinstance(input, Tensor) else np.asarray(input)
     wanted = resolve_dtype(dtype) if dtype is not None else data.dtype
     if not is_floating(wanted):
         raise TypeError(f"{op} needs a floating dtype, got {wanted}")

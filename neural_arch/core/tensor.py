@@ -39,7 +39,7 @@ def _to_array(data: Any, dtype: Any, device: Any) -> Any:
     if type(data) is _NDARRAY:  # the common case first
         array = data
     elif isinstance(data, Tensor):
-        array, placed = data.data, True
+        array, placed = data.array, True
     elif isinstance(data, _NUMPY.array_types):  # NumPy scalars and ndarray subclasses
         array = _as_numpy(data)
     elif hasattr(data, "__cuda_array_interface__"):
@@ -88,14 +88,14 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
     further methods, such as ``size()``, ``backward()`` and the in-place ``add_``, come from the
     three bases). ``_vc`` is the version counter (``versions``), shared by aliases."""
 
-    __slots__ = ("data", "grad", "requires_grad", "_parents", "_backward", "_meta", "_vc",
+    __slots__ = ("array", "grad", "requires_grad", "_parents", "_backward", "_meta", "_vc",
                  "_seq", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer `array op tensor` to the reflected Tensor method
     __hash__ = object.__hash__
 
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None,
                  device: Optional[str] = None, name: Optional[str] = None) -> None:
-        self.data = _to_array(data, dtype, device)
+        self.array = _to_array(data, dtype, device)
         self.grad = None
         self._parents: Tuple["Tensor", ...] = ()
         self._backward: Optional[Callable] = None
@@ -108,19 +108,19 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
     # ----------------------------------------------------------------- attributes
     @property
     def shape(self) -> Tuple[int, ...]:
-        return self.data.shape
+        return self.array.shape
 
     @property
     def dtype(self) -> Any:
-        return self.data.dtype
+        return self.array.dtype
 
     @property
     def ndim(self) -> int:
-        return self.data.ndim
+        return self.array.ndim
 
     @property
     def device(self) -> str:
-        return "cpu" if isinstance(self.data, _NUMPY.array_types) else "cuda"
+        return "cpu" if isinstance(self.array, _NUMPY.array_types) else "cuda"
 
     @property
     def name(self) -> Optional[str]:
@@ -136,9 +136,9 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
         return self._meta
 
     def __len__(self) -> int:
-        if self.data.ndim == 0:
+        if self.array.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
-        return self.data.shape[0]
+        return self.array.shape[0]
 
     def __repr__(self) -> str:
         body = repr(_as_numpy(self.numpy())).replace("array(", "tensor(", 1)
@@ -155,13 +155,13 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
 
     # ----------------------------------------------------------------- conversions
     def item(self) -> Any:
-        if self.data.size != 1:
+        if self.array.size != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return self.data.item()
+        return self.array.item()
 
     def numpy(self) -> Any:
         """The data as a NumPy array (shared with the tensor on the CPU)."""
-        return backend_for(self.data).to_numpy(self.data)
+        return backend_for(self.array).to_numpy(self.array)
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
@@ -171,9 +171,9 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
         return array if dtype is None else array.astype(dtype)
 
     def __bool__(self) -> bool:
-        if self.data.size != 1:
+        if self.array.size != 1:
             raise ValueError(f"the truth value of a tensor of shape {self.shape} is ambiguous")
-        return bool(self.data)
+        return bool(self.array)
 
     def __float__(self) -> float:
         return float(self.item())
@@ -182,7 +182,7 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
         return int(self.item())
 
     def __index__(self) -> int:
-        if self.data.dtype.kind not in "iu":
+        if self.array.dtype.kind not in "iu":
             raise TypeError(f"only integer tensors can be used as an index, got {self.dtype}")
         return int(self.item())
 
@@ -240,7 +240,7 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
 def _constant(data: Any) -> Tensor:
     """Wrap an op result that records no graph."""
     out = Tensor.__new__(Tensor)
-    out.data = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
+    out.array = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
     out.grad = None
     out.requires_grad = False
     out._parents = ()
@@ -255,7 +255,7 @@ def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable,
     """Wrap an op result that records ``parents`` and its ``backward`` closure
     (``version_counter``: the one the closure checks, when it saves this output)."""
     out = Tensor.__new__(Tensor)
-    out.data = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
+    out.array = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
     out.grad = None
     out.requires_grad = True
     out._parents = parents

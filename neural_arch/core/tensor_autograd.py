@@ -23,7 +23,7 @@ def _tensor_module() -> Any:
 
 
 class AutogradMethods:
-    """Mixed into ``Tensor``; relies on its slots (``data``, ``requires_grad``, ``_parents``,
+    """Mixed into ``Tensor``; relies on its slots (``array``, ``requires_grad``, ``_parents``,
     ``_backward``, ``_meta``, ``_vc``) and on ``tensor_inplace``'s recording helpers."""
 
     __slots__ = ()
@@ -31,6 +31,12 @@ class AutogradMethods:
     @property
     def is_leaf(self) -> bool:
         return self._backward is None
+
+    @property
+    def grad_fn(self) -> Optional[Callable]:
+        """None on a leaf (torch's test ``x.grad_fn is None``); otherwise the recorded backward
+        closure (torch gives a graph node object; only its presence is the same here)."""
+        return self._backward
 
     @property
     def _version(self) -> int:
@@ -42,12 +48,28 @@ class AutogradMethods:
 
     def detach(self) -> Any:
         """A tensor sharing this data and its version counter, cut from the graph."""
-        out = _tensor_module()._constant(self.data)
+        out = _tensor_module()._constant(self.array)
         out._vc = self._vc
         return out
 
+    @property
+    def data(self) -> Any:
+        """torch's ``.data``: a tensor sharing this storage, cut from the graph, with a version
+        counter of its own, so in-place writes through it are not seen by autograd (as in
+        torch). The raw NumPy or CuPy array is ``.array``."""
+        return _tensor_module()._constant(self.array)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        # torch rebinds the storage (shape and dtype may change); a raw array is taken as well.
+        if isinstance(value, _tensor_module().Tensor):
+            value = value.array
+        elif not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"data must be a Tensor or an array, got {type(value).__name__}")
+        self.array = value
+
     def requires_grad_(self, flag: bool = True) -> Any:
-        if flag and not is_floating(self.data.dtype):
+        if flag and not is_floating(self.array.dtype):
             raise TypeError(f"only floating tensors can require grad, got dtype {self.dtype}")
         if not flag and not self.is_leaf:
             raise RuntimeError("requires_grad_(False) is only allowed on leaf tensors; "
@@ -96,12 +118,12 @@ class AutogradMethods:
     def __setitem__(self, index: Any, value: Any) -> None:
         tensor = _tensor_module().Tensor
         if isinstance(index, tensor):
-            index = index.data
+            index = index.array
         elif isinstance(index, tuple):
-            index = tuple(i.data if isinstance(i, tensor) else i for i in index)
+            index = tuple(i.array if isinstance(i, tensor) else i for i in index)
         if GRAD_MODE.enabled and self._records("__setitem__", value):
             from .ops_index_put import index_put
             self._record(lambda old, v: index_put(old, index, v), value)
             return
-        self.data[index] = value.data if isinstance(value, tensor) else value
+        self.array[index] = value.array if isinstance(value, tensor) else value
         self._vc[0] += 1

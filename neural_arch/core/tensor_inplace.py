@@ -1,7 +1,7 @@
 """torch's in-place methods for ``Tensor``: ``zero_``, ``fill_``, ``normal_``, ``uniform_``,
 ``copy_``, ``add_``, ``sub_``, ``mul_``, ``div_``, ``clamp_``, ``masked_fill_``.
 
-Each writes into ``.data``, adds one to the tensor's version counter and returns the tensor.
+Each writes into ``.array``, adds one to the tensor's version counter and returns the tensor.
 The autograd rules are torch's: while gradients are recorded, an in-place op on a leaf that
 requires grad (or a view of one) raises; on any other tensor, when it or an argument requires
 grad, the op is recorded: the out-of-place form is computed from a stand-in for the old value,
@@ -31,7 +31,7 @@ def _needs_grad(value: Any) -> bool:
 
 
 def _value(other: Any) -> Any:
-    return other.data if isinstance(other, _tensor_type()) else other
+    return other.array if isinstance(other, _tensor_type()) else other
 
 
 class InPlaceMethods:
@@ -67,11 +67,11 @@ class InPlaceMethods:
         from .inplace_graph import rebase, stand_in
         old = stand_in(self, keep_values)
         result = compute(old, *(old if o is self else o for o in others))
-        xd = self.data
-        if tuple(result.data.shape) != tuple(xd.shape):
+        xd = self.array
+        if tuple(result.array.shape) != tuple(xd.shape):
             raise RuntimeError(f"output with shape {list(xd.shape)} doesn't match the broadcast "
-                               f"shape {list(result.data.shape)}")
-        xp_of(xd).copyto(xd, result.data, casting="unsafe")
+                               f"shape {list(result.array.shape)}")
+        xp_of(xd).copyto(xd, result.array, casting="unsafe")
         self._vc[0] += 1
         rebase(self, old, result)
         return self
@@ -79,7 +79,7 @@ class InPlaceMethods:
     def _check_inplace(self, op: str, *others: Any) -> Any:
         """The data to write into, once the write is known not to need recording."""
         self._vc[0] += 1
-        return self.data
+        return self.array
 
     def _apply_ufunc(self, op: str, ufunc_name: str, other: Any) -> Any:
         xd = self._check_inplace(op, other)
@@ -152,9 +152,9 @@ class InPlaceMethods:
         return self
 
     def fill_(self, value: Any) -> Any:
-        if isinstance(value, _tensor_type()) and value.data.ndim:
+        if isinstance(value, _tensor_type()) and value.array.ndim:
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
-                               f"with {value.data.ndim} dimensions")
+                               f"with {value.array.ndim} dimensions")
         if self._records("fill_", value):
             if isinstance(value, _tensor_type()):
                 return self._record(lambda old, v: old.masked_fill(True, 0) + v, value)
@@ -167,7 +167,7 @@ class InPlaceMethods:
         if self._records("copy_", src):
             if isinstance(src, _tensor_type()):
                 return self._record(lambda old, s: old.masked_fill(True, 0) + s, src)
-            return self._record(lambda old: old.masked_fill(True, backend_for(old.data)
+            return self._record(lambda old: old.masked_fill(True, backend_for(old.array)
                                                             .asarray(src)))
         xd = self._check_inplace("copy_", src)
         values = backend_for(xd).asarray(_value(src))
@@ -196,7 +196,7 @@ class InPlaceMethods:
         return self
 
     def _fill_random(self, op: str, draw: Any, generator: Any) -> Any:
-        xd = self.data
+        xd = self.array
         if not is_floating(xd.dtype):
             raise RuntimeError(f"{op} expects a floating point tensor, got dtype {xd.dtype}")
         recorded = self._records(op)

@@ -30,7 +30,7 @@ class TorchTensorMethods:
     # ----------------------------------------------------------------- sizes
     def size(self, dim: Any = None) -> Any:
         """The shape as a ``Size``, or the length of dimension ``dim`` as an int."""
-        shape = self.data.shape
+        shape = self.array.shape
         if dim is None:
             return Size(shape)
         ndim = max(len(shape), 1)
@@ -41,26 +41,26 @@ class TorchTensorMethods:
 
     def numel(self) -> int:
         """The number of elements."""
-        return int(self.data.size)
+        return int(self.array.size)
 
     nelement = numel
 
     def dim(self) -> int:
-        return self.data.ndim
+        return self.array.ndim
 
     def element_size(self) -> int:
         """Bytes per element."""
-        return self.data.dtype.itemsize
+        return self.array.dtype.itemsize
 
     def is_contiguous(self) -> bool:
-        return bool(self.data.flags.c_contiguous)
+        return bool(self.array.flags.c_contiguous)
 
     def view(self, *shape: Any) -> Any:
         """The same data seen with ``shape`` (one entry may be -1), sharing memory and the
         version counter. Data that no such view can show (a transposed matrix flattened)
         raises RuntimeError, as torch's ``view``; ``reshape`` copies there."""
         out = self.reshape(*shape)
-        xd, od = self.data, out.data
+        xd, od = self.array, out.array
         if od.size and not (od.base is not None and xp_of(xd).may_share_memory(od, xd)):
             raise RuntimeError(
                 f"view size is not compatible with input tensor's size and stride (at least "
@@ -71,10 +71,10 @@ class TorchTensorMethods:
 
     def t(self) -> Any:
         """The transpose of a 2-D tensor; 0-D and 1-D tensors come back as they are."""
-        if self.data.ndim > 2:
+        if self.array.ndim > 2:
             raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is "
-                               f"{self.data.ndim}D")
-        return self.transpose(0, 1) if self.data.ndim == 2 else self
+                               f"{self.array.ndim}D")
+        return self.transpose(0, 1) if self.array.ndim == 2 else self
 
     # ----------------------------------------------------------------- conversions
     def to(self, *args: Any, **kwargs: Any) -> Any:

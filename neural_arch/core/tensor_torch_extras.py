@@ -36,7 +36,7 @@ def narrow(input: Any, dim: int, start: Any, length: int) -> Any:
     """``input`` along ``dim`` from ``start`` (negative counts from the end; an integer 0-d
     tensor is taken) for ``length`` elements: a view sharing memory and the version counter,
     whose gradient flows back to those places."""
-    ndim = input.data.ndim
+    ndim = input.array.ndim
     if ndim == 0:
         raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
     axis = _ops().reduction_axis(input, dim, "narrow")
@@ -46,7 +46,7 @@ def narrow(input: Any, dim: int, start: Any, length: int) -> Any:
     except TypeError:
         raise TypeError(f"narrow() takes (int dim, int start, int length), got start "
                         f"{start!r} and length {length!r}") from None
-    size = input.data.shape[axis]
+    size = input.array.shape[axis]
     if not -size <= start <= size:
         raise IndexError(f"start out of range (expected to be in range of [{-size}, {size}], "
                          f"but got {start})")
@@ -110,8 +110,8 @@ class TorchExtraMethods:
 
     # ----------------------------------------------------------------- new tensors like self
     def _new(self, make: Any, dtype: Any, device: Any, requires_grad: bool) -> Any:
-        dtype = self.data.dtype if dtype is None else resolve_dtype(dtype)
-        array = make(xp_of(self.data), dtype)
+        dtype = self.array.dtype if dtype is None else resolve_dtype(dtype)
+        array = make(xp_of(self.array), dtype)
         return _plain_tensor(array, requires_grad, self.device if device is None else device)
 
     def new_zeros(self, *size: Any, dtype: Any = None, device: Any = None,
@@ -155,7 +155,7 @@ class TorchExtraMethods:
                           "sourceTensor.detach().clone() or sourceTensor.detach().clone()"
                           ".requires_grad_(True), rather than tensor.new_tensor(sourceTensor).",
                           UserWarning, stacklevel=2)
-            data = data.numpy() if self.device == "cpu" else data.data  # copied below
+            data = data.numpy() if self.device == "cpu" else data.array  # copied below
         return self._new(lambda xp, dt: xp.array(data, dtype=dt, copy=True), dtype, device,
                          requires_grad)
 

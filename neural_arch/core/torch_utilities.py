@@ -12,7 +12,7 @@ from .tensor import Tensor
 
 def numel(input: Any) -> int:
     """The number of elements of ``input``."""
-    return int(input.data.size if isinstance(input, Tensor) else np.size(input))
+    return int(input.array.size if isinstance(input, Tensor) else np.size(input))
 
 
 def allclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08,

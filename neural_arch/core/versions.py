@@ -32,7 +32,7 @@ def modified_error(op: str, array: Any, counter: List[int], expected: int) -> Ru
 def saved_entry(tensor: Any) -> tuple:
     """What an op records when it saves ``tensor``: (array, counter, version now)."""
     counter = tensor._vc
-    return tensor.data, counter, counter[0]
+    return tensor.array, counter, counter[0]
 
 
 def check_saved(op: str, entries: tuple) -> None:

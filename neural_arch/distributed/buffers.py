@@ -87,13 +87,13 @@ def copy_from_host(host: np.ndarray, like: Any, out: Optional[Any] = None) -> An
 
 
 def array_of(tensor: Any, what: str = "tensor") -> np.ndarray:
-    """The NumPy array behind a ``Tensor`` (its ``.data``) or an array; TypeError otherwise.
+    """The NumPy array behind a ``Tensor`` (its ``.array``) or an array; TypeError otherwise.
     CuPy arrays (bare or in a Tensor) come back as a ``HostStaged`` host copy."""
     if type(tensor) is np.ndarray:  # the common case, checked first: it runs on every call
         return tensor
     if _on_device(tensor):
         return stage_on_host(tensor)
-    data = tensor if isinstance(tensor, np.ndarray) else getattr(tensor, "data", None)
+    data = tensor if isinstance(tensor, np.ndarray) else getattr(tensor, "array", None)
     if _on_device(data):
         return stage_on_host(data)
     if not isinstance(data, np.ndarray):
@@ -156,7 +156,7 @@ def wrap_like(template: Any, arr: np.ndarray) -> Any:
         return arr
     if _on_device(template):
         return __import__("cupy").asarray(arr)
-    if _on_device(getattr(template, "data", None)):
+    if _on_device(getattr(template, "array", None)):
         return type(template)(__import__("cupy").asarray(arr))
     return type(template)(arr)
 

@@ -12,7 +12,7 @@ from .group import resolve_group
 def check_replicas_agree(module: Any, group: Any, owner: str) -> None:
     """ValueError unless every rank's ``module`` has the same parameter names, shapes and
     dtypes; the message names the first difference and the rank that has it."""
-    mine = [(n, tuple(p.data.shape), str(p.data.dtype)) for n, p in module.named_parameters()]
+    mine = [(n, tuple(p.array.shape), str(p.array.dtype)) for n, p in module.named_parameters()]
     everyone = collectives.all_gather_object(mine, group=group)
     for rank, theirs in enumerate(everyone):
         if theirs == everyone[0]:
@@ -32,6 +32,6 @@ def broadcast_module_state(module: Any, group: Any, buffers: bool = True) -> Non
     if buffers and hasattr(module, "named_buffers"):
         tensors += [b for _, b in module.named_buffers()]
     for t in tensors:
-        data = t.data if isinstance(t, Tensor) else t  # an array's .data is a memoryview
+        data = t.array if isinstance(t, Tensor) else t  # an array's .array is a memoryview
         if getattr(data, "size", 0):  # NumPy, or CuPy (staged through the host)
             collectives.broadcast(data, src=source, group=group)

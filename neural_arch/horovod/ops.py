@@ -25,7 +25,7 @@ from .handles import Handle
 
 def _array(tensor: Any, what: str) -> np.ndarray:
     basics._layout()  # "not initialized" comes first, as in Horovod
-    arr = tensor.data if isinstance(tensor, Tensor) else tensor
+    arr = tensor.array if isinstance(tensor, Tensor) else tensor
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"hvd.{what} needs a NumPy array or a neural_arch Tensor holding one, "
                         f"got {type(tensor).__name__}")
@@ -35,7 +35,7 @@ def _array(tensor: Any, what: str) -> np.ndarray:
 
 def _result(tensor: Any, out: np.ndarray, inplace: bool) -> Any:
     if inplace:
-        (tensor.data if isinstance(tensor, Tensor) else tensor)[...] = out
+        (tensor.array if isinstance(tensor, Tensor) else tensor)[...] = out
         return tensor
     return Tensor(out) if isinstance(tensor, Tensor) else out
 

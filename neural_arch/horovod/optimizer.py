@@ -114,7 +114,7 @@ class _DistributedMixin:
             self._hvd_round = rounds.start_round(rounds.STEP, count=len(self._hvd_order),
                                                  optimizer=self._hvd_id,
                                                  names=self._hvd_names_code)
-        data = param.data
+        data = param.array
         grad = param.grad if param.grad is not None else np.zeros_like(data)
         grad = np.asarray(grad, dtype=data.dtype)
         _, finish = ops.start_allreduce(grad, self._hvd_op, self._hvd_compression,
@@ -186,7 +186,7 @@ class _DistributedMixin:
         """A joined rank's part of a step: zeros for every gradient, in the launch order."""
         wire = self._hvd_compression.wire_dtype
         for param in self._hvd_order:
-            dist.all_reduce(np.zeros(param.data.size, dtype=wire(param.data.dtype)))
+            dist.all_reduce(np.zeros(param.array.size, dtype=wire(param.array.dtype)))
 
 
 def _hook(ref):

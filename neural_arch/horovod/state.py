@@ -80,7 +80,7 @@ def _named_tensors(params: Any) -> list:
                  for i, p in enumerate(pairs)]
     out = []
     for name, value in pairs:
-        arr = value.data if isinstance(value, Tensor) else value
+        arr = value.array if isinstance(value, Tensor) else value
         if not isinstance(arr, np.ndarray):
             raise TypeError(f"hvd.broadcast_parameters: {name!r} is a {type(value).__name__}, "
                             "not a Tensor or NumPy array")

@@ -62,7 +62,7 @@ class Block(Module):
 def _token_array(tokens: Any) -> Any:
     """The array behind token ids: a Tensor's data or an array as it is (NumPy or CuPy, so ids
     already on the GPU stay there), anything else through NumPy."""
-    data = tokens.data if isinstance(tokens, Tensor) else tokens
+    data = tokens.array if isinstance(tokens, Tensor) else tokens
     return data if hasattr(data, "shape") and hasattr(data, "dtype") else np.asarray(data)
 
 
@@ -120,8 +120,8 @@ class GPT(Module):
 
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameter count, without the position embeddings by default (as nanoGPT)."""
-        total = sum(p.data.size for p in self.parameters())
-        return total - self.wpe.weight.data.size if non_embedding else total
+        total = sum(p.array.size for p in self.parameters())
+        return total - self.wpe.weight.array.size if non_embedding else total
 
     def forward(self, idx: Any, targets: Any = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Logits (batch, time, vocab) and, given int targets (batch, time), the mean
@@ -177,7 +177,7 @@ class GPT(Module):
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
         rng = get_rng() if rng is None else rng
-        tokens = np.array(idx.data if isinstance(idx, Tensor) else idx, dtype=np.int64)
+        tokens = np.array(idx.array if isinstance(idx, Tensor) else idx, dtype=np.int64)
         was_training = self.training
         self.eval()
         try:

@@ -119,7 +119,7 @@ class MultiheadAttention(Module):
         if is_causal:
             boolean = _causal_mask(xp, length, source)
         if attn_mask is not None:
-            mask = attn_mask.data if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
+            mask = attn_mask.array if isinstance(attn_mask, Tensor) else xp.asarray(attn_mask)
             if mask.ndim == 3:
                 mask = mask.reshape(batch, self.num_heads, length, source)
             if mask.dtype == bool:
@@ -127,7 +127,7 @@ class MultiheadAttention(Module):
             else:
                 additive = mask
         if key_padding_mask is not None:
-            padding = key_padding_mask.data if isinstance(key_padding_mask, Tensor) \
+            padding = key_padding_mask.array if isinstance(key_padding_mask, Tensor) \
                 else xp.asarray(key_padding_mask)
             if padding.shape != (batch, source):
                 raise ValueError(f"key_padding_mask must have shape {(batch, source)}, got "
@@ -151,7 +151,7 @@ class MultiheadAttention(Module):
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         batch, length, source = query.shape[0], query.shape[1], key.shape[1]
         q, k, v = self._project(query, 0), self._project(key, 1), self._project(value, 2)
-        boolean, additive = self._masks(xp_of(q.data), batch, length, source, attn_mask,
+        boolean, additive = self._masks(xp_of(q.array), batch, length, source, attn_mask,
                                         key_padding_mask, is_causal)
         y, weights = _attend(q, k, v, boolean, additive, self.attn_dropout)
         y = self.out_proj(y.transpose(1, 2).reshape(batch, length, self.embed_dim))

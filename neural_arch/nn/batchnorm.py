@@ -55,15 +55,15 @@ class _BatchNorm(Module):
 
     def reset_running_stats(self) -> None:
         if self.track_running_stats:
-            self.running_mean.data[...] = 0
-            self.running_var.data[...] = 1
-            self.num_batches_tracked.data[...] = 0
+            self.running_mean.array[...] = 0
+            self.running_var.array[...] = 1
+            self.num_batches_tracked.array[...] = 0
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
         if self.affine:
-            self.weight.data[...] = 1
-            self.bias.data[...] = 0
+            self.weight.array[...] = 1
+            self.bias.array[...] = 0
 
     # -- the seam for a synchronised variant ------------------------------------------------
     def _batch_statistics(self, data: Any, axes: Tuple[int, ...]) -> Tuple[Any, Any, int]:
@@ -77,17 +77,17 @@ class _BatchNorm(Module):
     # ---------------------------------------------------------------------------------------
     def forward(self, x: Any) -> Any:
         x = as_tensor(x)
-        if x.data.ndim not in self.input_ranks:
+        if x.array.ndim not in self.input_ranks:
             wanted = " or ".join(f"{r}D" for r in self.input_ranks)
             raise ValueError(f"{type(self).__name__}: expected {wanted} input, got shape "
-                             f"{tuple(x.data.shape)}")
-        if x.data.shape[1] != self.num_features:
-            raise ValueError(f"{type(self).__name__}: input shape {tuple(x.data.shape)} has "
-                             f"{x.data.shape[1]} channels, expected num_features="
+                             f"{tuple(x.array.shape)}")
+        if x.array.shape[1] != self.num_features:
+            raise ValueError(f"{type(self).__name__}: input shape {tuple(x.array.shape)} has "
+                             f"{x.array.shape[1]} channels, expected num_features="
                              f"{self.num_features}")
         use_batch = self.training or not self.track_running_stats
         if not use_batch:
-            return batch_norm_fixed(x, self.running_mean.data, self.running_var.data,
+            return batch_norm_fixed(x, self.running_mean.array, self.running_var.array,
                                     self.weight, self.bias, self.eps)
         # unless a subclass overrides them, the seams are the local defaults, which lets the
         # kernels compute the statistics and the gradient sums in their output's pass
@@ -99,10 +99,10 @@ class _BatchNorm(Module):
             local_statistics if local else self._batch_statistics,
             None if local_sums else self._reduce_gradient_sums)
         if self.training and self.track_running_stats:
-            self.num_batches_tracked.data += 1
+            self.num_batches_tracked.array += 1
             momentum = self.momentum
             if momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked.data)
+                momentum = 1.0 / float(self.num_batches_tracked.array)
             update_running(self.running_mean, self.running_var, mean, var, count, momentum)
         return out
 

@@ -11,7 +11,7 @@ from ..core.random import get_rng
 
 
 def _array(tensor: Any) -> Any:
-    return getattr(tensor, "data", tensor) if hasattr(tensor, "requires_grad") else tensor
+    return getattr(tensor, "array", tensor) if hasattr(tensor, "requires_grad") else tensor
 
 
 def _fill(tensor: Any, values: np.ndarray) -> Any:

@@ -14,7 +14,7 @@ __all__ = ["IncompatibleKeys", "Module"]
 
 
 def _array_on(array: Any, device: Any) -> Any:
-    return Tensor(array, dtype=array.dtype, device=device).data
+    return Tensor(array, dtype=array.dtype, device=device).array
 
 
 class Module(ModuleLookups, ModuleState):
@@ -216,12 +216,12 @@ class Module(ModuleLookups, ModuleState):
         for module in self.modules():
             for param in module._parameters.values():
                 if param is not None:
-                    param.data = _array_on(param.data, device)
+                    param.array = _array_on(param.array, device)
                     if param.grad is not None:
                         param.grad = _array_on(param.grad, device)
             for name, buf in module._buffers.items():
                 if isinstance(buf, Tensor):
-                    buf.data = _array_on(buf.data, device)
+                    buf.array = _array_on(buf.array, device)
                 elif buf is not None:
                     module._store(module._buffers, name, _array_on(buf, device))
         return self

@@ -94,7 +94,7 @@ class ModuleState:
                 continue
             source = host_array(state_dict[key])
             current = getattr(module, table)[name]
-            array = current.data if isinstance(current, Tensor) else current
+            array = current.array if isinstance(current, Tensor) else current
             if tuple(source.shape) != tuple(array.shape):
                 raise ValueError(f"size mismatch for '{key}': the checkpoint has shape "
                                  f"{tuple(source.shape)}, the model has {tuple(array.shape)}")

@@ -13,7 +13,7 @@ class Parameter(Tensor):
     """
 
     def __init__(self, data: Any, requires_grad: bool = True, name: Any = None) -> None:
-        array = data.data if isinstance(data, Tensor) else data
+        array = data.array if isinstance(data, Tensor) else data
         dtype = getattr(array, "dtype", None)
         super().__init__(array, requires_grad=requires_grad, dtype=dtype, name=name)
 

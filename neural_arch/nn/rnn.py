@@ -37,7 +37,7 @@ def check_sizes(kind: str, input_size: Any, hidden_size: Any) -> None:
 
 def zero_state(like: Tensor, shape: Tuple[int, ...], dtype: Any) -> Tensor:
     """A zero initial state on the device of ``like``."""
-    return Tensor(xp_of(like.data).zeros(shape, dtype=dtype))
+    return Tensor(xp_of(like.array).zeros(shape, dtype=dtype))
 
 
 def run_layer(mode: str, x: Tensor, h0: Tensor, c0: Optional[Tensor],

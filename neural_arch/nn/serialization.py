@@ -22,7 +22,7 @@ def save_state_dict(state_dict_or_module: Any, path: PathLike) -> None:
     for key, value in state.items():
         if not isinstance(key, str):
             raise TypeError(f"state dict keys must be strings, got {key!r}")
-        data = getattr(value, "data", value) if hasattr(value, "requires_grad") else value
+        data = getattr(value, "array", value) if hasattr(value, "requires_grad") else value
         if not isinstance(data, np.ndarray) and hasattr(data, "get"):
             data = data.get()
         # np.require keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)

@@ -40,7 +40,7 @@ class Adam(Optimizer):
                 grad = param.grad
                 if grad is None:
                     continue
-                data = param.data
+                data = param.array
                 if maximize:
                     grad = -grad
                 state = self.state[param]

@@ -10,7 +10,7 @@ from ..backends import xp_of
 
 
 def _grads(parameters: Union[Any, Iterable[Any]]) -> list:
-    if hasattr(parameters, "grad") and hasattr(parameters, "data"):
+    if hasattr(parameters, "grad") and hasattr(parameters, "array"):
         parameters = [parameters]
     return [p.grad for p in parameters if p.grad is not None]
 

@@ -36,15 +36,15 @@ class FusedAdamW(AdamW):
             for param in group["params"]:
                 if param.grad is None:
                     continue
-                kernels = None if group["amsgrad"] else optimizer_kernels(param.data)
+                kernels = None if group["amsgrad"] else optimizer_kernels(param.array)
                 if kernels is None or not _fusable(param):
                     leftover.append(param)
                     continue
                 state = self.state[param]
                 if not state:
-                    xp = backend_for(param.data).xp
-                    state.update(step=0, exp_avg=xp.zeros_like(param.data),
-                                 exp_avg_sq=xp.zeros_like(param.data))
+                    xp = backend_for(param.array).xp
+                    state.update(step=0, exp_avg=xp.zeros_like(param.array),
+                                 exp_avg_sq=xp.zeros_like(param.array))
                 state["step"] += 1
                 batches.setdefault((id(kernels), state["step"]), [kernels]).append(param)
             for (_, step), (kernels, *params) in batches.items():
@@ -61,14 +61,14 @@ class FusedAdamW(AdamW):
     def _fused_update(self, kernels: Any, params: List[Any], group: dict, step: int) -> None:
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
-        kernels.adamw_step([p.data for p in params], [p.grad for p in params],
+        kernels.adamw_step([p.array for p in params], [p.grad for p in params],
                            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
                            step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                            weight_decay=group["weight_decay"], maximize=group["maximize"])
 
 
 def _fusable(param: Any) -> bool:
-    data, grad = param.data, param.grad
+    data, grad = param.array, param.grad
     return (data.dtype == _FLOAT32 and grad.dtype == _FLOAT32
             and data.flags.c_contiguous and grad.shape == data.shape)
 

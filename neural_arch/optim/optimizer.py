@@ -1,6 +1,6 @@
 """Optimizer base class: parameter groups, per-parameter state and (de)serialisation.
 
-Parameters are duck-typed (anything with a writable ``.data`` array and a ``.grad`` array or
+Parameters are duck-typed (anything with a writable ``.array`` array and a ``.grad`` array or
 None), so optimizers work on ``Parameter``s, plain ``Tensor``s and NumPy or CuPy storage alike.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Optimizer:
     """Base class: subclasses define ``step(closure=None)`` over ``param_groups`` and ``state``."""
 
     def __init__(self, params: Iterable[Any], defaults: Dict[str, Any]) -> None:
-        if hasattr(params, "data") and hasattr(params, "grad"):
+        if hasattr(params, "array") and hasattr(params, "grad"):
             raise TypeError(
                 f"params must be an iterable of tensors or dicts, got a single "
                 f"{type(params).__name__}")
@@ -86,11 +86,11 @@ class Optimizer:
             raise TypeError(f"param_group must be a dict, got {type(param_group).__name__}")
         group = dict(param_group)
         params = group["params"]
-        if hasattr(params, "data") and hasattr(params, "grad"):
+        if hasattr(params, "array") and hasattr(params, "grad"):
             params = [params]
         params = list(params)
         for index, param in enumerate(params):
-            if not (hasattr(param, "data") and hasattr(param, "grad")):
+            if not (hasattr(param, "array") and hasattr(param, "grad")):
                 raise TypeError(
                     f"optimizer can only optimize tensors, parameter {index} of the group is a "
                     f"{type(param).__name__}")
@@ -157,12 +157,12 @@ class Optimizer:
             param = params_by_index[index]
             restored = {}
             for key, value in saved_state.items():
-                if hasattr(value, "shape") and tuple(value.shape) == tuple(param.data.shape):
-                    restored[key] = _array_like(value, param.data)
+                if hasattr(value, "shape") and tuple(value.shape) == tuple(param.array.shape):
+                    restored[key] = _array_like(value, param.array)
                 elif hasattr(value, "shape") and len(value.shape) > 0:
                     raise ValueError(
                         f"optimizer state '{key}' of parameter {index} has shape "
-                        f"{tuple(value.shape)}, the parameter has shape {tuple(param.data.shape)}")
+                        f"{tuple(value.shape)}, the parameter has shape {tuple(param.array.shape)}")
                 else:
                     restored[key] = copy.deepcopy(value)
             new_state[param] = restored

@@ -39,7 +39,7 @@ class SGD(Optimizer):
                 grad = param.grad
                 if grad is None:
                     continue
-                data = param.data
+                data = param.array
                 if plain:
                     data -= lr * grad
                     continue

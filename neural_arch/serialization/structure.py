@@ -88,7 +88,7 @@ def encode(obj: Any, where: str, arrays: Dict[str, np.ndarray], open_ids: set,
         return {"float": "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")}
     if isinstance(obj, Tensor):
         parameter = _parameter_type()
-        return {"tensor": _add_array(obj.data, where, arrays), "device": obj.device,
+        return {"tensor": _add_array(obj.array, where, arrays), "device": obj.device,
                 "requires_grad": bool(obj.requires_grad),
                 "parameter": parameter is not None and isinstance(obj, parameter)}
     if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):

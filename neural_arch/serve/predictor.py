@@ -91,7 +91,7 @@ class TabularPredictor:
         self.numerical = list(preprocessor.numerical_columns)
         self.categorical = list(preprocessor.categorical_columns)
         self.regression = preprocessor.task == "regression"
-        self.dtype = next(iter(model.parameters())).data.dtype
+        self.dtype = next(iter(model.parameters())).array.dtype
         self.max_batch_size, self.timeout_ms = max_batch_size, timeout_ms
         self._waits: Deque[float] = deque(maxlen=_RECENT)
         self.worker = BatchingWorker(self._forward, DynamicBatcher(

@@ -45,7 +45,7 @@ def announce_pipeline(args: argparse.Namespace, model: GPT3D, config: GPTConfig,
                       windows: int) -> None:
     if get_rank() != 0:
         return
-    held = sum(int(p.data.size) for p in model.params)
+    held = sum(int(p.array.size) for p in model.params)
     print(f"GPT: {held:,} parameters on rank 0 (pipeline stage 0, tensor-parallel shard 0), "
           f"vocab {config.vocab_size} ({args.tokenizer}), {windows} training windows of "
           f"{args.max_seq_length} tokens; world {get_world_size()} = {model.dp} data-parallel x "

@@ -74,8 +74,8 @@ def correct_predictions(output: Any, target: Any,
     (a tensor-parallel GPT's scores are its shard of the vocabulary)."""
     if output is None or target is None:
         return 0.0, 0.0
-    scores = output.data if isinstance(output, Tensor) else output
-    labels = target.data if isinstance(target, Tensor) else target
+    scores = output.array if isinstance(output, Tensor) else output
+    labels = target.array if isinstance(target, Tensor) else target
     labels = backend_for(labels).to_numpy(labels)
     if labels.dtype.kind not in "iu" or scores.ndim != labels.ndim + 1 \
             or tuple(scores.shape[:-1]) != labels.shape:

@@ -36,7 +36,7 @@ _CONFIG_FIELDS = {f.name for f in dataclasses.fields(TrainingConfig)}
 def metric_average(value: Any, name: str) -> float:
     """``value`` (a scalar) averaged over every rank: Horovod's example helper, an
     ``hvd.allreduce`` matched by ``name`` on every rank."""
-    arr = np.asarray(value.data if hasattr(value, "data") else value, dtype=np.float64)
+    arr = np.asarray(value.array if hasattr(value, "array") else value, dtype=np.float64)
     if arr.size != 1:
         raise ValueError(f"metric_average({name!r}) averages a scalar, got shape {arr.shape}")
     join_horovod()

@@ -84,7 +84,7 @@ def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: Optional
     recompute = _Recompute(function, args, kwargs, inputs, leaves, generator, state)
     parents = tuple(inputs) + tuple(leaves)
     if isinstance(result, Tensor):
-        return make_result(result.data, parents, lambda grad: recompute.backward([grad]))
+        return make_result(result.array, parents, lambda grad: recompute.backward([grad]))
     return _tuple_of_nodes(result, outputs, parents, recompute)
 
 
@@ -127,7 +127,7 @@ class _Recompute:
             if node.is_leaf and node not in known:
                 raise RuntimeError(
                     f"checkpoint: {_name(self.function)} used a tensor of shape "
-                    f"{tuple(node.data.shape)} that requires grad but is neither one of its "
+                    f"{tuple(node.array.shape)} that requires grad but is neither one of its "
                     "arguments nor one of its parameters, so its gradient would be lost; pass it "
                     "as an argument")
 
@@ -138,7 +138,7 @@ def _tuple_of_nodes(result: tuple, outputs: List[Tuple[int, Tensor]], parents: t
     a shared (empty) node: each output's backward only files its gradient, and the shared node,
     which the engine reaches after all of them, recomputes once for all."""
     pending: Dict[int, Any] = {}
-    empty = np.zeros(0, dtype=outputs[0][1].data.dtype)
+    empty = np.zeros(0, dtype=outputs[0][1].array.dtype)
 
     def joint_backward(_: Any) -> Tuple[Any, ...]:
         try:
@@ -156,7 +156,7 @@ def _tuple_of_nodes(result: tuple, outputs: List[Tuple[int, Tensor]], parents: t
 
     items = list(result)
     for i, (position, out) in enumerate(outputs):
-        items[position] = make_result(out.data, (joint,), filing(i))
+        items[position] = make_result(out.array, (joint,), filing(i))
     return tuple(items)
 
 
@@ -187,7 +187,7 @@ def _differentiable_outputs(function: Callable[..., Any], result: Any
         raise TypeError(f"checkpoint: {_name(function)} returned {type(result).__name__}; "
                         "expected a Tensor or a tuple of Tensors")
     return [(i, t) for i, t in enumerate(items)
-            if isinstance(t, Tensor) and is_floating(t.data.dtype)]
+            if isinstance(t, Tensor) and is_floating(t.array.dtype)]
 
 
 def _owning_module(function: Callable[..., Any]) -> Optional[Module]:
@@ -210,7 +210,7 @@ def _reject_nested_tensors(args: tuple, kwargs: dict) -> None:
         for item in items:
             if isinstance(item, Tensor) and item.requires_grad:
                 raise TypeError(f"checkpoint: a {type(value).__name__} argument holds a tensor "
-                                f"of shape {tuple(item.data.shape)} that requires grad; pass it "
+                                f"of shape {tuple(item.array.shape)} that requires grad; pass it "
                                 "as an argument of its own")
 
 

@@ -14,8 +14,8 @@ def ours_mlp(weights):
     layers = []
     for w, b in weights:
         linear = nn.Linear(w.shape[1], w.shape[0])
-        linear.weight.data[...] = w
-        linear.bias.data[...] = b
+        linear.weight.array[...] = w
+        linear.bias.array[...] = b
         layers += [linear, nn.ReLU()]
     return nn.Sequential(*layers[:-1])
 

@@ -61,7 +61,7 @@ def test_op_dtype_and_value_match_torch_autocast(name, op):
     expected = _run("torch", op)
     got = _run("ours", op)
     assert str(got.dtype) == str(expected.dtype).replace("torch.", ""), name
-    np.testing.assert_allclose(np.asarray(got.data, np.float64),
+    np.testing.assert_allclose(np.asarray(got.array, np.float64),
                                expected.detach().double().numpy(), rtol=2e-2, atol=2e-2)
 
 
@@ -96,7 +96,7 @@ def test_attention_block_dtypes_and_output_match_torch():
     assert {k: str(v) for k, v in got_dtypes.items()} == {
         k: str(v).replace("torch.", "") for k, v in expected_dtypes.items()}
     assert got.dtype == np.float16
-    np.testing.assert_allclose(got.data.astype(np.float64), expected.double().numpy(),
+    np.testing.assert_allclose(got.array.astype(np.float64), expected.double().numpy(),
                                rtol=2e-2, atol=2e-2)
 
 
@@ -106,7 +106,7 @@ def test_disabled_autocast_is_a_no_op():
         inside = F.linear(neural_arch.tensor(X), neural_arch.tensor(W))
         assert not amp.is_autocast_enabled("cpu")
     assert inside.dtype == np.float32
-    np.testing.assert_array_equal(inside.data, plain.data)
+    np.testing.assert_array_equal(inside.array, plain.array)
 
 
 def test_nesting_restores_the_outer_state():

@@ -31,7 +31,7 @@ def _train_ours(weights, scaler, poison_step=None):
             next(iter(model.parameters())).grad[0, 0] = np.inf
         scaler.step(opt)
         scaler.update()
-        losses.append(float(loss.data))
+        losses.append(float(loss.array))
     return model, losses
 
 
@@ -54,7 +54,7 @@ def _train_torch(torch, weights, scaler, poison_step=None):
 
 
 def _params(model):
-    return [np.asarray(p.data) for p in model.parameters()]
+    return [np.asarray(p.array) for p in model.parameters()]
 
 
 @pytest.mark.parametrize("poison_step", [None, 2])

@@ -29,7 +29,7 @@ def run(cls, kwargs, start, grads, compiled=True, lr=1e-2):
     for grad in grads:
         param.grad = grad.copy()
         optimizer.step()
-    return param.data, optimizer.state[param]
+    return param.array, optimizer.state[param]
 
 
 def series(shape, dtype, steps=6, seed=0):
@@ -113,14 +113,14 @@ def test_declined_parameters_still_step_by_the_numpy_form():
     base = np.random.default_rng(5).standard_normal((6, 8)).astype(np.float32)
     start = base[:, ::2].copy()
     param = Parameter(base[:, ::2])
-    assert not param.data.flags.c_contiguous
+    assert not param.array.flags.c_contiguous
     grads = [np.full((6, 4), 0.5, np.float32)] * 3
     optimizer = AdamW([param], lr=1e-2)
     for g in grads:
         param.grad = g.copy()
         optimizer.step()
     want = reference(AdamW, {}, start, grads)
-    np.testing.assert_allclose(param.data, want, rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(param.array, want, rtol=2e-6, atol=2e-6)
 
 
 def test_switched_off_kernel_is_reported_unavailable():

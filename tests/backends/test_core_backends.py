@@ -73,7 +73,7 @@ def test_binary_op_gradients_sum_over_broadcast_axes(shapes):
     out = a * b + a
     weights = rng.standard_normal(out.shape)
     (out * weights).sum().backward()
-    full_a, full_b = np.broadcast_arrays(a.data, b.data)
+    full_a, full_b = np.broadcast_arrays(a.array, b.array)
     expected_a = unbroadcast_reference(weights * (full_b + 1.0), a_shape)
     expected_b = unbroadcast_reference(weights * full_a, b_shape)
     assert a.grad.shape == a_shape and b.grad.shape == b_shape

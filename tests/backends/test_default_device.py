@@ -40,12 +40,12 @@ def _bind(monkeypatch, cupy_backend, module, import_error) -> None:
 
 
 def _on_fake_gpu(t: Tensor) -> bool:
-    return isinstance(t.data, fake_cupy.ndarray) and t.device == "cuda"
+    return isinstance(t.array, fake_cupy.ndarray) and t.device == "cuda"
 
 
 def test_default_is_cpu_when_unset_or_empty(monkeypatch):
     assert default_device() == "cpu" and na.default_device() == "cpu"
-    assert type(Tensor([1, 2]).data) is np.ndarray
+    assert type(Tensor([1, 2]).array) is np.ndarray
     monkeypatch.setenv(ENV_DEVICE, "")
     assert default_device() == "cpu"
     for value, expected in (("cpu", "cpu"), ("CUDA", "cuda"), ("cuda:1", "cuda"), ("gpu", "cuda")):
@@ -64,7 +64,7 @@ def test_env_cuda_puts_host_data_and_factories_on_the_gpu(monkeypatch, fake_gpu)
     assert made[0].dtype == np.int64 and made[1].dtype == np.float32
     # a device array stays where it is
     device_array = fake_cupy.asarray(np.ones(2))
-    assert Tensor(device_array).data is device_array
+    assert Tensor(device_array).array is device_array
 
 
 def test_explicit_cpu_tensors_and_their_op_results_stay_on_the_host(monkeypatch, fake_gpu):
@@ -72,7 +72,7 @@ def test_explicit_cpu_tensors_and_their_op_results_stay_on_the_host(monkeypatch,
     a = Tensor([1.0, 2.0], device="cpu", requires_grad=True)
     b = Tensor(np.array([3.0, 4.0], dtype=np.float32), device="cpu")
     loss = ((a * b + a - 1.0) * [2.0, 2.0]).sum()
-    assert type(loss.data) is np.ndarray and loss.device == "cpu"
+    assert type(loss.array) is np.ndarray and loss.device == "cpu"
     loss.backward()
     assert type(a.grad) is np.ndarray
     np.testing.assert_allclose(a.grad, [8.0, 10.0])
@@ -80,7 +80,7 @@ def test_explicit_cpu_tensors_and_their_op_results_stay_on_the_host(monkeypatch,
     assert Tensor(a).device == "cpu" and na.tensor(a).device == "cpu"
     assert na.zeros_like(a).device == "cpu" and na.ones_like(b).device == "cpu"
     shared = np.zeros(2)
-    assert na.from_numpy(shared).data is shared
+    assert na.from_numpy(shared).array is shared
 
 
 def test_set_default_device_overrides_env_and_none_restores_it(monkeypatch, fake_gpu):

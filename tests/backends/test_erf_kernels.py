@@ -161,10 +161,10 @@ def test_tensor_gelu_runs_the_selected_form(monkeypatch, which, dtype):
     y.backward(np.ones_like(x))
     ref_out, ref_derivative = gelu_reference(x)
     tol = 4 * ERF_RTOL[dtype]
-    assert y.data.dtype == dtype and t.grad.dtype == dtype
-    np.testing.assert_allclose(y.data, ref_out, rtol=tol, atol=tol)
+    assert y.array.dtype == dtype and t.grad.dtype == dtype
+    np.testing.assert_allclose(y.array, ref_out, rtol=tol, atol=tol)
     np.testing.assert_allclose(t.grad, ref_derivative, rtol=tol, atol=tol)
-    np.testing.assert_allclose(F.erf(Tensor(x)).data, ERF(x.astype(np.float64)), rtol=tol)
+    np.testing.assert_allclose(F.erf(Tensor(x)).array, ERF(x.astype(np.float64)), rtol=tol)
     assert not F.gelu(Tensor(x)).requires_grad  # no derivative computed or kept
 
 

@@ -253,7 +253,7 @@ def test_fused_ops_match_functional_on_cuda(monkeypatch):
                           cp.asarray(np.arange(48) % 32))
     ref.backward()
     assert not any(spies.values()), "the reference went through the fused ops"
-    assert abs(float(out.data) - float(ref.data)) < 1e-5
+    assert abs(float(out.array) - float(ref.array)) < 1e-5
     for got, t in zip(fused, (x, w, b)):
         np.testing.assert_allclose(got, cp.asnumpy(t.grad), rtol=1e-4, atol=1e-5)
 
@@ -285,10 +285,10 @@ def _functional_fused_and_not(monkeypatch, fn, leaves, op):
         for t in leaves:
             t.grad = None
         out = fn()
-        weights = np.linspace(-1.0, 1.0, out.data.size).reshape(out.data.shape)
+        weights = np.linspace(-1.0, 1.0, out.array.size).reshape(out.array.shape)
         (out * Tensor(weights, device="cuda")).sum().backward()
-        assert out.data.dtype == cp.float32
-        results.append((cp.asnumpy(out.data), [cp.asnumpy(t.grad) for t in leaves]))
+        assert out.array.dtype == cp.float32
+        results.append((cp.asnumpy(out.array), [cp.asnumpy(t.grad) for t in leaves]))
         assert len(spies[op]) == 1, f"{op} ran {len(spies[op])} times with the switch at {switch}"
     return results
 
@@ -336,7 +336,7 @@ def test_functional_falls_back_where_the_kernels_do_not_apply(monkeypatch):
     x64 = Tensor(_data((4, 8), 24).astype(np.float64), device="cuda")
     F.gelu(x64), F.layer_norm(x64, 8), F.cross_entropy(x64, cp.arange(4))
     x3 = Tensor(_data((2, 3, 8), 25), device="cuda")
-    assert F.layer_norm(x3, (3, 8)).data.shape == (2, 3, 8)
+    assert F.layer_norm(x3, (3, 8)).array.shape == (2, 3, 8)
     logits = Tensor(_data((4, 8), 26), device="cuda")
     F.cross_entropy(logits, cp.full((4, 8), 1.0 / 8, cp.float32))  # probability targets
     F.cross_entropy(Tensor(_data((2, 8, 3), 27), device="cuda"), cp.zeros((2, 3), cp.int64))
@@ -356,7 +356,7 @@ def test_fused_adamw_matches_adamw_on_cuda():
         opt_fused.step()
         opt_plain.step()
     for a, b in zip(fused, plain):
-        np.testing.assert_allclose(cp.asnumpy(a.data), cp.asnumpy(b.data), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(cp.asnumpy(a.array), cp.asnumpy(b.array), rtol=1e-5, atol=1e-6)
     assert opt_fused.state[fused[0]]["step"] == 3
 
 

@@ -47,7 +47,7 @@ def test_bias_gelu_matches_autograd_and_finite_differences(approximate):
     out = F.gelu(xt + bt, approximate=approximate)
     (out * Tensor(upstream)).sum().backward()
     forward = R.bias_gelu_forward(x, bias, approximate)
-    np.testing.assert_allclose(forward, out.data, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(forward, out.array, rtol=1e-12, atol=1e-13)
     gx, gb = R.bias_gelu_backward(upstream, x, bias, approximate)
     np.testing.assert_allclose(gx, xt.grad, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(gb, bt.grad, rtol=1e-10, atol=1e-12)
@@ -75,7 +75,7 @@ def test_cross_entropy_matches_autograd(smoothing):
     loss = F.cross_entropy(zt, target, reduction="none", label_smoothing=smoothing)
     (loss * Tensor(upstream)).sum().backward()
     rows, lse = R.cross_entropy_forward(logits, target, label_smoothing=smoothing)
-    np.testing.assert_allclose(rows, loss.data, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rows, loss.array, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, np.log(np.exp(logits).sum(axis=1)), rtol=1e-13)
     grad = R.cross_entropy_backward(upstream, logits, target, lse, label_smoothing=smoothing)
     np.testing.assert_allclose(grad, zt.grad, rtol=1e-10, atol=1e-12)
@@ -111,7 +111,7 @@ def test_layer_norm_matches_autograd_and_finite_differences():
     out = F.layer_norm(ts[0], 8, ts[1], ts[2], eps=1e-5)
     (out * Tensor(upstream)).sum().backward()
     y, mean, rstd = R.layer_norm_forward(x, weight, bias, 1e-5)
-    np.testing.assert_allclose(y, out.data, rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(y, out.array, rtol=1e-11, atol=1e-12)
     np.testing.assert_allclose(mean, x.reshape(6, 8).mean(axis=1), rtol=1e-13)
     np.testing.assert_allclose(rstd, 1 / np.sqrt(x.reshape(6, 8).var(axis=1) + 1e-5), rtol=1e-12)
     grads = R.layer_norm_backward(upstream, x, weight, mean, rstd)
@@ -138,7 +138,7 @@ def test_adamw_reference_matches_optimizer(maximize):
     rng = _rng(5)
     shapes = [(4, 3), (7,), (2, 2, 2)]
     params = [Tensor(rng.standard_normal(s), requires_grad=True) for s in shapes]
-    mine = [p.data.copy() for p in params]
+    mine = [p.array.copy() for p in params]
     avgs, avg_sqs = [np.zeros(s) for s in shapes], [np.zeros(s) for s in shapes]
     hyper = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
     optimizer = AdamW(params, maximize=maximize, **hyper)
@@ -150,7 +150,7 @@ def test_adamw_reference_matches_optimizer(maximize):
         R.adamw_step(mine, grads, avgs, avg_sqs, step=step, lr=0.01, beta1=0.8, beta2=0.95,
                      eps=1e-6, weight_decay=0.1, maximize=maximize)
         for p, m in zip(params, mine):
-            np.testing.assert_allclose(m, p.data, rtol=1e-13, atol=1e-15)
+            np.testing.assert_allclose(m, p.array, rtol=1e-13, atol=1e-15)
 
 
 def test_adamw_first_step_closed_form():

@@ -32,7 +32,7 @@ def _grads(fn, tensors):
     grads = [t.grad.copy() for t in tensors]
     for t in tensors:
         t.grad = None
-    return out.data, grads
+    return out.array, grads
 
 
 def _assert_same(fused, plain, rtol=2e-5, atol=2e-6):
@@ -52,7 +52,7 @@ def test_fused_bias_gelu_matches_functional(approximate):
     _assert_same(fused, plain)
     no_bias = fused_kernels.fused_bias_gelu(x, None, approximate)
     assert no_bias.dtype == np.float32
-    np.testing.assert_allclose(no_bias.data, F.gelu(x, approximate=approximate).data,
+    np.testing.assert_allclose(no_bias.array, F.gelu(x, approximate=approximate).array,
                                rtol=1e-6, atol=1e-7)
 
 
@@ -75,7 +75,7 @@ def test_fused_cross_entropy_matches_functional(reduction, smoothing):
 def test_fused_cross_entropy_mean_of_all_ignored_is_nan_with_zero_grad():
     z = _tensor((2, 3), 4)
     out = fused_kernels.fused_cross_entropy(z, np.array([-100, -100]))
-    assert np.isnan(out.data)
+    assert np.isnan(out.array)
     out.backward()
     assert not z.grad.any()
 
@@ -107,7 +107,7 @@ def test_fused_adamw_matches_adamw_through_the_kernel_path(monkeypatch):
     monkeypatch.setattr(fused_adamw, "optimizer_kernels", reference_kernels)
     shapes = [(6, 4), (4,), (3, 3)]
     fused = [_tensor(s, 10 + i) for i, s in enumerate(shapes)]
-    plain = [Tensor(p.data.copy(), requires_grad=True) for p in fused]
+    plain = [Tensor(p.array.copy(), requires_grad=True) for p in fused]
     ams = Tensor(np.ones(3, np.float32), requires_grad=True)
     ams_plain = Tensor(np.ones(3, np.float32), requires_grad=True)
     opt = fused_adamw.FusedAdamW([{"params": fused}, {"params": [ams], "amsgrad": True}],
@@ -120,12 +120,12 @@ def test_fused_adamw_matches_adamw_through_the_kernel_path(monkeypatch):
             if step == 1 and i == 1:
                 a.grad = b.grad = None  # a parameter without a gradient is skipped
                 continue
-            g = rng.standard_normal(a.data.shape).astype(np.float32)
+            g = rng.standard_normal(a.array.shape).astype(np.float32)
             a.grad, b.grad = g.copy(), g.copy()
         opt.step()
         ref.step()
     for a, b in zip(fused + [ams], plain + [ams_plain]):
-        np.testing.assert_allclose(a.data, b.data, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a.array, b.array, rtol=1e-6, atol=1e-7)
     assert opt.state[fused[1]]["step"] == 3 and opt.state[fused[0]]["step"] == 4
     assert (3,) not in calls  # the AMSGrad group never reaches the kernels
     assert opt.state_dict()["state"].keys() == ref.state_dict()["state"].keys()
@@ -137,7 +137,7 @@ def test_fused_adamw_on_cpu_arrays_is_adamw():
     p.grad = q.grad = np.arange(5, dtype=np.float32)
     opt.step()
     ref.step()
-    np.testing.assert_array_equal(p.data, q.data)
+    np.testing.assert_array_equal(p.array, q.array)
 
 
 @pytest.mark.parametrize("sizes,chunk", [([5000, 0, 10, 8192], 4096), ([1], 1), ([], 8),

@@ -218,14 +218,14 @@ def test_front_end_gives_the_same_graph_on_either_form(monkeypatch, dtype):
         y = F.layer_norm(x, (4, 6), w, None).sum() + (F.softmax(x, -1) * x).sum()
         y = y + (F.scaled_dot_product_attention(q, k, v, causal=True) * v).sum()
         y.backward()
-        return [a.astype(np.float64) for a in (y.data, x.grad, w.grad, q.grad, k.grad, v.grad)]
+        return [a.astype(np.float64) for a in (y.array, x.grad, w.grad, q.grad, k.grad, v.grad)]
 
     for got, want in zip(run("kernels"), run("numpy")):
         np.testing.assert_allclose(got, want, rtol=10 * TOL[dtype], atol=10 * TOL[dtype])
     q, k, v = (Tensor(data((2, 5, 4), dtype, s)) for s in (3, 4, 5))
     allowed = np.tril(np.ones((5, 5), dtype=bool))
-    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, causal=True).data,
-                               F.scaled_dot_product_attention(q, k, v, mask=allowed).data,
+    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, causal=True).array,
+                               F.scaled_dot_product_attention(q, k, v, mask=allowed).array,
                                rtol=TOL[dtype], atol=TOL[dtype])
 
 

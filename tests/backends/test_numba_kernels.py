@@ -154,7 +154,7 @@ def test_softmax_cross_entropy_matches_autograd(form, rows, classes):
     expected = F.cross_entropy(z, target)
     expected.backward()
     assert grad.dtype == np.float32
-    assert loss == pytest.approx(float(expected.data), rel=1e-5, abs=1e-6)
+    assert loss == pytest.approx(float(expected.array), rel=1e-5, abs=1e-6)
     np.testing.assert_allclose(grad, z.grad, rtol=1e-4, atol=1e-7)
 
 

@@ -24,8 +24,8 @@ def pair(*arrays):
 def check(our_fn, torch_fn, *arrays, rtol=1e-7, atol=1e-9):
     ours, theirs = pair(*arrays)
     out_ours, out_theirs = our_fn(*ours), torch_fn(*theirs)
-    np.testing.assert_allclose(out_ours.data, out_theirs.detach().numpy(), rtol=rtol, atol=atol)
-    weights = RNG.standard_normal(out_ours.data.shape)
+    np.testing.assert_allclose(out_ours.array, out_theirs.detach().numpy(), rtol=rtol, atol=atol)
+    weights = RNG.standard_normal(out_ours.array.shape)
     (out_ours * weights).sum().backward()
     (out_theirs * torch.tensor(weights)).sum().backward()
     for a, b in zip(ours, theirs):

@@ -38,7 +38,7 @@ def test_autograd_grad_equals_backward_and_leaves_grad_alone():
     assert fired == []
     # a non-leaf input: d y / d h, and an input the outputs do not reach
     (gh,) = autograd.grad([y], [h], [seed])
-    np.testing.assert_allclose(gh, seed * other.data)
+    np.testing.assert_allclose(gh, seed * other.array)
     unused = Tensor(np.ones(2), requires_grad=True)
     assert autograd.grad(y, [unused, b], seed, allow_unused=True)[0] is None
     with pytest.raises(RuntimeError, match=r"input 0 \(shape \(2,\)\) is not reached"):
@@ -61,7 +61,7 @@ def test_autograd_grad_matches_finite_differences():
     eps, numeric = 1e-6, np.zeros((3, 3))
     for index in np.ndindex(3, 3):
         for sign in (1, -1):
-            shifted = w.data.copy()
+            shifted = w.array.copy()
             shifted[index] += sign * eps
             numeric[index] += sign * loss(Tensor(shifted)).item() / (2 * eps)
     np.testing.assert_allclose(got, numeric, rtol=1e-6, atol=1e-8)

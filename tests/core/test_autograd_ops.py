@@ -74,8 +74,8 @@ def test_unary_ops(fn, make):
 @pytest.mark.filterwarnings("error")
 def test_sigmoid_is_stable_for_large_inputs():
     x = Tensor(np.array([-1000.0, -30.0, 0.0, 30.0, 1000.0]))
-    expected = np.exp(-np.logaddexp(0.0, -x.data))
-    np.testing.assert_allclose(x.sigmoid().data, expected, rtol=1e-12, atol=0)
+    expected = np.exp(-np.logaddexp(0.0, -x.array))
+    np.testing.assert_allclose(x.sigmoid().array, expected, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
@@ -84,8 +84,8 @@ def test_sigmoid_is_stable_for_large_inputs():
 def test_reductions(op, axis, keepdims):
     x = leaf(3, 4, 5)
     out = getattr(x, op)(axis=axis, keepdims=keepdims)
-    np.testing.assert_allclose(out.data, getattr(np, op if op in ("sum", "mean") else "a" + op)(
-        x.data, axis=axis, keepdims=keepdims))
+    np.testing.assert_allclose(out.array, getattr(np, op if op in ("sum", "mean") else "a" + op)(
+        x.array, axis=axis, keepdims=keepdims))
     assert gradcheck(lambda t: getattr(t, op)(axis=axis, keepdims=keepdims), [x])
 
 
@@ -99,8 +99,8 @@ def test_max_splits_gradient_between_ties():
                                          ({"ddof": 1}, 1)])
 def test_var_and_std(kwargs, ddof):
     x = leaf(4, 5)
-    np.testing.assert_allclose(x.var(axis=1, **kwargs).data, np.var(x.data, axis=1, ddof=ddof))
-    np.testing.assert_allclose(x.std(**kwargs).data, np.std(x.data, ddof=ddof))
+    np.testing.assert_allclose(x.var(axis=1, **kwargs).array, np.var(x.array, axis=1, ddof=ddof))
+    np.testing.assert_allclose(x.std(**kwargs).array, np.std(x.array, ddof=ddof))
     assert gradcheck(lambda t: t.var(axis=0, keepdims=True, **kwargs), [x])
     assert gradcheck(lambda t: t.std(**kwargs), [x])
 
@@ -111,7 +111,7 @@ def test_var_and_std(kwargs, ddof):
                                     ((2, 3, 4), (4,))])
 def test_matmul_shapes(shapes):
     a, b = leaf(*shapes[0]), leaf(*shapes[1])
-    np.testing.assert_allclose((a @ b).data, a.data @ b.data)
+    np.testing.assert_allclose((a @ b).array, a.array @ b.array)
     assert gradcheck(lambda x, y: x @ y, [a, b])
     assert gradcheck(lambda x, y: x.matmul(y), [a, b])
 
@@ -145,13 +145,13 @@ def test_shape_ops(fn):
 ])
 def test_indexing(index):
     x = leaf(2, 3, 4)
-    np.testing.assert_allclose(x[index].data, x.data[index])
+    np.testing.assert_allclose(x[index].array, x.array[index])
     assert gradcheck(lambda t: t[index], [x])
 
 
 def test_boolean_mask_indexing():
     x = leaf(4, 5)
-    mask = x.data > 0
+    mask = x.array > 0
     assert gradcheck(lambda t: t[mask], [x])
     assert gradcheck(lambda t: t[Tensor(mask)], [x])
 
@@ -173,18 +173,18 @@ def test_concatenate_stack_where_masked_fill():
     assert gradcheck(lambda x: na.where(Tensor(cond), x, 0.0), [a])
     assert gradcheck(lambda x: x.masked_fill(cond, -5.0), [a])
     assert gradcheck(lambda x: x.masked_fill(cond[:1], 1.0), [a])
-    np.testing.assert_array_equal(a.masked_fill(cond, -5.0).data, np.where(cond, -5.0, a.data))
+    np.testing.assert_array_equal(a.masked_fill(cond, -5.0).array, np.where(cond, -5.0, a.array))
 
 
 def test_non_contiguous_views_as_inputs():
     transposed = Tensor(RNG.standard_normal((6, 8)).T, requires_grad=True)
     strided = Tensor(RNG.standard_normal((6, 8))[::2, 1::3], requires_grad=True)
-    assert not transposed.data.flags.c_contiguous and not strided.data.flags.c_contiguous
+    assert not transposed.array.flags.c_contiguous and not strided.array.flags.c_contiguous
     assert gradcheck(lambda t: (t * t).sum(axis=0) + t.exp().mean(), [transposed])
     assert gradcheck(lambda s, t: s @ t[:3, :2], [strided, transposed])
     out = strided @ transposed[:3, :2]
     out.backward(np.ones((3, 2)))
-    np.testing.assert_allclose(strided.grad, np.ones((3, 2)) @ transposed.data[:3, :2].T)
+    np.testing.assert_allclose(strided.grad, np.ones((3, 2)) @ transposed.array[:3, :2].T)
 
 
 def test_node_reused_many_times():
@@ -192,7 +192,7 @@ def test_node_reused_many_times():
     assert gradcheck(lambda t: t * t * t + t, [x])
     x.grad = None
     (x * x * x + x).sum().backward()
-    np.testing.assert_allclose(x.grad, 3 * x.data ** 2 + 1)
+    np.testing.assert_allclose(x.grad, 3 * x.array ** 2 + 1)
 
 
 def test_same_tensor_on_both_sides():

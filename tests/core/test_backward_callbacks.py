@@ -123,7 +123,7 @@ def test_outermost_backward_and_its_queue_from_a_nested_one():
         return (g * 5,)
 
     from neural_arch.core.tensor import make_result
-    y = make_result(x.data * 5, (x,), nested_backward)
+    y = make_result(x.array * 5, (x,), nested_backward)
     outer_id = []
     x.register_post_accumulate_grad_hook(lambda t: outer_id.append(autograd.current_backward()))
     y.backward()

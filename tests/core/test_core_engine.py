@@ -16,9 +16,9 @@ def test_gradients_accumulate_across_backward_calls_until_zeroed():
     y = (x * x).sum()
     y.backward()
     y.backward()
-    np.testing.assert_allclose(x.grad, 4 * x.data)
+    np.testing.assert_allclose(x.grad, 4 * x.array)
     (x * 3).sum().backward()
-    np.testing.assert_allclose(x.grad, 4 * x.data + 3)
+    np.testing.assert_allclose(x.grad, 4 * x.array + 3)
     x.zero_grad()
     assert x.grad is None
     (x * 3).sum().backward()
@@ -32,8 +32,8 @@ def test_non_leaf_keeps_grad_only_with_retain_grad():
     kept.retain_grad()
     (hidden * kept).sum().backward()
     assert hidden.grad is None and not hidden.is_leaf
-    np.testing.assert_allclose(kept.grad, 2 * x.data)
-    np.testing.assert_allclose(x.grad, 12 * x.data)
+    np.testing.assert_allclose(kept.grad, 2 * x.array)
+    np.testing.assert_allclose(x.grad, 12 * x.array)
 
 
 def test_backward_errors():
@@ -105,7 +105,7 @@ def test_hook_sees_complete_gradient_once_and_can_replace_it():
     mid.register_hook(lambda g: seen.append(g.copy()))
     (mid * 3 + mid * mid + mid.sum()).sum().backward()
     assert len(seen) == 1
-    np.testing.assert_allclose(seen[0], 3 + 2 * mid.data + 4)
+    np.testing.assert_allclose(seen[0], 3 + 2 * mid.array + 4)
 
     x.grad = None
     handle = mid.register_hook(lambda g: g * 0 + 1.0)
@@ -215,8 +215,8 @@ def test_make_result_defines_a_new_operation():
     from neural_arch.core.tensor import make_result
 
     def cube(t):
-        data = t.data ** 3
-        return make_result(data, (t,), lambda g: (g * 3 * t.data ** 2,))
+        data = t.array ** 3
+        return make_result(data, (t,), lambda g: (g * 3 * t.array ** 2,))
 
     x = Tensor(RNG.standard_normal(4), requires_grad=True)
     assert na.gradcheck(cube, [x])

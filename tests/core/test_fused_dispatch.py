@@ -43,7 +43,7 @@ def _gpu(shape, dtype=np.float32, seed=0):
 
 def _tensor(array, requires_grad=False):
     t = Tensor(np.asarray(array), requires_grad=requires_grad)
-    t.data = array  # the constructor makes a plain NumPy array; keep the GPU-looking one
+    t.array = array  # the constructor makes a plain NumPy array; keep the GPU-looking one
     return t
 
 
@@ -204,8 +204,8 @@ def test_layer_norm_calls_the_fused_op(stubs):
 
 def _call_all(x, z, w):
     F.gelu(x)
-    F.cross_entropy(z, _targets(z.data.shape[0]))
-    F.layer_norm(x, x.data.shape[-1], w, None)
+    F.cross_entropy(z, _targets(z.array.shape[0]))
+    F.layer_norm(x, x.array.shape[-1], w, None)
 
 
 def _no_calls(stubs):
@@ -232,12 +232,12 @@ def test_float64_gpu_tensors_take_the_unfused_path(stubs):
 
 def test_what_the_kernels_cannot_do_falls_through_without_raising(stubs):
     x = _tensor(_gpu((3, 4, 8)))
-    plain = F.layer_norm(Tensor(x.data.view(np.ndarray)), (4, 8))
-    np.testing.assert_array_equal(F.layer_norm(x, (4, 8)).data, plain.data)
+    plain = F.layer_norm(Tensor(x.array.view(np.ndarray)), (4, 8))
+    np.testing.assert_array_equal(F.layer_norm(x, (4, 8)).array, plain.array)
     z = _tensor(_gpu((6, 5)))
     soft = np.full((6, 5), 0.2, np.float32)
-    np.testing.assert_array_equal(F.cross_entropy(z, soft).data,
-                                  F.cross_entropy(Tensor(z.data.view(np.ndarray)), soft).data)
+    np.testing.assert_array_equal(F.cross_entropy(z, soft).array,
+                                  F.cross_entropy(Tensor(z.array.view(np.ndarray)), soft).array)
     F.cross_entropy(_tensor(_gpu((2, 5, 3))), _targets(6).reshape(2, 3))
     F.gelu(_tensor(_gpu(())))
     with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
@@ -251,9 +251,9 @@ def _forward_backward(fn, leaves, monkeypatch, fused):
     for t in leaves:
         t.grad = None
     out = fn()
-    weights = np.linspace(-1.0, 1.0, out.data.size).reshape(out.data.shape).astype(np.float64)
+    weights = np.linspace(-1.0, 1.0, out.array.size).reshape(out.array.shape).astype(np.float64)
     (out * Tensor(weights)).sum().backward()  # float64 upstream gradients reach the op
-    return out.data, [t.grad.copy() for t in leaves]
+    return out.array, [t.grad.copy() for t in leaves]
 
 
 def _assert_paths_agree(fn, leaves, monkeypatch, spy, rtol=2e-5, atol=2e-6):
@@ -312,7 +312,7 @@ def test_modules_reach_the_fused_ops(stubs):
     from neural_arch import nn
     ln = nn.LayerNorm(8)
     for p in (ln.weight, ln.bias):
-        p.data = p.data.view(CupyLike)
+        p.array = p.array.view(CupyLike)
     x = _tensor(_gpu((2, 8)))
     ln(x), nn.GELU()(x), nn.CrossEntropyLoss()(_tensor(_gpu((6, 5))), _targets(6))
     assert all(len(recorder.calls) == 1 for recorder in stubs.values())

@@ -17,18 +17,18 @@ pytestmark = pytest.mark.timeout(60)
 def test_construction_dtype_rules(data, dtype):
     t = Tensor(data)
     assert t.dtype == dtype
-    np.testing.assert_array_equal(t.data, np.asarray(data))
+    np.testing.assert_array_equal(t.array, np.asarray(data))
 
 
 def test_construction_from_tensor_and_casts():
     base = Tensor(np.arange(4.0))
-    assert Tensor(base).data is base.data
+    assert Tensor(base).array is base.array
     assert Tensor([1, 2], dtype="float64").dtype == np.float64
-    assert Tensor([1.7, 2.2], dtype=np.int64).data.tolist() == [1, 2]
+    assert Tensor([1.7, 2.2], dtype=np.int64).array.tolist() == [1, 2]
     assert na.tensor([1, 2], dtype="float16").dtype == np.float16
     array = np.zeros(3)
-    assert na.tensor(array).data is not array
-    assert na.from_numpy(array).data is array
+    assert na.tensor(array).array is not array
+    assert na.from_numpy(array).array is array
     with pytest.raises(TypeError, match="from_numpy expects a numpy.ndarray"):
         na.from_numpy([1, 2])
 
@@ -47,13 +47,13 @@ def test_attributes_and_conversions():
     assert t.shape == (2, 3) and t.ndim == 2 and t.numel() == 6 and len(t) == 2
     assert t.device == "cpu" and t.name == "weights" and t.is_leaf
     assert t.T.shape == (3, 2) and t.tolist() == [[0, 1, 2], [3, 4, 5]]
-    assert t.numpy() is t.data and Tensor(2.5).item() == 2.5
+    assert t.numpy() is t.array and Tensor(2.5).item() == 2.5
     assert float(Tensor([3.0])) == 3.0 and int(Tensor(4)) == 4
     assert "requires_grad=True" in repr(Tensor([1.0], requires_grad=True))
     assert "weights" in repr(t) and repr(Tensor([1.0, 2.0])).startswith("tensor([1., 2.]")
-    t.data[0, 0] = 7.0
-    assert t.data[0, 0] == 7.0
-    t.data = np.zeros((1,))
+    t.array[0, 0] = 7.0
+    assert t.array[0, 0] == 7.0
+    t.array = np.zeros((1,))
     assert t.shape == (1,)
     with pytest.raises(TypeError, match="len\\(\\) of a 0-d tensor"):
         len(Tensor(1.0))
@@ -66,9 +66,9 @@ def test_attributes_and_conversions():
 def test_detach_clone_astype_to():
     x = Tensor([1.0, 2.0], requires_grad=True)
     d = x.detach()
-    assert not d.requires_grad and d.data is x.data
+    assert not d.requires_grad and d.array is x.array
     c = x.clone()
-    assert c.data is not x.data and c.requires_grad
+    assert c.array is not x.array and c.requires_grad
     y = x.astype("float64")
     assert y.dtype == np.float64
     (c * 2 + y * 3).sum().backward()
@@ -118,19 +118,19 @@ def test_factories_and_seeding():
     assert na.zeros(2, 3).dtype == np.float32 and na.zeros((2, 3)).shape == (2, 3)
     assert na.ones(4, dtype="float64").dtype == np.float64
     assert na.zeros_like(Tensor(np.ones((2, 2)))).dtype == np.float64
-    np.testing.assert_array_equal(na.ones_like(Tensor([1, 2])).data, [1, 1])
+    np.testing.assert_array_equal(na.ones_like(Tensor([1, 2])).array, [1, 1])
     assert na.arange(5).dtype == np.int64 and na.arange(0, 1, 0.25).dtype == np.float32
-    np.testing.assert_array_equal(na.arange(2, 8, 2).data, [2, 4, 6])
+    np.testing.assert_array_equal(na.arange(2, 8, 2).array, [2, 4, 6])
     assert na.randn(3, 4, requires_grad=True).requires_grad
-    np.testing.assert_array_equal(na.randn(5, seed=3).data, na.randn(5, seed=3).data)
+    np.testing.assert_array_equal(na.randn(5, seed=3).array, na.randn(5, seed=3).array)
     rng = np.random.default_rng(9)
     expected = np.random.default_rng(9).random(4).astype(np.float32)
-    np.testing.assert_array_equal(na.rand(4, rng=rng).data, expected)
+    np.testing.assert_array_equal(na.rand(4, rng=rng).array, expected)
     na.manual_seed(11)
-    first = na.randn(6).data
+    first = na.randn(6).array
     assert na.get_rng() is na.core.random.get_rng()
     na.manual_seed(11)
-    np.testing.assert_array_equal(na.randn(6).data, first)
+    np.testing.assert_array_equal(na.randn(6).array, first)
     np.testing.assert_array_equal(first, np.random.default_rng(11).standard_normal(6)
                                   .astype(np.float32))
     with pytest.raises(ValueError, match="seed must be a non-negative integer, got -1"):
@@ -153,7 +153,7 @@ def test_comparisons_argmax_and_setitem():
         a[0] = 2.0
     with na.no_grad():
         a[0] = 2.0
-    assert a.data[0] == 2.0
+    assert a.array[0] == 2.0
     assert {a: 1}[a] == 1  # tensors hash by identity
 
 

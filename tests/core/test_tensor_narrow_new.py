@@ -44,7 +44,7 @@ def test_narrow_matches_torch_with_its_gradient(torch, dim, start, length):
 def test_narrow_is_a_view_sharing_memory_and_version(torch):
     x = na.tensor(GRID)
     piece = x.narrow(1, 1, 2)
-    assert np.shares_memory(piece.data, x.data)
+    assert np.shares_memory(piece.array, x.array)
     with na.no_grad():
         piece.zero_()
     assert x.numpy()[:, 1:3].sum() == 0 and x._version == piece._version == 1
@@ -103,7 +103,7 @@ def test_new_factories_requires_grad_device_and_copies(torch):
         warnings.simplefilter("always")
         from_tensor = x.new_tensor(x)
     assert any("sourceTensor.detach().clone()" in str(w.message) for w in caught)
-    assert not from_tensor.requires_grad and not np.shares_memory(from_tensor.data, x.data)
+    assert not from_tensor.requires_grad and not np.shares_memory(from_tensor.array, x.array)
     with pytest.raises(TypeError):
         torch.zeros(1).new_zeros()
     with pytest.raises(TypeError, match="new_zeros"):
@@ -122,7 +122,7 @@ def test_view_as_shares_memory_or_raises_as_view(torch):
     x = na.tensor(GRID, requires_grad=True)
     viewed = x.view_as(na.zeros(4, 3))
     _same(viewed, torch.tensor(GRID).view_as(torch.zeros(4, 3)))
-    assert np.shares_memory(viewed.data, x.data)
+    assert np.shares_memory(viewed.array, x.array)
     viewed.sum().backward()
     np.testing.assert_array_equal(x.grad, np.ones((3, 4)))
     with pytest.raises(RuntimeError, match="view size is not compatible"):

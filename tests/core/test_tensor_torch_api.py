@@ -84,12 +84,12 @@ def test_in_place_on_a_leaf_that_requires_grad_raises_as_in_torch(torch):
     hidden = w * 2
     assert hidden.mul_(2.0).requires_grad  # not a leaf: recorded, as torch
     assert na.zeros(3).add_(w).requires_grad  # an argument requires grad: recorded
-    assert not w.data.any()
+    assert not w.array.any()
 
 
 def test_in_place_under_no_grad_writes_into_data(torch):
     w = na.zeros(2, 3, requires_grad=True)
-    data = w.data
+    data = w.array
     with na.no_grad():
         assert w.fill_(2.0) is w
         w.add_(na.ones(3), alpha=3).sub_(1.0).mul_(na.tensor([1.0, 2.0, 3.0])).div_(2.0)
@@ -98,10 +98,10 @@ def test_in_place_under_no_grad_writes_into_data(torch):
     t.fill_(2.0).add_(torch.ones(3), alpha=3).sub_(1.0).mul_(torch.tensor([1.0, 2.0, 3.0]))
     t.div_(2.0).clamp_(max=7.0).masked_fill_(torch.tensor([True, False, False]), -1.0)
     np.testing.assert_allclose(w.numpy(), t.numpy())
-    assert w.data is data and w.requires_grad and w.is_leaf
+    assert w.array is data and w.requires_grad and w.is_leaf
     with na.no_grad():
         w.copy_(np.arange(3.0)).zero_()
-    assert w.data is data and not data.any()
+    assert w.array is data and not data.any()
     (w * 2).sum().backward()  # the leaf still trains
     np.testing.assert_allclose(w.grad, np.full((2, 3), 2.0))
 
@@ -135,7 +135,7 @@ def test_random_fills_follow_the_generator_and_the_bounds():
     w = na.zeros(3, requires_grad=True)
     with na.no_grad():
         w.normal_(0, 0.02)
-    assert w.requires_grad and w.data.any()
+    assert w.requires_grad and w.array.any()
 
 
 # ----------------------------------------------------------------------------- shapes

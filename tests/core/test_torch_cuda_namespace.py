@@ -73,7 +73,7 @@ def test_on_a_gpu_the_answers_are_torchs(torch):
     na.cuda.set_device(last)
     try:
         assert na.cuda.current_device() == last
-        assert na.tensor([1.0], device="cuda").data.device.id == last
+        assert na.tensor([1.0], device="cuda").array.device.id == last
     finally:
         na.cuda.set_device(0)
     na.cuda.set_device(-1)  # a negative index is ignored, as in torch

@@ -22,7 +22,7 @@ def test_view_of_contiguous_data_shares_memory_and_gradients_match_torch():
     plain = Tensor(data.copy())
     v = plain.view(2, 6)
     v[0, 0] = 100.0
-    assert plain.data[0, 0] == 100.0 and plain._version == 1
+    assert plain.array[0, 0] == 100.0 and plain._version == 1
 
 
 def test_view_of_non_viewable_data_raises_like_torch_and_reshape_copies():

@@ -16,7 +16,7 @@ def _dataset(n=23):
 
 
 def _epoch_labels(loader):
-    return [batch[1].data.copy() for batch in loader]
+    return [batch[1].array.copy() for batch in loader]
 
 
 def test_tensor_dataset_items_and_length_mismatch():
@@ -37,14 +37,14 @@ def test_batches_cover_dataset_in_order(drop_last):
     loader = DataLoader(_dataset(23), batch_size=5, drop_last=drop_last)
     batches = list(loader)
     assert len(batches) == len(loader) == (4 if drop_last else 5)
-    sizes = [len(b[1].data) for b in batches]
+    sizes = [len(b[1].array) for b in batches]
     assert sizes == ([5] * 4 if drop_last else [5, 5, 5, 5, 3])
-    labels = np.concatenate([b[1].data for b in batches])
+    labels = np.concatenate([b[1].array for b in batches])
     np.testing.assert_array_equal(labels, np.arange(20 if drop_last else 23))
     x, y = batches[0]
     assert isinstance(x, Tensor) and isinstance(y, Tensor)
     assert x.dtype == np.float32 and y.dtype == np.int64 and x.shape == (5, 3)
-    np.testing.assert_array_equal(x.data, np.arange(15, dtype=np.float32).reshape(5, 3))
+    np.testing.assert_array_equal(x.array, np.arange(15, dtype=np.float32).reshape(5, 3))
 
 
 def test_shuffle_is_a_permutation_reproducible_and_new_each_epoch():
@@ -63,7 +63,7 @@ def test_shuffle_is_a_permutation_reproducible_and_new_each_epoch():
     np.testing.assert_array_equal(np.concatenate(_epoch_labels(again)), np.concatenate(second))
     # features travel with their labels
     x, y = next(iter(loader))
-    np.testing.assert_array_equal(x.data, ds.arrays[0][y.data])
+    np.testing.assert_array_equal(x.array, ds.arrays[0][y.array])
 
 
 def test_shuffle_without_seed_follows_manual_seed():
@@ -124,7 +124,7 @@ class Pairs(Dataset):
 def test_default_collate_item_by_item():
     batch = next(iter(DataLoader(Pairs(), batch_size=4)))
     assert batch["x"].dtype == np.float64 and batch["x"].shape == (4, 2)
-    np.testing.assert_array_equal(batch["y"].data, [0, 1, 2, 3])
+    np.testing.assert_array_equal(batch["y"].array, [0, 1, 2, 3])
     assert batch["y"].dtype == np.int64 and batch["w"].dtype == np.float32
     assert batch["name"] == ["item0", "item1", "item2", "item3"]
     with pytest.raises(ValueError, match=r"\(2,\)"):
@@ -146,9 +146,9 @@ class Strided(Dataset):
 
 def test_default_collate_strided_items_and_numpy_scalars():
     x, w = next(iter(DataLoader(Strided(), batch_size=5)))
-    np.testing.assert_array_equal(x.data, np.arange(40, dtype=np.int32).reshape(5, 8)[:, ::2])
+    np.testing.assert_array_equal(x.array, np.arange(40, dtype=np.int32).reshape(5, 8)[:, ::2])
     assert x.dtype == np.int32 and w.dtype == np.float64
-    np.testing.assert_array_equal(w.data, np.arange(5) / 2)
+    np.testing.assert_array_equal(w.array, np.arange(5) / 2)
     strided = TensorDataset(np.arange(20.0).reshape(10, 2)[::2, 1], np.arange(5))
     np.testing.assert_array_equal(strided.arrays[0], [1.0, 5.0, 9.0, 13.0, 17.0])
 
@@ -172,7 +172,7 @@ def test_random_split_is_a_disjoint_cover():
         random_split(ds, [10, 10])
     # a loader over a subset uses the fast path and returns the subset's rows
     batch = next(iter(DataLoader(parts[1], batch_size=10)))
-    np.testing.assert_array_equal(batch[1].data, parts[1].indices)
+    np.testing.assert_array_equal(batch[1].array, parts[1].indices)
     assert isinstance(parts[1], Subset)
 
 
@@ -202,5 +202,5 @@ def test_char_dataset_through_loader_matches_items():
     assert x.dtype == np.int64 and x.shape == (4, 5)
     order = np.random.default_rng((0, 0)).permutation(len(ds))[:4]
     for row, index in enumerate(order):
-        np.testing.assert_array_equal(x.data[row], ds[int(index)][0])
-        np.testing.assert_array_equal(y.data[row], ds[int(index)][1])
+        np.testing.assert_array_equal(x.array[row], ds[int(index)][0])
+        np.testing.assert_array_equal(y.array[row], ds[int(index)][1])

@@ -24,7 +24,7 @@ def leftovers():
 
 
 def _arrays(batches):
-    return [tuple(np.array(field.data) for field in batch) for batch in batches]
+    return [tuple(np.array(field.array) for field in batch) for batch in batches]
 
 
 def _assert_same_batches(expected, got):
@@ -57,7 +57,7 @@ def test_global_seed_shuffles_alike_with_and_without_workers():
     def two_epochs(workers):
         manual_seed(5)
         loader = DataLoader(_table(17), batch_size=5, shuffle=True, num_workers=workers)
-        return [np.concatenate([b[1].data for b in loader]) for _ in range(2)]
+        return [np.concatenate([b[1].array for b in loader]) for _ in range(2)]
     without, with_workers = two_epochs(0), two_epochs(2)
     assert not np.array_equal(without[0], without[1])
     for a, b in zip(without, with_workers):
@@ -67,7 +67,7 @@ def test_global_seed_shuffles_alike_with_and_without_workers():
 def test_same_batches_as_torch_for_a_sequential_sampler():
     torch = pytest.importorskip("torch")
     dataset = Rows(10)
-    ours = [(b[0].data, b[1].data) for b in DataLoader(dataset, batch_size=3, num_workers=2)]
+    ours = [(b[0].array, b[1].array) for b in DataLoader(dataset, batch_size=3, num_workers=2)]
     theirs = [(x.numpy(), y.numpy()) for x, y in
               torch.utils.data.DataLoader(dataset, batch_size=3, num_workers=2)]
     assert len(ours) == len(theirs) == 4

@@ -76,7 +76,7 @@ def all_reduce_suite(rank: int, ws: int, algorithms: list) -> list[str]:
     # Tensors and non-contiguous views are changed in place
     t = Tensor(np.full((3, 4), rank + 1.0, dtype=np.float32))
     assert dist.all_reduce(t) is t
-    np.testing.assert_array_equal(t.data, np.full((3, 4), ws * (ws + 1) / 2, dtype=np.float32))
+    np.testing.assert_array_equal(t.array, np.full((3, 4), ws * (ws + 1) / 2, dtype=np.float32))
     base = np.zeros((4, 6))
     view = base[:, ::2]
     view[...] = rank

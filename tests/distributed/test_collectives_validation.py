@@ -83,12 +83,12 @@ def test_one_rank_collectives_return_their_input_unchanged():
     x = np.arange(6.0).reshape(2, 3)
     t = Tensor(x.copy())
     assert dist.all_reduce(x, dist.ReduceOp.AVERAGE) is x
-    assert dist.all_reduce(t) is t and np.array_equal(t.data, x)
+    assert dist.all_reduce(t) is t and np.array_equal(t.array, x)
     assert dist.broadcast(x) is x and dist.reduce(x) is x
     np.testing.assert_array_equal(x, np.arange(6.0).reshape(2, 3))
     gathered = dist.all_gather(t)
     assert len(gathered) == 1 and isinstance(gathered[0], Tensor)
-    np.testing.assert_array_equal(gathered[0].data, x)
+    np.testing.assert_array_equal(gathered[0].array, x)
     chunk = dist.reduce_scatter(x, dist.ReduceOp.SUM)
     np.testing.assert_array_equal(chunk, x)
     out = np.zeros(3)

@@ -56,7 +56,7 @@ def test_staging_strided_device_arrays_and_tensors(fake):
     tensor = Tensor(fake.asarray(np.ones(4, np.float32)))
     assert isinstance(buffers.array_of(tensor), buffers.HostStaged)
     wrapped = buffers.wrap_like(tensor, np.full(4, 3.0, np.float32))
-    assert isinstance(wrapped, Tensor) and isinstance(wrapped.data, fake.ndarray)
+    assert isinstance(wrapped, Tensor) and isinstance(wrapped.array, fake.ndarray)
     assert isinstance(buffers.wrap_like(base, np.zeros(2)), fake.ndarray)
 
 
@@ -80,7 +80,7 @@ def _device_collectives(rank: int, world_size: int, use_fake: bool) -> dict:
     out["sum"] = cp.asnumpy(x)
     y = Tensor(cp.asarray(np.full(3, 2.0 * (rank + 1))))
     dist.all_reduce(y, dist.ReduceOp.AVERAGE)
-    out["avg"] = cp.asnumpy(y.data)
+    out["avg"] = cp.asnumpy(y.array)
     b = cp.asarray(np.full(4, rank, dtype=np.int64))
     dist.broadcast(b, src=1)
     out["bcast"] = cp.asnumpy(b)

@@ -215,7 +215,7 @@ def _broadcasts_left_to_the_general_path(rank, ws):
     # one rank passes a Tensor (general path), the others an array (short path): they agree
     mixed = Tensor(np.full(3, rank + 5.0)) if rank == 0 else np.full(3, rank + 5.0)
     out = dist.broadcast(mixed, 0)
-    seen.append((out.data if rank == 0 else out).tolist())
+    seen.append((out.array if rank == 0 else out).tolist())
     return seen
 
 

@@ -28,8 +28,8 @@ def _global_batch(step: int, rows: int, tail: tuple, dtype) -> tuple:
 
 def _affine(module, dtype) -> None:
     rng = np.random.default_rng(7)
-    module.weight.data[...] = rng.uniform(0.5, 1.5, CHANNELS).astype(dtype)
-    module.bias.data[...] = rng.normal(size=CHANNELS).astype(dtype)
+    module.weight.array[...] = rng.uniform(0.5, 1.5, CHANNELS).astype(dtype)
+    module.bias.array[...] = rng.normal(size=CHANNELS).astype(dtype)
 
 
 def _train(module, batches, dtype) -> dict:
@@ -42,12 +42,12 @@ def _train(module, batches, dtype) -> dict:
         x = Tensor(x_data, requires_grad=True)
         out = module(x)
         (out * Tensor(upstream)).sum().backward()
-        record["out"].append(out.data.copy())
+        record["out"].append(out.array.copy())
         record["x_grad"].append(x.grad.copy())
         record["w_grad"].append(module.weight.grad.copy())
         record["b_grad"].append(module.bias.grad.copy())
-    record["running"] = (module.running_mean.data.copy(), module.running_var.data.copy(),
-                         int(module.num_batches_tracked.data))
+    record["running"] = (module.running_mean.array.copy(), module.running_var.array.copy(),
+                         int(module.num_batches_tracked.array))
     return record
 
 
@@ -134,13 +134,13 @@ def eval_worker(rank: int, world_size: int):
     if rank == 0:
         sync, plain = nn.SyncBatchNorm(CHANNELS), nn.BatchNorm2d(CHANNELS)
         for layer in (sync, plain):
-            layer.running_mean.data[...] = [0.5, -1.0, 2.0]
-            layer.running_var.data[...] = [2.0, 0.5, 1.5]
+            layer.running_mean.array[...] = [0.5, -1.0, 2.0]
+            layer.running_var.array[...] = [2.0, 0.5, 1.5]
             layer.eval()
         no_stats = nn.SyncBatchNorm(CHANNELS, track_running_stats=False).eval()
         plain_no_stats = nn.BatchNorm2d(CHANNELS, track_running_stats=False).eval()
-        outputs = [(sync(Tensor(x)).data, plain(Tensor(x)).data),
-                   (no_stats(Tensor(x)).data, plain_no_stats(Tensor(x)).data)]
+        outputs = [(sync(Tensor(x)).array, plain(Tensor(x)).array),
+                   (no_stats(Tensor(x)).array, plain_no_stats(Tensor(x)).array)]
     marker = np.array([rank + 1.0])
     dist.all_reduce(marker)
     return outputs, float(marker[0])

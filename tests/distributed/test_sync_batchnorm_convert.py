@@ -20,7 +20,7 @@ def _resnet(seed: int):
     rng = np.random.default_rng(seed)
     for name, buffer in model.named_buffers():  # state that a copy must keep
         if name.endswith("running_mean") or name.endswith("running_var"):
-            buffer.data[...] = rng.uniform(0.5, 1.5, buffer.data.shape)
+            buffer.array[...] = rng.uniform(0.5, 1.5, buffer.array.shape)
     return model
 
 
@@ -31,7 +31,7 @@ def test_convert_replaces_every_batchnorm_and_keeps_its_state():
     model.layer2.eval()  # a mixed training mode must survive the swap
     before = {name: type(m) for name, m in model.named_modules()}
     params_before = dict(model.named_parameters())
-    state_before = {k: np.array(v.data if hasattr(v, "data") else v, copy=True)
+    state_before = {k: np.array(v.array if hasattr(v, "array") else v, copy=True)
                     for k, v in model.state_dict().items()}
     modes_before = {name: m.training for name, m in model.named_modules()}
     group = object()  # stored as given, as torch does; never used outside training
@@ -54,7 +54,7 @@ def test_convert_replaces_every_batchnorm_and_keeps_its_state():
     assert list(state_after) == list(state_before)
     for key, value in state_before.items():
         got = state_after[key]
-        np.testing.assert_array_equal(getattr(got, "data", got), value, err_msg=key)
+        np.testing.assert_array_equal(getattr(got, "array", got), value, err_msg=key)
 
 
 def test_convert_a_lone_batchnorm_returns_the_new_module():
@@ -87,8 +87,8 @@ def ddp_resnet_worker(rank: int, world_size: int):
     loss = F.cross_entropy(ddp(Tensor(x[rows])), Tensor(y[rows]))
     loss.backward()
     ddp.sync_gradients()
-    return (float(loss.data), {n: p.grad.copy() for n, p in model.named_parameters()},
-            {n: np.array(b.data, copy=True) for n, b in model.named_buffers()})
+    return (float(loss.array), {n: p.grad.copy() for n, p in model.named_parameters()},
+            {n: np.array(b.array, copy=True) for n, b in model.named_buffers()})
 
 
 def test_ddp_step_of_the_converted_resnet_equals_one_process():
@@ -100,12 +100,12 @@ def test_ddp_step_of_the_converted_resnet_equals_one_process():
     loss = F.cross_entropy(model(Tensor(x)), Tensor(y))
     loss.backward()
     # equal shares: the mean of the ranks' mean losses is the whole batch's mean loss
-    assert np.isclose(np.mean([r[0] for r in results]), float(loss.data), rtol=1e-12)
+    assert np.isclose(np.mean([r[0] for r in results]), float(loss.array), rtol=1e-12)
     for name, param in model.named_parameters():
         for _, grads, _ in results:
             np.testing.assert_allclose(grads[name], param.grad, rtol=1e-9, atol=1e-12,
                                        err_msg=name)
     for name, buffer in model.named_buffers():
         for _, _, buffers in results:
-            np.testing.assert_allclose(buffers[name], buffer.data, rtol=1e-12, atol=1e-12,
+            np.testing.assert_allclose(buffers[name], buffer.array, rtol=1e-12, atol=1e-12,
                                        err_msg=name)

@@ -64,7 +64,7 @@ manager = DistributedCheckpointManager(directory, max_checkpoints=1)
 
 def save(step):
     for parameter in model.parameters():
-        parameter.data[...] = step
+        parameter.array[...] = step
     manager.save_checkpoint(model, None, 0, step, None)
 
 save(0)
@@ -95,7 +95,7 @@ def test_loads_during_saves_read_complete_checkpoints_and_every_save_completes(t
             except NoCheckpointError:  # the writer has not finished its first save yet
                 time.sleep(0.01)
                 continue
-            assert all(np.all(p.data == info["step"]) for p in model.parameters()), info
+            assert all(np.all(p.array == info["step"]) for p in model.parameters()), info
             loads.append(info["step"])
             go.touch()
         _, stderr = writer.communicate(timeout=WAIT_S)
@@ -104,7 +104,7 @@ def test_loads_during_saves_read_complete_checkpoints_and_every_save_completes(t
     assert writer.returncode == 0, stderr
     assert loads and loads == sorted(loads)  # never an older state after a newer one
     info = manager.load_checkpoint(model, restore_rng=False)
-    assert info["step"] == count and all(np.all(p.data == count) for p in model.parameters())
+    assert info["step"] == count and all(np.all(p.array == count) for p in model.parameters())
     assert _temporaries(directory) == []
 
 

@@ -17,7 +17,7 @@ def make_model(rank: int):
     from neural_arch.core import manual_seed
     manual_seed(100 + rank)  # every rank starts from different weights
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
-    model[1].running_mean.data[...] = rank  # a buffer that differs too
+    model[1].running_mean.array[...] = rank  # a buffer that differs too
     return model
 
 
@@ -44,7 +44,7 @@ def broadcast_case(rank: int, world: int, root: int) -> dict:
     momenta = [np.array(s["momentum_buffer"]) for s in opt.state_dict()["state"].values()]
     hvd.shutdown()
     return {"before": before, "after": after_state_dict,
-            "named": [p.data.copy() for p in other.parameters()], "momenta": momenta}
+            "named": [p.array.copy() for p in other.parameters()], "momenta": momenta}
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -32,7 +32,7 @@ def collectives_case(rank: int, world: int) -> dict:
     out["ints"] = hvd.allreduce(np.arange(5, dtype=np.int64) * (rank + 1), op=hvd.Sum)
     t = Tensor(x.copy())
     result = hvd.allreduce(t)
-    out["tensor_kind"] = (type(result).__name__, np.array_equal(t.data, x))  # input untouched
+    out["tensor_kind"] = (type(result).__name__, np.array_equal(t.array, x))  # input untouched
     inplace = x.copy()
     out["inplace_same"] = hvd.allreduce_(inplace) is inplace
     out["inplace"] = inplace

@@ -20,7 +20,7 @@ def make_model():
     manual_seed(11)
     model = MLP([IN, 5, OUT], activation="tanh")
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -44,7 +44,7 @@ def reference(counts: list, stop_after: int = None) -> list:
         F.cross_entropy(model(Tensor(x)), Tensor(y)).backward()
         opt.step()
         opt.zero_grad()
-    return [p.data.copy() for p in model.parameters()]
+    return [p.array.copy() for p in model.parameters()]
 
 
 def uneven_case(rank: int, world: int, counts: list) -> dict:
@@ -67,11 +67,11 @@ def uneven_case(rank: int, world: int, counts: list) -> dict:
         metrics.append(float(hvd.allreduce(np.array([1.0]), op=hvd.Sum)[0]))
         metrics.append(hvd.allgather(np.array([rank])).tolist())
         metrics.append(hvd.allgather_object(rank))
-    own = [p.data.copy() for p in model.parameters()]
+    own = [p.array.copy() for p in model.parameters()]
     last = hvd.join()
     hvd.broadcast_parameters(model.named_parameters(), root_rank=last)
     hvd.shutdown()
-    return {"last": last, "own": own, "final": [p.data.copy() for p in model.parameters()],
+    return {"last": last, "own": own, "final": [p.array.copy() for p in model.parameters()],
             "metrics": metrics}
 
 

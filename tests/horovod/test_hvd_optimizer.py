@@ -21,7 +21,7 @@ def make_model():
     manual_seed(3)
     model = MLP([IN, HIDDEN, OUT], activation="tanh")
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -57,7 +57,7 @@ def reference(case: dict) -> list:
             clip_grad_norm_(model.parameters(), case["clip"])
         opt.step()
         opt.zero_grad()
-    return [p.data.copy() for p in model.parameters()]
+    return [p.array.copy() for p in model.parameters()]
 
 
 def train_case(rank: int, world: int, case: dict) -> list:
@@ -91,7 +91,7 @@ def train_case(rank: int, world: int, case: dict) -> list:
             opt.step()
         opt.zero_grad()
     hvd.shutdown()
-    return [p.data.copy() for p in model.parameters()]
+    return [p.array.copy() for p in model.parameters()]
 
 
 CASES = {
@@ -168,7 +168,7 @@ def optimizer_state_case(rank: int, world: int, root: int) -> dict:
     opt = Adam(model.parameters(), lr=0.01 * (rank + 1))
     if rank == 0:
         for p in model.parameters():
-            p.grad = np.full_like(p.data, 0.5)
+            p.grad = np.full_like(p.array, 0.5)
         opt.step()
     hvd.broadcast_optimizer_state(opt, root_rank=root)
     state = opt.state_dict()

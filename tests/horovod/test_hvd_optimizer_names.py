@@ -22,7 +22,7 @@ def optimizer_model():
     manual_seed(5)
     model = MLP([3, 3, 3], activation="tanh")  # two (3, 3) weights, two (3,) biases
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -55,7 +55,7 @@ def optimizer_case(rank: int, world: int, variant: str):
         return str(exc)
     finally:
         hvd.shutdown()
-    return [p.data.copy() for p in model.parameters()]
+    return [p.array.copy() for p in model.parameters()]
 
 
 def test_optimizer_gradients_are_matched_by_name_whatever_the_parameter_order():
@@ -70,7 +70,7 @@ def test_optimizer_gradients_are_matched_by_name_whatever_the_parameter_order():
     for out in run(optimizer_case, "order"):
         assert isinstance(out, list), out
         for got, want in zip(out, model.parameters()):
-            np.testing.assert_allclose(got, want.data, rtol=1e-12)
+            np.testing.assert_allclose(got, want.array, rtol=1e-12)
 
 
 def test_optimizer_parameters_named_differently_on_two_ranks_raise_on_every_rank():

@@ -22,10 +22,10 @@ def test_mlp_structure_and_forward():
     x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
     h = x
     for i, layer in enumerate(m for m in model if isinstance(m, nn.Linear)):
-        h = h @ layer.weight.data.T + layer.bias.data
+        h = h @ layer.weight.array.T + layer.bias.array
         if i < 2:
             h = np.maximum(h, 0)
-    np.testing.assert_allclose(model(x).data, h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model(x).array, h, rtol=1e-5, atol=1e-6)
     with_dropout = MLP([4, 8, 2], activation="gelu", dropout=0.1)
     assert [type(m).__name__ for m in with_dropout] == ["Linear", "GELU", "Dropout", "Linear"]
     with pytest.raises(ValueError, match="swish"):
@@ -41,8 +41,8 @@ def test_mlp_training_matches_torch():
     theirs = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     with torch.no_grad():
         for t, o in zip((theirs[0], theirs[2]), (ours[0], ours[2])):
-            t.weight.copy_(torch.from_numpy(o.weight.data))
-            t.bias.copy_(torch.from_numpy(o.bias.data))
+            t.weight.copy_(torch.from_numpy(o.weight.array))
+            t.bias.copy_(torch.from_numpy(o.bias.array))
     opt = SGD(ours.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3)
     topt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9, nesterov=True,
                            weight_decay=1e-3)
@@ -59,7 +59,7 @@ def test_mlp_training_matches_torch():
         tloss.backward()
         topt.step()
         assert loss.item() == pytest.approx(tloss.item(), rel=1e-5)
-    np.testing.assert_allclose(ours[2].weight.data, theirs[2].weight.detach().numpy(),
+    np.testing.assert_allclose(ours[2].weight.array, theirs[2].weight.detach().numpy(),
                                rtol=1e-4, atol=1e-6)
 
 
@@ -71,7 +71,7 @@ def _tiny_config(**overrides):
 
 def _float64(model):
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -86,7 +86,7 @@ def test_gpt_shapes_loss_and_tying():
     targets = np.roll(idx, -1, axis=1)
     logits, loss = model(idx, targets)
     assert logits.shape == (3, 8, 11) and model(idx)[1] is None
-    z = logits.data.reshape(-1, 11).astype(np.float64)
+    z = logits.array.reshape(-1, 11).astype(np.float64)
     z = z - z.max(1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(1, keepdims=True))
     expected = -logp[np.arange(24), targets.reshape(-1)].mean()
@@ -107,7 +107,7 @@ def test_gpt_is_causal():
     idx = np.random.default_rng(1).integers(0, 11, (2, 8))
     changed = idx.copy()
     changed[:, 5:] = (changed[:, 5:] + 1) % 11
-    a, b = model(idx)[0].data, model(changed)[0].data
+    a, b = model(idx)[0].array, model(changed)[0].array
     np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-6, atol=1e-7)
     assert not np.allclose(a[:, 5:], b[:, 5:])
 
@@ -144,7 +144,7 @@ def test_gpt_learns_a_sequence_and_state_dict_round_trip(tmp_path):
     restored = GPT(config)
     restored.load(path)
     assert restored.lm_head.weight is restored.wte.weight
-    np.testing.assert_array_equal(restored(idx)[0].data, model(idx)[0].data)
+    np.testing.assert_array_equal(restored(idx)[0].array, model(idx)[0].array)
 
 
 def test_gpt_generate():
@@ -161,7 +161,7 @@ def test_gpt_generate():
     tokens = start.copy()
     for _ in range(3):
         logits, _ = model(tokens[:, -4:])
-        tokens = np.concatenate([tokens, logits.data[:, -1].argmax(-1)[:, None]], axis=1)
+        tokens = np.concatenate([tokens, logits.array[:, -1].argmax(-1)[:, None]], axis=1)
     np.testing.assert_array_equal(greedy, tokens)
     assert model.training
     with pytest.raises(ValueError, match="temperature"):

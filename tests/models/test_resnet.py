@@ -47,7 +47,7 @@ def test_resnet_forward_backward_matches_torch():
         np.testing.assert_allclose(ours.state_dict()[key], value.numpy(), rtol=1e-10,
                                    err_msg=key)
     ours.eval(), theirs.eval()
-    np.testing.assert_allclose(ours(x).data, theirs(torch.from_numpy(x)).detach().numpy(),
+    np.testing.assert_allclose(ours(x).array, theirs(torch.from_numpy(x)).detach().numpy(),
                                rtol=1e-9, atol=1e-10)
 
 

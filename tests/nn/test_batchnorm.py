@@ -18,11 +18,11 @@ def _pair(torch, name, momentum, affine=True, track=True):
                                      track_running_stats=track, dtype=torch.float64)
     if affine:
         rng = np.random.default_rng(9)
-        ours.weight.data[...] = rng.uniform(0.5, 1.5, 4)
-        ours.bias.data[...] = rng.standard_normal(4)
+        ours.weight.array[...] = rng.uniform(0.5, 1.5, 4)
+        ours.bias.array[...] = rng.standard_normal(4)
         with torch.no_grad():
-            theirs.weight.copy_(torch.from_numpy(ours.weight.data))
-            theirs.bias.copy_(torch.from_numpy(ours.bias.data))
+            theirs.weight.copy_(torch.from_numpy(ours.weight.array))
+            theirs.bias.copy_(torch.from_numpy(ours.bias.array))
     return ours, theirs
 
 
@@ -40,7 +40,7 @@ def test_batchnorm_train_steps_then_eval_match_torch(name, shape, momentum):
         out, ref = ours(X), theirs(tx)
         out.backward(gout)
         ref.backward(torch.tensor(gout))
-        np.testing.assert_allclose(out.data, ref.detach().numpy(), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(out.array, ref.detach().numpy(), rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(X.grad, tx.grad.numpy(), rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(ours.weight.grad, theirs.weight.grad.numpy(), rtol=1e-9)
         np.testing.assert_allclose(ours.bias.grad, theirs.bias.grad.numpy(), rtol=1e-9)
@@ -48,7 +48,7 @@ def test_batchnorm_train_steps_then_eval_match_torch(name, shape, momentum):
     for key, value in theirs.state_dict().items():
         np.testing.assert_allclose(ours.state_dict()[key], value.numpy(), rtol=1e-12,
                                    err_msg=key)
-    assert int(ours.num_batches_tracked.data) == 3
+    assert int(ours.num_batches_tracked.array) == 3
     ours.eval(), theirs.eval()
     ours.zero_grad()
     x = rng.standard_normal(shape)
@@ -56,7 +56,7 @@ def test_batchnorm_train_steps_then_eval_match_torch(name, shape, momentum):
     out, ref = ours(X), theirs(tx)
     out.sum().backward()
     ref.sum().backward()
-    np.testing.assert_allclose(out.data, ref.detach().numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out.array, ref.detach().numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(X.grad, tx.grad.numpy(), rtol=1e-10)
     np.testing.assert_allclose(ours.weight.grad, theirs.weight.grad.numpy(), rtol=1e-9)
 
@@ -69,7 +69,7 @@ def test_batchnorm_without_affine_or_running_stats(affine, track):
     x = np.random.default_rng(1).standard_normal((2, 4, 3, 3))
     for mode in (True, False):  # without running stats, eval normalises with the batch's too
         ours.train(mode), theirs.train(mode)
-        np.testing.assert_allclose(ours(x).data, theirs(torch.from_numpy(x)).detach().numpy(),
+        np.testing.assert_allclose(ours(x).array, theirs(torch.from_numpy(x)).detach().numpy(),
                                    rtol=1e-10, atol=1e-12)
 
 
@@ -84,10 +84,10 @@ def test_batchnorm_gradcheck_and_functional_form():
     mean, var = Tensor(np.zeros(3)), Tensor(np.ones(3))
     tmean, tvar = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
     F.batch_norm(x, mean, var, w, b, training=True, momentum=0.3)
-    torch.nn.functional.batch_norm(torch.from_numpy(x.data), tmean, tvar, training=True,
+    torch.nn.functional.batch_norm(torch.from_numpy(x.array), tmean, tvar, training=True,
                                    momentum=0.3)
-    np.testing.assert_allclose(mean.data, tmean.numpy(), rtol=1e-12)
-    np.testing.assert_allclose(var.data, tvar.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(mean.array, tmean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(var.array, tvar.numpy(), rtol=1e-12)
 
 
 def test_batchnorm_statistics_seam_is_used_in_forward_and_backward():
@@ -123,7 +123,7 @@ def test_dropout2d_zeroes_whole_channels_with_scale():
     layer = nn.Dropout2d(0.4)
     x = Tensor(np.random.default_rng(4).uniform(1, 2, (16, 8, 3, 5)), requires_grad=True)
     out = layer(x)
-    ratio = np.round(out.data / x.data, 12)
+    ratio = np.round(out.array / x.array, 12)
     per_channel = ratio.reshape(16, 8, -1)
     assert np.all(per_channel.max(axis=2) == per_channel.min(axis=2))  # one value per channel
     assert set(np.unique(ratio)) == {0.0, round(1 / 0.6, 12)}
@@ -133,8 +133,8 @@ def test_dropout2d_zeroes_whole_channels_with_scale():
     layer.eval()
     assert layer(x) is x
     assert F.dropout2d(x, 0.5, training=False) is x
-    assert np.all(F.dropout2d(x, 1.0).data == 0)
-    three_d = F.dropout2d(Tensor(np.ones((4, 6, 7))), 0.5).data
+    assert np.all(F.dropout2d(x, 1.0).array == 0)
+    three_d = F.dropout2d(Tensor(np.ones((4, 6, 7))), 0.5).array
     assert np.all(three_d.max(axis=2) == three_d.min(axis=2))
     with pytest.raises(ValueError, match=r"\(4, 6\)"):
         F.dropout2d(Tensor(np.ones((4, 6))), 0.5)

@@ -29,13 +29,13 @@ def run(shape, dtype, affine=True, seed=0):
     layer = (nn.BatchNorm2d if len(shape) == 4 else nn.BatchNorm1d)(shape[1], affine=affine,
                                                                      dtype=dtype)
     if affine:
-        layer.weight.data[...] = rng.uniform(0.5, 1.5, shape[1])
-        layer.bias.data[...] = rng.standard_normal(shape[1])
+        layer.weight.array[...] = rng.uniform(0.5, 1.5, shape[1])
+        layer.bias.array[...] = rng.standard_normal(shape[1])
     x = Tensor((rng.standard_normal(shape) * 3 + 2).astype(dtype), requires_grad=True)
     out = layer(x)
     out.backward(rng.standard_normal(shape).astype(dtype))
     params = [layer.weight.grad, layer.bias.grad] if affine else []
-    return [out.data, x.grad, *params, layer.running_mean.data, layer.running_var.data]
+    return [out.array, x.grad, *params, layer.running_mean.array, layer.running_var.array]
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -68,8 +68,8 @@ def test_kernels_match_torch_float64(monkeypatch, shape):
                                                                          dtype=torch.float64)
     ref = torch.nn.functional.batch_norm(tx, tmean, tvar, tw, tb, training=True, momentum=0.2)
     ref.backward(torch.tensor(g))
-    for ours, theirs in ((out.data, ref), (X.grad, tx.grad), (W.grad, tw.grad),
-                         (B.grad, tb.grad), (mean.data, tmean), (var.data, tvar)):
+    for ours, theirs in ((out.array, ref), (X.grad, tx.grad), (W.grad, tw.grad),
+                         (B.grad, tb.grad), (mean.array, tmean), (var.array, tvar)):
         np.testing.assert_allclose(ours, theirs.detach().numpy(), rtol=1e-10, atol=1e-12)
 
 
@@ -100,7 +100,7 @@ def test_seams_still_run_with_kernels(monkeypatch):
                    requires_grad=True)
         out = layer(x)
         (out * out).sum().backward()
-        return out.data, x.grad, layer.weight.grad
+        return out.array, x.grad, layer.weight.grad
 
     use(monkeypatch, "numpy")
     want = step()

@@ -55,7 +55,7 @@ def test_conv_matches_torch(spatial, dtype, tol, case):
         ref, gx, gw, gb = _torch_conv(torch, spatial, x, w, b, stride, padding, dilation,
                                       groups, gout)
         assert out.dtype == dtype and out.shape == ref.shape
-        np.testing.assert_allclose(out.data, ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(out.array, ref, rtol=tol, atol=tol)
         np.testing.assert_allclose(X.grad, gx, rtol=tol, atol=tol)
         np.testing.assert_allclose(W.grad, gw, rtol=tol, atol=tol)
         if b is not None:
@@ -81,10 +81,10 @@ def test_conv_modules_match_torch_modules_and_unbatched_input():
     theirs = torch.nn.Conv2d(4, 6, (3, 5), stride=(2, 1), padding=(1, 2), groups=2,
                              dtype=torch.float64)
     with torch.no_grad():
-        theirs.weight.copy_(torch.from_numpy(ours.weight.data))
-        theirs.bias.copy_(torch.from_numpy(ours.bias.data))
+        theirs.weight.copy_(torch.from_numpy(ours.weight.array))
+        theirs.bias.copy_(torch.from_numpy(ours.bias.array))
     x = np.random.default_rng(2).standard_normal((4, 8, 9))  # unbatched (C, H, W)
-    np.testing.assert_allclose(ours(x).data, theirs(torch.from_numpy(x)).detach().numpy(),
+    np.testing.assert_allclose(ours(x).array, theirs(torch.from_numpy(x)).detach().numpy(),
                                rtol=1e-10, atol=1e-12)
     conv1 = nn.Conv1d(3, 5, 3, padding="same", bias=False)
     assert conv1.weight.shape == (5, 3, 3) and conv1.bias is None
@@ -98,10 +98,10 @@ def test_conv_default_init_has_torch_bounds():
     conv = nn.Conv2d(8, 64, 3)
     fan_in = 8 * 9
     bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform(a=sqrt(5)) gives the same bound
-    for p in (conv.weight.data, conv.bias.data):
+    for p in (conv.weight.array, conv.bias.array):
         assert np.abs(p).max() <= bound and np.abs(p).max() > 0.9 * bound
     assert conv.weight.dtype == np.float32
-    assert abs(conv.weight.data.std() - bound / math.sqrt(3)) < 0.1 * bound
+    assert abs(conv.weight.array.std() - bound / math.sqrt(3)) < 0.1 * bound
 
 
 @pytest.mark.parametrize("build,message", [

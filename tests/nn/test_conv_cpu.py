@@ -44,7 +44,7 @@ def _ours(x, w, b, case, gout, need_x):
         Tensor(b, requires_grad=True)
     out = F.conv2d(X, W, B, stride, padding, dilation, groups)
     out.backward(gout)
-    return [out.data, X.grad if need_x else None, W.grad, B.grad]
+    return [out.array, X.grad if need_x else None, W.grad, B.grad]
 
 
 def _output_shape(x, w, case):
@@ -110,6 +110,6 @@ def test_conv1d_and_unbatched_input_take_the_cpu_form():
     tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
     ref = torch.nn.functional.conv1d(tx, tw, None, 1, 1, 1, 2)
     ref.sum().backward()
-    np.testing.assert_allclose(out.data, ref.detach().numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(out.array, ref.detach().numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(X.grad, tx.grad.numpy(), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(W.grad, tw.grad.numpy(), rtol=1e-10, atol=1e-10)

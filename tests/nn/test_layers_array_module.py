@@ -40,7 +40,7 @@ def _run(build, shape):
                requires_grad=True)
     out = layer(x)
     (out * out).sum().backward()
-    return out.data, x.grad, [p.grad for p in layer.parameters()]
+    return out.array, x.grad, [p.grad for p in layer.parameters()]
 
 
 @pytest.mark.parametrize("name,build,shape", LAYERS, ids=[c[0] for c in LAYERS])
@@ -58,5 +58,5 @@ def test_max_pool_indices_with_cupy_signature(monkeypatch):
     monkeypatch.setattr(np.lib.stride_tricks, "as_strided", _cupy_signature_as_strided)
     x = Tensor(np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4))
     out, indices = F.max_pool2d(x, 2, return_indices=True)
-    np.testing.assert_array_equal(indices.data[0, 0], [[5, 7], [13, 15]])
-    np.testing.assert_array_equal(out.data[0, 1], [[21, 23], [29, 31]])
+    np.testing.assert_array_equal(indices.array[0, 0], [[5, 7], [13, 15]])
+    np.testing.assert_array_equal(out.array[0, 1], [[21, 23], [29, 31]])

@@ -46,7 +46,7 @@ LAYERS = {
 def _host(value):
     """A NumPy copy of a tensor or a NumPy/CuPy array."""
     if hasattr(value, "requires_grad"):
-        value = value.data
+        value = value.array
     return value.get() if hasattr(value, "get") else np.asarray(value)
 
 
@@ -61,7 +61,7 @@ def _run(layer, x, weights, device):
     manual_seed(11)  # the same dropout masks on both devices (drawn on the host)
     X = Tensor(x, requires_grad=True, device=device)
     out = _first(layer(X))
-    (out * Tensor(weights[:out.data.size].reshape(out.shape), device=device)).sum().backward()
+    (out * Tensor(weights[:out.array.size].reshape(out.shape), device=device)).sum().backward()
     return _host(out), _host(X.grad), {n: _host(p.grad) for n, p in layer.named_parameters()}
 
 

@@ -80,7 +80,7 @@ def test_requires_grad_apply_train_eval_zero_grad_return_self():
     with pytest.raises(ValueError, match="training mode is expected to be boolean"):
         net.train("no")
     for p in net.parameters():
-        p.grad = np.ones_like(p.data)
+        p.grad = np.ones_like(p.array)
     assert net.zero_grad(set_to_none=False) is None
     assert all(np.all(p.grad == 0) for p in net.parameters())
     net.zero_grad()

@@ -27,22 +27,22 @@ def test_fans_and_gains():
 def test_uniform_and_normal_moments():
     p = _param(400, 500)
     init.uniform_(p, -2.0, 3.0)
-    assert p.data.min() >= -2.0 and p.data.max() <= 3.0
-    assert p.data.mean() == pytest.approx(0.5, abs=0.01)
-    assert p.data.std() == pytest.approx(5 / math.sqrt(12), rel=0.01)
+    assert p.array.min() >= -2.0 and p.array.max() <= 3.0
+    assert p.array.mean() == pytest.approx(0.5, abs=0.01)
+    assert p.array.std() == pytest.approx(5 / math.sqrt(12), rel=0.01)
     init.normal_(p, 1.5, 0.5)
-    assert p.data.mean() == pytest.approx(1.5, abs=0.005)
-    assert p.data.std() == pytest.approx(0.5, rel=0.01)
+    assert p.array.mean() == pytest.approx(1.5, abs=0.005)
+    assert p.array.std() == pytest.approx(0.5, rel=0.01)
     assert p.dtype == np.float32
 
 
 def test_constant_fills():
     p = _param(3, 2)
-    assert init.zeros_(p) is p and not p.data.any()
+    assert init.zeros_(p) is p and not p.array.any()
     init.ones_(p)
-    assert np.all(p.data == 1)
+    assert np.all(p.array == 1)
     init.constant_(p, 0.25)
-    assert np.all(p.data == 0.25)
+    assert np.all(p.array == 0.25)
     raw = np.empty((2, 2))
     init.ones_(raw)
     assert np.all(raw == 1)
@@ -52,15 +52,15 @@ def test_xavier_and_kaiming_bounds():
     p = _param(300, 200)
     init.xavier_uniform_(p, gain=2.0)
     bound = 2.0 * math.sqrt(6 / 500)
-    assert np.abs(p.data).max() <= bound
-    assert p.data.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert np.abs(p.array).max() <= bound
+    assert p.array.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
     init.kaiming_uniform_(p, a=math.sqrt(5))
-    assert np.abs(p.data).max() <= 1 / math.sqrt(200)
-    assert p.data.std() == pytest.approx(1 / math.sqrt(200) / math.sqrt(3), rel=0.02)
+    assert np.abs(p.array).max() <= 1 / math.sqrt(200)
+    assert p.array.std() == pytest.approx(1 / math.sqrt(200) / math.sqrt(3), rel=0.02)
     init.kaiming_uniform_(p, mode="fan_out", nonlinearity="relu")
     bound = math.sqrt(2) * math.sqrt(3 / 300)
-    assert np.abs(p.data).max() <= bound
-    assert p.data.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert np.abs(p.array).max() <= bound
+    assert p.array.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
     with pytest.raises(ValueError, match="fan_mid"):
         init.kaiming_uniform_(p, mode="fan_mid")
 
@@ -71,10 +71,10 @@ def test_reproducible_with_manual_seed_and_generator():
     init.normal_(a)
     manual_seed(7)
     init.normal_(b)
-    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_array_equal(a.array, b.array)
     init.uniform_(a, generator=np.random.default_rng(1))
     init.uniform_(b, generator=np.random.default_rng(1))
-    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_array_equal(a.array, b.array)
     assert isinstance(a, Tensor)
 
 
@@ -91,11 +91,11 @@ def test_affine_default_is_the_linear_and_conv_init():
         init.kaiming_uniform_(weight, a=math.sqrt(5))
         fan_in = int(np.prod(shape[0][1:]))
         init.uniform_(bias, -1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
-        np.testing.assert_array_equal(layer.weight.data, weight.data)
-        np.testing.assert_array_equal(layer.bias.data, bias.data)
+        np.testing.assert_array_equal(layer.weight.array, weight.array)
+        np.testing.assert_array_equal(layer.bias.array, bias.array)
     empty = _param(3, 0)
     init.affine_default_(empty, _param(3))
     assert empty.shape == (3, 0)
     bias = _param(3)
     init.affine_default_(_param(3, 0), bias)
-    np.testing.assert_array_equal(bias.data, 0)
+    np.testing.assert_array_equal(bias.array, 0)

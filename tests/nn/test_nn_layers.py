@@ -23,11 +23,11 @@ def test_linear_forward_init_and_gradients():
     assert layer.weight.shape == (200, 300) and layer.bias.shape == (200,)
     assert layer.weight.dtype == np.float32
     bound = 1 / math.sqrt(300)
-    assert np.abs(layer.weight.data).max() <= bound and np.abs(layer.bias.data).max() <= bound
+    assert np.abs(layer.weight.array).max() <= bound and np.abs(layer.bias.array).max() <= bound
     # U(-b, b) has standard deviation b / sqrt(3).
-    assert layer.weight.data.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert layer.weight.array.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
     x = _randn(4, 300).astype(np.float32)
-    np.testing.assert_allclose(layer(x).data, x @ layer.weight.data.T + layer.bias.data,
+    np.testing.assert_allclose(layer(x).array, x @ layer.weight.array.T + layer.bias.array,
                                rtol=1e-5, atol=1e-6)
     assert nn.Linear(3, 2, bias=False).bias is None
 
@@ -48,7 +48,7 @@ def test_init_formulas_match_torch():
             torch.nn.init.calculate_gain(name, param))
     # Linear's default weight range: torch's kaiming_uniform_(a=sqrt(5)) bound for fan_in 64.
     theirs = torch.nn.init.kaiming_uniform_(torch.empty(2000, 64), a=math.sqrt(5))
-    ours = nn.Linear(64, 2000).weight.data
+    ours = nn.Linear(64, 2000).weight.array
     assert abs(theirs).max().item() == pytest.approx(np.abs(ours).max(), rel=1e-3)
 
 
@@ -70,7 +70,7 @@ def _gelu_tanh(x):
 ])
 def test_activations(layer, reference):
     x = _randn(3, 5) + 0.05  # keep away from ReLU's kink at 0
-    np.testing.assert_allclose(layer(Tensor(x)).data, reference(x), rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(layer(Tensor(x)).array, reference(x), rtol=1e-7, atol=1e-10)
     assert gradcheck(lambda t: layer(t), [Tensor(x, requires_grad=True)])
     with pytest.raises(ValueError, match="'fast'"):
         nn.GELU(approximate="fast")
@@ -80,13 +80,13 @@ def test_dropout_train_and_eval():
     manual_seed(0)
     layer = nn.Dropout(0.25)
     x = np.ones((200, 200), dtype=np.float32)
-    out = layer(x).data
+    out = layer(x).array
     zero_fraction = np.mean(out == 0)
     assert zero_fraction == pytest.approx(0.25, abs=0.01)
     np.testing.assert_allclose(out[out != 0], 1 / 0.75, rtol=1e-6)
     layer.eval()
-    np.testing.assert_array_equal(layer(Tensor(x)).data, x)
-    assert nn.Dropout(0.0)(Tensor(x)).data is x
+    np.testing.assert_array_equal(layer(Tensor(x)).array, x)
+    assert nn.Dropout(0.0)(Tensor(x)).array is x
     with pytest.raises(ValueError, match="1.5"):
         nn.Dropout(1.5)
     # Gradient flows through the kept entries only, scaled like the forward pass.
@@ -94,36 +94,36 @@ def test_dropout_train_and_eval():
     t = Tensor(np.ones((50, 50)), requires_grad=True)
     kept = layer(t)
     kept.sum().backward()
-    np.testing.assert_allclose(t.grad, kept.data, rtol=1e-12)
+    np.testing.assert_allclose(t.grad, kept.array, rtol=1e-12)
 
 
 def test_layer_norm_formula_and_gradients():
     layer = nn.LayerNorm(6, dtype=F64)
-    layer.weight.data[...] = _randn(6, seed=3)
-    layer.bias.data[...] = _randn(6, seed=4)
+    layer.weight.array[...] = _randn(6, seed=3)
+    layer.bias.array[...] = _randn(6, seed=4)
     x = _randn(2, 3, 6, seed=5) * 3 + 1
     mean = x.mean(-1, keepdims=True)
     var = x.var(-1, keepdims=True)
-    expected = (x - mean) / np.sqrt(var + 1e-5) * layer.weight.data + layer.bias.data
-    np.testing.assert_allclose(layer(x).data, expected, rtol=1e-10, atol=1e-12)
+    expected = (x - mean) / np.sqrt(var + 1e-5) * layer.weight.array + layer.bias.array
+    np.testing.assert_allclose(layer(x).array, expected, rtol=1e-10, atol=1e-12)
     check_parameter_gradients(layer, lambda m: m(x))
     assert gradcheck(lambda t: layer(t), [Tensor(x, requires_grad=True)])
     plain = nn.LayerNorm((3, 6), elementwise_affine=False)
     assert plain.weight is None and list(plain.parameters()) == []
     flat = x.reshape(2, 18)
     ref = (flat - flat.mean(1, keepdims=True)) / np.sqrt(flat.var(1, keepdims=True) + 1e-5)
-    np.testing.assert_allclose(plain(x).data, ref.reshape(x.shape), rtol=1e-10)
+    np.testing.assert_allclose(plain(x).array, ref.reshape(x.shape), rtol=1e-10)
 
 
 def test_embedding_lookup_and_repeated_index_gradient():
     manual_seed(1)
     big = nn.Embedding(1000, 64)
-    assert big.weight.data.mean() == pytest.approx(0, abs=0.02)
-    assert big.weight.data.std() == pytest.approx(1, rel=0.02)
+    assert big.weight.array.mean() == pytest.approx(0, abs=0.02)
+    assert big.weight.array.std() == pytest.approx(1, rel=0.02)
     layer = nn.Embedding(5, 3, dtype=F64)
     idx = np.array([[1, 3, 1], [1, 0, 4]])
     out = layer(idx)
-    np.testing.assert_array_equal(out.data, layer.weight.data[idx])
+    np.testing.assert_array_equal(out.array, layer.weight.array[idx])
     upstream = _randn(2, 3, 3, seed=6)
     (out * upstream).sum().backward()
     expected = np.zeros((5, 3))
@@ -134,8 +134,8 @@ def test_embedding_lookup_and_repeated_index_gradient():
 
 
 def _numpy_causal_attention(x, module, heads):
-    w_attn, b_attn = module.c_attn.weight.data, module.c_attn.bias.data
-    w_proj, b_proj = module.c_proj.weight.data, module.c_proj.bias.data
+    w_attn, b_attn = module.c_attn.weight.array, module.c_attn.bias.array
+    w_proj, b_proj = module.c_proj.weight.array, module.c_proj.bias.array
     batch, time, embed = x.shape
     d = embed // heads
     q, k, v = np.split(x @ w_attn.T + b_attn, 3, axis=-1)
@@ -154,12 +154,12 @@ def test_causal_self_attention_formula_causality_and_gradients():
     attn = nn.CausalSelfAttention(8, 2, dtype=F64)
     x = _randn(2, 5, 8, seed=7)
     out = attn(x)
-    np.testing.assert_allclose(out.data, _numpy_causal_attention(x, attn, 2), rtol=1e-10,
+    np.testing.assert_allclose(out.array, _numpy_causal_attention(x, attn, 2), rtol=1e-10,
                                atol=1e-12)
     changed = x.copy()
     changed[:, 3:] += 10.0
-    np.testing.assert_allclose(attn(changed).data[:, :3], out.data[:, :3], rtol=1e-12)
-    assert not np.allclose(attn(changed).data[:, 3:], out.data[:, 3:])
+    np.testing.assert_allclose(attn(changed).array[:, :3], out.array[:, :3], rtol=1e-12)
+    assert not np.allclose(attn(changed).array[:, 3:], out.array[:, 3:])
     check_parameter_gradients(attn, lambda m: m(x), max_entries=10)
     assert gradcheck(lambda t: attn(t), [Tensor(x[:1, :4], requires_grad=True)])
     with pytest.raises(ValueError, match=r"embed_dim \(8\).*num_heads \(3\)"):
@@ -171,21 +171,21 @@ def test_causal_self_attention_dropout_only_in_training():
     attn = nn.CausalSelfAttention(8, 2, dropout=0.5)
     x = _randn(1, 4, 8, seed=8).astype(np.float32)
     attn.eval()
-    np.testing.assert_allclose(attn(x).data, attn(x).data)
-    eval_out = attn(x).data
+    np.testing.assert_allclose(attn(x).array, attn(x).array)
+    eval_out = attn(x).array
     attn.train()
-    assert not np.allclose(attn(x).data, eval_out)
+    assert not np.allclose(attn(x).array, eval_out)
 
 
 def test_multihead_attention_against_numpy_and_gradients():
     manual_seed(4)
     mha = nn.MultiheadAttention(6, 3, batch_first=True, dtype=F64)
-    mha.in_proj_bias.data[...] = _randn(18, seed=9)
+    mha.in_proj_bias.array[...] = _randn(18, seed=9)
     q, kv = _randn(2, 4, 6, seed=10), _randn(2, 5, 6, seed=11)
     pad = np.zeros((2, 5), bool)
     pad[1, 3:] = True
     out, weights = mha(q, kv, kv, key_padding_mask=pad)
-    w, b = mha.in_proj_weight.data, mha.in_proj_bias.data
+    w, b = mha.in_proj_weight.array, mha.in_proj_bias.array
     proj = lambda t, i: (t @ w[6 * i:6 * i + 6].T + b[6 * i:6 * i + 6]).reshape(  # noqa: E731
         t.shape[0], t.shape[1], 3, 2).transpose(0, 2, 1, 3)
     scores = proj(q, 0) @ proj(kv, 1).transpose(0, 1, 3, 2) / math.sqrt(2)
@@ -193,10 +193,10 @@ def test_multihead_attention_against_numpy_and_gradients():
     attn = np.exp(scores - scores.max(-1, keepdims=True))
     attn /= attn.sum(-1, keepdims=True)
     y = (attn @ proj(kv, 2)).transpose(0, 2, 1, 3).reshape(2, 4, 6)
-    expected = y @ mha.out_proj.weight.data.T + mha.out_proj.bias.data
-    np.testing.assert_allclose(out.data, expected, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(weights.data, attn.mean(1), rtol=1e-10, atol=1e-12)
-    assert np.all(weights.data[1, :, 3:] == 0)
+    expected = y @ mha.out_proj.weight.array.T + mha.out_proj.bias.array
+    np.testing.assert_allclose(out.array, expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(weights.array, attn.mean(1), rtol=1e-10, atol=1e-12)
+    assert np.all(weights.array[1, :, 3:] == 0)
     check_parameter_gradients(mha, lambda m: m(q, kv, kv, need_weights=False)[0], max_entries=8)
 
 
@@ -206,12 +206,12 @@ def test_multihead_attention_matches_torch():
     ours = nn.MultiheadAttention(8, 2, dtype=F64)
     theirs = torch.nn.MultiheadAttention(8, 2, dtype=torch.float64)
     with torch.no_grad():
-        theirs.in_proj_weight.copy_(torch.from_numpy(ours.in_proj_weight.data))
+        theirs.in_proj_weight.copy_(torch.from_numpy(ours.in_proj_weight.array))
         theirs.in_proj_bias.copy_(torch.from_numpy(_randn(24, seed=12)))
-        theirs.out_proj.weight.copy_(torch.from_numpy(ours.out_proj.weight.data))
+        theirs.out_proj.weight.copy_(torch.from_numpy(ours.out_proj.weight.array))
         theirs.out_proj.bias.copy_(torch.from_numpy(_randn(8, seed=13)))
-    ours.in_proj_bias.data[...] = _randn(24, seed=12)
-    ours.out_proj.bias.data[...] = _randn(8, seed=13)
+    ours.in_proj_bias.array[...] = _randn(24, seed=12)
+    ours.out_proj.bias.array[...] = _randn(8, seed=13)
     x = _randn(5, 3, 8, seed=14)  # (L, N, E): batch_first=False as in PyTorch
     causal = np.triu(np.ones((5, 5), bool), 1)
     for kwargs in (dict(), dict(attn_mask=causal), dict(average_attn_weights=False)):
@@ -220,12 +220,12 @@ def test_multihead_attention_matches_torch():
         t = torch.from_numpy(x)
         expected_out, expected_weights = theirs(t, t, t, **tkwargs)
         out, weights = ours(x, x, x, **kwargs)
-        np.testing.assert_allclose(out.data, expected_out.detach().numpy(), rtol=1e-10, atol=1e-12)
-        np.testing.assert_allclose(weights.data, expected_weights.detach().numpy(), rtol=1e-10,
+        np.testing.assert_allclose(out.array, expected_out.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(weights.array, expected_weights.detach().numpy(), rtol=1e-10,
                                    atol=1e-12)
     out_causal, _ = ours(x, x, x, is_causal=True)
     out_mask, _ = ours(x, x, x, attn_mask=causal)
-    np.testing.assert_allclose(out_causal.data, out_mask.data)
+    np.testing.assert_allclose(out_causal.array, out_mask.array)
 
 
 def test_containers():
@@ -238,7 +238,7 @@ def test_containers():
         seq[3]
     x = _randn(4, 2).astype(np.float32)
     manual = layers[2](layers[1](layers[0](x)))
-    np.testing.assert_array_equal(seq(x).data, manual.data)
+    np.testing.assert_array_equal(seq(x).array, manual.array)
     mlist = nn.ModuleList([nn.Linear(1, 1)]).append(nn.Linear(1, 2))
     mlist.extend([nn.Tanh()])
     assert len(mlist) == 3 and [n for n, _ in mlist.named_parameters()] == \

@@ -95,14 +95,14 @@ def test_state_dict_shares_storage_and_round_trips():
                            "head.1.bias"]
     assert all(isinstance(v, Tensor) for v in state.values())
     state["encoder.weight"][...] = 7.0  # entries share storage with the model, as in torch
-    assert np.all(net.encoder.weight.data == 7.0)
+    assert np.all(net.encoder.weight.array == 7.0)
     other = Net()
     x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
-    storage = other.encoder.weight.data
+    storage = other.encoder.weight.array
     result = other.load_state_dict(net.state_dict())
     assert result.missing_keys == [] and result.unexpected_keys == []
-    assert other.encoder.weight.data is storage  # loaded in place
-    np.testing.assert_array_equal(other(x).data, net(x).data)
+    assert other.encoder.weight.array is storage  # loaded in place
+    np.testing.assert_array_equal(other(x).array, net(x).array)
 
 
 def test_load_state_dict_errors_name_the_key():
@@ -125,7 +125,7 @@ def test_load_keeps_parameter_dtype():
     model = Linear(2, 2, dtype=np.float64)
     model.load_state_dict({"weight": np.ones((2, 2), dtype=np.float32),
                            "bias": np.zeros(2, dtype=np.float32)})
-    assert model.weight.dtype == np.float64 and np.all(model.weight.data == 1.0)
+    assert model.weight.dtype == np.float64 and np.all(model.weight.array == 1.0)
 
 
 def test_train_eval_zero_grad_and_to():
@@ -178,7 +178,7 @@ def test_safetensors_round_trip(tmp_path):
     fresh = Net()
     fresh.load(path)
     for (name, a), (_, b) in zip(fresh.named_parameters(), net.named_parameters()):
-        np.testing.assert_array_equal(a.data, b.data, err_msg=name)
+        np.testing.assert_array_equal(a.array, b.array, err_msg=name)
     second = tmp_path / "method.safetensors"
     fresh.save(second)
     assert _safetensors_header(second).keys() == header.keys()
@@ -203,9 +203,9 @@ def test_deepcopy_and_pickle_give_independent_equal_modules():
     x = np.ones((2, 3), dtype=np.float32)
     for clone in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
         assert [n for n, _ in clone.named_parameters()] == [n for n, _ in net.named_parameters()]
-        np.testing.assert_array_equal(clone(x).data, net(x).data)
-        clone.encoder.weight.data[...] = 0
-        assert net.encoder.weight.data.any()
+        np.testing.assert_array_equal(clone(x).array, net(x).array)
+        clone.encoder.weight.array[...] = 0
+        assert net.encoder.weight.array.any()
         assert isinstance(clone.encoder.weight, Parameter)
 
 

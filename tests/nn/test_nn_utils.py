@@ -69,14 +69,14 @@ def test_clip_grad_value_matches_torch():
 def test_parameter_vector_round_trip_matches_torch():
     ours, theirs = _pair([(3, 4), (4,), (2, 1)], dtype=np.float64)
     vector = nn.utils.parameters_to_vector(ours)
-    np.testing.assert_array_equal(vector.data, torch.nn.utils.parameters_to_vector(theirs)
+    np.testing.assert_array_equal(vector.array, torch.nn.utils.parameters_to_vector(theirs)
                                   .detach().numpy())
     assert vector.shape == (18,)
     identities = [id(p) for p in ours]
     nn.utils.vector_to_parameters(Tensor(np.arange(18.0)), ours)
     assert [id(p) for p in ours] == identities
-    np.testing.assert_array_equal(ours[1].data, [12.0, 13.0, 14.0, 15.0])
-    np.testing.assert_array_equal(nn.utils.parameters_to_vector(ours).data, np.arange(18.0))
+    np.testing.assert_array_equal(ours[1].array, [12.0, 13.0, 14.0, 15.0])
+    np.testing.assert_array_equal(nn.utils.parameters_to_vector(ours).array, np.arange(18.0))
     with pytest.raises(TypeError, match="expected a Tensor"):
         nn.utils.vector_to_parameters(np.arange(18.0), ours)
 

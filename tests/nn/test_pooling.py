@@ -32,12 +32,12 @@ def _compare(torch, ours, theirs, x, tol=1e-12):
     out, ref = ours(X), theirs(tx)
     if isinstance(out, tuple):
         (out, indices), (ref, ref_indices) = out, ref
-        np.testing.assert_array_equal(indices.data, ref_indices.numpy())
+        np.testing.assert_array_equal(indices.array, ref_indices.numpy())
     gout = rng.standard_normal(out.shape).astype(x.dtype)
     out.backward(gout)
     ref.backward(torch.tensor(gout))
     assert out.shape == tuple(ref.shape) and out.dtype == x.dtype
-    np.testing.assert_allclose(out.data, ref.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(out.array, ref.detach().numpy(), rtol=tol, atol=tol)
     np.testing.assert_allclose(X.grad, tx.grad.numpy(), rtol=tol, atol=tol)
 
 

@@ -37,7 +37,7 @@ def build_pair(torch, mode, dtype="float64", **kwargs):
     ours = ours_cls(IN, HID, dtype=dtype, **extra, **kwargs)
     theirs = getattr(torch.nn, torch_name)(IN, HID, dtype=getattr(torch, dtype), **extra,
                                            **kwargs)
-    result = theirs.load_state_dict({k: torch.from_numpy(v.data.copy())
+    result = theirs.load_state_dict({k: torch.from_numpy(v.array.copy())
                                      for k, v in ours.named_parameters()})
     assert not result.missing_keys and not result.unexpected_keys
     return ours, theirs
@@ -64,7 +64,7 @@ def run_both(torch, ours, theirs, x, hx, seed=1):
             loss = loss + (value * (weight if i == 0 else torch.from_numpy(weight))).sum()
         loss.backward()
         hx_list = () if hx_t is None else (hx_t if isinstance(hx_t, tuple) else (hx_t,))
-        as_np = (lambda t: t.data) if i == 0 else (lambda t: t.detach().numpy())
+        as_np = (lambda t: t.array) if i == 0 else (lambda t: t.detach().numpy())
         grad_np = (lambda t: t.grad) if i == 0 else (lambda t: t.grad.numpy())
         packed.append((as_np(out), [as_np(s) for s in states], grad_np(x_t),
                        [grad_np(h) for h in hx_list],
@@ -148,11 +148,11 @@ def test_dropout_between_layers(torch, mode):
 
     def final_hidden(module):
         _, states = module(Tensor(x))
-        return (states[0] if mode == "lstm" else states).data
+        return (states[0] if mode == "lstm" else states).array
 
-    eval_output, eval_hidden = ours(Tensor(x))[0].data, final_hidden(ours)
+    eval_output, eval_hidden = ours(Tensor(x))[0].array, final_hidden(ours)
     ours.train()
-    train_output, train_hidden = ours(Tensor(x))[0].data, final_hidden(ours)
+    train_output, train_hidden = ours(Tensor(x))[0].array, final_hidden(ours)
     assert np.abs(train_output - eval_output).max() > 1e-3  # training does drop
     np.testing.assert_allclose(train_hidden[0], eval_hidden[0])  # never in the first layer
     # p = 1 drops the whole first-layer output: the second layer sees zeros, and its own output
@@ -160,11 +160,11 @@ def test_dropout_between_layers(torch, mode):
     ours.dropout = 1.0
     out, _ = ours(Tensor(x))
     second_layer = MODES[mode][0](HID, HID, dtype="float64")
-    second_layer.load_state_dict({k.replace("_l1", "_l0"): v.data
+    second_layer.load_state_dict({k.replace("_l1", "_l0"): v.array
                                   for k, v in ours.named_parameters() if k.endswith("_l1")})
     expected, _ = second_layer(Tensor(np.zeros((SEQ, BATCH, HID))))
-    assert np.abs(out.data).max() > 0
-    np.testing.assert_allclose(out.data, expected.data, rtol=1e-12, atol=1e-14)
+    assert np.abs(out.array).max() > 0
+    np.testing.assert_allclose(out.array, expected.array, rtol=1e-12, atol=1e-14)
 
 
 def test_state_dict_names_shapes_and_init_match_torch(torch):
@@ -175,7 +175,7 @@ def test_state_dict_names_shapes_and_init_match_torch(torch):
     assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == want
     assert list(dict(ours.named_parameters())) == list(dict(theirs.named_parameters()))
     bound = 1 / math.sqrt(40)
-    values = np.concatenate([p.data.ravel() for p in ours.parameters()])
+    values = np.concatenate([p.array.ravel() for p in ours.parameters()])
     assert values.dtype == np.float32 and np.abs(values).max() <= bound
     assert values.std() == pytest.approx(bound / math.sqrt(3), rel=0.05)
     assert len(ours.all_weights) == 4 and len(ours.all_weights[0]) == 4

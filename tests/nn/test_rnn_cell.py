@@ -28,7 +28,7 @@ def _randn(*shape, seed=0):
 
 
 def copy_weights(torch, ours, theirs):
-    result = theirs.load_state_dict({k: torch.from_numpy(v.data.copy())
+    result = theirs.load_state_dict({k: torch.from_numpy(v.array.copy())
                                      for k, v in ours.named_parameters()})
     assert not result.missing_keys and not result.unexpected_keys
 
@@ -65,7 +65,7 @@ def test_cell_matches_torch(torch, mode, batched, given_hx, bias):
     close = dict(rtol=1e-10, atol=1e-12)
     for o, t in zip(ours_out, t_out):
         assert o.shape == tuple(t.shape)
-        np.testing.assert_allclose(o.data, t.detach().numpy(), **close)
+        np.testing.assert_allclose(o.array, t.detach().numpy(), **close)
     np.testing.assert_allclose(ours_x.grad, t_x.grad.numpy(), **close)
     for h, t in zip(ours_hx, t_hx):
         np.testing.assert_allclose(h.grad, t.grad.numpy(), **close)

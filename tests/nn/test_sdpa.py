@@ -31,9 +31,9 @@ def _compare(arrays, dtype=np.float64, rtol=1e-7, atol=1e-9, **kwargs):
                     for key, value in kwargs.items()}
     out = F.scaled_dot_product_attention(*ours, **kwargs)
     expected = TF.scaled_dot_product_attention(*theirs, **torch_kwargs)
-    assert out.data.dtype == dtype
-    np.testing.assert_allclose(out.data, expected.detach().numpy(), rtol=rtol, atol=atol)
-    upstream = RNG.standard_normal(out.data.shape).astype(dtype)
+    assert out.array.dtype == dtype
+    np.testing.assert_allclose(out.array, expected.detach().numpy(), rtol=rtol, atol=atol)
+    upstream = RNG.standard_normal(out.array.shape).astype(dtype)
     (out * Tensor(upstream)).sum().backward()
     (expected * torch.tensor(upstream)).sum().backward()
     for mine, reference in zip(ours, theirs):
@@ -79,7 +79,7 @@ def test_is_causal_with_attn_mask_raises_as_torch_documents():
     q, k, v = (Tensor(a, requires_grad=True) for a in _qkv(length=5))
     mask = np.ones((5, 5), dtype=bool)
     with pytest.raises(RuntimeError, match="attn_mask"):
-        TF.scaled_dot_product_attention(*(torch.tensor(t.data, requires_grad=True)
+        TF.scaled_dot_product_attention(*(torch.tensor(t.array, requires_grad=True)
                                           for t in (q, k, v)),
                                         attn_mask=torch.tensor(mask), is_causal=True)
     with pytest.raises(RuntimeError, match="attn_mask.*is_causal=True"):
@@ -91,8 +91,8 @@ def test_the_bottom_right_causal_keyword_combines_with_a_mask():
     allowed = mask & np.tril(np.ones((4, 6), dtype=bool), k=2)
     _compare(_qkv(length=4, source=6), attn_mask=allowed)
     q, k, v = (Tensor(a) for a in _qkv(length=4, source=6))
-    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, mask=mask, causal=True).data,
-                               F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).data)
+    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v, mask=mask, causal=True).array,
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=allowed).array)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients_like_torch():
@@ -113,15 +113,15 @@ def test_explicit_scale():
 def test_dropout_zero_is_exact_and_dropout_one_gives_zeros():
     _compare(_qkv(), dropout_p=0.0, is_causal=True)
     q, k, v = (Tensor(a) for a in _qkv())
-    assert np.all(F.scaled_dot_product_attention(q, k, v, dropout_p=1.0).data == 0)
+    assert np.all(F.scaled_dot_product_attention(q, k, v, dropout_p=1.0).array == 0)
 
 
 def test_dropout_keeps_the_expectation():
     q, k, v = (Tensor(a) for a in _qkv(batch=1, heads=1, length=2, source=3, value_dim=1))
     na.manual_seed(0)
-    mean = np.mean([F.scaled_dot_product_attention(q, k, v, dropout_p=0.5).data
+    mean = np.mean([F.scaled_dot_product_attention(q, k, v, dropout_p=0.5).array
                     for _ in range(400)], axis=0)
-    np.testing.assert_allclose(mean, F.scaled_dot_product_attention(q, k, v).data, atol=0.25)
+    np.testing.assert_allclose(mean, F.scaled_dot_product_attention(q, k, v).array, atol=0.25)
 
 
 def test_wrong_shapes_and_mask_dtypes_raise_with_the_shapes():

@@ -33,14 +33,14 @@ def test_entries_are_detached_tensors_sharing_storage():
     for key, value in sd.items():
         assert type(value) is Tensor, key
         assert not value.requires_grad and value.is_leaf
-    assert np.shares_memory(sd["lin.weight"].data, model.lin.weight.data)
+    assert np.shares_memory(sd["lin.weight"].array, model.lin.weight.array)
     sd["lin.weight"].copy_(np.full((2, 3), 7.0))
     sd["lin.bias"][...] = 3.0
     sd["scale"].mul_(2.0)
     sd["steps"].add_(5)
-    np.testing.assert_array_equal(model.lin.weight.data, np.full((2, 3), 7.0))
-    np.testing.assert_array_equal(model.lin.bias.data, [3.0, 3.0])
-    np.testing.assert_array_equal(model.scale.data, [2.0, 2.0])
+    np.testing.assert_array_equal(model.lin.weight.array, np.full((2, 3), 7.0))
+    np.testing.assert_array_equal(model.lin.bias.array, [3.0, 3.0])
+    np.testing.assert_array_equal(model.scale.array, [2.0, 2.0])
     assert int(model.steps) == 5
 
 
@@ -70,34 +70,34 @@ def test_keys_and_values_match_torch():
 def test_load_state_dict_accepts_tensors_arrays_and_its_own_entries():
     model = WithBuffers()
     other = WithBuffers()
-    other.lin.weight.data[...] = 4.0
+    other.lin.weight.array[...] = 4.0
     model.load_state_dict(other.state_dict())
-    np.testing.assert_array_equal(model.lin.weight.data, other.lin.weight.data)
+    np.testing.assert_array_equal(model.lin.weight.array, other.lin.weight.array)
     arrays = {k: v.numpy().copy() + 1 for k, v in other.state_dict().items()}
     model.load_state_dict(arrays)
-    np.testing.assert_array_equal(model.lin.weight.data, other.lin.weight.data + 1)
+    np.testing.assert_array_equal(model.lin.weight.array, other.lin.weight.array + 1)
     model.load_state_dict(model.state_dict())  # loading its own (aliased) entries is a no-op
-    np.testing.assert_array_equal(model.lin.weight.data, other.lin.weight.data + 1)
+    np.testing.assert_array_equal(model.lin.weight.array, other.lin.weight.array + 1)
 
 
 def test_save_and_module_save_write_values_not_later_changes(tmp_path):
     model = WithBuffers()
     na.save(model.state_dict(), tmp_path / "sd.nf")
     model.save(str(tmp_path / "sd.safetensors"))
-    before = model.lin.weight.data.copy()
-    model.lin.weight.data += 1
+    before = model.lin.weight.array.copy()
+    model.lin.weight.array += 1
     loaded = na.load(tmp_path / "sd.nf")
     np.testing.assert_array_equal(np.asarray(loaded["lin.weight"]), before)
     fresh = WithBuffers()
     fresh.load(str(tmp_path / "sd.safetensors"))
-    np.testing.assert_array_equal(fresh.lin.weight.data, before)
+    np.testing.assert_array_equal(fresh.lin.weight.array, before)
 
 
 def test_state_dict_copy_is_a_snapshot_in_arrays():
     from neural_arch.nn.module_state import state_dict_copy
     model = WithBuffers()
     snapshot = state_dict_copy(model)
-    before = model.lin.weight.data.copy()
-    model.lin.weight.data += 1
+    before = model.lin.weight.array.copy()
+    model.lin.weight.array += 1
     assert all(type(v) is np.ndarray for v in snapshot.values())
     np.testing.assert_array_equal(snapshot["lin.weight"], before)

@@ -10,10 +10,10 @@ STEPS = 6
 
 
 class Holder:
-    """Minimal parameter: optimizers only need ``.data`` and ``.grad``."""
+    """Minimal parameter: optimizers only need ``.array`` and ``.grad``."""
 
     def __init__(self, data):
-        self.data = np.array(data, copy=True)
+        self.array = np.array(data, copy=True)
         self.grad = None
 
 
@@ -62,7 +62,7 @@ def _run(optimizer_cls, p0, grads, **kwargs):
     for g in grads:
         param.grad = g.copy()
         opt.step()
-    return param.data
+    return param.array
 
 
 SGD_CONFIGS = [
@@ -118,19 +118,19 @@ def test_float32_parameters_stay_float32():
     opt = Adam([param], lr=0.1)
     param.grad = np.full(3, 0.5, dtype=np.float32)
     opt.step()
-    assert param.data.dtype == np.float32
+    assert param.array.dtype == np.float32
     assert opt.state[param]["exp_avg"].dtype == np.float32
 
 
 def test_updates_are_in_place_and_skip_missing_grads():
     with_grad, without_grad = Holder(np.ones(3)), Holder(np.ones(2))
-    storage = with_grad.data
+    storage = with_grad.array
     opt = SGD([with_grad, without_grad], lr=0.5, momentum=0.9)
     with_grad.grad = np.array([1.0, 2.0, 3.0])
     opt.step()
-    assert with_grad.data is storage
+    assert with_grad.array is storage
     np.testing.assert_array_equal(storage, [0.5, 0.0, -0.5])
-    np.testing.assert_array_equal(without_grad.data, [1.0, 1.0])
+    np.testing.assert_array_equal(without_grad.array, [1.0, 1.0])
     assert without_grad not in opt.state
 
 
@@ -140,8 +140,8 @@ def test_param_groups_use_their_own_hyper_parameters():
     a.grad = np.ones(2)
     b.grad = np.ones(2)
     opt.step()
-    np.testing.assert_allclose(a.data, [0.9, 0.9])
-    np.testing.assert_allclose(b.data, [0.5, 0.5])
+    np.testing.assert_allclose(a.array, [0.9, 0.9])
+    np.testing.assert_allclose(b.array, [0.5, 0.5])
     c = Holder(np.ones(1))
     opt.add_param_group({"params": [c], "momentum": 0.9})
     assert opt.param_groups[2]["lr"] == 0.1 and opt.param_groups[2]["momentum"] == 0.9
@@ -188,7 +188,7 @@ def test_state_dict_round_trip_continues_identically(cls, kwargs):
         opt.step()
     saved = opt.state_dict()
     assert set(saved) == {"state", "param_groups"} and saved["param_groups"][0]["params"] == [0]
-    second = Holder(first.data)
+    second = Holder(first.array)
     restored = cls([second], lr=123.0)
     restored.load_state_dict(saved)
     assert restored.param_groups[0]["lr"] == kwargs["lr"]
@@ -196,7 +196,7 @@ def test_state_dict_round_trip_continues_identically(cls, kwargs):
         first.grad, second.grad = g.copy(), g.copy()
         opt.step()
         restored.step()
-    np.testing.assert_array_equal(first.data, second.data)
+    np.testing.assert_array_equal(first.array, second.array)
 
 
 def test_state_dict_is_a_copy_and_load_validates():
@@ -220,11 +220,11 @@ def test_closure_loss_is_returned():
     opt = SGD([param], lr=0.1)
 
     def closure():
-        param.grad = 2 * param.data
-        return float(param.data[0] ** 2)
+        param.grad = 2 * param.array
+        return float(param.array[0] ** 2)
 
     assert opt.step(closure) == 1.0
-    np.testing.assert_allclose(param.data, [0.8])
+    np.testing.assert_allclose(param.array, [0.8])
 
 
 @pytest.mark.parametrize("name,kwargs", [

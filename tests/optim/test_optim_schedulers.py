@@ -14,7 +14,7 @@ EPOCHS = 25
 
 class Holder:
     def __init__(self, data):
-        self.data = np.array(data, dtype=np.float64)
+        self.array = np.array(data, dtype=np.float64)
         self.grad = None
 
 

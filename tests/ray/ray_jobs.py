@@ -107,7 +107,7 @@ def train_steps(first, total, rank, world, state=None, after_step=None):
         loss.backward()
         if world > 1:
             for p in model.parameters():
-                grad = p.grad if isinstance(p.grad, np.ndarray) else p.grad.data
+                grad = p.grad if isinstance(p.grad, np.ndarray) else p.grad.array
                 dist.all_reduce(grad)
                 grad /= world
         optimizer.step()
@@ -148,7 +148,7 @@ def stepped_loop(config: dict) -> None:
             raise RuntimeError(f"rank {rank} fails at step {step}")
 
     model, _ = train_steps(first, config["total"], rank, world, state, after_step)
-    weights = {k: np.asarray(getattr(v, "data", v)).tolist() for k, v in
+    weights = {k: np.asarray(getattr(v, "array", v)).tolist() for k, v in
                model.state_dict().items()}
     dist.destroy_process_group()
     report({"step": config["total"] - 1, "weights": weights})

@@ -77,7 +77,7 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(ray_cluster
     # the weights equal one process's run over the whole batch, with no fault
     model, _ = ray_jobs.train_steps(0, TOTAL, 0, 1)
     for key, value in model.state_dict().items():
-        np.testing.assert_allclose(result.metrics["weights"][key], np.asarray(value.data),
+        np.testing.assert_allclose(result.metrics["weights"][key], np.asarray(value.array),
                                    rtol=1e-4, atol=1e-6, err_msg=key)
     kept = sorted(p.name for p in (tmp_path / "killed").iterdir() if p.name.startswith("check"))
     assert len(kept) == 2 and result.checkpoint.path.endswith(kept[-1]), kept

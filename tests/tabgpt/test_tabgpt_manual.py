@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _rank_gradients(rank: int, params) -> list:
-    return [np.random.default_rng((rank, i)).normal(size=p.data.shape).astype(p.data.dtype)
+    return [np.random.default_rng((rank, i)).normal(size=p.array.shape).astype(p.array.dtype)
             for i, p in enumerate(params)]
 
 

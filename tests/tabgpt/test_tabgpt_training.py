@@ -79,7 +79,7 @@ def test_two_processes_equal_one_with_the_global_batch_and_the_monitor_measures(
 def test_on_tcp_the_monitor_counts_the_bytes_the_transport_sent(tmp_path):
     trainer, _, model = _train(2, tmp_path, backend="tcp", epochs=1)
     overall = trainer.monitor.get_training_statistics()["communication_stats"]["overall"]
-    gradient_bytes = sum(p.data.nbytes for p in model.parameters())
+    gradient_bytes = sum(p.array.nbytes for p in model.parameters())
     # a ring all-reduce over 2 ranks sends each rank's half twice: the gradients once a step
     assert overall["sent_bytes"] >= 9 * gradient_bytes
     assert overall["sent_mb_per_second"] > 0

@@ -23,7 +23,7 @@ def _config(**extra):
 
 
 def _weights(model):
-    return {n: np.array(p.data, copy=True) for n, p in model.named_parameters()}
+    return {n: np.array(p.array, copy=True) for n, p in model.named_parameters()}
 
 
 def train(rank, world_size, strategy):

@@ -46,7 +46,7 @@ def train(rank, world_size, strategy=None, zero_stage=0, watch_launches=False):
         ddp._launch = watched
     history = trainer.fit(DataLoader(train_set, batch_size=GLOBAL_BATCH // world_size,
                                      shuffle=True), DataLoader(val_set, batch_size=8))
-    weights = {n: np.array(v.data if hasattr(v, "data") else v, copy=True)
+    weights = {n: np.array(v.array if hasattr(v, "array") else v, copy=True)
                for n, v in trainer.strategy.wrapper.module.state_dict().items()}
     return history.state_dict(), weights, launches, type(trainer.strategy).__name__
 

@@ -40,7 +40,7 @@ def train(rank, world_size, strategy, zero_stage):
         state = wrapper.module.full_state_dict()
     else:
         state = model.state_dict()
-    weights = {name: np.array(getattr(v, "data", v), copy=True) for name, v in state.items()}
+    weights = {name: np.array(getattr(v, "array", v), copy=True) for name, v in state.items()}
     return history.state_dict()["epochs"], weights, type(trainer.strategy).__name__
 
 

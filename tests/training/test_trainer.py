@@ -34,7 +34,7 @@ def fit(tmp_path=None, batch=8, epochs=3, lr=0.1, resume=False, max_steps=None, 
     trainer = Trainer(model, SGD(model.parameters(), lr=lr, momentum=0.9), F.cross_entropy, cfg)
     history = trainer.fit(DataLoader(train, batch_size=batch, shuffle=True),
                           DataLoader(val, batch_size=8), max_steps=max_steps)
-    return history, {n: p.data.copy() for n, p in model.named_parameters()}
+    return history, {n: p.array.copy() for n, p in model.named_parameters()}
 
 
 def assert_same_weights(a, b, **tol):

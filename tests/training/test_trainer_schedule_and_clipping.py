@@ -73,13 +73,13 @@ def one_step_change(max_grad_norm):
     logged (before clipping)."""
     manual_seed(0)
     model = MLP([6, 16, 2])
-    before = np.concatenate([p.data.ravel().copy() for p in model.parameters()])
+    before = np.concatenate([p.array.ravel().copy() for p in model.parameters()])
     train, _ = problem()
     cfg = TrainingConfig(epochs=1, max_grad_norm=max_grad_norm, log_interval=1, verbose=False,
                          seed=1)
     trainer = Trainer(model, SGD(model.parameters(), lr=BASE), F.cross_entropy, cfg)
     trainer.fit(DataLoader(train, batch_size=16, shuffle=True), max_steps=1)
-    after = np.concatenate([p.data.ravel() for p in model.parameters()])
+    after = np.concatenate([p.array.ravel() for p in model.parameters()])
     return float(np.linalg.norm((after - before).astype(np.float64)))
 
 

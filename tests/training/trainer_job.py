@@ -37,7 +37,7 @@ def main() -> None:
     history = trainer.fit(DataLoader(train, batch_size=global_batch // world, shuffle=True),
                           DataLoader(val, batch_size=8))
     if int(os.environ.get("RANK", "0")) == 0:
-        weights = {n: p.data.tolist() for n, p in model.named_parameters()}
+        weights = {n: p.array.tolist() for n, p in model.named_parameters()}
         with open(out, "w") as handle:
             json.dump({"history": history.state_dict(), "weights": weights}, handle)
 

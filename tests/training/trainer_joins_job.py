@@ -25,7 +25,7 @@ def train(out_dir: str, batch: int):
                       TrainingConfig(epochs=1, max_steps=4, seed=5, log_interval=2,
                                      metrics_dir=out_dir, progress_bar=False))
     trainer.fit(DataLoader(train_set, batch_size=batch, shuffle=True))
-    return trainer.world, {n: p.data.tolist() for n, p in model.named_parameters()}
+    return trainer.world, {n: p.array.tolist() for n, p in model.named_parameters()}
 
 
 def main() -> None:

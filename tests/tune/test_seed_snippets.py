@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def weights(model):
-    return {k: np.array(getattr(v, "data", v), copy=True) for k, v in model.state_dict().items()}
+    return {k: np.array(getattr(v, "array", v), copy=True) for k, v in model.state_dict().items()}
 
 
 def test_the_seed_distributed_tuner_snippet(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def _double(module):
     for p in module.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return module
 
 
@@ -50,7 +50,7 @@ def _run(model, x, ckpt, seed=5, **kwargs):
     manual_seed(seed)
     y = checkpoint(model, x, **kwargs) if ckpt else model(x)
     (y * y).sum().backward()
-    return y.data.copy(), None if x.grad is None else x.grad.copy(), _grads(model), \
+    return y.array.copy(), None if x.grad is None else x.grad.copy(), _grads(model), \
         get_rng().random()
 
 
@@ -227,7 +227,7 @@ def test_tuple_outputs_recompute_once():
         t.grad = None
     a, _, b = checkpoint(two, x)
     b.sum().backward()  # only one output used
-    np.testing.assert_allclose(x.grad, 2.0 * np.ones((2, 4)) @ layer.weight.data)
+    np.testing.assert_allclose(x.grad, 2.0 * np.ones((2, 4)) @ layer.weight.array)
 
 
 def test_under_no_grad_it_just_runs():
@@ -236,7 +236,7 @@ def test_under_no_grad_it_just_runs():
     with no_grad():
         y = checkpoint(model, x)
     assert not y.requires_grad and y._parents == ()
-    np.testing.assert_array_equal(y.data, model(x).data)
+    np.testing.assert_array_equal(y.array, model(x).array)
 
 
 class _ReadsAStranger(Module):
@@ -339,7 +339,7 @@ def _ddp_worker(rank: int, world_size: int):
     model = DistributedDataParallel(_model(recompute=True), bucket_size_mb=0.0002)
     xs, ys = _ddp_data(world_size)
     _train(model, xs[:, rank * 4:(rank + 1) * 4], ys[:, rank * 4:(rank + 1) * 4])
-    return [p.data.copy() for p in model.module.parameters()], len(model._buckets)
+    return [p.array.copy() for p in model.module.parameters()], len(model._buckets)
 
 
 def test_checkpointed_model_under_ddp_equals_one_process():
@@ -350,7 +350,7 @@ def test_checkpointed_model_under_ddp_equals_one_process():
     assert buckets > 1
     for a, b, want in zip(first, second, reference.parameters()):
         assert a.tobytes() == b.tobytes()
-        np.testing.assert_allclose(a, want.data, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(a, want.array, rtol=1e-10, atol=1e-12)
 
 
 def test_nested_checkpoints_equal_the_plain_run():

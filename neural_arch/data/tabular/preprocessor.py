@@ -224,7 +224,7 @@ class TabularPreprocessor:
         """Model outputs back in the target's units: class indices to labels (as strings),
         standardised values to the original scale."""
         self._require_fitted("decode_target")
-        y = np.asarray(getattr(y, "data", y))
+        y = np.asarray(getattr(y, "array", y))
         if self.task == "regression":
             return y.astype(np.float64) * self.target_std + self.target_mean
         if self.task == "classification":

@@ -52,7 +52,7 @@ __all__ = ["CheckpointCorruptError", "CheckpointError", "DistributedCheckpointMa
 def _as_float(loss: Any) -> Optional[float]:
     if loss is None:
         return None
-    value = getattr(loss, "data", loss)
+    value = getattr(loss, "array", loss)
     return float(value.item() if hasattr(value, "item") else value)
 
 

@@ -39,7 +39,7 @@ def is_sharded(model: Any) -> bool:
 
 def _entry(flat: Any) -> Dict[str, Any]:
     return {"name": flat.unit, "numel": int(flat.numel), "padded": int(flat.padded_numel),
-            "size": int(flat.shard.data.size)}
+            "size": int(flat.shard.array.size)}
 
 
 def layout_of(model: Any) -> Layout:
@@ -84,7 +84,7 @@ def shard_file_bytes(model: Any, optimizer: Any, rank: int, world_size: int
         held = _held(entry, rank, world_size)
         cut = slice(start - held[0], stop - held[0])
         cuts.append(cut)
-        pieces[entry["name"]] = host_array(flat.shard.data)[cut]
+        pieces[entry["name"]] = host_array(flat.shard.array)[cut]
     files = {model_file: fmt.safetensors_bytes(pieces)}
     if optimizer is not None:
         state = optimizer.state_dict()["state"]
@@ -92,10 +92,10 @@ def shard_file_bytes(model: Any, optimizer: Any, rank: int, world_size: int
         for flat, cut, index in zip(model.flat_shards(), cuts, _optimizer_index(optimizer, model)):
             for key, value in state.get(index, {}).items():
                 if is_array(value) and np.ndim(value) > 0:
-                    if tuple(value.shape) != tuple(flat.shard.data.shape):
+                    if tuple(value.shape) != tuple(flat.shard.array.shape):
                         raise ValueError(
                             f"optimizer state {key!r} of flat parameter {flat.unit!r} has shape "
-                            f"{tuple(value.shape)}, its shard {tuple(flat.shard.data.shape)}: "
+                            f"{tuple(value.shape)}, its shard {tuple(flat.shard.array.shape)}: "
                             "only state shaped like the shard can be resharded")
                     arrays[f"state.{index}.{key}"] = host_array(value)[cut]
         files[optimizer_file] = fmt.safetensors_bytes(arrays)
@@ -160,7 +160,7 @@ def read_shards(contents: Dict[str, Any], path: str, layout: Layout, saved_world
 
     shards = [_assemble(lambda q: piece(fmt.shard_files(q)[0], saved["name"]), saved,
                         saved_world, _held(current, rank, world_size), current["size"],
-                        flat.shard.data.dtype)
+                        flat.shard.array.dtype)
               for flat, saved, current in zip(flats, layout, now)]
     arrays: Dict[str, np.ndarray] = {}
     if optimizer is not None:
@@ -171,13 +171,13 @@ def read_shards(contents: Dict[str, Any], path: str, layout: Layout, saved_world
             for key in sorted(k for k in saved_keys if k.startswith(f"state.{index}.")):
                 arrays[key] = _assemble(lambda q: piece(fmt.shard_files(q)[1], key), saved,
                                         saved_world, _held(current, rank, world_size),
-                                        current["size"], flat.shard.data.dtype)
+                                        current["size"], flat.shard.array.dtype)
     return shards, arrays
 
 
 def place_shards(model: Any, shards: List[np.ndarray]) -> None:
     for flat, values in zip(model.flat_shards(), shards):
-        flat.shard.data[...] = values
+        flat.shard.array[...] = values
     changed = getattr(model, "shards_changed", None)
     if callable(changed):  # full parameters gathered before the load are stale now
         changed()

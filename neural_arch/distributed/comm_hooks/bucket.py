@@ -42,7 +42,7 @@ class GradBucket:
 
     def gradients(self) -> List[np.ndarray]:
         """Views of the buffer shaped like each parameter (writing them writes the buffer)."""
-        return [self._buffer[lo:hi].reshape(p.data.shape) for p, lo, hi in
+        return [self._buffer[lo:hi].reshape(p.array.shape) for p, lo, hi in
                 zip(self._parameters, self._offsets[:-1], self._offsets[1:])]
 
     def parameters(self) -> list:

@@ -12,7 +12,7 @@ Mixed precision (``mixed_precision=True``): float16 compute, float32 master weig
   converting on save or resume. Build the optimizer on ``wrapper.parameters()`` (the same
   objects as ``wrapper.module.parameters()``).
 - ``forward`` casts the weights to float16 for the duration of the call (each parameter's
-  ``.data`` is a float16 copy while the module runs, and is the master again afterwards), and
+  ``.array`` is a float16 copy while the module runs, and is the master again afterwards), and
   casts floating inputs to float16, so the whole model computes in float16. Floating outputs
   come back as float32, so the loss and its softmax are computed in float32.
 - Backward runs through the float16 graph; each gradient lands on its parameter as float32
@@ -143,7 +143,7 @@ class AdvancedDistributedDataParallel(Module):
         self.profiler = CommunicationProfiler(enabled=config.profile_communication)
         self._world = get_world_size(group)
         trained = [p for p in module.parameters() if p.requires_grad]
-        self._grad_bytes = sum(p.data.size * (2 if self._mixed else p.data.itemsize)
+        self._grad_bytes = sum(p.array.size * (2 if self._mixed else p.array.itemsize)
                                for p in trained)
         self._micro_in_window = 0
         self.step_count = self.micro_step_count = self.skipped_steps = 0
@@ -160,16 +160,16 @@ class AdvancedDistributedDataParallel(Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self._mixed or self._sharded:  # FSDP casts for itself
             return self._ddp(*args, **kwargs)
-        masters = [(p, p.data) for p in self.module.parameters() if p.data.dtype.kind == "f"]
+        masters = [(p, p.array) for p in self.module.parameters() if p.array.dtype.kind == "f"]
         try:
             for p, master in masters:
-                p.data = master.astype(np.float16)
+                p.array = master.astype(np.float16)
             with _overflow_expected():
                 out = self._ddp(*_cast_floats(args, np.float16),
                                 **_cast_floats(kwargs, np.float16))
         finally:
             for p, master in masters:
-                p.data = master
+                p.array = master
         return _cast_floats(out, np.float32)
 
     def wrap_optimizer(self, optimizer: Any, **defaults: Any) -> Optimizer:
@@ -235,7 +235,7 @@ class AdvancedDistributedDataParallel(Module):
         for overflow, clip, step and zero the gradients. True when the optimizer stepped."""
         if not isinstance(loss, Tensor):
             raise TypeError(f"backward_step needs the loss Tensor, got {type(loss).__name__}")
-        if loss.data.size != 1:
+        if loss.array.size != 1:
             raise ValueError(f"backward_step needs a scalar loss, got shape {loss.shape}")
         if not (hasattr(optimizer, "step") and hasattr(optimizer, "zero_grad")):
             raise TypeError(f"backward_step needs an optimizer with step() and zero_grad(), "
@@ -246,7 +246,7 @@ class AdvancedDistributedDataParallel(Module):
                             f"returned by wrap_optimizer(), got a {type(optimizer).__name__}")
         steps = self.config.gradient_accumulation_steps
         factor = (self.scaler.scale_value if self._mixed else 1.0) / steps
-        seed = xp_of(loss.data).full(loss.shape, factor, dtype=loss.dtype)
+        seed = xp_of(loss.array).full(loss.shape, factor, dtype=loss.dtype)
         self._micro_in_window += 1
         self.micro_step_count += 1
         with self._quiet():

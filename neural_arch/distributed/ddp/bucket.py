@@ -26,7 +26,7 @@ class Bucket:
     def __init__(self, index: int, params: list, flat: np.ndarray) -> None:
         self.index = index
         self.params = params
-        sizes = [p.data.size for p in params]
+        sizes = [p.array.size for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.flat = flat  # from the bucket storage: private, or this rank's shared copy
         self.ready = 0  # parameters whose gradient this backward has finished
@@ -49,7 +49,7 @@ class Bucket:
 
     def on_host(self) -> bool:
         """Whether every gradient is a host NumPy array (what another thread may copy)."""
-        return all(type(p.data) is np.ndarray and type(p.grad) is np.ndarray
+        return all(type(p.array) is np.ndarray and type(p.grad) is np.ndarray
                    for p in self.params)
 
 

@@ -74,11 +74,11 @@ class PrivateBuckets:
             if keep is not None and not keep[j]:
                 param.grad = None
             else:
-                view = flat[offsets[j]:offsets[j + 1]].reshape(param.data.shape)
-                if self._grads_as_views and type(param.data) is np.ndarray:
+                view = flat[offsets[j]:offsets[j + 1]].reshape(param.array.shape)
+                if self._grads_as_views and type(param.array) is np.ndarray:
                     param.grad = view  # the next backward accumulates into the bucket
                 else:
-                    param.grad = copy_from_host(view, param.data, out=param.grad)
+                    param.grad = copy_from_host(view, param.array, out=param.grad)
 
     def _take_result(self, index: int, flat: np.ndarray) -> None:
         future, self._futures[index] = self._futures[index], None

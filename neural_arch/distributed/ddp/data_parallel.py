@@ -149,14 +149,14 @@ class DistributedDataParallel(Module):
         current: Dict[np.dtype, list] = {}
         sizes: Dict[np.dtype, int] = {}
         for p in reversed(self._params):
-            dt = p.data.dtype
+            dt = p.array.dtype
             current.setdefault(dt, []).append(p)
-            sizes[dt] = sizes.get(dt, 0) + p.data.nbytes
+            sizes[dt] = sizes.get(dt, 0) + p.array.nbytes
             if sizes[dt] >= cap_bytes:
                 groups.append((current.pop(dt), dt))
                 sizes[dt] = 0
         groups += [(params, dt) for dt, params in current.items()]
-        self._specs = [(sum(p.data.size for p in params), dt) for params, dt in groups]
+        self._specs = [(sum(p.array.size for p in params), dt) for params, dt in groups]
         hook = _FP16 if self.gradient_compression else None
         self._storage = bucket_storage(self._group, self._specs, shared, hook,
                                        self.gradient_as_bucket_view)

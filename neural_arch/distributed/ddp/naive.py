@@ -15,7 +15,7 @@ class NaiveDistributedDataParallel:
     def __init__(self, module) -> None:
         self.module = module
         for p in module.parameters():  # start from rank 0's weights everywhere
-            collectives.broadcast(p.data, src=0)
+            collectives.broadcast(p.array, src=0)
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)

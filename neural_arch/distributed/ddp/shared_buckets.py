@@ -162,15 +162,15 @@ class SharedBucketArena:
                 continue
             lo, hi = offsets[j], offsets[j + 1]
             grad = param.grad
-            on_host = isinstance(param.data, np.ndarray)
+            on_host = isinstance(param.array, np.ndarray)
             if grad is None and on_host:
-                grad = param.grad = np.empty(param.data.shape, dtype=dtype)
+                grad = param.grad = np.empty(param.array.shape, dtype=dtype)
             if isinstance(grad, np.ndarray) and grad.flags.c_contiguous:
                 self.gather(index, lo, hi, grad.reshape(-1))
             else:  # a strided or a GPU gradient: gathered on the host, then copied over
                 staged = np.empty(hi - lo, dtype=dtype)
                 self.gather(index, lo, hi, staged)
-                param.grad = copy_from_host(staged.reshape(param.data.shape), param.data,
+                param.grad = copy_from_host(staged.reshape(param.array.shape), param.array,
                                             out=grad)
 
     def release(self) -> None:

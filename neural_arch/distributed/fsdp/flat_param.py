@@ -8,7 +8,7 @@ shard_numel]``. The layout without padding does not depend on N, which lets a ch
 written on one world size be loaded on another.
 
 The full buffer is a private anonymous memory mapping (page aligned). The original
-parameters' ``.data`` are views of it for good: backward closures keep the arrays they
+parameters' ``.array`` are views of it for good: backward closures keep the arrays they
 computed with, so dropping references would free nothing while a graph is alive.
 ``release()`` instead hands the pages back to the operating system
 (``madvise(MADV_DONTNEED)``; the views then read zeros) and the next gather writes into the
@@ -45,8 +45,8 @@ class FlatLayout:
         self.entries: List[FlatEntry] = []
         offset = 0
         for fqn, param in named_params:
-            self.entries.append(FlatEntry(fqn, tuple(param.data.shape), offset))
-            offset += param.data.size
+            self.entries.append(FlatEntry(fqn, tuple(param.array.shape), offset))
+            offset += param.array.size
         self.numel = offset
         self.shards = shards
         self.shard_numel = -(-offset // shards)  # ceil: padding goes at the end

@@ -41,10 +41,10 @@ from .wrap import assign_parameters, unit_prefixes
 
 def _check_numpy(module: Module) -> None:
     for name, param in module.named_parameters():
-        if not isinstance(param.data, np.ndarray):
+        if not isinstance(param.array, np.ndarray):
             raise TypeError(f"FullyShardedDataParallel supports NumPy (CPU) parameters only; "
-                            f"{name!r} is a {type(param.data).__module__}."
-                            f"{type(param.data).__name__} on {param.device}")
+                            f"{name!r} is a {type(param.array).__module__}."
+                            f"{type(param.array).__name__} on {param.device}")
 
 
 def _cast_floating(value: Any, dtype: np.dtype) -> Any:
@@ -220,7 +220,7 @@ class FullyShardedDataParallel(Module):
         return {"gathered_bytes": self._stats.gathered_bytes,
                 "peak_gathered_bytes": self._stats.peak_gathered_bytes,
                 "full_bytes": sum(u.buffer.nbytes for u in self._units),
-                "shard_bytes": sum(u.shard.data.nbytes for u in self._units)}
+                "shard_bytes": sum(u.shard.array.nbytes for u in self._units)}
 
     def reset_peak_memory_stats(self) -> None:
         self._stats.peak_gathered_bytes = self._stats.gathered_bytes

@@ -56,7 +56,7 @@ def load_flat(unit: Unit, full_flat: Any) -> None:
                          f"padded), got {flat.size}")
     padded = np.zeros(unit.layout.padded_numel, dtype=unit.master_dtype)
     padded[:unit.layout.numel] = flat[:unit.layout.numel]
-    unit.shard.data[...] = padded[unit.lo:unit.hi]
+    unit.shard.array[...] = padded[unit.lo:unit.hi]
     unit.stats.generation += 1
 
 
@@ -68,18 +68,18 @@ def summon_full_params(units: Sequence[Unit], stats: GatherStats,
         for unit in units:
             unit.wait_gather()
             full = unit.gather_master()
-            summoned.append((unit, full, [p.data for p in unit.params]))
+            summoned.append((unit, full, [p.array for p in unit.params]))
             stats.add(full.nbytes)
             for param, view in zip(unit.params, unit.layout.views(full)):
-                param.data = view
+                param.array = view
         yield
     finally:
         for unit, full, compute_views in summoned:
             for param, view in zip(unit.params, compute_views):
-                param.data = view
+                param.array = view
             stats.remove(full.nbytes)
             if writeback:
-                unit.shard.data[...] = full[unit.lo:unit.hi]
+                unit.shard.array[...] = full[unit.lo:unit.hi]
         if writeback and summoned:
             stats.generation += 1  # the next forward gathers what was written
 

@@ -20,9 +20,9 @@ from .options import MixedPrecision, ShardingStrategy
 
 
 def _master_dtype(name: str, named_params: Sequence[Tuple[str, Any]]) -> np.dtype:
-    dtypes = {str(p.data.dtype) for _, p in named_params}
+    dtypes = {str(p.array.dtype) for _, p in named_params}
     if len(dtypes) != 1:
-        found = [(fqn, str(p.data.dtype)) for fqn, p in named_params]
+        found = [(fqn, str(p.array.dtype)) for fqn, p in named_params]
         raise ValueError(f"FullyShardedDataParallel: unit {name or '<root>'!r} mixes parameter "
                          f"dtypes {sorted(dtypes)} ({found}); a unit's parameters are flattened "
                          "into one vector, so give them one dtype or wrap them in separate units")
@@ -34,7 +34,7 @@ class Unit:
 
     ``shard`` is the Parameter the optimizer steps: this rank's ``layout.shard_numel`` elements
     of the flat vector in the parameters' own dtype. The module's parameters keep their
-    identity; their ``.data`` are views of ``buffer`` (compute dtype), valid while gathered.
+    identity; their ``.array`` are views of ``buffer`` (compute dtype), valid while gathered.
     """
 
     def __init__(self, name: str, module: Module, named_params: Sequence[Tuple[str, Any]],
@@ -49,13 +49,13 @@ class Unit:
         self.reduce_dtype = mixed.reduction_dtype(self.master_dtype) if mixed else self.master_dtype
         self.shard_index = get_rank(group) if strategy.shards_parameters else 0
         self.lo, self.hi = self.layout.shard_range(self.shard_index)
-        full = self.layout.flatten([p.data for p in self.params], self.master_dtype)
+        full = self.layout.flatten([p.array for p in self.params], self.master_dtype)
         self.buffer = GatherBuffer(self.layout.padded_numel, self.compute_dtype)
         label = f"{name}.flat_param" if name else "flat_param"
         if self.compute_dtype == self.master_dtype and not strategy.frees_parameters:
             # Never freed and in its own dtype: the shard is this rank's slice of the buffer
             # (unsharded: all of it), so the full parameters are the model's one copy, as the
-            # ZeRO-2 formula counts them (optimizers update it in place; a rebound .data is
+            # ZeRO-2 formula counts them (optimizers update it in place; a rebound .array is
             # copied on gather).
             self.buffer.array[...] = full
             self.shard = Parameter(self.buffer.array[self.lo:self.hi], name=label)
@@ -63,7 +63,7 @@ class Unit:
             self.shard = Parameter(full[self.lo:self.hi].copy(), name=label)
         del full
         for param, view in zip(self.params, self.layout.views(self.buffer.array)):
-            param.data = view
+            param.array = view
         self.gathered = False
         self.generation = -1  # the shards' generation the buffer holds
         self._pending: Optional[tuple] = None  # (Work, the array it sends)
@@ -89,7 +89,7 @@ class Unit:
         if not self.gathered:
             self.stats.add(self.buffer.nbytes)
             self.gathered = True
-        source = self.shard.data.astype(self.compute_dtype, copy=False)
+        source = self.shard.array.astype(self.compute_dtype, copy=False)
         if self.layout.shards > 1 and np.may_share_memory(source, self.buffer.array):
             source = source.copy()  # the buffer's own slice: all-gather from a copy of it
         if self.layout.shards == 1:  # nothing to fetch: every rank holds the whole vector
@@ -122,9 +122,9 @@ class Unit:
     def gather_master(self) -> np.ndarray:
         """The full padded flat vector in the parameters' own dtype, in a fresh array."""
         if self.layout.shards == 1:
-            return self.shard.data.copy()
+            return self.shard.array.copy()
         full = np.empty(self.layout.padded_numel, dtype=self.master_dtype)
-        collectives.all_gather_into_tensor(full, self.shard.data, group=self.group)
+        collectives.all_gather_into_tensor(full, self.shard.array, group=self.group)
         return full
 
     # -- gradients -------------------------------------------------------------------------

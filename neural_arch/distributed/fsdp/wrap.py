@@ -56,7 +56,7 @@ def _policy(value: Any) -> Optional[Policy]:
 
 
 def _numel(module: Module, claimed: Set[int]) -> int:
-    return sum(p.data.size for p in module.parameters() if id(p) not in claimed)
+    return sum(p.array.size for p in module.parameters() if id(p) not in claimed)
 
 
 def unit_prefixes(module: Module, auto_wrap_policy: Any) -> List[str]:

@@ -3,7 +3,7 @@ dtype back to back in one buffer, cut into ``world size`` equal contiguous shard
 
 Rank ``r`` owns elements ``[r * S, (r + 1) * S)`` of the concatenation, ``S`` the total
 rounded up to a multiple of the world size over the world size (the last shards end in zero
-padding). Every rank holds the whole flat buffer of parameters, and each parameter's ``.data``
+padding). Every rank holds the whole flat buffer of parameters, and each parameter's ``.array``
 is a view of it, so the all-gather of the updated shards writes straight into the parameters.
 A second flat buffer receives the gradients, which the reduce-scatter averages shard by shard:
 the owner of a shard gets its average, and the optimizer steps the shard, a view of the
@@ -25,14 +25,14 @@ class FlatShards:
 
     def __init__(self, params: Sequence[Any], rank: int, world_size: int) -> None:
         for p in params:
-            if type(p.data) is not np.ndarray:
+            if type(p.array) is not np.ndarray:
                 raise TypeError(
                     f"the reduce-scatter ZeRO-1 keeps parameters as views of one host buffer; "
-                    f"got a {type(p.data).__module__}.{type(p.data).__name__} of shape "
-                    f"{tuple(p.data.shape)}")
+                    f"got a {type(p.array).__module__}.{type(p.array).__name__} of shape "
+                    f"{tuple(p.array.shape)}")
         self.params, self.rank, self.world_size = list(params), rank, world_size
-        self.dtype = np.dtype(params[0].data.dtype)
-        sizes = [p.data.size for p in self.params]
+        self.dtype = np.dtype(params[0].array.dtype)
+        sizes = [p.array.size for p in self.params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.numel = self.offsets[-1]
         self.shard_size = -(-self.numel // world_size)
@@ -41,29 +41,29 @@ class FlatShards:
         self.grads = np.zeros(total, dtype=self.dtype)
         self.views = []
         for p, lo, hi in zip(self.params, self.offsets, self.offsets[1:]):
-            view = self.values[lo:hi].reshape(p.data.shape)
-            view[...] = p.data
-            p.data = view
+            view = self.values[lo:hi].reshape(p.array.shape)
+            view[...] = p.array
+            p.array = view
             self.views.append(view)
         lo, hi = self.bounds(rank)
         # the shard the local optimizer steps: a view, updated in place
         self.shard = Tensor(np.zeros(0, self.dtype), requires_grad=True)
-        self.shard.data = self.values[lo:hi]
+        self.shard.array = self.values[lo:hi]
 
     def bounds(self, rank: int) -> Tuple[int, int]:
         return rank * self.shard_size, (rank + 1) * self.shard_size
 
     def reattach(self) -> None:
-        """Parameters whose ``.data`` was rebound (a model's ``load_state_dict``, say) become
+        """Parameters whose ``.array`` was rebound (a model's ``load_state_dict``, say) become
         views again, holding the values they were given."""
         for p, view in zip(self.params, self.views):
-            if p.data is not view:
-                view[...] = p.data
-                p.data = view
+            if p.array is not view:
+                view[...] = p.array
+                p.array = view
         lo, hi = self.bounds(self.rank)
-        if self.shard.data.base is not self.values:
-            self.values[lo:hi] = self.shard.data
-            self.shard.data = self.values[lo:hi]
+        if self.shard.array.base is not self.values:
+            self.values[lo:hi] = self.shard.array
+            self.shard.array = self.values[lo:hi]
 
     def reduce_gradients(self, group: Any) -> None:
         """Pack every gradient (None counts as zeros) and reduce-scatter their average: the

@@ -54,8 +54,8 @@ class ReduceScatterZeroOptimizer(Optimizer):
         self.flats: List[FlatShards] = []
         self._group_of: List[int] = []
         for g, group in enumerate(self.param_groups):
-            for dtype in dict.fromkeys(np.dtype(p.data.dtype) for p in group["params"]):
-                same = [p for p in group["params"] if np.dtype(p.data.dtype) == dtype]
+            for dtype in dict.fromkeys(np.dtype(p.array.dtype) for p in group["params"]):
+                same = [p for p in group["params"] if np.dtype(p.array.dtype) == dtype]
                 self.flats.append(FlatShards(same, self.rank, self.world_size))
                 self._group_of.append(g)
         local = [dict(self._hyper(self.param_groups[g]), params=[flat.shard])
@@ -74,7 +74,7 @@ class ReduceScatterZeroOptimizer(Optimizer):
         return {k: v for k, v in group.items() if k != "params"}
 
     def _check_replicas_agree(self) -> None:
-        mine = [[(tuple(p.data.shape), str(p.data.dtype)) for p in g["params"]]
+        mine = [[(tuple(p.array.shape), str(p.array.dtype)) for p in g["params"]]
                 for g in self.param_groups]
         everyone = collectives.all_gather_object(mine, group=self.process_group)
         differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
@@ -154,7 +154,7 @@ class ReduceScatterZeroOptimizer(Optimizer):
                     whole = np.concatenate([s[key] for s in shards])
                     for p, lo, hi in zip(flat.params, flat.offsets, flat.offsets[1:]):
                         entry = state.setdefault(index_of[id(p)], {})
-                        entry[key] = whole[lo:hi].reshape(p.data.shape).copy()
+                        entry[key] = whole[lo:hi].reshape(p.array.shape).copy()
                 else:
                     for p in flat.params:
                         state.setdefault(index_of[id(p)], {})[key] = copy.deepcopy(value)
@@ -178,13 +178,13 @@ class ReduceScatterZeroOptimizer(Optimizer):
             for i, start, stop, at in flat.owned_pieces():
                 param = flat.params[i]
                 for key, value in saved.get(index_of[id(param)], {}).items():
-                    if hasattr(value, "shape") and tuple(value.shape) == param.data.shape:
+                    if hasattr(value, "shape") and tuple(value.shape) == param.array.shape:
                         target = restored.setdefault(key, np.zeros(flat.shard_size, flat.dtype))
                         target[at:at + stop - start] = np.asarray(value).reshape(-1)[start:stop]
                     elif hasattr(value, "shape") and len(value.shape) > 0:
                         raise ValueError(f"optimizer state '{key}' of parameter "
                                          f"{index_of[id(param)]} has shape {tuple(value.shape)}, "
-                                         f"the parameter {tuple(param.data.shape)}")
+                                         f"the parameter {tuple(param.array.shape)}")
                     else:
                         restored[key] = copy.deepcopy(value)
             if restored:

@@ -30,10 +30,10 @@ def partition_parameters(param_groups: Sequence[Dict[str, Any]], world_size: int
     partition: Partition = [[] for _ in range(world_size)]
     for group in param_groups:
         shares: List[List[Any]] = [[] for _ in range(world_size)]
-        for param in sorted(group["params"], key=lambda p: p.data.size, reverse=True):
+        for param in sorted(group["params"], key=lambda p: p.array.size, reverse=True):
             rank = loads.index(min(loads))
             shares[rank].append(param)
-            loads[rank] += param.data.size
+            loads[rank] += param.array.size
         for rank in range(world_size):
             partition[rank].append(shares[rank])
     return partition
@@ -54,8 +54,8 @@ class ShardExchange:
     """Makes every replica hold every rank's updated parameters; see the module docstring.
 
     ``as_views=True`` (PyTorch's ``parameters_as_bucket_view``) makes each parameter's
-    ``.data`` a view into the gathered buffer, so the all-gather writes the new values
-    straight into the parameters and nothing is unpacked. A parameter whose ``.data`` was
+    ``.array`` a view into the gathered buffer, so the all-gather writes the new values
+    straight into the parameters and nothing is unpacked. A parameter whose ``.array`` was
     rebound since (by a model's ``load_state_dict``, say) is made a view again, holding its
     owner's values.
     """
@@ -66,18 +66,18 @@ class ShardExchange:
         owned = [[p for share in groups for p in share] for groups in partition]
         slots: Dict[np.dtype, _Slot] = {}
         # dtypes in order of first appearance over ranks and parameters: the same on every rank
-        for dtype in dict.fromkeys(np.dtype(p.data.dtype) for params in owned for p in params):
-            sizes = [sum(p.data.size for p in params if p.data.dtype == dtype) for params in owned]
+        for dtype in dict.fromkeys(np.dtype(p.array.dtype) for params in owned for p in params):
+            sizes = [sum(p.array.size for p in params if p.array.dtype == dtype) for params in owned]
             if max(sizes):
                 slots[dtype] = _Slot(dtype, max(sizes), world_size)
         for owner, params in enumerate(owned):
             offsets = {dtype: 0 for dtype in slots}
             for param in params:
-                dtype = np.dtype(param.data.dtype)
+                dtype = np.dtype(param.array.dtype)
                 if dtype not in slots:
                     continue  # empty parameters: nothing to send
                 slot, start = slots[dtype], offsets[dtype]
-                stop = start + param.data.size
+                stop = start + param.array.size
                 offsets[dtype] = stop
                 base = owner * slot.piece
                 view = None
@@ -91,36 +91,36 @@ class ShardExchange:
 
     def exchange(self) -> None:
         """Send this rank's parameters to all, receive everyone else's (one collective per
-        dtype, all ranks in the same order). A bucket-view parameter whose ``.data`` was
+        dtype, all ranks in the same order). A bucket-view parameter whose ``.array`` was
         rebound is pointed back at its view, which the all-gather has just filled."""
         for slot in self.slots:
             # Made for each exchange: between steps a rank holds no second copy of its share.
             send = np.zeros(slot.piece, dtype=slot.dtype)
             for param, start, stop, view in slot.mine:
-                if view is not None and param.data is view:
+                if view is not None and param.array is view:
                     send[start:stop] = view.reshape(-1)
                 else:
-                    copy_into_host(send[start:stop], param.data)
+                    copy_into_host(send[start:stop], param.array)
             collectives.all_gather_into_tensor(slot.gathered, send, group=self.group)
             for param, _, _, view in slot.mine:
                 if view is not None:
-                    param.data = view
+                    param.array = view
             for param, start, stop, view in slot.others:
                 if view is not None:
-                    param.data = view
+                    param.array = view
                 else:
-                    values = slot.gathered[start:stop].reshape(param.data.shape)
-                    copy_from_host(values, param.data, out=param.data)
+                    values = slot.gathered[start:stop].reshape(param.array.shape)
+                    copy_from_host(values, param.array, out=param.array)
 
 
 def _as_view(param: Any, flat: np.ndarray) -> np.ndarray:
-    """Bucket-view mode: ``param.data`` becomes a view of ``flat`` holding its values."""
-    if type(param.data) is not np.ndarray:
+    """Bucket-view mode: ``param.array`` becomes a view of ``flat`` holding its values."""
+    if type(param.array) is not np.ndarray:
         raise ValueError(
             f"parameters_as_bucket_view=True needs host NumPy parameters, got a "
-            f"{type(param.data).__module__}.{type(param.data).__name__} of shape "
-            f"{tuple(param.data.shape)}")
-    view = flat.reshape(param.data.shape)
-    view[...] = param.data
-    param.data = view
+            f"{type(param.array).__module__}.{type(param.array).__name__} of shape "
+            f"{tuple(param.array.shape)}")
+    view = flat.reshape(param.array.shape)
+    view[...] = param.array
+    param.array = view
     return view

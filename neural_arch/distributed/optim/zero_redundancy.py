@@ -94,7 +94,7 @@ class ZeroRedundancyOptimizer(Optimizer):
     # -- construction ---------------------------------------------------------------------
     def _check_replicas_agree(self) -> None:
         """ValueError on every rank unless all ranks passed the same groups of shapes."""
-        mine = [[(tuple(p.data.shape), str(p.data.dtype)) for p in group["params"]]
+        mine = [[(tuple(p.array.shape), str(p.array.dtype)) for p in group["params"]]
                 for group in self.param_groups]
         everyone = collectives.all_gather_object(mine, group=self.process_group)
         differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]

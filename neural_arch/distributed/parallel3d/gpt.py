@@ -85,7 +85,7 @@ class GPT3D:
         model = parallelize_gpt(GPT(config), self.tp_group)
         if dtype is not None:
             for p in _unique(model.parameters()):
-                p.data = p.data.astype(dtype)
+                p.array = p.array.astype(dtype)
         num_stages = self.pp * self.chunks
         pieces = pipeline_split(model, num_stages)
         # where each piece's blocks start in the whole model (checkpoints use the dense keys)
@@ -138,7 +138,7 @@ class GPT3D:
     def _replica_slice(self, value: Any, what: str,
                        n_microbatches: Optional[int] = None) -> np.ndarray:
         micro = self.n_microbatches if n_microbatches is None else n_microbatches
-        data = np.asarray(value.data if hasattr(value, "data") and not isinstance(
+        data = np.asarray(value.array if hasattr(value, "array") and not isinstance(
             value, np.ndarray) else value)
         rows = data.shape[0] if data.ndim else 0
         if rows % (self.dp * micro):
@@ -182,7 +182,7 @@ class GPT3D:
         by_dtype: Dict[np.dtype, List[Any]] = {}
         for p in self.params:
             if p.grad is None:  # a part this stage did not use: zeros keep the replicas in step
-                p.grad = np.zeros_like(p.data)
+                p.grad = np.zeros_like(p.array)
             by_dtype.setdefault(np.dtype(p.grad.dtype), []).append(p)
         for dtype, params in by_dtype.items():
             flat = np.concatenate([np.ravel(p.grad) for p in params]).astype(dtype, copy=False)
@@ -196,7 +196,7 @@ class GPT3D:
         """The last stage's mean micro-batch loss, averaged over dp, sent along the pipeline."""
         value = np.zeros(1)
         if self.is_last:
-            value[0] = float(np.mean([float(np.asarray(loss.data if hasattr(loss, "data")
+            value[0] = float(np.mean([float(np.asarray(loss.array if hasattr(loss, "array")
                                                        else loss)) for loss in losses]))
             collectives.all_reduce(value, op=ReduceOp.AVERAGE, group=self.dp_group)
         collectives.broadcast(value, src=self.pp_group.ranks[-1], group=self.pp_group)
@@ -243,7 +243,7 @@ class GPT3D:
                 if logits is not None:
                     logits.append(out)
                 return
-            value = np.ascontiguousarray(out.data)
+            value = np.ascontiguousarray(out.array)
             if (index + 1) % self.pp != self.pp_rank:
                 self._send_activation(value, index + 1)
 

@@ -35,7 +35,7 @@ _NAMES = {1: "ScheduleGPipe", 2: "Schedule1F1B", 3: "ScheduleInterleaved1F1B"}
 
 def split_microbatches(value: Any, n: int, what: str) -> List[Any]:
     """``value`` cut into ``n`` equal slices along dim 0 (Tensors stay Tensors)."""
-    data = value.data if isinstance(value, Tensor) else np.asarray(value)
+    data = value.array if isinstance(value, Tensor) else np.asarray(value)
     if data.ndim == 0:
         raise ValueError(f"{what} must have a batch dimension to split into {n} micro-batches, "
                          "got a scalar")
@@ -190,7 +190,7 @@ class PipelineSchedule:
             self.peak_activations = max(self.peak_activations,
                                         sum(s.in_flight for s in self._by_chunk))
             if produced is not None:
-                arr = np.asarray(out.data if isinstance(out, Tensor) else out)
+                arr = np.asarray(out.array if isinstance(out, Tensor) else out)
                 if produced[1] % p == rank:  # the consumer is on this rank too
                     inbox[produced] = arr
                 else:

@@ -27,7 +27,7 @@ _GPT_PARTS = ("wte", "wpe", "drop", "h", "ln_f", "lm_head")
 
 
 def _count(module: Module) -> int:
-    return sum(int(np.asarray(p.data).size) for p in module.parameters())
+    return sum(int(np.asarray(p.array).size) for p in module.parameters())
 
 
 def balanced_bounds(costs: Sequence[int], parts: int, extra_first: int = 0,
@@ -84,7 +84,7 @@ class GPTStage(Module):
 
     def forward(self, x: Any) -> Tensor:
         if self.first:
-            idx = x.data if isinstance(x, Tensor) else np.asarray(x)
+            idx = x.array if isinstance(x, Tensor) else np.asarray(x)
             if idx.ndim != 2 or idx.dtype.kind not in "iu":
                 raise ValueError(f"the first GPT stage expects integer token ids of shape "
                                  f"(batch, time), got {idx.dtype} {idx.shape}")

@@ -33,7 +33,7 @@ def _is_float(dtype: Any) -> bool:
 
 
 def _array(value: Any) -> np.ndarray:
-    return np.asarray(value.data if isinstance(value, Tensor) else value)
+    return np.asarray(value.array if isinstance(value, Tensor) else value)
 
 
 class PipelineStage:
@@ -103,7 +103,7 @@ class PipelineStage:
                 raise ValueError(f"the last pipeline stage ({self.stage_index}) needs a loss_fn "
                                  "to train: pass loss_fn to the schedule")
             loss = loss_fn(out, target)
-            if not isinstance(loss, Tensor) or loss.data.size != 1:
+            if not isinstance(loss, Tensor) or loss.array.size != 1:
                 raise TypeError(f"loss_fn must return a one-element Tensor, got "
                                 f"{type(loss).__name__} {getattr(loss, 'shape', '')} for "
                                 f"micro-batch {mb} on stage {self.stage_index}")
@@ -155,7 +155,7 @@ class PipelineStage:
 # ----- tied weights ----------------------------------------------------------------------
 def _grad_of(param: Any) -> np.ndarray:
     grad = param.grad
-    return np.zeros_like(np.asarray(param.data)) if grad is None else np.asarray(grad)
+    return np.zeros_like(np.asarray(param.array)) if grad is None else np.asarray(grad)
 
 
 def start_tied_equal(stages: Sequence[PipelineStage]) -> None:
@@ -200,7 +200,7 @@ def sync_tied(stages: Sequence[PipelineStage], gradients: bool) -> None:
         if not remote:
             continue  # every holder is on this rank: they share one parameter already
         param = local[key][0][1]
-        mine = _grad_of(param) if gradients else np.asarray(param.data)
+        mine = _grad_of(param) if gradients else np.asarray(param.array)
         lowest = ranks[owners[0]]
         if not gradients and lowest == me:
             ops = [p2p.P2POp("isend", np.ascontiguousarray(mine), rank, group, _TIE_TAG)
@@ -210,7 +210,7 @@ def sync_tied(stages: Sequence[PipelineStage], gradients: bool) -> None:
         if not gradients:
             got = np.empty_like(mine)
             p2p.batch_isend_irecv([p2p.P2POp("irecv", got, lowest, group, _TIE_TAG)])
-            param.data[...] = got
+            param.array[...] = got
             continue
         theirs = {rank: np.empty_like(mine) for rank in remote}
         ops = [p2p.P2POp("isend", np.ascontiguousarray(mine), rank, group, _TIE_TAG)
@@ -222,4 +222,4 @@ def sync_tied(stages: Sequence[PipelineStage], gradients: bool) -> None:
         for rank in sorted({ranks[s] for s in owners}, key=lambda r: min(
                 s for s in owners if ranks[s] == r)):  # in stage order: equal sums everywhere
             total = parts[rank].copy() if total is None else total + parts[rank]
-        param.grad = total.astype(np.asarray(param.data).dtype, copy=False)
+        param.grad = total.astype(np.asarray(param.array).dtype, copy=False)

@@ -24,7 +24,7 @@ __all__ = ["vocab_parallel_argmax"]
 def vocab_parallel_argmax(logits: Any, group: Optional[ProcessGroup] = None) -> Any:
     """Integer ids (...) of the full vocabulary's largest logit, from this rank's shard
     ``logits`` (..., V/t); every rank of ``group`` must call it, and all get the same ids."""
-    data = logits.data if isinstance(logits, Tensor) else logits
+    data = logits.array if isinstance(logits, Tensor) else logits
     if data.ndim < 1 or data.shape[-1] < 1:
         raise ValueError(f"vocab_parallel_argmax: logits need a non-empty vocabulary "
                          f"dimension, got shape {tuple(data.shape)}")

@@ -27,7 +27,7 @@ __all__ = ["vocab_parallel_cross_entropy"]
 
 def _targets(target: Any, logits: Any, ignore_index: int, vocab: int, rank: int, size: int):
     xp = xp_of(logits)
-    t = target.data if isinstance(target, Tensor) else xp.asarray(target)
+    t = target.array if isinstance(target, Tensor) else xp.asarray(target)
     if t.dtype.kind not in "iu":
         raise TypeError(f"vocab_parallel_cross_entropy: target must hold integer class ids, "
                         f"got dtype {t.dtype}")
@@ -53,7 +53,7 @@ def vocab_parallel_cross_entropy(logits: Any, target: Any, group: Optional[Proce
     ``target`` (...) ids of the full vocabulary. Equals ``cross_entropy`` on the gathered
     logits; the gradient reaches each rank's shard."""
     logits = logits if isinstance(logits, Tensor) else Tensor(logits)
-    ld = logits.data
+    ld = logits.array
     rank, size = group_rank_size(group)
     if ld.ndim < 1 or ld.dtype.kind != "f":
         raise ValueError(f"vocab_parallel_cross_entropy: logits must be floating with a "

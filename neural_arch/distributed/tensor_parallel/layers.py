@@ -135,7 +135,7 @@ class ColumnParallelLinear(_Sharded):
         with _generator_aside():
             layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                         gather_output, group, stride=stride, sequence_parallel=sequence_parallel,
-                        dtype=linear.weight.data.dtype)
+                        dtype=linear.weight.array.dtype)
         return _loaded(layer, linear)
 
     def forward(self, x: Any) -> Tensor:
@@ -193,7 +193,7 @@ class RowParallelLinear(_Sharded):
         with _generator_aside():
             layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                         input_is_parallel, group, sequence_parallel=sequence_parallel,
-                        dtype=linear.weight.data.dtype)
+                        dtype=linear.weight.array.dtype)
         return _loaded(layer, linear)
 
     def forward(self, x: Any) -> Tensor:
@@ -248,12 +248,12 @@ class VocabParallelEmbedding(_Sharded):
         """This rank's rows of ``embedding`` (its dtype kept)."""
         with _generator_aside():
             layer = cls(embedding.num_embeddings, embedding.embedding_dim, group,
-                        sequence_parallel=sequence_parallel, dtype=embedding.weight.data.dtype)
+                        sequence_parallel=sequence_parallel, dtype=embedding.weight.array.dtype)
         return _loaded(layer, embedding)
 
     def forward(self, indices: Any) -> Tensor:
-        idx = indices.data if isinstance(indices, Tensor) \
-            else xp_of(self.weight.data).asarray(indices)
+        idx = indices.array if isinstance(indices, Tensor) \
+            else xp_of(self.weight.array).asarray(indices)
         if idx.dtype.kind not in "iu":
             raise ValueError(f"{type(self).__name__}: indices must be integers, got dtype "
                              f"{idx.dtype}")
@@ -267,7 +267,7 @@ class VocabParallelEmbedding(_Sharded):
         local[outside] = 0  # any valid row: its lookup is zeroed below
         rows = F.embedding(local, self.weight)
         if self.tp_size > 1:
-            keep = (~outside)[..., None].astype(self.weight.data.dtype)
+            keep = (~outside)[..., None].astype(self.weight.array.dtype)
             rows = rows * keep  # ids of other ranks give zeros here, and no gradient
         if self.sequence_parallel:
             return reduce_scatter_to_sequence_parallel_region(rows, self.group)

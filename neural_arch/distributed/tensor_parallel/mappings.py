@@ -64,7 +64,7 @@ def copy_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None)
     _, size = group_rank_size(group)
     if size == 1:
         return x
-    return make_result(x.data, (x,), lambda g: (_all_reduce(g, group),))
+    return make_result(x.array, (x,), lambda g: (_all_reduce(g, group),))
 
 
 def reduce_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
@@ -73,7 +73,7 @@ def reduce_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = N
     _, size = group_rank_size(group)
     if size == 1:
         return x
-    return make_result(_all_reduce(x.data, group), (x,), lambda g: (g,))
+    return make_result(_all_reduce(x.array, group), (x,), lambda g: (g,))
 
 
 def gather_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
@@ -82,11 +82,11 @@ def gather_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = N
     rank, size = group_rank_size(group)
     if size == 1:
         return x
-    if x.data.ndim == 0:
+    if x.array.ndim == 0:
         raise ValueError(f"gather_from_tensor_parallel_region needs a last dimension, got "
                          f"shape {tuple(x.shape)}")
     op = "gather_from_tensor_parallel_region backward"
-    return make_result(all_gather_along(x.data, group, size, -1), (x,),
+    return make_result(all_gather_along(x.array, group, size, -1), (x,),
                        lambda g: (_own_chunk(g, rank, size, op),))
 
 
@@ -96,6 +96,6 @@ def scatter_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = No
     rank, size = group_rank_size(group)
     if size == 1:
         return x
-    chunk = _own_chunk(x.data, rank, size, "scatter_to_tensor_parallel_region")
+    chunk = _own_chunk(x.array, rank, size, "scatter_to_tensor_parallel_region")
     return make_result(xp_of(chunk).ascontiguousarray(chunk), (x,),
                        lambda g: (all_gather_along(g, group, size, -1),))

@@ -71,9 +71,9 @@ def gather_from_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] =
     rank, size = group_rank_size(group)
     if size == 1:
         return x
-    _check(x.data, 1, rank, "gather_from_sequence_parallel_region")
+    _check(x.array, 1, rank, "gather_from_sequence_parallel_region")
     op = "gather_from_sequence_parallel_region backward"
-    return make_result(all_gather_along(x.data, group, size, -2), (x,),
+    return make_result(all_gather_along(x.array, group, size, -2), (x,),
                        lambda g: (_reduce_scatter(g, group, rank, size, op),))
 
 
@@ -84,7 +84,7 @@ def reduce_scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGr
     rank, size = group_rank_size(group)
     if size == 1:
         return x
-    out = _reduce_scatter(x.data, group, rank, size, "reduce_scatter_to_sequence_parallel_region")
+    out = _reduce_scatter(x.array, group, rank, size, "reduce_scatter_to_sequence_parallel_region")
     return make_result(out, (x,), lambda g: (all_gather_along(g, group, size, -2),))
 
 
@@ -94,7 +94,7 @@ def scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] = 
     rank, size = group_rank_size(group)
     if size == 1:
         return x
-    out = _own(x.data, rank, size, "scatter_to_sequence_parallel_region")
+    out = _own(x.array, rank, size, "scatter_to_sequence_parallel_region")
     return make_result(out, (x,), lambda g: (all_gather_along(g, group, size, -2),))
 
 
@@ -129,7 +129,7 @@ class SequenceParallelPositionEmbedding(Embedding):
         self.tp_rank, self.tp_size = group_rank_size(group)
 
     def forward(self, positions: Any) -> Tensor:
-        pos = positions.data if isinstance(positions, Tensor) else positions
+        pos = positions.array if isinstance(positions, Tensor) else positions
         if pos.shape[-1] % self.tp_size:
             raise ValueError(f"sequence parallelism splits the sequence: length "
                              f"{pos.shape[-1]} is not divisible by the tensor-parallel size "

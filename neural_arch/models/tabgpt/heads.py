@@ -31,7 +31,7 @@ class TabGPTOutput:
 
 
 def _label_array(labels: Any) -> np.ndarray:
-    data = labels.data if isinstance(labels, Tensor) else labels
+    data = labels.array if isinstance(labels, Tensor) else labels
     if hasattr(data, "get") and not isinstance(data, np.ndarray):
         data = data.get()
     return np.asarray(data)

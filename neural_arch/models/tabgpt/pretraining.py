@@ -69,7 +69,7 @@ class TabGPTForPreTraining(TabGPTPreTrainedModel):
     def _checked_mask(self, cell_mask: Any, rows: int) -> np.ndarray:
         if cell_mask is None:
             return self.sample_cell_mask(rows)
-        mask = np.asarray(cell_mask.data if isinstance(cell_mask, Tensor) else cell_mask)
+        mask = np.asarray(cell_mask.array if isinstance(cell_mask, Tensor) else cell_mask)
         if mask.dtype != np.bool_:
             raise TypeError(f"cell_mask must be a bool array, got dtype {mask.dtype}")
         if mask.shape != (rows, self.config.n_features):

@@ -26,7 +26,7 @@ def token_init_(parameter: Parameter, d_token: int) -> None:
 
 
 def _host(values: Any) -> np.ndarray:
-    data = values.data if isinstance(values, Tensor) else values
+    data = values.array if isinstance(values, Tensor) else values
     if hasattr(data, "get") and not isinstance(data, np.ndarray):
         data = data.get()
     return np.asarray(data)

@@ -20,7 +20,7 @@ def clip_grad_norm_(parameters: Union[Any, Iterable[Any]], max_norm: float,
 
     ``foreach`` is accepted for PyTorch's signature; the clipping is the same either way.
     """
-    if hasattr(parameters, "grad") and hasattr(parameters, "data"):
+    if hasattr(parameters, "grad") and hasattr(parameters, "array"):
         parameters = [parameters]
     parameters = list(parameters)  # read twice: a generator would be empty the second time
     total = _clip.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,

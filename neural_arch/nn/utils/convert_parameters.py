@@ -24,12 +24,12 @@ def vector_to_parameters(vec: Tensor, parameters: Iterable[Any]) -> None:
     if not isinstance(vec, Tensor):
         raise TypeError(f"vector_to_parameters: expected a Tensor, got {type(vec).__name__}")
     parameters = list(parameters)
-    needed = sum(p.data.size for p in parameters)
-    if vec.data.ndim != 1 or vec.data.size != needed:
-        raise ValueError(f"vector_to_parameters: vec of shape {tuple(vec.data.shape)} does not "
+    needed = sum(p.array.size for p in parameters)
+    if vec.array.ndim != 1 or vec.array.size != needed:
+        raise ValueError(f"vector_to_parameters: vec of shape {tuple(vec.array.shape)} does not "
                          f"match the parameters' {needed} elements")
     offset = 0
     for param in parameters:
-        count = param.data.size
-        param.data[...] = vec.data[offset:offset + count].reshape(param.data.shape)
+        count = param.array.size
+        param.array[...] = vec.array[offset:offset + count].reshape(param.array.shape)
         offset += count

@@ -70,7 +70,7 @@ class TabularTrainingModule(Module):
         self.model = model
 
     def forward(self, packed: Any, target: Any) -> Tuple[Optional[Tensor], Tensor]:
-        data = packed.data if isinstance(packed, Tensor) else np.asarray(packed)
+        data = packed.array if isinstance(packed, Tensor) else np.asarray(packed)
         if hasattr(data, "get") and not isinstance(data, np.ndarray):
             data = data.get()  # a device array: the split is host work
         n_num = self.model.config.n_numerical

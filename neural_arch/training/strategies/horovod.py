@@ -79,7 +79,7 @@ class HorovodStrategy(Strategy):
     def training_step(self, batch: Any, loss_fn: Optional[Callable]) -> StepOutcome:
         _, loss, _ = forward(self.model, batch, loss_fn)
         # each micro-batch's share of the window's mean: k backward passes sum to it
-        loss.backward(np.full(loss.shape, 1.0 / self._window, dtype=loss.data.dtype))
+        loss.backward(np.full(loss.shape, 1.0 / self._window, dtype=loss.array.dtype))
         self._micro += 1
         outcome = StepOutcome(float(loss.item()), batch_size_of(batch), False)
         if self._micro < self._window:

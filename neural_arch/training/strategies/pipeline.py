@@ -30,7 +30,7 @@ from .pipeline_checkpoints import PipelineCheckpoints
 
 
 def _array(value: Any) -> np.ndarray:
-    return np.asarray(value.data if hasattr(value, "data") and not isinstance(
+    return np.asarray(value.array if hasattr(value, "array") and not isinstance(
         value, np.ndarray) else value)
 
 

@@ -292,7 +292,7 @@ def test_seed_usage_runs_as_printed(tmp_path, monkeypatch):
                     optimizer=optimizer,
                     epoch=epoch,
                     step=step,
-                    loss=float(loss.data),
+                    loss=float(loss.array),
                     additional_state={'lr': current_lr}
                 )
 

@@ -52,7 +52,7 @@ def _stepped_optimizer(model, version: int):
     from neural_arch.optim import SGD
     optimizer = SGD(model.parameters(), lr=0.1, momentum=0.9)
     for flat in model.flats:
-        optimizer.state[flat.shard]["momentum_buffer"] = -flat.shard.data * 2 + version
+        optimizer.state[flat.shard]["momentum_buffer"] = -flat.shard.array * 2 + version
     return optimizer
 
 
@@ -69,7 +69,7 @@ def _load(rank, world_size, directory, replicated=False):
     optimizer = _stepped_optimizer(model, version=0)
     state = DistributedCheckpointManager(directory).load_checkpoint(model, optimizer)
     return (state["step"], state["world_size"],
-            {f.unit: f.shard.data.copy() for f in model.flats},
+            {f.unit: f.shard.array.copy() for f in model.flats},
             {f.unit: optimizer.state[f.shard]["momentum_buffer"].copy() for f in model.flats})
 
 

@@ -43,7 +43,7 @@ def reference(world_size: int, steps: int, max_norm):
         norms.append(float(clip_grad_norm_(model.parameters(),
                                            np.inf if max_norm is None else max_norm)))
         opt.step()
-    return [p.data.copy() for p in model.parameters()], norms
+    return [p.array.copy() for p in model.parameters()], norms
 
 
 def advanced_worker(rank: int, world_size: int, steps: int, max_norm):
@@ -61,14 +61,14 @@ def advanced_worker(rank: int, world_size: int, steps: int, max_norm):
     for x, y in zip(xs, ys):
         mine_x = np.array_split(x[rank::world_size], steps)
         mine_y = np.array_split(y[rank::world_size], steps)
-        before = [p.data.copy() for p in model.parameters()]
+        before = [p.array.copy() for p in model.parameters()]
         for i, (xm, ym) in enumerate(zip(mine_x, mine_y)):
             stepped.append(model.backward_step(F.cross_entropy(model(Tensor(xm)), Tensor(ym)),
                                                opt))
             if i < steps - 1:
-                unchanged_inside_window &= all(np.array_equal(a, p.data) for a, p in
+                unchanged_inside_window &= all(np.array_equal(a, p.array) for a, p in
                                                zip(before, model.parameters()))
-    return ([p.data.copy() for p in model.module.parameters()], stepped,
+    return ([p.array.copy() for p in model.module.parameters()], stepped,
             unchanged_inside_window, model.get_statistics())
 
 

@@ -23,7 +23,7 @@ def _model():
     manual_seed(3)
     model = MLP(list(SIZES))
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -54,7 +54,7 @@ def memory_worker(rank: int, world_size: int, kind: str, settings: dict):
     def recording(state, bucket):
         index = bucket.index()
         shapes[index] = [g.shape for g in bucket.gradients()]
-        assert shapes[index] == [p.data.shape for p in bucket.parameters()]
+        assert shapes[index] == [p.array.shape for p in bucket.parameters()]
         before = (index, bucket.buffer().copy(), _residual(state, index))
 
         def note(future):
@@ -66,7 +66,7 @@ def memory_worker(rank: int, world_size: int, kind: str, settings: dict):
     rng = np.random.default_rng(100 + rank)
     for _ in range(STEPS):
         for p in model.module.parameters():
-            p.grad = rng.standard_normal(p.data.shape)
+            p.grad = rng.standard_normal(p.array.shape)
         model.sync_gradients()
     return log, [shapes[i] for i in sorted(shapes)], state.last_step_bytes
 
@@ -168,7 +168,7 @@ def plain_worker(rank: int, world_size: int, kinds: tuple):
             model.register_comm_hook(*_state(kind))
         rng = np.random.default_rng(7 + rank)
         for p in model.module.parameters():
-            p.grad = rng.standard_normal(p.data.shape) * 10.0 ** rng.integers(-3, 3)
+            p.grad = rng.standard_normal(p.array.shape) * 10.0 ** rng.integers(-3, 3)
         out["inputs"] = [p.grad.copy() for p in model.module.parameters()]
         model.sync_gradients()
         out[kind] = [p.grad.copy() for p in model.module.parameters()]
@@ -248,7 +248,7 @@ def bad_result_worker(rank: int, world_size: int):
     model = DistributedDataParallel(Linear(3, 2), auto_sync=False)
     model.register_comm_hook(None, lambda state, bucket: Future.completed(np.zeros(5)))
     for p in model.module.parameters():
-        p.grad = np.ones(p.data.shape, dtype=np.float32)
+        p.grad = np.ones(p.array.shape, dtype=np.float32)
     model.sync_gradients()
 
 

@@ -88,7 +88,7 @@ def shared_worker(rank: int, world_size: int, insist):
     before = model.shared_buckets
     model.register_comm_hook(None, allreduce_hook)
     for p in model.module.parameters():
-        p.grad = np.full(p.data.shape, float(rank), dtype=np.float32)
+        p.grad = np.full(p.array.shape, float(rank), dtype=np.float32)
     model.sync_gradients()
     return before, model.shared_buckets, model.module.weight.grad.copy()
 
@@ -143,9 +143,9 @@ def digits_worker(rank: int, world_size: int, kinds):
                 opt.step()
             schedule.step()
         with no_grad():
-            predicted = model(Tensor(tx)).data.argmax(axis=1)
+            predicted = model(Tensor(tx)).array.argmax(axis=1)
         out[kind] = (float((predicted == ty).mean()),
-                     b"".join(p.data.tobytes() for p in model.module.parameters()))
+                     b"".join(p.array.tobytes() for p in model.module.parameters()))
     return out
 
 

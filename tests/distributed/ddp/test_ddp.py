@@ -79,7 +79,7 @@ def compression_worker(rank: int, world_size: int):
     layer = Linear(4, 3)
     model = DistributedDataParallel(layer, gradient_compression=True)
     for p in layer.parameters():
-        p.grad = np.full(p.data.shape, float(rank + 1), dtype=np.float32)
+        p.grad = np.full(p.array.shape, float(rank + 1), dtype=np.float32)
     model.sync_gradients()
     return layer.weight.grad.copy(), layer.weight.grad.dtype
 

@@ -52,13 +52,13 @@ def subgroup_worker(rank: int, world_size: int):
     if rank == 0:
         return None
     model = dist.DistributedDataParallel(make_model(seed=rank + 10), group=group)
-    return [p.data.copy() for p in model.module.parameters()]
+    return [p.array.copy() for p in model.module.parameters()]
 
 
 def test_subgroup_without_rank_0_starts_from_its_first_rank():
     from ddp_cases import make_model
     results = run_ranks(subgroup_worker, 3, "shm")
-    want = [p.data for p in make_model(seed=11).parameters()]  # global rank 1's weights
+    want = [p.array for p in make_model(seed=11).parameters()]  # global rank 1's weights
     for params in results[1:]:
         for got, expected in zip(params, want):
             np.testing.assert_array_equal(got, expected)

@@ -41,8 +41,8 @@ def _fake_device_ddp(rank: int, world_size: int) -> dict:
          "b": cp.asarray(np.full(5, -rank, np.float64))},
         {"steps": np.full(2, 7 * rank, np.int64), "scale": Tensor(np.full(3, rank + 0.5))})
     ddp = DistributedDataParallel(model, bucket_size_mb=0.00001)  # one bucket per parameter
-    out = {"w": cp.asnumpy(model.w.data), "b": cp.asnumpy(model.b.data),
-           "steps": model.steps.copy(), "scale": model.scale.data.copy()}
+    out = {"w": cp.asnumpy(model.w.array), "b": cp.asnumpy(model.b.array),
+           "steps": model.steps.copy(), "scale": model.scale.array.copy()}
     model.w.grad = cp.asarray(np.arange(6, dtype=np.float32).reshape(3, 2) * (rank + 1))
     model.b.grad = None if rank == 0 else cp.asarray(np.full(5, 4.0))  # rank 0 had none
     ddp.find_unused_parameters = True

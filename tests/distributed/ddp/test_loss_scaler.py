@@ -71,11 +71,11 @@ def test_scale_multiplies_the_loss_and_its_gradients():
     w = Tensor(np.array([1.5, -2.0], dtype=np.float32), requires_grad=True)
     loss = (w * w).sum()
     scaled = s.scale(loss)
-    assert float(scaled.data) == 1024.0 * 6.25
+    assert float(scaled.array) == 1024.0 * 6.25
     scaled.backward()
-    np.testing.assert_array_equal(w.grad, 1024.0 * 2 * w.data)
+    np.testing.assert_array_equal(w.grad, 1024.0 * 2 * w.array)
     s.unscale_([w])
-    np.testing.assert_array_equal(w.grad, 2 * w.data)
+    np.testing.assert_array_equal(w.grad, 2 * w.array)
 
 
 def test_unscale_divides_arrays_in_place_in_their_precision():
@@ -169,7 +169,7 @@ def overflow_worker(rank: int, world_size: int, mixed: bool, how: str, culprit: 
             last = model.backward_step(loss, opt)
         stepped.append(last)
         model.ddp.sync_gradients = real_sync
-        snapshots.append([p.data.copy() for p in model.parameters()])
+        snapshots.append([p.array.copy() for p in model.parameters()])
         scales.append(model.get_statistics()["loss_scale"])
     return stepped, snapshots, scales, model.get_statistics()["skipped_steps"]
 

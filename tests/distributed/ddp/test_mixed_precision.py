@@ -34,7 +34,7 @@ def digits_worker(rank: int, world_size: int, epochs: int):
                 loss = F.cross_entropy(model(Tensor(x_train[mine])), Tensor(y_train[mine]))
                 model.backward_step(loss, opt)
         with no_grad():
-            predicted = model(Tensor(x_test)).data.argmax(axis=1)
+            predicted = model(Tensor(x_test)).array.argmax(axis=1)
         accuracy[mixed] = float((predicted == y_test).mean())
         dtypes[mixed] = ({str(p.dtype) for p in model.module.parameters()},
                          {str(p.dtype) for p in model.parameters()},
@@ -69,7 +69,7 @@ def probe_worker(rank: int, world_size: int):
 
         def forward(self, x):
             out = self.fc(x)
-            self.seen.append((str(x.dtype), self.fc.weight.data.copy(), str(out.dtype)))
+            self.seen.append((str(x.dtype), self.fc.weight.array.copy(), str(out.dtype)))
             return out
 
     from neural_arch.distributed.advanced import CommunicationProfiler, trace_collectives
@@ -83,13 +83,13 @@ def probe_worker(rank: int, world_size: int):
     rng = np.random.default_rng(rank)
     outputs, masters_before_forward = [], []
     for _ in range(3):
-        masters_before_forward.append(inner.fc.weight.data.copy())
+        masters_before_forward.append(inner.fc.weight.array.copy())
         out = model(Tensor(rng.standard_normal((4, 3)).astype(np.float32)))
         outputs.append(str(out.dtype))
         with trace_collectives(wire):
             model.backward_step(F.cross_entropy(out, Tensor(rng.integers(0, 2, 4))), opt)
     return (inner.seen, outputs, masters_before_forward,
-            [p.data.copy() for p in model.parameters()],
+            [p.array.copy() for p in model.parameters()],
             {k: v.numpy().copy() for k, v in model.state_dict().items()},
             model.get_statistics()["communication"]["gradient_sync"]["total_bytes"],
             wire.get_statistics()["all_reduce"])
@@ -134,13 +134,13 @@ def first_step_worker(rank: int, world_size: int, init_scale: float):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((world_size * 6, 8)).astype(np.float32) * 4.0
     y = rng.integers(0, 4, world_size * 6)
-    start = [p.data.copy() for p in model.parameters()]
+    start = [p.array.copy() for p in model.parameters()]
     attempts = []
     while model.step_count == 0:
         loss = F.cross_entropy(model(Tensor(x[rank::world_size])), Tensor(y[rank::world_size]))
         attempts.append((model.backward_step(loss, opt),
                          model.get_statistics()["loss_scale"],
-                         [p.data.copy() for p in model.parameters()]))
+                         [p.array.copy() for p in model.parameters()]))
     return start, attempts, x, y
 
 
@@ -162,10 +162,10 @@ def test_overflowing_scale_backs_off_then_the_step_matches_float32(world_size):
     from neural_arch.models import MLP
     reference = MLP([8, 16, 4])
     for p, value in zip(reference.parameters(), start):
-        p.data = value.copy()
+        p.array = value.copy()
     F.cross_entropy(reference(Tensor(x)), Tensor(y)).backward()  # float32, whole batch
     for p, got in zip(reference.parameters(), attempts[-1][2]):
-        want = p.data - p.grad
+        want = p.array - p.grad
         assert np.abs(got - want).max() <= 2e-3 * max(1.0, np.abs(p.grad).max())
 
 
@@ -197,7 +197,7 @@ def resume_worker(rank: int, world_size: int, directory: str, resume: bool):
             model, opt = build()
             manager.load_checkpoint(model, opt, loss_scaler=model.scaler)
         model.backward_step(F.cross_entropy(model(Tensor(x)), Tensor(y)), opt)
-    return [p.data.copy() for p in model.parameters()], model.scaler.state_dict()
+    return [p.array.copy() for p in model.parameters()], model.scaler.state_dict()
 
 
 def test_mixed_precision_resumes_exactly_from_a_checkpoint(tmp_path):

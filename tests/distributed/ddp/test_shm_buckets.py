@@ -158,7 +158,7 @@ def slow_rank_worker(rank: int, world_size: int, slow_step: str):
     results = []
     for step in range(3):
         for p in net.parameters():
-            p.grad = np.full(p.data.shape, 10.0 * step + rank + 1, np.float32)
+            p.grad = np.full(p.array.shape, 10.0 * step + rank + 1, np.float32)
         model.sync_gradients()
         results.append([p.grad.copy() for p in net.parameters()])
     return results
@@ -245,7 +245,7 @@ def skipped_seq_worker(rank: int, world_size: int):
     from neural_arch.models import MLP
     model = DistributedDataParallel(MLP([4, 6, 2]), shared_buckets=True)
     for p in model.parameters():
-        p.grad = np.ones(p.data.shape, np.float32)
+        p.grad = np.ones(p.array.shape, np.float32)
     if rank == 1:  # as if this rank had issued one collective more than rank 0
         world().default.fingerprint("all_reduce", np.float32, 1)
     try:
@@ -300,7 +300,7 @@ def killed_peer_worker(rank: int, world_size: int):
             reduce_slice(index, lo, hi)
         arena._reduce_slice = die_in_bucket_one
     for p in model.parameters():
-        p.grad = np.ones(p.data.shape, np.float32)
+        p.grad = np.ones(p.array.shape, np.float32)
     start = time.monotonic()
     try:
         model.sync_gradients()

@@ -20,7 +20,7 @@ def _train(rank, world_size, checkpointing, strategy):
     model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=16,
                           dropout=0.1, gradient_checkpointing=checkpointing))
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     fsdp = FullyShardedDataParallel(model, sharding_strategy=strategy,
                                     auto_wrap_policy=ModuleWrapPolicy({Block}))
     optimizer = Adam(fsdp.parameters(), lr=0.01)

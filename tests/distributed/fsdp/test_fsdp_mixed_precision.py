@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(240)
 def _float32_mlp(seed):
     model = make_model("mlp", seed)
     for p in model.parameters():
-        p.data = p.data.astype(np.float32)
+        p.array = p.array.astype(np.float32)
     return model
 
 
@@ -53,7 +53,7 @@ def mixed_worker(rank, world_size, strategy, init_scale, inject_inf_on=None):
         x, y = share("mlp", step, rank, world_size, 1)[0]
         opt.zero_grad()
         logits = model(Tensor(x))
-        dtypes.add(("compute", str(model.module[0].weight.data.dtype)))
+        dtypes.add(("compute", str(model.module[0].weight.array.dtype)))
         dtypes.add(("output", str(logits.dtype)))
         scaler.scale(F.cross_entropy(logits, Tensor(y))).backward()
         if step == 0 and rank == inject_inf_on:

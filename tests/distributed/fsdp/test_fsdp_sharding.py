@@ -14,8 +14,8 @@ pytestmark = pytest.mark.timeout(240)
 def _unit_sizes(kind: str):
     """Numel of the root unit and of each Block of an unwrapped model (tied weights once)."""
     model = make_model(kind, seed=0)
-    blocks = [sum(p.data.size for p in b.parameters()) for b in model.h]
-    return [sum(p.data.size for p in model.parameters()) - sum(blocks)] + blocks
+    blocks = [sum(p.array.size for p in b.parameters()) for b in model.h]
+    return [sum(p.array.size for p in model.parameters()) - sum(blocks)] + blocks
 
 
 def test_gradients_and_optimizer_state_are_shards():
@@ -46,8 +46,8 @@ def memory_worker(rank, world_size, strategy, n_layer, prefetch):
     original = gpt.h[0].attn.forward
 
     def spy(x):  # what a unit sees of its own and of other units' parameters mid-forward
-        inside.append((float(np.abs(gpt.h[0].ln_1.weight.data).sum()),
-                       float(np.abs(gpt.h[-1].ln_1.weight.data).sum())))
+        inside.append((float(np.abs(gpt.h[0].ln_1.weight.array).sum()),
+                       float(np.abs(gpt.h[-1].ln_1.weight.array).sum())))
         return original(x)
     gpt.h[0].attn.forward = spy
     for _ in range(3):
@@ -57,7 +57,7 @@ def memory_worker(rank, world_size, strategy, n_layer, prefetch):
         gpt_loss.backward()
         opt.step()
     stats = model.memory_stats()
-    return stats, inside, float(np.abs(gpt.h[0].ln_1.weight.data).sum())
+    return stats, inside, float(np.abs(gpt.h[0].ln_1.weight.array).sum())
 
 
 def test_full_shard_frees_between_uses():
@@ -91,8 +91,8 @@ def test_shard_grad_op_keeps_full_parameters():
 def _unit_sizes_for(n_layer):
     from neural_arch.models.gpt import GPT, GPTConfig
     model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=n_layer, n_head=2, n_embd=16))
-    blocks = [sum(p.data.size for p in b.parameters()) for b in model.h]
-    return [sum(p.data.size for p in model.parameters()) - sum(blocks)] + blocks
+    blocks = [sum(p.array.size for p in b.parameters()) for b in model.h]
+    return [sum(p.array.size for p in model.parameters()) - sum(blocks)] + blocks
 
 
 def layout_worker(rank, world_size):
@@ -101,7 +101,7 @@ def layout_worker(rank, world_size):
     model = FullyShardedDataParallel(make_model("gpt", seed=3), auto_wrap_policy=wrap_policy("gpt"))
     full = model.full_state_dict()
     shards = model.flat_shards()
-    everyone = dist.all_gather_object([s.shard.data.copy() for s in shards])
+    everyone = dist.all_gather_object([s.shard.array.copy() for s in shards])
     rebuilt = {}
     for i, flat_shard in enumerate(shards):
         flat = np.concatenate([theirs[i] for theirs in everyone])
@@ -137,10 +137,10 @@ def load_worker(rank, world_size, strategy):
     idx = np.arange(16).reshape(2, 8) % 11
     logits = model(idx)[0].numpy().copy()
     with model.summon_full_params():
-        summoned = model.module.h[1].mlp.c_fc.bias.data.copy()
-        model.module.h[1].mlp.c_fc.bias.data[...] = 7.0
+        summoned = model.module.h[1].mlp.c_fc.bias.array.copy()
+        model.module.h[1].mlp.c_fc.bias.array[...] = 7.0
     with model.summon_full_params(writeback=False):
-        model.module.ln_f.bias.data[...] = 5.0
+        model.module.ln_f.bias.array[...] = 5.0
     final = model.full_state_dict()
     return loaded, logits, wanted(idx)[0].numpy(), summoned, final
 
@@ -178,12 +178,12 @@ def test_unknown_strategy_names_the_choices():
 def test_a_unit_mixing_dtypes_is_rejected(one_rank_group):
     from neural_arch.distributed.fsdp import FullyShardedDataParallel
     model = make_model("mlp", 0)
-    model[0].bias.data = model[0].bias.data.astype(np.float32)
+    model[0].bias.array = model[0].bias.array.astype(np.float32)
     with pytest.raises(ValueError, match=r"mixes parameter dtypes.*float32.*float64"):
         FullyShardedDataParallel(model)
     model = make_model("mlp", 0)  # one dtype per unit is enough
     for p in model[0].parameters():
-        p.data = p.data.astype(np.float32)
+        p.array = p.array.astype(np.float32)
     wrapped = FullyShardedDataParallel(model, auto_wrap_policy=wrap_policy("mlp"))
     assert [p.dtype for p in wrapped.parameters()] == [np.float32, np.float64, np.float64]
 

@@ -110,7 +110,7 @@ def test_unsharded_parameters_are_kept_once(one_rank_group, strategy, aliased):
     model = FullyShardedDataParallel(make_model("mlp", 1), sharding_strategy=strategy)
     plain = make_model("mlp", 1)
     shard = next(model.parameters())
-    assert np.shares_memory(shard.data, model.module[0].weight.data) == aliased
+    assert np.shares_memory(shard.array, model.module[0].weight.array) == aliased
     x, y = Tensor(np.linspace(-1, 1, 21).reshape(3, 7)), Tensor(np.array([0, 3, 1]))
     for net in (model, plain):
         opt = SGD(net.parameters(), lr=0.3, momentum=0.9)

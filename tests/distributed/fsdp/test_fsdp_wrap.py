@@ -25,7 +25,7 @@ def test_policies_choose_units():
                                               transformer_auto_wrap_policy)
     from neural_arch.models.gpt import Block
     gpt = make_model("gpt", 0)
-    block = sum(p.data.size for p in gpt.h[0].parameters())
+    block = sum(p.array.size for p in gpt.h[0].parameters())
     by_class = _units(gpt, functools.partial(transformer_auto_wrap_policy,
                                              transformer_layer_cls={Block}))
     assert list(by_class) == ["", "h.0", "h.1"]

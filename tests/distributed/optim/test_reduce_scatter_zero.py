@@ -28,7 +28,7 @@ def reference(optimizer_name):
     model = make_model(seed=10, sizes=SIZES)
     opt = make_optimizer(optimizer_name, model.parameters())
     train(model, opt, "mlp", range(STEPS))
-    return [p.data.copy() for p in model.parameters()], opt.state_dict()
+    return [p.array.copy() for p in model.parameters()], opt.state_dict()
 
 
 def rs_worker(rank, world_size, optimizer_name):
@@ -46,7 +46,7 @@ def rs_worker(rank, world_size, optimizer_name):
         sent.append(tally.counted)
     state = sum(v.size for p in opt.state for v in opt.state[p].values()
                 if isinstance(v, np.ndarray))
-    return [p.data.copy() for p in model.parameters()], sent, state
+    return [p.array.copy() for p in model.parameters()], sent, state
 
 
 def ddp_zero_worker(rank, world_size):
@@ -142,7 +142,7 @@ def resume_worker(rank, world_size, directory):
     model2, opt2 = fresh()
     DistributedCheckpointManager(directory, 2).load_checkpoint(model2, opt2)
     train(model2, opt2, "mlp", range(2, 4), rank, world_size)
-    return [p.data.copy() for p in model.parameters()], [p.data.copy()
+    return [p.array.copy() for p in model.parameters()], [p.array.copy()
                                                           for p in model2.parameters()]
 
 

@@ -34,7 +34,7 @@ def checkpoint_worker(rank: int, world_size: int):
     opt.consolidate_state_dict(to=0)
     full = opt.state_dict() if rank == 0 else None
     errors.append(state_dict_error() if rank != 0 else "rank 0 has it")
-    params = [p.data.copy() for p in model.module.parameters()]
+    params = [p.array.copy() for p in model.module.parameters()]
     train(model, opt, "mlp", range(SPLIT, SPLIT + 1), rank, world_size, scheduler)
     errors.append(state_dict_error())  # stale after a step
     return full, scheduler.state_dict(), params, errors
@@ -44,7 +44,7 @@ def resume_worker(rank: int, world_size: int, full, scheduler_state, params):
     from neural_arch.distributed import DistributedDataParallel
     module = build_model("mlp")
     for p, value in zip(module.parameters(), params):
-        p.data = value.copy()
+        p.array = value.copy()
     model = DistributedDataParallel(module)
     opt = make_optimizer("adam", model.parameters(), zero=True)
     scheduler = make_scheduler(opt, True)  # before loading: it resets the learning rates
@@ -52,7 +52,7 @@ def resume_worker(rank: int, world_size: int, full, scheduler_state, params):
     scheduler.load_state_dict(scheduler_state)
     counts = state_arrays(opt)[0], 2 * len(opt.owned_parameters())
     train(model, opt, "mlp", range(SPLIT, STEPS), rank, world_size, scheduler)
-    return [p.data.copy() for p in module.parameters()], counts
+    return [p.array.copy() for p in module.parameters()], counts
 
 
 def test_consolidated_state_dict_resumes_in_a_plain_optimizer_and_at_another_world_size():
@@ -69,14 +69,14 @@ def test_consolidated_state_dict_resumes_in_a_plain_optimizer_and_at_another_wor
     from neural_arch.optim import StepLR
     model = build_model("mlp")
     for p, value in zip(model.parameters(), params):
-        p.data = value.copy()
+        p.array = value.copy()
     opt = make_optimizer("adam", model.parameters())
     scheduler = StepLR(opt, step_size=2, gamma=0.5)
     opt.load_state_dict(full)
     scheduler.load_state_dict(scheduler_state)
     train(model, opt, "mlp", range(SPLIT, STEPS), scheduler=scheduler)
     for got, expected in zip(model.parameters(), want):
-        np.testing.assert_allclose(got.data, expected, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got.array, expected, rtol=1e-9, atol=1e-12)
 
     # into ZeroRedundancyOptimizers at world size 3: each keeps its share's entries only
     resumed = run_ranks(resume_worker, 3, "tcp", args=(full, scheduler_state, params),
@@ -99,7 +99,7 @@ def manager_worker(rank: int, world_size: int, directory: str, resume: bool):
     if resume:
         manager.load_checkpoint(model.module, opt, scheduler=scheduler)
         train(model, opt, "mlp", range(SPLIT, STEPS), rank, world_size, scheduler)
-        return [p.data.copy() for p in model.module.parameters()]
+        return [p.array.copy() for p in model.module.parameters()]
     train(model, opt, "mlp", range(SPLIT), rank, world_size, scheduler)
     opt.consolidate_state_dict(to=0)  # rank 0 writes the checkpoint
     manager.save_checkpoint(model.module, opt, epoch=0, step=SPLIT, loss=None,

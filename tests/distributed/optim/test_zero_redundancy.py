@@ -26,7 +26,7 @@ def zero_worker(rank: int, world_size: int, model_name: str, optimizer_name: str
         opt = make_optimizer(optimizer_name, model.parameters(), zero=zero)
         train(model, opt, model_name, range(STEPS), rank, world_size,
               make_scheduler(opt, with_scheduler))
-        params = [p.data.copy() for p in model.module.parameters()]
+        params = [p.array.copy() for p in model.module.parameters()]
         index = {id(p): i for i, p in enumerate(model.module.parameters())}
         owned = sorted(index[id(p)] for p in opt.owned_parameters()) if zero else None
         results["zero" if zero else "ddp"] = (params, state_arrays(opt), owned)
@@ -96,7 +96,7 @@ def subgroup_worker(rank: int, world_size: int):
     second = 2 * (rank // 2) + 1  # a global rank, as in torch
     opt.consolidate_state_dict(to=second)
     full = opt.state_dict() if rank == second else None
-    return [p.data.copy() for p in model.parameters()], full
+    return [p.array.copy() for p in model.parameters()], full
 
 
 def pair_steps(pair: int) -> range:
@@ -131,7 +131,7 @@ def device_worker(rank: int, world_size: int):
         def step(self, closure=None):
             for group in self.param_groups:
                 for p in group["params"]:
-                    p.data[...] = np.full(p.data.shape, dist.get_rank() + group["offset"])
+                    p.array[...] = np.full(p.array.shape, dist.get_rank() + group["offset"])
 
     params = [Parameter(cp.asarray(np.zeros(shape, dtype))) for shape, dtype in
               [((4, 3), np.float32), ((5,), np.float64), ((2, 2), np.float32), ((3,), np.float64),
@@ -139,7 +139,7 @@ def device_worker(rank: int, world_size: int):
     opt = ZeroRedundancyOptimizer(params, Stamp)
     opt.step()
     owner = {id(p): r for r in range(world_size) for p in opt.owned_parameters(r)}
-    return [(type(p.data).__module__, cp.asnumpy(p.data), owner[id(p)]) for p in params]
+    return [(type(p.array).__module__, cp.asnumpy(p.array), owner[id(p)]) for p in params]
 
 
 def test_device_parameters_are_staged_through_the_host():
@@ -164,8 +164,8 @@ def groups_worker(rank: int, world_size: int):
     opt.add_param_group({"params": params[2:], "lr": 0.05})
     kept = set(before) <= {id(p) for p in opt.owned_parameters()}  # no state has to move
     train(model, opt, "mlp", range(STEPS), rank, world_size)
-    views = all(p.data.base is not None for p in params)
-    return [p.data.copy() for p in params], kept, views, opt.param_groups[1]["momentum"]
+    views = all(p.array.base is not None for p in params)
+    return [p.array.copy() for p in params], kept, views, opt.param_groups[1]["momentum"]
 
 
 def test_add_param_group_and_parameters_as_bucket_view():
@@ -179,7 +179,7 @@ def test_add_param_group_and_parameters_as_bucket_view():
     for got, kept, views, momentum in results:
         assert kept and views and momentum == 0.9
         for a, b in zip(got, params):
-            np.testing.assert_allclose(a, b.data, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(a, b.array, rtol=1e-9, atol=1e-12)
 
 
 # ----- AdvancedDistributedDataParallel(zero_stage=1) -----------------------------------------
@@ -204,7 +204,7 @@ def advanced_worker(rank: int, world_size: int):
         rows = slice(rank * ROWS // world_size, (rank + 1) * ROWS // world_size)
         assert model.backward_step(loss_on(model, "mlp", x[rows], y[rows]), opt)
     kinds = (type(opt) is ZeroRedundancyOptimizer, type(wrapped) is ZeroRedundancyOptimizer)
-    return [p.data.copy() for p in model.module.parameters()], refused, kinds
+    return [p.array.copy() for p in model.module.parameters()], refused, kinds
 
 
 def test_advanced_ddp_zero_stage_1_wraps_the_optimizer():

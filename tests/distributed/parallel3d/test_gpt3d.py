@@ -98,10 +98,10 @@ def _check(results, dense, dense_losses):
         np.testing.assert_allclose(state[key], value, rtol=0, atol=1e-10, err_msg=key)
     loaded = GPT(GPTConfig(**fields))
     for p in loaded.parameters():  # the run was float64; a new GPT is float32
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     loaded.load_state_dict(state)
     x, _ = _batch(0)
-    np.testing.assert_allclose(loaded(x)[0].data, dense(x)[0].data, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(loaded(x)[0].array, dense(x)[0].array, rtol=0, atol=1e-10)
     return sum(r["logs"] for r in results)
 
 

@@ -21,7 +21,7 @@ def make_mlp(seed: int = 0, pairs: int = PAIRS, width: int = WIDTH):
         layers += [Linear(width, width, dtype=np.float64), Tanh()]
     model = Sequential(*layers)
     for p in model.parameters():
-        p.data[...] = rng.standard_normal(p.data.shape) * 0.5
+        p.array[...] = rng.standard_normal(p.array.shape) * 0.5
     return model
 
 
@@ -66,7 +66,7 @@ def train_dense(model, batches, loss_fn, opt_name: str):
         loss.backward()
         opt.step()
         losses.append(float(loss.item()))
-    return losses, {name: np.array(p.data) for name, p in model.named_parameters()}
+    return losses, {name: np.array(p.array) for name, p in model.named_parameters()}
 
 
 def _t(x):
@@ -105,7 +105,7 @@ def train_pipeline(rank, world_size, model, kind, m, batches, loss_fn, opt_name,
             # detached: the list must not keep every micro-batch's graph (activations) alive
             assert all(loss.is_leaf and not loss.requires_grad for loss in losses)
             step_losses.append(float(np.mean([loss.item() for loss in losses])))
-    mine = {names[id(p)]: np.array(p.data) for p in params}
+    mine = {names[id(p)]: np.array(p.array) for p in params}
     return (step_losses if last else None), mine, schedule
 
 
@@ -130,7 +130,7 @@ def make_gpt(seed: int = 0, tie: bool = True, checkpointing: bool = False):
     model = GPT(GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16,
                           tie_weights=tie, gradient_checkpointing=checkpointing))
     for p in _unique(model.parameters()):
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 

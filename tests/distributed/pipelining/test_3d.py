@@ -25,7 +25,7 @@ def _dense(seed=3):
     manual_seed(seed)
     model = GPT(GPTConfig(**SIZES))
     for p in {id(p): p for p in model.parameters()}.values():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     return model
 
 
@@ -56,7 +56,7 @@ def _three_d(rank, world_size):
     dense = _dense()
     model = parallelize_gpt(GPT(GPTConfig(**SIZES)), tp)
     for p in {id(p): p for p in model.parameters()}.values():
-        p.data = p.data.astype(np.float64)
+        p.array = p.array.astype(np.float64)
     model.load_dense_state_dict(dense.state_dict())
     names = {id(p): n for n, p in model.named_parameters()}
     part = pipeline_split(model, 2)[pp_rank]

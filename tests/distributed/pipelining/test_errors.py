@@ -39,7 +39,7 @@ def _failing_stage(rank, world_size, kind, failing, in_backward):
                 if mb == 2:
                     raise RuntimeError("boom in the second micro-batch")
                 return (grad,)
-            return make_result(x.data, (x,), backward) if in_backward else x
+            return make_result(x.array, (x,), backward) if in_backward else x
 
     v = 2 if kind == "interleaved" else 1
     n_stages = world_size * v

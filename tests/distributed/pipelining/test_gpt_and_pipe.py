@@ -48,7 +48,7 @@ def test_gpt_split_is_balanced_and_shares_the_models_modules():
     out = x
     for stage in pipeline_split(model, 3):
         out = stage(out)
-    np.testing.assert_array_equal(out.data, model(x)[0].data)
+    np.testing.assert_array_equal(out.array, model(x)[0].array)
     with pytest.raises(ValueError, match="GPT of 4 blocks into 5 stages"):
         pipeline_split(model, 5)
 
@@ -96,7 +96,7 @@ def _pipe(rank, world_size, n_parts, schedule):
         step_losses.append(float(np.mean([loss.item() for loss in losses])) if losses else None)
     last = rank == world_size - 1
     return ((step_losses if last else None),
-            {names[id(p)]: np.array(p.data) for p in pipe.parameters()})
+            {names[id(p)]: np.array(p.array) for p in pipe.parameters()})
 
 
 @pytest.mark.parametrize("world,n_parts,schedule", [(2, 2, "1f1b"), (2, 4, "1f1b"),

@@ -95,7 +95,7 @@ def _wide_case(v):
     rng = np.random.default_rng(3)
     model = Sequential(*[Linear(64, 64, dtype=np.float64) for _ in range(2 * v)])
     for p in model.parameters():
-        p.data[...] = rng.standard_normal(p.data.shape) / 8
+        p.array[...] = rng.standard_normal(p.array.shape) / 8
     x, y = rng.standard_normal((4 * 8192, 64)), rng.standard_normal((4 * 8192, 64))
     return model, [(x, y)]
 

@@ -33,7 +33,7 @@ def _sleepy_model(world_size, v=1):
         layers += [Linear(6, 6, dtype=np.float64), Sleepy()]
     model = Sequential(*layers)
     for p in model.parameters():
-        p.data[...] = rng.standard_normal(p.data.shape) * 0.3
+        p.array[...] = rng.standard_normal(p.array.shape) * 0.3
     return model
 
 

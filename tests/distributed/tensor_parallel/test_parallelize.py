@@ -57,7 +57,7 @@ def _mlp_case(rank, size, sequence_parallel, on_mesh):
     yd = dense(xd)
     weighted_sum(yd, w).backward()
     y = model(x)
-    close(y.data, mine(yd.data), "output")
+    close(y.array, mine(yd.array), "output")
     weighted_sum(y, mine(w)).backward()
     close(x.grad, mine(xd.grad), "input gradient")
     return check_param_grads(model, dense, rank, size)

@@ -38,7 +38,7 @@ def test_split_argmax_is_the_gathered_argmax_ties_included(tp):
 def _gpt_case(rank, size):
     dense, parallel = _gpt_pair(31)
     idx, _ = _tokens(np.random.default_rng(32))
-    dense_ids = dense(idx)[0].data.argmax(axis=-1)
+    dense_ids = dense(idx)[0].array.argmax(axis=-1)
     return parallel.predicted_tokens(parallel(idx)[0]), dense_ids
 
 

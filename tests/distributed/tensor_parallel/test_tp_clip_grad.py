@@ -87,7 +87,7 @@ def test_without_groups_it_is_optim_clip_grad_norm_and_keeps_a_nan():
     rng = np.random.default_rng(3)
     params = [Parameter(rng.normal(size=shape)) for shape in ((3, 4), (5,), (0,))]
     for p in params:
-        p.grad = rng.normal(size=p.data.shape)
+        p.grad = rng.normal(size=p.array.shape)
     for norm_type in NORM_TYPES:
         want = float(dense_clip_grad_norm_(params, math.inf, norm_type))
         assert grad_norm(params, norm_type) == pytest.approx(want, rel=1e-12)

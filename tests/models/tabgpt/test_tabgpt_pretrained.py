@@ -47,8 +47,8 @@ def test_save_and_from_pretrained_give_identical_outputs(tmp_path):
     np.testing.assert_array_equal(rows.x_cat, again.x_cat)
     np.testing.assert_array_equal(rows.x_num, again.x_num)
     with no_grad():
-        np.testing.assert_array_equal(model(rows.x_num, rows.x_cat).logits.data,
-                                      loaded(again.x_num, again.x_cat).logits.data)
+        np.testing.assert_array_equal(model(rows.x_num, rows.x_cat).logits.array,
+                                      loaded(again.x_num, again.x_cat).logits.array)
 
 
 def test_float64_round_trip_keeps_the_dtype(tmp_path):
@@ -59,7 +59,7 @@ def test_float64_round_trip_keeps_the_dtype(tmp_path):
     loaded.eval()
     assert loaded.cls_token.dtype == np.float64
     with no_grad():
-        np.testing.assert_array_equal(model(*ROWS).data, loaded(*ROWS).data)
+        np.testing.assert_array_equal(model(*ROWS).array, loaded(*ROWS).array)
 
 
 def test_pretrained_backbone_loads_under_a_new_head(tmp_path):
@@ -74,7 +74,7 @@ def test_pretrained_backbone_loads_under_a_new_head(tmp_path):
         if name.startswith("tabgpt."):
             np.testing.assert_array_equal(value, theirs[name], err_msg=name)
     bare = TabGPTModel.from_pretrained(tmp_path)  # the backbone alone, prefix dropped
-    np.testing.assert_array_equal(bare.cls_token.data, pretrained.tabgpt.cls_token.data)
+    np.testing.assert_array_equal(bare.cls_token.array, pretrained.tabgpt.cls_token.array)
     regression = TabGPTForRegression.from_pretrained(tmp_path, problem_type="regression",
                                                      num_labels=1)
     assert regression.classifier.weight.shape == (1, 8)

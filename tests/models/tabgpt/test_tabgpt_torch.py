@@ -48,7 +48,7 @@ def test_classifier_matches_torch(dtype, activation):
     loss.backward()
     tol = TOLERANCES[dtype]
     assert out.logits.dtype == dtype
-    np.testing.assert_allclose(out.logits.data, logits.detach().numpy(), **tol)
+    np.testing.assert_allclose(out.logits.array, logits.detach().numpy(), **tol)
     np.testing.assert_allclose(out.loss.item(), loss.item(), **tol)
     assert_gradients_equal(ours, theirs, **tol)
 

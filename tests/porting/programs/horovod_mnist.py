@@ -94,8 +94,8 @@ def train(args):
                 data, target = data.cuda(), target.cuda()
             output = model(data)
             test_loss += F.nll_loss(output, target, reduction='sum').item()
-            pred = output.data.max(1, keepdim=True)[1]  # port: pred = output.max(1, keepdim=True)[1]
-            test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum()  # port: test_accuracy += pred.eq(target.view_as(pred)).cpu().float().sum()
+            pred = output.data.max(1, keepdim=True)[1]
+            test_accuracy += pred.eq(target.data.view_as(pred)).cpu().float().sum()
         test_loss /= len(test_sampler)
         test_accuracy /= len(test_sampler)
         test_loss = metric_average(test_loss, 'avg_loss')

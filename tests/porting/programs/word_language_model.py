@@ -57,9 +57,9 @@ class RNNModel(nn.Module):
 
     def init_weights(self):
         initrange = 0.1
-        self.encoder.weight.data.uniform_(-initrange, initrange)  # port: nn.init.uniform_(self.encoder.weight, -initrange, initrange)
-        self.decoder.bias.data.zero_()  # port: nn.init.zeros_(self.decoder.bias)
-        self.decoder.weight.data.uniform_(-initrange, initrange)  # port: nn.init.uniform_(self.decoder.weight, -initrange, initrange)
+        self.encoder.weight.data.uniform_(-initrange, initrange)
+        self.decoder.bias.data.zero_()
+        self.decoder.weight.data.uniform_(-initrange, initrange)
 
     def forward(self, input, hidden):
         emb = self.drop(self.encoder(input))
@@ -138,7 +138,7 @@ def train(losses):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         for p in model.parameters():
-            p.data.add_(p.grad, alpha=-lr)  # port: p.detach().add_(p.grad, alpha=-lr)
+            p.data.add_(p.grad, alpha=-lr)
         total_loss += loss.item()
         losses.append(loss.item())  # compare
         if batch % args.log_interval == 0 and batch > 0:
