@@ -4,15 +4,16 @@ For each bundled table (scikit-learn's wine, breast cancer, optionally diabetes)
 ``--folds`` stratified folds (plain folds for regression): a ``TabularPreprocessor`` fitted on
 the fold's training rows, then
 - TabGPT fine-tuned for ``--epochs`` (AdamW, mini-batches), optionally after ``--pretrain-epochs``
-  of masked-cell pretraining on the same training rows (never the held-out ones);
+  of masked-cell pretraining on the same training rows (never the held-out ones), with SCARF's
+  contrastive view added at ``--contrastive-weight``;
 - scikit-learn's ``HistGradientBoostingClassifier`` / ``Regressor`` (defaults, seeded);
 - logistic regression (``LogisticRegression`` after ``StandardScaler``) / linear regression.
 Scores: accuracy for wine, ROC AUC for breast cancer, RMSE for diabetes; mean and standard
 deviation over the folds. There is no early stopping or tuning: the epochs are fixed, small.
 
     python benchmarks/bench_tabular.py [--sets wine breast_cancer] [--folds 5] [--epochs 30]
-        [--pretrain-epochs 0] [--d-token 32] [--layers 2] [--heads 4] [--batch 32]
-        [--lr 1e-3] [--seed 0]
+        [--pretrain-epochs 0] [--contrastive-weight 0] [--d-token 32] [--layers 2] [--heads 4]
+        [--batch 32] [--lr 1e-3] [--seed 0]
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def tabgpt_scores(name: str, train_table, test_table, target: str, args) -> np.n
     prep = TabularPreprocessor(target=target).fit(train_table)  # the training rows only
     train, test = TabularDataset(train_table, prep), TabularDataset(test_table, prep)
     config = TabGPTConfig(**prep.model_config(), d_token=args.d_token, n_layers=args.layers,
-                          n_heads=args.heads)
+                          n_heads=args.heads, contrastive_weight=args.contrastive_weight)
     model = TabGPTForSequenceClassification(config)
     if args.pretrain_epochs:
         pretraining = TabGPTForPreTraining(config)
@@ -144,6 +145,8 @@ def main(argv: Sequence[str] = None) -> None:
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--pretrain-epochs", type=int, default=0)
+    parser.add_argument("--contrastive-weight", type=float, default=0.0,
+                        help="pretraining adds SCARF's contrastive loss with this weight")
     parser.add_argument("--d-token", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
@@ -157,6 +160,8 @@ def main(argv: Sequence[str] = None) -> None:
     print(f"\n{args.folds}-fold cross-validation, TabGPT d_token {args.d_token}, "
           f"{args.layers} layers, {args.epochs} epochs"
           + (f" after {args.pretrain_epochs} of masked-cell pretraining"
+             + (f" (+ {args.contrastive_weight:g} x contrastive)" if args.contrastive_weight
+                else "")
              if args.pretrain_epochs else ", no pretraining")
           + " (RMSE: lower is better; the others higher)")
     print("\n".join(table_lines(all_results)))

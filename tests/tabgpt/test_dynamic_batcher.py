@@ -55,7 +55,7 @@ def test_padding_to_max_length_and_refusals():
     batcher = DynamicBatcher(max_batch_size=8, timeout_ms=0, padding_strategy="max_length",
                              max_length=6)
     batcher.add_request(np.ones((1, 2)))
-    assert batcher.get_batch().array.shape == (1, 6)
+    assert batcher.get_batch().data.shape == (1, 6)
     with pytest.raises(ValueError, match="longer than max_length=6"):
         batcher.add_request(np.ones((1, 7)))
     with pytest.raises(ValueError, match="cannot fit a batch of max_batch_size=8"):

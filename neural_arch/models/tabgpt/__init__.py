@@ -1,5 +1,6 @@
 """TabGPT: a transformer for tables (the FT-Transformer design), pretrained by masked-cell
-modelling and fine-tuned with a classification or regression head.
+modelling (optionally with SCARF's contrastive view) and fine-tuned with a classification or
+regression head.
 
 ``neural_arch.data.tabular`` turns columns into the model's inputs (standardised numbers with
 NaN for missing, category codes with -1 for missing); ``save_pretrained`` / ``from_pretrained``
@@ -10,8 +11,10 @@ from .config import TabGPTConfig
 from .heads import TabGPTForRegression, TabGPTForSequenceClassification, TabGPTOutput
 from .pretrained import TabGPTPreTrainedModel
 from .pretraining import TabGPTForPreTraining, TabGPTPreTrainingOutput
+from .scarf import ScarfCorruption, ScarfProjection
 from .tokenizer import FeatureTokenizer
 
 __all__ = ["TabGPTConfig", "TabGPTModel", "TabGPTBlock", "TabGPTFeedForward", "FeatureTokenizer",
            "TabGPTPreTrainedModel", "TabGPTForPreTraining", "TabGPTPreTrainingOutput",
-           "TabGPTForSequenceClassification", "TabGPTForRegression", "TabGPTOutput"]
+           "TabGPTForSequenceClassification", "TabGPTForRegression", "TabGPTOutput",
+           "ScarfCorruption", "ScarfProjection"]

@@ -41,6 +41,12 @@ class TabGPTConfig:
     problem_type: str = "single_label_classification"
     # masked-cell pretraining: the chance that each observed cell is masked
     mask_probability: float = 0.15
+    # SCARF's contrastive view (scarf.py): its InfoNCE loss's weight beside the masked-cell
+    # loss (0: off, and no projection head), the share of each row's cells replaced from other
+    # rows, and the temperature of the cosine similarities (SCARF's defaults 0.6 and 1.0)
+    contrastive_weight: float = 0.0
+    corruption_rate: float = 0.6
+    contrastive_temperature: float = 1.0
     # recompute the blocks' activations during backward (training only)
     gradient_checkpointing: bool = False
 
@@ -78,6 +84,15 @@ class TabGPTConfig:
         if not 0.0 < self.mask_probability < 1.0:
             raise ValueError(f"TabGPTConfig.mask_probability must be in (0, 1), got "
                              f"{self.mask_probability}")
+        if not self.contrastive_weight >= 0.0:
+            raise ValueError(f"TabGPTConfig.contrastive_weight must be >= 0, got "
+                             f"{self.contrastive_weight}")
+        if not 0.0 < self.corruption_rate <= 1.0:
+            raise ValueError(f"TabGPTConfig.corruption_rate must be in (0, 1], got "
+                             f"{self.corruption_rate}")
+        if not self.contrastive_temperature > 0.0:
+            raise ValueError(f"TabGPTConfig.contrastive_temperature must be > 0, got "
+                             f"{self.contrastive_temperature}")
         if self.ffn_factor <= 0 or self.d_ffn < 1:
             raise ValueError(f"TabGPTConfig.ffn_factor must make a hidden width >= 1, got "
                              f"{self.ffn_factor} (d_token {self.d_token})")

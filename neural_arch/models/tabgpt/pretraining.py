@@ -6,6 +6,11 @@ column's output token, a standardised number through a per-column linear map (sq
 a category through a per-column classifier (cross-entropy). Missing cells are never targets.
 The loss is the mean over all masked cells; ``numerical_loss`` and ``categorical_loss`` are the
 means over the masked cells of each kind (zero when there are none).
+
+With ``config.contrastive_weight > 0`` the SCARF view joins (``scarf.py``): each row and a
+twin with some cells taken from other rows go through the backbone beside the masked rows (one
+batch of three times the rows), and ``loss`` adds ``contrastive_weight`` times their InfoNCE
+loss (``contrastive_loss``).
 """
 from __future__ import annotations
 
@@ -15,13 +20,15 @@ from typing import Any, List, Optional
 import numpy as np
 
 from ... import functional as F
-from ...core import Tensor
+from ...core import Tensor, concatenate
 from ...core.random import get_rng
 from ...nn import Linear, ModuleList, Parameter
 from ...nn._dtype import parameter_dtype
 from .backbone import TabGPTModel
 from .config import TabGPTConfig
 from .pretrained import TabGPTPreTrainedModel
+from .scarf import ScarfCorruption, ScarfProjection, corrupt_rows, info_nce_loss, \
+    sample_corruption
 from .tokenizer import token_init_
 
 __all__ = ["TabGPTForPreTraining", "TabGPTPreTrainingOutput"]
@@ -37,11 +44,14 @@ class TabGPTPreTrainingOutput:
     numerical_predictions: Optional[Tensor]  # (rows, n_numerical), standardised units
     categorical_logits: List[Tensor]  # one (rows, cardinality) per categorical column
     cell_mask: np.ndarray  # (rows, columns) bool: the cells that were hidden
+    contrastive_loss: Optional[Tensor] = None  # SCARF's InfoNCE (contrastive_weight > 0)
+    corruption: Optional[ScarfCorruption] = None  # the twins' replaced cells and sources
 
 
 class TabGPTForPreTraining(TabGPTPreTrainedModel):
-    """``forward(x_num, x_cat, cell_mask=None)``; without ``cell_mask`` one is drawn from the
-    framework's generator (``neural_arch.core.manual_seed`` repeats it)."""
+    """``forward(x_num, x_cat, cell_mask=None, corruption=None)``; without ``cell_mask`` (and,
+    for the contrastive view, ``corruption``) they are drawn from the framework's generator
+    (``neural_arch.core.manual_seed`` repeats them)."""
 
     def __init__(self, config: TabGPTConfig, dtype: Any = None) -> None:
         super().__init__()
@@ -62,6 +72,8 @@ class TabGPTForPreTraining(TabGPTPreTrainedModel):
             self.register_parameter("numerical_decoder_bias", None)
         self.categorical_decoders = ModuleList(Linear(d, cardinality, dtype=dtype)
                                                for cardinality in config.categorical_cardinalities)
+        self.contrastive_projection = ScarfProjection(d, dtype=dtype) \
+            if config.contrastive_weight else None
 
     def sample_cell_mask(self, rows: int) -> np.ndarray:
         return get_rng().random((rows, self.config.n_features)) < self.config.mask_probability
@@ -77,15 +89,44 @@ class TabGPTForPreTraining(TabGPTPreTrainedModel):
                              f"got {mask.shape}")
         return mask
 
-    def forward(self, x_num: Any = None, x_cat: Any = None,
-                cell_mask: Any = None) -> TabGPTPreTrainingOutput:
+    def _checked_corruption(self, corruption: Any, rows: int) -> Optional[ScarfCorruption]:
+        if self.contrastive_projection is None:
+            if corruption is not None:
+                raise ValueError("corruption= is given, but the contrastive view is off "
+                                 "(config.contrastive_weight is 0)")
+            return None
+        if corruption is None:
+            return sample_corruption(rows, self.config.n_features, self.config.corruption_rate,
+                                     get_rng())
+        if not isinstance(corruption, ScarfCorruption):
+            raise TypeError(f"corruption must be a ScarfCorruption, got "
+                            f"{type(corruption).__name__}")
+        return corruption.check(rows, self.config.n_features)
+
+    def forward(self, x_num: Any = None, x_cat: Any = None, cell_mask: Any = None,
+                corruption: Any = None) -> TabGPTPreTrainingOutput:
         numbers, codes, missing = self.tabgpt.tokenizer.cells(x_num, x_cat)
         rows = missing.shape[0]
         mask = self._checked_mask(cell_mask, rows)
-        tokens = self.tabgpt.embed(x_num, x_cat)
+        corruption = self._checked_corruption(corruption, rows)
+        if corruption is None:
+            tokens = self.tabgpt.embed(x_num, x_cat)
+        else:  # the rows and their twins, tokenized together
+            twin_num, twin_cat = corrupt_rows(numbers, codes, corruption)
+            both = self.tabgpt.embed(*(None if a is None else np.concatenate([a, b])
+                                       for a, b in ((numbers, twin_num), (codes, twin_cat))))
+            tokens = both[:rows]
         hidden_cells = mask[:, :, None].astype(tokens.dtype)
-        tokens = tokens * Tensor(1.0 - hidden_cells) + self.mask_tokens * Tensor(hidden_cells)
-        hidden = self.tabgpt.encode(tokens)
+        masked = tokens * Tensor(1.0 - hidden_cells) + self.mask_tokens * Tensor(hidden_cells)
+        contrastive_loss = None
+        if corruption is None:
+            hidden = self.tabgpt.encode(masked)
+        else:  # one pass over the masked rows, the rows and the twins
+            states = self.tabgpt.encode(concatenate([masked, both], axis=0))
+            hidden = states[:rows]
+            projected = self.contrastive_projection(states[rows:, 0])
+            contrastive_loss = info_nce_loss(projected[:rows], projected[rows:],
+                                             self.config.contrastive_temperature)
         targets = mask & ~missing
         n_num = self.config.n_numerical
         zero = Tensor(np.zeros((), dtype=tokens.dtype))
@@ -109,8 +150,11 @@ class TabGPTForPreTraining(TabGPTPreTrainedModel):
         n_category_targets = int(targets[:, n_num:].sum())
         loss = (numerical_sum + categorical_sum) * (
             1.0 / max(n_numeric_targets + n_category_targets, 1))
+        if contrastive_loss is not None:
+            loss = loss + contrastive_loss * self.config.contrastive_weight
         return TabGPTPreTrainingOutput(
             loss=loss,
             numerical_loss=numerical_sum * (1.0 / max(n_numeric_targets, 1)),
             categorical_loss=categorical_sum * (1.0 / max(n_category_targets, 1)),
-            numerical_predictions=predictions, categorical_logits=all_logits, cell_mask=mask)
+            numerical_predictions=predictions, categorical_logits=all_logits, cell_mask=mask,
+            contrastive_loss=contrastive_loss, corruption=corruption)

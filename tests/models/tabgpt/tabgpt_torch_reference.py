@@ -119,10 +119,32 @@ class PreTraining(nn.Module):
             self.numerical_decoder_bias = nn.Parameter(torch.empty(n_num))
         self.categorical_decoders = nn.ModuleList(
             nn.Linear(d, c) for c in config.categorical_cardinalities)
+        if config.contrastive_weight:
+            self.contrastive_projection = nn.Module()
+            self.contrastive_projection.dense = nn.Linear(d, d)
+            self.contrastive_projection.output = nn.Linear(d, d)
 
-    def forward(self, x_num, x_cat, cell_mask):
+    def forward(self, x_num, x_cat, cell_mask, source_rows=None):
         """The loss: squared errors and cross-entropies summed over the masked observed cells,
-        over their number."""
+        over their number; plus, given ``source_rows``, ``contrastive_weight`` times SCARF's
+        InfoNCE between each row and its twin whose cell (i, j) is cell (source_rows[i, j], j).
+        Returns (loss, contrastive loss or None)."""
+        masked = self.masked_cell_loss(x_num, x_cat, cell_mask)
+        if source_rows is None:
+            return masked, None
+        n_num = self.config.n_numerical
+        x_num_twin = x_num[source_rows[:, :n_num], torch.arange(n_num)]
+        x_cat_twin = x_cat[source_rows[:, n_num:], torch.arange(x_cat.shape[1])]
+        embed = [self.tabgpt.encode(self.tabgpt.tokenizer(a, b))[:, 0]
+                 for a, b in ((x_num, x_cat), (x_num_twin, x_cat_twin))]
+        head = self.contrastive_projection
+        anchors, positives = (F.normalize(head.output(F.relu(head.dense(e))), dim=-1)
+                              for e in embed)
+        logits = anchors @ positives.T / self.config.contrastive_temperature
+        contrastive = F.cross_entropy(logits, torch.arange(len(logits)))
+        return masked + self.config.contrastive_weight * contrastive, contrastive
+
+    def masked_cell_loss(self, x_num, x_cat, cell_mask):
         n_num = self.config.n_numerical
         tokens = self.tabgpt.tokenizer(x_num, x_cat)
         tokens = torch.where(cell_mask[:, :, None], self.mask_tokens.expand_as(tokens), tokens)

@@ -1,0 +1,50 @@
+"""The TabGPT scale benchmark runs end to end on a tiny table and model, at p = 1 and 2 through
+the launcher, and reports rows/s, efficiencies, memory and losses that follow from its own
+numbers: DDP and ZeRO-2 give the same losses, which fall."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from test_benchmarks_smoke import _ratio_shown, _run
+
+pytestmark = pytest.mark.timeout(150)
+
+_ROW = re.compile(r"^\| ([12]) \| (ddp|zero2) \| ([0-9]+) \| ([0-9.]+) \| ([0-9.]+) % \| "
+                  r"([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| (PASS|MISS) \| ([0-9.e+-]*) \| "
+                  r"(PASS|MISS)? \|$", re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_tabgpt_scale_benchmark_reports_consistent_numbers(tmp_path):
+    output = tmp_path / "RESULTS.md"
+    result = _run("bench_tabgpt_scale.py", ["--quick", "--rows", "3000", "--steps", "12",
+                                            "--warmup", "1", "--batch", "64", "--window", "3",
+                                            "--nproc", "1,2", "--output", str(output)],
+                  timeout=140)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.count("<!-- bench_tabgpt_scale:start -->") == 1
+    assert "a generated table of 3,000 rows" in text and "64 rows per rank" in text
+    rows = {(int(r[0]), r[1]): r for r in _ROW.findall(text)}
+    assert sorted(rows) == [(1, "ddp"), (1, "zero2"), (2, "ddp"), (2, "zero2")], text
+    misses = []
+    for (p, name), r in rows.items():
+        rate, step_ms, efficiency, peak = float(r[2]), float(r[3]), float(r[4]), float(r[5])
+        first, last = float(r[6]), float(r[7])
+        base = float(rows[(1, name)][2])
+        assert _ratio_shown(efficiency, rate, p * base, 100, 0.05, 0.5 * p, 0.5)
+        # rows/s cannot beat the median step by much: B x p rows per step
+        assert rate < 5 * 64 * p / (step_ms / 1e3) and 0.5 < peak < 500
+        assert (r[8] == "PASS") == (last < first)
+        assert last < first  # pretraining learns, even in 13 tiny steps
+        if name == "ddp":
+            assert r[9] == "" and r[10] == ""
+        else:  # ZeRO-2 gives DDP's losses, step by step
+            assert float(r[9]) <= 1e-5 and r[10] == "PASS"
+            assert r[6:8] == rows[(p, "ddp")][6:8]
+        if p == 2 and efficiency < 90.0:
+            misses.append(f"p = 2 {name}")
+    goal = "goal: weak-scaling efficiency >= 90 % at every p > 1; "
+    assert goal + (f"missed by {', '.join(misses)}." if misses else "met.") in text
