@@ -34,6 +34,7 @@ class TrainingConfig:
     eval_batches: Optional[int] = None      # cap on validation batches (None: all)
     checkpoint_dir: Optional[str] = None    # None: no checkpoints
     save_interval: Optional[int] = None     # steps between checkpoints (None: epoch ends)
+    save_every_epochs: int = 1              # without save_interval: every Nth epoch's end
     max_checkpoints: int = 3
     resume: bool = False                    # continue from the newest checkpoint, if any
     metrics_dir: Optional[str] = None       # metrics.jsonl (+ TensorBoard) go here
@@ -53,11 +54,16 @@ class TrainingConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainingConfig.{name} must be a positive integer, got "
                                  f"{value!r}")
-        for name in ("epochs", "gradient_accumulation_steps", "log_interval", "max_checkpoints"):
+        for name in ("epochs", "gradient_accumulation_steps", "log_interval", "max_checkpoints",
+                     "save_every_epochs"):
             positive(name)
         for name in ("max_steps", "eval_interval", "eval_batches", "save_interval",
                      "tokens_per_sample", "early_stopping_patience"):
             positive(name, allow_none=True)
+        if self.save_interval is not None and self.save_every_epochs != 1:
+            raise ValueError(f"TrainingConfig.save_every_epochs={self.save_every_epochs} has no "
+                             f"effect beside save_interval={self.save_interval} (checkpoints "
+                             f"every {self.save_interval} steps); set one of them")
         if self.lr_schedule not in _SCHEDULES:
             raise ValueError(f"TrainingConfig.lr_schedule must be one of {list(_SCHEDULES)}, "
                              f"got {self.lr_schedule!r}")

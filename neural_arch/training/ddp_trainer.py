@@ -13,18 +13,28 @@ every rank holds the whole model; with 2 and 3 they are in ``checkpoint_dir``). 
 
 MLflow: ``mlflow_tracking=True`` (or ``fit(..., mlflow_experiment="name")``) has rank 0 record
 the run; inside ``with mlflow.start_run():`` it logs into that run, which the caller goes on
-using and ends, else it starts a run of its own (``MLflowLogger``).
+using and ends, else it starts a run of its own (``MLflowLogger``). TensorBoard:
+``tensorboard_dir="./runs"`` (or ``tensorboard=True``: ``runs/<date>_<host>``, as torch's
+``SummaryWriter()``) has rank 0 write event files (``TensorBoardLogger``), every
+``log_every_n_steps`` (``TrainingConfig.log_interval``) and at each epoch's end.
+
+``config=DistributedConfig(...)``: the fields it was given set these keywords
+(``distributed_config``, ``ddp_settings``); the same setting also passed here with another
+value is refused.
+``find_unused_parameters=True``: DDP lets parameters that take no part in the loss through.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Optional
 
 from .. import functional as F
 from ..data import DataLoader
-from ..nn.module_state import state_dict_copy
 from ..optim import SGD, Adam, AdamW
 from .config import TrainingConfig
+from .ddp_recipe import DDPRecipe
+from .ddp_settings import check_unused_parameters, config_arguments, tensorboard_folder
 from .launching.fit import check_num_processes, under_launcher
 from .launching.processes import run_in_processes
 from .launching.main_import import stop_main_import
@@ -44,7 +54,37 @@ class PyTorchDDPTrainer:
                  zero_stage: int = 0, scaler_init_scale: float = 65536.0,
                  scaler_growth_interval: int = 1000, backend: str = "shm", seed: int = 0,
                  num_processes: Optional[int] = None, timeout: Optional[float] = None,
-                 mlflow_tracking: bool = False, **config: Any) -> None:
+                 mlflow_tracking: bool = False, tensorboard: Optional[bool] = None,
+                 tensorboard_dir: Optional[str] = None, log_every_n_steps: Optional[int] = None,
+                 find_unused_parameters: bool = False, config: Any = None,
+                 **settings: Any) -> None:
+        arguments = {k: v for k, v in locals().items() if k in _DEFAULTS}
+        if "log_interval" in settings:  # TrainingConfig's name for log_every_n_steps
+            interval = settings.pop("log_interval")
+            if log_every_n_steps is not None and log_every_n_steps != interval:
+                raise ValueError(f"{OWNER}: log_every_n_steps={log_every_n_steps} and "
+                                 f"log_interval={interval} both set it; give one of them")
+            arguments["log_every_n_steps"] = interval
+        self.checkpoint_dir, self.layout, self._join_backend = None, {}, "auto"
+        # the setting that asks for checkpoints every N epochs, named if there is no folder
+        self._epochs_setting = "save_every_epochs" if "save_every_epochs" in settings else None
+        if config is not None:
+            self.checkpoint_dir, self.layout = config_arguments(config, arguments, _DEFAULTS,
+                                                                settings)
+            if "checkpoint_frequency" in config.given:
+                self._epochs_setting = "DistributedConfig.checkpoint_frequency"
+            if "communication_backend" in config.given:  # the job's group is joined with it
+                self._join_backend = arguments["backend"]
+        self._setup(model, settings, **arguments)
+
+    def _setup(self, model: Any, settings: dict, num_gpus: Optional[int],
+               batch_size: Optional[int], epochs: int, learning_rate: float, optimizer: Any,
+               loss_fn: Any, mixed_precision: bool, gradient_accumulation_steps: int,
+               zero_stage: int, scaler_init_scale: float, scaler_growth_interval: int,
+               backend: str, seed: int, num_processes: Optional[int], timeout: Optional[float],
+               mlflow_tracking: bool, tensorboard: Optional[bool],
+               tensorboard_dir: Optional[str], log_every_n_steps: Optional[int],
+               find_unused_parameters: bool) -> None:
         if num_gpus is not None and num_processes is not None and num_gpus != num_processes:
             raise ValueError(f"{OWNER}: num_gpus={num_gpus} and its alias num_processes="
                              f"{num_processes} disagree; pass one of them")
@@ -64,19 +104,25 @@ class PyTorchDDPTrainer:
                             f"{type(optimizer).__name__}")
         self.optimizer = OPTIMIZERS[optimizer.lower()] if isinstance(optimizer, str) else optimizer
         self.loss_fn = F.cross_entropy if loss_fn is None else loss_fn
-        unknown = sorted(set(config) - _CONFIG_FIELDS)
+        unknown = sorted(set(settings) - _CONFIG_FIELDS)
         if unknown:
             raise TypeError(f"{OWNER}: unknown setting(s) {unknown}; besides its own, it takes "
                             f"TrainingConfig's fields: {sorted(_CONFIG_FIELDS)}")
+        if log_every_n_steps is not None:
+            settings = dict(settings, log_interval=log_every_n_steps)
         # checked here, in this process, rather than by every worker
         self.config = TrainingConfig(**{
             "epochs": epochs, "mixed_precision": mixed_precision,
             "gradient_accumulation_steps": gradient_accumulation_steps,
             "zero_stage": zero_stage, "loss_scale": float(scaler_init_scale),
-            "loss_scale_window": scaler_growth_interval, "seed": seed, **config})
+            "loss_scale_window": scaler_growth_interval, "seed": seed, **settings})
         if not isinstance(mlflow_tracking, bool):
             raise TypeError(f"{OWNER}: mlflow_tracking must be a bool, got {mlflow_tracking!r}")
         self.mlflow_tracking = mlflow_tracking
+        self.tensorboard, self.tensorboard_dir = tensorboard_folder(
+            tensorboard, tensorboard_dir, self.config.metrics_dir)
+        self.find_unused_parameters = check_unused_parameters(find_unused_parameters,
+                                                              zero_stage)
         self._announced = False
 
     def fit(self, train_data: Any, val_loader: Any = None,
@@ -86,14 +132,17 @@ class PyTorchDDPTrainer:
         ``mlflow_experiment``: the experiment of a new MLflow run, unless one is active here."""
         # Rank 0 records the run (``MLflowLogger``): into the run open in this process
         # (``with mlflow.start_run():`` around fit), else a new one in the experiment.
-        logger = (for_active_run(mlflow_experiment, f"{OWNER}.fit")
-                  if self.mlflow_tracking or mlflow_experiment is not None else None)
+        callbacks = []
+        if self.mlflow_tracking or mlflow_experiment is not None:
+            callbacks.append(for_active_run(mlflow_experiment, f"{OWNER}.fit"))
         stop_main_import(f"{OWNER}.fit")  # a worker importing an unguarded script stops here
-        config = self.config
-        if checkpoint_dir is not None:
-            config = dataclasses.replace(config, checkpoint_dir=str(checkpoint_dir))
+        if self.tensorboard:  # a new folder for each fit when none was given, as torch's
+            from .tensorboard_logger import TensorBoardLogger
+            callbacks.append(TensorBoardLogger(self.tensorboard_dir))
+        config = self._fit_config(checkpoint_dir)
         recipe = DDPRecipe(self.model, self.optimizer, self.learning_rate, self.loss_fn,
-                           config, self._loader(train_data), val_loader, logger)
+                           config, self._loader(train_data), val_loader, callbacks,
+                           self.find_unused_parameters, self.layout, self._join_backend)
         if self.num_processes == 1 or under_launcher():
             return recipe()[0]  # the model trained here, in place
         payload = pickle_recipe(recipe, {"model": self.model, "optimizer": self.optimizer,
@@ -105,6 +154,23 @@ class PyTorchDDPTrainer:
         if weights is not None:
             self.model.load_state_dict(weights)
         return history
+
+    def _fit_config(self, checkpoint_dir: Optional[str]) -> TrainingConfig:
+        """The TrainingConfig of this fit: ``checkpoint_dir`` (fit's, else the config's);
+        epochs between checkpoints without a folder to keep them in are refused."""
+        if checkpoint_dir is not None and self.checkpoint_dir is not None and (
+                str(checkpoint_dir) != self.checkpoint_dir):
+            raise ValueError(f"{OWNER}.fit: checkpoint_dir={str(checkpoint_dir)!r} and "
+                             f"config.checkpoint_dir={self.checkpoint_dir!r} both set it; give "
+                             f"it in one place")
+        folder = checkpoint_dir if checkpoint_dir is not None else self.checkpoint_dir
+        if folder is not None:
+            return dataclasses.replace(self.config, checkpoint_dir=str(folder))
+        if self.config.checkpoint_dir is None and self._epochs_setting is not None:
+            raise ValueError(f"{OWNER}.fit: {self._epochs_setting}="
+                             f"{self.config.save_every_epochs} has no effect without a "
+                             f"checkpoint_dir (fit's or the config's)")
+        return self.config
 
     def _loader(self, data: Any) -> Any:
         loader = per_process_loader(data, self.batch_size, f"{OWNER}.fit")
@@ -146,28 +212,7 @@ def per_process_loader(data: Any, batch_size: Optional[int], owner: str) -> Any:
                       **data.worker_options())
 
 
-class DDPRecipe:
-    """What each worker runs: optimizer and Trainer around its copy of the model, ``fit``;
-    returns (History, the weights when every rank holds the whole model, else None)."""
-
-    def __init__(self, model: Any, optimizer: Any, learning_rate: float, loss_fn: Any,
-                 config: TrainingConfig, train_loader: Any, val_loader: Any,
-                 mlflow_logger: Any = None) -> None:
-        self.model, self.optimizer, self.learning_rate = model, optimizer, learning_rate
-        self.loss_fn, self.config = loss_fn, config
-        self.train_loader, self.val_loader = train_loader, val_loader
-        self.mlflow_logger = mlflow_logger
-
-    def __call__(self) -> tuple:
-        from .trainer import Trainer
-        optimizer = self.optimizer(self.model.parameters(), lr=self.learning_rate)
-        callbacks = () if self.mlflow_logger is None else (self.mlflow_logger,)
-        trainer = Trainer(self.model, optimizer, self.loss_fn, self.config, callbacks=callbacks)
-        history = trainer.fit(self.train_loader, self.val_loader)
-        whole = self.config.zero_stage < 2
-        # a copy: the weights go back to the parent process after the model is gone
-        return history, (state_dict_copy(self.model) if whole else None)
-
-    def __repr__(self) -> str:
-        return f"DDPRecipe({type(self.model).__name__}, {self.config})"
-
+# the keywords PyTorchDDPTrainer takes and their defaults (a DistributedConfig overrides them)
+_DEFAULTS = {name: p.default for name, p in
+             inspect.signature(PyTorchDDPTrainer.__init__).parameters.items()
+             if p.default is not inspect.Parameter.empty and name != "config"}

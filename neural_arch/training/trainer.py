@@ -177,7 +177,8 @@ class Trainer:
                         break
                 else:  # the epoch ran to its end
                     self._end_epoch(val, epoch_start, steps_before, logger, bar, start)
-                    if self._manager is not None and not cfg.save_interval:
+                    if self._manager is not None and not cfg.save_interval and (
+                            self.epoch % cfg.save_every_epochs == 0):
                         self._elapsed = time.perf_counter() - start
                         self.save_checkpoint(last_loss, sampler)
                     continue
