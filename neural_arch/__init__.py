@@ -23,8 +23,8 @@ from .core import (Generator, allclose, argsort, concat, device, einsum, empty_l
                    inference_mode, linspace, multinomial, numel, rand_like, randint,
                    randn_like, randperm, sort, topk, tril, triu)
 from .core.torch_size import Size
-from .core.torch_dtypes import (bool, double, float, half, int, int8, int16, long, short,
-                                uint8)
+from .core.torch_dtypes import (bfloat16, bool, double, float, half, int, int8, int16, long,
+                                short, uint8)
 from . import cuda  # torch.cuda: GPUs through CuPy
 from .backends import get_num_threads, set_num_threads
 from .core.ops_extremes import argmax, argmin, max, maximum, min, minimum

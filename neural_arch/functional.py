@@ -26,7 +26,7 @@ from .core.tensor import Tensor
 _REDUCTIONS = ("mean", "sum", "none")
 
 __all__ = [
-    "linear", "relu", "gelu", "tanh", "sigmoid", "silu", "erf", "softmax", "log_softmax",
+    "linear", "relu", "relu_", "gelu", "tanh", "sigmoid", "silu", "erf", "softmax", "log_softmax",
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy_with_logits",
     "layer_norm", "dropout", "embedding", "scaled_dot_product_attention", "where",
     "conv1d", "conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
@@ -38,8 +38,13 @@ def _tensor(x: Any) -> Tensor:
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def relu(x: Any) -> Tensor:
-    return _tensor(x).relu()
+def relu(x: Any, inplace: bool = False) -> Tensor:
+    """``inplace=True`` writes into ``x`` (torch's ``relu_``) and returns it."""
+    return relu_(x) if inplace else _tensor(x).relu()
+
+
+def relu_(x: Tensor) -> Tensor:
+    return x.relu_()
 
 
 def tanh(x: Any) -> Tensor:

@@ -22,7 +22,7 @@ from typing import Dict, List, NamedTuple, Sequence, Tuple
 THIRD_PARTY = {"numba": "numba", "mpi4py": "mpi4py", "cupy": "cupy-cuda12x", "torch": "torch",
                "safetensors": "safetensors", "tqdm": "tqdm", "tensorboardX": "tensorboardX",
                "matplotlib": "matplotlib", "sklearn": "scikit-learn", "optuna": "optuna",
-               "mlflow": "mlflow-skinny"}
+               "mlflow": "mlflow-skinny", "ml_dtypes": "ml_dtypes"}
 
 _PROBE = r'''
 import importlib, importlib.abc, json, sys, traceback

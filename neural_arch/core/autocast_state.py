@@ -7,9 +7,13 @@ casts the gradient back, so float32 parameters receive float32 gradients) as tor
 
 * ops on the lower-precision list (matmul, linear, convolutions) run in the autocast dtype:
   their floating inputs other than float64 are cast to it;
-* ops on the float32 list run in float32: their float16 inputs are cast up;
+* ops on the float32 list run in float32: their float16 and bfloat16 inputs are cast up;
 * layer_norm on CPU runs in its input's dtype: a float32 weight and bias meeting a float16
   input are cast to it (torch's CPU kernel takes mixed dtypes and answers in the input's).
+
+The autocast dtype is, as in torch, bfloat16 on CPU and float16 on CUDA unless a region names
+another (float16 on CPU too without ``ml_dtypes``, which bfloat16 needs). bfloat16 kernels
+compute in float32 (``bfloat16_compute``), which reads the lists through ``active_policy``.
 
 Every other op runs in the widest type of its inputs (NumPy's promotion). The lists differ by
 device as torch's do: on CPU, softmax, log_softmax and layer_norm keep their input's dtype; on
@@ -22,6 +26,8 @@ import threading
 from typing import Any, Dict, Tuple
 
 import numpy as np
+
+from .bfloat16 import BFLOAT16
 
 DEVICE_TYPES = ("cpu", "cuda")
 LOWER_PRECISION, FLOAT32, FIRST_INPUT = "lower precision", "float32", "first input's dtype"
@@ -43,6 +49,8 @@ POLICIES: Dict[str, Dict[str, str]] = {
 }
 
 _FLOAT16 = np.dtype(np.float16)
+# torch's defaults: bfloat16 on CPU (float16 where ml_dtypes, which bfloat16 needs, is absent)
+DEFAULT_DTYPES = {"cpu": _FLOAT16 if BFLOAT16 is None else BFLOAT16, "cuda": _FLOAT16}
 
 
 class _AutocastState(threading.local):
@@ -50,7 +58,7 @@ class _AutocastState(threading.local):
 
     def __init__(self) -> None:
         self.enabled = dict.fromkeys(DEVICE_TYPES, False)
-        self.dtype = dict.fromkeys(DEVICE_TYPES, _FLOAT16)
+        self.dtype = dict(DEFAULT_DTYPES)
         self.any_enabled = False  # the one read an op pays outside autocast
 
 
@@ -82,6 +90,19 @@ def set_autocast_state(device_type: str, enabled: bool, dtype: Any) -> Tuple[boo
     return previous
 
 
+def autocast_active() -> bool:
+    """Whether autocast is on for any device in this thread."""
+    return _STATE.any_enabled
+
+
+def active_policy(op: str, tensors: Tuple[Any, ...]) -> Tuple[Any, np.dtype]:
+    """(how ``op`` runs under autocast for the device of ``tensors``, or None where autocast
+    is off there or the op is on no list; that device's autocast dtype)."""
+    device = device_of(tensors)
+    policy = POLICIES[device].get(op) if _STATE.enabled[device] else None
+    return policy, _STATE.dtype[device]
+
+
 def autocast_inputs(op: str, *tensors: Any) -> Tuple[Any, ...]:
     """``tensors`` cast as autocast wants them for ``op`` (unchanged outside autocast);
     entries that are not tensors (None, arrays, numbers) pass through."""
@@ -90,7 +111,7 @@ def autocast_inputs(op: str, *tensors: Any) -> Tuple[Any, ...]:
     return _cast_for(op, tensors)
 
 
-def _device_of(tensors: Tuple[Any, ...]) -> str:
+def device_of(tensors: Tuple[Any, ...]) -> str:
     for tensor in tensors:
         data = getattr(tensor, "array", None)
         if data is not None and hasattr(tensor, "requires_grad"):
@@ -101,20 +122,23 @@ def _device_of(tensors: Tuple[Any, ...]) -> str:
 def _cast_for(op: str, tensors: Tuple[Any, ...]) -> Tuple[Any, ...]:
     from .ops_misc import astype  # ops_misc imports the tensor module, which imports the ops
 
-    device = _device_of(tensors)
-    policy = POLICIES[device].get(op) if _STATE.enabled[device] else None
+    policy, low_dtype = active_policy(op, tensors)
     if policy is None:
         return tensors
     first = getattr(tensors[0], "array", None)
     out = []
     for tensor in tensors:
         dtype = getattr(getattr(tensor, "array", None), "dtype", None)
-        if dtype is not None and hasattr(tensor, "requires_grad") and dtype.kind == "f":
+        if dtype is not None and hasattr(tensor, "requires_grad") and _floating(dtype):
             if policy == LOWER_PRECISION and dtype != np.float64:
-                tensor = astype(tensor, _STATE.dtype[device])
+                tensor = astype(tensor, low_dtype)
             elif policy == FLOAT32 and dtype.itemsize < 4:
                 tensor = astype(tensor, np.float32)
-            elif policy == FIRST_INPUT and first is not None and first.dtype.kind == "f":
+            elif policy == FIRST_INPUT and first is not None and _floating(first.dtype):
                 tensor = astype(tensor, first.dtype)
         out.append(tensor)
     return tuple(out)
+
+
+def _floating(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or (BFLOAT16 is not None and dtype == BFLOAT16)

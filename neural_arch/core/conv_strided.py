@@ -1,7 +1,8 @@
 """Strided convolution on the CPU: ordinary columns, one span of samples at a time (see
 ``conv_cpu``). The backward rebuilds a span's columns for the weight gradient and adds the
-columns' gradient back into a zero-bordered span of the input gradient, while both are still
-in cache."""
+columns' gradient back into the span's input gradient while both are still in cache: with
+Numba in one pass per image plane (``backends.conv_kernels``), else into a zero-bordered
+buffer, one strided addition per kernel tap."""
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
@@ -43,6 +44,18 @@ class _Span:
         return c2.reshape(self.rows, -1)
 
 
+_kernels: Any = None  # backends.conv_kernels when Numba runs, else False; on first use
+
+
+def col2im_kernels(dtype: Any) -> Any:
+    """``backends.conv_kernels`` when it takes arrays of ``dtype``, else None."""
+    global _kernels
+    if _kernels is None:
+        from ..backends import conv_kernels
+        _kernels = conv_kernels if conv_kernels.available() else False
+    return _kernels if _kernels and dtype in _kernels.DTYPES else None
+
+
 def _plan(geom: Geometry, itemsize: int) -> list:
     return spans(geom.n, geom.channels * geom.taps * geom.out_hw[0] * geom.out_hw[1] * itemsize)
 
@@ -68,7 +81,6 @@ def backward(g4: Any, x4: Any, w4: Any, geom: Geometry, need_x: bool,
     most = plan[0][1] - plan[0][0]
     span = _Span(x4, geom, most)
     cout, groups, (ho, wo) = geom.out_channels, geom.groups, geom.out_hw
-    hp, wp = geom.padded_hw
     (top, _), (left, _) = geom.pads
     rows, per_out = span.rows, cout // groups
     per_rows = rows // groups
@@ -77,7 +89,9 @@ def backward(g4: Any, x4: Any, w4: Any, geom: Geometry, need_x: bool,
     sums = [np.zeros((per_out, per_rows), g4.dtype) for _ in range(groups)] if need_w else None
     gx = np.empty(x4.shape, g4.dtype) if need_x else None
     col_grads = np.empty(rows * most * span.positions, g4.dtype) if need_x else None
-    target = np.zeros(most * geom.channels * hp * wp, g4.dtype) if need_x else None
+    kernels = col2im_kernels(g4.dtype) if need_x else None
+    buffer_size = most * geom.channels * geom.padded_hw[0] * geom.padded_hw[1]
+    target = np.zeros(buffer_size, g4.dtype) if need_x and kernels is None else None
     for start, stop in plan:
         m = stop - start
         g2 = grads[:cout * m * span.positions].reshape(cout, -1)
@@ -92,12 +106,24 @@ def backward(g4: Any, x4: Any, w4: Any, geom: Geometry, need_x: bool,
             for g in range(groups):
                 np.matmul(weights[g].T, g2[g * per_out:(g + 1) * per_out],
                           out=gc[g * per_rows:(g + 1) * per_rows])
-            t4 = target[:m * geom.channels * hp * wp].reshape(m, geom.channels, hp, wp)
-            t4[...] = 0
-            add_windows(t4, gc.reshape((geom.channels,) + geom.kernel + (m, ho, wo))
-                        .transpose(3, 0, 4, 5, 1, 2), geom.stride, geom.dilation)
-            gx[start:stop] = t4[:, :, top:top + geom.height, left:left + geom.width]
+            if kernels is not None:
+                kernels.add_columns(gc.reshape(rows, m, ho, wo), geom.kernel, geom.stride,
+                                    geom.dilation, (top, left), gx[start:stop])
+            else:
+                _add_through_buffer(gc, target, geom, gx[start:stop])
     gw = None
     if need_w:
         gw = np.concatenate(sums).reshape((cout, geom.channels // groups) + geom.kernel)
     return gx, gw
+
+
+def _add_through_buffer(gc: Any, target: Any, geom: Geometry, gx_span: Any) -> None:
+    """col2im without Numba: ``gx_span`` (m samples) from the columns' gradient ``gc``, added
+    tap by tap into the zero-bordered ``target`` buffer, whose interior is then copied out."""
+    m, (hp, wp), (ho, wo) = gx_span.shape[0], geom.padded_hw, geom.out_hw
+    (top, _), (left, _) = geom.pads
+    t4 = target[:m * geom.channels * hp * wp].reshape(m, geom.channels, hp, wp)
+    t4[...] = 0
+    add_windows(t4, gc.reshape((geom.channels,) + geom.kernel + (m, ho, wo))
+                .transpose(3, 0, 4, 5, 1, 2), geom.stride, geom.dilation)
+    gx_span[...] = t4[:, :, top:top + geom.height, left:left + geom.width]

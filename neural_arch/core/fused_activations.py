@@ -1,4 +1,4 @@
-"""Activations with hand-written backward passes: softmax, log_softmax, gelu.
+"""Activations with hand-written backward passes: relu, softmax, log_softmax, gelu.
 
 Also the switch shared by ``gelu``, ``cross_entropy`` and ``layer_norm``: on float32 CuPy
 tensors they run the fused CUDA kernels (through ``neural_arch.core.fused_kernels``) whenever
@@ -16,6 +16,7 @@ import numpy as np
 from .._environ import raw_reader
 from ..backends import backend_for, xp_of
 from .autocast_state import autocast_inputs
+from .bfloat16_compute import computes_bfloat16_in_float32
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 from .versions import check_saved, modified_error, saved_entry
@@ -63,11 +64,20 @@ def _use_fused_gelu(xd: Any, approximate: str) -> bool:
             and 0 < xd.shape[-1] <= INT32_MAX)
 
 
-def _record(x: Tensor, out: Any, backward: Any, saved_output: str = "") -> Tensor:
-    """``saved_output``: the op's name when ``backward`` reads ``out``, which is then checked
-    against in-place writes (``versions``)."""
+def _record(x: Tensor, out: Any, backward: Any, saved_output: str = "",
+            saved_input: str = "") -> Tensor:
+    """``saved_output`` / ``saved_input``: the op's name when ``backward`` reads ``out`` /
+    ``x``, which is then checked against in-place writes (``versions``)."""
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
+    if saved_input:
+        saved = (saved_entry(x),)
+
+        def input_checked(g: Any) -> tuple:
+            check_saved(f"{saved_input}Backward", saved)
+            return backward(g)
+
+        return _node(out, (x,), input_checked)
     if not saved_output:
         return _node(out, (x,), backward)
     counter = [0]
@@ -80,6 +90,28 @@ def _record(x: Tensor, out: Any, backward: Any, saved_output: str = "") -> Tenso
     return _node(out, (x,), checked, counter)
 
 
+_relu_kernels: Any = None  # backends.relu_kernels when Numba runs, else False; on first use
+
+
+def relu(x: Tensor) -> Tensor:
+    """max(x, 0), saving the output for the backward. NumPy float arrays take the compiled
+    kernels (``backends.relu_kernels``: one pass each way, torch's rules for NaN and infinite
+    values); other arrays (CuPy, integers, ``NEURAL_ARCH_NUMBA=0``) the NumPy form."""
+    global _relu_kernels
+    xd = x.array
+    if type(xd) is _NDARRAY:
+        if _relu_kernels is None:
+            from ..backends import relu_kernels
+            _relu_kernels = relu_kernels if relu_kernels.available() else False
+        kernels = _relu_kernels
+        if kernels and kernels.takes(xd):
+            out = kernels.forward(xd)
+            return _record(x, out, lambda g: (kernels.backward(g, out),), "Relu")
+    out = xp_of(xd).maximum(xd, 0)
+    return _record(x, out, lambda g: (g * (out > 0),), "Relu")
+
+
+@computes_bfloat16_in_float32("softmax")
 def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``axis`` (or PyTorch's ``dim``), after subtracting the max."""
     axis = axis if dim is None else dim
@@ -90,6 +122,7 @@ def softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     return _record(x, out, lambda g: (backend.softmax_backward(g, out, axis),), "Softmax")
 
 
+@computes_bfloat16_in_float32("softmax")
 def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
     """Softmax over the last axis where, in each matrix of the last two axes, entry (i, j) with
     j > i + offset counts as -inf: ``softmax(x.masked_fill(future, -inf), -1)`` without
@@ -101,9 +134,10 @@ def causal_softmax(x: Tensor, offset: int = 0) -> Tensor:
         raise ValueError(f"causal_softmax needs at least 2 dimensions, got shape {xd.shape}")
     backend = backend_for(xd)
     out = backend.softmax(xd, -1, int(offset))
-    return _record(x, out, lambda g: (backend.softmax_backward(g, out, -1),))
+    return _record(x, out, lambda g: (backend.softmax_backward(g, out, -1),), "Softmax")
 
 
+@computes_bfloat16_in_float32("log_softmax")
 def log_softmax(x: Tensor, axis: int = -1, dim: Optional[int] = None) -> Tensor:
     """x - logsumexp(x) along ``axis`` (or PyTorch's ``dim``)."""
     axis = axis if dim is None else dim
@@ -124,6 +158,7 @@ def erf_array(x: Any) -> Any:
     return backend_for(x).erf(x)
 
 
+@computes_bfloat16_in_float32()
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula (both as in PyTorch)."""
     xd = x.array
@@ -154,12 +189,14 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
             return (g * (0.5 * (1.0 + t) + 0.5 * xd * (1.0 - t * t) * d_inner),)
     else:
         raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _record(x, out, backward)
+    return _record(x, out, backward, saved_input="Gelu")
 
 
+@computes_bfloat16_in_float32()
 def erf(x: Tensor) -> Tensor:
     """Elementwise error function; d/dx erf(x) = 2 / sqrt(pi) * exp(-x^2)."""
     xd = x.array
     xp = xp_of(xd)
     scale = 2.0 / math.sqrt(math.pi)
-    return _record(x, erf_array(xd), lambda g: (g * (scale * xp.exp(-(xd * xd))),))
+    return _record(x, erf_array(xd), lambda g: (g * (scale * xp.exp(-(xd * xd))),),
+                   saved_input="Erf")

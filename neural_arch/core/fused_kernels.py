@@ -16,6 +16,7 @@ from ..backends import backend_for
 from ..backends.kernels.dispatch import kernels_for
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -36,8 +37,10 @@ def fused_bias_gelu(x: Tensor, bias: Optional[Tensor] = None,
     kernels, xd = kernels_for(x.array), x.array
     bd = None if bias is None else bias.array
     out = _like(kernels.bias_gelu_forward(xd, bd, approximate), xd)
+    saved = (saved_entry(x),)  # as the unfused gelu (torch saves x + bias, made inside)
 
     def backward(g: Any) -> tuple:
+        check_saved("GeluBackward", saved)
         # the engine passes gradients on in whatever dtype they arrive (a float64 weight
         # downstream makes them float64); the kernels take the input's float32
         gx, gb = kernels.bias_gelu_backward(_like(g, xd), xd, bd, approximate)
@@ -64,7 +67,10 @@ def fused_cross_entropy(logits: Tensor, target: Any, reduction: str = "mean",
     else:
         out = loss_rows.sum() if reduction == "sum" else loss_rows
 
+    saved = (saved_entry(target),) if isinstance(target, Tensor) else ()
+
     def backward(g: Any) -> tuple:
+        check_saved("NllLossBackward", saved)
         if reduction == "none":
             per_row = g
         else:  # d(loss)/d(row loss) is 1/count for a mean, 1 for a sum
@@ -95,8 +101,11 @@ def fused_layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
     wd, bd = flat(weight), flat(bias)
     y, mean, rstd = kernels.layer_norm_forward(x2, wd, bd, eps)
     out = _like(y, xd).reshape(xd.shape)
+    parents = tuple(t for t in (x, weight, bias) if t is not None)
+    saved = tuple(saved_entry(t) for t in parents)  # as the unfused layer_norm
 
     def backward(g: Any) -> tuple:
+        check_saved("NativeLayerNormBackward", saved)
         g2 = _like(g, xd).reshape(-1, cols)  # in the input's dtype, as in fused_bias_gelu
         dx, dw, db = kernels.layer_norm_backward(g2, x2, wd, mean, rstd)
         grads: List[Any] = [_like(dx, xd).reshape(xd.shape)]
@@ -106,7 +115,6 @@ def fused_layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
             grads.append(_like(db, bias.array).reshape(bias.array.shape))
         return tuple(grads)
 
-    parents = tuple(t for t in (x, weight, bias) if t is not None)
     return _record(out, parents, backward)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..backends import backend_for, xp_of
 from .autocast_state import autocast_inputs
+from .bfloat16_compute import computes_bfloat16_in_float32
 from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .ops_shape import index_add
@@ -16,6 +17,7 @@ from .tensor import Tensor, _constant, _node
 from .versions import check_saved, saved_entry
 
 
+@computes_bfloat16_in_float32("linear")
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``x @ weight.T + bias`` with weight of shape (out_features, in_features)."""
     x, weight, bias = autocast_inputs("linear", x, weight, bias)
@@ -81,6 +83,7 @@ def _use_fused_layer_norm(xd: Any, norm_shape: Tuple[int, ...], weight: Optional
     return isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, bool)
 
 
+@computes_bfloat16_in_float32("layer_norm")
 def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
                weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Tensor:
@@ -118,8 +121,10 @@ def layer_norm(x: Tensor, normalized_shape: Union[int, Sequence[int]],
         return _constant(out)
     need = (x.requires_grad, weight is not None and weight.requires_grad,
             bias is not None and bias.requires_grad)
+    saved = tuple(saved_entry(t) for t in parents)  # torch saves the bias too
 
     def backward(g: Any) -> tuple:
+        check_saved("NativeLayerNormBackward", saved)
         gx, gw, gb = backend.layer_norm_backward(g.reshape(flat.shape), normalized, inv_std, wd,
                                                  need)
         grads = [None if gx is None else gx.reshape(xd.shape)]
@@ -146,8 +151,11 @@ def embedding(indices: Any, weight: Tensor) -> Tensor:
     out = wd[idx]
     if not (weight.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
+    # the backward reads the indices (not the weight), as torch's, which checks them
+    saved = (saved_entry(indices),) if isinstance(indices, Tensor) else ()
 
     def backward(g: Any) -> tuple:
+        check_saved("EmbeddingBackward", saved)
         xp = xp_of(g)
         grad = xp.zeros(wd.shape, dtype=g.dtype)
         index_add(xp, grad, idx.reshape(-1), g.reshape(-1, wd.shape[1]))

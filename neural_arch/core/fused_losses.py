@@ -11,9 +11,11 @@ import numpy as np
 
 from ..backends import xp_of
 from .autocast_state import autocast_inputs
+from .bfloat16_compute import computes_bfloat16_in_float32
 from .fused_activations import _NDARRAY, INT32_MAX, fused_ops, on_cuda_float32
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -74,6 +76,12 @@ def _check_class_target(op: str, inputs: Any, target: Any, ignore_index: int) ->
     return valid
 
 
+def _saved_targets(target: Any) -> tuple:
+    """The target's entry for ``versions.check_saved`` when it is a tensor: the backward
+    reads it (torch checks it too; the logits are not read, their gradient is precomputed)."""
+    return (saved_entry(target),) if isinstance(target, Tensor) else ()
+
+
 def _reduce(per_item: Any, valid: Any, reduction: str, target_shape: tuple) -> Tuple[Any, Any]:
     """The reduced loss and the number of items a "mean" divides by."""
     if reduction == "none":
@@ -105,6 +113,7 @@ def _use_fused_cross_entropy(ld: Any, td: Any, reduction: str, ignore_index: Any
             and 0.0 <= label_smoothing <= 1.0)
 
 
+@computes_bfloat16_in_float32("cross_entropy")
 def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100,
                   label_smoothing: float = 0.0) -> Tensor:
     """log_softmax + negative log-likelihood in one node; backward is softmax - onehot.
@@ -122,7 +131,8 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_i
         return fused_ops().fused_cross_entropy(logits, td, reduction, ignore_index,
                                                label_smoothing)
     if td.dtype.kind == "f":
-        return _soft_cross_entropy(logits, td, reduction, label_smoothing)
+        return _soft_cross_entropy(logits, td, reduction, label_smoothing,
+                                   _saved_targets(target))
     if td.dtype.kind not in "iu":
         raise ValueError(f"cross_entropy: target must hold integer class indices or "
                          f"probabilities, got dtype {td.dtype}")
@@ -150,8 +160,10 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_i
     out, count = _reduce(per_item, mask, reduction, td.shape)
     if not (logits.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
+    saved = _saved_targets(target)
 
     def backward(g: Any) -> tuple:
+        check_saved("NllLossBackward", saved)
         scale = _row_scale(g, reduction, count)
         grad = e * (scale / s)[:, None]
         grad[rows, t] -= (1.0 - label_smoothing) * scale
@@ -164,7 +176,8 @@ def cross_entropy(logits: Tensor, target: Any, reduction: str = "mean", ignore_i
     return _node(out, (logits,), backward)
 
 
-def _soft_cross_entropy(logits: Tensor, probs: Any, reduction: str, smoothing: float) -> Tensor:
+def _soft_cross_entropy(logits: Tensor, probs: Any, reduction: str, smoothing: float,
+                        saved: tuple) -> Tensor:
     ld = logits.array
     if probs.shape != ld.shape:
         raise ValueError(f"cross_entropy: probability target shape {probs.shape} must equal "
@@ -184,6 +197,7 @@ def _soft_cross_entropy(logits: Tensor, probs: Any, reduction: str, smoothing: f
         return _constant(out)
 
     def backward(g: Any) -> tuple:
+        check_saved("CrossEntropyBackward", saved)
         scale = _row_scale(g, reduction, count)
         scale = scale[:, None] if scale.ndim else scale
         grad = xp.exp(log_probs) * p.sum(axis=1, keepdims=True) - p
@@ -192,6 +206,7 @@ def _soft_cross_entropy(logits: Tensor, probs: Any, reduction: str, smoothing: f
     return _node(out, (logits,), backward)
 
 
+@computes_bfloat16_in_float32("nll_loss")
 def nll_loss(log_probs: Tensor, target: Any, reduction: str = "mean",
              ignore_index: int = -100) -> Tensor:
     """Mean (or sum) of ``-log_probs[i, target[i]]`` over non-ignored items."""
@@ -215,8 +230,10 @@ def nll_loss(log_probs: Tensor, target: Any, reduction: str = "mean",
     if not (log_probs.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
     shape2 = lp2.shape
+    saved = (saved_entry(log_probs),) + _saved_targets(target)  # torch saves both
 
     def backward(g: Any) -> tuple:
+        check_saved("NllLossBackward", saved)
         scale = _row_scale(g, reduction, count)
         grad = xp.zeros(shape2, dtype=g.dtype)
         grad[rows, t] = -scale if all_valid else -scale * mask

@@ -16,15 +16,17 @@ elsewhere (CuPy, ``NEURAL_ARCH_NUMBA=0``, other dtypes) the NumPy form below run
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..backends import xp_of
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 Statistics = Callable[[Any, Tuple[int, ...]], Tuple[Any, Any, int]]
+SAVED_BY = "NativeBatchNormBackward"
 
 
 def reduced_axes(op: str, xd: Any) -> Tuple[int, ...]:
@@ -76,18 +78,29 @@ def _check_params(op: str, xd: Any, weight: Optional[Tensor], bias: Optional[Ten
                              f"{xd.shape[1]} channels of input shape {tuple(xd.shape)}")
 
 
+def saved_entries(x: Tensor, weight: Optional[Tensor], running: Sequence[Any]) -> tuple:
+    """What the backward checks against in-place writes, as torch saves it: the input, the
+    weight and the running statistics (the bias is not read)."""
+    tensors = (x, weight) + tuple(running)
+    return tuple(saved_entry(t) for t in tensors if isinstance(t, Tensor))
+
+
 def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                         eps: float, statistics: Statistics = local_statistics,
-                        reduce_sums: Optional[Callable[[Any], Any]] = None
+                        reduce_sums: Optional[Callable[[Any], Any]] = None,
+                        running: Sequence[Optional[Tensor]] = ()
                         ) -> Tuple[Tensor, Any, Any, int]:
-    """Normalise with the batch's statistics: (output, mean, biased var, count)."""
+    """Normalise with the batch's statistics: (output, mean, biased var, count).
+    ``running``: the running statistics the caller updates, which the backward checks against
+    in-place writes as torch's does (it does not read them)."""
     op = "batch_norm"
     xd = x.array
     axes = reduced_axes(op, xd)
     _check_params(op, xd, weight, bias)
     kernels = channel_kernels(xd, *(None if p is None else p.array for p in (weight, bias)))
     if kernels is not None:
-        return _training_with_kernels(kernels, x, weight, bias, eps, statistics, reduce_sums)
+        return _training_with_kernels(kernels, x, weight, bias, eps, statistics, reduce_sums,
+                                      running)
     mean, var, count = statistics(xd, axes)
     _check_count(xd, count)
     shape = _channel_shape(xd)
@@ -100,8 +113,10 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
         return _constant(out), mean, var, count
+    saved = saved_entries(x, weight, running)
 
     def backward(g: Any) -> tuple:
+        check_saved(SAVED_BY, saved)
         sum_g = g.sum(axis=axes)
         sum_g_hat = (g * normalized).sum(axis=axes)
         grads = []
@@ -126,7 +141,8 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
 
 def _training_with_kernels(kernels: Any, x: Tensor, weight: Optional[Tensor],
                            bias: Optional[Tensor], eps: float, statistics: Statistics,
-                           reduce_sums: Optional[Callable[[Any], Any]]
+                           reduce_sums: Optional[Callable[[Any], Any]],
+                           running: Sequence[Optional[Tensor]]
                            ) -> Tuple[Tensor, Any, Any, int]:
     """``batch_norm_training`` through ``batchnorm_kernels``: the same values, fewer passes."""
     xd = x.array
@@ -145,8 +161,10 @@ def _training_with_kernels(kernels: Any, x: Tensor, weight: Optional[Tensor],
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
         return _constant(out), mean, var, count
+    saved = saved_entries(x, weight, running)
 
     def backward(g: Any) -> tuple:
+        check_saved(SAVED_BY, saved)
         grads = [None]
         if x.requires_grad and reduce_sums is None:  # sums and gradient in one pass
             grads[0], local = kernels.backward(g, xd, mean, inv_std, wd, count)
@@ -172,8 +190,12 @@ def _check_count(xd: Any, count: int) -> None:
 
 def batch_norm_fixed(x: Tensor, mean: Any, var: Any, weight: Optional[Tensor],
                      bias: Optional[Tensor], eps: float) -> Tensor:
-    """Normalise with given per-channel statistics (evaluation): ``x * scale + shift``."""
+    """Normalise with given per-channel statistics (evaluation): ``x * scale + shift``.
+    ``mean`` and ``var``: arrays, or tensors (the running statistics), which the backward
+    then checks against in-place writes as torch's does."""
     op = "batch_norm"
+    running = (mean, var)
+    mean, var = (t.array if isinstance(t, Tensor) else t for t in running)
     xd = x.array
     axes = reduced_axes(op, xd)
     _check_params(op, xd, weight, bias)
@@ -185,8 +207,10 @@ def batch_norm_fixed(x: Tensor, mean: Any, var: Any, weight: Optional[Tensor],
     parents = tuple(t for t in (x, weight, bias) if t is not None)
     if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
         return _constant(out)
+    saved = saved_entries(x, weight, running)
 
     def backward(g: Any) -> tuple:
+        check_saved(SAVED_BY, saved)
         grads = [g * scale.reshape(shape) if x.requires_grad else None]
         if weight is not None:
             normalized = (xd - mean.reshape(shape)) * inv_std.reshape(shape)
@@ -217,10 +241,11 @@ def batch_norm(input: Tensor, running_mean: Optional[Tensor], running_var: Optio
     """torch's ``F.batch_norm``: batch statistics when ``training`` (updating the running
     ones in place when given), else the running statistics."""
     if training:
-        out, mean, var, count = batch_norm_training(input, weight, bias, eps)
+        out, mean, var, count = batch_norm_training(input, weight, bias, eps,
+                                                    running=(running_mean, running_var))
         update_running(running_mean, running_var, mean, var, count, momentum)
         return out
     if running_mean is None or running_var is None:
         raise ValueError("batch_norm: running_mean and running_var are required when "
                          "training=False")
-    return batch_norm_fixed(input, running_mean.array, running_var.array, weight, bias, eps)
+    return batch_norm_fixed(input, running_mean, running_var, weight, bias, eps)

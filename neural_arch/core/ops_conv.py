@@ -22,6 +22,7 @@ from .autocast_state import autocast_inputs
 from .conv_windows import col2im, im2col
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 IntOrPair = Union[int, Sequence[int]]
 PADDING_STRINGS = ("same", "valid")
@@ -134,8 +135,10 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
         final = final[0] if unbatched else final
         if not wants_grad:
             return _constant(final)
+        saved = (saved_entry(x), saved_entry(weight))  # torch saves both, whatever needs grad
 
         def cpu_backward(grad: Any) -> tuple:
+            check_saved("ConvolutionBackward", saved)
             g4 = grad.reshape((n, out_channels) + out_hw)
             gx, gw = conv_cpu.backward(g4, x4, w4, geom, need_x, need_w)
             grads = (None if gx is None else gx.reshape(x.array.shape),
@@ -169,8 +172,10 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
         return _constant(final)
     if not need_w:
         columns = []  # only the weight gradient reads the columns again
+    saved = (saved_entry(x), saved_entry(weight))
 
     def backward(grad: Any) -> tuple:
+        check_saved("ConvolutionBackward", saved)
         g3 = grad.reshape(n, out_channels, positions)
         gx = gw = None
         if need_w:

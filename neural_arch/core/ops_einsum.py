@@ -14,6 +14,8 @@ import string
 from typing import Any, List, Sequence, Tuple
 
 from ..backends import xp_of
+from .autocast_state import autocast_inputs
+from .bfloat16_compute import computes_bfloat16_in_float32
 from .tensor import Tensor, make_result
 
 
@@ -89,7 +91,12 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     """``einsum("ij,jk->ik", a, b)`` (or the operands as one list), differentiable in each."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    tensors = tuple(t if isinstance(t, Tensor) else Tensor(t) for t in operands)
+    return _einsum(equation, *(t if isinstance(t, Tensor) else Tensor(t) for t in operands))
+
+
+@computes_bfloat16_in_float32("einsum")
+def _einsum(equation: str, *tensors: Tensor) -> Tensor:
+    tensors = autocast_inputs("einsum", *tensors)  # torch's einsum runs as bmm under autocast
     arrays = [t.array for t in tensors]
     subs, output = _split(equation, [a.ndim for a in arrays])
     explicit = f"{','.join(subs)}->{output}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Tuple
 
 from ..backends import xp_of
+from .bfloat16 import BFLOAT16, involves_bfloat16, promote_operands, round_like
 from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
@@ -19,8 +20,9 @@ def operand(value: Any, like: Tensor) -> Tuple[Any, Optional[Tensor]]:
     if isinstance(value, _PY_SCALARS) or hasattr(value, "shape"):
         return value, None
     array = xp_of(like.array).asarray(value)
-    if array.dtype.kind == "f" and like.array.dtype.kind == "f":
-        array = array.astype(like.array.dtype)
+    like_dtype = like.array.dtype
+    if array.dtype.kind == "f" and (like_dtype.kind == "f" or like_dtype == BFLOAT16):
+        array = array.astype(like_dtype)
     return array, None
 
 
@@ -35,22 +37,27 @@ def broadcast_error(op: str, left: Any, right: Any) -> ValueError:
 def _binary(op: str, a: Tensor, b: Any, forward: Callable, grad_a: Callable,
             grad_b: Callable, saves: str = "") -> Tensor:
     """``saves``: what the backward reads, as torch saves it: "a" / "b" for ``a``'s / ``b``'s
-    values read for the other side's gradient (d(a*b)/da reads b), "B" for ``b``'s values read
-    for both, "o" for the output; a write into any of them before the backward raises
-    (``versions``)."""
+    values read for the other side's gradient (d(a*b)/da reads b), "A" / "B" for ``a``'s /
+    ``b``'s values read for both, "o" for the output; a write into any of them before the
+    backward raises (``versions``)."""
     bd, bt = operand(b, a)
     ad = a.array
+    bfloat16 = involves_bfloat16(ad, bd)
+    if bfloat16:  # NumPy promotes bfloat16 otherwise than torch (see bfloat16.py)
+        ad, bd = promote_operands(ad, bd)
     try:
         out = forward(ad, bd)
     except ValueError:
         raise broadcast_error(op, ad, bd) from None
+    if bfloat16:
+        out = round_like(out, ad, bd)
     need_a = a.requires_grad
     need_b = bt is not None and bt.requires_grad
     if not ((need_a or need_b) and GRAD_MODE.enabled):
         return _constant(out)
     a_shape, b_shape = ad.shape, _shape(bd)
     checks = _saved_checks(saves, ad, a, bt if need_a or "B" in saves else None,
-                           a if need_b else None, out) if saves else ()
+                           a if need_b or "A" in saves else None, out) if saves else ()
     out_counter = checks[-1][1] if checks and "o" in saves else None
 
     def backward(g: Any) -> tuple:
@@ -69,7 +76,7 @@ def _saved_checks(saves: str, ad: Any, a: Tensor, b_needed: Optional[Tensor],
                   a_needed: Optional[Tensor], out: Any) -> tuple:
     """(array, counter, version) of each tensor the backward will read; the output's last."""
     checks = []
-    if "a" in saves and a_needed is not None:
+    if ("a" in saves or "A" in saves) and a_needed is not None:
         checks.append((ad, a._vc, a._vc[0]))
     if ("b" in saves or "B" in saves) and b_needed is not None:
         checks.append((b_needed.array, b_needed._vc, b_needed._vc[0]))
@@ -129,14 +136,17 @@ def _pow_grad_base(g: Any, x: Any, y: Any, out: Any) -> Any:
 
 
 def pow(a: Tensor, b: Any) -> Tensor:
+    # as torch: the base is saved ("A": read for both sides), and with a tensor exponent
+    # also the exponent and the output
     return _binary("pow", a, b, lambda x, y: x ** y, _pow_grad_base,
-                   lambda g, x, y, out: g * out * _safe_log(x))
+                   lambda g, x, y, out: g * out * _safe_log(x),
+                   saves="ABo" if isinstance(b, Tensor) else "A")
 
 
 def rpow(a: Tensor, b: Any) -> Tensor:
     return _binary("pow", a, b, lambda x, y: y ** x,
                    lambda g, x, y, out: g * out * _safe_log(xp_of(x).asarray(y)),
-                   lambda g, x, y, out: g * x * y ** (x - 1))
+                   lambda g, x, y, out: g * x * y ** (x - 1), saves="Ao")
 
 
 def _unary(x: Tensor, out: Any, grad: Callable[[Any], Any], saves: str = "",
@@ -183,8 +193,8 @@ def sqrt(x: Tensor) -> Tensor:
 
 
 def relu(x: Tensor) -> Tensor:
-    out = xp_of(x.array).maximum(x.array, 0)
-    return _unary(x, out, lambda g: g * (out > 0), "o", "Relu")
+    from .fused_activations import relu as compiled_relu  # it imports this module
+    return compiled_relu(x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
@@ -208,7 +218,7 @@ def clip(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
     xd = x.array
     lo = min.array if isinstance(min, Tensor) else min
     hi = max.array if isinstance(max, Tensor) else max
-    out = xp_of(xd).clip(xd, lo, hi)
+    out = round_like(xp_of(xd).clip(xd, lo, hi), xd, lo, hi)  # bfloat16 stays bfloat16
 
     def grad(g: Any) -> Any:
         inside = True

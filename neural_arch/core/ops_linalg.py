@@ -5,6 +5,7 @@ from typing import Any
 
 from ..backends import xp_of
 from .autocast_state import autocast_inputs
+from .bfloat16_compute import computes_bfloat16_in_float32
 from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .ops_elementwise import operand
@@ -59,6 +60,7 @@ def _backward_general(g: Any, ad: Any, bd: Any, need_a: bool, need_b: bool) -> t
     return ga, gb
 
 
+@computes_bfloat16_in_float32("matmul")
 def matmul(a: Tensor, b: Any) -> Tensor:
     """``a @ b``; shape mismatches raise ValueError naming both shapes."""
     a, b = autocast_inputs("matmul", a, b)

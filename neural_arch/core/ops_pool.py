@@ -14,6 +14,7 @@ from .grad_mode import GRAD_MODE
 from .conv_windows import add_windows, sliding_windows
 from .ops_conv import expand_param
 from .tensor import Tensor, _constant, _node
+from .versions import check_saved, saved_entry
 
 IntOrPair = Union[int, Sequence[int]]
 
@@ -94,7 +95,10 @@ def max_pool2d(x: Tensor, kernel_size: IntOrPair, stride: Optional[IntOrPair] = 
     if not (x.requires_grad and GRAD_MODE.enabled):
         out_tensor = _constant(result)
     else:
+        saved = (saved_entry(x),)  # torch saves the input (the maxima are found here already)
+
         def backward(grad: Any) -> tuple:
+            check_saved("MaxPool2DWithIndicesBackward", saved)
             g4 = grad.reshape(out.shape)
             gpad = xp.zeros(padded.shape, dtype=g4.dtype)
             offsets = xp.arange(kernel[0] * kernel[1]).reshape(kernel)
@@ -144,8 +148,10 @@ def avg_pool2d(x: Tensor, kernel_size: IntOrPair, stride: Optional[IntOrPair] = 
     out = windows.sum(axis=(4, 5)) * scale
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _constant(_finish(out, unbatched))
+    saved = (saved_entry(x),)  # torch's saves the input, though only its shape is read
 
     def backward(grad: Any) -> tuple:
+        check_saved("AvgPool2DBackward", saved)
         g4 = grad.reshape(out.shape) * scale
         gpad = xp.zeros(padded.shape, dtype=g4.dtype)
         spread = xp.broadcast_to(g4[..., None, None], g4.shape + kernel)

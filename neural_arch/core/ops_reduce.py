@@ -5,6 +5,7 @@ import builtins
 from typing import Any, Optional, Tuple, Union
 
 from ..backends import xp_of
+from .bfloat16 import accumulate_dtype
 from .grad_mode import GRAD_MODE
 from .tensor import Tensor, _constant, _node
 
@@ -53,9 +54,19 @@ def _count(shape: Tuple[int, ...], axes: Optional[Tuple[int, ...]]) -> int:
     return count
 
 
+def _accumulated(data: Any, reduction: str, axes: Optional[Tuple[int, ...]],
+                 keepdims: bool) -> Any:
+    """``data.sum`` or ``data.mean``; bfloat16 accumulates in float32 and rounds once, as
+    torch's CPU kernels (bfloat16 partial sums would stall: 256 + 1 rounds to 256)."""
+    wide = accumulate_dtype(data.dtype)
+    if wide is None:
+        return getattr(data, reduction)(axis=axes, keepdims=keepdims)
+    return getattr(data, reduction)(axis=axes, keepdims=keepdims, dtype=wide).astype(data.dtype)
+
+
 def sum(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None) -> Tensor:
     axes = normalize_axes(_pick(axis, dim), x.array.ndim)
-    out = x.array.sum(axis=axes, keepdims=keepdims)
+    out = _accumulated(x.array, "sum", axes, keepdims)
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
     shape = x.array.shape
@@ -64,7 +75,7 @@ def sum(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None) 
 
 def mean(x: Tensor, axis: Axis = None, keepdims: bool = False, dim: Axis = None) -> Tensor:
     axes = normalize_axes(_pick(axis, dim), x.array.ndim)
-    out = x.array.mean(axis=axes, keepdims=keepdims)
+    out = _accumulated(x.array, "mean", axes, keepdims)
     if not (x.requires_grad and GRAD_MODE.enabled):
         return _constant(out)
     shape = x.array.shape

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Sequence, Tuple
 
 from ..backends import xp_of
+from .bfloat16 import round_like
 from .broadcast import unbroadcast
 from .grad_mode import GRAD_MODE
 from .ops_elementwise import broadcast_error, operand
@@ -252,6 +253,7 @@ def where(condition: Any, a: Any, b: Any) -> Tensor:
     except ValueError:
         shapes = [tuple(getattr(v, "shape", ())) for v in (cond, ad, bd)]
         raise ValueError(f"where: cannot broadcast condition/a/b shapes {shapes}") from None
+    out = round_like(out, ad, bd)  # bfloat16 beside a Python number stays bfloat16
     need_a = at is not None and at.requires_grad
     need_b = bt is not None and bt.requires_grad
     if not ((need_a or need_b) and GRAD_MODE.enabled):

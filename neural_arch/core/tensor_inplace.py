@@ -145,6 +145,15 @@ class InPlaceMethods:
         xp_of(xd).clip(xd, _value(min), _value(max), out=xd)
         return self
 
+    def relu_(self) -> Any:
+        # relu's backward reads only where the input was positive, which the written result
+        # still tells, so the old values need no copy
+        if self._records("relu_"):
+            return self._record(lambda old: old.relu())
+        xd = self._check_inplace("relu_")
+        xp_of(xd).maximum(xd, 0, out=xd)
+        return self
+
     def zero_(self) -> Any:
         if self._records("zero_"):
             return self._record(lambda old: old.masked_fill(True, 0))

@@ -1,6 +1,6 @@
 """torch's Tensor methods beyond the operators: sizes (``size()``, ``numel()``, ``dim()``),
-conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bool()``), ``view``, ``t()``,
-``contiguous()``, and the pieces, gather/scatter and selection methods.
+conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bfloat16()``, ``bool()``),
+``view``, ``t()``, ``contiguous()``, and the pieces, gather/scatter and selection methods.
 
 A base class of ``Tensor``. As in ``tensor.py``, methods that are op functions are named
 through ``OpRef`` stand-ins, which the bottom of ``tensor.py`` binds once the op modules load.
@@ -113,6 +113,9 @@ class TorchTensorMethods:
 
     def half(self) -> Any:
         return self.astype("float16")
+
+    def bfloat16(self) -> Any:
+        return self.astype("bfloat16")
 
     def bool(self) -> Any:
         return self.astype("bool")

@@ -3,9 +3,13 @@
 Tensors hold NumPy arrays, so each name is the NumPy scalar type of the same width:
 ``t.dtype == torch.long`` and ``zeros(3, dtype=torch.long)`` work because NumPy compares a
 dtype equal to its scalar type. This module only assigns names: ``int``, ``float`` and ``bool``
-shadow the builtins here, so it holds no code that could need them.
+shadow the builtins here, so it holds no code that could need them. ``bfloat16`` is
+``ml_dtypes``' NumPy scalar type (see ``bfloat16.py``; a stand-in that raises on use when that
+package is not installed).
 """
 import numpy as np
+
+from .bfloat16 import bfloat16  # noqa: F401 - torch.bfloat16
 
 float16 = half = np.float16
 float32 = float = np.float32

@@ -89,7 +89,8 @@ def get_device_name(device: Any = None) -> str:
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
-    """False: tensors cannot hold bfloat16 here (NumPy and CuPy arrays have no such dtype)."""
+    """False: GPU tensors cannot hold bfloat16 here (CuPy arrays have no such dtype; CPU
+    tensors can, through ml_dtypes)."""
     return False
 
 

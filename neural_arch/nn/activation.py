@@ -8,8 +8,17 @@ from .module import Module
 
 
 class ReLU(Module):
+    """``inplace=True`` writes the result into the input, as torch's."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = bool(inplace)
+
     def forward(self, x: Any) -> Any:
-        return F.relu(x)
+        return F.relu(x, inplace=self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
 
 
 class GELU(Module):

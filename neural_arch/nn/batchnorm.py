@@ -87,17 +87,20 @@ class _BatchNorm(Module):
                              f"{self.num_features}")
         use_batch = self.training or not self.track_running_stats
         if not use_batch:
-            return batch_norm_fixed(x, self.running_mean.array, self.running_var.array,
-                                    self.weight, self.bias, self.eps)
+            return batch_norm_fixed(x, self.running_mean, self.running_var, self.weight,
+                                    self.bias, self.eps)
         # unless a subclass overrides them, the seams are the local defaults, which lets the
         # kernels compute the statistics and the gradient sums in their output's pass
         layer = type(self)
         local = layer._batch_statistics is _BatchNorm._batch_statistics
         local_sums = layer._reduce_gradient_sums is _BatchNorm._reduce_gradient_sums
+        # a synchronised layer's backward does not check the running statistics (torch's
+        # saves none either); a local one's does
+        running = (self.running_mean, self.running_var) if local else ()
         out, mean, var, count = batch_norm_training(
             x, self.weight, self.bias, self.eps,
             local_statistics if local else self._batch_statistics,
-            None if local_sums else self._reduce_gradient_sums)
+            None if local_sums else self._reduce_gradient_sums, running)
         if self.training and self.track_running_stats:
             self.num_batches_tracked.array += 1
             momentum = self.momentum

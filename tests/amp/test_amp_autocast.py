@@ -1,5 +1,6 @@
-"""``neural_arch.amp.autocast``: each op's output dtype and values against torch's CPU autocast,
-gradients reaching float32 parameters as float32, and the state kept per thread."""
+"""``neural_arch.amp.autocast``: each op's output dtype and values against torch's CPU autocast
+(float16 and bfloat16), gradients reaching float32 parameters as float32, and the state kept
+per thread. Without a dtype, autocast("cpu") runs in bfloat16 as torch's does."""
 import threading
 import warnings
 
@@ -8,12 +9,15 @@ import pytest
 
 import neural_arch
 from neural_arch import amp
+from neural_arch.core.bfloat16 import BFLOAT16
 from neural_arch.nn import functional as F
 
 from amp_models import attention
 from gpu_testing import GPUS
 
 CUDA = GPUS > 0
+# torch's CPU default; float16 where ml_dtypes, which bfloat16 needs, is not installed
+DEFAULT_CPU_DTYPE = np.dtype(np.float16) if BFLOAT16 is None else BFLOAT16
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,19 +51,22 @@ OPS = [
 ]
 
 
-def _run(lib_name, op):
+def _run(lib_name, op, dtype="float16"):
     if lib_name == "torch":
         torch = pytest.importorskip("torch")
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast("cpu", dtype=getattr(torch, dtype)):
             return op(torch, torch.nn.functional, torch.tensor)
-    with amp.autocast("cpu", dtype=neural_arch.float16):
+    with amp.autocast("cpu", dtype=getattr(neural_arch, dtype)):
         return op(neural_arch, F, neural_arch.tensor)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name,op", OPS, ids=[name for name, _ in OPS])
-def test_op_dtype_and_value_match_torch_autocast(name, op):
-    expected = _run("torch", op)
-    got = _run("ours", op)
+def test_op_dtype_and_value_match_torch_autocast(name, op, dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    expected = _run("torch", op, dtype)
+    got = _run("ours", op, dtype)
     assert str(got.dtype) == str(expected.dtype).replace("torch.", ""), name
     np.testing.assert_allclose(np.asarray(got.array, np.float64),
                                expected.detach().double().numpy(), rtol=2e-2, atol=2e-2)
@@ -87,7 +94,7 @@ def test_attention_block_dtypes_and_output_match_torch():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 5, 8)).astype(np.float32)
     ws = [rng.standard_normal((8, 8)).astype(np.float32) / 3 for _ in range(4)]
-    with torch.autocast("cpu", dtype=torch.float16):
+    with torch.autocast("cpu"):  # both default to bfloat16 on CPU
         expected, expected_dtypes = attention(torch, torch.nn.functional, torch.tensor(x),
                                               *map(torch.tensor, ws))
     with amp.autocast("cpu"):
@@ -95,7 +102,7 @@ def test_attention_block_dtypes_and_output_match_torch():
                                     *map(neural_arch.tensor, ws))
     assert {k: str(v) for k, v in got_dtypes.items()} == {
         k: str(v).replace("torch.", "") for k, v in expected_dtypes.items()}
-    assert got.dtype == np.float16
+    assert got.dtype == DEFAULT_CPU_DTYPE
     np.testing.assert_allclose(got.array.astype(np.float64), expected.double().numpy(),
                                rtol=2e-2, atol=2e-2)
 
@@ -112,11 +119,12 @@ def test_disabled_autocast_is_a_no_op():
 def test_nesting_restores_the_outer_state():
     assert not amp.is_autocast_enabled("cpu")
     with amp.autocast("cpu"):
-        assert amp.is_autocast_enabled("cpu") and amp.get_autocast_dtype("cpu") == np.float16
+        assert amp.is_autocast_enabled("cpu") and \
+            amp.get_autocast_dtype("cpu") == DEFAULT_CPU_DTYPE
         with amp.autocast("cpu", enabled=False):
             assert F.linear(neural_arch.tensor(X), neural_arch.tensor(W)).dtype == np.float32
         assert amp.is_autocast_enabled("cpu")
-        assert F.linear(neural_arch.tensor(X), neural_arch.tensor(W)).dtype == np.float16
+        assert F.linear(neural_arch.tensor(X), neural_arch.tensor(W)).dtype == DEFAULT_CPU_DTYPE
     assert not amp.is_autocast_enabled("cpu")
 
 
@@ -133,7 +141,7 @@ def test_decorator_form_and_torch_top_level_name():
     def forward():
         return F.linear(neural_arch.tensor(X), neural_arch.tensor(W))
 
-    assert forward().dtype == np.float16 and forward().dtype == np.float16
+    assert forward().dtype == DEFAULT_CPU_DTYPE and forward().dtype == DEFAULT_CPU_DTYPE
     assert not amp.is_autocast_enabled("cpu")
     assert neural_arch.autocast is amp.autocast
 
