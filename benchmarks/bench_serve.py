@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
-                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "tests", "serve")]  # serve_support
 
 import bench_common as common  # noqa: E402
 
@@ -30,9 +31,6 @@ common.one_thread_per_rank()
 import argparse  # noqa: E402
 import http.client  # noqa: E402
 import json  # noqa: E402
-import re  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -40,32 +38,19 @@ from typing import Any, Dict, List, Sequence  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from neural_arch.core import manual_seed, no_grad  # noqa: E402
-from neural_arch.data.tabular import TabularDataset, TabularPreprocessor, load_bundled  # noqa
-from neural_arch.models.tabgpt import TabGPTConfig, TabGPTForSequenceClassification  # noqa
-from neural_arch.optim import AdamW  # noqa: E402
+from neural_arch.core import no_grad  # noqa: E402
+from neural_arch.data.tabular import load_bundled  # noqa: E402
+from serve_support import Server, train_and_save  # noqa: E402
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT_S = 60.0
 
 
 def save_model(folder: str, d_token: int):
-    """A briefly trained wine classifier in ``folder``; (model, JSON rows of the table)."""
-    manual_seed(0)
+    """A briefly trained wine classifier in ``folder``; (model, its encoded rows, the table's
+    rows as JSON objects)."""
     table, target = load_bundled("wine")
-    preprocessor = TabularPreprocessor(target=target).fit(table)
-    rows = TabularDataset(table, preprocessor)
-    config = TabGPTConfig(**preprocessor.model_config(), d_token=d_token, n_layers=2, n_heads=4)
-    model = TabGPTForSequenceClassification(config)
-    optimizer = AdamW(model.parameters(), lr=1e-3)
-    for step in range(4):
-        batch = slice(32 * step, 32 * (step + 1))
-        loss = model(rows.x_num[batch], rows.x_cat[batch], labels=rows.y[batch]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.save_pretrained(folder, preprocessor=preprocessor)
-    model.eval()
+    model, _, rows = train_and_save(folder, table, target, steps=4, lr=1e-3, d_token=d_token,
+                                    n_layers=2, n_heads=4)
     names = [name for name in table if name != target]
     json_rows = [{name: float(table[name][i]) for name in names}
                  for i in range(len(table[target]))]
@@ -82,33 +67,6 @@ def batch_compute_ms(model, rows, batch: int, repeats: int = 20) -> float:
             model(x_num, x_cat)
             times.append(time.perf_counter() - start)
     return 1e3 * float(np.median(times[1:]))
-
-
-def start_server(folder: str, max_batch: int, timeout_ms: float):
-    command = [sys.executable, "-m", "neural_arch.serve", "--model", folder, "--port", "0",
-               "--max-batch-size", str(max_batch), "--timeout-ms", str(timeout_ms)]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    line = ""
-    while time.monotonic() < deadline and process.poll() is None:
-        line = process.stdout.readline()  # the command prints this line once it listens
-        match = re.fullmatch(r"listening on http://.+:(\d+)\n", line)
-        if match:
-            return process, int(match.group(1))
-    process.kill()
-    process.wait(timeout=10)
-    raise RuntimeError(f"the server did not start (exit {process.returncode}, last line "
-                       f"{line!r})")
-
-
-def stop_server(process) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-        raise RuntimeError("the server did not stop within 20 s of SIGTERM") from None
 
 
 def health(port: int) -> Dict[str, Any]:
@@ -192,12 +150,13 @@ def main(argv: Sequence[str] = None) -> None:
                   for i in range(0, len(json_rows) - args.rows + 1, args.rows)]
         results = {}
         for max_batch in args.batch_sizes:
-            process, port = start_server(folder, max_batch, args.timeout_ms)
+            server = Server(folder, "--max-batch-size", str(max_batch), "--timeout-ms",
+                            str(args.timeout_ms), start_timeout=START_TIMEOUT_S)
             try:
-                results[max_batch] = load(port, bodies, args.clients, args.rows, args.warmup,
-                                          args.seconds)
+                results[max_batch] = load(server.port, bodies, args.clients, args.rows,
+                                          args.warmup, args.seconds)
             finally:
-                stop_server(process)
+                server.stop()
             compute = batch_compute_ms(model, rows, max_batch)
             results[max_batch].update(compute_ms=compute, bound_ms=args.timeout_ms + compute)
             print(f"max batch {max_batch}: {results[max_batch]}", flush=True)

@@ -7,8 +7,9 @@ command line that starts a training script on any of the engines the project run
   ``HOROVOD_RANK`` and the others that ``hvd.init()`` reads.
 - ``ray``: the script runs as the training loop of N Ray workers (``neural_arch.ray``), each a
   Ray actor that joins the job's process group; on a Ray started for the command, or on a
-  running cluster with ``--address`` (or ``RAY_ADDRESS``). ``--max-restarts`` restarts the
-  workers after a failure, from the last checkpoint reported.
+  running cluster with ``--address`` (or ``RAY_ADDRESS``); through Ray Client (``ray://``) the
+  script's folder travels to the cluster as the job's working_dir. ``--max-restarts`` restarts
+  the workers after a failure, from the last checkpoint reported.
 
 Run under a launcher already (``horovodrun -np 8 python -m neural_arch.cli train --script
 train.py --backend horovod``, torchrun, srun, mpirun), the command runs the script in this

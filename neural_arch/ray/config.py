@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 DEFAULT_STORAGE = os.path.join("~", "ray_results")  # Ray Train's default, too
+# Where runs without RunConfig.storage_path go, when set (read as each trainer is made): a
+# process, or a test, moves them all at once without touching HOME.
+STORAGE_VARIABLE = "NEURAL_ARCH_RAY_STORAGE"
 
 
 def _count(name: str, value, minimum: int) -> None:
@@ -63,7 +66,8 @@ class FailureConfig:
 @dataclass
 class RunConfig:
     """The run's folder is ``storage_path/name``; every worker and the driver must reach it
-    (one machine, or a filesystem all nodes share): checkpoints and reports are written there."""
+    (one machine, or a filesystem all nodes share): checkpoints and reports are written there.
+    Without ``storage_path``: ``NEURAL_ARCH_RAY_STORAGE``, else ``~/ray_results``."""
     name: Optional[str] = None
     storage_path: Optional[str] = None
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)

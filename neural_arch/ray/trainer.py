@@ -17,17 +17,19 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import storage
 from .checkpoint import Checkpoint
-from .config import DEFAULT_STORAGE, RunConfig, ScalingConfig
-from .group import Member, WorkerGroup
+from .config import DEFAULT_STORAGE, STORAGE_VARIABLE, RunConfig, ScalingConfig
+from .group import START_TIMEOUT_S, Member, WorkerGroup
 from .result import Result, TrainingFailedError
-from .runtime import ensure_ray, require_ray
+from .runtime import check_importable, ensure_ray, require_ray
 
 SETTLE_S = 3.0  # after a first failure, how long the others get to report theirs (who caused it)
 
 
 class RayTrainer:
     def __new__(cls, *args: Any, **kwargs: Any) -> "RayTrainer":
-        # RayTrainer(model, config): the model-first spelling (model_trainer)
+        # RayTrainer(model, config), the model-first spelling, builds its subclass
+        # (model_trainer): the two spellings share the run, not their arguments or fit().
+        # Python then runs that subclass's __init__ with the same arguments.
         if cls is RayTrainer and args and _is_model(args[0]):
             from .model_trainer import ModelRayTrainer
             return super().__new__(ModelRayTrainer)
@@ -55,7 +57,8 @@ class RayTrainer:
         self.address = address
         self.name = self.run_config.name or time.strftime("RayTrainer_%Y-%m-%d_%H-%M-%S")
         self.storage_path = os.path.abspath(os.path.expanduser(
-            self.run_config.storage_path or DEFAULT_STORAGE))
+            self.run_config.storage_path or os.environ.get(STORAGE_VARIABLE)
+            or DEFAULT_STORAGE))
 
     def fit(self) -> Result:
         """Train; the ``Result`` of a finished run, or ``TrainingFailedError``."""
@@ -63,6 +66,7 @@ class RayTrainer:
         cpus = self.scaling.num_workers * self.scaling.worker_resources().get("CPU", 0)
         started = ensure_ray(self.address, num_cpus=int(cpus + 0.999))
         try:
+            check_importable(ray, self.loop, START_TIMEOUT_S)
             return self._fit(ray)
         finally:
             if started:  # an embedded Ray ends with the run that started it

@@ -36,6 +36,16 @@ def test_trainer_checks_its_arguments():
         RayTrainer(print, scaling_config={"num_workers": 2})
 
 
+def test_runs_go_to_the_storage_the_environment_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURAL_ARCH_RAY_STORAGE", str(tmp_path / "runs"))
+    assert RayTrainer(print).storage_path == str(tmp_path / "runs")
+    named = RunConfig(storage_path=str(tmp_path / "named"))
+    assert RayTrainer(print, run_config=named).storage_path == str(tmp_path / "named")
+    monkeypatch.delenv("NEURAL_ARCH_RAY_STORAGE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert RayTrainer(print).storage_path == str(tmp_path / "ray_results")  # Ray Train's
+
+
 def test_checkpoint_directory_round_trip(tmp_path):
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "w.txt").write_text("1")

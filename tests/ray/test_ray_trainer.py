@@ -5,37 +5,15 @@ group (tcp across the nodes); a loop that raises fails the run naming its rank; 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import HERE, live_workers_of, ray_env
+from conftest import launcher_losses, live_workers_of, trainer
 from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
 
 pytest.importorskip("ray")
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
-
-
-def trainer(loop, tmp_path, name, workers=2, config=None, **run):
-    from neural_arch.ray import FailureConfig, RayTrainer, RunConfig, ScalingConfig
-    return RayTrainer(loop, train_loop_config=config,
-                      scaling_config=ScalingConfig(num_workers=workers),
-                      run_config=RunConfig(name=name, storage_path=str(tmp_path),
-                                           failure_config=FailureConfig(**run)))
-
-
-def launcher_losses(tmp_path):
-    out = tmp_path / "launcher.json"
-    env = ray_env()
-    env["NEURAL_ARCH_SECRET"] = "ray-test-secret-0123456789"
-    done = subprocess.run([sys.executable, "-m", "neural_arch.distributed.launcher",
-                           "--nproc-per-node", "2", os.path.join(HERE, "ray_jobs.py"), "--",
-                           str(out)], env=env, capture_output=True, text=True, timeout=90)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(out.read_text())
 
 
 def test_digits_on_two_nodes_equals_the_launcher_run(ray_cluster, tmp_path):

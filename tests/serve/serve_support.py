@@ -1,4 +1,5 @@
-"""A tiny saved TabGPT and a real ``python -m neural_arch.serve`` process for the serve tests."""
+"""A tiny saved TabGPT and a real ``python -m neural_arch.serve`` process for the serve tests
+(``benchmarks/bench_serve.py`` starts its servers and saves its model with them too)."""
 from __future__ import annotations
 
 import http.client
@@ -35,18 +36,18 @@ def table_of(name: str) -> Tuple[dict, str]:
     return table, target
 
 
-def save_tiny_model(folder: str, name: str = "wine", steps: int = 2):
-    """A TabGPT trained ``steps`` steps on the bundled table, saved with its preprocessor;
-    returns (model in eval mode, preprocessor, table, target)."""
+def train_and_save(folder: str, table: dict, target: str, steps: int, lr: float,
+                   **model_config: Any):
+    """A TabGPT classifier of ``model_config`` trained ``steps`` steps of 32 rows on ``table``
+    (from seed 0), saved to ``folder`` with its preprocessor; (model in eval mode,
+    preprocessor, the table's encoded rows). The serve tests and ``bench_serve`` serve it."""
     manual_seed(0)
-    table, target = table_of(name)
     preprocessor = TabularPreprocessor(target=target)
     preprocessor.fit(table)
     rows = TabularDataset(table, preprocessor)
-    config = TabGPTConfig(**preprocessor.model_config(), d_token=8, n_layers=1, n_heads=2,
-                          attention_dropout=0.0, ffn_dropout=0.0)
-    model = TabGPTForSequenceClassification(config)
-    optimizer = AdamW(model.parameters(), lr=1e-2)
+    model = TabGPTForSequenceClassification(
+        TabGPTConfig(**preprocessor.model_config(), **model_config))
+    optimizer = AdamW(model.parameters(), lr=lr)
     for step in range(steps):
         batch = slice(32 * step, 32 * (step + 1))
         loss = model(rows.x_num[batch], rows.x_cat[batch], labels=rows.y[batch]).loss
@@ -55,6 +56,16 @@ def save_tiny_model(folder: str, name: str = "wine", steps: int = 2):
         optimizer.step()
     model.save_pretrained(folder, preprocessor=preprocessor)
     model.eval()
+    return model, preprocessor, rows
+
+
+def save_tiny_model(folder: str, name: str = "wine", steps: int = 2):
+    """A TabGPT trained ``steps`` steps on the bundled table, saved with its preprocessor;
+    returns (model in eval mode, preprocessor, table, target)."""
+    table, target = table_of(name)
+    model, preprocessor, _ = train_and_save(folder, table, target, steps, lr=1e-2, d_token=8,
+                                            n_layers=1, n_heads=2, attention_dropout=0.0,
+                                            ffn_dropout=0.0)
     return model, preprocessor, table, target
 
 
@@ -73,19 +84,21 @@ def rows_of(table: dict, target: str, indices) -> list:
 
 
 class Server:
-    """``python -m neural_arch.serve --model FOLDER --port 0 ...`` as a real process."""
+    """``python -m neural_arch.serve --model FOLDER --port 0 ...`` as a real process, once it
+    listens (within ``start_timeout`` seconds)."""
 
-    def __init__(self, folder: str, *options: str) -> None:
+    def __init__(self, folder: str, *options: str,
+                 start_timeout: float = START_TIMEOUT_S) -> None:
         command = [sys.executable, "-m", "neural_arch.serve", "--model", folder, "--port", "0",
                    *options]
         self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, text=True)
-        self.port = self._read_port()
+        self.port = self._read_port(start_timeout)
 
-    def _read_port(self) -> int:
+    def _read_port(self, start_timeout: float) -> int:
         selector = selectors.DefaultSelector()
         selector.register(self.process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout
         try:
             while time.monotonic() < deadline:
                 if selector.select(timeout=0.2):
@@ -98,7 +111,7 @@ class Server:
         finally:
             selector.close()
         self.kill()
-        raise RuntimeError(f"the server printed no port within {START_TIMEOUT_S} s; stderr:\n"
+        raise RuntimeError(f"the server printed no port within {start_timeout} s; stderr:\n"
                            f"{self.process.stderr.read()[-3000:]}")
 
     def request(self, method: str, path: str, body: Any = None,

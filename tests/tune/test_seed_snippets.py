@@ -78,7 +78,7 @@ def test_ray_trainer_model_first_trains_the_model_and_says_what_it_cannot_map(tm
                                                                              monkeypatch):
     # the run's folder, ~/ray_results by default, goes to tmp_path (not through HOME: Ray keeps
     # its cluster token under ~/.ray, and a Ray started later would not find the same one)
-    monkeypatch.setattr("neural_arch.ray.trainer.DEFAULT_STORAGE", str(tmp_path / "ray_results"))
+    monkeypatch.setenv("NEURAL_ARCH_RAY_STORAGE", str(tmp_path / "ray_results"))
     from neural_arch.ray import RayTrainer
     from neural_arch.ray.model_trainer import ModelRayTrainer
     model = seed_jobs.create_model(16)

@@ -61,16 +61,7 @@ def test_four_trials_two_at_a_time_and_the_best_is_the_best(tmp_path):
 
 
 def test_a_trial_of_two_processes_is_one_job(tmp_path):
-    results = tune.DistributedTuner(
-        tune_jobs.two_rank_sum, {"x": tune.choice([1.0, 2.0])}, num_samples=2,
-        processes_per_trial=2, max_concurrent_trials=2, local_dir=str(tmp_path),
-        points_to_evaluate=[{"x": 1.0}, {"x": 2.0}]).tune()
-    assert [(row["state"], row["loss"]) for row in results] == [("COMPLETE", 3.0),
-                                                              ("COMPLETE", 6.0)]
-    for row in results:
-        assert row["last_report"] == {"loss": row["loss"], "world": 2.0}
-        assert sorted(n for n in os.listdir(row["dir"]) if n.startswith("finished")) == [
-            "finished_0", "finished_1"]
+    tune_jobs.run_two_rank_trials(tmp_path, max_concurrent_trials=2)
 
 
 def test_the_seed_spelling_with_a_trainer_inside(tmp_path):

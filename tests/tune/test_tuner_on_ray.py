@@ -73,16 +73,8 @@ def test_asha_on_ray_stops_the_worse_trials_early(tmp_path):
 
 def test_a_trial_of_two_processes_runs_over_ray_trainer(tmp_path):
     with small_ray():
-        results = tune.DistributedTuner(
-            tune_jobs.two_rank_sum, {"x": tune.choice([1.0, 2.0])}, num_samples=2,
-            processes_per_trial=2, max_concurrent_trials=1, local_dir=str(tmp_path),
-            points_to_evaluate=[{"x": 1.0}, {"x": 2.0}], backend="ray", verbose=False).tune()
-    assert [(row["state"], row["loss"]) for row in results] == [("COMPLETE", 3.0),
-                                                              ("COMPLETE", 6.0)]
-    for row in results:
-        assert row["last_report"] == {"loss": row["loss"], "world": 2.0}
-        assert sorted(n for n in os.listdir(row["dir"]) if n.startswith("finished")) == [
-            "finished_0", "finished_1"]
+        tune_jobs.run_two_rank_trials(tmp_path, max_concurrent_trials=1, backend="ray",
+                                      verbose=False)
 
 
 def test_a_trial_that_raises_fails_alone_on_ray(tmp_path):

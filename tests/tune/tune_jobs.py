@@ -1,6 +1,7 @@
 """The train functions the tuner tests hand to trial processes: importable there, so they live
 in a module. Each leaves ``pid_<rank>`` in its trial's directory (so a test can check that
-the processes are gone) and ``finished_<rank>`` when it ran to its end."""
+the processes are gone) and ``finished_<rank>`` when it ran to its end. ``run_two_rank_trials``
+is the run and check of two-process trials that both backends' tests share."""
 from __future__ import annotations
 
 import os
@@ -58,6 +59,21 @@ def two_rank_sum(config):
         dist.destroy_process_group()
     _mark("finished")
     return {"loss": float(share[0])}
+
+
+def run_two_rank_trials(tmp_path, **settings):
+    """Two trials of ``two_rank_sum`` (x = 1, then 2) of two processes each, checked: each is
+    one job whose loss is the sum over its ranks, and both of its ranks ran to their end."""
+    results = tune.DistributedTuner(
+        two_rank_sum, {"x": tune.choice([1.0, 2.0])}, num_samples=2, processes_per_trial=2,
+        local_dir=str(tmp_path), points_to_evaluate=[{"x": 1.0}, {"x": 2.0}], **settings).tune()
+    rows = [(row["state"], row["loss"]) for row in results]
+    assert rows == [("COMPLETE", 3.0), ("COMPLETE", 6.0)], rows
+    for row in results:
+        assert row["last_report"] == {"loss": row["loss"], "world": 2.0}, row
+        finished = sorted(n for n in os.listdir(row["dir"]) if n.startswith("finished"))
+        assert finished == ["finished_0", "finished_1"], (row, finished)
+    return results
 
 
 def digits_mlp(config):
