@@ -1,11 +1,12 @@
 """``Module``: the base of every layer, with registration of parameters, buffers and children
-(the state dict is in ``module_state``, the lookups by dotted name in ``module_lookup``)."""
+(the state dict is in ``module_state``, the lookups by dotted name in ``module_lookup``, the
+device and dtype conversions such as ``to`` in ``module_casting``)."""
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from ..core import Tensor
+from .module_casting import ModuleCasting
 from .module_lookup import ModuleLookups
 from .module_state import IncompatibleKeys, ModuleState
 from .parameter import Parameter
@@ -13,11 +14,7 @@ from .parameter import Parameter
 __all__ = ["IncompatibleKeys", "Module"]
 
 
-def _array_on(array: Any, device: Any) -> Any:
-    return Tensor(array, dtype=array.dtype, device=device).array
-
-
-class Module(ModuleLookups, ModuleState):
+class Module(ModuleLookups, ModuleState, ModuleCasting):
     """Base class: assign ``Parameter``s and ``Module``s as attributes and they are registered
     (in assignment order); define ``forward`` and call the module.
 
@@ -209,22 +206,6 @@ class Module(ModuleLookups, ModuleState):
 
     def eval(self) -> "Module":
         return self.train(False)
-
-    def to(self, device: Any) -> "Module":
-        """Move every parameter and buffer to ``device`` in place (parameters keep their
-        identity, so optimizers built before the move stay valid); returns self."""
-        for module in self.modules():
-            for param in module._parameters.values():
-                if param is not None:
-                    param.array = _array_on(param.array, device)
-                    if param.grad is not None:
-                        param.grad = _array_on(param.grad, device)
-            for name, buf in module._buffers.items():
-                if isinstance(buf, Tensor):
-                    buf.array = _array_on(buf.array, device)
-                elif buf is not None:
-                    module._store(module._buffers, name, _array_on(buf, device))
-        return self
 
     def apply(self, fn: Callable[["Module"], None]) -> "Module":
         """Call ``fn`` on every submodule (children first) and on self."""

@@ -23,7 +23,10 @@ The structure, as JSON:
 bool, "parameter": bool}``                            ``nn.Parameter``); ``.grad`` is not saved
 ====================================================  ==========================================
 
-Dtypes are kept exactly: bool, int8 to int64, uint8 to uint64, float16, float32, float64.
+Dtypes are kept exactly: bool, int8 to int64, uint8 to uint64, float16, float32, float64, and
+bfloat16 (``ml_dtypes``' dtype), written as its raw 16 bits under safetensors' own dtype name
+``BF16``, so torch's safetensors reads it as ``torch.bfloat16``; loading one without
+``ml_dtypes`` raises RuntimeError naming the extra ``neural-arch[bfloat16]``.
 Objects that appear twice are written twice and come back as two objects. Containers nest at
 most 100 deep.
 

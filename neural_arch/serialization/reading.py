@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..core.bfloat16 import BFLOAT16, MISSING_MESSAGE, is_bfloat16
 from .fileformat import (BLANK_DIGEST, DIGEST_FIELD, DIGEST_KEY, FORMAT_KEY, FORMAT_VERSION,
                          MAX_HEADER, METADATA_KEYS, STRUCTURE_KEY, damaged, not_ours)
 from .structure import parse_json, short
@@ -25,7 +26,8 @@ from .structure import parse_json, short
 _CHUNK = 16 * 2 ** 20  # a stream of unknown length is read this much at a time
 _MAX_DIMS = 32  # NumPy 1's limit
 _DTYPES = {"BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "U32": "<u4",
-           "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8"}
+           "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8",
+           "BF16": "<u2"}  # bfloat16: its 16 bits, read as ml_dtypes' bfloat16 (``_array``)
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 _HEX = frozenset("0123456789abcdef")
 # (offset of its first byte in the data, of the byte after its last, name, dtype, shape)
@@ -219,6 +221,11 @@ def _table(header: Dict[str, Any], name: str) -> Tuple[List[Entry], int]:
             raise damaged(name, f"{what} of dtype {kind} and shape {short(shape)} needs {size} "
                                 f"bytes, its data_offsets {short(offsets)} hold "
                                 f"{offsets[1] - offsets[0]}")
+        if kind == "BF16":
+            if BFLOAT16 is None:  # refused before its bytes are read
+                raise RuntimeError(f"load: {name} holds bfloat16 arrays ({what}); "
+                                   f"{MISSING_MESSAGE}")
+            dtype = BFLOAT16
         entries.append((offsets[0], offsets[1], key, dtype, tuple(shape)))
     entries.sort(key=lambda e: (e[0], e[1]))
     position = 0
@@ -250,6 +257,9 @@ def _digest_start(first: bytes, raw: bytes, metadata: Dict[str, str], name: str)
 
 def _array(buffer: bytearray, key: str, dtype: np.dtype, shape: Tuple[int, ...],
            name: str) -> np.ndarray:
+    if is_bfloat16(dtype):  # little-endian 16-bit patterns, in the machine's order, viewed
+        bits = np.frombuffer(buffer, dtype="<u2")
+        return bits.astype("=u2", copy=False).view(dtype).reshape(shape)
     array = np.frombuffer(buffer, dtype=dtype).reshape(shape)  # writable: a bytearray's
     if dtype.kind == "b" and buffer.count(0) + buffer.count(1) != len(buffer):
         raise damaged(name, f"its bool array {short(key)} holds bytes other than 0 and 1")

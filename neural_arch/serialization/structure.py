@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
+from ..core.bfloat16 import is_bfloat16
+from ..core.dtypes import is_floating
 from ..core.tensor import Tensor
 
 # Containers inside containers; a training snapshot nests about five deep. The bound keeps
@@ -57,13 +59,20 @@ def _parameter_type() -> Optional[type]:
     return None if module is None else module.Parameter
 
 
+def _savable(dtype: np.dtype) -> bool:
+    # bfloat16 (ml_dtypes' NumPy dtype, of kind "V") is written as safetensors' own BF16
+    return (dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize in _FLOAT_SIZES)
+            or is_bfloat16(dtype))
+
+
 def _host_array(array: Any, where: str) -> np.ndarray:
     if hasattr(array, "__cuda_array_interface__"):
         array = array.get()
     dtype = array.dtype
-    if dtype.kind not in "biuf" or (dtype.kind == "f" and dtype.itemsize not in _FLOAT_SIZES):
+    if not _savable(dtype):
         raise TypeError(f"save: {where} is an array of dtype {dtype}; save writes bool, int8 to "
-                        f"int64, uint8 to uint64, float16, float32 and float64 arrays")
+                        f"int64, uint8 to uint64, float16, bfloat16, float32 and float64 "
+                        f"arrays")
     if not dtype.isnative:
         array = array.astype(dtype.newbyteorder("="))
     return array if array.flags.c_contiguous else array.copy(order="C")  # keeps 0-d arrays
@@ -94,7 +103,7 @@ def encode(obj: Any, where: str, arrays: Dict[str, np.ndarray], open_ids: set,
     if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
         device = "cpu" if isinstance(obj, np.ndarray) else "cuda"
         return {"array": _add_array(obj, where, arrays), "device": device}
-    if isinstance(obj, np.generic) and obj.dtype.kind in "biuf":
+    if isinstance(obj, np.generic) and _savable(obj.dtype):
         return {"scalar": _add_array(np.asarray(obj), where, arrays)}
     if kind not in (list, tuple, dict, OrderedDict):
         raise TypeError(f"save: {where} is a {kind.__module__}.{kind.__qualname__}; save writes "
@@ -172,7 +181,7 @@ class Decoder:
         placed = self.place(array, node["device"])
         if kind == "array":
             return placed
-        if node["requires_grad"] and array.dtype.kind != "f":
+        if node["requires_grad"] and not is_floating(array.dtype):
             raise self.damaged(where, f"is a tensor of dtype {array.dtype} with requires_grad "
                                       f"true, which only floating tensors have")
         if node["parameter"]:
