@@ -11,7 +11,7 @@ set up and stepped as the ``Trainer`` does (``strategy.training_step``; ``strate
   the hidden share (explicit's wait minus overlap's, over the explicit step), and the ratio of
   the steps. Goal: overlap faster, by at least half the share hidden.
 - Bytes per step: the payload bytes each rank's transport sent in a step, counted on tcp
-  (``distributed.sent_bytes``; shm's collectives are no messages), beside the formula for Ψ
+  (``distributed.transports.sent_bytes``; shm's collectives are no messages), beside the formula for Ψ
   float32 parameters at world N: 2(N-1)/N·4Ψ for DDP (ring all-reduce), ZeRO-1 (reduce-scatter
   + all-gather) and FSDP stage 2, 3(N-1)/N·4Ψ for ZeRO-1 over DDP (``ZeroRedundancyOptimizer``)
   and FSDP stage 3; and each strategy's median step against DDP's, on shm and on tcp.

@@ -131,10 +131,10 @@ def time_overlap(job: Dict[str, Any]) -> Dict[str, Any]:
 
 # ----- bytes sent per step ---------------------------------------------------------------------
 def measure_traffic(name: str, job: Dict[str, Any]) -> Dict[str, Any]:
-    """Payload bytes this rank's transport sent per step (counted: ``sent_bytes``; 0 where the
+    """Payload bytes this rank's transport sent per step (counted: ``transports.sent_bytes``; 0 where the
     collectives are shared memory's own) and the median step; the most loaded rank's."""
     from neural_arch import distributed as dist
-    from neural_arch.distributed.sent_bytes import counting_sent_bytes
+    from neural_arch.distributed.transports.sent_bytes import counting_sent_bytes
     batch, loss_fn = _batch(job, dist.get_rank()), _loss_fn()
     strategy, _ = build(name, job)
     sent, steps = [], []

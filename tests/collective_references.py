@@ -112,7 +112,7 @@ def in_documented_order(parts: list, op, algorithm: str, bounds) -> "np.ndarray 
     if n == 1:
         out = parts[0].copy()
     elif algorithm == "shm_direct" and parts[0].dtype == np.float16 and ufunc is np.add:
-        # float16 sums in float32, the mean taken there, rounded once (reduction_kernels)
+        # float16 sums in float32, the mean taken there, rounded once (reductions.kernels)
         wide = fold([p.astype(np.float32) for p in parts], range(n), ufunc)
         if op is dist.ReduceOp.AVERAGE:
             wide /= np.float32(n)

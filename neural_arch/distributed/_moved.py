@@ -49,6 +49,9 @@ MOVED = {
     "heartbeat_monitors": "health.monitors",
     "mpi_heartbeat": "health.mpi_heartbeat",
     "preemption": "health.preemption",
+    "reduction_kernels": "reductions.kernels",
+    "compiled_sums": "reductions.compiled_sums",
+    "sent_bytes": "transports.sent_bytes",
 }
 
 # ``python -m`` an old name that is also a command runs the module doing that command, under

@@ -3,7 +3,8 @@
 Each call validates its arguments on the calling thread (errors name the offending values),
 takes the group's next sequence number, and runs the chosen algorithm on flat contiguous
 buffers, now or, with ``async_op=True``, on the group's queue. Tensors are changed in place and
-returned. ``src``/``dst`` are global ranks, as in PyTorch.
+returned. ``src``/``dst`` are global ranks, as in PyTorch. The collectives with a root rank
+(``reduce``, ``gather``, ``scatter``) are in ``rooted_collectives``, re-exported here.
 
 A synchronous all-reduce, broadcast or all-gather of a NumPy array on the default group, with
 no profiler attached, first asks for the plan its transport prepared for that shape
@@ -15,15 +16,16 @@ the general path must check, goes the general way.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
 from . import algorithms, profiler
-from .buffers import Flat, as_list, checked_array, same_layout, wrap_like
+from .buffers import Flat, checked_array, wrap_like
+from .collective_args import check_algorithm, tensor_list, usable_group
 from .group import world
-from .group.world import ProcessGroup, resolve_group
-from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op, finish_average
+from .group.world import ProcessGroup
+from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 from .transports.base import Fingerprint
 
 _ALL_REDUCE_NAMES = {op: f"all_reduce:{code}" for op, code in OP_CODE.items()}
@@ -44,42 +46,6 @@ def _names(dtype: np.dtype, op: ReduceOp) -> tuple:
     return names
 
 
-def _group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
-    pg = resolve_group(group)
-    pg.check_usable(op)
-    return pg
-
-
-def _check_algorithm(collective: str, algorithm: Optional[str]) -> None:
-    """Reject an unknown algorithm name now, on the caller's thread, not inside async work."""
-    if algorithm is not None:
-        algorithms.normalize(collective, algorithm)
-
-
-def _summing(op: ReduceOp) -> ReduceOp:
-    """The tree reduce adds; its AVERAGE is divided once at the end (``finish_average``).
-    ``all_reduce`` and ``reduce_scatter`` hand AVERAGE to the algorithm layer instead."""
-    return ReduceOp.SUM if op is ReduceOp.AVERAGE else op
-
-
-def _tensor_list(items: Any, what: str, ref: np.ndarray, size: int,
-                 writable: bool = True) -> list[np.ndarray]:
-    """The arrays of a per-rank list, checked against the group size and ``ref``'s layout."""
-    items = as_list(items, what)
-    if len(items) != size:
-        raise ValueError(f"{what} has {len(items)} entries but the group has {size} ranks")
-    arrays = [checked_array(x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]
-    for i, arr in enumerate(arrays):
-        same_layout(arr, ref, f"{what}[{i}]")
-    return arrays
-
-
-def _no_list_off_root(items: Any, what: str, pg: ProcessGroup, root_arg: str, root: int) -> None:
-    if items:
-        raise ValueError(f"{what} must be None on rank {pg.global_rank}: only the {root_arg} "
-                         f"rank {pg.ranks[root]} passes one")
-
-
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
                async_op: bool = False, algorithm: Optional[str] = None):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
@@ -95,10 +61,10 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
             pg.run_now(run, "all_reduce", fp.seq, tensor if tensor.ndim == 1
                        else tensor.reshape(-1), fp)
             return tensor
-    pg = _group(group, "all_reduce")
+    pg = usable_group(group, "all_reduce")
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
-    _check_algorithm("all_reduce", algorithm)
+    check_algorithm("all_reduce", algorithm)
     fp = pg.fingerprint(f"all_reduce:{OP_CODE[op]}", arr.dtype, arr.size)
 
     def run():
@@ -122,10 +88,10 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
             fp = pg.fingerprint(f"broadcast:{src}", tensor.dtype, tensor.size)
             pg.run_now(run, "broadcast", fp.seq, tensor.reshape(-1).view(np.uint8), fp)
             return tensor
-    pg = _group(group, "broadcast")
+    pg = usable_group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
     arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)
-    _check_algorithm("broadcast", algorithm)
+    check_algorithm("broadcast", algorithm)
     fp = pg.fingerprint(f"broadcast:{root}", arr.dtype, arr.size)
 
     def run():
@@ -137,30 +103,11 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     return pg.run(run, async_op, fp, "broadcast")
 
 
-def reduce(tensor: Any, dst: int = 0, op: Any = ReduceOp.SUM,
-           group: Optional[ProcessGroup] = None, async_op: bool = False):
-    """Reduce into ``tensor`` of rank ``dst``; other ranks' tensors are left unchanged."""
-    pg = _group(group, "reduce")
-    op = as_reduce_op(op)
-    root = pg.group_rank_of(dst, "dst")
-    arr = checked_array(tensor, "reduce tensor", op, writable=pg.rank == root)
-    fp = pg.fingerprint(f"reduce:{OP_CODE[op]}:{root}", arr.dtype, arr.size)
-
-    def run():
-        flat = Flat(arr)
-        algorithms.reduce(pg.transport, flat.buf, root, _summing(op), fp)
-        if pg.rank == root:
-            finish_average(flat.buf, op, pg.size)
-            flat.commit()
-        return tensor
-    return pg.run(run, async_op, fp, "reduce")
-
-
 def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
                group: Optional[ProcessGroup] = None, async_op: bool = False,
                algorithm: Optional[str] = None):
     """``all_gather(tensor) -> list`` or PyTorch's ``all_gather(tensor_list, tensor)``."""
-    pg = _group(group, "all_gather")
+    pg = usable_group(group, "all_gather")
     if tensor is None:
         if isinstance(tensor_list_or_tensor, (list, tuple)):
             raise TypeError("all_gather(tensor_list, tensor) needs the tensor to send; "
@@ -170,8 +117,8 @@ def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
         source = tensor
     arr = checked_array(source, "all_gather tensor")
     if tensor is not None:
-        outputs = _tensor_list(tensor_list_or_tensor, "all_gather tensor_list", arr, pg.size)
-    _check_algorithm("all_gather", algorithm)
+        outputs = tensor_list(tensor_list_or_tensor, "all_gather tensor_list", arr, pg.size)
+    check_algorithm("all_gather", algorithm)
     fp = pg.fingerprint("all_gather", arr.dtype, arr.size)
 
     def run():
@@ -202,13 +149,13 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
             pg.run_now(run, "all_gather_into_tensor", fp.seq, src.reshape(-1), out.reshape(-1),
                        fp)
             return out
-    pg = _group(group, "all_gather_into_tensor")
+    pg = usable_group(group, "all_gather_into_tensor")
     src = checked_array(input_tensor, "all_gather_into_tensor input")
     out = checked_array(output_tensor, "all_gather_into_tensor output", writable=True)
     if out.dtype != src.dtype or out.size != pg.size * src.size:
         raise ValueError(f"all_gather_into_tensor output must hold {pg.size} x {src.size} "
                          f"elements of {src.dtype}, got shape {out.shape} of {out.dtype}")
-    _check_algorithm("all_gather", algorithm)
+    check_algorithm("all_gather", algorithm)
     fp = pg.fingerprint("all_gather", src.dtype, src.size)
 
     def run():
@@ -221,7 +168,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
 
 def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.ndarray,
                          op: ReduceOp, async_op: bool, result: Any, algorithm: Optional[str]):
-    _check_algorithm("reduce_scatter", algorithm)
+    check_algorithm("reduce_scatter", algorithm)
     fp = pg.fingerprint(f"reduce_scatter:{OP_CODE[op]}", out.dtype, sum(a.size for a in inputs))
 
     def run():
@@ -239,7 +186,7 @@ def reduce_scatter(output: Any, input_list: Any = None, op: Any = ReduceOp.SUM,
                    algorithm: Optional[str] = None):
     """``reduce_scatter(tensor, op) -> this rank's chunk`` (split along the first dimension),
     or PyTorch's ``reduce_scatter(output, input_list, op)`` filling ``output``."""
-    pg = _group(group, "reduce_scatter")
+    pg = usable_group(group, "reduce_scatter")
     if input_list is None or isinstance(input_list, (ReduceOp, str)):
         op = as_reduce_op(op if input_list is None else input_list)
         arr = checked_array(output, "reduce_scatter tensor", op)
@@ -252,7 +199,7 @@ def reduce_scatter(output: Any, input_list: Any = None, op: Any = ReduceOp.SUM,
                                     lambda: wrap_like(output, chunk), algorithm)
     op = as_reduce_op(op)
     out = checked_array(output, "reduce_scatter output", op, writable=True)
-    inputs = _tensor_list(input_list, "reduce_scatter input_list", out, pg.size, False)
+    inputs = tensor_list(input_list, "reduce_scatter input_list", out, pg.size, False)
     return _reduce_scatter_flat(pg, inputs, out, op, async_op, output, algorithm)
 
 
@@ -260,7 +207,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
                           group: Optional[ProcessGroup] = None, async_op: bool = False,
                           algorithm: Optional[str] = None):
     """PyTorch's tensor form: ``input`` holds group size x ``output`` elements."""
-    pg = _group(group, "reduce_scatter")
+    pg = usable_group(group, "reduce_scatter")
     op = as_reduce_op(op)
     out = checked_array(output, "reduce_scatter_tensor output", op, writable=True)
     src = checked_array(input, "reduce_scatter_tensor input", op)
@@ -270,64 +217,11 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
     return _reduce_scatter_flat(pg, [src], out, op, async_op, output, algorithm)
 
 
-def gather(tensor: Any, gather_list: Optional[list] = None, dst: int = 0,
-           group: Optional[ProcessGroup] = None, async_op: bool = False):
-    """Rank ``dst`` gets every rank's ``tensor``: into ``gather_list``, or a new list it returns.
-    Other ranks return None."""
-    pg = _group(group, "gather")
-    root = pg.group_rank_of(dst, "dst")
-    arr = checked_array(tensor, "gather tensor")
-    outputs = None
-    if pg.rank == root and gather_list is not None:
-        outputs = _tensor_list(gather_list, "gather_list", arr, pg.size)
-    elif pg.rank != root:
-        _no_list_off_root(gather_list, "gather_list", pg, "dst", root)
-    fp = pg.fingerprint(f"gather:{root}", arr.dtype, arr.size)
-
-    def run():
-        is_root = pg.rank == root
-        collected = np.empty(pg.size * arr.size, dtype=arr.dtype) if is_root else None
-        algorithms.gather(pg.transport, Flat(arr).buf, collected, root, fp)
-        if not is_root:
-            return None
-        blocks = collected.reshape(pg.size, *arr.shape)
-        if outputs is None:
-            return [wrap_like(tensor, block) for block in blocks]
-        for out, block in zip(outputs, blocks):
-            out[...] = block.reshape(out.shape)
-        return gather_list
-    return pg.run(run, async_op, fp, "gather")
-
-
-def scatter(tensor: Any, scatter_list: Optional[Sequence] = None, src: int = 0,
-            group: Optional[ProcessGroup] = None, async_op: bool = False):
-    """``tensor`` of rank r gets ``scatter_list[r]`` of rank ``src``; returns ``tensor``."""
-    pg = _group(group, "scatter")
-    root = pg.group_rank_of(src, "src")
-    arr = checked_array(tensor, "scatter tensor", writable=True)
-    inputs = None
-    if pg.rank == root:
-        if scatter_list is None:
-            raise ValueError(f"scatter needs scatter_list on the src rank {src}")
-        inputs = _tensor_list(scatter_list, "scatter_list", arr, pg.size, False)
-    else:
-        _no_list_off_root(scatter_list, "scatter_list", pg, "src", root)
-    fp = pg.fingerprint(f"scatter:{root}", arr.dtype, arr.size)
-
-    def run():
-        send = np.concatenate([Flat(a).buf for a in inputs]) if inputs is not None else None
-        flat = Flat(arr)
-        algorithms.scatter(pg.transport, send, flat.buf, root, fp)
-        flat.commit()
-        return tensor
-    return pg.run(run, async_op, fp, "scatter")
-
-
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
             device_ids: Any = None, algorithm: Optional[str] = None):
     """Return only once every rank of the group has entered the barrier."""
-    pg = _group(group, "barrier")
-    _check_algorithm("barrier", algorithm)
+    pg = usable_group(group, "barrier")
+    check_algorithm("barrier", algorithm)
     fp = pg.fingerprint("barrier", np.uint8, 0)
 
     def run() -> None:
@@ -335,11 +229,12 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     return pg.run(run, async_op, fp, "barrier")
 
 
-# The object tier and point-to-point live in modules of their own; re-exported so
-# ``collectives`` holds the whole API.
+# The rooted collectives, the object tier and point-to-point live in modules of their own;
+# re-exported so ``collectives`` holds the whole API.
 from .object_collectives import (all_gather_object, broadcast_object_list,  # noqa: E402
                                  gather_object)
 from .point_to_point import recv, send  # noqa: E402
+from .rooted_collectives import gather, reduce, scatter  # noqa: E402
 
 __all__ = ["all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
            "broadcast", "broadcast_object_list", "gather", "gather_object", "recv", "reduce",

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from .reduction_kernels import add_halves, divide_halves
+from .reductions.kernels import add_halves, divide_halves
 
 
 class ReduceOp(Enum):
@@ -60,7 +60,7 @@ def reduce_into(acc: np.ndarray, other: np.ndarray, op: ReduceOp) -> None:
 
 def combiner(op: ReduceOp, dtype: np.dtype) -> Callable[..., Any]:
     """What adds two vectors for ``op`` (called as ``combine(x, y, out=out)``): the ufunc, or
-    for a float16 sum the compiled loop with NumPy's bits (``reduction_kernels``), since
+    for a float16 sum the compiled loop with NumPy's bits (``reductions.kernels``), since
     NumPy adds float16 one element at a time."""
     if dtype == np.float16 and _UFUNC[op] is np.add:
         return add_halves

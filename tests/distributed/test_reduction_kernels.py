@@ -1,4 +1,4 @@
-"""The reduction loops of ``reduction_kernels``: float16 sums accumulated in float32 and rounded
+"""The reduction loops of ``reductions.kernels``: float16 sums accumulated in float32 and rounded
 once, the casts, and the two-rank mean, in their compiled and NumPy forms, against NumPy
 references computed the documented way."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from neural_arch.backends import numba_backend
-from neural_arch.distributed import reduction_kernels as rk
+from neural_arch.distributed.reductions import kernels as rk
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ the algorithm makes of it on the wire (a ring all-reduce sends about twice that)
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from .. import collectives
 from ..group.process_group import ProcessGroup
 from ..group.world import resolve_group
 from ..reduce_ops import ReduceOp
-from ..reduction_kernels import to_float16, to_float32
+from ..reductions.kernels import to_float16, to_float32
 from ..work import Future
 from .bucket import GradBucket
 
@@ -98,10 +98,13 @@ def fp16_compress_hook(state: Any, bucket: GradBucket) -> Future:
     """Average a float16 copy (half the bytes of float32), written back in the bucket's dtype.
 
     Values round to float16 (about 3 significant digits). The collectives add float16 in
-    float32 (``reduction_kernels``): shared memory sums all ranks there and rounds the mean
+    float32 (``reductions.kernels``): shared memory sums all ranks there and rounds the mean
     once; the ring and recursive doubling round each partial sum to float16, so a partial sum
     beyond float16's range (65504) becomes inf there. The casts and sums are compiled (Numba):
     NumPy converts and adds float16 one element at a time.
+
+    DDP runs this hook on a float32 or float64 bucket without its casts: it packs such a
+    bucket straight into float16 and unpacks from it (``packed_form``), with the same bits.
     """
     flat = bucket.buffer()
     if flat.dtype == np.float16:
@@ -118,3 +121,18 @@ def fp16_compress_hook(state: Any, bucket: GradBucket) -> Future:
             np.copyto(flat, future.value())
         return flat
     return sent.then(decompress)
+
+
+# hook -> (the dtype of the copy it averages, the hook that averages a bucket already in it)
+_PACKED_FORMS = {fp16_compress_hook: (np.dtype(np.float16), allreduce_hook)}
+
+
+def packed_form(hook: Any) -> Optional[Tuple[np.dtype, Callable[[Any, GradBucket], Future]]]:
+    """For a hook whose result is the average of a copy of the bucket in a narrower dtype
+    (``fp16_compress_hook``): that dtype, and the hook to run on a bucket that holds the copy
+    already. DDP then packs the gradients straight into that dtype and widens the average
+    while unpacking it, instead of two casts over a bucket of its own. None for other hooks."""
+    try:
+        return _PACKED_FORMS.get(hook)
+    except TypeError:  # an unhashable callable
+        return None

@@ -14,7 +14,8 @@ Mixed precision (``mixed_precision=True``): float16 compute, float32 master weig
 - ``forward`` casts the weights to float16 for the duration of the call (each parameter's
   ``.array`` is a float16 copy while the module runs, and is the master again afterwards), and
   casts floating inputs to float16, so the whole model computes in float16. Floating outputs
-  come back as float32, so the loss and its softmax are computed in float32.
+  come back as float32, so the loss and its softmax are computed in float32
+  (``half_precision``).
 - Backward runs through the float16 graph; each gradient lands on its parameter as float32
   (the engine stores a leaf's gradient in the leaf's dtype), so micro-batches accumulate in
   float32. DDP's float16 compression all-reduces them as float16, half the bytes.
@@ -57,31 +58,14 @@ from ..profiler import CommunicationProfiler
 from ..reduce_ops import ReduceOp
 from ..tensor_parallel.clip_grad import grad_norm, norm_parameters
 from .data_parallel import DistributedDataParallel
+from .half_precision import forward_in_float16, overflow_expected
 from .loss_scaler import LossScaler
+from .stage_optimizer import optimizer_for_stage
 from .training_config import DistributedTrainingConfig
 from .zero_sync import ReduceScatterSync
 
 _LOG = logging.getLogger(__name__)
 _FSDP_STRATEGY = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}  # the stages FSDP implements
-
-
-def _overflow_expected() -> np.errstate:
-    """Float16 overflow is expected under loss scaling (the step is skipped and the scale
-    shrinks), not something for NumPy to warn about."""
-    return np.errstate(over="ignore", invalid="ignore")
-
-
-def _cast_floats(value: Any, dtype: Any) -> Any:
-    """``value`` with every floating Tensor/array (also inside tuples, lists, dicts) cast."""
-    if isinstance(value, Tensor):
-        return value.astype(dtype) if value.dtype.kind == "f" else value
-    if hasattr(value, "dtype") and hasattr(value, "astype"):
-        return value.astype(dtype) if value.dtype.kind == "f" else value
-    if isinstance(value, (tuple, list)):
-        return type(value)(_cast_floats(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast_floats(v, dtype) for k, v in value.items()}
-    return value
 
 
 class AdvancedDistributedDataParallel(Module):
@@ -160,17 +144,7 @@ class AdvancedDistributedDataParallel(Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self._mixed or self._sharded:  # FSDP casts for itself
             return self._ddp(*args, **kwargs)
-        masters = [(p, p.array) for p in self.module.parameters() if p.array.dtype.kind == "f"]
-        try:
-            for p, master in masters:
-                p.array = master.astype(np.float16)
-            with _overflow_expected():
-                out = self._ddp(*_cast_floats(args, np.float16),
-                                **_cast_floats(kwargs, np.float16))
-        finally:
-            for p, master in masters:
-                p.array = master
-        return _cast_floats(out, np.float32)
+        return forward_in_float16(self.module, self._ddp, *args, **kwargs)
 
     def wrap_optimizer(self, optimizer: Any, **defaults: Any) -> Optimizer:
         """The optimizer to pass to ``backward_step``: with ``zero_stage=1`` a
@@ -178,32 +152,11 @@ class AdvancedDistributedDataParallel(Module):
         ``self.parameters()`` (at zero_stage 2/3 the shards). ``optimizer`` is an ``Optimizer``
         class (built with ``defaults``) or an optimizer that has not stepped yet (rebuilt with
         its class, groups and defaults where it must be)."""
-        stage = self.config.zero_stage
-        if isinstance(optimizer, Optimizer):
-            if defaults:
-                raise TypeError(f"wrap_optimizer: pass options only with an optimizer class, "
-                                f"got an optimizer instance and {sorted(defaults)}")
-            ours = {id(p) for p in self.parameters()}
-            theirs = [p for g in optimizer.param_groups for p in g["params"]]
-            if stage != 1 and all(id(p) in ours for p in theirs):
-                return optimizer
-            if stage != 1:
-                raise ValueError(f"wrap_optimizer: at zero_stage={stage} the optimizer must hold "
-                                 f"this wrapper's parameters() (the shards), not the model's; "
-                                 f"pass the optimizer class instead")
-            if len(optimizer.state):
-                raise ValueError(f"wrap_optimizer: the {type(optimizer).__name__} already holds "
-                                 f"state for {len(optimizer.state)} parameters; wrap it before "
-                                 f"its first step")
-            optimizer_class, params = type(optimizer), optimizer.param_groups
-            defaults = dict(optimizer.defaults)
-        elif isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
-            optimizer_class, params = optimizer, list(self.parameters())
-            if stage != 1:
-                return optimizer_class(params, **defaults)
-        else:
-            raise TypeError(f"wrap_optimizer needs an Optimizer class or instance, got "
-                            f"{optimizer!r}")
+        return optimizer_for_stage(optimizer, defaults, self.config.zero_stage,
+                                   list(self.parameters()), self._zero_optimizer)
+
+    def _zero_optimizer(self, optimizer_class: type, params: Any,
+                        defaults: Dict[str, Any]) -> Optimizer:
         if self._reduce_scatter:
             zero = ReduceScatterZeroOptimizer(params, optimizer_class, process_group=self._group,
                                               **defaults)
@@ -288,7 +241,7 @@ class AdvancedDistributedDataParallel(Module):
         return True
 
     def _quiet(self) -> Any:
-        return _overflow_expected() if self._mixed else contextlib.nullcontext()
+        return overflow_expected() if self._mixed else contextlib.nullcontext()
 
     def _agree_on_overflow(self, bad_here: bool) -> bool:
         """True on every rank when any rank saw inf/NaN, so that all skip the same steps."""

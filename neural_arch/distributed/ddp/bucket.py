@@ -17,15 +17,17 @@ from typing import Any, Dict, Iterator, Sequence
 
 import numpy as np
 
-from ..buffers import copy_into_host
+from .wire import pack_gradient
 
 
 class Bucket:
-    """A flat buffer holding the gradients of a few parameters of one dtype, back to back."""
+    """A flat buffer holding the gradients of a few parameters of one dtype, back to back;
+    under a hook that averages a float16 copy, the flat is that copy (see ``wire``)."""
 
     def __init__(self, index: int, params: list, flat: np.ndarray) -> None:
         self.index = index
         self.params = params
+        self.dtype = np.dtype(params[0].array.dtype) if params else flat.dtype
         sizes = [p.array.size for p in params]
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
         self.flat = flat  # from the bucket storage: private, or this rank's shared copy
@@ -45,7 +47,8 @@ class Bucket:
                 view[...] = 0
             else:
                 self.used[i] = True
-                copy_into_host(view, p.grad)  # GPU gradients are staged through the bucket
+                # GPU gradients are staged through the bucket; a float16 wire casts here
+                pack_gradient(view, p.grad, self.dtype)
 
     def on_host(self) -> bool:
         """Whether every gradient is a host NumPy array (what another thread may copy)."""

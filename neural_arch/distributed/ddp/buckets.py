@@ -9,7 +9,7 @@ shared segment.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -18,6 +18,24 @@ from ..buffers import copy_from_host
 from ..group.world import ProcessGroup, resolve_group
 from ..reduce_ops import ReduceOp
 from .shared_buckets import SharedBucketArena, SharedBucketsUnavailable, Spec
+from .wire import unpack_gradient
+
+
+def group_parameters(params: Sequence, cap_bytes: int) -> List[Tuple[list, np.dtype]]:
+    """DDP's buckets: ``(parameters, dtype)`` each, one dtype per bucket, filled in reverse
+    registration order (roughly the order backward produces the gradients) until a bucket
+    holds at least ``cap_bytes``; then the unfilled ones, one per dtype."""
+    groups: List[Tuple[list, np.dtype]] = []
+    current: Dict[np.dtype, list] = {}
+    sizes: Dict[np.dtype, int] = {}
+    for p in reversed(list(params)):
+        dt = p.array.dtype
+        current.setdefault(dt, []).append(p)
+        sizes[dt] = sizes.get(dt, 0) + p.array.nbytes
+        if sizes[dt] >= cap_bytes:
+            groups.append((current.pop(dt), dt))
+            sizes[dt] = 0
+    return groups + [(group, dt) for dt, group in current.items()]
 
 
 class PrivateBuckets:
@@ -37,15 +55,27 @@ class PrivateBuckets:
                  grads_as_views: bool = False) -> None:
         self._group = pg
         self.flats = [np.zeros(n, dtype=dt) for n, dt in specs]
+        self._dtypes = [np.dtype(dt) for _, dt in specs]  # the parameters' (a wire may differ)
         # PyTorch's gradient_as_bucket_view: unpacking points ``.grad`` at the bucket instead
         # of copying into it, so the gradients take no memory besides the buckets.
         self._grads_as_views = grads_as_views
         self._hook: Optional[Callable[[int, np.ndarray], Any]] = None
         self._futures: List[Any] = [None] * len(self.flats)  # the hook's, per bucket
 
-    def use_comm_hook(self, run: Callable[[int, np.ndarray], Any]) -> None:
+    def use_comm_hook(self, run: Callable[[int, np.ndarray], Any],
+                      wires: Optional[Sequence[Optional[np.dtype]]] = None) -> None:
         """From now on ``run(index, flat)`` averages a bucket: it returns a future (``wait()``
-        gives an array of the bucket's size: the average, or an approximation of it)."""
+        gives an array of the bucket's size: the average, or an approximation of it).
+        ``wires[index]``, where not None, is the dtype bucket ``index`` holds from now on
+        instead of its parameters': DDP packs into it and unpacks from it, casting (``wire``),
+        and ``run`` gets the bucket in that dtype."""
+        wires = list(wires or [])
+        if self._grads_as_views and any(w is not None for w in wires):
+            raise ValueError("gradient_as_bucket_view=True needs buckets of the parameters' "
+                             f"dtype, got wire dtypes {wires}")
+        for index, wire in enumerate(wires):
+            if wire is not None and np.dtype(wire) != self.flats[index].dtype:
+                self.flats[index] = np.zeros(self.flats[index].size, dtype=wire)
         self._hook = run
 
     def acquire(self) -> None:
@@ -67,12 +97,14 @@ class PrivateBuckets:
     def unpack(self, index: int, params: Sequence, offsets: Sequence[int],
                keep: Optional[np.ndarray] = None) -> None:
         """Copy the averaged bucket into ``params[j].grad`` (None where ``keep[j]`` is False)."""
-        flat = self.flats[index]
+        flat, dtype = self.flats[index], self._dtypes[index]
         if self._hook is not None:
             self._take_result(index, flat)
         for j, param in enumerate(params):
             if keep is not None and not keep[j]:
                 param.grad = None
+            elif flat.dtype != dtype:  # a narrower wire: widened while copied out
+                param.grad = unpack_gradient(flat[offsets[j]:offsets[j + 1]], param, dtype)
             else:
                 view = flat[offsets[j]:offsets[j + 1]].reshape(param.array.shape)
                 if self._grads_as_views and type(param.array) is np.ndarray:

@@ -16,6 +16,7 @@ Two ways to synchronise:
 - explicit (``auto_sync=False``): call ``sync_gradients()`` after ``loss.backward()``. A
   forward or a second backward after gradients that were never synchronised (outside
   ``no_sync()``) raises instead of letting the replicas drift apart.
+Both are ``step_sync``'s, mixed into the class here.
 
 Bucket storage comes from ``buckets.bucket_storage``, private or shared behind one interface:
 on the whole world of an ``shm`` transport the buckets live in shared memory
@@ -27,53 +28,33 @@ and nothing is copied in or out of a workspace.
 top-k). The hook plugs into the storage's ``all_reduce``/``unpack``, so the buckets are packed,
 launched during backward and unpacked exactly as without one; only private buckets can host
 it (a hook runs collectives of its own), so shared ones are given up when a hook is registered.
-``gradient_compression=True`` registers ``fp16_compress_hook``.
+``gradient_compression=True`` registers ``fp16_compress_hook``; under it a float32 bucket is
+packed straight into float16 and unpacked from it (``hook_plan``, ``wire``), with the hook's
+bits and no casting passes of its own.
 
 ``naive.py`` holds the idea in its simplest form (one all-reduce per parameter).
 """
 from __future__ import annotations
 
 import contextlib
-import time
-import weakref
 import zlib
 from typing import Any, Callable, Dict, List, Optional
 
-import numpy as np
-
-from ...core import autograd
 from ...nn import Module
-from .. import collectives, object_collectives
-from ..comm_hooks.bucket import GradBucket
+from .. import object_collectives
 from ..comm_hooks.default_hooks import fp16_compress_hook
 from ..group.world import get_world_size, is_initialized, resolve_group
-from ..reduce_ops import ReduceOp
 from ..replicas import broadcast_module_state, check_replicas_agree
-from .bucket import Bucket, SyncTimes
-from .buckets import bucket_storage
+from .bucket import Bucket
+from .buckets import bucket_storage, group_parameters
+from .hook_plan import HookPlan
+from .step_sync import StepSync
 
 
 _FP16 = "gradient_compression=True (the float16 communication hook)"
 
 
-def _weak_hook(ddp: "DistributedDataParallel"):
-    """The gradient hook, holding DDP weakly: parameters outlive a wrapper that was dropped
-    (re-wrapped, say), and a dropped one must neither be kept alive nor keep syncing."""
-    ref = weakref.ref(ddp)
-
-    def hook(param) -> None:
-        owner = ref()
-        if owner is not None:
-            owner._grad_ready(param)
-    return hook
-
-
-def _remove_all(handles) -> None:
-    for handle in handles:
-        handle.remove()
-
-
-class DistributedDataParallel(Module):
+class DistributedDataParallel(StepSync, Module):
     """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model.
 
     ``shared_buckets``: None (default) keeps the buckets in shared memory whenever the group
@@ -124,18 +105,7 @@ class DistributedDataParallel(Module):
         self.shared_buckets = self._storage.shared  # averaged in one shared segment
         if gradient_compression:
             self.register_comm_hook(group, fp16_compress_hook)
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
-        self._next_launch = 0
-        self._backward = None   # the backward the hooks last saw (autograd.current_backward)
-        self._averaged = False  # the last backward's callback averaged the gradients
-        self._unsynced = None   # explicit mode: (count, first name) of gradients never synced
-        self._fresh = 0         # gradients this backward produced outside no_sync()
-        self._first_fresh = "?"
-        self._sync_times = SyncTimes()
-        # Also in explicit mode: there the hooks only watch for a forgotten sync_gradients().
-        self._hook_handles = [p.register_post_accumulate_grad_hook(_weak_hook(self))
-                              for p in self._params]
-        weakref.finalize(self, _remove_all, list(self._hook_handles))
+        self._start_watching_backward()
 
     # -- construction ---------------------------------------------------------------------
     def _check_replicas_agree(self) -> None:
@@ -145,17 +115,7 @@ class DistributedDataParallel(Module):
         broadcast_module_state(self.module, self._group, self.broadcast_buffers)
 
     def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[Bucket]:
-        groups: List[tuple] = []
-        current: Dict[np.dtype, list] = {}
-        sizes: Dict[np.dtype, int] = {}
-        for p in reversed(self._params):
-            dt = p.array.dtype
-            current.setdefault(dt, []).append(p)
-            sizes[dt] = sizes.get(dt, 0) + p.array.nbytes
-            if sizes[dt] >= cap_bytes:
-                groups.append((current.pop(dt), dt))
-                sizes[dt] = 0
-        groups += [(params, dt) for dt, params in current.items()]
+        groups = group_parameters(self._params, cap_bytes)
         self._specs = [(sum(p.array.size for p in params), dt) for params, dt in groups]
         hook = _FP16 if self.gradient_compression else None
         self._storage = bucket_storage(self._group, self._specs, shared, hook,
@@ -192,13 +152,9 @@ class DistributedDataParallel(Module):
             self._use_storage(bucket_storage(self._group, self._specs, False, name,
                                              self.gradient_as_bucket_view))
         self._hook_name = name
-        buckets = self._buckets  # not self: the storage must not keep the wrapper alive
-
-        def run(index: int, flat: np.ndarray):
-            b = buckets[index]
-            return hook(state, GradBucket(index, flat, b.params, b.offsets,
-                                          index == len(buckets) - 1))
-        self._storage.use_comm_hook(run)
+        plan = HookPlan(state, hook, self._buckets, self.gradient_as_bucket_view)
+        self._storage.use_comm_hook(plan, plan.wires)
+        self._use_storage(self._storage)  # the buckets' flats may be float16 copies now
 
     def _use_storage(self, storage) -> None:
         self._storage = storage
@@ -222,77 +178,6 @@ class DistributedDataParallel(Module):
         finally:
             self._sync_enabled = previous
 
-    def _grad_ready(self, param) -> None:
-        backward = autograd.current_backward()
-        if backward != self._backward:  # the first gradient of a new backward
-            self._backward = backward
-            self._started = True
-            self._begin_backward()
-        if not self._sync_enabled:
-            return
-        if not self._fresh:  # a name, not the Parameter: Module would register that as ours
-            self._first_fresh = self._names.get(id(param), "?")
-        self._fresh += 1
-        if not self.auto_sync or self._world == 1:
-            return
-        self._bucket_of[id(param)].ready += 1
-        # Launch in bucket order so every rank issues the same collectives in the same order.
-        while (self._next_launch < len(self._buckets)
-               and self._buckets[self._next_launch].ready == len(self._buckets[self._next_launch].params)):
-            self._launch(self._buckets[self._next_launch])
-            self._next_launch += 1
-
-    def _begin_backward(self) -> None:
-        if self._unsynced is not None:
-            raise RuntimeError(self._forgotten("a second backward()"))
-        self._averaged = False
-        self._reset()  # also drops what a backward that failed halfway left behind
-        if self._sync_enabled:
-            self._fresh = 0
-            autograd.queue_callback(self._end_of_backward)
-
-    def _end_of_backward(self) -> None:
-        """Queued by the first hook of a backward outside ``no_sync()``; runs after its last
-        node. Buckets none of whose gradients arrived (unused parameters) are launched here,
-        so every rank runs the same collectives."""
-        if not self.auto_sync:
-            if self._fresh:
-                self._unsynced = (self._fresh, self._first_fresh)
-            return
-        self._average()
-        self._averaged = True
-
-    def _forgotten(self, what: str) -> str:
-        count, first = self._unsynced
-        return (f"DistributedDataParallel(auto_sync=False): {what} after a backward() whose "
-                f"gradients ({count} parameters, the first {first!r}) were never averaged over the "
-                f"{self._world} ranks, so the replicas would drift apart: call sync_gradients() "
-                "after loss.backward(), run that backward inside no_sync() to accumulate, or "
-                "leave auto_sync at its default (True) to average during backward()")
-
-    def _launch(self, bucket: Bucket) -> None:
-        if self.auto_sync and self._storage.copies_on_queue and bucket.on_host():
-            # Launched by the hooks, its gradients are final: the queue's thread packs,
-            # averages and unpacks it while backward goes on. On backward's thread the copies,
-            # most of an shm all-reduce, would only move from after backward into it. (A
-            # bucket with a gradient missing is not on_host: packed and unpacked here.)
-            bucket.used[:] = True
-            bucket.work = self._storage.all_reduce(bucket.index, bucket)
-            bucket.unpacked = True
-            return
-        self._storage.acquire()  # shared buckets: peers no longer read the last sync's results
-        bucket.pack()
-        self._check_unused(bucket)
-        bucket.work = self._storage.all_reduce(bucket.index)
-
-    def _check_unused(self, bucket: Bucket) -> None:
-        if self.find_unused_parameters or bucket.used.all():
-            return
-        names = [self._names.get(id(p), "?") for p, u in zip(bucket.params, bucket.used) if not u]
-        raise RuntimeError(
-            f"DistributedDataParallel: parameters received no gradient this step: {names}. "
-            "Make every parameter take part in the loss, or pass find_unused_parameters=True")
-
     def sync_gradients(self) -> None:
         """Average every parameter's gradient over the group. After a backward that already
         averaged them (automatic mode) this does nothing; inside ``no_sync()`` neither."""
@@ -301,52 +186,12 @@ class DistributedDataParallel(Module):
         self._average()
         self._unsynced = None
 
-    def _average(self) -> None:
-        """Launch the buckets not launched yet, wait for all, unpack the averages."""
-        self._started = True
-        if self._world == 1:
-            self._reset()
-            return
-        arrived = time.perf_counter()
-        try:
-            for bucket in self._buckets:
-                if bucket.work is None:
-                    self._launch(bucket)
-            for bucket in self._buckets:
-                bucket.work.wait()
-            used = self._globally_used() if self.find_unused_parameters else None
-            start = 0
-            for bucket in self._buckets:
-                n = len(bucket.params)
-                # a bucket unpacked on the queue had every gradient here: all of them are kept
-                if not bucket.unpacked:
-                    keep = None if used is None else used[start:start + n]
-                    self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
-                start += n
-            self._storage.release()
-            self._sync_times.record(arrived, [b.work for b in self._buckets])
-        finally:
-            self._reset()
-
     def comm_stats(self) -> Dict[str, float]:
         """Seconds of gradient communication over all syncs so far: ``waited_s`` (what the
         thread that ran backward spent in syncs: after backward with overlap, the whole
         ``sync_gradients()`` without), ``hidden_s`` (what the communication thread spent on
         the buckets while backward still computed) and ``syncs``. See ``bucket``."""
         return self._sync_times.as_dict()
-
-    def _globally_used(self) -> np.ndarray:
-        """Which parameters got a gradient on at least one rank (PyTorch leaves the rest None)."""
-        used = np.concatenate([b.used for b in self._buckets]).astype(np.int32)
-        collectives.all_reduce(used, ReduceOp.MAX, group=self._group)
-        return used.astype(bool)
-
-    def _reset(self) -> None:
-        self._next_launch = 0
-        for bucket in self._buckets:
-            bucket.ready = 0
-            bucket.work = None
-            bucket.unpacked = False
 
     def __repr__(self) -> str:
         return (f"DistributedDataParallel(world_size={self._world}, buckets={len(self._buckets)}, "

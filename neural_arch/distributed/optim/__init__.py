@@ -6,7 +6,7 @@ optimizer, ``sharding`` how the parameters are split and how the updated shares 
 back. ``ReduceScatterZeroOptimizer`` (``reduce_scatter_zero``, the ``"zero1"`` strategy's) is
 ZeRO-1 without DDP: it reduce-scatters the gradients over contiguous flat shards
 (``flat_shards``) and all-gathers the updated shards, 2(N-1)/N of the model per step instead
-of 3(N-1)/N.
+of 3(N-1)/N. Both first check that every rank passed the same parameters (``same_parameters``).
 """
 from __future__ import annotations
 

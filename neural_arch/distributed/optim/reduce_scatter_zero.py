@@ -32,6 +32,7 @@ from ...optim import Optimizer
 from .. import collectives
 from ..group import resolve_group
 from .flat_shards import FlatShards, is_elementwise
+from .same_parameters import check_same_parameters
 
 
 class ReduceScatterZeroOptimizer(Optimizer):
@@ -74,15 +75,8 @@ class ReduceScatterZeroOptimizer(Optimizer):
         return {k: v for k, v in group.items() if k != "params"}
 
     def _check_replicas_agree(self) -> None:
-        mine = [[(tuple(p.array.shape), str(p.array.dtype)) for p in g["params"]]
-                for g in self.param_groups]
-        everyone = collectives.all_gather_object(mine, group=self.process_group)
-        differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-        if differ:
-            raise ValueError(f"ReduceScatterZeroOptimizer: the parameters differ across ranks: "
-                             f"ranks {[self._to[r] for r in differ]} passed other shapes or dtypes "
-                             f"than rank {self._to[0]} (every rank must pass the same parameters "
-                             f"in the same order)")
+        check_same_parameters(self.param_groups, self.process_group, self._to,
+                              "ReduceScatterZeroOptimizer")
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         if getattr(self, "flats", None) is not None:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Type
 from ...optim import Optimizer
 from .. import collectives
 from ..group import resolve_group
+from .same_parameters import check_same_parameters
 from .sharding import ShardExchange, partition_parameters
 
 
@@ -93,20 +94,8 @@ class ZeroRedundancyOptimizer(Optimizer):
 
     # -- construction ---------------------------------------------------------------------
     def _check_replicas_agree(self) -> None:
-        """ValueError on every rank unless all ranks passed the same groups of shapes."""
-        mine = [[(tuple(p.array.shape), str(p.array.dtype)) for p in group["params"]]
-                for group in self.param_groups]
-        everyone = collectives.all_gather_object(mine, group=self.process_group)
-        differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
-        if differ:
-            first = differ[0]
-            raise ValueError(
-                f"ZeroRedundancyOptimizer: the parameters differ across ranks: ranks "
-                f"{[self._ranks[r] for r in differ]} passed other parameters than rank "
-                f"{self._ranks[0]}; {_first_difference(everyone[0], everyone[first])} on rank "
-                f"{self._ranks[0]} but {_first_difference(everyone[first], everyone[0])} on rank "
-                f"{self._ranks[first]} (every rank must pass the same parameters in the same "
-                f"order)")
+        check_same_parameters(self.param_groups, self.process_group, self._ranks,
+                              "ZeroRedundancyOptimizer")
 
     def _new_exchange(self) -> Optional[ShardExchange]:
         if self.world_size == 1:
@@ -228,19 +217,6 @@ def _copy_hyperparameters(source: List[Dict[str, Any]], target: List[Dict[str, A
     """Every key but ``params`` of each source group into the matching target group."""
     for src, dst in zip(source, target):
         dst.update({k: v for k, v in src.items() if k != "params"})
-
-
-def _first_difference(mine: list, theirs: list) -> str:
-    """Where ``mine`` (groups of (shape, dtype)) first differs from ``theirs``, described."""
-    if len(mine) != len(theirs):
-        return f"{len(mine)} parameter groups"
-    for g, (a, b) in enumerate(zip(mine, theirs)):
-        if len(a) != len(b):
-            return f"{len(a)} parameters in group {g}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                return f"parameter #{i} of group {g} has shape {x[0]} and dtype {x[1]}"
-    return "the same parameters"
 
 
 __all__ = ["ZeroRedundancyOptimizer"]

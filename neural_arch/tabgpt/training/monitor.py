@@ -10,7 +10,7 @@ attaches one) it takes:
 - every collective of the process, timed where it runs, with this rank's buffer bytes
   (``trace_collectives`` into a ``CommunicationProfiler``): ``communication_efficiency`` is
   their bytes over their seconds, MB/s;
-- the payload bytes this rank's transport sent (``neural_arch.distributed.sent_bytes``; 0 on
+- the payload bytes this rank's transport sent (``neural_arch.distributed.transports.sent_bytes``; 0 on
   shared memory, whose collectives read the peers' memory instead of sending messages);
 - the process's CPU time and resident memory, sampled every ``monitoring_interval`` seconds.
 
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 
 from ...distributed import get_rank, get_world_size, is_initialized
 from ...distributed.profiler import set_collective_tracer
-from ...distributed.sent_bytes import counting_sent_bytes
+from ...distributed.transports.sent_bytes import counting_sent_bytes
 from ...training.callbacks import Callback
 from .profiler import CommunicationProfiler
 

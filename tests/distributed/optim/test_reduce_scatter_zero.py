@@ -35,7 +35,7 @@ def rs_worker(rank, world_size, optimizer_name):
     """STEPS of the fixed global batch, this rank's rows; the weights, the bytes each step
     sent, the optimizer state's elements on this rank."""
     from neural_arch.distributed.optim import ReduceScatterZeroOptimizer
-    from neural_arch.distributed.sent_bytes import counting_sent_bytes
+    from neural_arch.distributed.transports.sent_bytes import counting_sent_bytes
     model = make_model(seed=10, sizes=SIZES)
     cls, options = zero_options(optimizer_name)
     opt = ReduceScatterZeroOptimizer(model.parameters(), cls, **options)
@@ -52,7 +52,7 @@ def rs_worker(rank, world_size, optimizer_name):
 def ddp_zero_worker(rank, world_size):
     """One step of DDP + ZeroRedundancyOptimizer: the bytes it sent."""
     from neural_arch.distributed import DistributedDataParallel
-    from neural_arch.distributed.sent_bytes import counting_sent_bytes
+    from neural_arch.distributed.transports.sent_bytes import counting_sent_bytes
     model = DistributedDataParallel(make_model(seed=10, sizes=SIZES))
     opt = make_optimizer("sgd", model.parameters(), zero=True)
     with counting_sent_bytes() as tally:
@@ -150,3 +150,19 @@ def test_a_checkpoint_resumes_the_same_training(tmp_path):
     for straight, resumed in run_ranks(resume_worker, 3, "shm", args=(str(tmp_path),)):
         for a, b in zip(straight, resumed):
             assert a.tobytes() == b.tobytes()
+
+
+def mismatch_worker(rank: int, world_size: int):
+    from neural_arch.distributed.optim import ReduceScatterZeroOptimizer
+    from neural_arch.optim import SGD
+    model = make_model(seed=1, sizes=(SIZES[0], 5 + (rank == 1), SIZES[-1]))
+    ReduceScatterZeroOptimizer(model.parameters(), SGD, lr=0.1)
+
+
+def test_parameters_differing_across_ranks_are_rejected_naming_the_first_difference():
+    from dist_harness import RankFailed
+    with pytest.raises(RankFailed, match=r"ReduceScatterZeroOptimizer: the parameters differ "
+                                         r"across ranks: ranks \[1\].*parameter #0 of group 0 "
+                                         r"has shape \(5, 7\).*\(6, 7\) and dtype float64 on "
+                                         r"rank 1"):
+        run_ranks(mismatch_worker, 2, "shm", timeout=60)

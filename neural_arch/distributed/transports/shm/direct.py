@@ -10,7 +10,7 @@ state of their own.
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks
 instead both reduce everything, with the operands in the same order. A float16 sum is taken
-in float32 over all p operands and rounded once (``reduction_kernels``). ``reference.py``
+in float32 over all p operands and rounded once (``reductions.kernels``). ``reference.py``
 beside this file is the same all-reduce without rounds or slices, to read first.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
-from ...reduction_kernels import pair_mean, sum_halves
+from ...reductions.kernels import pair_mean, sum_halves
 from ..base import Fingerprint
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
@@ -46,7 +46,7 @@ def _slice(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
 # ----- all-reduce ---------------------------------------------------------------------------
 def sums_halves(dtype: np.dtype, op: ReduceOp) -> bool:
     """Whether ``op`` on ``dtype`` is a float16 sum, which ``sum_halves`` takes in float32 and
-    rounds once, the mean included (``reduction_kernels``)."""
+    rounds once, the mean included (``reductions.kernels``)."""
     return dtype == np.float16 and ufunc_for(op) is np.add
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, ufunc_for
-from ...reduction_kernels import sum_halves
+from ...reductions.kernels import sum_halves
 from ..base import Fingerprint
 from . import compiled, direct
 

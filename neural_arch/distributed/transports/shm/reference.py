@@ -25,7 +25,7 @@ def all_reduce(t, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     c = t.native_collectives()           # its workspace views and fingerprint checks
     inputs, _ = c.views(buf.dtype)       # inputs[half][rank]: one area per rank and half
     combine = ufunc_for(op)              # np.add for SUM and AVERAGE, np.maximum for MAX, ...
-    # float16 sums are taken in float32 and rounded once (as reduction_kernels does)
+    # float16 sums are taken in float32 and rounded once (as reductions.kernels does)
     wide = np.dtype(np.float32) if buf.dtype == np.float16 and combine is np.add else buf.dtype
     step = t.layout.workspace_bytes // buf.itemsize
     gen, sig = c.begin(fp, buf.nbytes)   # the first generation carries the fingerprint check

@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 COMPILED_MIN_ELEMENTS = 1024
-# the switch ``backends.numba_backend`` reads too: this module sits with ``reduce_ops`` among
+# the switch ``backends.numba_backend`` reads too: this package sits with ``reduce_ops`` among
 # the distributed basics, which import nothing else of the package
 ENV_SWITCH = "NEURAL_ARCH_NUMBA"
 _built: Dict[str, Any] = {}  # the kernel module, or why there is none

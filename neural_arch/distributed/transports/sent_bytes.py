@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Optional
 
-from .group.world import resolve_group
+from ..group.world import resolve_group
 
 
 class SentBytes:

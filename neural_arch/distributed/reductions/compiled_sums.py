@@ -1,4 +1,4 @@
-"""The Numba forms of ``reduction_kernels``: float16 sums in float32, and the two-rank mean.
+"""The Numba forms of ``kernels``: float16 sums in float32, and the two-rank mean.
 
 NumPy has no vector loop for float16: every element of ``np.add`` on float16 is converted to
 float32, added and rounded back one at a time, about twenty times as slow as the float32 add.
@@ -12,7 +12,7 @@ Where an output may be one of the inputs, a loop writes either an array it alone
 (``acc[i] = f(acc[i], other[i])``) or a scratch block: a loop whose output is the same memory
 as one of two inputs fails LLVM's overlap check and runs one element at a time.
 
-Importing this module imports Numba; ``reduction_kernels`` imports it on first use.
+Importing this module imports Numba; ``kernels`` imports it on first use.
 """
 from __future__ import annotations
 

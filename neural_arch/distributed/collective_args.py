@@ -1,0 +1,39 @@
+"""The argument checks the public collectives share (``collectives``, ``rooted_collectives``).
+
+They run on the calling thread, before a collective takes its sequence number, so a bad
+argument raises there, naming the value, instead of inside async work or on one rank only.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from . import algorithms
+from .buffers import as_list, checked_array, same_layout
+from .group.world import ProcessGroup, resolve_group
+
+
+def usable_group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
+    """The group ``group`` names (None: the default one), checked usable for ``op``."""
+    pg = resolve_group(group)
+    pg.check_usable(op)
+    return pg
+
+
+def check_algorithm(collective: str, algorithm: Optional[str]) -> None:
+    """Reject an unknown algorithm name now, on the caller's thread, not inside async work."""
+    if algorithm is not None:
+        algorithms.normalize(collective, algorithm)
+
+
+def tensor_list(items: Any, what: str, ref: np.ndarray, size: int,
+                writable: bool = True) -> list[np.ndarray]:
+    """The arrays of a per-rank list, checked against the group size and ``ref``'s layout."""
+    items = as_list(items, what)
+    if len(items) != size:
+        raise ValueError(f"{what} has {len(items)} entries but the group has {size} ranks")
+    arrays = [checked_array(x, f"{what}[{i}]", writable=writable) for i, x in enumerate(items)]
+    for i, arr in enumerate(arrays):
+        same_layout(arr, ref, f"{what}[{i}]")
+    return arrays
