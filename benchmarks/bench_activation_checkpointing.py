@@ -64,7 +64,7 @@ class Trainer:
         tracing starts and the peak is what the step adds."""
         if keep_gradients:
             for p in self.params:
-                p.grad.fill(0)
+                p.grad.array.fill(0)
         else:
             self.opt.zero_grad()
         _, loss = self.model(self.idx, self.targets)
@@ -73,7 +73,7 @@ class Trainer:
         return float(loss.item())
 
     def state_bytes(self) -> int:
-        return sum(p.array.nbytes + p.grad.nbytes for p in self.params)
+        return sum(p.array.nbytes + p.grad.array.nbytes for p in self.params)
 
     def peak_step_bytes(self) -> int:
         for p in self.params:

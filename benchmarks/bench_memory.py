@@ -55,7 +55,7 @@ def _counted(model, optimizer) -> Dict[str, int]:
         return total
     params = list(model.parameters())
     state = getattr(optimizer, "optim", optimizer).state
-    return {"params": nbytes(p.array for p in params), "grads": nbytes(p.grad for p in params),
+    return {"params": nbytes(p.array for p in params), "grads": nbytes(p.grad.array for p in params if p.grad is not None),
             "optimizer": nbytes(v for p in state for v in state[p].values()
                                 if hasattr(v, "nbytes") and getattr(v, "ndim", 0) > 0)}
 

@@ -57,7 +57,7 @@ def train(steps: int, warmup: int) -> dict:
         optimizer.zero_grad()
         loss.backward()
         for p in model.parameters():
-            grad = p.grad if isinstance(p.grad, np.ndarray) else p.grad.array
+            grad = p.grad.array
             dist.all_reduce(grad)
             grad /= world
         optimizer.step()

@@ -192,7 +192,7 @@ def _held(strategy) -> Dict[str, int]:
     flat = [f.grads for f in getattr(optimizer, "flats", ())]
     # FSDP stage 2's shards are slices of the gathered full parameters: counted there once
     return {"params": _nbytes(p.array for p in params if not _in_mapping(p.array)),
-            "grads": _nbytes([p.grad for p in params] + flat),
+            "grads": _nbytes([p.grad.array for p in params if p.grad is not None] + flat),
             "optimizer": _nbytes(v for p in state for v in state[p].values()
                                  if getattr(v, "ndim", 0) > 0),
             "gathered": fsdp.memory_stats()["gathered_bytes"] if fsdp else 0}

@@ -22,7 +22,7 @@ def check_parameter_gradients(module, forward, names=None, eps=1e-6, rtol=1e-5, 
     weights = rng.standard_normal(output.shape)
     module.zero_grad()
     weighted_loss(output, weights).backward()
-    analytic = {name: params[name].grad.copy() for name in names}
+    analytic = {name: params[name].grad.array.copy() for name in names}
     for name in names:
         data = params[name].array.reshape(-1)
         count = data.size

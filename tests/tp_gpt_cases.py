@@ -120,7 +120,7 @@ def gpt_case(rank, size, steps, sequence_parallel=False):
     loss_d.backward()
     loss.backward()
     check_param_grads(parallel, dense, rank, size)
-    replicated = {name: p.grad.copy() for name, p in parallel.named_parameters()
+    replicated = {name: p.grad.array.copy() for name, p in parallel.named_parameters()
                   if "ln_" in name or name == "wpe.weight" or name.endswith("c_proj.bias")}
 
     opt_d = AdamW(dense.parameters(), lr=1e-2, weight_decay=0.1)

@@ -98,7 +98,7 @@ class GradScaler:
         found_inf = False
         for group_index, group in enumerate(optimizer.param_groups):
             for param in group["params"]:
-                grad = param.grad
+                grad = None if param.grad is None else param.grad.array
                 if grad is None:
                     continue
                 if grad.dtype == np.float16:

@@ -164,12 +164,18 @@ def _leaf_gradient(leaf: Any, grad: Any, owned: bool) -> Tuple[Any, bool]:
     return grad, owned
 
 
+def _shown(grad: Any) -> Any:
+    """``grad`` wrapped in a tensor (sharing it) for a hook to read."""
+    from .tensor import _constant  # tensor.py imports this module first
+    return _constant(grad)
+
+
 def _store_leaf_grad(leaf: Any, grad: Any, owned: bool) -> None:
     grad, owned = _leaf_gradient(leaf, grad, owned)
     if leaf.grad is None:
         leaf.grad = grad if owned else grad.copy()
     else:
-        leaf.grad += grad
+        leaf.grad.array += grad
 
 
 def _accumulate(grads: Dict[Any, Any], owned: Dict[Any, bool], node: Any, grad: Any,
@@ -283,7 +289,7 @@ def _sweep(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, 
             if hooks:
                 is_owned = False  # a hook may keep a reference to the array it was shown
                 for fn in list(hooks.values()):
-                    replaced = fn(grad)
+                    replaced = fn(_shown(grad))  # a tensor, as torch hands its hooks
                     if replaced is not None:
                         grad = _as_gradient(replaced, node, "a tensor hook")
         if backward is None:
@@ -295,7 +301,7 @@ def _sweep(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, 
             continue
         if meta is not None and meta.get("retain"):
             kept = backend_for(node.array).asarray(grad)
-            node.grad = kept.copy() if node.grad is None else node.grad + kept
+            node.grad = kept.copy() if node.grad is None else node.grad.array + kept
         parent_grads = backward(grad)
         parents = node._parents
         repeated: Any = ()

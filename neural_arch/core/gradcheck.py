@@ -62,7 +62,7 @@ def gradcheck(fn: Callable[..., Any], inputs: Union[Tensor, Sequence[Any]], eps:
 
     for i in checked:
         tensor = args[i]
-        analytic = tensor.grad if tensor.grad is not None else np.zeros_like(tensor.array)
+        analytic = tensor.grad.array if tensor.grad is not None else np.zeros_like(tensor.array)
         data = tensor.array  # perturbed in place, element by element (it may be a strided view)
         for position in np.ndindex(*data.shape):
             saved = data[position]

@@ -88,7 +88,7 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
     further methods, such as ``size()``, ``backward()`` and the in-place ``add_``, come from the
     three bases). ``_vc`` is the version counter (``versions``), shared by aliases."""
 
-    __slots__ = ("array", "grad", "requires_grad", "_parents", "_backward", "_meta", "_vc",
+    __slots__ = ("array", "_grad", "requires_grad", "_parents", "_backward", "_meta", "_vc",
                  "_seq", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer `array op tensor` to the reflected Tensor method
     __hash__ = object.__hash__
@@ -96,7 +96,7 @@ class Tensor(TorchTensorMethods, TorchExtraMethods, AutogradMethods, InPlaceMeth
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None,
                  device: Optional[str] = None, name: Optional[str] = None) -> None:
         self.array = _to_array(data, dtype, device)
-        self.grad = None
+        self._grad = None
         self._parents: Tuple["Tensor", ...] = ()
         self._backward: Optional[Callable] = None
         self._meta = None if name is None else {"name": name}
@@ -241,7 +241,7 @@ def _constant(data: Any) -> Tensor:
     """Wrap an op result that records no graph."""
     out = Tensor.__new__(Tensor)
     out.array = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
-    out.grad = None
+    out._grad = None
     out.requires_grad = False
     out._parents = ()
     out._backward = None
@@ -256,7 +256,7 @@ def _node(data: Any, parents: Tuple[Tensor, ...], backward: Callable,
     (``version_counter``: the one the closure checks, when it saves this output)."""
     out = Tensor.__new__(Tensor)
     out.array = _as_numpy(data) if isinstance(data, _NUMPY_SCALAR) else data
-    out.grad = None
+    out._grad = None
     out.requires_grad = True
     out._parents = parents
     out._backward = backward

@@ -33,6 +33,28 @@ class AutogradMethods:
         return self._backward is None
 
     @property
+    def grad(self) -> Any:
+        """The accumulated gradient, a tensor (as in torch), or None; its raw array is
+        ``.grad.array``."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        # Framework code assigns raw arrays; they are wrapped here, so `.grad` is always a tensor.
+        if value is None:
+            self._grad = None
+            return
+        if not isinstance(value, _tensor_module().Tensor):
+            if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+                raise TypeError(f"assigned grad must be a Tensor, an array or None, got "
+                                f"{type(value).__name__}")
+            value = _tensor_module()._constant(value)
+        if tuple(value.shape) != tuple(self.array.shape):
+            raise RuntimeError(f"assigned grad has data of a different size: {tuple(value.shape)} "
+                               f"for a tensor of shape {tuple(self.array.shape)}")
+        self._grad = value
+
+    @property
     def grad_fn(self) -> Optional[Callable]:
         """None on a leaf (torch's test ``x.grad_fn is None``); otherwise the recorded backward
         closure (torch gives a graph node object; only its presence is the same here)."""
@@ -102,7 +124,7 @@ class AutogradMethods:
 
     def register_hook(self, fn: Callable[[Any], Any]) -> autograd.RemovableHandle:
         """Call ``fn(grad)`` once this tensor's gradient is complete (before a leaf accumulates
-        it); an array returned by ``fn`` replaces the gradient."""
+        it), ``grad`` a tensor as in torch; a tensor or array returned by ``fn`` replaces it."""
         if not self.requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that does not require grad")
         return autograd.RemovableHandle(self._get_meta().setdefault("hooks", {})).add(fn)

@@ -14,6 +14,8 @@ import operator
 import warnings
 from typing import Any
 
+import numpy as np
+
 from ..backends import xp_of
 from .dtypes import resolve_dtype
 
@@ -80,7 +82,7 @@ def _size(args: tuple, size: Any, op: str) -> tuple:
 
 
 class TorchExtraMethods:
-    """Mixed into ``Tensor``; relies on its ``data``, ``device``, ``view`` and indexing."""
+    """Mixed into ``Tensor``; relies on its ``array``, ``device``, ``view`` and indexing."""
 
     __slots__ = ()
 
@@ -99,6 +101,32 @@ class TorchExtraMethods:
 
     def argmin(self, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
         return _ops().argmin(self, dim, keepdim, **kwargs)
+
+    def any(self, dim: Any = None, keepdim: bool = False, **numpy_kwargs: Any) -> Any:
+        """torch's ``any``: a bool tensor, over all elements or along ``dim``."""
+        return self._truth("any", dim, keepdim, numpy_kwargs)
+
+    def all(self, dim: Any = None, keepdim: bool = False, **numpy_kwargs: Any) -> Any:
+        """torch's ``all``: a bool tensor, over all elements or along ``dim``."""
+        return self._truth("all", dim, keepdim, numpy_kwargs)
+
+    def _truth(self, op: str, dim: Any, keepdim: bool, numpy_kwargs: dict) -> Any:
+        # np.any(tensor) / np.all(tensor) call these methods with NumPy's names
+        if numpy_kwargs.pop("out", None) is not None or set(numpy_kwargs) - {"axis", "keepdims"}:
+            raise TypeError(f"{op}() takes dim and keepdim (or NumPy's axis and keepdims), got "
+                            f"{sorted(numpy_kwargs)}")
+        dim = numpy_kwargs.get("axis", dim)
+        keepdim = numpy_kwargs.get("keepdims", keepdim)
+        if isinstance(dim, tuple) or (dim is not None and not isinstance(dim, (int, np.integer))):
+            result = getattr(xp_of(self.array), op)(self.array != 0, axis=dim, keepdims=keepdim)
+            return _plain_tensor(result, False, self.device)
+        xp = xp_of(self.array)
+        axis = None if dim is None else _ops().reduction_axis(self, dim, op)
+        if self.array.ndim == 0:
+            axis = None  # dim 0 of a 0-d tensor is the tensor itself, as in torch
+        result = getattr(xp, op)(self.array != 0, axis=axis,
+                                 keepdims=bool(keepdim) and axis is not None)
+        return _plain_tensor(xp.asarray(result), False, self.device)
 
     # ----------------------------------------------------------------- views
     def narrow(self, dim: int, start: Any, length: int) -> Any:

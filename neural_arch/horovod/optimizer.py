@@ -115,7 +115,7 @@ class _DistributedMixin:
                                                  optimizer=self._hvd_id,
                                                  names=self._hvd_names_code)
         data = param.array
-        grad = param.grad if param.grad is not None else np.zeros_like(data)
+        grad = param.grad.array if param.grad is not None else np.zeros_like(data)
         grad = np.asarray(grad, dtype=data.dtype)
         _, finish = ops.start_allreduce(grad, self._hvd_op, self._hvd_compression,
                                         1.0 / self._hvd_factor, self._hvd_factor,

@@ -62,4 +62,4 @@ class ModuleLookups:
             if set_to_none:
                 param.grad = None
             else:
-                param.grad[...] = 0
+                param.grad.array[...] = 0

@@ -37,7 +37,7 @@ class Adam(Optimizer):
             weight_decay, amsgrad = group["weight_decay"], group["amsgrad"]
             maximize = group["maximize"]
             for param in group["params"]:
-                grad = param.grad
+                grad = None if param.grad is None else param.grad.array
                 if grad is None:
                     continue
                 data = param.array

@@ -12,7 +12,7 @@ from ..backends import xp_of
 def _grads(parameters: Union[Any, Iterable[Any]]) -> list:
     if hasattr(parameters, "grad") and hasattr(parameters, "array"):
         parameters = [parameters]
-    return [p.grad for p in parameters if p.grad is not None]
+    return [p.grad.array for p in parameters if p.grad is not None]
 
 
 def _norm(grad: Any, norm_type: float) -> float:

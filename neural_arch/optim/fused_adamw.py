@@ -61,14 +61,14 @@ class FusedAdamW(AdamW):
     def _fused_update(self, kernels: Any, params: List[Any], group: dict, step: int) -> None:
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
-        kernels.adamw_step([p.array for p in params], [p.grad for p in params],
+        kernels.adamw_step([p.array for p in params], [p.grad.array for p in params],
                            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
                            step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                            weight_decay=group["weight_decay"], maximize=group["maximize"])
 
 
 def _fusable(param: Any) -> bool:
-    data, grad = param.array, param.grad
+    data, grad = param.array, param.grad.array
     return (data.dtype == _FLOAT32 and grad.dtype == _FLOAT32
             and data.flags.c_contiguous and grad.shape == data.shape)
 

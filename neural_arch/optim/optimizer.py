@@ -1,7 +1,8 @@
 """Optimizer base class: parameter groups, per-parameter state and (de)serialisation.
 
-Parameters are duck-typed (anything with a writable ``.array`` array and a ``.grad`` array or
-None), so optimizers work on ``Parameter``s, plain ``Tensor``s and NumPy or CuPy storage alike.
+Parameters are duck-typed (anything with a writable ``.array`` and a ``.grad`` that is None or
+has an ``.array``, as a ``Tensor`` does), so optimizers work on ``Parameter``s and plain
+``Tensor``s holding NumPy or CuPy storage alike.
 """
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ class Optimizer:
                 if set_to_none:
                     param.grad = None
                 else:
-                    param.grad[...] = 0
+                    param.grad.array[...] = 0
 
     def _evaluate_closure(self, closure: Optional[Callable[[], Any]]) -> Any:
         return None if closure is None else closure()

@@ -36,7 +36,7 @@ class SGD(Optimizer):
             nesterov, maximize = group["nesterov"], group["maximize"]
             plain = momentum == 0 and weight_decay == 0 and not maximize
             for param in group["params"]:
-                grad = param.grad
+                grad = None if param.grad is None else param.grad.array
                 if grad is None:
                     continue
                 data = param.array

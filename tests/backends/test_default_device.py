@@ -74,7 +74,7 @@ def test_explicit_cpu_tensors_and_their_op_results_stay_on_the_host(monkeypatch,
     loss = ((a * b + a - 1.0) * [2.0, 2.0]).sum()
     assert type(loss.array) is np.ndarray and loss.device == "cpu"
     loss.backward()
-    assert type(a.grad) is np.ndarray
+    assert type(a.grad.array) is np.ndarray
     np.testing.assert_allclose(a.grad, [8.0, 10.0])
     # already placed: a CPU tensor, its copies and like-factories keep the host
     assert Tensor(a).device == "cpu" and na.tensor(a).device == "cpu"

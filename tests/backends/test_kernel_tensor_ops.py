@@ -29,7 +29,7 @@ def _grads(fn, tensors):
         t.grad = None
     out = fn()
     out.backward()
-    grads = [t.grad.copy() for t in tensors]
+    grads = [t.grad.array.copy() for t in tensors]
     for t in tensors:
         t.grad = None
     return out.array, grads

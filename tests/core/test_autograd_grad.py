@@ -23,7 +23,7 @@ def test_autograd_grad_equals_backward_and_leaves_grad_alone():
 
     h, y = graph()
     y.backward(seed)
-    want = [w.grad.copy(), b.grad.copy(), x.grad.copy()]
+    want = [w.grad.array.copy(), b.grad.array.copy(), x.grad.array.copy()]
     sentinel = {t: np.full(t.shape, 7.0) for t in (w, b, x, other)}
     fired = []
     for t in (w, b, x, other):
@@ -72,7 +72,7 @@ def test_several_outputs_sum_their_gradients():
     w = Tensor(rng.standard_normal((2, 2)), requires_grad=True)
     a, b = w.tanh(), w * w  # b's graph does not go through a
     (a.sum() * 2.0 + (b * 3.0).sum()).backward()
-    want = w.grad.copy()
+    want = w.grad.array.copy()
     w.grad = None
     (got,) = autograd.grad([a, b], [w], [np.full((2, 2), 2.0), np.full((2, 2), 3.0)])
     np.testing.assert_allclose(got, want, rtol=1e-12)

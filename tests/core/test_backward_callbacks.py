@@ -17,7 +17,7 @@ def test_callback_runs_after_every_gradient_once_per_backward():
     seen = []
 
     def at_end():
-        seen.append(("end", a.grad.copy(), b.grad.copy()))
+        seen.append(("end", a.grad.array.copy(), b.grad.array.copy()))
 
     def hook(t):
         seen.append(("hook",))

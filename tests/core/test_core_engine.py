@@ -102,7 +102,7 @@ def test_hook_sees_complete_gradient_once_and_can_replace_it():
     x = Tensor(RNG.standard_normal(4), requires_grad=True)
     mid = x * 2
     seen = []
-    mid.register_hook(lambda g: seen.append(g.copy()))
+    mid.register_hook(lambda g: seen.append(g.clone()))
     (mid * 3 + mid * mid + mid.sum()).sum().backward()
     assert len(seen) == 1
     np.testing.assert_allclose(seen[0], 3 + 2 * mid.array + 4)
@@ -122,7 +122,7 @@ def test_leaf_hook_runs_before_accumulation():
     w = Tensor(np.ones(3), requires_grad=True)
     w.grad = np.full(3, 100.0)
     seen = []
-    w.register_hook(lambda g: seen.append(g.copy()) or g * 2)
+    w.register_hook(lambda g: seen.append(g.clone()) or g * 2)
     (w * 3).sum().backward()
     np.testing.assert_allclose(seen[0], np.full(3, 3.0))
     np.testing.assert_allclose(w.grad, np.full(3, 106.0))
@@ -134,7 +134,7 @@ def test_post_accumulate_hooks_run_after_grad_update_in_reverse_layer_order():
     for index, weight in enumerate(layers):
         def hook(tensor, index=index):
             order.append(index)
-            grads_at_call.append(tensor.grad.copy())
+            grads_at_call.append(tensor.grad.array.copy())
         weight.register_post_accumulate_grad_hook(hook)
     h = Tensor(RNG.standard_normal((2, 4)))
     for weight in layers:
@@ -228,5 +228,5 @@ def test_zero_dimensional_leaf_gets_an_array_gradient():
     x = Tensor(np.float64(2.0), requires_grad=True)
     (x * 3.0).backward()
     (x * x).backward()
-    assert isinstance(x.grad, np.ndarray) and x.grad.shape == ()
+    assert isinstance(x.grad.array, np.ndarray) and x.grad.shape == ()
     assert x.grad == 3.0 + 4.0

@@ -253,7 +253,7 @@ def _forward_backward(fn, leaves, monkeypatch, fused):
     out = fn()
     weights = np.linspace(-1.0, 1.0, out.array.size).reshape(out.array.shape).astype(np.float64)
     (out * Tensor(weights)).sum().backward()  # float64 upstream gradients reach the op
-    return out.array, [t.grad.copy() for t in leaves]
+    return out.array, [t.grad.array.copy() for t in leaves]
 
 
 def _assert_paths_agree(fn, leaves, monkeypatch, spy, rtol=2e-5, atol=2e-6):

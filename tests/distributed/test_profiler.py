@@ -186,7 +186,7 @@ def ddp_steps_worker(rank: int, world_size: int, steps: int):
         lines.append(f"  Average time: {metrics['avg_time_ms']:.2f} ms")
         lines.append(f"  Bandwidth: {metrics['bandwidth_mbps']:.2f} MB/s")
         lines.append(f"  Total operations: {metrics['count']}")
-    grads = [p.grad.copy() for p in ddp_model.parameters()]
+    grads = [p.grad.array.copy() for p in ddp_model.parameters()]
     return lines, stats, ddp_model.get_statistics(), grads, ddp_model.profiler.events()
 
 

@@ -43,9 +43,9 @@ def _train(module, batches, dtype) -> dict:
         out = module(x)
         (out * Tensor(upstream)).sum().backward()
         record["out"].append(out.array.copy())
-        record["x_grad"].append(x.grad.copy())
-        record["w_grad"].append(module.weight.grad.copy())
-        record["b_grad"].append(module.bias.grad.copy())
+        record["x_grad"].append(x.grad.array.copy())
+        record["w_grad"].append(module.weight.grad.array.copy())
+        record["b_grad"].append(module.bias.grad.array.copy())
     record["running"] = (module.running_mean.array.copy(), module.running_var.array.copy(),
                          int(module.num_batches_tracked.array))
     return record

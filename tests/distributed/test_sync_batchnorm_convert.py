@@ -87,7 +87,7 @@ def ddp_resnet_worker(rank: int, world_size: int):
     loss = F.cross_entropy(ddp(Tensor(x[rows])), Tensor(y[rows]))
     loss.backward()
     ddp.sync_gradients()
-    return (float(loss.array), {n: p.grad.copy() for n, p in model.named_parameters()},
+    return (float(loss.array), {n: p.grad.array.copy() for n, p in model.named_parameters()},
             {n: np.array(b.array, copy=True) for n, b in model.named_buffers()})
 
 

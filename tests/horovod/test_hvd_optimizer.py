@@ -144,7 +144,7 @@ def partly_unused_case(rank: int, world: int) -> dict:
         loss = loss + (extra * extra).sum()
     loss.backward()
     opt.synchronize()
-    grads = {"used": used.grad.copy(), "extra": extra.grad.copy()}
+    grads = {"used": used.grad.array.copy(), "extra": extra.grad.array.copy()}
     with opt.skip_synchronize():
         opt.step()
     hvd.shutdown()

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from neural_arch.core.tensor import Tensor
 from neural_arch.optim import SGD, Adam, AdamW
 
 pytestmark = pytest.mark.timeout(60)
@@ -9,12 +10,10 @@ pytestmark = pytest.mark.timeout(60)
 STEPS = 6
 
 
-class Holder:
-    """Minimal parameter: optimizers only need ``.array`` and ``.grad``."""
-
-    def __init__(self, data):
-        self.array = np.array(data, copy=True)
-        self.grad = None
+def Holder(data):
+    """A bare parameter: a tensor whose ``.grad`` the tests set by hand (optimizers only
+    need ``.array`` and ``.grad``)."""
+    return Tensor(np.array(data, copy=True))
 
 
 def _grads(shape, steps, seed=0):

@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from neural_arch.core.tensor import Tensor
 from neural_arch.optim import (SGD, CosineAnnealingLR, LambdaLR, LinearLR, SequentialLR, StepLR,
                                clip_grad_norm_, clip_grad_value_, lr_scheduler)
 
@@ -12,10 +13,10 @@ pytestmark = pytest.mark.timeout(60)
 EPOCHS = 25
 
 
-class Holder:
-    def __init__(self, data):
-        self.array = np.array(data, dtype=np.float64)
-        self.grad = None
+def Holder(data):
+    """A bare parameter: a tensor whose ``.grad`` the tests set by hand (optimizers only
+    need ``.array`` and ``.grad``)."""
+    return Tensor(np.array(data, dtype=np.float64))
 
 
 def _optimizer(lr=0.1):

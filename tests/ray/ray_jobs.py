@@ -107,7 +107,7 @@ def train_steps(first, total, rank, world, state=None, after_step=None):
         loss.backward()
         if world > 1:
             for p in model.parameters():
-                grad = p.grad if isinstance(p.grad, np.ndarray) else p.grad.array
+                grad = p.grad.array
                 dist.all_reduce(grad)
                 grad /= world
         optimizer.step()

@@ -28,7 +28,7 @@ def _double(module):
 
 
 def _grads(module):
-    return [None if p.grad is None else p.grad.copy() for p in module.parameters()]
+    return [None if p.grad is None else p.grad.array.copy() for p in module.parameters()]
 
 
 def _zero(module, *tensors):
@@ -50,7 +50,7 @@ def _run(model, x, ckpt, seed=5, **kwargs):
     manual_seed(seed)
     y = checkpoint(model, x, **kwargs) if ckpt else model(x)
     (y * y).sum().backward()
-    return y.array.copy(), None if x.grad is None else x.grad.copy(), _grads(model), \
+    return y.array.copy(), None if x.grad is None else x.grad.array.copy(), _grads(model), \
         get_rng().random()
 
 
@@ -194,7 +194,7 @@ def test_a_general_callable_finds_the_parameters_it_closes_over():
         return layer(h).tanh() * scale ** power
 
     (fn(x, power=2) ** 2).sum().backward()
-    want = [layer.weight.grad.copy(), layer.bias.grad.copy(), scale.grad.copy(), x.grad.copy()]
+    want = [layer.weight.grad.array.copy(), layer.bias.grad.array.copy(), scale.grad.array.copy(), x.grad.array.copy()]
     for t in (layer.weight, layer.bias, scale, x):
         t.grad = None
     (checkpoint(fn, x, power=2) ** 2).sum().backward()
@@ -214,7 +214,7 @@ def test_tuple_outputs_recompute_once():
     x = Tensor(np.random.default_rng(6).standard_normal((2, 3)), requires_grad=True)
     a, label, b = two(x)
     ((a * b).sum() + a.sum()).backward()
-    want = [layer.weight.grad.copy(), layer.bias.grad.copy(), x.grad.copy()]
+    want = [layer.weight.grad.array.copy(), layer.bias.grad.array.copy(), x.grad.array.copy()]
     for t in (layer.weight, layer.bias, x):
         t.grad = None
     calls.clear()

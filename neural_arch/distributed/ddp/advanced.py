@@ -216,7 +216,7 @@ class AdvancedDistributedDataParallel(Module):
         # ZeRO-1 by reduce-scatter: each rank holds its shards' averaged gradients only
         stepped = (optimizer.shard_parameters() if self._reduce_scatter
                    else list(self.parameters()))
-        grads = [p.grad for p in stepped if p.grad is not None]
+        grads = [p.grad.array for p in stepped if p.grad is not None]
         if self._mixed:
             self.scaler.unscale_(grads)
         norm = grad_norm(stepped, counted=self._norm_share, groups=self._norm_groups)

@@ -48,12 +48,12 @@ class Bucket:
             else:
                 self.used[i] = True
                 # GPU gradients are staged through the bucket; a float16 wire casts here
-                pack_gradient(view, p.grad, self.dtype)
+                pack_gradient(view, p.grad.array, self.dtype)
 
     def on_host(self) -> bool:
         """Whether every gradient is a host NumPy array (what another thread may copy)."""
-        return all(type(p.array) is np.ndarray and type(p.grad) is np.ndarray
-                   for p in self.params)
+        return all(type(p.array) is np.ndarray and p.grad is not None
+                   and type(p.grad.array) is np.ndarray for p in self.params)
 
 
 class SyncTimes:

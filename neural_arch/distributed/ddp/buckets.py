@@ -110,7 +110,7 @@ class PrivateBuckets:
                 if self._grads_as_views and type(param.array) is np.ndarray:
                     param.grad = view  # the next backward accumulates into the bucket
                 else:
-                    param.grad = copy_from_host(view, param.array, out=param.grad)
+                    param.grad = copy_from_host(view, param.array, out=param.grad.array)
 
     def _take_result(self, index: int, flat: np.ndarray) -> None:
         future, self._futures[index] = self._futures[index], None

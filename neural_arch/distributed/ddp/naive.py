@@ -26,4 +26,4 @@ class NaiveDistributedDataParallel:
     def sync_gradients(self) -> None:
         for p in self.module.parameters():
             if p.grad is not None:
-                collectives.all_reduce(p.grad, ReduceOp.AVERAGE)
+                collectives.all_reduce(p.grad.array, ReduceOp.AVERAGE)

@@ -161,7 +161,7 @@ class SharedBucketArena:
                 param.grad = None
                 continue
             lo, hi = offsets[j], offsets[j + 1]
-            grad = param.grad
+            grad = None if param.grad is None else param.grad.array
             on_host = isinstance(param.array, np.ndarray)
             if grad is None and on_host:
                 grad = param.grad = np.empty(param.array.shape, dtype=dtype)

@@ -25,7 +25,7 @@ from ..reduce_ops import ReduceOp
 
 
 def _grads(optimizer: Any) -> List[Any]:
-    return [p.grad for group in optimizer.param_groups for p in group["params"]
+    return [p.grad.array for group in optimizer.param_groups for p in group["params"]
             if p.grad is not None]
 
 

@@ -91,7 +91,7 @@ def clip_grad_norm_(units: Sequence[Unit], group: Any, sharded: bool, max_norm: 
     the unsharded model: the shards' contributions are combined over the ranks (padding is
     zero and adds nothing)."""
     norm_type = float(norm_type)
-    grads = [u.shard.grad for u in units if u.shard.grad is not None]
+    grads = [u.shard.grad.array for u in units if u.shard.grad is not None]
     if norm_type == math.inf:
         local = max((float(np.abs(g).max()) for g in grads if g.size), default=0.0)
         op = ReduceOp.MAX

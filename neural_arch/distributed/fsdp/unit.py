@@ -141,7 +141,8 @@ class Unit:
     def pack_and_launch_reduce(self) -> None:
         """Move the full gradients into one flat vector (dropping them: only the shard keeps
         a gradient) and start averaging it: reduce-scatter, or all-reduce when unsharded."""
-        flat = self.layout.flatten([p.grad for p in self.params], self.reduce_dtype)
+        flat = self.layout.flatten([None if p.grad is None else p.grad.array for p in self.params],
+                                  self.reduce_dtype)
         for param in self.params:
             param.grad = None
         op = ReduceOp.AVG
@@ -172,7 +173,7 @@ class Unit:
         if self.shard.grad is None:
             self.shard.grad = grad
         else:
-            self.shard.grad += grad
+            self.shard.grad.array += grad
 
     def abandon(self) -> None:
         """After a failed backward: wait for what is under way, keep no half results."""

@@ -73,7 +73,7 @@ class FlatShards:
             if p.grad is None:
                 self.grads[lo:hi] = 0
             else:
-                self.grads[lo:hi] = np.asarray(p.grad).reshape(-1)
+                self.grads[lo:hi] = np.asarray(p.grad.array).reshape(-1)
             p.grad = None
         # made for each call: between steps a rank holds no second copy of its shard
         reduced = np.empty(self.shard_size, dtype=self.dtype)

@@ -183,14 +183,14 @@ class GPT3D:
         for p in self.params:
             if p.grad is None:  # a part this stage did not use: zeros keep the replicas in step
                 p.grad = np.zeros_like(p.array)
-            by_dtype.setdefault(np.dtype(p.grad.dtype), []).append(p)
+            by_dtype.setdefault(np.dtype(p.grad.array.dtype), []).append(p)
         for dtype, params in by_dtype.items():
-            flat = np.concatenate([np.ravel(p.grad) for p in params]).astype(dtype, copy=False)
+            flat = np.concatenate([np.ravel(p.grad.array) for p in params]).astype(dtype, copy=False)
             collectives.all_reduce(flat, op=ReduceOp.AVERAGE, group=self.dp_group)
             at = 0
             for p in params:
-                p.grad = flat[at:at + p.grad.size].reshape(p.grad.shape)
-                at += p.grad.size
+                p.grad = flat[at:at + p.grad.array.size].reshape(p.grad.array.shape)
+                at += p.grad.array.size
 
     def _global_loss(self, losses: List[Any]) -> float:
         """The last stage's mean micro-batch loss, averaged over dp, sent along the pipeline."""

@@ -138,7 +138,7 @@ class PipelineStage:
         if self.is_first:
             return None
         if isinstance(x, Tensor) and x.grad is not None:
-            return np.asarray(x.grad)
+            return np.asarray(x.grad.array)
         return np.zeros(x.shape, dtype=x.dtype)  # the output did not depend on the input
 
     @property
@@ -154,7 +154,7 @@ class PipelineStage:
 
 # ----- tied weights ----------------------------------------------------------------------
 def _grad_of(param: Any) -> np.ndarray:
-    grad = param.grad
+    grad = None if param.grad is None else param.grad.array
     return np.zeros_like(np.asarray(param.array)) if grad is None else np.asarray(grad)
 
 

@@ -66,9 +66,9 @@ def grad_norm(parameters: Iterable[Any], norm_type: float = 2.0, *,
                          f"{norm_type}")
     local = 0.0
     for p in _unique(parameters if counted is None else counted):
-        if p.grad is None or p.grad.size == 0:
+        if p.grad is None or p.grad.array.size == 0:
             continue
-        flat = p.grad.ravel().astype(np.float64, copy=False)
+        flat = p.grad.array.ravel().astype(np.float64, copy=False)
         if norm_type == 2.0:  # the common case: one dot product, no absolute values
             local += float(flat @ flat)
             continue
@@ -108,5 +108,5 @@ def clip_grad_norm_(parameters: Iterable[Any], max_norm: float, norm_type: float
     if not coef >= 1.0:
         for p in params:
             if p.grad is not None:
-                p.grad *= coef
+                p.grad.array *= coef
     return np.float64(total)

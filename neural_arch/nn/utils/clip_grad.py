@@ -25,6 +25,6 @@ def clip_grad_norm_(parameters: Union[Any, Iterable[Any]], max_norm: float,
     parameters = list(parameters)  # read twice: a generator would be empty the second time
     total = _clip.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,
                                   error_if_nonfinite=error_if_nonfinite)
-    grads = [p.grad for p in parameters if p.grad is not None]
+    grads = [p.grad.array for p in parameters if p.grad is not None]
     dtype = grads[0].dtype if grads else np.float32
     return Tensor(np.asarray(total, dtype=dtype))

@@ -104,30 +104,30 @@ class GradientSynchronization:
         grads = [p for p in model.parameters() if p.requires_grad and p.grad is not None]
         by_dtype: dict = {}
         for p in grads:
-            by_dtype.setdefault(np.dtype(p.grad.dtype), []).append(p)
+            by_dtype.setdefault(np.dtype(p.grad.array.dtype), []).append(p)
         # the same order on every rank: parameters in the model's order, dtypes by name
         for dtype in sorted(by_dtype, key=str):
             bucket: list = []
             size = 0
             for p in by_dtype[dtype] + [None]:
-                if p is not None and (not bucket or size + p.grad.nbytes <= self.bucket_bytes):
+                if p is not None and (not bucket or size + p.grad.array.nbytes <= self.bucket_bytes):
                     bucket.append(p)
-                    size += p.grad.nbytes
+                    size += p.grad.array.nbytes
                     continue
                 self._average(bucket, dtype, world)
-                bucket, size = ([p], p.grad.nbytes) if p is not None else ([], 0)
+                bucket, size = ([p], p.grad.array.nbytes) if p is not None else ([], 0)
 
     @staticmethod
     def _average(bucket: list, dtype: np.dtype, world: int) -> None:
         if not bucket:
             return
-        flat = np.concatenate([np.asarray(p.grad, dtype=dtype).reshape(-1) for p in bucket])
+        flat = np.concatenate([np.asarray(p.grad.array, dtype=dtype).reshape(-1) for p in bucket])
         all_reduce(flat, ReduceOp.SUM)
         flat /= world
         offset = 0
         for p in bucket:
-            n = p.grad.size
-            p.grad = flat[offset:offset + n].reshape(p.grad.shape).copy()
+            n = p.grad.array.size
+            p.grad = flat[offset:offset + n].reshape(p.grad.array.shape).copy()
             offset += n
 
 

@@ -88,7 +88,7 @@ class HorovodStrategy(Strategy):
         start = time.perf_counter()
         self.optimizer.synchronize()  # waits for the all-reduces backward started
         self._comm_ms += (time.perf_counter() - start) * 1e3
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad.array for p in self.model.parameters() if p.grad is not None]
         norm = math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads))
         if not math.isfinite(norm):
             # no loss scaling runs here, so this is divergence, not an fp16 overflow to skip

@@ -169,9 +169,9 @@ def plain_worker(rank: int, world_size: int, kinds: tuple):
         rng = np.random.default_rng(7 + rank)
         for p in model.module.parameters():
             p.grad = rng.standard_normal(p.array.shape) * 10.0 ** rng.integers(-3, 3)
-        out["inputs"] = [p.grad.copy() for p in model.module.parameters()]
+        out["inputs"] = [p.grad.array.copy() for p in model.module.parameters()]
         model.sync_gradients()
-        out[kind] = [p.grad.copy() for p in model.module.parameters()]
+        out[kind] = [p.grad.array.copy() for p in model.module.parameters()]
     return out
 
 

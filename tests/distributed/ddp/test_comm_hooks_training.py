@@ -67,7 +67,7 @@ def unused_worker(rank: int, world_size: int, kind: str):
     model(x, use_b=(rank == 0)).sum().backward()
     model.sync_gradients()
     m = model.module
-    return m.b.weight.grad.copy(), m.never.weight.grad, m.a.weight.grad.copy()
+    return m.b.weight.grad.array.copy(), m.never.weight.grad, m.a.weight.grad.array.copy()
 
 
 @pytest.mark.parametrize("kind", ["allreduce", "topk"])
@@ -90,7 +90,7 @@ def shared_worker(rank: int, world_size: int, insist):
     for p in model.module.parameters():
         p.grad = np.full(p.array.shape, float(rank), dtype=np.float32)
     model.sync_gradients()
-    return before, model.shared_buckets, model.module.weight.grad.copy()
+    return before, model.shared_buckets, model.module.weight.grad.array.copy()
 
 
 def test_a_hook_moves_shared_buckets_to_private_ones():

@@ -43,7 +43,7 @@ def unused_worker(rank: int, world_size: int, find_unused: bool):
     loss.backward()
     model.sync_gradients()
     m = model.module
-    return (m.b.weight.grad.copy(), m.never.weight.grad, m.a.weight.grad.copy())
+    return (m.b.weight.grad.array.copy(), m.never.weight.grad, m.a.weight.grad.array.copy())
 
 
 def test_find_unused_parameters_follows_pytorch():
@@ -81,7 +81,7 @@ def compression_worker(rank: int, world_size: int):
     for p in layer.parameters():
         p.grad = np.full(p.array.shape, float(rank + 1), dtype=np.float32)
     model.sync_gradients()
-    return layer.weight.grad.copy(), layer.weight.grad.dtype
+    return layer.weight.grad.array.copy(), layer.weight.grad.dtype
 
 
 def test_gradient_compression_averages_in_half_precision():

@@ -31,7 +31,7 @@ def reference_gradients(world_size: int):
     model = make_model(seed=10)
     xs, ys = batches(world_size)
     F.cross_entropy(model(Tensor(xs[0])), Tensor(ys[0])).backward()
-    return [p.grad.copy() for p in model.parameters()]
+    return [p.grad.array.copy() for p in model.parameters()]
 
 
 def backward_then_sync_worker(rank: int, world_size: int):
@@ -51,7 +51,7 @@ def backward_then_sync_worker(rank: int, world_size: int):
     with trace_collectives(CommunicationProfiler()) as during_sync:
         model.sync_gradients()
     same_arrays = all(p.grad is g for p, g in zip(model.module.parameters(), grads))
-    return (after_backward, [p.grad.copy() for p in model.module.parameters()], same_arrays,
+    return (after_backward, [p.grad.array.copy() for p in model.module.parameters()], same_arrays,
             len(during_backward.events()), len(during_sync.events()), len(model._buckets))
 
 
@@ -136,7 +136,7 @@ def unused_worker(rank: int, world_size: int):
         x = Tensor(np.ones((2, 3), dtype=np.float32) * (rank + 1))
         model(x, use_b=(rank == step)).sum().backward()
         m = model.module
-        grads.append((m.a.weight.grad.copy(), m.b.weight.grad.copy(), m.never.weight.grad,
+        grads.append((m.a.weight.grad.array.copy(), m.b.weight.grad.array.copy(), m.never.weight.grad,
                       m.never.bias.grad))
     return grads, len(model._buckets)
 

@@ -68,7 +68,7 @@ def unused_worker(rank: int, world_size: int, shared: bool):
         model(x, use_b=(rank == step)).sum().backward()
         model.sync_gradients()
         m = model.module
-        grads.append((m.a.weight.grad.copy(), m.b.weight.grad.copy(), m.b.bias.grad.copy(),
+        grads.append((m.a.weight.grad.array.copy(), m.b.weight.grad.array.copy(), m.b.bias.grad.array.copy(),
                       m.never.weight.grad, m.never.bias.grad))
     return grads, model.shared_buckets, len(model._buckets)
 
@@ -119,7 +119,7 @@ def large_bucket_worker(rank: int, world_size: int):
             # the second time, gradients of column-major layout are unpacked through a copy
             p.grad = g.copy() if step == 0 else np.asfortranarray(g)
         model.sync_gradients()
-        results.append([p.grad.copy() for p in net.parameters()])
+        results.append([p.grad.array.copy() for p in net.parameters()])
     return results, len(model._buckets), sorted({b.flat.dtype.name for b in model._buckets})
 
 
@@ -160,7 +160,7 @@ def slow_rank_worker(rank: int, world_size: int, slow_step: str):
         for p in net.parameters():
             p.grad = np.full(p.array.shape, 10.0 * step + rank + 1, np.float32)
         model.sync_gradients()
-        results.append([p.grad.copy() for p in net.parameters()])
+        results.append([p.grad.array.copy() for p in net.parameters()])
     return results
 
 
