@@ -45,6 +45,8 @@ class AutogradMethods:
             self._grad = None
             return
         if not isinstance(value, _tensor_module().Tensor):
+            if self._grad is not None and value is self._grad.array:
+                return  # the same storage (a sync unpacked in place): the tensor stays the same
             if not (hasattr(value, "shape") and hasattr(value, "dtype")):
                 raise TypeError(f"assigned grad must be a Tensor, an array or None, got "
                                 f"{type(value).__name__}")

@@ -94,13 +94,8 @@ def convert_module(module: Any, floating: Convert, other: Optional[Convert] = No
             if param is None:
                 continue
             param.array = convert(param.array)
-            grad = param.grad
-            if grad is None:
-                continue
-            if hasattr(grad, "array"):  # a gradient Tensor: converted in place, as torch does
-                grad.array = convert(grad.array)
-            else:
-                param.grad = convert(grad)
+            if param.grad is not None:  # the gradient tensor is converted in place, as torch does
+                param.grad.array = convert(param.grad.array)
         for name, buf in owner._buffers.items():
             if isinstance(buf, Tensor):
                 buf.array = convert(buf.array)

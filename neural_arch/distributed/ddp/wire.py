@@ -50,7 +50,7 @@ def unpack_gradient(view: np.ndarray, param: Any, dtype: np.dtype) -> Any:
     """The gradient ``param`` gets from ``view`` (a slice of a bucket whose wire is narrower
     than ``dtype``): widened into the current ``param.grad`` where that is a contiguous host
     array of ``dtype``, else into a new array on the parameter's side (host or GPU)."""
-    grad = param.grad
+    grad = None if param.grad is None else param.grad.array
     if (type(grad) is np.ndarray and grad.dtype == dtype and grad.flags.c_contiguous
             and grad.size == view.size):
         to_float32(view, grad.reshape(-1))  # other than float16 -> float32: NumPy's cast
