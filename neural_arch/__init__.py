@@ -20,7 +20,7 @@ from .serialization import load, save
 # torch's namespace (`import neural_arch as torch`); `int`, `float` and `bool` are dtypes from
 # here on, so this module's code below must not use them as the builtins
 from .core import (Generator, allclose, argsort, concat, device, einsum, empty_like, full_like,
-                   inference_mode, linspace, multinomial, numel, rand_like, randint,
+                   inference_mode, linspace, multinomial, norm, numel, rand_like, randint,
                    randn_like, randperm, sort, topk, tril, triu)
 from .core.torch_size import Size
 from .core.torch_dtypes import (bfloat16, bool, double, float, half, int, int8, int16, long,
@@ -57,7 +57,8 @@ __all__ = [
 ]
 __all__ += [  # the dtype names stay out: `import *` must not shadow int, float and bool
     "Generator", "allclose", "argsort", "concat", "device", "einsum", "empty_like", "full_like",
-    "inference_mode", "linspace", "multinomial", "numel", "rand_like", "randint", "randn_like",
+    "inference_mode", "linspace", "multinomial", "norm", "numel", "rand_like", "randint",
+    "randn_like",
     "randperm", "sort", "topk", "tril", "triu", "uint8", "int8", "int16",
     "Size",
 ]

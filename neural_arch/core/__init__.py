@@ -23,6 +23,7 @@ __all__ = [
 from .creation import empty_like, full_like, linspace  # noqa: E402
 from .generator import Generator  # noqa: E402
 from .ops_einsum import einsum  # noqa: E402
+from .ops_norm import norm  # noqa: E402
 from .ops_select import argsort, sort, topk, tril, triu, where  # noqa: E402,F811
 from .sampling import (multinomial, rand, rand_like, randint, randn, randn_like,  # noqa: E402
                        randperm)  # noqa: F811
@@ -34,7 +35,8 @@ concat = concatenate
 
 __all__ += [
     "empty_like", "full_like", "linspace", "Generator", "einsum", "argsort", "sort", "topk",
-    "tril", "triu", "multinomial", "rand_like", "randint", "randn_like", "randperm", "device",
+    "norm", "tril", "triu", "multinomial", "rand_like", "randint", "randn_like", "randperm",
+    "device",
     "allclose", "inference_mode", "numel", "concat",
     "Size",
 ]

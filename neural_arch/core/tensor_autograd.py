@@ -52,8 +52,9 @@ class AutogradMethods:
                                 f"{type(value).__name__}")
             value = _tensor_module()._constant(value)
         if tuple(value.shape) != tuple(self.array.shape):
-            raise RuntimeError(f"assigned grad has data of a different size: {tuple(value.shape)} "
-                               f"for a tensor of shape {tuple(self.array.shape)}")
+            raise RuntimeError(f"attempting to assign a gradient of size '{list(value.shape)}' to "
+                               f"a tensor of size '{list(self.array.shape)}'. Please ensure that "
+                               f"the gradient and the tensor are the same size")
         self._grad = value
 
     @property

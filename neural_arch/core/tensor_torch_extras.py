@@ -102,6 +102,12 @@ class TorchExtraMethods:
     def argmin(self, dim: Any = None, keepdim: bool = False, **kwargs: Any) -> Any:
         return _ops().argmin(self, dim, keepdim, **kwargs)
 
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False,
+             dtype: Any = None) -> Any:
+        """torch's vector norm (``ops_norm``), with its gradient."""
+        return importlib.import_module(f"{__package__}.ops_norm").norm(self, p, dim, keepdim,
+                                                                       dtype)
+
     def any(self, dim: Any = None, keepdim: bool = False, **numpy_kwargs: Any) -> Any:
         """torch's ``any``: a bool tensor, over all elements or along ``dim``."""
         return self._truth("any", dim, keepdim, numpy_kwargs)
