@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.timeout(60)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -45,8 +46,9 @@ def test_bus_factors_and_message_shapes():
     assert bench_collectives.schedule(256 << 20, 2) == (1, 2)
 
 
-def _row(backend: str, p: int, nbytes: int, seconds: float) -> dict:
-    return dict(collective="all_reduce", world_size=p, backend=backend, bytes=nbytes,
+def _row(backend: str, p: int, nbytes: int, seconds: float,
+         collective: str = "all_reduce") -> dict:
+    return dict(collective=collective, world_size=p, backend=backend, bytes=nbytes,
                 seconds=seconds, algorithm="x", calls_per_batch=1, batches=1)
 
 
@@ -88,7 +90,7 @@ def test_collective_goals_follow_the_numbers():
         _row("MPI native", 2, 64 * mib, 0.040), _row("shm", 2, 64 * mib, 0.030),  # 1.33x
         _row("MPI native", 4, 16 * mib, 0.010), _row("shm", 4, 16 * mib, 0.011),  # 0.91x
         _row("shm", 2, 4, 7.9e-6), _row("tcp", 2, 64 * mib, 64 * mib / 1.4e9)]    # 1.4 GB/s
-    verdicts = {goal: ok for goal, _, ok in bench_collectives.goals(rows)}
+    verdicts = {goal: ok for goal, _, ok in bench_collectives.earlier_goals(rows)}
     assert verdicts == {
         "shm all_reduce busbw >= 2x MPI native at 16 MiB, p=2": True,
         "shm all_reduce busbw >= 2x MPI native at 64 MiB, p=2": False,
@@ -98,6 +100,97 @@ def test_collective_goals_follow_the_numbers():
         "tcp all_reduce busbw >= 1.5 GB/s at 64 MiB, p=2": False}
     assert bench_collectives.bandwidths(rows[5]) == pytest.approx((16 * mib / 0.011 / 1e9,
                                                                    1.5 * 16 * mib / 0.011 / 1e9))
+
+
+def _size_goal_rows() -> list:
+    """p = 2 measured in full, p = 4 in part: times in us, one figure per row."""
+    kib, mib, us = 1 << 10, 1 << 20, 1e-6
+    rows = []
+    for nbytes, shm, native in ((4, 2.9, 2.0), (64, 3.1, 2.0), (kib, 3.0, 2.5)):
+        rows += [_row("shm", 2, nbytes, shm * us), _row("MPI native", 2, nbytes, native * us)]
+    rows += [_row("shm", 2, 4, 3.0 * us, "broadcast"),  # +1.2 us at 4 B: a miss
+             _row("MPI native", 2, 4, 1.8 * us, "broadcast"),
+             _row("shm", 2, 2 * kib, 9.0 * us, "broadcast"),  # past 1 KiB: not a latency size
+             _row("MPI native", 2, 2 * kib, 1.0 * us, "broadcast"),
+             _row("shm", 2, 0, 1.9 * us, "barrier"), _row("MPI native", 2, 0, 1.0 * us, "barrier"),
+             _row("shm", 4, 16, 14.0 * us), _row("MPI native", 4, 16, 10.0 * us),  # 1.4x
+             _row("shm", 4, 4, 15.0 * us), _row("mpi", 4, 4, 1.0 * us),  # no MPI native at 4 B
+             _row("shm", 4, 0, 16.0 * us, "barrier"), _row("MPI native", 4, 0, 10.0 * us,
+                                                           "barrier")]  # 1.6x
+    # busbw = bytes / time at p = 2: ours 4.1 GB/s at 4 KiB, 0.95x MPI's at 1 MiB
+    rows += [_row("shm", 2, 4 * kib, 4 * kib / 4.1e9), _row("MPI native", 2, 4 * kib, 1e-6),
+             _row("shm", 2, mib, 0.001 / 0.95), _row("MPI native", 2, mib, 0.001),
+             _row("shm", 2, 16 * mib, 0.004), _row("MPI native", 2, 16 * mib, 0.002)]  # past 4 MiB
+    # AVERAGE and the plain loop against the batched SUM rows above (p = 2 only)
+    rows += [_row("shm AVERAGE", 2, 4, 3.0 * us), _row("shm AVERAGE", 2, mib, 0.00116),
+             _row("shm plain loop", 2, 4, 2.0 * us), _row("shm plain loop", 2, mib, 0.00108)]
+    return rows
+
+
+def test_size_goals_name_the_worst_size_and_follow_the_numbers():
+    goals = collectives_report.size_goals(_size_goal_rows())
+    shown = {goal: (measured, ok) for goal, measured, ok in goals}
+    assert list(shown) == [  # every line whether measured or not, p = 2 before p = 4
+        "shm all_reduce 4 B - 1 KiB <= MPI native + 1 us, p=2",
+        "shm broadcast 4 B - 1 KiB <= MPI native + 1 us, p=2",
+        "shm barrier <= MPI native + 1 us, p=2",
+        "shm all_reduce 4 B - 1 KiB <= 1.5x MPI native, p=4",
+        "shm broadcast 4 B - 1 KiB <= 1.5x MPI native, p=4",
+        "shm barrier <= 1.5x MPI native, p=4",
+        "shm all_reduce busbw >= 1x MPI native at 4 KiB - 4 MiB, p=2",
+        "shm all_reduce busbw >= 1x MPI native at 4 KiB - 4 MiB, p=4",
+        "shm AVERAGE <= 1.05x SUM time at every size, p=2",
+        "shm plain loop <= 1.05x batched SUM time at every size, p=2",
+        "shm AVERAGE <= 1.05x SUM time at every size, p=4",
+        "shm plain loop <= 1.05x batched SUM time at every size, p=4"]
+    assert list(shown.values()) == [
+        ("worst 64 B: 3.10 vs 2.00 us (+1.10 us); 3 sizes, 4 B - 1 KiB", False),
+        ("worst 4 B: 3.00 vs 1.80 us (+1.20 us); 1 size, 4 B", False),
+        ("1.90 vs 1.00 us (+0.90 us)", True),
+        ("worst 16 B: 14.00 vs 10.00 us (1.40x); 1 size, 16 B", True),
+        ("-", None),
+        ("16.00 vs 10.00 us (1.60x)", False),
+        ("worst 1 MiB: 0.996 vs 1.05 GB/s (0.95x); 2 sizes, 4 KiB - 1 MiB", False),
+        ("-", None),
+        ("worst 1 MiB: 1160 vs 1053 us (1.10x); 2 sizes, 4 B - 1 MiB", False),
+        ("worst 1 MiB: 1080 vs 1053 us (1.03x); 2 sizes, 4 B - 1 MiB", True),
+        ("-", None), ("-", None)]
+
+
+def test_size_goals_pass_at_their_limits():
+    us, kib, mib = 1e-6, 1 << 10, 1 << 20
+    rows = [_row("shm", 2, 4, 3.0 * us), _row("MPI native", 2, 4, 2.0 * us),  # + exactly 1 us
+            _row("shm", 4, kib, 15.0 * us, "broadcast"),
+            _row("MPI native", 4, kib, 10.0 * us, "broadcast"),  # exactly 1.5x
+            _row("shm", 4, 4 * mib, 0.001), _row("MPI native", 4, 4 * mib, 0.001),  # 1x
+            _row("shm AVERAGE", 2, 4, 3.15 * us), _row("shm plain loop", 2, 4, 1.0 * us),
+            _row("shm", 2, 0, 0.5 * us, "barrier"),  # faster than MPI's
+            _row("MPI native", 2, 0, 1.0 * us, "barrier")]
+    goals = collectives_report.size_goals(rows)
+    verdicts = {goal: ok for goal, _, ok in goals}
+    assert ("shm barrier <= MPI native + 1 us, p=2", "0.50 vs 1.00 us (-0.50 us)", True) in goals
+    assert verdicts["shm all_reduce 4 B - 1 KiB <= MPI native + 1 us, p=2"] is True
+    assert verdicts["shm broadcast 4 B - 1 KiB <= 1.5x MPI native, p=4"] is True
+    assert verdicts["shm all_reduce busbw >= 1x MPI native at 4 KiB - 4 MiB, p=4"] is True
+    assert verdicts["shm AVERAGE <= 1.05x SUM time at every size, p=2"] is True
+    assert verdicts["shm plain loop <= 1.05x batched SUM time at every size, p=2"] is True
+
+
+def test_report_puts_the_size_goals_first_and_shows_the_barrier():
+    rows = _size_goal_rows()
+    text = collectives_report.report(rows, [], "python benchmarks/bench_collectives.py", "m")
+    first, earlier = text.index("### Goals at every size"), text.index("### Earlier goals")
+    assert first < text.index("| shm barrier <= MPI native + 1 us, p=2 |") < earlier
+    assert earlier < text.index("| shm 4-byte all_reduce <= 8 us, p=2 |")
+    barrier = text.split("### barrier, p = 2")[1].split("###")[0]
+    assert "| shm | x | 1.9 | 0.53x |" in barrier and "| MPI native | x | 1.0 |  |" in barrier
+    assert bench_collectives.goals(rows) == (collectives_report.size_goals(rows)
+                                             + collectives_report.earlier_goals(rows))
+    summary = bench_collectives.summary(rows).splitlines()  # printed last by a run
+    assert len(summary) == len(bench_collectives.goals(rows))
+    assert summary[2] == "PASS" + " " * 16 + "shm barrier <= MPI native + 1 us, p=2: " \
+                                             "1.90 vs 1.00 us (+0.90 us)"
+    assert summary[4] == "n/a (not measured)  shm broadcast 4 B - 1 KiB <= 1.5x MPI native, p=4: -"
 
 
 def test_training_goal_follows_the_numbers():

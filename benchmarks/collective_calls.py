@@ -1,0 +1,134 @@
+"""The calls ``bench_collectives.py`` times on each rank of a job, with their buffers and checks.
+
+Each ``*_call(collective, buffers)`` returns a function of no arguments that makes one call on
+the reused buffers: ours through the public ``neural_arch.distributed`` API, MPI's own through
+mpi4py (under mpiexec), the AVERAGE variant of our all-reduce, and the two shm references
+(buffer stream, copy exchange). A barrier has no buffers.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List
+
+from collectives_goals import BARRIER
+
+ITEMSIZE = 4  # float32
+STREAM_STEP_BYTES = 1 << 20  # the stream's scratch and the exchange's round: stay in cache
+LOOP_WARMUP_CALLS = 10
+
+
+def buffers(collective: str, count: int, p: int) -> Dict[str, Any]:
+    import numpy as np
+    if collective == BARRIER:
+        return {}
+    if collective == "all_gather":
+        return {"send": np.zeros(count // p, np.float32), "out": np.zeros(count, np.float32)}
+    return {"buf": np.zeros(count, np.float32)}
+
+
+def our_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    from neural_arch import distributed as dist
+    if collective == BARRIER:
+        return dist.barrier
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(b["buf"])
+    if collective == "all_gather":
+        return lambda: dist.all_gather_into_tensor(b["out"], b["send"])
+    return lambda: dist.broadcast(b["buf"], src=0)
+
+
+def average_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    from neural_arch import distributed as dist
+    return lambda: dist.all_reduce(b["buf"], dist.ReduceOp.AVERAGE)
+
+
+def time_plain_loop(call: Callable[[], Any], calls: int) -> List[float]:
+    """Seconds of each of ``calls`` calls made back to back (after LOOP_WARMUP_CALLS untimed
+    ones), with no barrier in between: a user's own timing loop."""
+    import time
+    for _ in range(LOOP_WARMUP_CALLS):
+        call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def native_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    if collective == BARRIER:
+        return comm.Barrier
+    if collective == "all_reduce":
+        return lambda: comm.Allreduce(MPI.IN_PLACE, b["buf"], op=MPI.SUM)
+    if collective == "all_gather":
+        return lambda: comm.Allgather(b["send"], b["out"])
+    return lambda: comm.Bcast(b["buf"], root=0)
+
+
+def stream_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    """Read and write the buffer once, through a scratch that stays in cache: the least memory
+    traffic of any all-reduce that leaves its result in the caller's buffer."""
+    import numpy as np
+    buf = b["buf"]
+    step = STREAM_STEP_BYTES // ITEMSIZE
+    scratch = np.empty(min(step, buf.size), buf.dtype)
+
+    def stream() -> None:
+        for lo in range(0, buf.size, step):
+            part = buf[lo:lo + step]
+            np.copyto(scratch[:part.size], part)
+            np.copyto(part, scratch[:part.size])
+    return stream
+
+
+def exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
+    """Copy the buffer into this rank's area of the shm workspace and the next rank's copy
+    back, a round at a time with one barrier each, alternating the workspace's two halves (as
+    the direct all-reduce does): its copies at p = 2, without the sums."""
+    import numpy as np
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.group.world import resolve_group
+    buf, t = b["buf"], resolve_group(None).transport
+    inputs, _ = t.native_collectives().views(buf.dtype)
+    step = min(STREAM_STEP_BYTES, t.layout.workspace_bytes) // ITEMSIZE
+    mine, peer = t.rank, (t.rank + 1) % t.world_size
+    rounds = [0]  # over all calls: a call must not start in the half its last round used
+
+    def exchange() -> None:
+        for lo in range(0, buf.size, step):
+            part = buf[lo:lo + step]
+            areas = inputs[rounds[0] & 1]
+            rounds[0] += 1
+            np.copyto(areas[mine][:part.size], part)
+            dist.barrier()  # the neighbour's copy is complete
+            np.copyto(part, areas[peer][:part.size])
+    return exchange
+
+
+def check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int,
+           p: int, average: bool = False) -> None:
+    """One call on known inputs must give the known result; then every buffer is zeroed, so
+    that the timed sums stay finite (and every page is written, not a shared zero page). A
+    barrier carries no data: that it returns on every rank is its check."""
+    import numpy as np
+    if collective == BARRIER:
+        call()
+        return
+    if collective == "all_reduce":
+        b["buf"][...] = rank + 1
+        got, expected = b["buf"], np.float32(p * (p + 1) / 2 / (p if average else 1))
+    elif collective == "all_gather":
+        b["send"][...] = rank + 1
+        got = b["out"]
+        expected = np.repeat(np.arange(1, p + 1, dtype=np.float32), b["send"].size)
+    else:
+        b["buf"][...] = 7.0 if rank == 0 else -1.0
+        got, expected = b["buf"], np.float32(7.0)
+    call()
+    if not np.array_equal(got, np.broadcast_to(expected, got.shape)):
+        raise RuntimeError(f"{collective} of {got.nbytes} B on rank {rank} of {p} gave "
+                           f"{got[:4]}..., expected {np.ravel(expected)[:4]}...")
+    for array in b.values():
+        array[...] = 0

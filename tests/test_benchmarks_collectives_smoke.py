@@ -1,0 +1,157 @@
+"""``bench_collectives.py`` runs end to end with tiny sizes and reports consistent numbers: every
+bandwidth, ratio and goal line is recomputed from the printed times (none judges speed), a goal
+nothing measured reads "not measured", and a job past its time limit is reported."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from test_benchmarks_smoke import _SIZE, BACKENDS, _ratio_shown, _run, _tables
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.mark.slow
+def test_bench_collectives_reports_consistent_numbers(tmp_path):
+    output, figure = tmp_path / "RESULTS.md", tmp_path / "bw.png"
+    output.write_text("# Results\n\n<!-- bench_step:start -->\nstep table\n"
+                      "<!-- bench_step:end -->\n\n<!-- bench_collectives:start -->\nstale\n"
+                      "<!-- bench_collectives:end -->\n")
+    result = _run("bench_collectives.py",
+                  ["--backends", ",".join(BACKENDS), "--world-sizes", "2", "--sizes", "4,4K,1M",
+                   "--iters", "2", "--repeats", "1", "--output", str(output), "--plot",
+                   str(figure)])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    text = output.read_text()
+    assert text.startswith("# Results\n\n<!-- bench_step:start -->\nstep table\n"
+                           "<!-- bench_step:end -->\n")
+    assert text.count("<!-- bench_collectives:start -->") == 1 and "stale" not in text
+    assert "Command: `python benchmarks/bench_collectives.py --backends" in text
+    assert re.search(r"Machine: .+; \d+ cores; Python 3[.\d]+; NumPy [.\d]+; ", text)
+    tables = _tables(text)
+    expected_backends = set(BACKENDS) | ({"MPI native"} if "mpi" in BACKENDS else set())
+    # p = 2: busbw/algbw is 2(p-1)/p = 1 for all_reduce, (p-1)/p = 1/2 for all_gather, 1 else;
+    # all_gather of "4 B" still sends one float32 per rank.
+    mib = 1 << 20
+    expected = {"all_reduce": ((4, 4096, mib), 1.0), "all_gather": ((8, 4096, mib), 0.5),
+                "broadcast": ((4, 4096, mib), 1.0)}
+    # the shm jobs also time the buffer stream and the copy exchange for all-reduces from
+    # 1 MiB, and our all-reduce with AVERAGE and in a plain loop at every size
+    references = ("buffer stream", "copy exchange")
+    variants = ("shm AVERAGE", "shm plain loop")
+    stream = ({(mib, r) for r in references} | {(n, v) for n in (4, 4096, mib) for v in variants}
+              if "shm" in BACKENDS else set())
+    assert set(tables) == {(c, 2) for c in expected}
+    for collective, (sizes, bus_over_alg) in expected.items():
+        rows = tables[(collective, 2)]
+        assert sorted((n, b) for n, b, *_ in rows) == sorted(
+            {(n, b) for n in sizes for b in expected_backends}
+            | (stream if collective == "all_reduce" else set()))
+        native = {n: us for n, b, _, us, *_ in rows if b == "MPI native"}
+        for nbytes, backend, _, us, algbw, busbw, ratio in rows:
+            # times print to 0.1 us, bandwidths to 3 significant digits, ratios to 0.01
+            assert _ratio_shown(algbw, nbytes / 1e3, us, 1, 0.0051 * algbw, 0.05, 0.0)
+            assert busbw == pytest.approx(algbw * bus_over_alg, rel=0.011)
+            if backend not in ("MPI native",) + references and native:  # MPI's over ours
+                assert _ratio_shown(ratio, native[nbytes], us, 1, 0.005, 0.05)
+            else:
+                assert ratio is None
+    tiny = re.search(r"\| shm 4-byte all_reduce <= 8 us, p=2 \| ([0-9.]+) us \| (PASS|MISS) \|",
+                     text)
+    assert tiny, text[:3000]
+    assert (tiny.group(2) == "PASS") == (float(tiny.group(1)) <= 8.0)
+    assert "| tcp all_reduce busbw >= 1.5 GB/s at 64 MiB, p=2 | - | n/a (not measured) |" in text
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    barrier = _barrier_table(text)
+    assert set(barrier) == expected_backends
+    for backend, (us, ratio) in barrier.items():
+        if backend != "MPI native" and "MPI native" in barrier:
+            assert _ratio_shown(ratio, barrier["MPI native"][0], us, 1, 0.005, 0.05)
+        else:
+            assert ratio is None
+    _check_size_goals(text, tables, barrier)
+    # the run ends with every goal line of the report, verdict first
+    summary = result.stdout.split("\nGoals:\n")[-1]
+    lines = re.findall(r"^\| (.+?) \| (.+?) \| (PASS|MISS|n/a \(not measured\)) \|$", text,
+                       re.MULTILINE)
+    assert len(lines) == 18 and len(summary.splitlines()) == 18, summary
+    for goal, measured, verdict in lines:
+        assert re.search(rf"^{re.escape(verdict)} +{re.escape(goal)}: {re.escape(measured)}$",
+                         summary, re.MULTILINE), (goal, summary)
+
+
+_BARRIER_ROW = re.compile(r"^\| ([\w ]+?) \| (\w+) \| ([0-9.]+) \| (?:([0-9.]+)x)? \|$",
+                          re.MULTILINE)
+_SIZE_GOAL = re.compile(r"^\| (shm [^|]+?, p=(\d)) \| ([^|]+?) \| (PASS|MISS|n/a \(not measured\)) "
+                        r"\|$", re.MULTILINE)
+_WORST = re.compile(r"^(?:worst (\d+ (?:B|KiB|MiB)): )?([0-9.]+) vs ([0-9.]+) (us|GB/s) "
+                    r"\(([+-]?[0-9.]+)( us|x)\)")
+
+
+def _barrier_table(text: str) -> dict:
+    """{backend: (us, ratio or None)} of the barrier at p = 2."""
+    block = text.split("### barrier, p = 2")[1].split("###")[0]
+    return {backend: (float(us), float(ratio) if ratio else None)
+            for backend, _, us, ratio in _BARRIER_ROW.findall(block)}
+
+
+def _half(shown: str, unit: str) -> float:
+    """Half the last printed digit: GB/s to 3 significant digits, us to 0.01 (from 100: 1)."""
+    value = float(shown)
+    return 0.0051 * value if unit == "GB/s" else (0.005 if "." in shown else 0.5)
+
+
+def _check_size_goals(text: str, tables: dict, barrier: dict) -> None:
+    """Each goal at every size (run at p = 2 only) agrees with its limit and with the tables'
+    figures at the size it names."""
+    block = text.split("### Goals at every size")[1].split("### Earlier goals")[0]
+    lines = _SIZE_GOAL.findall(block)
+    assert len(lines) == 12, block
+    measured_p2 = 0
+    for goal, p, measured, verdict in lines:
+        if p == "4" or ("MPI native" in goal and "mpi" not in BACKENDS):
+            assert (measured, verdict) == ("-", "n/a (not measured)"), goal
+            continue
+        measured_p2 += 1
+        match = _WORST.match(measured)
+        assert match, (goal, measured)
+        size, ours_text, theirs_text, unit, figure, kind = match.groups()
+        ours, theirs, figure = float(ours_text), float(theirs_text), float(figure)
+        ours_half, theirs_half = _half(ours_text, unit), _half(theirs_text, unit)
+        if kind == " us":  # ours - theirs, printed to 0.01 us
+            assert figure == pytest.approx(ours - theirs, abs=ours_half + theirs_half + 0.005)
+        else:  # a ratio of times, or of bandwidths (ours over theirs), printed to 0.01
+            assert _ratio_shown(figure, ours, theirs, 1, 0.005, theirs_half, ours_half)
+        limit = float(re.search(r"([0-9.]+)(?: us|x)", re.split("<=|>=", goal)[-1])[1])
+        if abs(figure - limit) > 0.005:  # a verdict at the limit could go either way
+            assert (verdict == "PASS") == ((figure >= limit) if ">=" in goal
+                                           else (figure <= limit)), (goal, measured)
+        # the figures are the tables' at the size named
+        name = goal.split()[1]
+        if size is None:
+            column = {b: us for b, (us, _) in barrier.items()}
+        else:
+            number, scale = size.split()
+            collective = name if name in ("all_reduce", "broadcast") else "all_reduce"
+            column = {b: (busbw if unit == "GB/s" else us)
+                      for n, b, _, us, _, busbw, _ in tables[(collective, 2)]
+                      if n == int(number) * _SIZE[scale]}
+        mine = {"AVERAGE": "shm AVERAGE", "plain": "shm plain loop"}.get(name, "shm")
+        other = "shm" if "SUM" in goal else "MPI native"
+        slack = 0.051 if unit == "us" else 0.0
+        assert ours == pytest.approx(column[mine], abs=ours_half + slack), (goal, measured)
+        assert theirs == pytest.approx(column[other], abs=theirs_half + slack), (goal, measured)
+    assert measured_p2 == (6 if "mpi" in BACKENDS else 2)
+
+
+def test_bench_collectives_reports_a_job_past_its_time_limit(tmp_path):
+    backends = ["shm"] + (["mpi"] if "mpi" in BACKENDS else [])
+    result = _run("bench_collectives.py",
+                  ["--backends", ",".join(backends), "--world-sizes", "2", "--sizes", "4",
+                   "--collectives", "all_reduce", "--iters", "1000000", "--job-timeout", "4",
+                   "--repeats", "1"])
+    assert result.returncode == 1
+    for backend in backends:
+        assert f"Failed job: bench_collectives.py job on backend '{backend}' with 2 ranks ran " \
+               f"past its time limit" in result.stdout
