@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional, Tuple
 
+import numpy as np
+
 from ...distributed.ddp.advanced import AdvancedDistributedDataParallel
 from ..batches import batch_size_of, forward
 from .base import StepOutcome, Strategy
@@ -39,9 +41,13 @@ class WrappedStep(Strategy):
         self._check(model, config, group)
         settings = dataclasses.replace(config.data_parallel(), zero_stage=self.zero_stage)
         self.group, self.model = group, model
+        # the reduce-scatter path keeps the parameters as views of one host buffer: a model
+        # on a GPU runs ZeRO-1 as DDP plus ZeroRedundancyOptimizer (the same updates)
+        on_host = all(type(p.array) is np.ndarray for p in model.parameters())
         self.wrapper = AdvancedDistributedDataParallel(model, settings, group=group,
                                                        overlap=self.overlap,
-                                                       reduce_scatter=self.reduce_scatter)
+                                                       reduce_scatter=self.reduce_scatter
+                                                       and on_host)
         self._mixed = settings.mixed_precision
         if self.zero_stage == 1:
             optimizer = self.wrapper.wrap_optimizer(optimizer)
