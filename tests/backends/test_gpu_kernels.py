@@ -244,7 +244,7 @@ def test_fused_ops_match_functional_on_cuda(monkeypatch):
         fused_kernels.fused_bias_gelu(fused_kernels.fused_layer_norm(x, 32, w, b), b)
         .reshape(-1, 32), cp.asarray(np.arange(48) % 32))
     out.backward()
-    fused = [cp.asnumpy(t.grad) for t in (x, w, b)]
+    fused = [cp.asnumpy(t.grad.array) for t in (x, w, b)]
     for t in (x, w, b):
         t.grad = None
     monkeypatch.setenv(ENV_FUSED_KERNELS, "0")  # else F runs these same kernels
@@ -255,7 +255,7 @@ def test_fused_ops_match_functional_on_cuda(monkeypatch):
     assert not any(spies.values()), "the reference went through the fused ops"
     assert abs(float(out.array) - float(ref.array)) < 1e-5
     for got, t in zip(fused, (x, w, b)):
-        np.testing.assert_allclose(got, cp.asnumpy(t.grad), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got, cp.asnumpy(t.grad.array), rtol=1e-4, atol=1e-5)
 
 
 def _spy_on_fused_ops(monkeypatch):
@@ -288,7 +288,7 @@ def _functional_fused_and_not(monkeypatch, fn, leaves, op):
         weights = np.linspace(-1.0, 1.0, out.array.size).reshape(out.array.shape)
         (out * Tensor(weights, device="cuda")).sum().backward()
         assert out.array.dtype == cp.float32
-        results.append((cp.asnumpy(out.array), [cp.asnumpy(t.grad) for t in leaves]))
+        results.append((cp.asnumpy(out.array), [cp.asnumpy(t.grad.array) for t in leaves]))
         assert len(spies[op]) == 1, f"{op} ran {len(spies[op])} times with the switch at {switch}"
     return results
 

@@ -110,7 +110,8 @@ class PrivateBuckets:
                 if self._grads_as_views and type(param.array) is np.ndarray:
                     param.grad = view  # the next backward accumulates into the bucket
                 else:
-                    param.grad = copy_from_host(view, param.array, out=param.grad.array)
+                    into = None if param.grad is None else param.grad.array
+                    param.grad = copy_from_host(view, param.array, out=into)
 
     def _take_result(self, index: int, flat: np.ndarray) -> None:
         future, self._futures[index] = self._futures[index], None

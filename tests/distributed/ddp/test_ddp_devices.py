@@ -47,8 +47,8 @@ def _fake_device_ddp(rank: int, world_size: int) -> dict:
     model.b.grad = None if rank == 0 else cp.asarray(np.full(5, 4.0))  # rank 0 had none
     ddp.find_unused_parameters = True
     ddp.sync_gradients()
-    out["grad_types"] = sorted({type(p.grad).__module__ for p in (model.w, model.b)})
-    out["w_grad"], out["b_grad"] = cp.asnumpy(model.w.grad), cp.asnumpy(model.b.grad)
+    out["grad_types"] = sorted({type(p.grad.array).__module__ for p in (model.w, model.b)})
+    out["w_grad"], out["b_grad"] = cp.asnumpy(model.w.grad.array), cp.asnumpy(model.b.grad.array)
     return out
 
 
