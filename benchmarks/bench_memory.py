@@ -55,7 +55,8 @@ def _counted(model, optimizer) -> Dict[str, int]:
         return total
     params = list(model.parameters())
     state = getattr(optimizer, "optim", optimizer).state
-    return {"params": nbytes(p.array for p in params), "grads": nbytes(p.grad.array for p in params if p.grad is not None),
+    grads = (p.grad.array for p in params if p.grad is not None)
+    return {"params": nbytes(p.array for p in params), "grads": nbytes(grads),
             "optimizer": nbytes(v for p in state for v in state[p].values()
                                 if hasattr(v, "nbytes") and getattr(v, "ndim", 0) > 0)}
 

@@ -194,7 +194,8 @@ def test_a_general_callable_finds_the_parameters_it_closes_over():
         return layer(h).tanh() * scale ** power
 
     (fn(x, power=2) ** 2).sum().backward()
-    want = [layer.weight.grad.array.copy(), layer.bias.grad.array.copy(), scale.grad.array.copy(), x.grad.array.copy()]
+    want = [layer.weight.grad.array.copy(), layer.bias.grad.array.copy(),
+            scale.grad.array.copy(), x.grad.array.copy()]
     for t in (layer.weight, layer.bias, scale, x):
         t.grad = None
     (checkpoint(fn, x, power=2) ** 2).sum().backward()

@@ -33,7 +33,7 @@ def _arrays(grads: Iterable[Any]) -> List[Any]:
     out = []
     for g in grads:
         if hasattr(g, "grad") and hasattr(g, "requires_grad"):
-            g = g.grad.array
+            g = None if g.grad is None else g.grad.array
         if g is not None:
             out.append(g)
     return out

@@ -185,7 +185,8 @@ class GPT3D:
                 p.grad = np.zeros_like(p.array)
             by_dtype.setdefault(np.dtype(p.grad.array.dtype), []).append(p)
         for dtype, params in by_dtype.items():
-            flat = np.concatenate([np.ravel(p.grad.array) for p in params]).astype(dtype, copy=False)
+            flat = np.concatenate([np.ravel(p.grad.array) for p in params])
+            flat = flat.astype(dtype, copy=False)
             collectives.all_reduce(flat, op=ReduceOp.AVERAGE, group=self.dp_group)
             at = 0
             for p in params:

@@ -110,7 +110,8 @@ class GradientSynchronization:
             bucket: list = []
             size = 0
             for p in by_dtype[dtype] + [None]:
-                if p is not None and (not bucket or size + p.grad.array.nbytes <= self.bucket_bytes):
+                fits = p is not None and size + p.grad.array.nbytes <= self.bucket_bytes
+                if p is not None and (not bucket or fits):
                     bucket.append(p)
                     size += p.grad.array.nbytes
                     continue

@@ -10,7 +10,8 @@ attaches one) it takes:
 - every collective of the process, timed where it runs, with this rank's buffer bytes
   (``trace_collectives`` into a ``CommunicationProfiler``): ``communication_efficiency`` is
   their bytes over their seconds, MB/s;
-- the payload bytes this rank's transport sent (``neural_arch.distributed.transports.sent_bytes``; 0 on
+- the payload bytes this rank's transport sent
+  (``neural_arch.distributed.transports.sent_bytes``; 0 on
   shared memory, whose collectives read the peers' memory instead of sending messages);
 - the process's CPU time and resident memory, sampled every ``monitoring_interval`` seconds.
 

@@ -46,11 +46,11 @@ def backward_then_sync_worker(rank: int, world_size: int):
     loss = F.cross_entropy(model(Tensor(x)), Tensor(y))
     with trace_collectives(CommunicationProfiler()) as during_backward:
         loss.backward()
-    grads = [p.grad for p in model.module.parameters()]
+    grads = [p.grad.array for p in model.module.parameters()]
     after_backward = [g.copy() for g in grads]
     with trace_collectives(CommunicationProfiler()) as during_sync:
         model.sync_gradients()
-    same_arrays = all(p.grad is g for p, g in zip(model.module.parameters(), grads))
+    same_arrays = all(p.grad.array is g for p, g in zip(model.module.parameters(), grads))
     return (after_backward, [p.grad.array.copy() for p in model.module.parameters()], same_arrays,
             len(during_backward.events()), len(during_sync.events()), len(model._buckets))
 
@@ -136,8 +136,8 @@ def unused_worker(rank: int, world_size: int):
         x = Tensor(np.ones((2, 3), dtype=np.float32) * (rank + 1))
         model(x, use_b=(rank == step)).sum().backward()
         m = model.module
-        grads.append((m.a.weight.grad.array.copy(), m.b.weight.grad.array.copy(), m.never.weight.grad,
-                      m.never.bias.grad))
+        grads.append((m.a.weight.grad.array.copy(), m.b.weight.grad.array.copy(),
+                      m.never.weight.grad, m.never.bias.grad))
     return grads, len(model._buckets)
 
 

@@ -68,8 +68,8 @@ def unused_worker(rank: int, world_size: int, shared: bool):
         model(x, use_b=(rank == step)).sum().backward()
         model.sync_gradients()
         m = model.module
-        grads.append((m.a.weight.grad.array.copy(), m.b.weight.grad.array.copy(), m.b.bias.grad.array.copy(),
-                      m.never.weight.grad, m.never.bias.grad))
+        grads.append((m.a.weight.grad.array.copy(), m.b.weight.grad.array.copy(),
+                      m.b.bias.grad.array.copy(), m.never.weight.grad, m.never.bias.grad))
     return grads, model.shared_buckets, len(model._buckets)
 
 
