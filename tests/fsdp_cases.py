@@ -122,7 +122,7 @@ def fsdp_worker(rank, world_size, kind, strategy, optimizer, wrap, micro=1, clip
     norms = train(kind, model, opt, rank, world_size, micro, clip, model.clip_grad_norm_)
     return {"state": model.full_state_dict(), "norms": norms, "memory": model.memory_stats(),
             "shards": [p.array.size for p in model.parameters()],
-            "grads": [None if p.grad is None else p.grad.size for p in model.parameters()],
+            "grads": [None if p.grad is None else p.grad.array.size for p in model.parameters()],
             "adam_state": [sorted((k, np.asarray(v).size) for k, v in opt.state[p].items())
                            for p in model.parameters()],
             "module_grads": [n for n, p in model.module.named_parameters() if p.grad is not None]}

@@ -90,7 +90,7 @@ def test_elementwise_dtype_values_and_gradients(name, op):
     for got, want in ((a, ta), (b, tb)):
         if want.grad is not None:
             assert got.grad is not None and got.grad.dtype == na.bfloat16
-            np.testing.assert_allclose(got.grad.astype(np.float64), as_float(want.grad),
+            np.testing.assert_allclose(got.grad.array.astype(np.float64), as_float(want.grad),
                                        **ONE_STEP)
 
 
@@ -128,7 +128,7 @@ def test_matmul_and_linear_compute_in_float32_and_round_once():
     (expected * expected).sum().backward()
     for got_t, want_t in ((x, tx), (w, tw), (b, tb)):
         assert got_t.grad.dtype == na.bfloat16
-        np.testing.assert_allclose(got_t.grad.astype(np.float64), as_float(want_t.grad),
+        np.testing.assert_allclose(got_t.grad.array.astype(np.float64), as_float(want_t.grad),
                                    rtol=3e-2, atol=0.1)
     np.testing.assert_allclose(as_float(na.einsum("ij,kj->ik", ours(X), ours(W))),
                                as_float(torch.einsum("ij,kj->ik", theirs(X), theirs(W))),
@@ -165,7 +165,7 @@ def test_layers_and_losses_in_bfloat16_match_torch(name, op):
     (want * theirs(weights)).sum().backward()
     for got_t, want_t in zip(made["ours"], made["torch"]):
         assert got_t.grad.dtype == na.bfloat16
-        np.testing.assert_allclose(got_t.grad.astype(np.float64), as_float(want_t.grad),
+        np.testing.assert_allclose(got_t.grad.array.astype(np.float64), as_float(want_t.grad),
                                    rtol=3e-2, atol=3e-2)
 
 

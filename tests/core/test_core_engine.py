@@ -68,7 +68,7 @@ def test_pass_through_gradients_do_not_alias_between_leaves():
     a.grad += 10  # an in-place update of one gradient must not leak into the others
     np.testing.assert_array_equal(b.grad, [2, 2, 2])
     np.testing.assert_array_equal(c.grad, [2, 2, 2])
-    assert not np.shares_memory(a.grad, b.grad)
+    assert not np.shares_memory(a.grad.array, b.grad.array)
 
 
 def test_no_grad_enable_grad_and_decorator():

@@ -21,7 +21,7 @@ def views_worker(rank: int, world_size: int, micro: int, auto_sync: bool):
     opt.zero_grad = lambda: model.zero_grad(set_to_none=False)  # keep the views, as torch users do
     result = train_ddp(model, opt, rank, world_size, micro)
     flats = [b.flat for b in model._buckets]
-    views = all(any(np.shares_memory(p.grad, f) for f in flats) for p in model.parameters())
+    views = all(any(np.shares_memory(p.grad.array, f) for f in flats) for p in model.parameters())
     return result, views, model.shared_buckets
 
 

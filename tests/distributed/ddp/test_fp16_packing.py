@@ -64,7 +64,7 @@ def packing_worker(rank: int, world_size: int, dtype_name: str):
                 list(model.module.parameters())[-1].grad = None
             with np.errstate(over="ignore", invalid="ignore"):
                 model.sync_gradients()
-            steps.append((grads, [None if p.grad is None else p.grad.copy()
+            steps.append((grads, [None if p.grad is None else p.grad.array.copy()
                                   for p in model.module.parameters()]))
         out[kind] = {"steps": steps, "bytes": state.last_step_bytes, "iter": state.iter,
                      "wires": [b.flat.dtype.name for b in model._buckets],
@@ -129,7 +129,7 @@ def backward_worker(rank: int, world_size: int):
             for p in model.module.parameters():
                 p.grad = None
             F.cross_entropy(model(Tensor(x)), Tensor(y)).backward()
-            grads.append([p.grad.copy() for p in model.module.parameters()])
+            grads.append([p.grad.array.copy() for p in model.module.parameters()])
         out[kind] = grads
     return out
 

@@ -95,4 +95,4 @@ def test_without_groups_it_is_optim_clip_grad_norm_and_keeps_a_nan():
     for norm_type in NORM_TYPES:  # a NaN anywhere makes the norm NaN, the max-norm too
         assert math.isnan(grad_norm(params, norm_type)), norm_type
     assert math.isnan(float(clip_grad_norm_(params, 1.0)))
-    assert np.isnan(params[0].grad).all()  # scaled by NaN, as PyTorch does
+    assert np.isnan(params[0].grad.array).all()  # scaled by NaN, as PyTorch does
