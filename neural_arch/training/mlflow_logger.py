@@ -25,8 +25,6 @@ checkpoints: a resumed fit goes on in the same run.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import math
 import os
 import shutil
 import tempfile
@@ -34,19 +32,17 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .callbacks import Callback
+from .tracking_common import require_package, tagged_numbers
 
 INSTALL_HINT = "pip install 'neural-arch[mlflow]'"
 DEFAULT_DIRECTORY = "mlruns"
-_SKIPPED_KEYS = ("step", "epoch", "time")  # the axis, not metrics
 _SQLITE = "sqlite:///"
 
 
 def require_mlflow(owner: str) -> None:
     """RuntimeError naming the extra to install when MLflow is missing; called where the
     logger is asked for, before any worker process starts."""
-    if importlib.util.find_spec("mlflow") is None:
-        raise RuntimeError(f"{owner}: MLflow tracking needs the mlflow package, which is not "
-                           f"installed; {INSTALL_HINT}")
+    require_package("mlflow", owner, "MLflow tracking needs", "mlflow")
 
 
 def for_active_run(experiment: Optional[str], owner: str) -> "MLflowLogger":
@@ -67,17 +63,6 @@ def with_mlflow(callbacks: Sequence[Callback], experiment: str) -> List[Callback
     if any(isinstance(c, MLflowLogger) and c.experiment == experiment for c in callbacks):
         return list(callbacks)
     return [*callbacks, MLflowLogger(experiment)]
-
-
-def _metrics(values: Dict[str, Any], prefix: str) -> Dict[str, float]:
-    """The finite numbers of ``values`` (no flags, no axis keys) under ``prefix/``."""
-    found = {}
-    for key, value in values.items():
-        if key in _SKIPPED_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if math.isfinite(value):
-            found[f"{prefix}/{key}"] = float(value)
-    return found
 
 
 class MLflowLogger(Callback):
@@ -155,7 +140,7 @@ class MLflowLogger(Callback):
     def on_step_end(self, trainer: Any, logs: Dict[str, Any]) -> None:
         if self._client is None:
             return
-        metrics = _metrics(logs, "train")
+        metrics = tagged_numbers(logs, "train")
         if "train/loss" in metrics:
             self._curves["train"][0].append(trainer.step)
             self._curves["train"][1].append(metrics["train/loss"])
@@ -164,7 +149,7 @@ class MLflowLogger(Callback):
     def on_epoch_end(self, trainer: Any, logs: Dict[str, Any]) -> None:
         if self._client is None:
             return
-        metrics = _metrics(logs, "epoch")
+        metrics = tagged_numbers(logs, "epoch")
         if "epoch/val_loss" in metrics:
             self._curves["val"][0].append(trainer.step)
             self._curves["val"][1].append(metrics["epoch/val_loss"])

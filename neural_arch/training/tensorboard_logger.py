@@ -18,23 +18,19 @@ The other ranks build the callback alike and write nothing.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import socket
 from typing import Any, Dict, Optional
 
 from .callbacks import Callback
-from .mlflow_logger import _metrics as tagged_numbers
+from .tracking_common import require_package, tagged_numbers
 
-INSTALL_HINT = "pip install 'neural-arch[tensorboard]'"
 
 
 def require_tensorboardx(owner: str) -> None:
     """RuntimeError naming the extra to install when tensorboardX is missing; called where the
     logger is asked for, before any worker process starts."""
-    if importlib.util.find_spec("tensorboardX") is None:
-        raise RuntimeError(f"{owner}: TensorBoard event files need the tensorboardX package, "
-                           f"which is not installed; {INSTALL_HINT}")
+    require_package("tensorboardX", owner, "TensorBoard event files need", "tensorboard")
 
 
 def default_log_dir() -> str:
