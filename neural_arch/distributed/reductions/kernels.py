@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -194,6 +194,18 @@ def pair_mean(acc: np.ndarray, other: np.ndarray, factor: Any, acc_first: bool) 
         compiled.pair_mean(acc, other, acc.dtype.type(factor), acc_first)
 
 
+def pair_mean_for(dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, Any, bool], None]:
+    """``pair_mean`` for vectors of ``dtype``, chosen once: the compiled kernel itself for
+    native float32 and float64, else ``pair_mean``. The caller passes 1-D C-contiguous vectors
+    of one length and ``factor`` as a scalar of ``dtype``; ``pair_mean`` checks that on every
+    call, a few microseconds of Python in each round of the two-rank AVERAGE.
+    Both forms give the same bits at every length (``kernels`` checks the compiled one)."""
+    dtype = np.dtype(dtype)
+    compiled = (kernels() if dtype.type in (np.float32, np.float64) and dtype.isnative
+                else None)
+    return pair_mean if compiled is None else compiled.pair_mean
+
+
 def to_float16(src: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     """``src`` (float32) rounded to float16 (ties to even, as NumPy's cast), into ``out``."""
     out = np.empty(src.shape, np.float16) if out is None else out
@@ -221,4 +233,5 @@ def to_float32(src: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["COMPILED_MIN_ELEMENTS", "add_halves", "divide_halves", "form_in_use", "kernels",
-           "pair_mean", "sum_halves", "to_float16", "to_float32", "why_not_compiled"]
+           "pair_mean", "pair_mean_for", "sum_halves", "to_float16", "to_float32",
+           "why_not_compiled"]

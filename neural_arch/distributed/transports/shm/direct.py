@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
-from ...reductions.kernels import pair_mean, sum_halves
+from ...reductions.kernels import pair_mean_for, sum_halves
 from ..base import Fingerprint
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
@@ -60,7 +60,8 @@ def _pair_round(dtype: np.dtype, op: ReduceOp, rank: int) -> Callable[[Any, Any]
                                               divisor)
     if op is ReduceOp.AVERAGE:
         factor = averager(dtype, 2)[1]  # 1/2: the product rounds as the quotient does
-        return lambda part, other: pair_mean(part, other, factor, first)
+        mean = pair_mean_for(dtype)  # the compiled loop itself: rounds are checked vectors
+        return lambda part, other: mean(part, other, factor, first)
     ufunc = ufunc_for(op)
     if first:
         return lambda part, other: ufunc(part, other, out=part)
