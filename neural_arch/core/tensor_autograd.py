@@ -16,10 +16,16 @@ from .dtypes import is_floating
 from .grad_mode import GRAD_MODE
 
 
+_tensor = None  # the module, found on first use (every gradient assignment asks for it)
+
+
 def _tensor_module() -> Any:
     # tensor.py imports this module first; `from . import tensor` would find the package's
     # `tensor()` factory instead of the module
-    return importlib.import_module(f"{__package__}.tensor")
+    global _tensor
+    if _tensor is None:
+        _tensor = importlib.import_module(f"{__package__}.tensor")
+    return _tensor
 
 
 class AutogradMethods:
