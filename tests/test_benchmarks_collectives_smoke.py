@@ -151,7 +151,9 @@ def test_bench_collectives_reports_a_job_past_its_time_limit(tmp_path):
                   ["--backends", ",".join(backends), "--world-sizes", "2", "--sizes", "4",
                    "--collectives", "all_reduce", "--iters", "1000000", "--job-timeout", "4",
                    "--repeats", "1"])
-    assert result.returncode == 1
+    # every job's own line, so a job that failed another way names how
+    failures = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
+    assert result.returncode == 1, (failures, result.stderr[-3000:])
     for backend in backends:
         assert f"Failed job: bench_collectives.py job on backend '{backend}' with 2 ranks ran " \
-               f"past its time limit" in result.stdout
+               f"past its time limit" in result.stdout, (failures, result.stderr[-3000:])
