@@ -1,5 +1,9 @@
 """The Starlette application: ``POST /predict`` and ``GET /health`` over a ``TabularPredictor``.
 
+``GET /health?pieces_since=P&batches_since=B`` summarises the times of the pieces and batches
+recorded after the first P and B (the ``recorded`` counts of an earlier answer), so a load test
+reads its own window; without them, everything kept.
+
 A request handler never blocks the event loop: it submits the request's rows to the batching
 thread and awaits their futures, so concurrent requests are in the batcher together and share
 batches. Every answer is JSON; an error is ``{"error": message}`` with 400 (the request's
@@ -11,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import weakref
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, List, Tuple
 
 import numpy as np
 from starlette.applications import Starlette
@@ -48,23 +54,52 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
+class _Deliveries:
+    """Results the batching thread hands to one event loop. A batch's requests complete one
+    after another on that thread, and waking the loop for each (a write to its self-pipe, then
+    the interpreter lock handed to the loop and back) would hold the batching thread on the
+    loop's work once per request: the first result of a run wakes the loop, and the loop then
+    settles every result that has arrived by then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._arrived: List[Tuple["asyncio.Future[Any]", Future]] = []
+
+    def post(self, waiter: "asyncio.Future[Any]", done: Future) -> None:
+        with self._lock:
+            wake = not self._arrived
+            self._arrived.append((waiter, done))
+        if wake:
+            self._loop.call_soon_threadsafe(self._settle_arrived)
+
+    def _settle_arrived(self) -> None:
+        with self._lock:
+            arrived, self._arrived = self._arrived, []
+        for waiter, done in arrived:
+            if waiter.done():  # cancelled: a timeout, a client gone
+                continue
+            error = done.exception()
+            if error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(done.result())
+
+
+_DELIVERIES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deliveries]" = \
+    weakref.WeakKeyDictionary()
+
+
 def _awaitable(future: Future) -> "asyncio.Future[Any]":
     """An asyncio future that follows ``future`` one way: cancelling it (a timeout, a client
     gone) leaves the batching thread's future alone, which ``asyncio.wrap_future`` would
     cancel, and the thread may not then set a cancelled future's result."""
     loop = asyncio.get_running_loop()
+    deliveries = _DELIVERIES.get(loop)
+    if deliveries is None:
+        deliveries = _DELIVERIES[loop] = _Deliveries(loop)
     waiter = loop.create_future()
-
-    def settle(done: Future) -> None:
-        if waiter.done():
-            return
-        error = done.exception()
-        if error is not None:
-            waiter.set_exception(error)
-        else:
-            waiter.set_result(done.result())
-
-    future.add_done_callback(lambda done: loop.call_soon_threadsafe(settle, done))
+    future.add_done_callback(lambda done: deliveries.post(waiter, done))
     return waiter
 
 
@@ -99,7 +134,13 @@ def build_app(predictor: TabularPredictor, request_timeout_s: float = 30.0) -> S
                                f"{type(exc).__name__}: {exc}")
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(predictor.describe())
+        since = {}
+        for name in ("pieces_since", "batches_since"):
+            text = request.query_params.get(name, "0")
+            if not text.isdigit():
+                return _error(400, f"{name} must be an integer >= 0, got {text!r}")
+            since[name] = int(text)
+        return JSONResponse(predictor.describe(**since))
 
     async def not_json(request: Request, exc: Any) -> JSONResponse:
         status = getattr(exc, "status_code", 500)

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import deque
 from concurrent.futures import Future
-from typing import Any, Deque, Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
@@ -24,10 +23,11 @@ from ..data.tabular import TabularPreprocessor
 from ..models.tabgpt import TabGPTForRegression, TabGPTForSequenceClassification
 from ..models.tabgpt.pretrained import CONFIG_NAME
 from ..tabgpt.serving import BatchingWorker, DynamicBatcher, PaddedBatch
+from .latency import LatencyRecord
 
 __all__ = ["ModelFolderError", "TabularPredictor", "load_servable"]
 
-_RECENT = 100_000  # requests whose time in the batcher GET /health summarises
+_RECENT = 100_000  # pieces (and batches) whose times GET /health summarises
 _SERVABLE = {cls.__name__: cls for cls in (TabGPTForSequenceClassification, TabGPTForRegression)}
 
 
@@ -93,12 +93,16 @@ class TabularPredictor:
         self.regression = preprocessor.task == "regression"
         self.dtype = next(iter(model.parameters())).array.dtype
         self.max_batch_size, self.timeout_ms = max_batch_size, timeout_ms
-        self._waits: Deque[float] = deque(maxlen=_RECENT)
+        self.in_batcher = LatencyRecord(keep=_RECENT)  # per piece: queued, batched, run
+        self.model_calls = LatencyRecord(keep=_RECENT)  # per batch: the model's call alone
         self.worker = BatchingWorker(self._forward, DynamicBatcher(
             max_batch_size=max_batch_size, timeout_ms=timeout_ms, padding_strategy="do_not_pad"))
 
     def _forward(self, batch: PaddedBatch) -> np.ndarray:
-        return self._scores(batch.data)
+        started = time.monotonic()
+        scores = self._scores(batch.data)
+        self.model_calls.add(time.monotonic() - started)
+        return scores
 
     def _scores(self, packed: np.ndarray) -> np.ndarray:
         """The model's scores (rows, num_labels) for packed rows (``encode``)."""
@@ -135,17 +139,9 @@ class TabularPredictor:
             # runs on the batching thread as the result is set: the batcher's own latency,
             # without the HTTP and event-loop time around it
             future.add_done_callback(
-                lambda _, since=submitted: self._waits.append(time.monotonic() - since))
+                lambda _, since=submitted: self.in_batcher.add(time.monotonic() - since))
             futures.append(future)
         return futures
-
-    def batcher_latency_ms(self) -> Dict[str, Any]:
-        """p50 and p99 of the last ``_RECENT`` pieces' time in the batcher, in milliseconds."""
-        waits = np.array(list(self._waits))
-        if not len(waits):
-            return {"pieces": 0, "p50": None, "p99": None}
-        p50, p99 = np.percentile(waits, [50, 99]) * 1e3
-        return {"pieces": len(waits), "p50": float(p50), "p99": float(p99)}
 
     def answer(self, logits: np.ndarray) -> Dict[str, Any]:
         """The response body for the scores of a request's rows, in order."""
@@ -158,15 +154,18 @@ class TabularPredictor:
                 "probabilities": _softmax(logits).tolist(),
                 "classes": [str(label) for label in self.preprocessor.target_labels]}
 
-    def describe(self) -> Dict[str, Any]:
-        """What ``GET /health`` answers: the model, its columns in the order list rows use."""
+    def describe(self, pieces_since: int = 0, batches_since: int = 0) -> Dict[str, Any]:
+        """What ``GET /health`` answers: the model, its columns in the order list rows use, and
+        the times (ms) of the pieces and batches recorded after the first ``pieces_since`` and
+        ``batches_since``: in the batcher (queued, batched, run) and the model's calls."""
         return {"status": "ok", "model": type(self.model).__name__,
                 "task": self.preprocessor.task, "numerical": self.numerical,
                 "categorical": self.categorical, "columns": self.numerical + self.categorical,
                 "max_batch_size": self.max_batch_size, "timeout_ms": self.timeout_ms,
                 "batches_run": self.worker.batches_run,
                 "pending_rows": self.worker.batcher.pending_rows(),
-                "batcher_latency_ms": self.batcher_latency_ms()}
+                "batcher_latency_ms": self.in_batcher.summary_ms(pieces_since),
+                "model_call_ms": self.model_calls.summary_ms(batches_since)}
 
     def close(self) -> None:
         self.worker.close()

@@ -49,6 +49,9 @@ def test_concurrent_clients_each_get_their_own_rows(tmp_path):
             thread.join(timeout=30)
         assert not any(thread.is_alive() for thread in threads)
         status, health = server.request("GET", "/health")
+        recorded = health["batcher_latency_ms"]["recorded"]
+        window = server.request("GET", f"/health?pieces_since={recorded}&batches_since=0")
+        refused = server.request("GET", "/health?pieces_since=-1")
     finally:
         close_server(server)
     for indices, (status, body) in zip(requests, answers):
@@ -59,6 +62,12 @@ def test_concurrent_clients_each_get_their_own_rows(tmp_path):
         assert body["classes"] == preprocessor.target_labels
     # the rows went through the batcher together: fewer model calls than requests
     assert 0 < health["batches_run"] < len(requests), health
+    # every request timed in the batcher, every batch's model call; a window from a count on
+    assert health["batcher_latency_ms"]["count"] == recorded == len(requests), health
+    assert health["model_call_ms"]["count"] == health["batches_run"], health
+    assert window[1]["batcher_latency_ms"]["count"] == 0, window
+    assert window[1]["model_call_ms"]["count"] == health["batches_run"], window
+    assert refused[0] == 400 and "pieces_since must be an integer >= 0" in refused[1]["error"]
 
 
 @pytest.mark.slow

@@ -9,15 +9,19 @@ array: ``"longest"`` pads to the longest row of the batch, ``"max_length"`` to `
 differ. ``mask`` marks the real positions (True) against the padding.
 
 The guide's loop is the polling form: ``add_request(rows)`` says whether a batch is ready and
-``get_batch()`` takes it. ``BatchingWorker`` (``serving.worker``) is the threaded form, which
-runs a model on each batch and hands every caller its own rows of the result.
+``get_batch()`` takes it. ``next_batch()`` is the waiting form: it sleeps on the ``changed``
+condition until the oldest request's deadline, or until a request fills a batch, and takes the
+batch, looking and sleeping under one hold of the lock so that no request arriving in between
+goes unnoticed. ``BatchingWorker`` (``serving.worker``) runs a model on each batch on a thread
+of its own and hands every caller its own rows of the result.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, Deque, List, Optional
 
 import numpy as np
 
@@ -75,9 +79,11 @@ class DynamicBatcher:
         self.max_batch_size, self.timeout_s = max_batch_size, float(timeout_ms) / 1e3
         self.padding_strategy, self.max_length = padding_strategy, max_length
         self.pad_value = pad_value
-        self._pending: List[_Request] = []
+        self._pending: Deque[_Request] = deque()
         self._rows = 0
-        self.changed = threading.Condition()  # notified on every request (the worker waits)
+        # notified when a request is the first pending one (a new deadline) or makes a batch
+        # ready: a thread in next_batch needs no other wake-up, so the rest arrive quietly
+        self.changed = threading.Condition()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, rows: Any, ticket: Any = None) -> bool:
@@ -94,10 +100,13 @@ class DynamicBatcher:
             raise ValueError(f"a request of length {array.shape[1]} is longer than "
                              f"max_length={self.max_length}")
         with self.changed:
+            first = not self._pending
             self._pending.append(_Request(array, time.monotonic(), ticket))
             self._rows += array.shape[0]
-            self.changed.notify_all()
-            return self._ready_locked(time.monotonic())
+            ready = self._ready_locked(time.monotonic())
+            if first or ready:
+                self.changed.notify_all()
+            return ready
 
     def pending_rows(self) -> int:
         with self.changed:
@@ -138,12 +147,43 @@ class DynamicBatcher:
         with self.changed:
             if not self._pending or not (force or self._ready_locked(time.monotonic())):
                 return None
-            taken, total = [], 0
-            while self._pending and total + len(self._pending[0].rows) <= self.max_batch_size:
-                request = self._pending.pop(0)
-                taken.append(request)
-                total += len(request.rows)
-            self._rows -= total
+            taken = self._take_locked()
+        return self._padded(taken)
+
+    def next_batch(self, idle_s: float, flush: Callable[[], bool] = lambda: False
+                   ) -> Optional[PaddedBatch]:
+        """Wait for the next batch and take it: until the oldest pending request's deadline
+        (``timeout_ms`` after it arrived: its batch's first) or until a request makes a batch
+        full. With nothing pending, waits at most ``idle_s`` for a request, then returns None.
+        ``flush()`` true (closing): whatever is pending, without waiting; None once empty.
+        The padding and the caller's model run outside the lock."""
+        with self.changed:
+            waited_idle = False
+            while True:
+                now = time.monotonic()
+                if self._pending:
+                    if flush() or self._ready_locked(now):
+                        taken = self._take_locked()
+                        break
+                    self.changed.wait(timeout=self._pending[0].arrived + self.timeout_s - now)
+                elif waited_idle or flush():
+                    return None
+                else:
+                    self.changed.wait(timeout=idle_s)
+                    waited_idle = True
+        return self._padded(taken)
+
+    def _take_locked(self) -> List[_Request]:
+        """The oldest requests, as many whole ones as fit ``max_batch_size`` rows."""
+        taken, total = [], 0
+        while self._pending and total + len(self._pending[0].rows) <= self.max_batch_size:
+            request = self._pending.popleft()
+            taken.append(request)
+            total += len(request.rows)
+        self._rows -= total
+        return taken
+
+    def _padded(self, taken: List[_Request]) -> PaddedBatch:
         try:
             return self._pad(taken)
         except ValueError as exc:  # the requests are taken: their callers must hear of it
@@ -162,6 +202,10 @@ class DynamicBatcher:
         width = self.max_length if self.padding_strategy == "max_length" else max(lengths)
         dtype = np.result_type(*[r.rows.dtype for r in taken])
         rows = sum(len(r.rows) for r in taken)
+        sizes, tickets = [len(r.rows) for r in taken], [r.ticket for r in taken]
+        if min(lengths) == width:  # nothing to pad (a table's rows): one copy, no per-row loop
+            data = np.concatenate([r.rows for r in taken], axis=0).astype(dtype, copy=False)
+            return PaddedBatch(data, np.ones((rows, width), dtype=bool), sizes, tickets)
         data = np.full((rows, width) + tails.pop(), self.pad_value, dtype=dtype)
         mask = np.zeros((rows, width), dtype=bool)
         start = 0
@@ -170,5 +214,4 @@ class DynamicBatcher:
             data[start:start + n, :length] = request.rows
             mask[start:start + n, :length] = True
             start += n
-        return PaddedBatch(data, mask, [len(r.rows) for r in taken],
-                           [r.ticket for r in taken])
+        return PaddedBatch(data, mask, sizes, tickets)

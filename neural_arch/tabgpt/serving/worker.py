@@ -2,12 +2,14 @@
 each caller its own rows of the result.
 
 ``submit(rows)`` returns a ``concurrent.futures.Future``; ``predict(rows, timeout)`` waits for
-it. The thread sleeps until a batch is ready (full, or its oldest request has waited
-``timeout_ms``), calls ``model_fn(batch)`` with the ``PaddedBatch`` and splits what it returns
-(one entry per row) by request. An exception in ``model_fn``, or a batch that cannot be made
-(lengths ``do_not_pad`` cannot join), goes to every caller of that batch, and the thread goes
-on with the next one. Every wait has a timeout: the callers' (``predict``), the thread's
-(its poll, ``_POLL_S``), ``close``'s join.
+it. The thread sleeps in ``DynamicBatcher.next_batch`` until a batch is ready (full, or its
+oldest request has waited ``timeout_ms``: one wait with that deadline, woken early only by a
+full batch), calls ``model_fn(batch)`` with the ``PaddedBatch`` outside the batcher's lock and
+splits what it returns (one entry per row) by request. An exception in ``model_fn``, or a batch
+that cannot be made (lengths ``do_not_pad`` cannot join), goes to every caller of that batch,
+and the thread goes on with the next one. Every wait has a timeout: the callers'
+(``predict``), the thread's (the deadline, or ``_IDLE_WAIT_S`` with nothing queued),
+``close``'s join.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from .batcher import DynamicBatcher, PaddedBatch
 
 __all__ = ["BatchingWorker"]
 
-_POLL_S = 0.05      # the longest the thread sleeps without looking at the queue or the stop flag
+_IDLE_WAIT_S = 1.0  # with nothing queued; a request or close wakes the thread at once
 _JOIN_TIMEOUT_S = 10.0
 
 
@@ -35,10 +37,11 @@ class BatchingWorker:
         self._thread.start()
 
     def submit(self, rows: Any) -> Future:
-        if self._stop.is_set():
-            raise RuntimeError("BatchingWorker is closed: no new requests")
         future: Future = Future()
-        self.batcher.add_request(rows, ticket=future)
+        with self.batcher.changed:  # close sets the flag under it: no request slips past
+            if self._stop.is_set():
+                raise RuntimeError("BatchingWorker is closed: no new requests")
+            self.batcher.add_request(rows, ticket=future)
         return future
 
     def predict(self, rows: Any, timeout: float = 30.0) -> Any:
@@ -46,26 +49,20 @@ class BatchingWorker:
         return self.submit(rows).result(timeout=timeout)
 
     def _loop(self) -> None:
-        batcher = self.batcher
-        while not self._stop.is_set():
-            wait = batcher.seconds_until_ready()
-            if wait != 0.0:
-                with batcher.changed:
-                    batcher.changed.wait(timeout=_POLL_S if wait is None else min(wait, _POLL_S))
+        while True:
+            try:
+                # closing (the flag set): what was accepted still gets its answer, at once
+                batch = self.batcher.next_batch(_IDLE_WAIT_S, flush=self._stop.is_set)
+            except ValueError as exc:
+                for future in getattr(exc, "tickets", ()):
+                    future.set_exception(exc)
                 continue
-            self._run_one()
-        while batcher.pending_rows():  # closing: what was accepted still gets its answer
-            self._run_one(force=True)
+            if batch is not None:
+                self._run(batch)
+            elif self._stop.is_set():
+                return
 
-    def _run_one(self, force: bool = False) -> None:
-        try:
-            batch = self.batcher.get_batch(force=force)
-        except ValueError as exc:
-            for future in getattr(exc, "tickets", ()):
-                future.set_exception(exc)
-            return
-        if batch is None:
-            return
+    def _run(self, batch: PaddedBatch) -> None:
         try:
             parts = batch.split(self.model_fn(batch))
         except BaseException as exc:  # noqa: BLE001 - every caller of the batch must hear it
@@ -79,8 +76,8 @@ class BatchingWorker:
 
     def close(self) -> None:
         """Answer what is queued, then stop the thread."""
-        self._stop.set()
         with self.batcher.changed:
+            self._stop.set()
             self.batcher.changed.notify_all()
         self._thread.join(timeout=_JOIN_TIMEOUT_S)
         if self._thread.is_alive():
