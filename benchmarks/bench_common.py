@@ -89,6 +89,23 @@ def time_batches(call: Callable[[], Any], barrier: Callable[[], Any], calls_per_
     return per_call
 
 
+def interleaved_step_ms(runners: Dict[str, Callable[[], Any]], steps: int,
+                        warmup: int) -> Dict[str, float]:
+    """Median ms per call of each runner, stepped in turn; the first ``warmup`` rounds are not
+    timed. The order rotates, so that each goes first as often, machine noise hits them alike,
+    and none always runs right after the same other one (whose memory traffic would otherwise
+    always be cleaned up by the same runner)."""
+    names, times = list(runners), {name: [] for name in runners}
+    for i in range(warmup + steps):
+        turn = i % len(names)
+        for name in names[turn:] + names[:turn]:
+            start = time.perf_counter()
+            runners[name]()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: median(t) * 1e3 for name, t in times.items()}
+
+
 def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2

@@ -29,7 +29,6 @@ import bench_common as common  # noqa: E402
 common.one_thread_per_rank()  # before NumPy and torch are imported
 
 import argparse  # noqa: E402
-import time  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -159,15 +158,7 @@ def time_pair(pair: Pair, steps: int, warmup: int) -> Dict[str, float]:
     if pair.previous is not None:
         _agree("the baseline commit", pair.previous.first_loss, first)
         runners["previous"] = pair.previous.step
-    names, times = list(runners), {name: [] for name in runners}
-    for i in range(warmup + steps):
-        turn = i % len(names)  # rotating order: each runner goes first as often
-        for name in names[turn:] + names[:turn]:
-            start = time.perf_counter()
-            runners[name]()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+    return common.interleaved_step_ms(runners, steps, warmup)
 
 
 def _free_port() -> int:

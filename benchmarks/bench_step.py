@@ -20,7 +20,6 @@ import datetime  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -28,6 +27,7 @@ import numpy as np  # noqa: E402
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
+import bench_common as common  # noqa: E402
 import bench_reporting as reporting  # noqa: E402
 
 from neural_arch import functional as F  # noqa: E402
@@ -159,18 +159,7 @@ def time_config(sizes: List[int], batch: int, steps: int, warmup: int, torch) ->
         theirs = TorchMLP(torch, sizes, weights, biases)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
         runners["torch"] = lambda: theirs.step(tx, ty)
-    times: Dict[str, List[float]] = {name: [] for name in runners}
-    names = list(runners)
-    for i in range(warmup + steps):
-        # Rotate the order so that no implementation always runs right after the same other
-        # one (whose memory traffic would otherwise always be cleaned up by the same runner).
-        shift = i % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
-            runners[name]()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(values)) * 1e3 for name, values in times.items()}
+    return common.interleaved_step_ms(runners, steps, warmup)
 
 
 def markdown_table(rows: List[dict], has_torch: bool) -> str:

@@ -26,7 +26,6 @@ import bench_common as common  # noqa: E402
 common.one_thread_per_rank()  # before NumPy and torch are imported
 
 import argparse  # noqa: E402
-import time  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -124,14 +123,7 @@ def time_pair(pair: Pair, steps: int, warmup: int) -> Dict[str, float]:
                            f"{first:.6f}, torch {theirs:.6f}")
     runners: Dict[str, Callable[[], float]] = {"neural_arch": pair.ours_step,
                                                "torch": pair.torch_step}
-    names, times = list(runners), {name: [] for name in runners}
-    for i in range(warmup + steps):
-        for name in (names if i % 2 == 0 else names[::-1]):
-            start = time.perf_counter()
-            runners[name]()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+    return common.interleaved_step_ms(runners, steps, warmup)
 
 
 def report(rows: List[dict], command: str, machine: str, torch_version: str) -> str:

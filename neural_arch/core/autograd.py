@@ -9,8 +9,9 @@ keeps it in ``.grad`` or before it is updated in place, so accumulation never al
 
 Code that runs during a backward (a hook) may ``queue_callback(fn)``: ``fn()`` runs once that
 backward has processed its last node, before ``backward()`` returns (PyTorch's
-``Variable._execution_engine.queue_callback``). Distributed data parallelism uses it to wait for
-the gradient all-reduces its hooks started; the engine itself knows nothing about them.
+``Variable._execution_engine.queue_callback``; it lives in ``backward_hooks`` with the hook
+handles and is re-exported here). Distributed data parallelism uses it to wait for the gradient
+all-reduces its hooks started; the engine itself knows nothing about them.
 
 ``grad(outputs, inputs)`` (``torch.autograd.grad``) runs the same sweep but hands the gradients
 that reach ``inputs`` back to the caller instead of accumulating them into any ``.grad``: code
@@ -20,72 +21,14 @@ fires the leaves' hooks once, as if the inner graph had been part of the outer o
 """
 from __future__ import annotations
 
-import itertools
-import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..backends import backend_for
+# Re-exported: hooks and the tensor methods reach these as ``autograd.queue_callback`` etc.
+from .backward_hooks import RemovableHandle, current_backward, queue_callback, running_backward
 
-
-class RemovableHandle:
-    """Returned by hook registration; ``remove()`` unregisters the hook."""
-
-    __slots__ = ("_table", "_key")
-    _keys = itertools.count()
-
-    def __init__(self, table: Dict[int, Callable]) -> None:
-        self._table, self._key = table, next(RemovableHandle._keys)
-
-    def add(self, fn: Callable) -> "RemovableHandle":
-        self._table[self._key] = fn
-        return self
-
-    def remove(self) -> None:
-        self._table.pop(self._key, None)
-
-    def __enter__(self) -> "RemovableHandle":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.remove()
-
-
-class _Running(threading.local):
-    """The backwards running on this thread, innermost last (a hook may run a backward of its
-    own): each is ``(id, callbacks queued for its end)``."""
-
-    def __init__(self) -> None:
-        self.stack: List[tuple] = []
-
-
-_RUNNING = _Running()
-_backward_ids = itertools.count(1)
-
-
-def queue_callback(fn: Callable[[], Any], outermost: bool = False) -> None:
-    """Run ``fn()`` once the backward running on this thread has processed its last node.
-
-    Callbacks run in the order they were queued, before ``backward()`` returns; one may queue
-    another, which then runs in the same backward. If one raises, the rest are dropped and the
-    exception propagates out of ``backward()``. Outside a backward this is a RuntimeError.
-    ``outermost``: the end of the outermost backward on this thread, not of one nested in it
-    (``grad()`` run by a node's backward, as activation checkpointing's recompute does).
-    """
-    if not callable(fn):
-        raise TypeError(f"queue_callback needs a callable, got {type(fn).__name__}")
-    if not _RUNNING.stack:
-        raise RuntimeError("queue_callback() can only be called while backward() runs (from a "
-                           "hook); no backward is running on this thread")
-    _RUNNING.stack[0 if outermost else -1][1].append(fn)
-
-
-def current_backward(outermost: bool = False) -> Optional[int]:
-    """A number identifying the backward running on this thread (the innermost, or with
-    ``outermost`` the one the others are nested in), None outside one. Hooks compare it with
-    the last one they saw to tell that a new backward has begun."""
-    if not _RUNNING.stack:
-        return None
-    return _RUNNING.stack[0 if outermost else -1][0]
+__all__ = ["RemovableHandle", "current_backward", "grad", "make_seed", "queue_callback",
+           "run_backward", "topological_order"]
 
 
 def topological_order(*roots: Any) -> List[Any]:
@@ -247,18 +190,8 @@ def _tensors(value: Any, what: str) -> List[Any]:
 
 def _run(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, Any]]) -> None:
     """One backward: the sweep, then the callbacks queued during it."""
-    callbacks: List[Callable[[], Any]] = []
-    stack = _RUNNING.stack
-    stack.append((next(_backward_ids), callbacks))
-    try:
+    with running_backward():
         _sweep(seeds, captured)
-        i = 0
-        while i < len(callbacks):  # a callback may queue more
-            callbacks[i]()
-            i += 1
-    finally:
-        # A failure anywhere drops what is still queued: the next backward starts empty.
-        stack.pop()
 
 
 def _sweep(seeds: Sequence[Tuple[Any, Any, bool]], captured: Optional[Dict[Any, Any]]) -> None:

@@ -2,10 +2,11 @@
 
 The ``.cu`` sources are compiled as C++ against ``cuda_host_emulation.h`` (threads of a block
 are real threads; ``__syncthreads`` and warp shuffles are barriers), and the wrappers of
-``cupy_kernels`` run with NumPy standing in for CuPy and the emulator for ``launch``. So the
-kernels' indexing, block reductions and barriers, and the wrappers' launch geometry and
-argument lists, are checked against the float64 references on any machine with g++, GPU or
-not. (The fp16 unscale kernel uses PTX conversion instructions and is checked on the GPU only.)
+``cupy_kernels`` run with NumPy standing in for CuPy and the emulator for ``launch`` (both
+replaced in ``cupy_launch``, where the wrappers reach them). So the kernels' indexing, block
+reductions and barriers, and the wrappers' launch geometry and argument lists, are checked
+against the float64 references on any machine with g++, GPU or not. (The fp16 unscale kernel
+uses PTX conversion instructions and is checked on the GPU only.)
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from neural_arch.backends import cupy_kernels
+from neural_arch.backends import cupy_kernels, cupy_launch
 from neural_arch.backends.kernels import (I32, I64, F32, KERNEL_DIR, KERNELS, PTR, multi_tensor,
                                           pack_args)
 from neural_arch.backends.kernels import reference as R
@@ -87,8 +88,8 @@ def on_host(emulator, monkeypatch):
         def __getattr__(self, attribute):
             return getattr(np, attribute)
 
-    monkeypatch.setattr(cupy_kernels, "_cp", lambda: HostCupy())
-    monkeypatch.setattr(cupy_kernels, "launch", launch)
+    monkeypatch.setattr(cupy_launch, "array_module", lambda: HostCupy())
+    monkeypatch.setattr(cupy_launch, "launch", launch)
     monkeypatch.setattr(multi_tensor, "pointer_table", lambda *lists: np.array(
         [[a.ctypes.data for a in arrays] for arrays in lists], dtype=np.uint64))
     return cupy_kernels
@@ -113,7 +114,7 @@ def test_bias_gelu_on_host(on_host, approximate):
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_bias_gelu_when_the_grid_stride_loop_wraps_rows(on_host, monkeypatch, blocks):
     # a capped grid makes each thread step by blocks * 256 elements, crossing rows of 70
-    monkeypatch.setattr(on_host, "_MAX_GRID_STRIDE_BLOCKS", blocks)
+    monkeypatch.setattr(cupy_launch, "_MAX_GRID_STRIDE_BLOCKS", blocks)
     x, bias, g = _data((9, 70), 7), _data(70, 8), _data((9, 70), 9)
     np.testing.assert_allclose(on_host.bias_gelu_forward(x, bias),
                                R.bias_gelu_forward(x, bias), rtol=1e-5, atol=1e-6)
@@ -249,7 +250,7 @@ def test_bias_gelu_vector_and_scalar_paths_agree_bit_for_bit(on_host, monkeypatc
                                                              approximate):
     # 64 features and aligned arrays take the float4 path; one misaligned array, the scalar one.
     # A capped grid makes the float4 loop wrap rows too.
-    monkeypatch.setattr(on_host, "_MAX_GRID_STRIDE_BLOCKS", blocks)
+    monkeypatch.setattr(cupy_launch, "_MAX_GRID_STRIDE_BLOCKS", blocks)
     rows, features = 7, 64
     x, bias, g = _data(rows * features, 31, 3.0), _data(features, 32), _data(rows * features, 33)
     results = []

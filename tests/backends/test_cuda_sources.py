@@ -88,7 +88,9 @@ def _launched_names() -> set:
     tree = ast.parse(_WRAPPERS.read_text())
     names = set()
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "launch"
+        function = getattr(node, "func", None)  # launch(...), or gpu.launch(...) in a module
+        called = getattr(function, "id", None) or getattr(function, "attr", None)
+        if (isinstance(node, ast.Call) and called == "launch"
                 and node.args and isinstance(node.args[0], ast.Constant)):
             names.add(node.args[0].value)
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)

@@ -19,6 +19,7 @@ if _DEVICES == 0:
 
 import neural_arch.functional as F  # noqa: E402
 from neural_arch.backends import cupy_kernels as K  # noqa: E402
+from neural_arch.backends import cupy_launch  # noqa: E402
 from neural_arch.backends.kernels import reference as R  # noqa: E402
 from neural_arch.core import Tensor, fused_kernels  # noqa: E402
 from neural_arch.core.fused_activations import ENV_FUSED_KERNELS  # noqa: E402
@@ -53,7 +54,7 @@ def test_bias_gelu(approximate, shape):
 
 @pytest.mark.parametrize("blocks", [1, 3])
 def test_bias_gelu_when_the_grid_stride_loop_wraps_rows(monkeypatch, blocks):
-    monkeypatch.setattr(K, "_MAX_GRID_STRIDE_BLOCKS", blocks)
+    monkeypatch.setattr(cupy_launch, "_MAX_GRID_STRIDE_BLOCKS", blocks)
     x, bias, g = _data((33, 257), 7), _data(257, 8), _data((33, 257), 9)
     _close(K.bias_gelu_forward(cp.asarray(x), cp.asarray(bias)), R.bias_gelu_forward(x, bias),
            1e-5, 1e-6)

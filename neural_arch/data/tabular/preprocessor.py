@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .columns import category_key, column_numbers, infer_kind, vocabulary_order
 from .table import Table, as_table, column_is_missing
 
 __all__ = ["EncodedRows", "TabularPreprocessor", "PREPROCESSOR_FILE"]
@@ -35,54 +36,6 @@ class EncodedRows:
     x_num: np.ndarray
     x_cat: np.ndarray
     y: Optional[np.ndarray]
-
-
-def category_key(value: Any) -> str:
-    """The vocabulary's spelling of a category: 3, 3.0 and "3" are one category."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value)
-
-
-def _vocabulary_order(key: str) -> tuple:
-    try:
-        return (0, float(key), key)  # numbers in numeric order, before any text
-    except ValueError:
-        return (1, 0.0, key)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) \
-        and not isinstance(value, (bool, np.bool_))
-
-
-def _numbers(name: str, values: np.ndarray) -> np.ndarray:
-    """A numeric column as float64 with NaN for missing cells; text is an error naming it."""
-    if values.dtype.kind in "fiub":
-        return values.astype(np.float64)
-    missing = column_is_missing(values)
-    out = np.full(values.shape, np.nan)
-    for i, value in enumerate(values.tolist()):
-        if missing[i]:
-            continue
-        try:
-            out[i] = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"numeric column {name!r} holds {value!r} (row {i}), which is not "
-                             f"a number; list the column as categorical or clean it") from None
-    return out
-
-
-def _infer_kind(values: np.ndarray) -> str:
-    if values.dtype.kind in "fiu":
-        return "numerical"
-    if values.dtype.kind == "O":
-        present = [v for v, gone in zip(values.tolist(), column_is_missing(values)) if not gone]
-        if present and all(_is_number(v) for v in present):
-            return "numerical"
-    return "categorical"
 
 
 class TabularPreprocessor:
@@ -126,14 +79,14 @@ class TabularPreprocessor:
             elif name in (self.categorical or ()):
                 kinds[name] = "categorical"
             else:
-                kinds[name] = _infer_kind(values)
+                kinds[name] = infer_kind(values)
         self.numerical_columns = [n for n, kind in kinds.items() if kind == "numerical"]
         self.categorical_columns = [n for n, kind in kinds.items() if kind == "categorical"]
         if not kinds:
             raise ValueError("fit: the table has no feature columns besides the target")
         self.means, self.stds = [], []
         for name in self.numerical_columns:
-            numbers = _numbers(name, table[name])
+            numbers = column_numbers(name, table[name])
             present = numbers[~np.isnan(numbers)]
             mean = float(present.mean()) if present.size else 0.0
             std = float(present.std()) if present.size else 1.0
@@ -146,7 +99,7 @@ class TabularPreprocessor:
                     if not gone}
             if not keys:
                 raise ValueError(f"fit: categorical column {name!r} has no present values")
-            self.vocabularies.append(sorted(keys, key=_vocabulary_order))
+            self.vocabularies.append(sorted(keys, key=vocabulary_order))
         self._fit_target(table)
         self.fitted = True
         return self
@@ -161,12 +114,12 @@ class TabularPreprocessor:
         task = self.task or ("regression" if values.dtype.kind == "f" else "classification")
         self.task = task
         if task == "regression":
-            numbers = _numbers(self.target, values)
+            numbers = column_numbers(self.target, values)
             self.target_mean, std = float(numbers.mean()), float(numbers.std())
             self.target_std = std if std > 0 else 1.0
         else:
             keys = {category_key(v) for v in values.tolist()}
-            self.target_labels = sorted(keys, key=_vocabulary_order)
+            self.target_labels = sorted(keys, key=vocabulary_order)
 
     def fit_transform(self, table: Any) -> EncodedRows:
         return self.fit(table).transform(table)
@@ -191,7 +144,7 @@ class TabularPreprocessor:
         rows = len(next(iter(table.values())))
         x_num = np.empty((rows, len(self.numerical_columns)), dtype=np.float32)
         for j, name in enumerate(self.numerical_columns):
-            x_num[:, j] = (_numbers(name, table[name]) - self.means[j]) / self.stds[j]
+            x_num[:, j] = (column_numbers(name, table[name]) - self.means[j]) / self.stds[j]
         x_cat = np.empty((rows, len(self.categorical_columns)), dtype=np.int64)
         for j, name in enumerate(self.categorical_columns):
             codes = {key: code for code, key in enumerate(self.vocabularies[j])}
@@ -208,7 +161,7 @@ class TabularPreprocessor:
             raise ValueError(f"transform: the target column {self.target!r} is missing at row "
                              f"{row}")
         if self.task == "regression":
-            return ((_numbers(self.target, values) - self.target_mean)
+            return ((column_numbers(self.target, values) - self.target_mean)
                     / self.target_std).astype(np.float32)
         index = {key: i for i, key in enumerate(self.target_labels)}
         out = np.empty(len(values), dtype=np.int64)

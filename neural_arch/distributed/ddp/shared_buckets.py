@@ -26,71 +26,33 @@ forward pass), and it keeps the segment at the size of the private buckets it re
 
 The arena runs the shared-memory barrier (``transports.shm.Generation``) on control lines of
 its own segment, apart from the transport's, so it composes with the direct collectives queued
-around it.
+around it. The segment's layout and its creation are in ``shared_segment``.
 Every wait is bounded by the group's timeout and watches the peers' liveness. Memory ordering
 is that of ``transports.shm``: data is written before the counter that publishes it, and read
 after the counter was seen (enough on x86-64).
 """
 from __future__ import annotations
 
-import errno
-import os
-import secrets
 import zlib
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
-import _posixshmem
 import numpy as np
 
-from .. import object_collectives
 from ..buffers import copy_from_host
 from ..errors import CollectiveMismatchError, DistributedError
 from ..group.process_group import ProcessGroup
 from ..reduce_ops import averager
-from ..transports.shm import Generation, attach_segment, create_segment, unlink_segment
-from ..transports.shm.layout import LINE_WORDS, PAGE, SPARE
+from ..transports.shm import Generation
+from ..transports.shm.layout import LINE_WORDS, SPARE
 from ..transports.shm.waiting import wait_ge
-
-Spec = Tuple[int, np.dtype]  # (elements, dtype) of one bucket
+# SharedBucketsUnavailable is re-exported: ``buckets`` falls back to private buckets on it.
+from .shared_segment import SegmentLayout, SharedBucketsUnavailable, Spec, open_segment, slices
 
 OP = "shared_bucket_all_reduce"
 ACQUIRE_OP = "shared_bucket_acquire"
 RELEASED = SPARE  # the word of a rank's control line counting syncs it finished reading
-ALIGN_BYTES = 64            # slice boundaries fall on cache lines
 CHUNK_BYTES = 256 << 10     # partial sums stay in cache while the next rank's slice is added
 _FINISH = "end of a sync"
-
-
-class SharedBucketsUnavailable(DistributedError):
-    """The shared segment could not be set up (e.g. /dev/shm has too little room)."""
-
-
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-def _slices(count: int, p: int, itemsize: int) -> List[Tuple[int, int]]:
-    """Each rank's cache-line aligned part of ``count`` elements; the last may be empty."""
-    align = max(1, ALIGN_BYTES // itemsize)
-    per = _round_up(-(-count // p), align)
-    return [(min(q * per, count), min((q + 1) * per, count)) for q in range(p)]
-
-
-class _Layout:
-    """Byte offsets in the segment: control lines, then one region per rank holding every
-    bucket back to back (each on its own pages)."""
-
-    def __init__(self, world_size: int, specs: Sequence[Spec]) -> None:
-        self.bucket_at, at = [], 0
-        for n, dt in specs:
-            self.bucket_at.append(at)
-            at += _round_up(n * np.dtype(dt).itemsize, PAGE)
-        self.region_bytes = max(at, PAGE)
-        self.ctrl_bytes = _round_up(world_size * LINE_WORDS * 8, PAGE)
-        self.total_bytes = self.ctrl_bytes + world_size * self.region_bytes
-
-    def bucket(self, rank: int, index: int) -> int:
-        return self.ctrl_bytes + rank * self.region_bytes + self.bucket_at[index]
 
 
 class SharedBucketArena:
@@ -105,14 +67,14 @@ class SharedBucketArena:
         p, rank = pg.size, pg.rank
         self._rank, self._size = rank, p
         self._peers = tuple(q for q in range(p) if q != rank)
-        layout = _Layout(p, specs)
+        layout = SegmentLayout(p, specs)
         self._ctrl = memoryview(mm)[:layout.ctrl_bytes].cast("q")
         raw = np.frombuffer(mm, np.uint8)
         self._generation = Generation(self._ctrl, raw.ctypes.data, rank, p, self._t)
         self._views = [[raw[layout.bucket(q, i):layout.bucket(q, i) + n * np.dtype(dt).itemsize]
                         .view(dt) for i, (n, dt) in enumerate(specs)] for q in range(p)]
         self.flats = self._views[rank]  # this rank's buckets: DDP packs gradients into them
-        self._bounds = [_slices(n, p, np.dtype(dt).itemsize) for n, dt in specs]
+        self._bounds = [slices(n, p, np.dtype(dt).itemsize) for n, dt in specs]
         labels = [f"bucket {i} ({n} x {np.dtype(dt).name})" for i, (n, dt) in enumerate(specs)]
         self._sigs = [self._signature(label) for label in labels]
         self._finish_sig = self._signature(_FINISH)
@@ -260,50 +222,5 @@ class SharedBucketArena:
     @classmethod
     def open(cls, pg: ProcessGroup, specs: Sequence[Spec]) -> "SharedBucketArena":
         """Group rank 0 creates the segment, every rank maps it, then its name is unlinked."""
-        total = _Layout(pg.size, specs).total_bytes
-        name, mm, problem = None, None, None
-        try:
-            if pg.rank == 0:
-                name = f"nf_{os.getpid()}_{secrets.token_hex(6)}"
-                mm, problem = _create_reserved(name, total)
-            message = [name, problem]
-            object_collectives.broadcast_object_list(message, src=pg.ranks[0], group=pg)
-            name, problem = message
-            if pg.rank != 0 and problem is None:
-                try:
-                    mm = attach_segment(name, total, pg.global_rank)
-                except (OSError, DistributedError) as exc:
-                    problem = f"rank {pg.global_rank} could not map {name}: {exc}"
-            problems = object_collectives.all_gather_object(problem, group=pg)
-        finally:
-            if pg.rank == 0 and name is not None:
-                unlink_segment(name)  # every rank has mapped it or given up
-        failed = [p for p in problems if p]
-        if failed:
-            if mm is not None:
-                mm.close()
-            raise SharedBucketsUnavailable(f"shared buckets of {total} bytes are unavailable: "
-                                           + "; ".join(failed), rank=pg.global_rank, op=OP)
+        name, mm = open_segment(pg, SegmentLayout(pg.size, specs).total_bytes, OP)
         return cls(pg, specs, mm, name)
-
-
-def _create_reserved(name: str, size: int):
-    """Create the segment and reserve its pages now: a full /dev/shm then fails here with a
-    message instead of killing a rank with SIGBUS at its first write."""
-    try:
-        mm = create_segment(name, size)
-    except OSError as exc:
-        return None, f"rank 0 could not create a {size}-byte segment: {exc}"
-    try:
-        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
-            return mm, None  # this file system cannot reserve: pages come at first touch
-        mm.close()
-        unlink_segment(name)
-        return None, f"rank 0 could not reserve {size} bytes in /dev/shm ({exc.strerror})"
-    return mm, None

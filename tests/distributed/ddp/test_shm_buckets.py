@@ -10,7 +10,7 @@ import pytest
 from ddp_cases import (check_against_reference, make_model, make_optimizer, train_ddp,
                        train_reference)
 from dist_harness import RankFailed, run_ranks
-from neural_arch.distributed.ddp.shared_buckets import ALIGN_BYTES, _slices
+from neural_arch.distributed.ddp.shared_segment import ALIGN_BYTES, slices
 from repo_paths import REPO_ROOT
 from shm_testing import shm_names_of
 
@@ -227,9 +227,9 @@ def test_subgroup_keeps_private_buckets():
 
 
 def no_room_worker(rank: int, world_size: int, shared):
-    from neural_arch.distributed.ddp import shared_buckets as shm_buckets
+    from neural_arch.distributed.ddp import shared_segment
     if rank == 0:  # as if /dev/shm were full
-        shm_buckets._create_reserved = lambda name, size: (None, "/dev/shm has no room (test)")
+        shared_segment.create_reserved = lambda name, size: (None, "/dev/shm has no room (test)")
     return choice_worker(rank, world_size, shared)
 
 
@@ -266,13 +266,13 @@ def test_ranks_out_of_step_raise_a_mismatch_naming_both():
 def test_segment_without_room_is_reported_and_removed(monkeypatch):
     import errno
 
-    from neural_arch.distributed.ddp import shared_buckets as shm_buckets
+    from neural_arch.distributed.ddp import shared_segment
 
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(shm_buckets.os, "posix_fallocate", no_space)
+    monkeypatch.setattr(shared_segment.os, "posix_fallocate", no_space)
     name = f"nf_{os.getpid()}_roomtest"
-    mm, problem = shm_buckets._create_reserved(name, 1 << 20)
+    mm, problem = shared_segment.create_reserved(name, 1 << 20)
     assert mm is None
     assert problem == (f"rank 0 could not reserve {1 << 20} bytes in /dev/shm "
                        f"({os.strerror(errno.ENOSPC)})")
@@ -327,7 +327,7 @@ def test_killed_peer_during_shared_bucket_sync_is_named():
 @pytest.mark.parametrize("p", [2, 3, 4, 7])
 @pytest.mark.parametrize("itemsize", [2, 4, 8])
 def test_slices_tile_the_bucket_on_cache_lines(count, p, itemsize):
-    bounds = _slices(count, p, itemsize)
+    bounds = slices(count, p, itemsize)
     assert len(bounds) == p and bounds[0][0] == 0 and bounds[-1][1] == count
     for (lo, hi), (next_lo, _) in zip(bounds, bounds[1:]):
         assert lo <= hi == next_lo
