@@ -29,6 +29,8 @@ from . import cuda  # torch.cuda: GPUs through CuPy
 from .backends import get_num_threads, set_num_threads
 from .core.ops_extremes import argmax, argmin, max, maximum, min, minimum
 from .core.tensor_torch_extras import narrow
+from .core.torch_memory_format import (channels_last, channels_last_3d, contiguous_format,
+                                       memory_format, preserve_format)
 
 __version__ = "0.1.0"
 
@@ -66,3 +68,5 @@ __all__ += [  # `max` and `min` stay out, as the dtype names: they would shadow 
     "cuda", "get_num_threads", "set_num_threads", "argmax", "argmin", "maximum", "minimum",
     "narrow",
 ]
+__all__ += ["memory_format", "contiguous_format", "channels_last", "channels_last_3d",
+            "preserve_format"]

@@ -62,14 +62,26 @@ def is_missing_bfloat16(dtype: Any) -> bool:
                                  or (isinstance(dtype, str) and dtype == "bfloat16"))
 
 
+def _is_bfloat16_dtype(dtype: Any) -> bool:
+    """For a NumPy dtype or None, on the hot paths of every op: NumPy hands out one bfloat16
+    dtype object, so identity answers at once, and ``==`` (several times dearer against a
+    float dtype, through NumPy's promotion machinery) is left for dtypes of bfloat16's kind,
+    "V"."""
+    return dtype is BFLOAT16 or (getattr(dtype, "kind", None) == "V" and dtype == BFLOAT16)
+
+
 def is_bfloat16(dtype: Any) -> bool:
-    return BFLOAT16 is not None and dtype == BFLOAT16
+    if BFLOAT16 is None:
+        return False
+    if dtype is BFLOAT16 or isinstance(dtype, np.dtype):
+        return _is_bfloat16_dtype(dtype)
+    return dtype == BFLOAT16  # a scalar type or a name
 
 
 def involves_bfloat16(a: Any, b: Any) -> bool:
     """Whether array (or number) ``a`` or ``b`` is bfloat16: the cheap test before the rest."""
-    return BFLOAT16 is not None and (getattr(a, "dtype", None) == BFLOAT16
-                                     or getattr(b, "dtype", None) == BFLOAT16)
+    return BFLOAT16 is not None and (_is_bfloat16_dtype(getattr(a, "dtype", None))
+                                     or _is_bfloat16_dtype(getattr(b, "dtype", None)))
 
 
 def accumulate_dtype(dtype: Any) -> Optional[np.dtype]:
@@ -89,7 +101,7 @@ def round_like(out: Any, *inputs: Any) -> Any:
         dtype = getattr(value, "dtype", None)
         if dtype is None or dtype.kind in "biu":
             continue  # Python numbers and integers take the floating operand's type in torch
-        if dtype != BFLOAT16:
+        if not _is_bfloat16_dtype(dtype):
             return out  # a float32 (or wider) operand: float32 is torch's answer too
         seen_bfloat16 = True
     return out.astype(BFLOAT16) if seen_bfloat16 else out

@@ -8,6 +8,7 @@ import numpy as np
 
 from .dtypes import DEFAULT_FLOAT, resolve_dtype
 from .tensor import Tensor
+from .torch_memory_format import full_in_format, preserve_format
 
 
 def linspace(start: Any, end: Any, steps: int, *, dtype: Any = None, device: Any = None,
@@ -29,20 +30,22 @@ def linspace(start: Any, end: Any, steps: int, *, dtype: Any = None, device: Any
 def _like(input: Any, dtype: Any) -> tuple:
     data = input.array if isinstance(input, Tensor) else np.asarray(input)
     wanted = resolve_dtype(dtype) if dtype is not None else data.dtype
-    return tuple(data.shape), wanted, getattr(input, "device", None)
+    return data, wanted, getattr(input, "device", None)
 
 
 def full_like(input: Any, fill_value: Any, *, dtype: Any = None, device: Any = None,
-              requires_grad: bool = False) -> Tensor:
-    """A tensor of ``input``'s shape (and dtype, unless given) filled with ``fill_value``."""
-    shape, wanted, source_device = _like(input, dtype)
-    return Tensor(np.full(shape, fill_value, dtype=wanted), requires_grad=requires_grad,
-                  device=device or source_device)
+              requires_grad: bool = False, memory_format: Any = preserve_format) -> Tensor:
+    """A tensor of ``input``'s shape (and dtype, unless given; layout, unless
+    ``memory_format`` says another) filled with ``fill_value``."""
+    data, wanted, source_device = _like(input, dtype)
+    return Tensor(full_in_format(data, fill_value, wanted, memory_format, "full_like"),
+                  requires_grad=requires_grad, device=device or source_device)
 
 
 def empty_like(input: Any, *, dtype: Any = None, device: Any = None,
-               requires_grad: bool = False) -> Tensor:
-    """A tensor of ``input``'s shape and dtype; its values are unspecified (zeros here)."""
-    shape, wanted, source_device = _like(input, dtype)
-    return Tensor(np.zeros(shape, dtype=wanted), requires_grad=requires_grad,
-                  device=device or source_device)
+               requires_grad: bool = False, memory_format: Any = preserve_format) -> Tensor:
+    """A tensor of ``input``'s shape and dtype (and layout, unless ``memory_format`` says
+    another); its values are unspecified (zeros here)."""
+    data, wanted, source_device = _like(input, dtype)
+    return Tensor(full_in_format(data, 0, wanted, memory_format, "empty_like"),
+                  requires_grad=requires_grad, device=device or source_device)

@@ -11,6 +11,7 @@ import numpy as np
 from .dtypes import DEFAULT_FLOAT, resolve_dtype
 from .random import resolve_rng
 from .tensor import Tensor
+from .torch_memory_format import full_in_format, preserve_format
 
 
 def _shape(shape: tuple) -> tuple:
@@ -68,21 +69,23 @@ def eye(n: int, m: Optional[int] = None, dtype: Any = None, requires_grad: bool 
 
 def _like(other: Any, dtype: Any) -> tuple:
     data = other.array if isinstance(other, Tensor) else np.asarray(other)
-    return data.shape, resolve_dtype(dtype) if dtype is not None else data.dtype
+    return data, resolve_dtype(dtype) if dtype is not None else data.dtype
 
 
 def zeros_like(other: Any, dtype: Any = None, requires_grad: bool = False,
-               device: Optional[str] = None) -> Tensor:
-    shape, dt = _like(other, dtype)
+               device: Optional[str] = None, *, memory_format: Any = preserve_format) -> Tensor:
+    """Zeros of ``other``'s shape (and dtype, device and, by default, layout)."""
+    data, dt = _like(other, dtype)
     device = device or (other.device if isinstance(other, Tensor) else None)
-    return _make(np.zeros(shape, dtype=dt), requires_grad, device)
+    return _make(full_in_format(data, 0, dt, memory_format, "zeros_like"), requires_grad, device)
 
 
 def ones_like(other: Any, dtype: Any = None, requires_grad: bool = False,
-              device: Optional[str] = None) -> Tensor:
-    shape, dt = _like(other, dtype)
+              device: Optional[str] = None, *, memory_format: Any = preserve_format) -> Tensor:
+    """Ones of ``other``'s shape (and dtype, device and, by default, layout)."""
+    data, dt = _like(other, dtype)
     device = device or (other.device if isinstance(other, Tensor) else None)
-    return _make(np.ones(shape, dtype=dt), requires_grad, device)
+    return _make(full_in_format(data, 1, dt, memory_format, "ones_like"), requires_grad, device)
 
 
 def randn(*shape: Any, dtype: Any = None, requires_grad: bool = False,

@@ -46,17 +46,25 @@ class AutogradMethods:
 
     @grad.setter
     def grad(self, value: Any) -> None:
-        # Framework code assigns raw arrays; they are wrapped here, so `.grad` is always a tensor.
+        # Framework code assigns raw arrays (the engine, for every leaf of every backward); they
+        # are wrapped here, so `.grad` is always a tensor. That path comes first and costs one
+        # isinstance, one shape comparison and the wrapper.
         if value is None:
             self._grad = None
             return
-        if not isinstance(value, _tensor_module().Tensor):
-            if self._grad is not None and value is self._grad.array:
+        tensor = _tensor_module()
+        if not isinstance(value, tensor.Tensor):
+            current = self._grad
+            if current is not None and value is current.array:
                 return  # the same storage (a sync unpacked in place): the tensor stays the same
-            if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            shape = getattr(value, "shape", None)
+            if shape is None or not hasattr(value, "dtype"):
                 raise TypeError(f"assigned grad must be a Tensor, an array or None, got "
                                 f"{type(value).__name__}")
-            value = _tensor_module()._constant(value)
+            if shape == self.array.shape:  # NumPy and CuPy shapes are tuples
+                self._grad = tensor._constant(value)
+                return
+            value = tensor._constant(value)
         if tuple(value.shape) != tuple(self.array.shape):
             raise RuntimeError(f"attempting to assign a gradient of size '{list(value.shape)}' to "
                                f"a tensor of size '{list(self.array.shape)}'. Please ensure that "
@@ -74,8 +82,21 @@ class AutogradMethods:
         """How many in-place writes this tensor's storage has had (torch's ``_version``)."""
         return self._vc[0]
 
-    def _bump_version(self) -> None:
+    def mark_modified_in_place(self) -> Any:
+        """Count one in-place write into this tensor's storage made by code that autograd does
+        not see (an optimizer updating ``.array``, a collective filling it): a backward that
+        saved these values earlier then raises torch's "modified by an inplace operation"
+        error instead of using the new ones. Shared with ``detach()`` and views, as every
+        version count is. Returns the tensor.
+
+        torch spells this ``torch.autograd.graph.increment_version(tensor)``, a function far
+        from the tensor that most code never sees (its own optimizers get the count from
+        ``add_``); a method that names the event reads plainly at every call site here, where
+        optimizers and collectives write ``.array`` directly."""
         self._vc[0] += 1
+        return self
+
+    _bump_version = mark_modified_in_place  # the older private name, kept for its callers
 
     def detach(self) -> Any:
         """A tensor sharing this data and its version counter, cut from the graph."""

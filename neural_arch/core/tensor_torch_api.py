@@ -1,6 +1,8 @@
-"""torch's Tensor methods beyond the operators: sizes (``size()``, ``numel()``, ``dim()``),
-conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bfloat16()``, ``bool()``),
-``view``, ``t()``, ``contiguous()``, and the pieces, gather/scatter and selection methods.
+"""torch's Tensor methods beyond the operators: sizes (``size()``, ``numel()``, ``dim()``,
+``stride()``), conversions (``to``, ``type_as``, ``int()``, ``half()``, ``bfloat16()``,
+``bool()``), ``view``, ``t()``, ``contiguous()`` and ``is_contiguous()`` with torch's
+``memory_format`` (``torch_memory_format``), and the pieces, gather/scatter and selection
+methods.
 
 A base class of ``Tensor``. As in ``tensor.py``, methods that are op functions are named
 through ``OpRef`` stand-ins, which the bottom of ``tensor.py`` binds once the op modules load.
@@ -11,6 +13,7 @@ import importlib
 from typing import Any
 
 from ..backends import xp_of
+from . import torch_memory_format as formats
 from .op_refs import OpRef
 from .torch_size import Size
 
@@ -52,8 +55,38 @@ class TorchTensorMethods:
         """Bytes per element."""
         return self.array.dtype.itemsize
 
-    def is_contiguous(self) -> bool:
-        return bool(self.array.flags.c_contiguous)
+    def stride(self, dim: Any = None) -> Any:
+        """The strides in elements (torch counts elements, NumPy bytes), or dimension
+        ``dim``'s."""
+        item = self.array.itemsize
+        strides = tuple(s // item for s in self.array.strides)
+        if dim is None:
+            return strides
+        self.size(dim)  # torch's IndexError for a dimension out of range
+        return strides[dim] if strides else 1
+
+    def is_contiguous(self, memory_format: Any = formats.contiguous_format) -> bool:
+        """Whether the data is laid out densely in ``memory_format`` (default: row-major;
+        ``torch.channels_last``: a 4-D tensor stored as N, H, W, C)."""
+        return formats.is_contiguous_as(
+            self.array, formats.checked_format(memory_format, "is_contiguous"))
+
+    def contiguous(self, memory_format: Any = formats.contiguous_format) -> Any:
+        """This tensor when laid out in ``memory_format`` already, else a copy that is (in the
+        graph; the gradient passes through unchanged)."""
+        fmt = formats.checked_format(memory_format, "contiguous")
+        if fmt is formats.preserve_format:
+            raise RuntimeError("preserve memory format is unsupported by the contiguous "
+                               "operator")
+        if fmt is formats.contiguous_format:
+            return self._row_major()
+        return self._in_memory_format(fmt, "contiguous")
+
+    def _in_memory_format(self, fmt: Any, op: str, always_copy: bool = False) -> Any:
+        laid_out = formats.in_format(self.array, fmt, op, always_copy)
+        if laid_out is self.array:
+            return self
+        return _core("tensor").make_result(laid_out, (self,), lambda g: (g,))
 
     def view(self, *shape: Any) -> Any:
         """The same data seen with ``shape`` (one entry may be -1), sharing memory and the
@@ -79,10 +112,13 @@ class TorchTensorMethods:
     # ----------------------------------------------------------------- conversions
     def to(self, *args: Any, **kwargs: Any) -> Any:
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(other_tensor)`` (its
-        device and dtype), with torch's keywords ``device=``, ``dtype=``, ``non_blocking=``
-        and ``copy=`` (a copy even when nothing changes). Differentiable."""
+        device and dtype), with torch's keywords ``device=``, ``dtype=``, ``non_blocking=``,
+        ``copy=`` (a copy even when nothing changes) and ``memory_format=`` (the layout of the
+        result; default ``torch.preserve_format``). Differentiable."""
         kwargs.pop("non_blocking", None)
         copy = kwargs.pop("copy", False)
+        fmt = formats.checked_format(kwargs.pop("memory_format", None) or formats.preserve_format,
+                                     "to")  # None means preserve_format, as in torch
         if args and isinstance(args[0], _core("tensor").Tensor):
             other, args = args[0], args[1:]
             kwargs.setdefault("device", other.device)
@@ -91,6 +127,9 @@ class TorchTensorMethods:
             raise TypeError(f"to() takes (device, dtype) or (tensor), got {len(args)} "
                             f"positional arguments and keywords {sorted(kwargs)}")
         out = _core("ops_misc").to(self, *args, **kwargs)
+        # as torch: the tensor stays when its layout already suggests the format asked for
+        if fmt is not formats.preserve_format and formats.suggested_format(out.array) is not fmt:
+            out = out._in_memory_format(fmt, "to", always_copy=True)
         return out.clone() if copy and out is self else out
 
     def type_as(self, other: Any) -> Any:
@@ -99,7 +138,7 @@ class TorchTensorMethods:
 
     # ----------------------------------------------------------------- pieces and selection
     repeat, split, chunk, unbind = _pieces.repeat, _pieces.split, _pieces.chunk, _pieces.unbind
-    contiguous = _pieces.contiguous
+    _row_major = _pieces.contiguous  # contiguous() in the default format
     gather, scatter, scatter_add = _gather.gather, _gather.scatter, _gather.scatter_add
     sort, argsort, topk = _select.sort, _select.argsort, _select.topk
 

@@ -6,6 +6,8 @@ same object (torch replaces ``.data``), so an optimizer built before the call st
 model's parameters; gradients are converted with their parameters. ``to`` and the named casts
 change floating parameters and buffers only (an integer buffer such as BatchNorm's
 ``num_batches_tracked`` keeps its dtype); ``type`` converts everything, as torch's does.
+``to(memory_format=)`` lays out the 4-D and 5-D parameters, gradients and buffers in that
+format, as torch's does (``core.torch_memory_format``: strides, values unchanged).
 Every argument is checked before anything changes, so a refused call leaves the module whole.
 """
 from __future__ import annotations
@@ -14,13 +16,15 @@ from typing import Any, Callable, Optional, Tuple
 
 from ..backends import device_type, get_backend
 from ..core import Tensor
+from ..core import torch_memory_format as formats
 from ..core.dtypes import is_floating, resolve_dtype
 
 # array -> converted array (or the same array when nothing changes)
 Convert = Callable[[Any], Any]
 
-_TO_FORMS = ("to(device=None, dtype=None, non_blocking=False), to(dtype, non_blocking=False) "
-             "or to(tensor, non_blocking=False)")
+_TO_FORMS = ("to(device=None, dtype=None, non_blocking=False, *, memory_format=None), "
+             "to(dtype, non_blocking=False, *, memory_format=None) "
+             "or to(tensor, non_blocking=False, *, memory_format=None)")
 
 
 def _is_device(value: Any) -> bool:
@@ -68,8 +72,9 @@ def checked_device(device: Any) -> Optional[str]:
     return device
 
 
-def converter(device: Any = None, dtype: Any = None) -> Convert:
-    """array -> the array on ``device`` (None: where it is) cast to ``dtype`` (None: its own)."""
+def converter(device: Any = None, dtype: Any = None, memory_format: Any = None) -> Convert:
+    """array -> the array on ``device`` (None: where it is) cast to ``dtype`` (None: its own),
+    laid out in ``memory_format`` when it has 4 or 5 dimensions (None: as it is)."""
     target = None if dtype is None else resolve_dtype(dtype)
 
     def convert(array: Any) -> Any:
@@ -77,8 +82,20 @@ def converter(device: Any = None, dtype: Any = None) -> Convert:
             array = array.astype(target)
         if device is not None:
             array = Tensor(array, dtype=array.dtype, device=device).array
+        if memory_format is not None and array.ndim in (4, 5):
+            array = formats.in_format(array, memory_format, "Module.to")
         return array
     return convert
+
+
+def _checked_layouts(module: Any, memory_format: Any) -> None:
+    """torch's rank error for a 5-D tensor asked for ``channels_last`` (or a 4-D one for
+    ``channels_last_3d``), raised before anything is converted."""
+    for owner in module.modules():
+        for value in list(owner._parameters.values()) + list(owner._buffers.values()):
+            shape = getattr(value, "shape", ())
+            if len(shape) in (4, 5):
+                formats.check_rank(tuple(shape), memory_format, "Module.to")
 
 
 def convert_module(module: Any, floating: Convert, other: Optional[Convert] = None) -> None:
@@ -110,7 +127,14 @@ class ModuleCasting:
         """``to(device)``, ``to(dtype)``, ``to(device, dtype)``, ``to(tensor)`` (its device and
         dtype), with the keywords ``device=``, ``dtype=`` and ``non_blocking=`` (accepted; the
         copies here are synchronous). Moves every parameter and buffer to the device and casts
-        the floating ones to the dtype, which must be floating; returns self."""
+        the floating ones to the dtype, which must be floating; ``memory_format=`` (keyword
+        only) lays out every 4-D and 5-D tensor in that format; returns self."""
+        kwargs = dict(kwargs)
+        layout = kwargs.pop("memory_format", None)
+        if layout is not None:
+            layout = formats.checked_format(layout, "to")
+            if layout is not formats.preserve_format:
+                _checked_layouts(self, layout)
         device, dtype = parse_to_arguments(args, kwargs)
         if dtype is not None:
             target = resolve_dtype(dtype)
@@ -118,10 +142,13 @@ class ModuleCasting:
                 raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got "
                                 f"desired dtype={target}")
         device = checked_device(device)
-        if device is None and dtype is None:
+        if layout is formats.preserve_format:
+            layout = None
+        if device is None and dtype is None and layout is None:
             return self
-        move = converter(device)
-        convert_module(self, converter(device, dtype), move if device is not None else None)
+        move = converter(device, memory_format=layout)
+        convert_module(self, converter(device, dtype, layout),
+                       move if device is not None or layout is not None else None)
         return self
 
     def cpu(self) -> Any:

@@ -40,6 +40,7 @@ class Adam(Optimizer):
                 grad = None if param.grad is None else param.grad.array
                 if grad is None:
                     continue
+                param.mark_modified_in_place()  # every path below writes `.array` in place
                 data = param.array
                 if maximize:
                     grad = -grad

@@ -61,6 +61,8 @@ class FusedAdamW(AdamW):
     def _fused_update(self, kernels: Any, params: List[Any], group: dict, step: int) -> None:
         beta1, beta2 = group["betas"]
         states = [self.state[p] for p in params]
+        for param in params:
+            param.mark_modified_in_place()  # the kernel writes `.array` in place
         kernels.adamw_step([p.array for p in params], [p.grad.array for p in params],
                            [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
                            step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],

@@ -1,8 +1,10 @@
 """Optimizer base class: parameter groups, per-parameter state and (de)serialisation.
 
-Parameters are duck-typed (anything with a writable ``.array`` and a ``.grad`` that is None or
-has an ``.array``, as a ``Tensor`` does), so optimizers work on ``Parameter``s and plain
-``Tensor``s holding NumPy or CuPy storage alike.
+Parameters are duck-typed (anything with a writable ``.array``, a ``.grad`` that is None or
+has an ``.array``, and ``mark_modified_in_place()``, as a ``Tensor`` does), so optimizers work
+on ``Parameter``s and plain ``Tensor``s holding NumPy or CuPy storage alike. A step writes
+``.array`` in place and says so through ``mark_modified_in_place()``: a backward through a graph
+recorded before the step raises, as in torch, instead of using the updated weights.
 """
 from __future__ import annotations
 
@@ -115,6 +117,7 @@ class Optimizer:
                     param.grad = None
                 else:
                     param.grad.array[...] = 0
+                    param.grad.mark_modified_in_place()  # torch's grad.zero_() counts it too
 
     def _evaluate_closure(self, closure: Optional[Callable[[], Any]]) -> Any:
         return None if closure is None else closure()

@@ -39,6 +39,7 @@ class SGD(Optimizer):
                 grad = None if param.grad is None else param.grad.array
                 if grad is None:
                     continue
+                param.mark_modified_in_place()  # the update below writes `.array` in place
                 data = param.array
                 if plain:
                     data -= lr * grad

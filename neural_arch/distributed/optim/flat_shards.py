@@ -88,6 +88,8 @@ class FlatShards:
         self.reattach()
         lo, hi = self.bounds(self.rank)
         collectives.all_gather_into_tensor(self.values, self.values[lo:hi].copy(), group=group)
+        for p in self.params:
+            p.mark_modified_in_place()  # every parameter is a view of the buffer just written
 
     # ----- optimizer state: flat shards <-> one entry per parameter -------------------------
     def owned_pieces(self) -> List[Tuple[int, int, int, int]]:

@@ -111,6 +111,7 @@ class ShardExchange:
                 else:
                     values = slot.gathered[start:stop].reshape(param.array.shape)
                     copy_from_host(values, param.array, out=param.array)
+                param.mark_modified_in_place()  # another rank's update, written in place
 
 
 def _as_view(param: Any, flat: np.ndarray) -> np.ndarray:
