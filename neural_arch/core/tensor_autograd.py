@@ -96,7 +96,6 @@ class AutogradMethods:
         self._vc[0] += 1
         return self
 
-    _bump_version = mark_modified_in_place  # the older private name, kept for its callers
 
     def detach(self) -> Any:
         """A tensor sharing this data and its version counter, cut from the graph."""

@@ -97,7 +97,7 @@ def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
         handle.wait()
     for _, _, tensor in entries:
         if tensor is not None:
-            tensor._bump_version()  # an in-place write, as torch counts it
+            tensor.mark_modified_in_place()  # an in-place write, as torch counts it
 
 
 def broadcast_optimizer_state(optimizer: Any, root_rank: int = 0) -> None:

@@ -103,5 +103,5 @@ class ModuleState:
             else:
                 array[...] = backend_for(array).asarray(source.astype(array.dtype))
             if isinstance(current, Tensor):
-                current._bump_version()
+                current.mark_modified_in_place()
         return IncompatibleKeys(missing, unexpected)
