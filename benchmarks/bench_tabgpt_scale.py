@@ -13,9 +13,13 @@ weak-scaling efficiency against p = 1 (rows/s over p x p = 1's), the peak traced
 most loaded rank (tracemalloc from before the model is built through three steps, plus FSDP's
 gathered parameters; a separate short run, so that tracing does not slow the timed one), the
 ranks' mean loss over the first and last steps, and the largest difference from DDP's losses.
+Below the table: ZeRO-2's median step over DDP's at each p, both measured in the same job
+(goal: at most ``STEP_RATIO_GOAL``). With ``--rounds R`` each job runs the strategies R times,
+every other round in the other order, and pools the timed steps of all rounds: on a shared
+machine the ratio is then far steadier than the efficiencies, which compare separate jobs.
 
     python benchmarks/bench_tabgpt_scale.py [--nproc 1,2] [--rows 1000000] [--steps 40]
-        [--warmup 3] [--batch 256] [--quick] [--output FILE]
+        [--warmup 3] [--batch 256] [--rounds 1] [--quick] [--output FILE]
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ SECTION = "bench_tabgpt_scale"
 SCRIPT = os.path.abspath(__file__)
 STRATEGIES = ("ddp", "zero2")
 EFFICIENCY_GOAL, LOSS_TOLERANCE = 0.90, 1e-5
+STEP_RATIO_GOAL = 1.05  # ZeRO-2's median step over DDP's, the same p and job
 # (d_token, layers, heads): the FT-Transformer's default size; a tiny one for smoke runs
 MODEL, QUICK_MODEL = (192, 3, 8), (16, 1, 2)
 MiB = float(1 << 20)
@@ -126,19 +131,26 @@ def _peak_memory(name: str, job: Dict[str, Any]) -> int:
 
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     from neural_arch import distributed as dist
-    world, results = dist.get_world_size(), {}
-    for name in job["strategies"]:
-        run = _run(name, job, job["warmup"] + job["steps"], job["warmup"])
-        losses = np.array(run["losses"], dtype=np.float64)
+    world, results, names = dist.get_world_size(), {}, job["strategies"]
+    runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
+    for round_index in range(job.get("rounds", 1)):
+        # every other round the other strategy goes first: neither always runs on a fresh
+        # process or right after the other's memory traffic
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            runs[name].append(_run(name, job, job["warmup"] + job["steps"], job["warmup"]))
+            gc.collect()
+    for name in names:
+        times = [t for run in runs[name] for t in run["times"]]
+        losses = np.array(runs[name][0]["losses"], dtype=np.float64)
         dist.all_reduce(losses)  # the ranks' mean loss, step by step
-        elapsed = np.array([sum(run["times"])])
+        elapsed = np.array([sum(times)])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        medians = np.array([float(np.median(run["times"]))])
+        medians = np.array([float(np.median(times))])
         dist.all_reduce(medians, op=dist.ReduceOp.MAX)
         peak = np.array([_peak_memory(name, job)], dtype=np.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        results[name] = dict(losses=(losses / world).tolist(), params=run["params"],
-                             rows_per_s=world * job["batch"] * job["steps"] / elapsed[0],
+        results[name] = dict(losses=(losses / world).tolist(), params=runs[name][0]["params"],
+                             rows_per_s=world * job["batch"] * len(times) / elapsed[0],
                              step_ms=medians[0] * 1e3, peak_bytes=peak[0])
         gc.collect()
     return results
@@ -162,6 +174,14 @@ def summarize(results: Dict[int, Dict[str, Any]], window: int) -> List[dict]:
     return rows
 
 
+def step_ratios(rows: List[dict]) -> Dict[int, float]:
+    """ZeRO-2's median step over DDP's, per p where both ran."""
+    steps = {(r["p"], r["strategy"]): r["step_ms"] for r in rows}
+    return {p: steps[(p, "zero2")] / steps[(p, "ddp")]
+            for p in sorted({r["p"] for r in rows})
+            if (p, "zero2") in steps and (p, "ddp") in steps and steps[(p, "ddp")] > 0}
+
+
 def report(rows: List[dict], args: argparse.Namespace, command: str, machine: str) -> str:
     table, misses = [], []
     for r in rows:
@@ -176,13 +196,15 @@ def report(rows: List[dict], args: argparse.Namespace, command: str, machine: st
                       "" if r["vs_ddp"] is None else f"{r['vs_ddp']:.1e}",
                       "" if r["vs_ddp"] is None else reporting.verdict(equal)])
     d_token, layers, heads = QUICK_MODEL if args.quick else MODEL
+    rounds = ("" if args.rounds == 1 else f" in each of {args.rounds} rounds (the strategies "
+              f"alternating which goes first; steps pooled)")
     head = reporting.section_head(
         "TabGPT pretraining at scale (`benchmarks/bench_tabgpt_scale.py`)", command, machine,
         f"Masked-cell pretraining of TabGPT (d_token {d_token}, blocks {layers}, heads {heads}, "
         f"{rows[0]['params'] if rows else 0} parameters, AdamW) on a generated table "
         f"of {args.rows:,} rows (8 numeric, 4 categorical columns; rows computed from their "
         f"index), {args.batch} rows per rank per step (weak scaling), {args.steps} timed steps "
-        f"after {args.warmup}, backend shm, one thread per rank. Rows/s: all ranks' rows over "
+        f"after {args.warmup}{rounds}, backend shm, one thread per rank. Rows/s: all ranks' rows over "
         f"the slowest rank's time; efficiency: rows/s over p x p = 1's; peak: tracemalloc, the "
         f"most loaded rank; losses: the ranks' mean over the first and last {args.window} "
         f"steps; loss - DDP: the largest difference from DDP's loss at any step.")
@@ -191,7 +213,13 @@ def report(rows: List[dict], args: argparse.Namespace, command: str, machine: st
          "last loss", "decreased", "max abs loss - DDP", "equal"], table, "llrrrrrrlrl")
     goal = (f"goal: weak-scaling efficiency >= {100 * EFFICIENCY_GOAL:.0f} % at every p > 1; "
             + (f"missed by {', '.join(misses)}." if misses else "met."))
-    return "\n".join(head + [body, "", goal])
+    ratios = step_ratios(rows)
+    lines = [body, "", goal]
+    if ratios:
+        lines.append("ZeRO-2 / DDP median step (same job): " + ", ".join(
+            f"p = {p}: {ratio:.3f}" for p, ratio in ratios.items())
+            + f"; goal <= {STEP_RATIO_GOAL:.2f}.")
+    return "\n".join(head + lines)
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -201,6 +229,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch", type=int, default=256, help="rows per rank per step")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of both strategies per job, alternating their order")
     parser.add_argument("--window", type=int, default=5, help="steps averaged for the losses")
     parser.add_argument("--quick", action="store_true", help="a tiny TabGPT (a smoke run)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per job")
@@ -216,10 +246,12 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
         raise SystemExit(f"--nproc takes world sizes like 1,2 or 2, got {args.nproc!r}")
     if not world_sizes or world_sizes[0] < 1:
         raise SystemExit(f"--nproc needs world sizes of 1 or more, got {args.nproc!r}")
-    if args.rows < 1 or args.steps < 1 or args.batch < 1 or args.warmup < 0:
-        raise SystemExit("--rows, --steps and --batch must be >= 1, --warmup >= 0")
+    if (args.rows < 1 or args.steps < 1 or args.batch < 1 or args.rounds < 1
+            or args.warmup < 0):
+        raise SystemExit("--rows, --steps, --batch and --rounds must be >= 1, --warmup >= 0")
     args.window = max(1, min(args.window, (args.warmup + args.steps) // 2))
     job = dict(rows=args.rows, steps=args.steps, warmup=args.warmup, batch=args.batch,
+               rounds=args.rounds,
                model=list(QUICK_MODEL if args.quick else MODEL), strategies=list(STRATEGIES))
     results = {}
     for p in world_sizes:

@@ -48,3 +48,38 @@ def test_tabgpt_scale_benchmark_reports_consistent_numbers(tmp_path):
             misses.append(f"p = 2 {name}")
     goal = "goal: weak-scaling efficiency >= 90 % at every p > 1; "
     assert goal + (f"missed by {', '.join(misses)}." if misses else "met.") in text
+
+
+def _scale_module(monkeypatch):
+    """The benchmark module, imported without pinning this process's BLAS threads."""
+    import importlib
+    import os
+    import sys
+    benchmarks = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "benchmarks")
+    monkeypatch.syspath_prepend(benchmarks)
+    import bench_common
+    monkeypatch.setattr(bench_common, "one_thread_per_rank", lambda: None)
+    sys.modules.pop("bench_tabgpt_scale", None)
+    return importlib.import_module("bench_tabgpt_scale")
+
+
+def test_report_gives_zero2_over_ddp_step_per_p(monkeypatch):
+    scale = _scale_module(monkeypatch)
+    losses = [1.5, 1.2, 1.0, 0.9]
+
+    def result(rows_per_s, step_ms):
+        return dict(losses=losses, params=10, rows_per_s=rows_per_s, step_ms=step_ms,
+                    peak_bytes=2 << 20)
+    results = {1: {"ddp": result(100.0, 200.0), "zero2": result(98.0, 204.0)},
+               2: {"ddp": result(190.0, 210.0), "zero2": result(170.0, 231.0)}}
+    rows = scale.summarize(results, window=2)
+    assert scale.step_ratios(rows) == pytest.approx({1: 1.02, 2: 1.1})
+    args = scale.parse_args(["--rounds", "3"])
+    text = scale.report(rows, args, "cmd", "machine")
+    assert "ZeRO-2 / DDP median step (same job): p = 1: 1.020, p = 2: 1.100; goal <= 1.05." \
+        in text
+    assert "in each of 3 rounds (the strategies alternating which goes first" in text
+    only_ddp = scale.summarize({2: {"ddp": result(190.0, 210.0)}}, window=2)
+    assert scale.step_ratios(only_ddp) == {}
+    assert "ZeRO-2 / DDP" not in scale.report(only_ddp, scale.parse_args([]), "cmd", "m")

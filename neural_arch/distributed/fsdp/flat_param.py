@@ -17,6 +17,7 @@ storage to zero.
 """
 from __future__ import annotations
 
+import math
 import mmap
 from dataclasses import dataclass
 from typing import Any, List, Sequence, Tuple
@@ -34,7 +35,7 @@ class FlatEntry:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 class FlatLayout:
@@ -48,6 +49,7 @@ class FlatLayout:
             self.entries.append(FlatEntry(fqn, tuple(param.array.shape), offset))
             offset += param.array.size
         self.numel = offset
+        self._sizes = [entry.numel for entry in self.entries]
         self.shards = shards
         self.shard_numel = -(-offset // shards)  # ceil: padding goes at the end
         self.padded_numel = self.shard_numel * shards
@@ -56,11 +58,26 @@ class FlatLayout:
         return index * self.shard_numel, (index + 1) * self.shard_numel
 
     def flatten(self, arrays: Sequence[Any], dtype: Any) -> np.ndarray:
-        """The padded flat vector of ``arrays`` (one per entry; None gives zeros)."""
-        flat = np.zeros(self.padded_numel, dtype=dtype)
-        for entry, array in zip(self.entries, arrays):
-            if array is not None:
-                flat[entry.offset:entry.offset + entry.numel] = np.asarray(array).reshape(-1)
+        """The padded flat vector of ``arrays`` (one per entry; None gives zeros), cast to
+        ``dtype``. One concatenation into the vector: this packs every gradient of every
+        step, and a Python loop of slice assignments costs more than the copy on models of
+        many small parameters (embeddings, norms, biases)."""
+        if len(arrays) != len(self.entries):
+            raise ValueError(f"FlatLayout.flatten: {len(arrays)} arrays for a layout of "
+                             f"{len(self.entries)} parameters")
+        flat = np.empty(self.padded_numel, dtype=dtype)
+        flat[self.numel:] = 0
+        if not self.entries:
+            return flat
+        pieces = [np.zeros(entry.numel, dtype=dtype) if array is None
+                  else np.asarray(array).reshape(-1)
+                  for entry, array in zip(self.entries, arrays)]
+        if [piece.size for piece in pieces] != self._sizes:
+            entry, size = next((e, piece.size) for e, piece in zip(self.entries, pieces)
+                               if piece.size != e.numel)
+            raise ValueError(f"FlatLayout.flatten: {entry.fqn!r} has {entry.numel} "
+                             f"elements (shape {entry.shape}), got {size}")
+        np.concatenate(pieces, out=flat[:self.numel], casting="unsafe")
         return flat
 
     def views(self, flat: np.ndarray) -> List[np.ndarray]:

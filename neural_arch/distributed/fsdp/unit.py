@@ -169,11 +169,12 @@ class Unit:
         self._reduce = None
         if work is not None:
             work.wait()
-        grad = out.astype(self.master_dtype, copy=True)
-        if self.shard.grad is None:
-            self.shard.grad = grad
+        if self.shard.grad is not None:
+            self.shard.grad.array += out
         else:
-            self.shard.grad.array += grad
+            # ``out`` (or the vector it is a slice of) was allocated for this reduction alone
+            # and nothing else refers to it: in the shard's dtype it becomes the gradient as is
+            self.shard.grad = out.astype(self.master_dtype, copy=False)
 
     def abandon(self) -> None:
         """After a failed backward: wait for what is under way, keep no half results."""
