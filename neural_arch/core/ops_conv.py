@@ -2,13 +2,15 @@
 
 On the CPU (NumPy arrays) ``conv_cpu`` computes it a span of samples at a time, with columns
 that stay in cache and none kept for the backward (stride 1: ``conv_wide``, whose input
-gradient is itself a convolution; strided: ``conv_strided``). Elsewhere (CuPy), for a
-stride-1 padding wider than the kernel, and when only the weight needs a gradient (a first
-layer, whose few column rows are cheaper kept than rebuilt), the forward below builds the
-(N, C * kh * kw, Ho * Wo) column matrix of the whole batch once (``conv_windows.im2col``) and
-multiplies each group's weight by it: one product per sample, whose output is already in NCHW
-order; the backward reuses the columns for the weight gradient and adds the columns' gradient
-back into the input (``col2im``). A 1-D convolution is the 2-D one with a height of 1.
+gradient is itself a convolution; strided: ``conv_strided``). When only the weight and bias
+need a gradient (a first layer, whose few column rows are cheaper kept than rebuilt) it keeps
+the whole batch's columns, the bias folded into the product (``conv_kept_columns``).
+Elsewhere (CuPy, a grouped first layer, a stride-1 padding wider than the kernel whose input
+needs a gradient), the forward below builds the (N, C * kh * kw, Ho * Wo) column matrix of
+the whole batch once (``conv_windows.im2col``) and multiplies each group's weight by it: one
+product per sample, whose output is already in NCHW order; the backward reuses the columns
+for the weight gradient and adds the columns' gradient back into the input (``col2im``). A
+1-D convolution is the 2-D one with a height of 1.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..backends import xp_of
-from . import conv_cpu
+from . import conv_cpu, conv_kept_columns
 from .autocast_state import autocast_inputs
 from .conv_windows import col2im, im2col
 from .grad_mode import GRAD_MODE
@@ -126,7 +128,7 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
                              stride_t, dilation_t, pads, out_hw)
     wants_grad = (need_x or need_w or need_b) and GRAD_MODE.enabled
     # a first layer (no input gradient) keeps its few column rows for the weight gradient
-    # below: rebuilding them per span costs more than storing them
+    # (conv_kept_columns, or the general columns below): rebuilding them per span costs more
     if isinstance(x4, np.ndarray) and conv_cpu.supports(geom) and (need_x or not wants_grad):
         out = conv_cpu.forward(x4, w4, geom)
         if bd is not None:
@@ -148,6 +150,10 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
             return grads + ((g4.sum(axis=(0, 2, 3)) if need_b else None),)
 
         return _node(final, parents, cpu_backward)
+    if conv_kept_columns.applies(x4, geom, need_x, wants_grad):
+        return _kept_columns(x, weight, bias, x4, w4, bd, geom, need_w, need_b,
+                             result_shape=(out_channels,) + out_hw[spatial == 1:],
+                             unbatched=unbatched)
     group_out = out_channels // groups
     positions = out_hw[0] * out_hw[1]
     group_k = group_in * kernel[0] * kernel[1]
@@ -202,6 +208,28 @@ def convolution(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: IntOr
             return gx, gw
         return gx, gw, (g3.sum(axis=(0, 2)) if need_b else None)
 
+    return _node(final, parents, backward)
+
+
+def _kept_columns(x: Tensor, weight: Tensor, bias: Optional[Tensor], x4: Any, w4: Any,
+                  bd: Any, geom: conv_cpu.Geometry, need_w: bool, need_b: bool,
+                  result_shape: Tuple[int, ...], unbatched: bool) -> Tensor:
+    """A convolution whose input needs no gradient, on NumPy (``conv_kept_columns``)."""
+    out, columns = conv_kept_columns.forward(x4, w4, bd, geom)
+    w_shape = tuple(weight.array.shape)
+    final = out.reshape((geom.n,) + result_shape)
+    final = final[0] if unbatched else final
+    if not need_w:
+        columns = None  # only the weight gradient reads them
+    saved = (saved_entry(x), saved_entry(weight))  # torch saves both, whatever needs grad
+
+    def backward(grad: Any) -> tuple:
+        check_saved("ConvolutionBackward", saved)
+        g4 = grad.reshape((geom.n, geom.out_channels) + geom.out_hw)
+        gw, gb = conv_kept_columns.backward(g4, columns, w_shape, need_w, need_b)
+        return (None, gw) if bias is None else (None, gw, gb)
+
+    parents = (x, weight) if bias is None else (x, weight, bias)
     return _node(final, parents, backward)
 
 

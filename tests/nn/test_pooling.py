@@ -91,3 +91,23 @@ def test_pooling_errors_name_the_values():
         F.adaptive_avg_pool2d(Tensor(x), (0, 2))
     with pytest.raises(ValueError, match="divisor_override"):
         F.avg_pool2d(Tensor(x), 2, divisor_override=0)
+
+
+@pytest.mark.parametrize("shape,size", [((2, 3, 7, 9), 1), ((2, 3, 8, 9), (2, 3)),
+                                        ((3, 16, 32, 32), 1), ((2, 6, 9), (3, 3))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adaptive_avg_pool2d_over_even_windows_is_torchs_to_the_bit(shape, size, dtype):
+    """Windows that tile the input (global pooling among them): the gradient is torch's
+    ``grad / window size`` bit for bit, the value its window mean to rounding."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(dtype)
+    X, tx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, ref = F.adaptive_avg_pool2d(X, size), torch.nn.functional.adaptive_avg_pool2d(tx, size)
+    gout = rng.standard_normal(out.shape).astype(dtype)
+    out.backward(gout)
+    ref.backward(torch.tensor(gout))
+    assert out.shape == tuple(ref.shape) and out.dtype == dtype and X.grad.dtype == dtype
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(out.array, ref.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_array_equal(X.grad.array, tx.grad.numpy())
