@@ -138,6 +138,24 @@ def test_pair_mean_is_the_sum_then_the_product_in_order(form, dtype):
         np.testing.assert_array_equal(got.view(bits), want.view(bits))
 
 
+def test_float16_pair_mean_is_the_rounded_sum_then_the_rounded_half(form):
+    """The bits of a ring's finished piece (``add_halves``, then ``divide_halves`` by two:
+    two roundings) in one pass: a sum past 65504 is inf before it is halved, and subnormal
+    halves round."""
+    x, y = halves(2, 4099, seed=5)
+    x[20:23], y[20:23] = [60000, -60000, 1.2e-7], [60000, -60000, 0]
+    x.view(np.uint16)[30:32] = [0x7E01, 0x7E02]
+    y[30:32] = x[31:29:-1]
+    for acc_first in (True, False):
+        want = np.empty_like(x)
+        rk.add_halves(*((x, y) if acc_first else (y, x)), want)
+        rk.divide_halves(want, 2, want)
+        got = x.copy()
+        rk.pair_mean_half(got, y, 0.5, acc_first)
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert np.isinf(got[20]) and got[22] == np.float16(6e-8)
+
+
 def test_bad_operands_are_named():
     with pytest.raises(TypeError, match=r"operands\[1\] has dtype float32"):
         rk.sum_halves(np.zeros(3, np.float16), (np.zeros(3, np.float16), np.zeros(3, np.float32)))

@@ -105,6 +105,19 @@ def half_pair(acc, other, mean, factor, acc_first):  # pragma: no cover - compil
 
 
 @njit(cache=True, nogil=True)
+def half_pair_mean(acc, other, factor, acc_first):  # pragma: no cover - compiled
+    """``acc = round16(round16(acc + other) * factor)`` on float16 bits, in place (``other +
+    acc`` unless ``acc_first``): the float16 sum rounded, then scaled and rounded again, as a
+    ring rounds a partial sum and then takes the mean of the finished piece, in one pass."""
+    if acc_first:
+        for i in range(acc.size):
+            acc[i] = narrow(widen(narrow(widen(acc[i]) + widen(other[i]))) * factor)
+    else:
+        for i in range(acc.size):
+            acc[i] = narrow(widen(narrow(widen(other[i]) + widen(acc[i]))) * factor)
+
+
+@njit(cache=True, nogil=True)
 def pair_mean(acc, other, factor, acc_first):  # pragma: no cover - compiled
     """``acc = (acc + other) * factor`` in their dtype (float32 or float64), in place; the
     operands in that order, or ``other + acc`` unless ``acc_first`` (a NaN keeps the payload

@@ -90,6 +90,13 @@ def _check(kernels: Any) -> None:
     kernels.to_single(halves[0].view(np.uint16), back)
     if not np.array_equal(back, halves[0].astype(np.float32), equal_nan=True):
         raise RuntimeError("the compiled float16 -> float32 cast differs from NumPy's")
+    got = halves[0].copy()
+    kernels.half_pair_mean(got.view(np.uint16), halves[1].view(np.uint16), np.float32(0.5),
+                           False)
+    want = np.add(halves[1], halves[0])
+    want = (want.astype(np.float32) * np.float32(0.5)).astype(np.float16)
+    if not np.array_equal(got, want, equal_nan=True):
+        raise RuntimeError("the compiled float16 mean of two differs from NumPy's")
     for dtype in (np.float32, np.float64):
         x, y = values.astype(dtype), np.roll(values, 3).astype(dtype)
         got = x.copy()
@@ -194,6 +201,22 @@ def pair_mean(acc: np.ndarray, other: np.ndarray, factor: Any, acc_first: bool) 
         compiled.pair_mean(acc, other, acc.dtype.type(factor), acc_first)
 
 
+def pair_mean_half(acc: np.ndarray, other: np.ndarray, factor: float, acc_first: bool) -> None:
+    """``acc = (acc + other) * factor`` for float16 vectors with the bits of ``add_halves``
+    followed by a multiplication by ``factor`` (``divide_halves`` by a power of two): two
+    roundings to float16, in one compiled pass."""
+    _check_halves(acc, (other,), "pair_mean_half")
+    compiled = _compiled_for(acc, other)
+    if compiled is None:
+        add_halves(acc, other, acc) if acc_first else add_halves(other, acc, acc)
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.copyto(acc, acc.astype(np.float32) * np.float32(factor), casting="same_kind")
+    else:
+        compiled.half_pair_mean(acc.reshape(-1).view(np.uint16),
+                                other.reshape(-1).view(np.uint16), np.float32(factor),
+                                acc_first)
+
+
 def pair_mean_for(dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, Any, bool], None]:
     """``pair_mean`` for vectors of ``dtype``, chosen once: the compiled kernel itself for
     native float32 and float64, else ``pair_mean``. The caller passes 1-D C-contiguous vectors
@@ -233,5 +256,5 @@ def to_float32(src: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 __all__ = ["COMPILED_MIN_ELEMENTS", "add_halves", "divide_halves", "form_in_use", "kernels",
-           "pair_mean", "pair_mean_for", "sum_halves", "to_float16", "to_float32",
-           "why_not_compiled"]
+           "pair_mean", "pair_mean_for", "pair_mean_half", "sum_halves", "to_float16",
+           "to_float32", "why_not_compiled"]

@@ -1,8 +1,9 @@
 """Counting the bytes a rank's transport sends: what a step really moves, not a formula.
 
 ``counting_sent_bytes(group)`` wraps the point-to-point entry points of the group's transport
-(``send``, ``sendrecv``, ``send_recv_many``: every collective that runs over the transport's
-messages goes through them, the ring and the trees included) and adds up the payload bytes
+(``send``, ``sendrecv``, ``send_recv_many``, and tcp's ``send_recv_chained`` with the messages
+its follow-ups queue: every collective that runs over the transport's messages goes through
+them, the ring, the trees and tcp's two-rank collectives included) and adds up the payload bytes
 this rank sends inside the block, headers left out. Collectives a transport runs its own way
 are not messages: shared memory's direct collectives (``shm``) read the peers' copies, and an
 MPI or NCCL collective happens inside the library; ``SentBytes.counted`` then stays 0, and a
@@ -54,8 +55,29 @@ def counting_sent_bytes(group: Optional[Any] = None) -> Iterator[SentBytes]:
 
     transport.send, transport.sendrecv = counted_send, counted_sendrecv
     transport.send_recv_many = counted_many
+    chained = getattr(transport, "send_recv_chained", None)
+    if chained is not None:
+        transport.send_recv_chained = _counting_chained(chained, tally)
     try:
         yield tally
     finally:  # the class's methods again
-        for name in ("send", "sendrecv", "send_recv_many"):
+        for name in ("send", "sendrecv", "send_recv_many", "send_recv_chained"):
             transport.__dict__.pop(name, None)
+
+
+def _counting_chained(chained, tally: SentBytes):
+    """``send_recv_chained`` counting its sends and those its receives' follow-ups queue."""
+    def counted_follow_up(then):
+        def follow_up():
+            queued = then()
+            for buf, _, _ in queued:
+                tally.add(buf)
+            return queued
+        return follow_up
+
+    def counted_chained(sends, recvs):
+        for buf, _, _ in sends:
+            tally.add(buf)
+        return chained(sends, [(buf, src, fp, then if then is None else counted_follow_up(then))
+                               for buf, src, fp, then in recvs])
+    return counted_chained

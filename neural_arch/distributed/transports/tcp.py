@@ -5,10 +5,16 @@ lower rank and accepts every higher one; each connection starts with the mutual 
 
 Data: sockets are non-blocking and one poll loop drives every send and receive of a call, so
 ``sendrecv`` is full duplex and a ring of any size never deadlocks. Payloads move with
-``sendmsg``/``recv_into`` straight from and into the arrays (no copies in Python). While it
-waits, the loop also watches the other peers' sockets, so the death of any rank surfaces within
-a poll interval, naming that rank. ``close`` sends a goodbye header first: a rank that finished
-is told apart from one that crashed.
+``sendmsg``/``recv_into`` straight from and into the arrays (no copies in Python). A call that
+sends a large message while it receives hands its sends to the transport's sending thread
+(``tcp_sender``), so both directions of a socket move at once. While it waits, the loop also
+watches the other peers' sockets, so the death of any rank surfaces within a poll interval,
+naming that rank. ``close`` sends a goodbye header first: a rank that finished is told apart
+from one that crashed.
+
+``send_recv_chained`` lets a receive queue further sends the moment it completes: with it, a
+job of two ranks runs its collectives as pipelines in one loop each (``tcp_pair``, the
+transport's ``native_collectives``).
 """
 from __future__ import annotations
 
@@ -16,51 +22,24 @@ import select
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from ..health import heartbeat
 from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
-from .base import (HEADER_SIZE, Fingerprint, Transport, check_header, check_job, pack_header,
-                   unpack_header)
+from .base import (HEADER_SIZE, Fingerprint, Message, Transport, check_header, check_job,
+                   pack_header, unpack_header)
 from .tcp_mesh import build_mesh
+from .tcp_messages import ChainedRecv, Recv as _Recv, Send as _Send, byte_view as _byte_view
+from .tcp_messages import heads as _heads
+from .tcp_pair import PairCollectives
+from .tcp_sender import SendWorker
 
 _GOODBYE = pack_header(Fingerprint("__goodbye__", 0, "", 0, 0xFFFFFFFF), 0)
 _POLL_SLICE_S = 0.1  # how soon a wait notices a failure the heartbeat declared
+THREADED_SEND_BYTES = 64 * 1024  # a send this large beside a receive goes to ``tcp_sender``
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
-
-
-class _Send:
-    __slots__ = ("peer", "views", "total", "fp")
-
-    def __init__(self, peer: int, header: bytes, payload: memoryview,
-                 fp: Optional[Fingerprint] = None) -> None:
-        self.peer, self.total, self.fp = peer, len(header) + payload.nbytes, fp
-        self.views = [memoryview(header), payload] if payload.nbytes else [memoryview(header)]
-
-
-class _Recv:
-    __slots__ = ("peer", "header", "header_got", "payload", "got", "started", "fp")
-
-    def __init__(self, peer: int, payload: memoryview, fp: Optional[Fingerprint] = None) -> None:
-        self.peer, self.payload, self.fp = peer, payload, fp
-        self.header, self.header_got, self.got, self.started = bytearray(HEADER_SIZE), 0, 0, False
-
-    @property
-    def done(self) -> bool:
-        return self.started and self.got == self.payload.nbytes
-
-
-def _byte_view(buf: np.ndarray, writable: bool, what: str) -> memoryview:
-    if not isinstance(buf, np.ndarray):
-        raise TypeError(f"{what} buffer must be a numpy array, got {type(buf).__name__}")
-    if not buf.flags.c_contiguous:
-        raise ValueError(f"{what} buffer must be C-contiguous; got shape {buf.shape} with "
-                         f"strides {buf.strides}")
-    if writable and not buf.flags.writeable:
-        raise ValueError(f"{what} buffer of shape {buf.shape} is read-only")
-    return memoryview(buf.reshape(-1).view(np.uint8))
 
 
 def create(rank: int, world_size: int, store, timeout: float, secret: Optional[bytes] = None,
@@ -81,12 +60,19 @@ class TcpTransport(Transport):
                        prefix=prefix) if world_size > 1 else {})
         self._unusable: dict[int, str] = {}  # peer -> why its stream can no longer be used
         self._lock = threading.Lock()
+        self._pair = PairCollectives(self) if world_size == 2 else None
+        self._worker: Optional[SendWorker] = None
+
+    def native_collectives(self) -> Optional[PairCollectives]:
+        """Two ranks: the pipelined collectives of ``tcp_pair`` (chosen by default); more: none,
+        the portable algorithms run."""
+        return self._pair
 
     # ---- data path ---------------------------------------------------------------------------
     def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, False, "send")
         self._check_peer(dst, fp)
-        self._run([_Send(dst, pack_header(fp, payload.nbytes), payload)], [], fp)
+        self._run([_Send(dst, pack_header(fp, payload.nbytes), payload, fp)], [], fp)
 
     def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, True, "recv")
@@ -98,21 +84,35 @@ class TcpTransport(Transport):
         out, into = _byte_view(sendbuf, False, "send"), _byte_view(recvbuf, True, "recv")
         self._check_peer(dst, fp)
         self._check_peer(src, fp)
-        self._run([_Send(dst, pack_header(fp, out.nbytes), out)], [_Recv(src, into)], fp)
+        self._run([_Send(dst, pack_header(fp, out.nbytes), out, fp)], [_Recv(src, into)], fp)
 
     def send_recv_many(self, sends, recvs) -> None:
         """A batch in one poll loop (``_run``): every socket moves as soon as it can."""
-        out, into = [], []
-        for buf, dst, fp in sends:
-            payload = _byte_view(buf, False, "send")
-            self._check_peer(dst, fp)
-            out.append(_Send(dst, pack_header(fp, payload.nbytes), payload, fp))
-        for buf, src, fp in recvs:
+        self._chained(sends, [(buf, src, fp, None) for buf, src, fp in recvs])
+
+    def send_recv_chained(self, sends: Sequence[Message], recvs: Sequence[ChainedRecv]) -> None:
+        """``send_recv_many`` whose receives may each carry a follow-up: ``recvs`` are
+        ``(buf, src, fp, then)``, and ``then`` (or None) runs as soon as that receive is
+        complete, in the loop that moves every message, and returns messages to send after
+        those already queued. A pipeline: reduce piece k and send it on while the kernel
+        delivers piece k + 1 (``tcp_pair``)."""
+        self._chained(sends, recvs)
+
+    def _chained(self, sends: Sequence[Message], recvs: Sequence[ChainedRecv]) -> None:
+        # (the public entry points are wrapped by ``sent_bytes``: they must not call each other)
+        out = [self._outgoing(buf, dst, fp) for buf, dst, fp in sends]
+        into = []
+        for buf, src, fp, then in recvs:
             payload = _byte_view(buf, True, "recv")
             self._check_peer(src, fp)
-            into.append(_Recv(src, payload, fp))
+            into.append(_Recv(src, payload, fp, then))
         if out or into:
             self._run(out, into, (out or into)[0].fp)
+
+    def _outgoing(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> _Send:
+        payload = _byte_view(buf, False, "send")
+        self._check_peer(dst, fp)
+        return _Send(dst, pack_header(fp, payload.nbytes), payload, fp)
 
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
         self.check_peer_rank(peer, fp)
@@ -127,31 +127,56 @@ class TcpTransport(Transport):
         with self._lock:
             deadline = time.monotonic() + self.timeout
             known_alive: set[int] = set()  # bystanders with data queued for a later call
+            # large sends beside receives move on the sending thread (``tcp_sender``)
+            worker = self._sender() if recvs and any(
+                s.total >= THREADED_SEND_BYTES for s in sends) else None
+            if worker is not None:
+                worker.begin(sends)
             try:
                 while True:
                     # one stream per peer: only the first pending message to (from) a peer moves
-                    moved = any([self._pump_send(s, s.fp or fp) for s in _heads(sends)] +
-                                [self._pump_recv(r, r.fp or fp) for r in _heads(recvs)])
-                    sends = [s for s in sends if s.views]
+                    moved = any([self._pump_recv(r, r.fp or fp) for r in _heads(recvs)] +
+                                [self._pump_send(s) for s in
+                                 (_heads(sends) if worker is None else ())])
+                    for r in recvs:  # a finished receive's follow-up, before the next one
+                        if r.then is not None and r.done:
+                            follow, r.then = r.then, None
+                            queued = [self._outgoing(*m) for m in follow()]
+                            if worker is None:
+                                sends += queued
+                            else:
+                                worker.add(queued)
                     recvs = [r for r in recvs if not r.done]
+                    if worker is None:
+                        sends = [s for s in sends if s.views]
+                    else:
+                        worker.check()
+                        sends = [] if worker.idle() else worker.ops
                     if not sends and not recvs:
                         return
                     if not moved:
-                        self._wait(_heads(sends), _heads(recvs), known_alive, deadline, fp)
+                        self._wait(sends, recvs, known_alive, deadline, fp, worker)
             except BaseException as e:
+                if worker is not None:
+                    worker.cancel()
+                    sends = worker.ops
                 for op in sends + recvs:  # a half-moved message leaves the stream unusable
                     self._unusable.setdefault(op.peer, f"{type(e).__name__} in {fp.describe()}")
                 raise
 
-    def _wait(self, sends, recvs, known_alive: set[int], deadline: float,
-              fp: Fingerprint) -> None:
-        """Sleep until a pending socket is ready; meanwhile watch every other peer for death."""
+    def _wait(self, sends, recvs, known_alive: set[int], deadline: float, fp: Fingerprint,
+              worker: Optional[SendWorker]) -> None:
+        """Sleep until a pending socket is ready (or the sending thread finished or failed);
+        meanwhile watch every other peer for death."""
         heartbeat.check(self.rank, fp.op, fp.seq)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if worker is not None:  # its sends stop moving before they are reported
+                worker.cancel()
             raise self._timeout_error(sends, recvs, fp)
         masks: dict[int, int] = {}
-        for op, mask in [(s, _OUT) for s in sends] + [(r, _IN) for r in recvs]:
+        for op, mask in ([(s, _OUT) for s in _heads(sends) if worker is None] +
+                         [(r, _IN) for r in _heads(recvs)]):
             masks[op.peer] = masks.get(op.peer, 0) | mask
         watched = {p for p in self._socks
                    if p not in masks and p not in known_alive and p not in self._unusable}
@@ -162,9 +187,13 @@ class TcpTransport(Transport):
         for peer, mask in masks.items():
             by_fd[self._socks[peer].fileno()] = peer
             poller.register(self._socks[peer], mask)
+        if worker is not None:
+            poller.register(worker.wake_fd, _IN)
         for fd, _ in poller.poll(max(1, int(min(remaining, _POLL_SLICE_S) * 1000))):
-            peer = by_fd[fd]
-            if peer in watched and self._bystander_settled(peer, fp):
+            peer = by_fd.get(fd)
+            if peer is None:
+                worker.drain()
+            elif peer in watched and self._bystander_settled(peer, fp):
                 known_alive.add(peer)
 
     def _bystander_settled(self, peer: int, fp: Fingerprint) -> bool:
@@ -185,7 +214,7 @@ class TcpTransport(Transport):
             self._unusable[peer] = "the peer closed its transport (it left the job)"
         return True
 
-    def _pump_send(self, op: _Send, fp: Fingerprint) -> bool:
+    def _pump_send(self, op: _Send) -> bool:
         if not op.views:
             return False
         try:
@@ -193,7 +222,7 @@ class TcpTransport(Transport):
         except (BlockingIOError, InterruptedError):
             return False
         except OSError as e:
-            raise self._lost(op.peer, fp, f"sending failed ({e})") from None
+            raise self._lost(op.peer, op.fp, f"sending failed ({e})") from None
         while sent:
             if sent >= op.views[0].nbytes:
                 sent -= op.views.pop(0).nbytes
@@ -271,21 +300,17 @@ class TcpTransport(Transport):
             if polite:
                 self._lock.release()
 
+    def _sender(self) -> SendWorker:
+        if self._worker is None:
+            self._worker = SendWorker(self._pump_send, lambda op: self._socks[op.peer], _heads)
+        return self._worker
+
     def _close_sockets(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
         for sock in self._socks.values():
             sock.close()
         self._socks.clear()
-
-
-def _heads(ops: list) -> list:
-    """The first message per peer: a socket carries one message after another."""
-    seen: set[int] = set()
-    heads = []
-    for op in ops:
-        if op.peer not in seen:
-            seen.add(op.peer)
-            heads.append(op)
-    return heads
 
 
 def _send_goodbye(sock: socket.socket) -> None:

@@ -197,6 +197,36 @@ def test_silent_peer_times_out():
     assert "receive from rank 1 (0/24 payload bytes)" in message
 
 
+def _silent_exchange_main(rank, world, port, out):
+    store, t = _join(rank, world, port, timeout=1.0)
+    if rank == 0:  # a large exchange: its send moves on the transport's sending thread
+        def body():
+            n = 1 << 20
+            try:
+                t.sendrecv(np.ones(n), 1, np.empty(n), 1, Fingerprint("ring", 9, "float64", n))
+            finally:
+                began = time.monotonic()
+                t.close()
+                assert time.monotonic() - began < 2.0, "close waited on the sending thread"
+        _report(out, rank, body)
+        store.set("done", b"1")
+    else:
+        store.get("done", timeout=60)
+        out.put((rank, "ok", None))
+        t.close()
+    store.close()
+
+
+def test_silent_peer_of_a_large_exchange_times_out_naming_both_directions():
+    with _Job(_silent_exchange_main, 2) as job:
+        (_, kind0, detail0), (_, kind1, _) = job.results()
+    assert kind0 == "CollectiveTimeoutError" and kind1 == "ok", detail0
+    message, peer = detail0
+    assert peer == 1 and "ring #9" in message and "1.0 s" in message
+    assert "send to rank 1 (" in message and "/8388672 bytes)" in message
+    assert "receive from rank 1 (0/8388608 payload bytes)" in message
+
+
 def _goodbye_main(rank, world, port, out):
     def body():
         store, t = _join(rank, world, port)
