@@ -1,7 +1,7 @@
 """Where the time of a small all-reduce, broadcast and all-gather goes, layer by layer, on the
 shm backend.
 
-Ten rows, all timed in the same job on the same buffer: the bare barrier on the shared
+Eleven rows, all timed in the same job on the same buffer: the bare barrier on the shared
 arrival counters; the direct shared-memory all-reduce called as an algorithm (one barrier
 plus its copies and checks); the public ``dist.all_reduce`` on its short path (a NumPy array,
 the default group, synchronous); and the public call forced onto its general path
@@ -9,7 +9,8 @@ the default group, synchronous); and the public call forced onto its general pat
 layer to the algorithm row. The broadcast from rank 0 gets the same three rows: the
 shared-memory broadcast as an algorithm, ``dist.broadcast`` on its short path, and on its
 general path (forced with ``algorithm="auto"``); and so does the all-gather
-(``dist.all_gather_into_tensor``, each rank sending the message size). Each layer is timed in
+(``dist.all_gather_into_tensor``, each rank sending the message size). The last row is
+``dist.barrier``, beside the bare barrier of the first. Each layer is timed in
 batches of calls, each batch right after a barrier, the layers taking turns batch by batch (a
 slow spell of a shared machine then falls on all of them alike); a rank's time is its median
 per-call time, the reported time the slowest rank's, and the whole job runs ``--repeats``
@@ -39,8 +40,9 @@ LAYERS = ("barrier on the arrival counters", "shm_direct all-reduce (algorithm o
           "dist.all_reduce, short path", "dist.all_reduce, general path",
           "shm_direct broadcast (algorithm only)", "dist.broadcast, short path",
           "dist.broadcast, general path", "shm_direct all-gather (algorithm only)",
-          "dist.all_gather_into_tensor, short path", "dist.all_gather_into_tensor, general path")
-BUILDS_ON = (None, 0, 1, 1, 0, 4, 4, 0, 7, 7)  # the row whose time each layer adds to
+          "dist.all_gather_into_tensor, short path", "dist.all_gather_into_tensor, general path",
+          "dist.barrier")
+BUILDS_ON = (None, 0, 1, 1, 0, 4, 4, 0, 7, 7, 0)  # the row whose time each layer adds to
 GOAL_US = 8.0  # the 4-byte shm all-reduce at p=2
 
 
@@ -86,7 +88,7 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
              lambda: dist.all_reduce(x, algorithm="auto"), broadcast_algorithm_only,
              lambda: dist.broadcast(x, 0), lambda: dist.broadcast(x, 0, algorithm="auto"),
              all_gather_algorithm_only, lambda: dist.all_gather_into_tensor(gathered, x),
-             lambda: dist.all_gather_into_tensor(gathered, x, algorithm="auto")]
+             lambda: dist.all_gather_into_tensor(gathered, x, algorithm="auto"), dist.barrier]
     times: List[List[float]] = [[] for _ in calls]
     for _ in range(job["batches"]):
         for call, batch_times in zip(calls, times):

@@ -151,13 +151,14 @@ def test_small_latency_benchmark_reports_consistent_numbers(tmp_path):
             "shm_direct broadcast (algorithm only)", "dist.broadcast, short path",
             "dist.broadcast, general path", "shm_direct all-gather (algorithm only)",
             "dist.all_gather_into_tensor, short path",
-            "dist.all_gather_into_tensor, general path"]
+            "dist.all_gather_into_tensor, general path", "dist.barrier"]
         us = [float(t) for _, t, _ in rows]
         added = [float(a) for *_, a in rows]
         # each layer's addition is its time minus the row it builds on (0.01 us rounding)
         for got, want in zip(added, [us[0], us[1] - us[0], us[2] - us[1], us[3] - us[1],
                                      us[4] - us[0], us[5] - us[4], us[6] - us[4],
-                                     us[7] - us[0], us[8] - us[7], us[9] - us[7]]):
+                                     us[7] - us[0], us[8] - us[7], us[9] - us[7],
+                                     us[10] - us[0]]):
             assert got == pytest.approx(want, abs=0.011)
     goal = re.search(r"\| shm 4-byte all_reduce <= 8 us, p=2 \| ([0-9.]+) us \| (PASS|MISS) \|",
                      text)

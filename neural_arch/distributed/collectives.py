@@ -6,16 +6,19 @@ buffers, now or, with ``async_op=True``, on the group's queue. Tensors are chang
 returned. ``src``/``dst`` are global ranks, as in PyTorch. The collectives with a root rank
 (``reduce``, ``gather``, ``scatter``) are in ``rooted_collectives``, re-exported here.
 
-A synchronous all-reduce, broadcast or all-gather of a NumPy array on the default group, with
-no profiler attached, first asks for the plan its transport prepared for that shape
-(``group.world.planned``; shared memory makes one per small vector): once an earlier call
-made it, the plan runs straight away, with the fingerprint the general path would build and
-after any queued async work. On a 4-byte vector the checks and layers of the general path
-cost about as much as the collective itself. Every other call, and every one with arguments
-the general path must check, goes the general way.
+A synchronous all-reduce or broadcast of a NumPy array, or a barrier, on the default group
+with no profiler attached first looks up its *entry* in the short calls of the group's
+transport (``world.planned``; shared memory's ``short_calls``): one dictionary lookup keyed by
+dtype, element count and op (or root). An entry exists once an earlier call of that shape made
+its plan; it runs the call in one compiled step, with the sequence number and fingerprint
+signature the general path would use and after any queued async work. A synchronous
+all-gather into a tensor runs its shape's plan directly. On a 4-byte vector the checks and
+layers of the general path cost several times the collective itself. Every other call, and
+every one with arguments the general path must check, goes the general way.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -26,10 +29,10 @@ from .collective_args import check_algorithm, tensor_list, usable_group
 from .group import world
 from .group.world import ProcessGroup
 from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
-from .transports.base import Fingerprint
 
-_ALL_REDUCE_NAMES = {op: f"all_reduce:{code}" for op, code in OP_CODE.items()}
-_NAMES: dict = {}  # (dtype, op) -> (fingerprint name, dtype name); see _names
+# The short calls of the default group's transport, once a call found them (see
+# ``_short_calls``): starts empty, and is emptied when that transport closes.
+_short: Any = SimpleNamespace(all_reduce={}, broadcast={}, barrier=None)
 
 
 def _planned() -> Optional[tuple]:
@@ -39,27 +42,31 @@ def _planned() -> Optional[tuple]:
     return None if planned is None or profiler.current_tracer() is not None else planned
 
 
-def _names(dtype: np.dtype, op: ReduceOp) -> tuple:
-    """(fingerprint name, dtype name) of an all-reduce: ``dtype.name`` alone costs about as
-    much as a whole small all-reduce, so they are made once per dtype and op."""
-    names = _NAMES[(dtype, op)] = (_ALL_REDUCE_NAMES[op], dtype.name)
-    return names
+def _short_calls() -> Any:
+    """The short calls of the default group's transport, bound to that group, or None where
+    there are none (not initialised, one rank, a transport without them, closed). Only asked
+    when a call found no entry."""
+    global _short
+    planned = _planned()
+    if planned is None:
+        return None
+    short = getattr(planned[0].transport.native_collectives(), "short_calls", None)
+    if short is None or not short.bind(planned[0]):
+        return None
+    _short = short
+    return short
 
 
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
                async_op: bool = False, algorithm: Optional[str] = None):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
-    if (type(tensor) is np.ndarray and type(op) is ReduceOp and group is None and not async_op
-            and algorithm is None and algorithms.environment_choice() is None):
-        planned = _planned()
-        run = planned and planned[1].get(("all_reduce", tensor.dtype, tensor.size, op))
-        flags = tensor.flags
-        if run and flags.c_contiguous and flags.writeable:
-            pg, dtype = planned[0], tensor.dtype
-            name, dtype_name = _NAMES.get((dtype, op)) or _names(dtype, op)
-            fp = Fingerprint(name, pg.next_seq(), dtype_name, tensor.size, pg.group_id)
-            pg.run_now(run, "all_reduce", fp.seq, tensor if tensor.ndim == 1
-                       else tensor.reshape(-1), fp)
+    if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
+            and type(op) is ReduceOp and profiler.TRACER is None):
+        entry = _short.all_reduce.get((tensor.dtype, tensor.size, op))
+        if entry is None and algorithms.environment_choice() is None:
+            short = _short_calls()
+            entry = short and short.all_reduce_entry(tensor, op, OP_CODE[op])
+        if entry and entry(tensor):
             return tensor
     pg = usable_group(group, "all_reduce")
     op = as_reduce_op(op)
@@ -78,15 +85,13 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
 def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
               async_op: bool = False, algorithm: Optional[str] = None):
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank; returns ``tensor``."""
-    if (type(tensor) is np.ndarray and type(src) is int and group is None and not async_op
-            and algorithm is None and tensor.dtype.type in SUPPORTED_DTYPES):
-        planned = _planned()
-        run = planned and planned[1].get(("broadcast", tensor.nbytes, src))
-        flags = tensor.flags
-        if run and flags.c_contiguous and (flags.writeable or planned[0].rank == src):
-            pg = planned[0]
-            fp = pg.fingerprint(f"broadcast:{src}", tensor.dtype, tensor.size)
-            pg.run_now(run, "broadcast", fp.seq, tensor.reshape(-1).view(np.uint8), fp)
+    if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
+            and type(src) is int and profiler.TRACER is None):
+        entry = _short.broadcast.get((tensor.dtype, tensor.size, src))
+        if entry is None and tensor.dtype.type in SUPPORTED_DTYPES:
+            short = _short_calls()
+            entry = short and short.broadcast_entry(tensor, src)
+        if entry and entry(tensor):
             return tensor
     pg = usable_group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
@@ -220,6 +225,14 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
 def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
             device_ids: Any = None, algorithm: Optional[str] = None):
     """Return only once every rank of the group has entered the barrier."""
+    if group is None and not async_op and algorithm is None and profiler.TRACER is None:
+        entry = _short.barrier
+        if entry is None:
+            short = _short_calls()
+            entry = short and short.barrier_entry()
+        if entry:
+            entry()
+            return None
     pg = usable_group(group, "barrier")
     check_algorithm("barrier", algorithm)
     fp = pg.fingerprint("barrier", np.uint8, 0)

@@ -148,23 +148,25 @@ def _check_name_and_bytes(name: Any, nbytes: Any) -> None:
 
 
 # ---------------------------------------------------------------- process-wide collective tracing
-_TRACER: Optional[CommunicationProfiler] = None
+# The active tracer (None: none). The public collectives read it as ``profiler.TRACER`` on
+# every call, one attribute test, rather than calling ``current_tracer()``.
+TRACER: Optional[CommunicationProfiler] = None
 
 
 def set_collective_tracer(profiler: Optional[CommunicationProfiler]
                           ) -> Optional[CommunicationProfiler]:
     """Make ``profiler`` record every collective of this process (None: stop); returns the
     previous tracer."""
-    global _TRACER
+    global TRACER
     if profiler is not None and not isinstance(profiler, CommunicationProfiler):
         raise TypeError(f"set_collective_tracer needs a CommunicationProfiler or None, got "
                         f"{type(profiler).__name__}")
-    previous, _TRACER = _TRACER, profiler
+    previous, TRACER = TRACER, profiler
     return previous
 
 
 def current_tracer() -> Optional[CommunicationProfiler]:
-    return _TRACER
+    return TRACER
 
 
 @contextlib.contextmanager
@@ -179,7 +181,7 @@ def trace_collectives(profiler: CommunicationProfiler) -> Iterator[Communication
 
 def notify_collective(name: str, nbytes: int, start: float, end: float) -> None:
     """Report one finished collective to the active tracer, if any."""
-    tracer = _TRACER
+    tracer = TRACER
     if tracer is not None:
         tracer.notify_collective(name, nbytes, start, end)
 
@@ -190,7 +192,7 @@ def trace_collective(fn: Callable[[], Any], name: str, fp: Any) -> Callable[[], 
     ``fp`` is the collective's fingerprint (``dtype`` name and element ``count``) or None;
     the bytes reported are this rank's buffer size. Meant for ``ProcessGroup.run``.
     """
-    tracer = _TRACER
+    tracer = TRACER
     if tracer is None:
         return fn
     nbytes = int(fp.count) * np.dtype(fp.dtype).itemsize if fp is not None else 0

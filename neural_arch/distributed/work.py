@@ -163,7 +163,8 @@ class CommQueue:
         self._cond = threading.Condition()
         self._running = False
         self._closed = False
-        self._exec_lock = threading.Lock()
+        # held while a collective runs, on whichever thread: the queue's or a caller's
+        self.exec_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
 
     def submit(self, fn: Callable[[], Any], op: str, seq: Optional[int]) -> Work:
@@ -185,7 +186,7 @@ class CommQueue:
         """``fn(*args)`` on the calling thread, after every queued collective."""
         if self._items or self._running:
             self.drain(op, seq)
-        with self._exec_lock:
+        with self.exec_lock:
             return fn(*args)
 
     def drain(self, op: str = "wait for pending work", seq: Optional[int] = None) -> None:
@@ -210,7 +211,7 @@ class CommQueue:
                 self._running = True
                 fn, work = self._items.popleft()
             try:
-                with self._exec_lock:
+                with self.exec_lock:
                     work.started = time.perf_counter()
                     result = fn()
             except BaseException as exc:  # handed to whoever waits on the Work

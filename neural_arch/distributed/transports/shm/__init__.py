@@ -11,8 +11,9 @@ Read in this order:
 - ``reference``: the direct all-reduce at its plainest, to read before the fast one.
 - ``collectives``: ``ShmCollectives``, what ``native_collectives()`` returns: argument checks,
   and the choice between a plan (small) and the round-based algorithms of ``direct`` (large).
-- ``plans``, ``compiled`` and ``kernels``: small collectives prepared once per shape, in
-  Python and as Numba kernels taking the same steps.
+- ``plans``, ``compiled``, ``kernels`` and ``entry_kernels``: small collectives prepared once
+  per shape, in Python and as Numba kernels taking the same steps.
+- ``short_calls``: the public calls' short path, one compiled call per hot shape.
 - ``writer`` and ``stream``: large copies into the workspace, plain or with streaming stores.
 
 Nothing outside this folder needs more than ``create`` (through ``transports.create_transport``),

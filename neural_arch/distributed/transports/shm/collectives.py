@@ -18,6 +18,7 @@ from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
 from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
 from . import direct, plans
+from .short_calls import ShortCalls
 from .writer import AreaWriter
 
 MAX_SIGNATURES = 4096
@@ -46,8 +47,10 @@ class ShmCollectives:
         self.rank, self.world_size = transport.rank, transport.world_size
         self.writer = AreaWriter()  # large copies into the workspace
         self.plans: dict = {}       # the prepared small collectives (see plans)
-        self.header_sigs = [0, 0]   # the signature whose header each header area holds
+        # the signature whose header each header area holds (compiled code reads it too)
+        self.header_sigs = np.zeros(2, np.int64)
         self.closed = False         # set with the transport's: the workspace is gone
+        self.short_calls = ShortCalls(self)  # the public calls' entries (short_calls)
         self._views: dict = {}
         self._sigs: dict = {}
 
@@ -254,5 +257,6 @@ class ShmCollectives:
     def close(self) -> None:
         """Drop every view of the segment, so the transport can unmap it."""
         self.closed = True
+        self.short_calls.clear()
         self.plans.clear()
         self._views.clear()

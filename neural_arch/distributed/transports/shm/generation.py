@@ -35,7 +35,6 @@ class Generation:
                  transport: Any) -> None:
         self.ctrl, self.base_address = ctrl, base_address
         self.rank, self.world_size, self.transport = rank, world_size, transport
-        self.gen = 0  # the last generation this rank arrived at
         self.peers = tuple(q for q in range(world_size) if q != rank)
         line = rank * LINE_WORDS
         self.gen_word, self.sleep_word = line + GEN, line + SLEEP
@@ -46,6 +45,12 @@ class Generation:
         self.peer_slots = tuple(tuple((q, q * LINE_WORDS + 2 * h) for q in self.peers)
                                 for h in (0, 1))
 
+    @property
+    def gen(self) -> int:
+        """The last generation this rank arrived at: its own GEN word, which compiled code
+        (``entry_kernels``) advances too."""
+        return self.ctrl[self.gen_word]
+
     def publish(self, gen: int, sig: int, seq: int) -> None:
         """Store the signature and sequence number of the collective run at ``gen``."""
         slot = self.own_slots[gen & 1]
@@ -54,7 +59,6 @@ class Generation:
 
     def arrive(self, gen: int) -> None:
         """Tell every rank that this rank reached ``gen`` (what it wrote before is in place)."""
-        self.gen = gen
         self.ctrl[self.gen_word] = gen
         wake_sleepers(self.ctrl, self.gen_word, self.peer_sleep_words, self.base_address)
 

@@ -35,14 +35,18 @@ class Stamp:
     def __init__(self, c: Any, nbytes: int) -> None:
         self.c, self.nbytes, self.key, self.sig = c, nbytes, None, 0
 
+    def signature(self, fp: Fingerprint) -> int:
+        """The signature of ``fp`` (the compiled form checks the header itself)."""
+        key = (fp.op, fp.dtype, fp.count, fp.group)
+        if key != self.key:
+            self.key, self.sig = key, self.c.signature(fp, self.nbytes)
+        return self.sig
+
     def begin(self, fp: Fingerprint) -> tuple[int, int]:
         c = self.c
         if c.closed:
             c.check_open(fp)  # raises
-        key = (fp.op, fp.dtype, fp.count, fp.group)
-        if key != self.key:
-            self.key, self.sig = key, c.signature(fp, self.nbytes)
-        sig, gen = self.sig, c.generation.gen + 1
+        sig, gen = self.signature(fp), c.generation.gen + 1
         if c.header_sigs[gen & 1] != sig:
             c.publish_header(gen, fp, self.nbytes, sig)
         return gen, sig

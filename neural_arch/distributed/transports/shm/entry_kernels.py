@@ -1,0 +1,148 @@
+"""The compiled prepared collectives as one call each: one array and a few integers.
+
+Calling a Numba function costs about 0.1 us per argument it converts, and more for an array
+(Numba wraps each in an object of its own): on a 4-byte all-reduce the twelve arguments of
+``kernels.small_all_reduce`` cost more than its barrier. So a prepared collective keeps
+everything that stays the same from call to call in a small int64 array of its own, its
+*plan words* (the addresses of the control words, of the workspace and of the mean's factor,
+the rank, the signature, ...), and these entry points take the caller's vector, the plan words'
+address, the sequence number and the poll budget. They look the rest up, find this rank's next
+generation in its own GEN word, and run the same steps as ``kernels`` (they call it). Passing
+the addresses of arrays that live as long as the plan costs an integer each; the caller's
+vector stays an array, since asking NumPy for its address costs more than Numba's conversion.
+
+A status below zero (HEADER) means that the header area of the generation's half holds another
+collective's header: the caller writes this one's (``ShmCollectives.publish_header``, which
+also updates the header signatures these kernels read) and calls again; nothing was published.
+A ``polls`` of RESUME finishes a generation this rank has arrived at (after a WAIT).
+
+Importing this module imports Numba.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+from .kernels import _generation, load_acquire, small_all_gather, small_all_reduce, \
+    small_broadcast
+from .layout import GEN, LINE_WORDS
+
+# The plan words: what a prepared collective keeps for its compiled calls.
+WORDS, NWORDS, AREAS, ROWS, COLS, RANK, SIZE, SIG, HEADERS, PRODUCT, MEAN, FACTOR, ROOT = \
+    range(13)
+PLAN_WORDS = 16
+HEADER = -1   # status: write this collective's header, then call again
+RESUME = -1   # polls: this rank has arrived; check the peers and finish
+
+
+@intrinsic
+def int64_pointer(typingctx, address):  # pragma: no cover - compiled
+    """The int64 pointer at integer ``address``."""
+    result = types.CPointer(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(result))
+
+    return result(address), codegen
+
+
+@intrinsic
+def pointer_like(typingctx, address, array):  # pragma: no cover - compiled
+    """A pointer to ``array``'s element type at integer ``address``."""
+    result = types.CPointer(array.dtype)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(result))
+
+    return result(address, array), codegen
+
+
+@njit(cache=True)
+def _plan(address):  # pragma: no cover - compiled
+    return carray(int64_pointer(address), (PLAN_WORDS,))
+
+
+@njit(cache=True)
+def _begin(plan, polls):  # pragma: no cover - compiled
+    """(control words, generation, status): the generation this call runs in, and HEADER if
+    this collective's header must be written first (then nothing else was done)."""
+    words = carray(int64_pointer(plan[WORDS]), (plan[NWORDS],))
+    gen = load_acquire(words, plan[RANK] * LINE_WORDS + GEN)
+    if polls == RESUME:
+        return words, gen, 0
+    gen += 1
+    headers = carray(int64_pointer(plan[HEADERS]), (2,))
+    return words, gen, HEADER if headers[gen & 1] != plan[SIG] else 0
+
+
+# These keep the GIL (see the ``_nogil`` forms at the end): the polls are bounded by the
+# caller's budget, as a Python poll loop holding the GIL is.
+@njit(cache=True)
+def planned_barrier(plan_address, seq, polls):  # pragma: no cover - compiled
+    """One generation with no data (``direct.barrier``'s steps)."""
+    plan = _plan(plan_address)
+    words, gen, status = _begin(plan, polls)
+    if status:
+        return status
+    return _generation(words, plan[RANK], plan[SIZE], gen, plan[SIG], seq, polls,
+                       polls == RESUME)
+
+
+@njit(cache=True)
+def planned_all_reduce(buf, plan_address, seq, polls):  # pragma: no cover - compiled
+    """``kernels.small_all_reduce`` of ``buf`` (1-D, C-contiguous, writable)."""
+    plan = _plan(plan_address)
+    words, gen, status = _begin(plan, polls)
+    if status:
+        return status
+    areas = carray(pointer_like(plan[AREAS], buf), (plan[ROWS], plan[COLS]))
+    factor = carray(pointer_like(plan[FACTOR], buf), (1,))[0]
+    return small_all_reduce(words, areas, plan[RANK], plan[PRODUCT] != 0, plan[MEAN], factor,
+                            buf, gen, plan[SIG], seq, polls, polls == RESUME)
+
+
+@njit(cache=True)
+def planned_broadcast(buf, plan_address, seq, polls):  # pragma: no cover - compiled
+    """``kernels.small_broadcast`` of ``buf``'s bytes (1-D, C-contiguous, writable)."""
+    plan = _plan(plan_address)
+    words, gen, status = _begin(plan, polls)
+    if status:
+        return status
+    data = buf.view(np.uint8)
+    areas = carray(pointer_like(plan[AREAS], data), (plan[ROWS], plan[COLS]))
+    return small_broadcast(words, areas, plan[RANK], plan[ROOT], data, gen, plan[SIG], seq,
+                           polls, polls == RESUME)
+
+
+@njit(cache=True)
+def planned_all_gather(src, dst, plan_address, seq, polls):  # pragma: no cover - compiled
+    """``kernels.small_all_gather`` of ``src`` into ``dst`` (both 1-D, C-contiguous), as
+    bytes."""
+    plan = _plan(plan_address)
+    words, gen, status = _begin(plan, polls)
+    if status:
+        return status
+    pair = (src.view(np.uint8), dst.view(np.uint8))
+    areas = carray(pointer_like(plan[AREAS], pair[0]), (plan[ROWS], plan[COLS]))
+    return small_all_gather(words, areas, plan[RANK], pair, gen, plan[SIG], seq, polls,
+                            polls == RESUME)
+
+
+# The same calls releasing the GIL, for the general path: there the async queue's thread runs
+# them while the training thread computes, which must not stop for the polls. The public short
+# path runs on the calling thread with the queue drained, and keeps the GIL: taking it back
+# after another thread took it can cost a whole switch interval (5 ms).
+@njit(cache=True, nogil=True)
+def planned_all_reduce_nogil(buf, plan_address, seq, polls):  # pragma: no cover - compiled
+    return planned_all_reduce(buf, plan_address, seq, polls)
+
+
+@njit(cache=True, nogil=True)
+def planned_broadcast_nogil(buf, plan_address, seq, polls):  # pragma: no cover - compiled
+    return planned_broadcast(buf, plan_address, seq, polls)
+
+
+@njit(cache=True, nogil=True)
+def planned_all_gather_nogil(src, dst, plan_address, seq, polls):  # pragma: no cover - compiled
+    return planned_all_gather(src, dst, plan_address, seq, polls)

@@ -1,0 +1,215 @@
+"""The public calls' short path on shared memory: one prepared call per shape of the default
+group's synchronous all-reduce and broadcast of a NumPy array, and of its barrier.
+
+A 4-byte ``dist.all_reduce`` used to cost several times its barrier, nearly all of it in
+Python around the compiled plan: checking the arguments, making a fingerprint, taking the
+general path's layers (the group, the queue, the plan's own checks), and handing Numba twelve
+arguments. The public calls (``collectives``) look up an *entry* here instead, keyed by what
+must match for it to apply (dtype, element count and op, or root; the group is the default
+one), made once per shape from that shape's plan (``plans``) and its fingerprint. A call of an
+entry checks what only the array can tell (contiguous, writable, aligned), takes the group's
+next sequence number, waits for queued async work and takes the queue's lock (what
+``CommQueue.run_sync`` does, inlined), and makes one compiled call (``entry_kernels``): the
+signature, the header check, the barrier, the peers' fingerprints and the reduction all happen
+there. The fingerprint itself is made only when the kernel returns a status (a header to
+write, a late peer, a mismatch), so errors name the same things as on the general path.
+
+While a plan is still in Python (before ``compiled.HOT_CALLS`` calls, or when compiling is
+off), its entry runs the Python form with a fingerprint, and changes to the compiled entry once
+the plan has. The barrier has no Python plan: the general path serves it until HOT_CALLS
+barriers were made, then the compiled barrier does. Entries are dropped when the transport
+closes (``ShmCollectives.close``), so none outlives the mapping its addresses point into.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ...errors import PeerFailureError
+from ...health import heartbeat
+from ..base import Fingerprint
+from . import compiled
+
+MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
+# NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
+# instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
+_USABLE = 0x0001 | 0x0100 | 0x0400
+
+
+def _fast_kernel(kernel: Any, *args: Any) -> Callable[..., int]:
+    """``kernel``'s compiled machine-code entry for the types of ``args`` (compiled or loaded
+    from the cache now, not run): Numba's dispatcher without its type lookup, about 0.1 us less
+    a call. The entry trusts the types of its arguments: callers pass only arrays they checked
+    to be of the sample's type (dtype, 1-D, C-contiguous, aligned, writable). Where Numba does
+    not expose it, the dispatcher itself."""
+    try:
+        signature = tuple(kernel.typeof_pyval(a) for a in args)
+        kernel.compile(signature)
+        return kernel.overloads[signature].entry_point
+    except (AttributeError, KeyError, TypeError):
+        return kernel
+
+
+class ShortCalls:
+    """The entries of one ``ShmCollectives``, for its default group ``pg`` (``bind``)."""
+
+    def __init__(self, c: Any) -> None:
+        self.c = c
+        self.pg: Any = None
+        self.barrier_calls = 0
+        self.barrier_mode: Optional[str] = None  # compiled.choice(), once asked
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every entry (the transport closed, or the group changed)."""
+        self.all_reduce: dict = {}
+        self.broadcast: dict = {}
+        self.barrier: Optional[Callable[[], bool]] = None
+
+    def bind(self, pg: Any) -> bool:
+        """Serve ``pg`` (the default group over this transport); False once closed."""
+        if self.c.closed:
+            return False
+        if pg is not self.pg:
+            self.clear()
+            self.pg = pg
+        return True
+
+    # ----- making entries ----------------------------------------------------------------
+    def all_reduce_entry(self, tensor: np.ndarray, op: Any, op_code: str) -> Optional[Callable]:
+        """The entry of ``tensor``'s shape and ``op`` once its plan exists, else None."""
+        dtype, n = tensor.dtype, tensor.size
+        plan_key = ("all_reduce", dtype, n, op)
+        run = self.c.plans.get(plan_key)
+        if run is None:
+            return None
+        if len(self.all_reduce) >= MAX_ENTRIES:
+            self.all_reduce.clear()
+        fp = Fingerprint(f"all_reduce:{op_code}", 0, dtype.name, n, self.pg.group_id)
+        key = (dtype, n, op)
+        entry = self.all_reduce[key] = self._entry(run, plan_key, key, fp, tensor, "all_reduce")
+        return entry
+
+    def broadcast_entry(self, tensor: np.ndarray, root: int) -> Optional[Callable]:
+        """The entry of ``tensor``'s shape from ``root`` once its plan exists, else None."""
+        plan_key = ("broadcast", tensor.nbytes, root)
+        run = self.c.plans.get(plan_key)
+        if run is None:
+            return None
+        if len(self.broadcast) >= MAX_ENTRIES:
+            self.broadcast.clear()
+        dtype, n = tensor.dtype, tensor.size
+        fp = Fingerprint(f"broadcast:{root}", 0, dtype.name, n, self.pg.group_id)
+        key = (dtype, n, root)
+        entry = self.broadcast[key] = self._entry(run, plan_key, key, fp, tensor, "broadcast")
+        return entry
+
+    def barrier_entry(self) -> Optional[Callable[[], bool]]:
+        """The compiled barrier's entry once HOT_CALLS barriers asked (at once when compiling
+        is forced), else None (also where it cannot be compiled)."""
+        if self.barrier_mode is None:  # asked once: it reads the environment
+            self.barrier_mode = compiled.choice() if compiled.allowed() else "python"
+        self.barrier_calls += 1
+        if self.barrier_mode == "python" or (self.barrier_mode == "auto"
+                                             and self.barrier_calls < compiled.HOT_CALLS):
+            return None
+        prepared = compiled.barrier(self.c)
+        if prepared is None:  # Numba failed: the general path serves every barrier
+            self.barrier_mode = "python"
+            return None
+        fp = Fingerprint("barrier", 0, "uint8", 0, self.pg.group_id)
+        self.barrier = self._compiled(prepared, fp, None, "barrier")
+        return self.barrier
+
+    def _entry(self, run: Any, plan_key: tuple, key: tuple, fp: Fingerprint, like: np.ndarray,
+               op: str) -> Callable[[np.ndarray], bool]:
+        prepared = getattr(run, "prepared", None)
+        if prepared is not None:
+            return self._compiled(prepared, fp, like, op)
+        return self._python(plan_key, key, fp, op)
+
+    # ----- the entries ---------------------------------------------------------------------
+    def _python(self, plan_key: tuple, key: tuple, fp: Fingerprint,
+                op: str) -> Callable[[np.ndarray], bool]:
+        """An entry running the plan's Python form; it hands over to the compiled entry (under
+        ``key``) once the plan has changed to its compiled form."""
+        plans, pg, table = self.c.plans, self.pg, getattr(self, op)
+        as_bytes = op == "broadcast"
+
+        def call(tensor: np.ndarray) -> bool:
+            run = plans.get(plan_key)
+            if run is None:  # the plans started afresh: the general path makes it again
+                return False
+            flags = tensor.flags
+            if not (flags.c_contiguous and flags.writeable):
+                return False
+            prepared = getattr(run, "prepared", None)
+            if prepared is not None:
+                entry = table[key] = self._compiled(prepared, fp, tensor, op)
+                return entry(tensor)
+            buf = tensor.reshape(-1)
+            seq = pg.next_seq()
+            pg.run_now(run, op, seq, buf.view(np.uint8) if as_bytes else buf,
+                       fp._replace(seq=seq))
+            return True
+        return call
+
+    def _compiled(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray],
+                  op: str) -> Callable[..., bool]:
+        """An entry making one compiled call (see the module docstring)."""
+        c, pg = self.c, self.pg
+        sig = c.signature(fp, prepared.nbytes)
+        plan = prepared.words(sig)
+        address, settle = plan.ctypes.data, prepared.settle
+        next_seq, queue, watch = pg.next_seq, pg.queue, c.t.watch
+        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
+
+        def finish(status: int, args: tuple, seq: int) -> None:
+            try:
+                settle(status, args, address, fp._replace(seq=seq), sig)
+            except PeerFailureError as exc:  # as ProcessGroup.run_now: peers name the culprit
+                heartbeat.report(exc)
+                raise
+
+        if like is None:  # the barrier
+            kernel = _fast_kernel(prepared.kernel, address, 0, 1)
+
+            def barrier() -> bool:
+                seq = next_seq()
+                queue.drain(op, seq)  # returns at once when nothing is queued
+                acquire()
+                try:
+                    status = kernel(address, seq, watch.spin_polls)
+                    if status:
+                        finish(status, (), seq)
+                finally:
+                    release()
+                return True
+            barrier.plan = plan  # the plan words live as long as the entry
+            return barrier
+
+        # Numba has no float16 arrays, nor other byte orders: a broadcast takes their bytes
+        as_bytes = like.dtype.type is np.float16 or not like.dtype.isnative
+        sample = np.zeros(like.size, like.dtype)
+        kernel = _fast_kernel(prepared.kernel, sample.view(np.uint8) if as_bytes else sample,
+                              address, 0, 1)
+
+        def call(tensor: np.ndarray) -> bool:
+            if tensor.flags.num & _USABLE != _USABLE:
+                return False
+            buf = tensor if tensor.ndim == 1 else tensor.reshape(-1)
+            if as_bytes:
+                buf = buf.view(np.uint8)
+            seq = next_seq()
+            queue.drain(op, seq)  # CommQueue.run_sync, inlined; at once when nothing is queued
+            acquire()  # not ``with lock``: this costs about 0.09 us less
+            try:
+                status = kernel(buf, address, seq, watch.spin_polls)
+                if status:
+                    finish(status, (buf,), seq)
+            finally:
+                release()
+            return True
+        call.plan = plan
+        return call
