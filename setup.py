@@ -41,7 +41,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["neural_arch", "neural_arch.*"]),
-    package_data={"neural_arch.backends.kernels": ["*.cu", "*.cuh"]},
+    package_data={"neural_arch.backends.kernels": ["*.cu", "*.cuh"],
+                  # a measured tuning table, when one is written beside the module
+                  "neural_arch.distributed.transports.shm": ["*.json"]},
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "safetensors>=0.4", "tqdm>=4.60", "scikit-learn>=1.0"],
     extras_require=extras,

@@ -15,20 +15,23 @@ beside this file is the same all-reduce without rounds or slices, to read first.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
 from ...reductions.kernels import pair_mean_for, sum_halves
 from ..base import Fingerprint
+from . import tuning
+from .tuning import Choice
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
 # whole vector beats two barriers with a 1/p share each; 1 MiB rounds keep large vectors in
 # cache, and let a broadcast's root fill one half of the workspace while the others read the
 # other (4 and 16 MiB broadcasts at p = 2 took 1.3-1.5x as long in one round per workspace).
+# A larger all-reduce's algorithm and rounds are the tuning table's (``tuning``).
 SMALL_BYTES = 128 << 10     # at or below: every rank reduces the whole vector, one barrier
-ROUND_BYTES = 1 << 20       # all-reduce data per round (split in p slices), broadcast data
+ROUND_BYTES = tuning.DEFAULT_ROUND_BYTES  # broadcast data per round; all-reduce's default
 ALIGN_BYTES = 64            # slice boundaries fall on cache lines
 
 
@@ -68,16 +71,44 @@ def _pair_round(dtype: np.dtype, op: ReduceOp, rank: int) -> Callable[[Any, Any]
     return lambda part, other: ufunc(other, part, out=part)
 
 
+def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
+               choice: Optional[Choice] = None) -> None:
+    """A vector larger than the small plans take, in rounds: ``choice``'s algorithm and round
+    size, by default the tuning table's for this world size and size (``tuning``)."""
+    workspace = c.layout.workspace_bytes
+    if choice is None:
+        choice, suffix = tuning.decide(c.world_size, buf.nbytes, workspace)
+        if suffix:  # ranks that chose differently meet different signatures: a mismatch
+            fp = fp._replace(op=fp.op + suffix)
+    else:
+        if choice.algorithm == "whole" and c.world_size != 2:
+            raise ValueError(f"the 'whole' all-reduce runs on two ranks, not {c.world_size}")
+        fp = tuning.tagged(fp, choice, c.world_size, workspace)
+    step = max(1, min(choice.round_bytes, workspace) // buf.itemsize)
+    if choice.algorithm == "whole":
+        _whole_rounds(c, buf, op, fp, step)
+    else:
+        _split_rounds(c, buf, op, fp, step)
+
+
 def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """Two ranks: the tuning table's algorithm (``all_reduce``)."""
+    all_reduce(c, buf, op, fp)
+
+
+def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
+    """Three or more ranks: the tuning table's rounds (``all_reduce``)."""
+    all_reduce(c, buf, op, fp)
+
+
+def _whole_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: int) -> None:
     """Two ranks: both reduce every round whole, as ``x0 op x1`` with the same operands in the
     same order (so both get the same bits). Each rank copies its round into the workspace and
-    nothing back out, one barrier a round; splitting the work takes a copy out and a barrier
-    more, and was slower at every size tried, 256 KiB to 64 MiB. A mean is taken in the pass
-    that adds (a second pass over each round cost AVERAGE 17-19% over SUM at 256 KiB-4 MiB)."""
+    nothing back out, one barrier a round. A mean is taken in the pass that adds (a second pass
+    over each round cost AVERAGE 17-19% over SUM at 256 KiB-4 MiB)."""
     inputs, _ = c.views(buf.dtype)
     rank = c.rank
     reduce_round = _pair_round(buf.dtype, op, rank)
-    step = min(ROUND_BYTES, c.layout.workspace_bytes) // buf.itemsize
     gen, sig = c.begin(fp, buf.nbytes)
     for lo in range(0, buf.size, step):
         part = buf[lo:lo + step]
@@ -88,9 +119,9 @@ def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> N
         gen += 1
 
 
-def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
-    """Three or more ranks: in each round rank r reduces slice r of everyone's inputs into the
-    result area; after the next generation's barrier everyone copies the other slices out."""
+def _split_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: int) -> None:
+    """In each round rank r reduces slice r of everyone's inputs into the result area; after
+    the next generation's barrier everyone copies the other slices out."""
     p, rank, itemsize = c.world_size, c.rank, buf.itemsize
     inputs, results = c.views(buf.dtype)
     ufunc, halves = ufunc_for(op), sums_halves(buf.dtype, op)
@@ -103,7 +134,6 @@ def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> 
             scale(src, factor, out=dst)
     else:
         take = np.copyto
-    step = min(ROUND_BYTES, c.layout.workspace_bytes) // itemsize
     rounds = _ceil_div(buf.size, step)
     gen, sig = c.begin(fp, buf.nbytes)
     prev = None  # (start, stop, own slice) of the previous round, copied out after its barrier

@@ -1,0 +1,201 @@
+"""How the round-based shared-memory all-reduce runs a message of a given size: a measured table.
+
+Two choices shape a large all-reduce (``direct``): the algorithm, ``whole`` (two ranks only:
+both reduce every round whole, one barrier a round) or ``split`` (rank r reduces slice r of each
+round into the result area and everyone copies the other slices out after the next barrier),
+and the bytes of data per round, which decide how much of the vector stays in cache between
+being written into the workspace and being reduced. Which is fastest depends on the machine's
+caches and on how its cores share them, so it is measured, as Open MPI's tuned decision rules
+and NCCL's tuning are: ``benchmarks/tune_shm_collectives.py`` times every candidate per world
+size and message size on this machine and writes the table this module reads.
+
+The table is JSON: ``{"format": 1, "all_reduce": {"<world size>": [{"up_to_bytes": B,
+"algorithm": "whole" | "split", "round_bytes": R}, ...]}}``, the rows of a world size by
+increasing ``up_to_bytes``; a message takes the first row whose ``up_to_bytes`` it does not
+exceed, or the last row. It is read once per process from ``NEURAL_ARCH_SHM_TUNING`` (a path)
+when set, else from ``tuning_table.json`` beside this file; without either, or for a world size
+the table does not name, the built-in choice stands: ``whole`` for two ranks, ``split`` for
+more, 1 MiB rounds. Every choice gives the same bits (each element is reduced in rank order
+either way), so a table changes only the time. Ranks that were given different tables and
+choose differently are told so by the collective's fingerprint check (``tagged``), never left
+to mix the two algorithms' steps.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+ENV_TABLE = "NEURAL_ARCH_SHM_TUNING"
+TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
+FORMAT = 1
+ALGORITHMS = ("whole", "split")
+DEFAULT_ROUND_BYTES = 1 << 20  # rounds of 1 MiB keep large vectors in cache on two cores
+MIN_ROUND_BYTES = 4096
+
+
+class Choice(NamedTuple):
+    algorithm: str    # "whole" (two ranks only) or "split"
+    round_bytes: int  # data per round, at most the workspace's area
+
+    @property
+    def tag(self) -> str:
+        """A short name of the choice, e.g. ``split@512K``."""
+        kib = self.round_bytes >> 10
+        size = f"{kib >> 10}M" if kib % 1024 == 0 else f"{kib}K"
+        return f"{self.algorithm}@{size}"
+
+
+Rows = List[Tuple[int, Choice]]
+_loaded: Dict[str, Any] = {}  # "rows": {world size: rows}, "source": where they came from
+_decided: Dict[Tuple[int, int, int], Tuple[Choice, str]] = {}  # see ``decide``
+MAX_DECIDED = 4096
+
+
+def default_choice(world_size: int) -> Choice:
+    """The choice without a table."""
+    return Choice("whole" if world_size == 2 else "split", DEFAULT_ROUND_BYTES)
+
+
+def parse(table: Any, source: str) -> Dict[int, Rows]:
+    """The rows per world size of a decoded table; ValueError naming ``source`` and the field."""
+    if not isinstance(table, dict) or table.get("format") != FORMAT:
+        raise ValueError(f"{source}: a tuning table is a JSON object with \"format\": {FORMAT}, "
+                         f"got format {table.get('format') if isinstance(table, dict) else table!r}")
+    sizes = table.get("all_reduce", {})
+    if not isinstance(sizes, dict):
+        raise ValueError(f"{source}: \"all_reduce\" must map world sizes to rows, got {sizes!r}")
+    parsed: Dict[int, Rows] = {}
+    for key, rows in sizes.items():
+        if not str(key).isdigit() or int(key) < 2 or not isinstance(rows, list) or not rows:
+            raise ValueError(f"{source}: all_reduce[{key!r}] must be a world size >= 2 with a "
+                             f"non-empty list of rows, got {rows!r}")
+        p, out = int(key), []
+        for i, row in enumerate(rows):
+            where = f"{source}: all_reduce[{key!r}][{i}]"
+            if not isinstance(row, dict):
+                raise ValueError(f"{where} must be an object, got {row!r}")
+            up_to, algorithm, round_bytes = (row.get("up_to_bytes"), row.get("algorithm"),
+                                             row.get("round_bytes"))
+            if not isinstance(up_to, int) or up_to < 0 or (out and up_to <= out[-1][0]):
+                raise ValueError(f"{where}: up_to_bytes must be an int above the previous "
+                                 f"row's, got {up_to!r}")
+            if algorithm not in ALGORITHMS or (algorithm == "whole" and p != 2):
+                raise ValueError(f"{where}: algorithm must be one of {ALGORITHMS} ('whole' "
+                                 f"for two ranks only), got {algorithm!r} for {p} ranks")
+            if not isinstance(round_bytes, int) or round_bytes < MIN_ROUND_BYTES:
+                raise ValueError(f"{where}: round_bytes must be an int >= {MIN_ROUND_BYTES}, "
+                                 f"got {round_bytes!r}")
+            out.append((up_to, Choice(algorithm, round_bytes)))
+        parsed[p] = out
+    return parsed
+
+
+def load(path: str) -> Dict[int, Rows]:
+    """The rows of the table at ``path``; ValueError when it is unreadable or malformed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            table = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read the shared-memory tuning table {path}: {exc}") from None
+    return parse(table, path)
+
+
+def table() -> Dict[int, Rows]:
+    """The rows in force, read once: the file ``NEURAL_ARCH_SHM_TUNING`` names (an error if it
+    is unusable: it was asked for), else the package's table (a warning and the built-in
+    choice if it is unusable), else none."""
+    if "rows" not in _loaded:
+        path = os.environ.get(ENV_TABLE, "").strip()
+        if path:
+            rows = load(path)
+        elif os.path.exists(TABLE_FILE):
+            path = TABLE_FILE
+            try:
+                rows = load(path)
+            except ValueError as exc:
+                warnings.warn(f"{exc}; the built-in choices stand", RuntimeWarning)
+                rows, path = {}, ""
+        else:
+            rows = {}
+        _loaded.update(rows=rows, source=path)
+    return _loaded["rows"]
+
+
+def source() -> str:
+    """The file the table in force came from ('' for the built-in choices)."""
+    table()
+    return _loaded["source"]
+
+
+def forget() -> None:
+    """Read the table again at the next all-reduce (after the file or the variable changed)."""
+    _loaded.clear()
+    _decided.clear()
+
+
+def _clamped(choice: Choice, workspace_bytes: int) -> Choice:
+    if choice.round_bytes > workspace_bytes:
+        return choice._replace(round_bytes=workspace_bytes)
+    return choice
+
+
+def all_reduce_choice(world_size: int, nbytes: int, workspace_bytes: int) -> Choice:
+    """How an all-reduce of ``nbytes`` runs on ``world_size`` ranks: the table's row for that
+    size, its rounds at most ``workspace_bytes`` (an input area's size)."""
+    rows = table().get(world_size)
+    choice = default_choice(world_size)
+    if rows:
+        choice = next((c for up_to, c in rows if nbytes <= up_to), rows[-1][1])
+    return _clamped(choice, workspace_bytes)
+
+
+def tagged(fp: Any, choice: Choice, world_size: int, workspace_bytes: int) -> Any:
+    """``fp`` with the choice appended to its op when it is not the built-in one, so that ranks
+    choosing differently fail the fingerprint check (naming both choices) instead of running
+    different steps; the built-in choice leaves ``fp`` as it is."""
+    if choice == _clamped(default_choice(world_size), workspace_bytes):
+        return fp
+    return fp._replace(op=f"{fp.op}/{choice.tag}")
+
+
+def decide(world_size: int, nbytes: int, workspace_bytes: int) -> Tuple[Choice, str]:
+    """(``all_reduce_choice``, the suffix ``tagged`` appends to the op: '' for the built-in
+    choice), remembered per size: a large all-reduce pays a dictionary lookup for it."""
+    key = (world_size, nbytes, workspace_bytes)
+    found = _decided.get(key)
+    if found is None:
+        if len(_decided) >= MAX_DECIDED:
+            _decided.clear()
+        choice = all_reduce_choice(world_size, nbytes, workspace_bytes)
+        default = choice == _clamped(default_choice(world_size), workspace_bytes)
+        found = _decided[key] = (choice, "" if default else f"/{choice.tag}")
+    return found
+
+
+def rows_for_json(choices: List[Tuple[int, Choice]]) -> List[dict]:
+    """Measured (size, best choice) pairs as table rows, neighbours with one choice merged."""
+    rows: List[dict] = []
+    for size, choice in sorted(choices):
+        row = {"up_to_bytes": int(size), "algorithm": choice.algorithm,
+               "round_bytes": int(choice.round_bytes)}
+        if rows and (rows[-1]["algorithm"], rows[-1]["round_bytes"]) == choice:
+            rows[-1]["up_to_bytes"] = int(size)
+        else:
+            rows.append(row)
+    return rows
+
+
+def write(path: str, per_world_size: Dict[int, List[Tuple[int, Choice]]],
+          measured: Optional[dict] = None) -> dict:
+    """Write a table of the best choice per world size and message size; returns it."""
+    out = {"format": FORMAT, "measured": measured or {},
+           "all_reduce": {str(p): rows_for_json(c) for p, c in sorted(per_world_size.items())}}
+    parse(out, path)  # never write a table this module would refuse
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+    return out
