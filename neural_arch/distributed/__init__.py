@@ -19,7 +19,7 @@ from .collectives import (all_gather, all_gather_into_tensor, all_gather_object,
                           reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
 from .errors import (AuthenticationError, CollectiveMismatchError, CollectiveTimeoutError,
                      DistributedError, PeerFailureError, RendezvousError)
-from .point_to_point import P2POp, batch_isend_irecv, irecv, isend
+from .collectives.point_to_point import P2POp, batch_isend_irecv, irecv, isend
 from .group import (ProcessGroup, destroy_process_group, get_backend, get_distributed_info,
                     get_local_rank, get_rank, get_world_size, init_process_group, is_initialized,
                     new_group)

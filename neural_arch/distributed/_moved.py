@@ -52,6 +52,10 @@ MOVED = {
     "reduction_kernels": "reductions.kernels",
     "compiled_sums": "reductions.compiled_sums",
     "sent_bytes": "transports.sent_bytes",
+    "rooted_collectives": "collectives.rooted",
+    "collective_args": "collectives.args",
+    "object_collectives": "collectives.objects",
+    "point_to_point": "collectives.point_to_point",
 }
 
 # ``python -m`` an old name that is also a command runs the module doing that command, under

@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import algorithms, collectives, object_collectives
+from .. import algorithms, collectives
+from ..collectives import objects as object_collectives
 from ..buffers import copy_from_host
 from ..group.world import ProcessGroup, resolve_group
 from ..reduce_ops import ReduceOp

@@ -17,7 +17,7 @@ from typing import List, Sequence, Tuple
 import _posixshmem
 import numpy as np
 
-from .. import object_collectives
+from ..collectives import objects as object_collectives
 from ..errors import DistributedError
 from ..group.process_group import ProcessGroup
 from ..transports.shm import attach_segment, create_segment, unlink_segment

@@ -1,7 +1,7 @@
 """The check that every rank of a group made the same call with the same arguments.
 
 It lives with the groups because ``new_group`` needs it before any collective above the groups
-exists; the collectives (DDP's bucket layout, ``object_collectives``) use it too.
+exists; the collectives (DDP's bucket layout, ``collectives.objects``) use it too.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ...core import Tensor
 from ...nn import Module
-from .. import point_to_point as p2p
+from ..collectives import point_to_point as p2p
 from ..group.world import ProcessGroup, resolve_group
 
 _TIE_TAG = 4

@@ -29,7 +29,7 @@ class Event(NamedTuple):
 
 def gather_events(events: List[Event], group: Any) -> List[Event]:
     """Every stage's events on every stage (a collective over ``group``), sorted by start."""
-    from ..object_collectives import all_gather_object
+    from ..collectives import all_gather_object
     rows = all_gather_object([tuple(e) for e in events], group=group)
     return sorted((Event(*row) for part in rows for row in part), key=lambda e: e.start)
 

@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .. import point_to_point as p2p
+from ..collectives import point_to_point as p2p
 from ..group.world import ProcessGroup
 from .plan import Msg
 

@@ -1,5 +1,5 @@
 """The collectives with a root rank: ``reduce`` into one rank, ``gather`` to one rank,
-``scatter`` from one rank (PyTorch's signatures; ``collectives`` re-exports them).
+``scatter`` from one rank (PyTorch's signatures; the ``collectives`` package re-exports them).
 
 Only the root passes or receives the per-rank list: the other ranks pass None (or nothing), and
 a list given there raises, naming the rank, instead of being silently ignored.
@@ -10,11 +10,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms
-from .buffers import Flat, checked_array, wrap_like
-from .collective_args import tensor_list, usable_group
-from .group.world import ProcessGroup
-from .reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
+from .. import algorithms
+from ..buffers import Flat, checked_array, wrap_like
+from .args import tensor_list, usable_group
+from ..group.world import ProcessGroup
+from ..reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
 
 
 def _summing(op: ReduceOp) -> ReduceOp:

@@ -1,4 +1,4 @@
-"""The argument checks the public collectives share (``collectives``, ``rooted_collectives``).
+"""The argument checks the public collectives share (``tensors``, ``rooted``).
 
 They run on the calling thread, before a collective takes its sequence number, so a bad
 argument raises there, naming the value, instead of inside async work or on one rank only.
@@ -9,9 +9,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import algorithms
-from .buffers import as_list, checked_array, same_layout
-from .group.world import ProcessGroup, resolve_group
+from .. import algorithms
+from ..buffers import as_list, checked_array, same_layout
+from ..group.world import ProcessGroup, resolve_group
 
 
 def usable_group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:

@@ -4,7 +4,7 @@ Each call validates its arguments on the calling thread (errors name the offendi
 takes the group's next sequence number, and runs the chosen algorithm on flat contiguous
 buffers, now or, with ``async_op=True``, on the group's queue. Tensors are changed in place and
 returned. ``src``/``dst`` are global ranks, as in PyTorch. The collectives with a root rank
-(``reduce``, ``gather``, ``scatter``) are in ``rooted_collectives``, re-exported here.
+(``reduce``, ``gather``, ``scatter``) are in ``rooted``; the package re-exports both.
 
 A synchronous all-reduce or broadcast of a NumPy array, or a barrier, on the default group
 with no profiler attached first looks up its *entry* in the short calls of the group's
@@ -23,12 +23,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import algorithms, profiler
-from .buffers import Flat, checked_array, wrap_like
-from .collective_args import check_algorithm, tensor_list, usable_group
-from .group import world
-from .group.world import ProcessGroup
-from .reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
+from .. import algorithms, profiler
+from ..buffers import Flat, checked_array, wrap_like
+from .args import check_algorithm, tensor_list, usable_group
+from ..group import world
+from ..group.world import ProcessGroup
+from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 
 # The short calls of the default group's transport, once a call found them (see
 # ``_short_calls``): starts empty, and is emptied when that transport closes.
@@ -241,14 +241,5 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
         algorithms.barrier(pg.transport, fp, algorithm)
     return pg.run(run, async_op, fp, "barrier")
 
-
-# The rooted collectives, the object tier and point-to-point live in modules of their own;
-# re-exported so ``collectives`` holds the whole API.
-from .object_collectives import (all_gather_object, broadcast_object_list,  # noqa: E402
-                                 gather_object)
-from .point_to_point import recv, send  # noqa: E402
-from .rooted_collectives import gather, reduce, scatter  # noqa: E402
-
-__all__ = ["all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "barrier",
-           "broadcast", "broadcast_object_list", "gather", "gather_object", "recv", "reduce",
-           "reduce_scatter", "reduce_scatter_tensor", "scatter", "send"]
+__all__ = ["all_gather", "all_gather_into_tensor", "all_reduce", "barrier", "broadcast",
+           "reduce_scatter", "reduce_scatter_tensor"]

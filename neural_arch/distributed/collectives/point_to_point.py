@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-from .algorithms import exchange
-from .buffers import Flat, checked_array
-from .group.world import ProcessGroup, resolve_group
-from .work import Work
+from ..algorithms import exchange
+from ..buffers import Flat, checked_array
+from ..group.world import ProcessGroup, resolve_group
+from ..work import Work
 
 
 def _p2p(tensor: Any, peer_rank: int, group: Optional[ProcessGroup], tag: int,

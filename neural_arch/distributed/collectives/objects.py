@@ -11,10 +11,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import algorithms
-from .buffers import Flat
-from .group.agreement import check_same_everywhere  # noqa: F401 - its public home before
-from .group.world import ProcessGroup, resolve_group
+from .. import algorithms
+from ..buffers import Flat
+from ..group.agreement import check_same_everywhere  # noqa: F401 - its public home before
+from ..group.world import ProcessGroup, resolve_group
 
 _MISSING = object()
 
