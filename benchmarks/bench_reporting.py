@@ -66,7 +66,7 @@ def write_section(path: str, name: str, body: str) -> None:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     section = f"{start}\n{body.strip()}\n{end}"
     existing = ""
-    if os.path.exists(path):
+    if os.path.isfile(path):  # not /dev/null or a pipe: those are written, never read
         with open(path, encoding="utf-8") as handle:
             existing = handle.read()
     if start in existing and end in existing:
@@ -77,9 +77,8 @@ def write_section(path: str, name: str, body: str) -> None:
         updated = (existing.rstrip() + "\n\n" if existing.strip() else "") + section + "\n"
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        handle.write(updated)
-    os.replace(path + ".tmp", path)
+    from neural_arch._files import write_whole  # here: numpy's threads are set by then
+    write_whole(path, updated, path + ".tmp")  # never a regular file over /dev/null
 
 
 def section_head(title: str, command: str, machine: str, method: str) -> List[str]:

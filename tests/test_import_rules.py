@@ -27,7 +27,8 @@ _D = "neural_arch.distributed"
 
 # bottom to top, as in the doc's table; a layer may import only layers above it in this list
 LAYERS = (
-    Layer("package helpers", ("neural_arch._environ", "neural_arch._lazy"), ()),
+    Layer("package helpers", ("neural_arch._environ", "neural_arch._lazy", "neural_arch._files"),
+          ()),
     Layer("backends", ("neural_arch.backends",), ("package helpers",)),
     Layer("core", ("neural_arch.core",), ("backends", "package helpers")),
     Layer("model code", ("neural_arch.nn", "neural_arch.optim", "neural_arch.data",

@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 import numpy as np
 
+from .._files import write_whole
+
 
 class _OpStats:
     __slots__ = ("count", "total_s", "min_s", "max_s", "total_bytes")
@@ -130,10 +132,7 @@ class CommunicationProfiler:
     def export_chrome_trace(self, path: str) -> None:
         """Write the timeline as Chrome/Perfetto trace JSON (open in ui.perfetto.dev)."""
         trace = {"traceEvents": self.events(), "displayTimeUnit": "ms"}
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(trace, f)
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(trace), f"{path}.tmp{os.getpid()}")
 
     def __repr__(self) -> str:
         return (f"CommunicationProfiler(enabled={self.enabled}, rank={self.rank}, "

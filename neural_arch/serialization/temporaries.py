@@ -18,6 +18,8 @@ import re
 import secrets
 from typing import Iterable
 
+from .._files import write_whole
+
 logger = logging.getLogger("neural_arch.serialization")
 
 
@@ -31,15 +33,8 @@ def write_atomically(path: str, pieces: Iterable[memoryview]) -> None:
         raise FileNotFoundError(f"save: cannot write {path!r}: the folder {folder!r} does not "
                                 f"exist")
     remove_stale_temporaries(path)
-    temporary = f"{path}.{owner.this_process()}-{secrets.token_hex(4)}.tmp"
-    try:
-        with open(temporary, "wb") as out:  # a plain open: the file mode follows the umask
-            for piece in pieces:
-                out.write(piece)
-        os.replace(temporary, path)
-    finally:
-        if os.path.lexists(temporary):
-            os.unlink(temporary)
+    # a plain open: the file mode follows the umask; a device or pipe is written in place
+    write_whole(path, pieces, f"{path}.{owner.this_process()}-{secrets.token_hex(4)}.tmp")
 
 
 def remove_stale_temporaries(path: str) -> None:

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from ..._files import write_whole
 from ...distributed import get_rank, get_world_size, is_initialized
 from ...distributed.profiler import set_collective_tracer
 from ...distributed.transports.sent_bytes import counting_sent_bytes
@@ -231,10 +232,7 @@ class DistributedTrainingMonitor(Callback):
     def save_statistics(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         stats = self.get_training_statistics()
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(stats, handle, indent=1)
-        os.replace(tmp, path)
+        write_whole(path, json.dumps(stats, indent=1), f"{path}.tmp{os.getpid()}")
 
     def load_statistics(self, path: str) -> Dict[str, Any]:
         """Take the statistics a monitor wrote (rank 0's, in worker processes) as this one's."""
