@@ -90,5 +90,7 @@ def async_buffer_worker(rank, world_size):
 
 
 def test_a_finished_async_collective_keeps_no_buffer():
+    # the 8 MiB message must be gone; what may stay is the transport's bounded scratch (a
+    # two-rank tcp world keeps one 1 MiB piece buffer for the peer's pieces between calls)
     for left in run_ranks(async_buffer_worker, 2, "tcp"):
-        assert left < 1 << 20, left
+        assert left < 2 << 20, left
