@@ -8,6 +8,10 @@ new module holds. So an old name is not a copy or a re-exporting shim but an ali
 :class:`MovedModuleFinder` answers imports of the names in :data:`MOVED` by importing the new
 module and returning that very object, so ``sys.modules[old] is sys.modules[new]``.
 
+The same finder answers torch's module paths where ours are named otherwise
+(:data:`TORCH_PATHS`): ``import neural_arch as torch`` then ports
+``from torch.distributed.algorithms.ddp_comm_hooks.ddp_zero_hook import ...``.
+
 Importing this module installs the finder; ``neural_arch/distributed/__init__.py`` imports it
 before anything else, so it is in place before any module of the package asks for an old name.
 """
@@ -56,6 +60,16 @@ MOVED = {
     "collective_args": "collectives.args",
     "object_collectives": "collectives.objects",
     "point_to_point": "collectives.point_to_point",
+}
+
+# torch's name -> ours, both relative to neural_arch.distributed (``algorithms`` is ours: the
+# collective algorithms; torch keeps its DDP communication hooks under that name). Not
+# torch's ``ddp_comm_hooks.powerSGD_hook`` module: importing it would set ``comm_hooks``'s
+# attribute ``powerSGD_hook``, the hook function it offers, to the module.
+TORCH_PATHS = {
+    "algorithms.ddp_comm_hooks": "comm_hooks",
+    "algorithms.ddp_comm_hooks.default_hooks": "comm_hooks.default_hooks",
+    "algorithms.ddp_comm_hooks.ddp_zero_hook": "comm_hooks.ddp_zero_hook",
 }
 
 # ``python -m`` an old name that is also a command runs the module doing that command, under
@@ -110,7 +124,7 @@ def install() -> MovedModuleFinder:
     for finder in sys.meta_path:
         if isinstance(finder, MovedModuleFinder):
             return finder
-    finder = MovedModuleFinder(_PACKAGE, MOVED)
+    finder = MovedModuleFinder(_PACKAGE, {**MOVED, **TORCH_PATHS})
     sys.meta_path.insert(0, finder)
     return finder
 

@@ -123,6 +123,15 @@ class DistributedDataParallel(StepSync, Module):
         return [Bucket(i, params, flat)
                 for i, ((params, _), flat) in enumerate(zip(groups, self._storage.flats))]
 
+    @property
+    def process_group(self) -> Any:
+        """The group gradients are averaged over (None: the default group), as torch's."""
+        return self._group
+
+    def bucket_parameters(self) -> List[List[Any]]:
+        """The parameters of each bucket, in bucket order (fixed at construction)."""
+        return [list(bucket.params) for bucket in self._buckets]
+
     # -- communication hook -------------------------------------------------------------
     def register_comm_hook(self, state: Any, hook: Callable) -> None:
         """Average every bucket with ``hook(state, bucket) -> Future`` (PyTorch's semantics):

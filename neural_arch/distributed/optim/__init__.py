@@ -7,6 +7,9 @@ back. ``ReduceScatterZeroOptimizer`` (``reduce_scatter_zero``, the ``"zero1"`` s
 ZeRO-1 without DDP: it reduce-scatters the gradients over contiguous flat shards
 (``flat_shards``) and all-gathers the updated shards, 2(N-1)/N of the model per step instead
 of 3(N-1)/N. Both first check that every rank passed the same parameters (``same_parameters``).
+``ZeroRedundancyOptimizer(overlap_with_ddp=True)`` steps inside DDP's communication hook
+instead (``zero_overlap``: buckets dealt out by ``bucket_assignment``, stepped and broadcast
+by ``overlap_step``).
 """
 from __future__ import annotations
 

@@ -19,10 +19,15 @@ The all-gather lands in a flat host buffer the size of the parameters, out of wh
 ranks' values are copied into the parameters. ``parameters_as_bucket_view=True`` makes the
 parameters views of that buffer instead: no copy, and no second copy of the parameters in
 memory (NumPy parameters only).
+
+``overlap_with_ddp=True`` moves the step into DDP's communication hook, bucket by bucket, each
+updated bucket broadcast by its owner while later buckets are still averaged
+(``zero_overlap``; the hooks: ``comm_hooks.ddp_zero_hook``).
 """
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Type
 
 from ...optim import Optimizer
@@ -30,9 +35,10 @@ from .. import collectives
 from ..group import resolve_group
 from .same_parameters import check_same_parameters
 from .sharding import ShardExchange, partition_parameters
+from .zero_overlap import OverlapWithDDP
 
 
-class ZeroRedundancyOptimizer(Optimizer):
+class ZeroRedundancyOptimizer(OverlapWithDDP, Optimizer):
     """Wraps ``optimizer_class`` so that each rank of ``process_group`` keeps the optimizer
     state of its share of the parameters only (see the module docstring).
 
@@ -54,9 +60,15 @@ class ZeroRedundancyOptimizer(Optimizer):
     hyperparameters.
 
     ``parameters_as_bucket_view=True`` makes the parameters views into the flat buffer the
-    all-gather fills (see the module docstring). ``overlap_with_ddp``
-    (updating shares inside DDP's communication hook) is not implemented.
-    ``add_param_group`` works as in PyTorch; every rank must call it with the same shapes.
+    all-gather fills (see the module docstring). ``add_param_group`` works as in PyTorch;
+    every rank must call it with the same shapes.
+
+    ``overlap_with_ddp=True`` (PyTorch's): the owners update the parameters inside DDP's
+    backward, through the hook ``hook_with_zero_step(hook, ddp, zero)`` (or its interleaved
+    form) registered on ``ddp``; the parameters are then dealt out by DDP bucket, the hook
+    splits them when it is built (checkpoints and ``step()`` refuse before that),
+    ``parameters_as_bucket_view`` is ignored and ``add_param_group`` refused, and ``step()``
+    only checks that the hook updated the parameters (see ``zero_overlap``).
     """
 
     def __init__(self, params: Iterable[Any], optimizer_class: Type[Optimizer],
@@ -65,11 +77,8 @@ class ZeroRedundancyOptimizer(Optimizer):
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Optimizer)):
             raise TypeError(f"ZeroRedundancyOptimizer needs optimizer_class to be an Optimizer "
                             f"subclass (SGD, Adam, ...), got {optimizer_class!r}")
-        if overlap_with_ddp:
-            raise NotImplementedError(
-                "ZeroRedundancyOptimizer(overlap_with_ddp=True) is not implemented: use the "
-                "default (False) and call step() after backward")
         self._initialized = False
+        self._overlap_with_ddp = bool(overlap_with_ddp)
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class
         self.process_group = process_group
@@ -80,15 +89,24 @@ class ZeroRedundancyOptimizer(Optimizer):
         self.rank, self.world_size, self._ranks = pg.rank, pg.size, pg.ranks
         self.parameters_as_bucket_view = bool(parameters_as_bucket_view)
         self._check_replicas_agree()
-        self._partition = partition_parameters(self.param_groups, self.world_size)
-        local = [dict(group, params=share)
-                 for group, share in zip(self.param_groups, self._partition[self.rank])]
-        self.optim = optimizer_class(local, **defaults)
+        if self._overlap_with_ddp:
+            if self.parameters_as_bucket_view:
+                warnings.warn("ZeroRedundancyOptimizer: parameters_as_bucket_view=True is "
+                              "ignored with overlap_with_ddp=True, which broadcasts DDP's "
+                              "buckets instead", UserWarning, stacklevel=2)
+                self.parameters_as_bucket_view = False
+            self._start_overlap(defaults)  # the split waits for DDP's buckets (the hook)
+        else:
+            self._partition = partition_parameters(self.param_groups, self.world_size)
+            local = [dict(group, params=share)
+                     for group, share in zip(self.param_groups, self._partition[self.rank])]
+            self.optim = optimizer_class(local, **defaults)
         # The local optimizer filled in its own defaults (momentum=0, say): show them here too,
         # so that schedulers find every hyperparameter in ``param_groups``.
         _copy_hyperparameters(self.optim.param_groups, self.param_groups)
         self.state = self.optim.state
-        self._exchange = self._new_exchange()  # None on one rank: nothing to exchange
+        # None on one rank (nothing to exchange) and under overlap (the hook broadcasts)
+        self._exchange = None if self._overlap_with_ddp else self._new_exchange()
         self._gathered: Optional[List[Dict[str, Any]]] = None  # consolidated local states
         self._initialized = True
 
@@ -107,6 +125,11 @@ class ZeroRedundancyOptimizer(Optimizer):
         """Add a group (on every rank, the same shapes): it is split over the ranks like the
         others, and this rank's share joins the local optimizer. The earlier groups keep
         their assignment, so no state moves."""
+        if self._initialized and self._overlap_with_ddp:
+            raise RuntimeError(
+                "ZeroRedundancyOptimizer(overlap_with_ddp=True) does not take add_param_group: "
+                "its parameters are dealt out by DDP bucket; pass every group to the "
+                "constructor")
         super().add_param_group(param_group)
         if not self._initialized:
             return  # the base constructor adding the initial groups
@@ -125,8 +148,12 @@ class ZeroRedundancyOptimizer(Optimizer):
     # -- training -------------------------------------------------------------------------
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Update this rank's share with the current hyperparameters, then all-gather the
-        shares. Returns the closure's loss (the local optimizer evaluates the closure)."""
-        _copy_hyperparameters(self.param_groups, self.optim.param_groups)
+        shares. Returns the closure's loss (the local optimizer evaluates the closure).
+        Under ``overlap_with_ddp`` the hook has updated the parameters already: this evaluates
+        the closure and checks that it did (RuntimeError if not)."""
+        if self._overlap_with_ddp:
+            return self._overlap_step(closure)
+        self._sync_hyperparameters()
         loss = self.optim.step(closure=closure)
         if self._exchange is not None:
             self._exchange.exchange()
@@ -136,6 +163,7 @@ class ZeroRedundancyOptimizer(Optimizer):
     def owned_parameters(self, rank: Optional[int] = None) -> List[Any]:
         """The parameters whose optimizer state group rank ``rank`` (default: this rank)
         keeps and updates."""
+        self._check_attached("owned_parameters()")
         rank = self.rank if rank is None else rank
         return [p for share in self._partition[rank] for p in share]
 
@@ -143,12 +171,14 @@ class ZeroRedundancyOptimizer(Optimizer):
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather every rank's local optimizer state on global rank ``to`` (call on every
         rank); afterwards ``state_dict()`` on ``to`` returns the full state."""
+        self._check_attached("consolidate_state_dict()")
         local = self.optim.state_dict()
         self._gathered = collectives.gather_object(local, dst=to, group=self.process_group)
 
     def state_dict(self) -> Dict[str, Any]:
         """The full state in the standard optimizer format, on the rank that received
         ``consolidate_state_dict`` (see the class docstring); RuntimeError elsewhere."""
+        self._check_attached("state_dict()")
         if self._gathered is None and self.world_size == 1:
             self._gathered = [self.optim.state_dict()]  # one rank holds everything already
         if self._gathered is None:
@@ -173,6 +203,7 @@ class ZeroRedundancyOptimizer(Optimizer):
         """Load a full state dict (from ``state_dict()`` after consolidation, or from a plain
         optimizer): this rank keeps its share's entries; every group takes the saved
         hyperparameters. Call on every rank."""
+        self._check_attached("load_state_dict()")
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
@@ -206,11 +237,16 @@ class ZeroRedundancyOptimizer(Optimizer):
             group.update({k: copy.deepcopy(v) for k, v in saved.items() if k != "params"})
         self._gathered = None
 
+    def _sync_hyperparameters(self) -> None:
+        """The groups' hyperparameters (a scheduler may have changed them) into ``.optim``."""
+        _copy_hyperparameters(self.param_groups, self.optim.param_groups)
+
     def __repr__(self) -> str:
+        owned = "?" if self._partition is None else len(self.owned_parameters())
         return (f"ZeroRedundancyOptimizer(optimizer_class={self.optimizer_class.__name__}, "
                 f"rank={self.rank}, world_size={self.world_size}, "
-                f"owned={len(self.owned_parameters())}/{len(self._ordered_params())} "
-                f"parameters)")
+                f"owned={owned}/{len(self._ordered_params())} parameters"
+                f"{', overlap_with_ddp=True' if self._overlap_with_ddp else ''})")
 
 
 def _copy_hyperparameters(source: List[Dict[str, Any]], target: List[Dict[str, Any]]) -> None:

@@ -266,8 +266,6 @@ def test_optimizer_class_must_be_an_optimizer_subclass():
     for bad in (object, SGD(params, lr=0.1), "SGD"):
         with pytest.raises(TypeError, match="optimizer_class to be an Optimizer subclass"):
             ZeroRedundancyOptimizer(params, bad, lr=0.1)
-    with pytest.raises(NotImplementedError, match="overlap_with_ddp=True"):
-        ZeroRedundancyOptimizer(params, SGD, overlap_with_ddp=True, lr=0.1)
 
 
 def mismatch_worker(rank: int, world_size: int):
