@@ -52,6 +52,11 @@ class Geometry:
         return (self.height + sum(self.pads[0]), self.width + sum(self.pads[1]))
 
     @property
+    def is_padded(self) -> bool:
+        """Whether any side is padded: the windows are then those of a zero-bordered copy."""
+        return any(self.pads[0] + self.pads[1])
+
+    @property
     def taps(self) -> int:
         return self.kernel[0] * self.kernel[1]
 
@@ -62,6 +67,13 @@ class Geometry:
     @property
     def group_out(self) -> int:
         return self.out_channels // self.groups
+
+
+def interior(padded: Any, geom: Geometry) -> Any:
+    """The part of a zero-bordered buffer (..., padded height, padded width) that is the image:
+    where the input is copied in, and where its gradient is read out."""
+    (top, _), (left, _) = geom.pads
+    return padded[..., top:top + geom.height, left:left + geom.width]
 
 
 def spans(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
@@ -99,6 +111,19 @@ def flipped_matrices(w4: Any, groups: int) -> List[Any]:
     return [np.ascontiguousarray(flipped[g * group_out:(g + 1) * group_out]
                                  .transpose(1, 0, 2, 3)).reshape(w4.shape[1], -1)
             for g in range(groups)]
+
+
+_kernels: Any = None  # backends.conv_kernels when Numba runs, else False; on first use
+
+
+def numba_kernels(dtype: Any) -> Any:
+    """``backends.conv_kernels`` (the Numba im2col and col2im loops of ``conv_kept_columns``
+    and ``conv_strided``) when Numba runs and they take arrays of ``dtype``, else None."""
+    global _kernels
+    if _kernels is None:
+        from ..backends import conv_kernels
+        _kernels = conv_kernels if conv_kernels.available() else False
+    return _kernels if _kernels and dtype in _kernels.DTYPES else None
 
 
 def supports(geom: Geometry) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .conv_cpu import Geometry
+from .conv_cpu import Geometry, interior, numba_kernels
 from .conv_windows import sliding_windows
 
 
@@ -30,29 +30,16 @@ def applies(x4: Any, geom: Geometry, need_x: bool, wants_grad: bool) -> bool:
     return isinstance(x4, np.ndarray) and geom.groups == 1 and wants_grad and not need_x
 
 
-_kernels: Any = None  # backends.conv_kernels when Numba runs, else False; on first use
-
-
-def im2col_kernels(dtype: Any) -> Any:
-    """``backends.conv_kernels`` when it takes arrays of ``dtype``, else None."""
-    global _kernels
-    if _kernels is None:
-        from ..backends import conv_kernels
-        _kernels = conv_kernels if conv_kernels.available() else False
-    return _kernels if _kernels and dtype in _kernels.DTYPES else None
-
-
 def _fill_columns(x4: Any, geom: Geometry, columns: Any) -> None:
     """The first C * kh * kw rows of ``columns`` (n, rows, Ho * Wo) become the columns of
     ``x4``: row ``(c * kh + i) * kw + j`` holds channel c at kernel offset (i, j) of every
     window."""
-    n, channels, height, width = x4.shape
-    (top, bottom), (left, right) = geom.pads
+    n, channels = x4.shape[:2]
     source = x4
-    if top or bottom or left or right:
+    if geom.is_padded:
         source = np.zeros((n, channels) + geom.padded_hw, x4.dtype)
-        source[:, :, top:top + height, left:left + width] = x4
-    kernels = im2col_kernels(x4.dtype)
+        interior(source, geom)[...] = x4
+    kernels = numba_kernels(x4.dtype)
     if kernels is not None and geom.stride[1] == 1:
         kernels.fill_columns(source, geom.kernel, geom.stride[0], geom.dilation, columns)
         return

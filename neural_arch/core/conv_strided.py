@@ -9,7 +9,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .conv_cpu import Geometry, add_product_t, group_products, spans, weight_matrices
+from .conv_cpu import Geometry, add_product_t, group_products, interior, numba_kernels, \
+    spans, weight_matrices
 from .conv_windows import add_windows, sliding_windows
 
 
@@ -22,7 +23,7 @@ class _Span:
         self.positions = geom.out_hw[0] * geom.out_hw[1]
         # without padding the windows are those of the input itself (no copy into a buffer)
         self.padded = np.zeros((most, geom.channels) + geom.padded_hw, x4.dtype) \
-            if any(p for pair in geom.pads for p in pair) else None
+            if geom.is_padded else None
         source = x4 if self.padded is None else self.padded
         # (C, kh, kw, samples, Ho, Wo): the columns' order, made once per call
         self.windows = sliding_windows(np, source, geom.out_hw, geom.kernel, geom.stride,
@@ -31,29 +32,15 @@ class _Span:
 
     def columns(self, start: int, stop: int) -> Any:
         """The (C * kh * kw, samples * Ho * Wo) columns of samples start..stop."""
-        geom, m = self.geom, stop - start
-        (top, _), (left, _) = geom.pads
+        m = stop - start
         if self.padded is None:
             view = self.windows[:, :, :, start:stop]
         else:
-            self.padded[:m, :, top:top + geom.height, left:left + geom.width] = \
-                self.x4[start:stop]
+            interior(self.padded[:m], self.geom)[...] = self.x4[start:stop]
             view = self.windows[:, :, :, :m]
         c2 = self.cols[:self.rows * m * self.positions]
         np.copyto(c2.reshape(view.shape), view)
         return c2.reshape(self.rows, -1)
-
-
-_kernels: Any = None  # backends.conv_kernels when Numba runs, else False; on first use
-
-
-def col2im_kernels(dtype: Any) -> Any:
-    """``backends.conv_kernels`` when it takes arrays of ``dtype``, else None."""
-    global _kernels
-    if _kernels is None:
-        from ..backends import conv_kernels
-        _kernels = conv_kernels if conv_kernels.available() else False
-    return _kernels if _kernels and dtype in _kernels.DTYPES else None
 
 
 def _plan(geom: Geometry, itemsize: int) -> list:
@@ -89,7 +76,7 @@ def backward(g4: Any, x4: Any, w4: Any, geom: Geometry, need_x: bool,
     sums = [np.zeros((per_out, per_rows), g4.dtype) for _ in range(groups)] if need_w else None
     gx = np.empty(x4.shape, g4.dtype) if need_x else None
     col_grads = np.empty(rows * most * span.positions, g4.dtype) if need_x else None
-    kernels = col2im_kernels(g4.dtype) if need_x else None
+    kernels = numba_kernels(g4.dtype) if need_x else None
     buffer_size = most * geom.channels * geom.padded_hw[0] * geom.padded_hw[1]
     target = np.zeros(buffer_size, g4.dtype) if need_x and kernels is None else None
     for start, stop in plan:
@@ -121,9 +108,8 @@ def _add_through_buffer(gc: Any, target: Any, geom: Geometry, gx_span: Any) -> N
     """col2im without Numba: ``gx_span`` (m samples) from the columns' gradient ``gc``, added
     tap by tap into the zero-bordered ``target`` buffer, whose interior is then copied out."""
     m, (hp, wp), (ho, wo) = gx_span.shape[0], geom.padded_hw, geom.out_hw
-    (top, _), (left, _) = geom.pads
     t4 = target[:m * geom.channels * hp * wp].reshape(m, geom.channels, hp, wp)
     t4[...] = 0
     add_windows(t4, gc.reshape((geom.channels,) + geom.kernel + (m, ho, wo))
                 .transpose(3, 0, 4, 5, 1, 2), geom.stride, geom.dilation)
-    gx_span[...] = t4[:, :, top:top + geom.height, left:left + geom.width]
+    gx_span[...] = interior(t4, geom)

@@ -9,7 +9,7 @@ import pytest
 
 from neural_arch import functional as F
 from neural_arch.backends import numba_backend
-from neural_arch.core import Tensor, conv_cpu, conv_strided
+from neural_arch.core import Tensor, conv_cpu
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.timeout(60),
@@ -43,8 +43,8 @@ def _run(case, dtype, seed=0):
 
 def test_the_kernel_is_taken_where_numba_runs():
     from neural_arch.backends import conv_kernels
-    assert conv_strided.col2im_kernels(np.dtype(np.float32)) is conv_kernels
-    assert conv_strided.col2im_kernels(np.dtype(np.float16)) is None
+    assert conv_cpu.numba_kernels(np.dtype(np.float32)) is conv_kernels
+    assert conv_cpu.numba_kernels(np.dtype(np.float16)) is None
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -54,6 +54,6 @@ def test_input_gradient_matches_torch_and_the_numpy_form(monkeypatch, case, dtyp
     (gx, gw), (tgx, tgw) = _run(case, dtype)
     np.testing.assert_allclose(gx, tgx, rtol=tol, atol=tol)
     np.testing.assert_allclose(gw, tgw, rtol=tol, atol=tol)
-    monkeypatch.setattr(conv_strided, "_kernels", False)
+    monkeypatch.setattr(conv_cpu, "_kernels", False)
     (numpy_gx, _), _ = _run(case, dtype)
     np.testing.assert_allclose(gx, numpy_gx, rtol=tol, atol=tol)

@@ -108,10 +108,10 @@ def test_numba_and_numpy_columns_are_the_same(monkeypatch, case):
                    for size, k, s, p, d in zip(image, kernel, stride, padding, dilation))
     geom = conv_cpu.Geometry(2, cin, image[0], image[1], cout, 1, kernel, stride, dilation,
                              tuple((p, p) for p in padding), out_hw)
-    assert conv_kept_columns.im2col_kernels(np.dtype(np.float32)) is not None
+    assert conv_cpu.numba_kernels(np.dtype(np.float32)) is not None
     out, columns = conv_kept_columns.forward(x, w.astype(np.float32), b.astype(np.float32),
                                              geom)
-    monkeypatch.setattr(conv_kept_columns, "_kernels", False)
+    monkeypatch.setattr(conv_cpu, "_kernels", False)
     numpy_out, numpy_columns = conv_kept_columns.forward(
         x, w.astype(np.float32), b.astype(np.float32), geom)
     np.testing.assert_array_equal(columns, numpy_columns)

@@ -1,6 +1,7 @@
-"""The argument checks the public collectives share (``tensors``, ``rooted``).
+"""The argument checks the public collectives share (``tensors``, ``rooted``), and the
+unpacking of a gather's result into per-rank tensors that ``gather`` and ``all_gather`` share.
 
-They run on the calling thread, before a collective takes its sequence number, so a bad
+The checks run on the calling thread, before a collective takes its sequence number, so a bad
 argument raises there, naming the value, instead of inside async work or on one rank only.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import algorithms
-from ..buffers import as_list, checked_array, same_layout
+from ..buffers import as_list, checked_array, same_layout, wrap_like
 from ..group.world import ProcessGroup, resolve_group
 
 
@@ -37,3 +38,15 @@ def tensor_list(items: Any, what: str, ref: np.ndarray, size: int,
     for i, arr in enumerate(arrays):
         same_layout(arr, ref, f"{what}[{i}]")
     return arrays
+
+
+def unpack_blocks(blocks: np.ndarray, outputs: Optional[list[np.ndarray]], like: Any,
+                  given: Any) -> Any:
+    """A gather's result, ``blocks`` (one per rank): copied into ``outputs``, the arrays of the
+    caller's list ``given`` (which is returned), or with no list, a new list of the blocks
+    wrapped like the sent tensor ``like``."""
+    if outputs is None:
+        return [wrap_like(like, block) for block in blocks]
+    for out, block in zip(outputs, blocks):
+        out[...] = block.reshape(out.shape)
+    return given

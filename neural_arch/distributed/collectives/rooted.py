@@ -11,8 +11,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import algorithms
-from ..buffers import Flat, checked_array, wrap_like
-from .args import tensor_list, usable_group
+from ..buffers import Flat, checked_array
+from .args import tensor_list, unpack_blocks, usable_group
 from ..group.world import ProcessGroup
 from ..reduce_ops import OP_CODE, ReduceOp, as_reduce_op, finish_average
 
@@ -68,12 +68,8 @@ def gather(tensor: Any, gather_list: Optional[list] = None, dst: int = 0,
         algorithms.gather(pg.transport, Flat(arr).buf, collected, root, fp)
         if not is_root:
             return None
-        blocks = collected.reshape(pg.size, *arr.shape)
-        if outputs is None:
-            return [wrap_like(tensor, block) for block in blocks]
-        for out, block in zip(outputs, blocks):
-            out[...] = block.reshape(out.shape)
-        return gather_list
+        return unpack_blocks(collected.reshape(pg.size, *arr.shape), outputs, tensor,
+                             gather_list)
     return pg.run(run, async_op, fp, "gather")
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import algorithms, profiler
 from ..buffers import Flat, checked_array, wrap_like
-from .args import check_algorithm, tensor_list, usable_group
+from .args import check_algorithm, tensor_list, unpack_blocks, usable_group
 from ..group import world
 from ..group.world import ProcessGroup
 from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
@@ -129,12 +129,8 @@ def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
     def run():
         gathered = np.empty(pg.size * arr.size, dtype=arr.dtype)
         algorithms.all_gather(pg.transport, Flat(arr).buf, gathered, fp, algorithm)
-        blocks = gathered.reshape(pg.size, *arr.shape)
-        if outputs is None:
-            return [wrap_like(source, block) for block in blocks]
-        for out, block in zip(outputs, blocks):
-            out[...] = block.reshape(out.shape)
-        return tensor_list_or_tensor
+        return unpack_blocks(gathered.reshape(pg.size, *arr.shape), outputs, source,
+                             tensor_list_or_tensor)
     return pg.run(run, async_op, fp, "all_gather")
 
 

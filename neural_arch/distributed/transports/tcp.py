@@ -10,7 +10,8 @@ sends a large message while it receives hands its sends to the transport's sendi
 (``tcp_sender``), so both directions of a socket move at once. While it waits, the loop also
 watches the other peers' sockets, so the death of any rank surfaces within a poll interval,
 naming that rank. ``close`` sends a goodbye header first: a rank that finished is told apart
-from one that crashed.
+from one that crashed. What moves one message through its socket, checks its header and
+tells a dead peer from one that left is ``tcp_streams``.
 
 ``send_recv_chained`` lets a receive queue further sends the moment it completes: with it, a
 job of two ranks runs its collectives as pipelines in one loop each (``tcp_pair``, the
@@ -27,16 +28,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..health import heartbeat
-from ..errors import CollectiveMismatchError, CollectiveTimeoutError, PeerFailureError
-from .base import (HEADER_SIZE, Fingerprint, Message, Transport, check_header, check_job,
-                   pack_header, unpack_header)
+from ..errors import CollectiveTimeoutError, PeerFailureError
+from .base import Fingerprint, Message, Transport, check_job, pack_header
 from .tcp_mesh import build_mesh
 from .tcp_messages import ChainedRecv, Recv as _Recv, Send as _Send, byte_view as _byte_view
 from .tcp_messages import heads as _heads
 from .tcp_pair import PairCollectives
 from .tcp_sender import SendWorker
+from .tcp_streams import PeerStreams, send_goodbye
 
-_GOODBYE = pack_header(Fingerprint("__goodbye__", 0, "", 0, 0xFFFFFFFF), 0)
 _POLL_SLICE_S = 0.1  # how soon a wait notices a failure the heartbeat declared
 THREADED_SEND_BYTES = 64 * 1024  # a send this large beside a receive goes to ``tcp_sender``
 _IN, _OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
@@ -47,7 +47,7 @@ def create(rank: int, world_size: int, store, timeout: float, secret: Optional[b
     return TcpTransport(rank, world_size, store, timeout, secret=secret, host=host, prefix=prefix)
 
 
-class TcpTransport(Transport):
+class TcpTransport(PeerStreams, Transport):
     name = "tcp"
 
     def __init__(self, rank: int, world_size: int, store, timeout: float,
@@ -196,87 +196,6 @@ class TcpTransport(Transport):
             elif peer in watched and self._bystander_settled(peer, fp):
                 known_alive.add(peer)
 
-    def _bystander_settled(self, peer: int, fp: Fingerprint) -> bool:
-        """A peer we are not talking to became readable: raise if it died; True once we know
-        it is alive (data queued for a later call) or gone politely (goodbye consumed)."""
-        sock = self._socks[peer]
-        try:
-            head = sock.recv(HEADER_SIZE, socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError as e:
-            raise self._lost(peer, fp, f"its connection failed ({e})") from None
-        if head == b"":
-            raise self._lost(peer, fp, "it closed its connection without saying goodbye "
-                                       "(process died?)")
-        if head == _GOODBYE:
-            sock.recv(HEADER_SIZE)
-            self._unusable[peer] = "the peer closed its transport (it left the job)"
-        return True
-
-    def _pump_send(self, op: _Send) -> bool:
-        if not op.views:
-            return False
-        try:
-            sent = self._socks[op.peer].sendmsg(op.views)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError as e:
-            raise self._lost(op.peer, op.fp, f"sending failed ({e})") from None
-        while sent:
-            if sent >= op.views[0].nbytes:
-                sent -= op.views.pop(0).nbytes
-            else:
-                op.views[0], sent = op.views[0][sent:], 0
-        return True
-
-    def _pump_recv(self, op: _Recv, fp: Fingerprint) -> bool:
-        sock, moved = self._socks[op.peer], False
-        while not op.done:
-            into = (memoryview(op.header)[op.header_got:] if not op.started
-                    else op.payload[op.got:])
-            try:
-                n = sock.recv_into(into)
-            except (BlockingIOError, InterruptedError):
-                return moved
-            except OSError as e:
-                raise self._lost(op.peer, fp, f"receiving failed ({e})") from None
-            if n == 0:
-                raise self._lost(op.peer, fp, "it closed the connection "
-                                 f"({'mid-message' if op.header_got else 'before sending'})")
-            moved = True
-            if op.started:
-                op.got += n
-                continue
-            op.header_got += n
-            if op.header_got == HEADER_SIZE:
-                self._check_incoming(op, fp)
-        return moved
-
-    def _check_incoming(self, op: _Recv, fp: Fingerprint) -> None:
-        if bytes(op.header) == _GOODBYE:
-            # A peer that leaves mid-collective usually left because another rank failed: name
-            # that rank when the heartbeat knows it or its connection is already dead, rather
-            # than the messenger.
-            heartbeat.check(self.rank, fp.op, fp.seq)
-            for other in self._socks:
-                if other != op.peer and other not in self._unusable:
-                    self._bystander_settled(other, fp)  # raises when ``other`` died
-            raise self._lost(op.peer, fp, "it closed its transport (it left the job)")
-        try:
-            got, nbytes = unpack_header(op.header)
-        except ValueError as e:
-            raise CollectiveMismatchError(f"peer rank {op.peer} sent a malformed header ({e}) "
-                                          f"while we expected {fp.describe()}", rank=self.rank,
-                                          peer=op.peer, op=fp.op, seq=fp.seq) from None
-        check_header(fp, got, nbytes, op.payload.nbytes, rank=self.rank, peer=op.peer)
-        op.started = True
-
-    def _lost(self, peer: int, fp: Fingerprint, why: str) -> PeerFailureError:
-        self._unusable[peer] = f"lost during {fp.describe()}: {why}"
-        return PeerFailureError(f"lost peer rank {peer} during {fp.describe()}: {why}",
-                                rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
-
     def _timeout_error(self, sends, recvs, fp: Fingerprint) -> CollectiveTimeoutError:
         parts = [f"send to rank {s.peer} ({s.total - sum(v.nbytes for v in s.views)}/{s.total} "
                  "bytes)" for s in sends]
@@ -294,7 +213,7 @@ class TcpTransport(Transport):
             if polite:
                 for peer, sock in self._socks.items():
                     if peer not in self._unusable:
-                        _send_goodbye(sock)
+                        send_goodbye(sock)
             self._close_sockets()
         finally:
             if polite:
@@ -312,11 +231,3 @@ class TcpTransport(Transport):
             sock.close()
         self._socks.clear()
 
-
-def _send_goodbye(sock: socket.socket) -> None:
-    try:
-        sock.setblocking(True)
-        sock.settimeout(0.5)
-        sock.sendall(_GOODBYE)
-    except OSError:
-        pass

@@ -76,6 +76,18 @@ def _begin(plan, polls):  # pragma: no cover - compiled
     return words, gen, HEADER if headers[gen & 1] != plan[SIG] else 0
 
 
+@njit(cache=True)
+def _prologue(plan_address, polls, like):  # pragma: no cover - compiled
+    """The start of a collective with data: (plan words, control words, its (rows, cols) areas
+    as ``like``'s element type, generation, ``_begin``'s status). The caller returns a nonzero
+    status at once; the areas are only an address and a shape, so making them first costs
+    nothing. LLVM inlines this into each entry point: the short path makes no extra call."""
+    plan = _plan(plan_address)
+    words, gen, status = _begin(plan, polls)
+    areas = carray(pointer_like(plan[AREAS], like), (plan[ROWS], plan[COLS]))
+    return plan, words, areas, gen, status
+
+
 # These keep the GIL (see the ``_nogil`` forms at the end): the polls are bounded by the
 # caller's budget, as a Python poll loop holding the GIL is.
 @njit(cache=True)
@@ -92,11 +104,9 @@ def planned_barrier(plan_address, seq, polls):  # pragma: no cover - compiled
 @njit(cache=True)
 def planned_all_reduce(buf, plan_address, seq, polls):  # pragma: no cover - compiled
     """``kernels.small_all_reduce`` of ``buf`` (1-D, C-contiguous, writable)."""
-    plan = _plan(plan_address)
-    words, gen, status = _begin(plan, polls)
+    plan, words, areas, gen, status = _prologue(plan_address, polls, buf)
     if status:
         return status
-    areas = carray(pointer_like(plan[AREAS], buf), (plan[ROWS], plan[COLS]))
     factor = carray(pointer_like(plan[FACTOR], buf), (1,))[0]
     return small_all_reduce(words, areas, plan[RANK], plan[PRODUCT] != 0, plan[MEAN], factor,
                             buf, gen, plan[SIG], seq, polls, polls == RESUME)
@@ -105,12 +115,10 @@ def planned_all_reduce(buf, plan_address, seq, polls):  # pragma: no cover - com
 @njit(cache=True)
 def planned_broadcast(buf, plan_address, seq, polls):  # pragma: no cover - compiled
     """``kernels.small_broadcast`` of ``buf``'s bytes (1-D, C-contiguous, writable)."""
-    plan = _plan(plan_address)
-    words, gen, status = _begin(plan, polls)
+    data = buf.view(np.uint8)
+    plan, words, areas, gen, status = _prologue(plan_address, polls, data)
     if status:
         return status
-    data = buf.view(np.uint8)
-    areas = carray(pointer_like(plan[AREAS], data), (plan[ROWS], plan[COLS]))
     return small_broadcast(words, areas, plan[RANK], plan[ROOT], data, gen, plan[SIG], seq,
                            polls, polls == RESUME)
 
@@ -119,12 +127,10 @@ def planned_broadcast(buf, plan_address, seq, polls):  # pragma: no cover - comp
 def planned_all_gather(src, dst, plan_address, seq, polls):  # pragma: no cover - compiled
     """``kernels.small_all_gather`` of ``src`` into ``dst`` (both 1-D, C-contiguous), as
     bytes."""
-    plan = _plan(plan_address)
-    words, gen, status = _begin(plan, polls)
+    pair = (src.view(np.uint8), dst.view(np.uint8))
+    plan, words, areas, gen, status = _prologue(plan_address, polls, pair[0])
     if status:
         return status
-    pair = (src.view(np.uint8), dst.view(np.uint8))
-    areas = carray(pointer_like(plan[AREAS], pair[0]), (plan[ROWS], plan[COLS]))
     return small_all_gather(words, areas, plan[RANK], pair, gen, plan[SIG], seq, polls,
                             polls == RESUME)
 
