@@ -2,8 +2,9 @@
 
 For each message size (256 KiB to 16 MiB by 2x unless ``--sizes`` says otherwise: smaller
 vectors take the prepared small path, which has no choices) every candidate, each algorithm
-(``whole`` for two ranks, ``split``) with each round size, runs batches of SUM all-reduces in
-one job, the candidates in a rotating order so that the machine's drift hits them alike; a
+(``whole`` for two ranks, ``split``, and ``peer_read`` where the ranks can read each other's
+memory) with each round size (for ``peer_read``: bytes per read), runs batches of SUM
+all-reduces in one job, the candidates in a rotating order so that the machine's drift hits them alike; a
 candidate's time is the median over its batches on the slowest rank. The fastest per size
 becomes the table's row when it beats the built-in choice by MARGIN
 (``neural_arch.distributed.transports.shm.tuning`` reads the table):
@@ -50,7 +51,11 @@ def worker(sizes, rounds, repeats, result_path):
     c, p = pg.transport.collectives, dist.get_world_size()
     workspace = c.layout.workspace_bytes
     algorithms = ("whole", "split") if p == 2 else ("split",)
-    candidates = [tuning.Choice(a, r) for a in algorithms for r in rounds if r <= workspace]
+    peer_reads = c.t.peer_reads.usable
+    if peer_reads:
+        algorithms += ("peer_read",)
+    candidates = [tuning.Choice(a, r) for a in algorithms for r in rounds
+                  if r <= workspace or a == "peer_read"]
     out = {}
     for nbytes in sizes:
         n = nbytes // 4
@@ -90,6 +95,7 @@ def worker(sizes, rounds, repeats, result_path):
     if dist.get_rank() == 0:
         with open(result_path, "w") as f:
             json.dump({"candidates": [list(cand) for cand in candidates],
+                       "peer_reads": peer_reads,
                        "times": {str(k): v for k, v in out.items()}}, f)
     dist.destroy_process_group()
 
@@ -132,8 +138,8 @@ def main(argv=None) -> int:
             with open(result) as f:
                 data = json.load(f)
         by_tag = {tuning.Choice(a, r).tag: tuning.Choice(a, r) for a, r in data["candidates"]}
-        chosen[p] = [(int(size), best(times, by_tag, tuning.default_choice(p)))
-                     for size, times in data["times"].items()]
+        chosen[p] = [(int(size), best(times, by_tag, tuning.default_choice(
+            p, int(size), data["peer_reads"]))) for size, times in data["times"].items()]
     table = tuning.write(args.output, chosen, measured)
     print(json.dumps(table["all_reduce"], indent=1))
     print(f"wrote {args.output}")

@@ -6,11 +6,14 @@ Read in this order:
 - ``layout``: where everything lives in the segment (control lines, p2p rings, workspace).
 - ``futex`` and ``waiting``: how a rank waits for a word another rank writes (spin, yield,
   sleep in the kernel), bounded by the timeout and watching the peers' liveness.
-- ``transport``: ``ShmTransport``, the rendezvous and point-to-point messages through rings.
+- ``transport``: ``ShmTransport``, the rendezvous; ``rings``: its point-to-point messages.
+- ``cross_memory``: reading a peer's memory directly, and the ranks' agreement on it at set-up.
 - ``generation``: the one barrier every collective here runs on.
 - ``reference``: the direct all-reduce at its plainest, to read before the fast one.
 - ``collectives``: ``ShmCollectives``, what ``native_collectives()`` returns: argument checks,
   and the choice between a plan (small) and the round-based algorithms of ``direct`` (large).
+- ``tuning`` and ``single_copy``: which large all-reduce runs (a measured table), and the
+  all-reduce and broadcast by peer reads.
 - ``plans``, ``compiled``, ``kernels`` and ``entry_kernels``: small collectives prepared once
   per shape, in Python and as Numba kernels taking the same steps.
 - ``short_calls``: the public calls' short path, one compiled call per hot shape.

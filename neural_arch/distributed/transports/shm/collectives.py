@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
 from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
-from . import direct, plans
+from . import direct, plans, single_copy
 from .short_calls import ShortCalls
 from .writer import AreaWriter
 
@@ -87,7 +87,11 @@ class ShmCollectives:
             return
         data = buf.view(np.uint8)
         if data.size > self._small_bytes():
-            direct.broadcast(self, data, int(root), fp)
+            least = single_copy.BROADCAST_MIN_BYTES.get(self.world_size)
+            if least is not None and data.size >= least and self.t.peer_reads.usable:
+                single_copy.broadcast(self, data, int(root), fp)
+            else:
+                direct.broadcast(self, data, int(root), fp)
             return
         key = ("broadcast", data.size, int(root))
         (self.plans.get(key) or plans.build(self, key))(data, fp)

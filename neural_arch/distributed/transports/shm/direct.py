@@ -11,7 +11,9 @@ All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in t
 copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks
 instead both reduce everything, with the operands in the same order. A float16 sum is taken
 in float32 over all p operands and rounded once (``reductions.kernels``). ``reference.py``
-beside this file is the same all-reduce without rounds or slices, to read first.
+beside this file is the same all-reduce without rounds or slices, to read first. Where the
+ranks can read each other's memory, a large all-reduce may instead run by peer reads, one copy
+and the same bits (``single_copy``); ``tuning`` decides which.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ import numpy as np
 from ...reduce_ops import ReduceOp, averager, divide_by_count, ufunc_for
 from ...reductions.kernels import pair_mean_for, sum_halves
 from ..base import Fingerprint
-from . import tuning
+from . import single_copy, tuning
+from .cross_memory import ENV_SWITCH as PEER_READ_SWITCH
 from .tuning import Choice
 
 # Measured at p = 2 and 4 on two cores: up to ~128 KiB one barrier with every rank reducing the
@@ -74,16 +77,25 @@ def _pair_round(dtype: np.dtype, op: ReduceOp, rank: int) -> Callable[[Any, Any]
 def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                choice: Optional[Choice] = None) -> None:
     """A vector larger than the small plans take, in rounds: ``choice``'s algorithm and round
-    size, by default the tuning table's for this world size and size (``tuning``)."""
+    size, by default the tuning table's for this world size and size (``tuning``); peer reads
+    (``single_copy``) where the ranks agreed at set-up that they can."""
     workspace = c.layout.workspace_bytes
+    peer_reads = c.t.peer_reads.usable
     if choice is None:
-        choice, suffix = tuning.decide(c.world_size, buf.nbytes, workspace)
+        choice, suffix = tuning.decide(c.world_size, buf.nbytes, workspace, peer_reads)
         if suffix:  # ranks that chose differently meet different signatures: a mismatch
             fp = fp._replace(op=fp.op + suffix)
     else:
         if choice.algorithm == "whole" and c.world_size != 2:
             raise ValueError(f"the 'whole' all-reduce runs on two ranks, not {c.world_size}")
-        fp = tuning.tagged(fp, choice, c.world_size, workspace)
+        if choice.algorithm == "peer_read" and not peer_reads:
+            raise ValueError("the 'peer_read' all-reduce needs every rank to read its peers' "
+                             "memory, which this job's ranks cannot (or "
+                             f"{PEER_READ_SWITCH} turned off)")
+        fp = tuning.tagged(fp, choice, c.world_size, workspace, buf.nbytes, peer_reads)
+    if choice.algorithm == "peer_read":
+        single_copy.all_reduce(c, buf, op, fp, choice.round_bytes)
+        return
     step = max(1, min(choice.round_bytes, workspace) // buf.itemsize)
     if choice.algorithm == "whole":
         _whole_rounds(c, buf, op, fp, step)

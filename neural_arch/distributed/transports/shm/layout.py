@@ -13,8 +13,12 @@ PAGE = 4096
 # Words of a rank's control line: barrier generation, fingerprint signature and sequence number
 # of the collective at each generation parity, pid, the "closed" flag, which counter word
 # (index + 1) this rank sleeps on in the kernel (0: none), and a free word for the owner of
-# the line (DDP's shared buckets count there the syncs a rank finished reading).
+# the line (DDP's shared buckets count there the syncs a rank finished reading). Then the words
+# of peer reads (``cross_memory``): the probe token and the address of this rank's private copy
+# of it, this rank's verdict on reading its peers, and the address of the buffer of the
+# collective it runs now.
 GEN, SIG0, SEQ0, SIG1, SEQ1, PID, CLOSED, SLEEP, SPARE = range(9)
+PROBE_TOKEN, PROBE_ADDRESS, PEER_READ, BUFFER = range(9, 13)
 
 
 def round_up(n: int, to: int) -> int:

@@ -6,11 +6,11 @@ unlinked: the mappings stay valid, and nothing can be left in /dev/shm even if r
 with SIGKILL afterwards. Until then the creator also unlinks on close, at exit and on SIGTERM
 (``segment``).
 
-Each ordered pair (src -> dst) has a ring of slots with two counters: chunks written (by src)
-and chunks read (by dst). A message is its header (checked by the receiver) in the first slot's
-header area, and its bytes cut into slot-sized chunks. The workspace (two halves, alternated by
-generation) and the per-rank control lines serve the transport's own collectives
-(``collectives``, on the barrier of ``generation``).
+Point-to-point messages move through one ring per ordered pair of ranks (``rings``). The
+workspace (two halves, alternated by generation) and the per-rank control lines serve the
+transport's own collectives (``collectives``, on the barrier of ``generation``). At set-up the
+ranks also agree whether they may read each other's memory directly (``cross_memory``), which
+the large all-reduce and broadcast use where that is faster (``single_copy``).
 
 Memory ordering: a writer copies its data, then stores the counter; a reader loads the counter,
 then the data. On x86-64 aligned 8-byte stores and loads are atomic and neither stores nor loads
@@ -23,35 +23,32 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
-from ...errors import CollectiveMismatchError, DistributedError, RendezvousError
-from ..base import (HEADER_SIZE, Fingerprint, Transport, check_header, check_job, pack_header,
-                    unpack_header)
-from .collectives import ShmCollectives, checked_vector
+from ...errors import RendezvousError
+from ..base import Transport, check_job
+from .collectives import ShmCollectives
+from .cross_memory import PeerReads, switched_on
 from .generation import Generation
-from .layout import CLOSED, PID, ShmLayout
+from .layout import CLOSED, PID, PROBE_ADDRESS, PROBE_TOKEN, ShmLayout
+from .rings import RingMessages
 from .segment import attach_segment, create_segment, unlink_segment
-from .waiting import MIN_SPIN_POLLS, SPIN_POLLS, Backoff, PeerWatch
+from .waiting import Backoff, PeerWatch
 
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
 DEFAULT_WORKSPACE_BYTES = 2 << 20
 
 
-def _byte_view(buf: Any, what: str, writable: bool = False) -> np.ndarray:
-    return checked_vector(buf, what, writable).view(np.uint8)
-
-
-class ShmTransport(Transport):
+class ShmTransport(RingMessages, Transport):
     """Point-to-point messages and a shared workspace between the ranks of one machine."""
 
     name = "shm"
 
     def __init__(self, rank: int, world_size: int, timeout: float, mm, layout: ShmLayout,
-                 segment_name: str) -> None:
+                 segment_name: str, peer_reads: bool = True) -> None:
         super().__init__(rank, world_size, timeout)
         self.layout = layout
         self.segment_name = segment_name
@@ -64,12 +61,16 @@ class ShmTransport(Transport):
         self.closed = False
         self.watch = PeerWatch(rank, [0] * world_size, self._peer_closed)
         self.generation = Generation(self.ctrl, self.base_address, rank, world_size, self)
+        self.peer_reads = PeerReads(rank, world_size, peer_reads)
         self.collectives = ShmCollectives(self)
 
     # ----- rendezvous -----------------------------------------------------------------
     def _join(self) -> None:
-        """Announce this rank, wait for every rank to map the segment, then unlink its name."""
+        """Announce this rank, wait for every rank to map the segment, then unlink its name;
+        then agree on peer reads (the probe is published before the pid that announces it)."""
         layout, ctrl = self.layout, self.ctrl
+        self.peer_reads.publish(ctrl, layout.rank_word(self.rank, PROBE_TOKEN),
+                                layout.rank_word(self.rank, PROBE_ADDRESS))
         ctrl[layout.rank_word(self.rank, PID)] = os.getpid()
         backoff = Backoff(self.watch, self.timeout, "shm_rendezvous", None,
                           f"every rank to map segment {self.segment_name}")
@@ -81,6 +82,7 @@ class ShmTransport(Transport):
         unlink_segment(self.segment_name)
         pids = [ctrl[layout.rank_word(r, PID)] for r in range(self.world_size)]
         self.watch.know(pids)
+        self.peer_reads.agree(self, pids)
 
     def _peer_closed(self, peer: int) -> bool:
         return self.ctrl[self.layout.rank_word(peer, CLOSED)] != 0
@@ -88,178 +90,6 @@ class ShmTransport(Transport):
     def native_collectives(self) -> Optional[ShmCollectives]:
         """The direct collectives through the workspace (None once closed)."""
         return None if self.closed else self.collectives
-
-    # ----- point to point -------------------------------------------------------------
-    def _check_peer(self, peer: int, what: str) -> None:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:
-            raise ValueError(f"{what}: peer rank {peer!r} is outside 0..{self.world_size - 1}")
-        if peer == self.rank:
-            raise ValueError(f"{what}: rank {self.rank} cannot exchange messages with itself")
-
-    def _try_push(self, dst: int, data: np.ndarray, chunk: int, header: bytes) -> bool:
-        """Write chunk number ``chunk`` of a message to ``dst`` if a slot is free."""
-        layout, ctrl = self.layout, self.ctrl
-        count = self._sent[dst]
-        if count - ctrl[layout.read_word(self.rank, dst)] >= layout.slots:
-            return False
-        slot = count % layout.slots
-        if chunk == 0:
-            start = layout.slot_header(self.rank, dst, slot)
-            self._mm[start:start + HEADER_SIZE] = header
-        lo = chunk * layout.slot_bytes
-        hi = min(lo + layout.slot_bytes, data.size)
-        if hi > lo:
-            start = layout.slot_data(self.rank, dst, slot)
-            np.copyto(self.shared[start:start + hi - lo], data[lo:hi])
-        self._sent[dst] = count + 1
-        ctrl[layout.written_word(self.rank, dst)] = count + 1
-        return True
-
-    def _try_pull(self, src: int, out: np.ndarray, chunk: int, fp: Fingerprint) -> bool:
-        """Read chunk number ``chunk`` of a message from ``src`` if it has arrived."""
-        layout, ctrl = self.layout, self.ctrl
-        count = self._received[src]
-        if ctrl[layout.written_word(src, self.rank)] <= count:
-            return False
-        slot = count % layout.slots
-        if chunk == 0:
-            start = layout.slot_header(src, self.rank, slot)
-            got, nbytes = unpack_header(self._mm[start:start + HEADER_SIZE])
-            check_header(fp, got, nbytes, out.size, rank=self.rank, peer=src)
-        lo = chunk * layout.slot_bytes
-        hi = min(lo + layout.slot_bytes, out.size)
-        if hi > lo:
-            start = layout.slot_data(src, self.rank, slot)
-            np.copyto(out[lo:hi], self.shared[start:start + hi - lo])
-        self._received[src] = count + 1
-        ctrl[layout.read_word(src, self.rank)] = count + 1
-        return True
-
-    def _transfer(self, out_msg, in_msg, fp: Fingerprint, what: str) -> None:
-        """Move one outgoing and/or one incoming message, whichever can progress, until done."""
-        if self.closed:
-            raise DistributedError("the shared-memory transport is closed", rank=self.rank,
-                                   op=fp.op, seq=fp.seq)
-        chunk_bytes = self.layout.slot_bytes
-        sent = received = 0
-        n_send = n_recv = 0
-        peers = []
-        if out_msg is not None:
-            data, dst = out_msg
-            n_send = max(1, -(-data.size // chunk_bytes))
-            header = pack_header(fp, data.size)
-            peers.append(dst)
-        if in_msg is not None:
-            out, src = in_msg
-            n_recv = max(1, -(-out.size // chunk_bytes))
-            peers.append(src)
-        watch = self.watch
-        # A message that needs no waiting looks too (at most every ~100 ms): a subgroup's
-        # collectives may run on for ever on quick messages while a rank outside it is dead.
-        watch.look(peers, fp.op, fp.seq)
-        idle, backoff = 0, None
-        while sent < n_send or received < n_recv:
-            moved = False
-            if sent < n_send and self._try_push(dst, data, sent, header):
-                sent += 1
-                moved = True
-            if received < n_recv and self._try_pull(src, out, received, fp):
-                received += 1
-                moved = True
-            if moved:
-                if backoff is None and idle and watch.spin_polls < SPIN_POLLS:
-                    watch.spin_polls *= 2  # polling sufficed: the peer is running
-                idle, backoff = 0, None
-                continue
-            idle += 1
-            # one poll of both rings costs about as much as ten polls of a counter
-            if idle * 10 < watch.spin_polls:
-                continue
-            if backoff is None:
-                watch.spin_polls = max(MIN_SPIN_POLLS, watch.spin_polls // 2)
-                backoff = Backoff(self.watch, self.timeout, fp.op, fp.seq, what)
-            pending = ([dst] if sent < n_send else []) + ([src] if received < n_recv else [])
-            backoff.pause(pending)
-
-    def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
-        self._check_peer(dst, "send")
-        data = _byte_view(buf, "send")
-        self._transfer((data, dst), None, fp, f"a free slot in the ring to rank {dst}")
-
-    def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
-        self._check_peer(src, "recv")
-        out = _byte_view(buf, "recv", writable=True)
-        self._transfer(None, (out, src), fp, f"a message from rank {src}")
-
-    def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
-                 fp: Fingerprint) -> None:
-        data = _byte_view(sendbuf, "sendrecv")
-        out = _byte_view(recvbuf, "sendrecv", writable=True)
-        if dst == self.rank and src == self.rank:
-            if data.size != out.size:
-                raise CollectiveMismatchError(
-                    f"sendrecv to itself with {data.size} bytes sent but {out.size} expected",
-                    rank=self.rank, peer=self.rank, op=fp.op, seq=fp.seq)
-            np.copyto(out, data)
-            return
-        self._check_peer(dst, "sendrecv")
-        self._check_peer(src, "sendrecv")
-        self._transfer((data, dst), (out, src), fp,
-                       f"the ring exchange (to rank {dst}, from rank {src})")
-
-    def send_recv_many(self, sends, recvs) -> None:
-        """A batch of messages in one polling loop: every peer's ring moves as soon as it can,
-        so two ranks sending each other more than a ring holds both make progress. Messages to
-        (from) one peer keep their order: that ring carries them one after another."""
-        if self.closed:
-            raise DistributedError("the shared-memory transport is closed", rank=self.rank)
-        chunk_bytes = self.layout.slot_bytes
-        # per peer: the messages still to move, each [bytes, fp, header, chunks, chunks moved]
-        out_q: dict = {}
-        in_q: dict = {}
-        for queues, msgs, what in ((out_q, sends, "send"), (in_q, recvs, "recv")):
-            for buf, peer, fp in msgs:
-                self._check_peer(peer, what)
-                data = _byte_view(buf, what, writable=what == "recv")
-                header = pack_header(fp, data.size) if what == "send" else None
-                chunks = max(1, -(-data.size // chunk_bytes))
-                queues.setdefault(int(peer), []).append([data, fp, header, chunks, 0])
-        if not out_q and not in_q:
-            return
-        first = (sends or recvs)[0][2]
-        watch = self.watch
-        watch.look(sorted(set(out_q) | set(in_q)), first.op, first.seq)
-        backoff = None
-        while out_q or in_q:
-            moved = False
-            for dst in list(out_q):
-                msg = out_q[dst][0]
-                while msg[4] < msg[3] and self._try_push(dst, msg[0], msg[4], msg[2]):
-                    msg[4] += 1
-                    moved = True
-                if msg[4] == msg[3]:
-                    out_q[dst].pop(0)
-                    if not out_q[dst]:
-                        del out_q[dst]
-            for src in list(in_q):
-                msg = in_q[src][0]
-                while msg[4] < msg[3] and self._try_pull(src, msg[0], msg[4], msg[1]):
-                    msg[4] += 1
-                    moved = True
-                if msg[4] == msg[3]:
-                    in_q[src].pop(0)
-                    if not in_q[src]:
-                        del in_q[src]
-            if moved:
-                backoff = None
-                continue
-            pending = sorted(set(out_q) | set(in_q))
-            if backoff is None:
-                fp = (out_q[pending[0]] if pending[0] in out_q else in_q[pending[0]])[0][1]
-                backoff = Backoff(self.watch, self.timeout, fp.op, fp.seq,
-                                  f"a batch of messages (to ranks {sorted(out_q)}, from ranks "
-                                  f"{sorted(in_q)})")
-            backoff.pause(pending)
 
     # ----- teardown -------------------------------------------------------------------
     def close(self) -> None:
@@ -288,6 +118,7 @@ def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm
     ``store`` is any object with ``set(key, bytes)`` and a blocking ``get(key) -> bytes``.
     """
     check_job(rank, world_size, timeout)
+    peer_reads = switched_on()  # a misspelt switch fails here, before any segment exists
     key = f"{prefix}/nf_segment"
     if rank == 0:
         layout = ShmLayout(world_size, slots, slot_bytes, workspace_bytes)
@@ -312,7 +143,7 @@ def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm
             raise RendezvousError(f"segment {name} was made for {layout.world_size} ranks but this "
                                   f"rank expects world_size {world_size}", rank=rank)
         mm = attach_segment(name, layout.total_bytes, rank)
-    transport = ShmTransport(rank, world_size, timeout, mm, layout, name)
+    transport = ShmTransport(rank, world_size, timeout, mm, layout, name, peer_reads)
     try:
         transport._join()
     except BaseException:

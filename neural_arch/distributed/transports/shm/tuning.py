@@ -1,24 +1,29 @@
 """How the round-based shared-memory all-reduce runs a message of a given size: a measured table.
 
-Two choices shape a large all-reduce (``direct``): the algorithm, ``whole`` (two ranks only:
-both reduce every round whole, one barrier a round) or ``split`` (rank r reduces slice r of each
-round into the result area and everyone copies the other slices out after the next barrier),
-and the bytes of data per round, which decide how much of the vector stays in cache between
-being written into the workspace and being reduced. Which is fastest depends on the machine's
-caches and on how its cores share them, so it is measured, as Open MPI's tuned decision rules
-and NCCL's tuning are: ``benchmarks/tune_shm_collectives.py`` times every candidate per world
-size and message size on this machine and writes the table this module reads.
+Two choices shape a large all-reduce: the algorithm, ``whole`` (two ranks only: both reduce
+every round whole, one barrier a round, ``direct``), ``split`` (rank r reduces slice r of each
+round into the result area and everyone copies the other slices out after the next barrier,
+``direct``) or ``peer_read`` (rank r reads slice r of every peer's buffer and reduces it in its
+own, then reads the other slices from their owners, ``single_copy``; only where the ranks agreed
+at set-up that they can read each other's memory, ``cross_memory``), and the bytes of data per
+round (for ``peer_read``, per read), which decide how much of the vector stays in cache between
+being copied and being reduced. Which is fastest depends on the machine's caches and on how its
+cores share them, so it is measured, as Open MPI's tuned decision rules and NCCL's tuning are:
+``benchmarks/tune_shm_collectives.py`` times every candidate per world size and message size on
+this machine and writes the table this module reads.
 
 The table is JSON: ``{"format": 1, "all_reduce": {"<world size>": [{"up_to_bytes": B,
-"algorithm": "whole" | "split", "round_bytes": R}, ...]}}``, the rows of a world size by
-increasing ``up_to_bytes``; a message takes the first row whose ``up_to_bytes`` it does not
-exceed, or the last row. It is read once per process from ``NEURAL_ARCH_SHM_TUNING`` (a path)
-when set, else from ``tuning_table.json`` beside this file; without either, or for a world size
-the table does not name, the built-in choice stands: ``whole`` for two ranks, ``split`` for
-more, 1 MiB rounds. Every choice gives the same bits (each element is reduced in rank order
-either way), so a table changes only the time. Ranks that were given different tables and
-choose differently are told so by the collective's fingerprint check (``tagged``), never left
-to mix the two algorithms' steps.
+"algorithm": "whole" | "split" | "peer_read", "round_bytes": R}, ...]}}``, the rows of a world
+size by increasing ``up_to_bytes``; a message takes the first row whose ``up_to_bytes`` it does
+not exceed, or the last row. It is read once per process from ``NEURAL_ARCH_SHM_TUNING`` (a
+path) when set, else from ``tuning_table.json`` beside this file; without either, for a world
+size the table does not name, or for a ``peer_read`` row in a job whose ranks cannot read each
+other, the built-in choice stands: ``peer_read`` in chunks of PEER_READ_CHUNK_BYTES from
+PEER_READ_MIN_BYTES on (two ranks) where the ranks can, else ``whole`` for two ranks and
+``split`` for more, 1 MiB rounds. Every choice gives the same bits (each element is reduced in rank order either
+way), so a table changes only the time. Ranks that were given different tables and choose
+differently are told so by the collective's fingerprint check (``tagged``), never left to mix
+two algorithms' steps; the ranks always agree on whether they can read each other.
 """
 from __future__ import annotations
 
@@ -30,14 +35,22 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 ENV_TABLE = "NEURAL_ARCH_SHM_TUNING"
 TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
 FORMAT = 1
-ALGORITHMS = ("whole", "split")
+ALGORITHMS = ("whole", "split", "peer_read")
 DEFAULT_ROUND_BYTES = 1 << 20  # rounds of 1 MiB keep large vectors in cache on two cores
 MIN_ROUND_BYTES = 4096
+# Peer reads (``single_copy``), where every rank of the job can: the built-in choice from these
+# sizes on, per world size, reading the peers in chunks of PEER_READ_CHUNK_BYTES. Measured on
+# two cores against ``whole`` in turns: 3-20% faster at 4 MiB and 20-40% at 16 MiB, but 5-50%
+# slower from 256 KiB to 2 MiB, where the workspace copies stay in cache and the three barriers
+# and the kernel's page pinning weigh more. World sizes not named here keep the workspace
+# algorithms unless a table says otherwise: three and four ranks on two cores were slower.
+PEER_READ_MIN_BYTES = {2: 4 << 20}
+PEER_READ_CHUNK_BYTES = 256 << 10
 
 
 class Choice(NamedTuple):
-    algorithm: str    # "whole" (two ranks only) or "split"
-    round_bytes: int  # data per round, at most the workspace's area
+    algorithm: str    # "whole" (two ranks only), "split" or "peer_read"
+    round_bytes: int  # data per round, at most the workspace's area; peer_read: per read
 
     @property
     def tag(self) -> str:
@@ -49,12 +62,16 @@ class Choice(NamedTuple):
 
 Rows = List[Tuple[int, Choice]]
 _loaded: Dict[str, Any] = {}  # "rows": {world size: rows}, "source": where they came from
-_decided: Dict[Tuple[int, int, int], Tuple[Choice, str]] = {}  # see ``decide``
+_decided: Dict[Tuple[int, int, int, bool], Tuple[Choice, str]] = {}  # see ``decide``
 MAX_DECIDED = 4096
 
 
-def default_choice(world_size: int) -> Choice:
-    """The choice without a table."""
+def default_choice(world_size: int, nbytes: int = 0, peer_reads: bool = False) -> Choice:
+    """The choice without a table; ``peer_reads``: whether the job's ranks agreed they can
+    read each other's memory (``cross_memory``)."""
+    if peer_reads and world_size in PEER_READ_MIN_BYTES \
+            and nbytes >= PEER_READ_MIN_BYTES[world_size]:
+        return Choice("peer_read", PEER_READ_CHUNK_BYTES)
     return Choice("whole" if world_size == 2 else "split", DEFAULT_ROUND_BYTES)
 
 
@@ -136,40 +153,52 @@ def forget() -> None:
 
 
 def _clamped(choice: Choice, workspace_bytes: int) -> Choice:
-    if choice.round_bytes > workspace_bytes:
+    # peer reads go through private scratch: the workspace does not bound them
+    if choice.round_bytes > workspace_bytes and choice.algorithm != "peer_read":
         return choice._replace(round_bytes=workspace_bytes)
     return choice
 
 
-def all_reduce_choice(world_size: int, nbytes: int, workspace_bytes: int) -> Choice:
+def all_reduce_choice(world_size: int, nbytes: int, workspace_bytes: int,
+                      peer_reads: bool = False) -> Choice:
     """How an all-reduce of ``nbytes`` runs on ``world_size`` ranks: the table's row for that
-    size, its rounds at most ``workspace_bytes`` (an input area's size)."""
+    size, its rounds at most ``workspace_bytes`` (an input area's size). A row naming
+    peer_read counts only where ``peer_reads``; elsewhere the built-in choice stands."""
     rows = table().get(world_size)
-    choice = default_choice(world_size)
+    choice = default_choice(world_size, nbytes, peer_reads)
     if rows:
-        choice = next((c for up_to, c in rows if nbytes <= up_to), rows[-1][1])
+        listed = next((c for up_to, c in rows if nbytes <= up_to), rows[-1][1])
+        if listed.algorithm != "peer_read" or peer_reads:
+            choice = listed
     return _clamped(choice, workspace_bytes)
 
 
-def tagged(fp: Any, choice: Choice, world_size: int, workspace_bytes: int) -> Any:
+def _is_default(choice: Choice, world_size: int, workspace_bytes: int, nbytes: int,
+                peer_reads: bool) -> bool:
+    return choice == _clamped(default_choice(world_size, nbytes, peer_reads), workspace_bytes)
+
+
+def tagged(fp: Any, choice: Choice, world_size: int, workspace_bytes: int, nbytes: int = 0,
+           peer_reads: bool = False) -> Any:
     """``fp`` with the choice appended to its op when it is not the built-in one, so that ranks
     choosing differently fail the fingerprint check (naming both choices) instead of running
     different steps; the built-in choice leaves ``fp`` as it is."""
-    if choice == _clamped(default_choice(world_size), workspace_bytes):
+    if _is_default(choice, world_size, workspace_bytes, nbytes, peer_reads):
         return fp
     return fp._replace(op=f"{fp.op}/{choice.tag}")
 
 
-def decide(world_size: int, nbytes: int, workspace_bytes: int) -> Tuple[Choice, str]:
+def decide(world_size: int, nbytes: int, workspace_bytes: int,
+           peer_reads: bool = False) -> Tuple[Choice, str]:
     """(``all_reduce_choice``, the suffix ``tagged`` appends to the op: '' for the built-in
     choice), remembered per size: a large all-reduce pays a dictionary lookup for it."""
-    key = (world_size, nbytes, workspace_bytes)
+    key = (world_size, nbytes, workspace_bytes, peer_reads)
     found = _decided.get(key)
     if found is None:
         if len(_decided) >= MAX_DECIDED:
             _decided.clear()
-        choice = all_reduce_choice(world_size, nbytes, workspace_bytes)
-        default = choice == _clamped(default_choice(world_size), workspace_bytes)
+        choice = all_reduce_choice(world_size, nbytes, workspace_bytes, peer_reads)
+        default = _is_default(choice, world_size, workspace_bytes, nbytes, peer_reads)
         found = _decided[key] = (choice, "" if default else f"/{choice.tag}")
     return found
 
