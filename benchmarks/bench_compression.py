@@ -2,12 +2,13 @@
 
 Each hook (none: DDP's own average; fp16; PowerSGD rank 1 and 4; top-k 1%) trains the same
 MLP on the digits data set (each rank its share, 32 samples per rank and step, SGD with
-momentum, cosine-annealed learning rate) from the same initial weights, synchronising
-explicitly (``auto_sync=False``) so that ``sync_gradients()`` can be timed alone. Reported per
-backend and world size: the payload bytes a rank hands to collectives per step once the hook
-compresses (PowerSGD averages exactly for its first ``start_powerSGD_iter`` = 10 steps), its
-share of the uncompressed bytes, the slowest rank's median sync time per step, and the test
-accuracy after the last epoch.
+momentum, cosine-annealed learning rate) from the same initial weights, the hooks' models
+taking turns step by step in one job (so that the machine's load weighs on each alike), each
+synchronising explicitly (``auto_sync=False``) so that ``sync_gradients()`` can be timed alone.
+Reported per backend and world size: the payload bytes a rank hands to collectives per step
+once the hook compresses (PowerSGD averages exactly for its first ``start_powerSGD_iter`` = 10
+steps), its share of the uncompressed bytes, the slowest rank's median sync time per step, and
+the test accuracy after the last epoch.
 
 ``--hidden 2048`` widens the MLP to 4.3M parameters, one 16.6 MiB float32 bucket: the size at
 which the fp16 hook's goals are set (its sync no slower than none on shm, at least 1.6x faster
@@ -65,57 +66,83 @@ def model_sizes(hidden: int) -> list:
     return [64, hidden, hidden, 10]
 
 
-def _train(kind: str, epochs: int, hidden: int) -> Dict[str, Any]:
-    import time
+class _Run:
+    """One hook's training: its own model (the same initial weights for every hook), optimizer
+    and schedule, stepped by ``_train_side_by_side``."""
 
+    def __init__(self, kind: str, epochs: int, hidden: int) -> None:
+        from neural_arch import distributed as dist
+        from neural_arch.core import manual_seed
+        from neural_arch.models import MLP
+        from neural_arch.optim import SGD, CosineAnnealingLR
+        manual_seed(0)
+        self.kind = kind
+        self.model = dist.DistributedDataParallel(MLP(model_sizes(hidden)), auto_sync=False)
+        self.state = _register(self.model, kind)
+        self.opt = SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
+        self.schedule = CosineAnnealingLR(self.opt, T_max=epochs)
+        self.sync_s: list = []
+        self.steps = 0
+
+    def step(self, inputs, targets) -> None:
+        import time
+
+        import neural_arch.functional as F
+        from neural_arch import distributed as dist
+        self.opt.zero_grad()
+        F.cross_entropy(self.model(inputs), targets).backward()
+        dist.barrier()  # the sync alone, not the wait for a rank still in backward
+        began = time.perf_counter()
+        self.model.sync_gradients()
+        self.sync_s.append(time.perf_counter() - began)
+        self.opt.step()
+        self.steps += 1
+
+    def result(self, tx, ty) -> Dict[str, Any]:
+        from neural_arch import distributed as dist
+        from neural_arch.core import Tensor, no_grad
+        with no_grad():
+            accuracy = float((self.model(Tensor(tx)).array.argmax(axis=1) == ty).mean())
+        # DDP's own average hands every gradient to the all-reduce once per step
+        dense = sum(p.array.nbytes for p in self.model.module.parameters())
+        step_bytes = dense if self.state is None else self.state.last_step_bytes
+        times = dist.all_gather_object(self.sync_s[len(self.sync_s) // 10:])  # 1st tenth: warm-up
+        return {"hook": self.kind, "bytes": int(step_bytes), "dense_bytes": int(dense),
+                "sync_s": common.slowest_median(times), "accuracy": accuracy,
+                "steps": self.steps, "shared_buckets": bool(self.model.shared_buckets)}
+
+
+def _train_side_by_side(kinds: Sequence[str], epochs: int, hidden: int) -> list:
+    """Train one model per hook on the same batches, the hooks taking turns step by step: a
+    change of the machine's load during the job then weighs on every hook's syncs alike, and
+    their ratios hold. Each run's results are those of training it alone."""
     import numpy as np
 
-    import neural_arch.functional as F
     from neural_arch import distributed as dist
-    from neural_arch.core import Tensor, manual_seed, no_grad
+    from neural_arch.core import Tensor
     from neural_arch.data import load_digits
-    from neural_arch.models import MLP
-    from neural_arch.optim import SGD, CosineAnnealingLR
     rank, world = dist.get_rank(), dist.get_world_size()
     (x, y), (tx, ty) = (d.arrays for d in load_digits(seed=0))
-    manual_seed(0)
-    model = dist.DistributedDataParallel(MLP(model_sizes(hidden)), auto_sync=False)
-    state = _register(model, kind)
-    opt = SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    schedule = CosineAnnealingLR(opt, T_max=epochs)
-    order, sync_s, steps = np.random.default_rng(1), [], 0
+    runs = [_Run(kind, epochs, hidden) for kind in kinds]
+    order = np.random.default_rng(1)
     for _ in range(epochs):
         mine = order.permutation(len(y))[rank::world]
         for start in range(0, len(mine) - BATCH + 1, BATCH):
             rows = mine[start:start + BATCH]
-            opt.zero_grad()
-            F.cross_entropy(model(Tensor(x[rows])), Tensor(y[rows])).backward()
-            dist.barrier()  # the sync alone, not the wait for a rank still in backward
-            began = time.perf_counter()
-            model.sync_gradients()
-            sync_s.append(time.perf_counter() - began)
-            opt.step()
-            steps += 1
-        schedule.step()
-    with no_grad():
-        accuracy = float((model(Tensor(tx)).array.argmax(axis=1) == ty).mean())
-    # DDP's own average hands every gradient to the all-reduce once per step
-    dense = sum(p.array.nbytes for p in model.module.parameters())
-    step_bytes = dense if state is None else state.last_step_bytes
-    times = dist.all_gather_object(sync_s[len(sync_s) // 10:])  # the first tenth is warm-up
-    return {"hook": kind, "bytes": int(step_bytes), "dense_bytes": int(dense),
-            "sync_s": common.slowest_median(times), "accuracy": accuracy, "steps": steps,
-            "shared_buckets": bool(model.shared_buckets)}
+            inputs, targets = Tensor(x[rows]), Tensor(y[rows])
+            for run in runs:
+                run.step(inputs, targets)
+        for run in runs:
+            run.schedule.step()
+    return [run.result(tx, ty) for run in runs]
 
 
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:
     from neural_arch import distributed as dist
-    rows = []
-    for kind in job["hooks"]:
-        rows.append(_train(kind, job["epochs"], job.get("hidden", HIDDEN)))
-        if dist.get_rank() == 0:
-            r = rows[-1]
-            print(f"{job['backend']} p={dist.get_world_size()} {kind}: {r['bytes']} B/step, "
+    rows = _train_side_by_side(job["hooks"], job["epochs"], job.get("hidden", HIDDEN))
+    if dist.get_rank() == 0:
+        for r in rows:
+            print(f"{job['backend']} p={dist.get_world_size()} {r['hook']}: {r['bytes']} B/step, "
                   f"sync {r['sync_s'] * 1e3:.2f} ms, accuracy {r['accuracy']:.4f}", flush=True)
     return {"backend": job["backend"], "world_size": dist.get_world_size(), "rows": rows}
 
@@ -135,8 +162,8 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
         f"momentum {MOMENTUM}, cosine-annealed), explicit sync, one BLAS thread per rank. "
         "Bytes: payload a rank hands to collectives per step, once compressing (PowerSGD "
         "averages exactly for its first 10 steps); share: of the uncompressed bytes. Sync: "
-        "slowest rank's median `sync_gradients()` (started right after a barrier) after the "
-        "first tenth of the steps. "
+        "slowest rank's median `sync_gradients()` (started right after a barrier; the hooks' "
+        "models take turns step by step) after the first tenth of the steps. "
         "Accuracy: test set (360 images) after the last epoch; change: against no hook in the "
         "same job. none uses DDP's default storage (shared buckets on shm).")
     body, goals = [], []

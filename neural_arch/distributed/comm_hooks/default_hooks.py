@@ -6,10 +6,16 @@ default group). A ``CommHookState`` may be passed instead: then it also counts t
 the bytes this rank handed to collectives, as the compressing hooks' states do. Bytes are the
 payload a rank contributes (the array it all-reduces, or its part of an all-gather), whatever
 the algorithm makes of it on the wire (a ring all-reduce sends about twice that).
+
+``averaging_here()`` makes these hooks average at once on the calling thread instead of
+queueing the all-reduce: DDP uses it for the last bucket of a sync, after which its thread
+would only wait for the queue's (two thread switches, each a scheduler wake-up, for nothing).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+import contextlib
+import threading
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -23,6 +29,7 @@ from .bucket import GradBucket
 
 
 MAX_KEPT_WIRES = 64  # float16 copies a CommHookState keeps for fp16_compress_hook
+_here = threading.local()  # ``on``: averaging_here() is active on this thread
 
 
 class CommHookState:
@@ -64,8 +71,24 @@ def _account(state: Any, bucket: GradBucket, nbytes: int) -> None:
         state.maybe_increase_iter(bucket)
 
 
+@contextlib.contextmanager
+def averaging_here() -> Iterator[None]:
+    """Inside, ``average_future`` (so ``allreduce_hook`` and ``fp16_compress_hook``) averages
+    synchronously on this thread, after the queued collectives, in the same order."""
+    previous = getattr(_here, "on", False)
+    _here.on = True
+    try:
+        yield
+    finally:
+        _here.on = previous
+
+
 def average_future(pg: ProcessGroup, tensor: np.ndarray) -> Future:
-    """Start averaging ``tensor`` in place over ``pg``; a future of ``tensor``."""
+    """Start averaging ``tensor`` in place over ``pg`` (or average it now, inside
+    ``averaging_here()``); a future of ``tensor``."""
+    if getattr(_here, "on", False):
+        collectives.all_reduce(tensor, ReduceOp.AVERAGE, group=pg)
+        return Future.completed(tensor)
     work = collectives.all_reduce(tensor, ReduceOp.AVERAGE, group=pg, async_op=True)
     return Future.after(work, tensor)
 

@@ -8,6 +8,7 @@ shared segment.
 """
 from __future__ import annotations
 
+import contextlib
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -16,8 +17,10 @@ import numpy as np
 from .. import algorithms, collectives
 from ..collectives import objects as object_collectives
 from ..buffers import copy_from_host
+from ..comm_hooks.default_hooks import averaging_here
 from ..group.world import ProcessGroup, resolve_group
 from ..reduce_ops import ReduceOp
+from ..work import Work
 from .shared_buckets import SharedBucketArena, SharedBucketsUnavailable, Spec
 from .wire import unpack_gradient
 
@@ -82,14 +85,20 @@ class PrivateBuckets:
     def acquire(self) -> None:
         """Nothing to wait for: no other rank reads these arrays."""
 
-    def all_reduce(self, index: int):
+    def all_reduce(self, index: int, here: bool = False):
         """Start averaging packed bucket ``index`` over the group; returns the ``Work`` (or the
-        hook's future)."""
+        hook's future). ``here``: the caller would only wait for it, so DDP's own average and
+        the plain hooks (``averaging_here``) average on the calling thread instead of queueing
+        it; a finished ``Work`` (or future) then comes back."""
         flat = self.flats[index]
         if self._hook is None:
+            if here:
+                collectives.all_reduce(flat, ReduceOp.AVERAGE, group=self._group)
+                return Work.completed("all_reduce", flat, self._group.rank)
             return collectives.all_reduce(flat, ReduceOp.AVERAGE, group=self._group,
                                           async_op=True)
-        future = self._futures[index] = self._hook(index, flat)
+        with averaging_here() if here else contextlib.nullcontext():
+            future = self._futures[index] = self._hook(index, flat)
         if not callable(getattr(future, "wait", None)):
             raise TypeError(f"the communication hook returned {type(future).__name__} for bucket "
                             f"{index}; it must return a future (an object with wait())")

@@ -109,7 +109,7 @@ class StepSync:
                 "after loss.backward(), run that backward inside no_sync() to accumulate, or "
                 "leave auto_sync at its default (True) to average during backward()")
 
-    def _launch(self, bucket: Bucket) -> None:
+    def _launch(self, bucket: Bucket, here: bool = False) -> None:
         if self.auto_sync and self._storage.copies_on_queue and bucket.on_host():
             # Launched by the hooks, its gradients are final: the queue's thread packs,
             # averages and unpacks it while backward goes on. On backward's thread the copies,
@@ -122,7 +122,10 @@ class StepSync:
         self._storage.acquire()  # shared buckets: peers no longer read the last sync's results
         bucket.pack()
         self._check_unused(bucket)
-        bucket.work = self._storage.all_reduce(bucket.index)
+        if here and not self._storage.shared:
+            bucket.work = self._storage.all_reduce(bucket.index, here=True)
+        else:
+            bucket.work = self._storage.all_reduce(bucket.index)
 
     def _check_unused(self, bucket: Bucket) -> None:
         if self.find_unused_parameters or bucket.used.all():
@@ -140,9 +143,11 @@ class StepSync:
             return
         arrived = time.perf_counter()
         try:
+            # The last bucket averages on this thread (private buckets): the thread would
+            # only wait for the queue's, and each switch between them is a scheduler wake-up.
             for bucket in self._buckets:
                 if bucket.work is None:
-                    self._launch(bucket)
+                    self._launch(bucket, here=bucket is self._buckets[-1])
             for bucket in self._buckets:
                 bucket.work.wait()
             used = self._globally_used() if self.find_unused_parameters else None
