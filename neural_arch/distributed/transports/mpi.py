@@ -1,9 +1,9 @@
 """MPI transport over mpi4py, with MPI's own collectives exposed beside ours for comparison.
 
 Traffic runs on a duplicate of the communicator so it never matches the application's own
-receives. Each message is a small header message (the fingerprint) followed by the payload, on
-one tag; MPI's non-overtaking rule keeps them paired. Every wait is a poll over non-blocking
-requests bounded by ``timeout``.
+receives. Each message carries a small header (the fingerprint), in the same MPI message as a
+small payload or just before a large one (``mpi_wire``). Every wait is a poll over non-blocking
+requests bounded by ``timeout`` (``mpi_waiting``).
 
 Dead peers: Open MPI's launcher normally kills the whole job when a rank dies. When it does not,
 ranks on the same host notice a peer's death within about half a second (pids and process start
@@ -27,15 +27,14 @@ from typing import Optional
 import numpy as np
 
 from ..processes import host_identity, process_stat
-from ..errors import CollectiveMismatchError, PeerFailureError
-from .base import HEADER_SIZE, Fingerprint, Transport, check_header, pack_header, unpack_header
+from ..errors import PeerFailureError
+from .base import Fingerprint, Transport
 from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import LEFT, Notices
 from .mpi_waiting import RequestWaiting
+from .mpi_wire import DONE, PAYLOAD, TAG as _TAG, Incoming, post_send
 
-_TAG = 0x4E46
-_CHUNK = 1 << 30  # MPI counts are C ints
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
 
@@ -54,17 +53,17 @@ def _host_key() -> bytes:
     return hashlib.sha256(host_identity("pid").encode()).digest()[:16]
 
 
-def _chunks(view: memoryview) -> list[memoryview]:
-    return [view[i:i + _CHUNK] for i in range(0, view.nbytes, _CHUNK)]
-
-
 def _byte_view(buf: np.ndarray, writable: bool, what: str) -> memoryview:
     if not isinstance(buf, np.ndarray):
         raise TypeError(f"{what} buffer must be a numpy array, got {type(buf).__name__}")
-    if not buf.flags.c_contiguous or (writable and not buf.flags.writeable):
+    flags = buf.flags
+    if not flags.c_contiguous or (writable and not flags.writeable):
         raise ValueError(f"{what} buffer must be C-contiguous{' and writable' if writable else ''}"
                          f"; got shape {buf.shape}, strides {buf.strides}")
-    return memoryview(buf.reshape(-1).view(np.uint8))
+    try:
+        return memoryview(buf).cast("B")
+    except (TypeError, ValueError):  # a dtype the buffer protocol cannot describe
+        return memoryview(buf.reshape(-1).view(np.uint8))
 
 
 def create(rank: Optional[int] = None, world_size: Optional[int] = None, store=None,
@@ -92,6 +91,7 @@ class MpiTransport(RequestWaiting, Transport):
         self._unusable: dict[int, str] = {}
         self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size)
         self._left: set[int] = set()  # peers that closed their transport (they left the job)
+        self._native: Optional[MpiCollectives] = None
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
         # watched as closely as one long wait.
@@ -118,13 +118,13 @@ class MpiTransport(RequestWaiting, Transport):
         payload = _byte_view(buf, False, "send")
         with self._lock:
             self._check_peer(dst, fp)
-            self._wait(self._post_send(payload, dst, fp), [dst], fp)
+            self._wait(post_send(self._comm, self._mpi, payload, dst, fp), [dst], fp)
 
     def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, True, "recv")
         with self._lock:
             self._check_peer(src, fp)
-            self._recv_after([], payload, src, fp)
+            self._receive_while([], Incoming(self, payload, src, fp))
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
                  fp: Fingerprint) -> None:
@@ -132,93 +132,57 @@ class MpiTransport(RequestWaiting, Transport):
         with self._lock:
             self._check_peer(dst, fp)
             self._check_peer(src, fp)
-            self._recv_after(self._post_send(out, dst, fp), into, src, fp)
+            sends = post_send(self._comm, self._mpi, out, dst, fp)
+            self._receive_while(sends, Incoming(self, into, src, fp))
 
-    def _post_send(self, payload: memoryview, dst: int, fp: Fingerprint) -> list:
-        MPI = self._mpi
-        header = bytearray(pack_header(fp, payload.nbytes))  # kept alive by the request
-        reqs = [self._comm.Isend([header, MPI.BYTE], dst, _TAG)]
-        reqs += [self._comm.Isend([c, MPI.BYTE], dst, _TAG) for c in _chunks(payload)]
-        return reqs
+    def _receive_while(self, sends: list, incoming: Incoming) -> None:
+        """Receive ``incoming`` while ``sends`` progress, in one poll over both."""
+        testall = self._mpi.Request.Testall
 
-    def _recv_after(self, sends: list, payload: memoryview, src: int, fp: Fingerprint) -> None:
-        """Receive the header, check it, then the payload, while ``sends`` progress."""
-        MPI = self._mpi
-        header = bytearray(HEADER_SIZE)
-        header_req = self._comm.Irecv([header, MPI.BYTE], src, _TAG)
-        self._wait([header_req], [src], fp)
-        self._check_received(header, payload, src, fp)
-        reqs = sends + [self._comm.Irecv([c, MPI.BYTE], src, _TAG) for c in _chunks(payload)]
-        self._wait(reqs, [src], fp)
+        def advance():
+            if incoming.step() == DONE and testall(sends):
+                return None
+            return sends + incoming.reqs
+        self._wait(sends, [incoming.src], incoming.fp, advance)
 
     def send_recv_many(self, sends, recvs) -> None:
-        """A batch: every send posted at once; each peer's receives go one after another (a
-        header, checked, then its payload: a header posted early would match the previous
-        message's payload), and all peers' at once, in one poll over the requests."""
+        """A batch: every send posted at once, and every receive moved on in one poll over the
+        batch. One peer's messages are taken in order: the next is probed for only once the
+        receives of the one before are posted (a probe would otherwise find its payload)."""
         if not sends and not recvs:
             return
         first = (sends or recvs)[0][2]
         with self._lock:
-            reqs, queues = [], {}
+            posted, queues = [], {}
             for buf, dst, fp in sends:
                 payload = _byte_view(buf, False, "send")
                 self._check_peer(dst, fp)
-                reqs += self._post_send(payload, dst, fp)
+                posted += post_send(self._comm, self._mpi, payload, dst, fp)
             for buf, src, fp in recvs:
                 payload = _byte_view(buf, True, "recv")
                 self._check_peer(src, fp)
-                queues.setdefault(int(src), []).append((payload, fp))
+                queues.setdefault(int(src), []).append(Incoming(self, payload, int(src), fp))
             peers = sorted({int(p) for _, p, _ in sends} | set(queues))
-            active: dict = {}  # src -> (header buffer, header request, payload requests)
 
-            def advance() -> list:
-                MPI = self._mpi
-                pending = [r for r in reqs if not r.Test()]
-                reqs[:] = pending
-                for src in list(queues):
-                    if src in active:
-                        header, header_req, payload_reqs = active[src]
-                        if payload_reqs is None:
-                            if not header_req.Test():
-                                pending.append(header_req)
-                                continue
-                            payload, fp = queues[src][0]
-                            self._check_received(header, payload, src, fp)
-                            payload_reqs = [self._comm.Irecv([c, MPI.BYTE], src, _TAG)
-                                            for c in _chunks(payload)]
-                            active[src] = (header, header_req, payload_reqs)
-                        payload_reqs = [r for r in payload_reqs if not r.Test()]
-                        if payload_reqs:
-                            active[src] = (header, header_req, payload_reqs)
-                            pending += payload_reqs
+            def advance():
+                pending = [r for r in posted if not r.Test()]
+                posted[:] = pending
+                for queue in queues.values():
+                    i = 0
+                    while i < len(queue):
+                        stage = queue[i].step()
+                        if stage == DONE:
+                            del queue[i]
                             continue
-                        del active[src]
-                        queues[src].pop(0)
-                        if not queues[src]:
-                            del queues[src]
-                            continue
-                    header = bytearray(HEADER_SIZE)
-                    header_req = self._comm.Irecv([header, MPI.BYTE], src, _TAG)
-                    active[src] = (header, header_req, None)
-                    pending.append(header_req)
-                return pending
+                        pending += queue[i].reqs
+                        if stage < PAYLOAD:  # the next is probed for once these are posted
+                            break
+                        i += 1
+                if pending or any(queues.values()):
+                    return pending
+                return None
 
-            self._wait(advance(), peers, first, advance)
-
-    def _check_received(self, header: bytearray, payload: memoryview, src: int,
-                        fp: Fingerprint) -> None:
-        try:
-            got, nbytes = unpack_header(header)
-        except ValueError as e:
-            self._unusable[src] = f"malformed header in {fp.describe()}"
-            raise CollectiveMismatchError(f"peer rank {src} sent a malformed header ({e}) while "
-                                          f"we expected {fp.describe()}", rank=self.rank,
-                                          peer=src, op=fp.op, seq=fp.seq) from None
-        try:
-            check_header(fp, got, nbytes, payload.nbytes, rank=self.rank, peer=src)
-        except CollectiveMismatchError:
-            self._unusable[src] = f"mismatched header in {fp.describe()}"
-            raise
+            self._wait(list(posted), peers, first, advance)
 
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
         self.check_peer_rank(peer, fp)
@@ -236,7 +200,9 @@ class MpiTransport(RequestWaiting, Transport):
             self._wait(reqs, [], fp)
 
     def native_collectives(self) -> MpiCollectives:
-        return MpiCollectives(self)
+        if self._native is None:  # one, made once: every collective call asks for it
+            self._native = MpiCollectives(self)
+        return self._native
 
     def close(self) -> None:
         """Tell the peers this rank leaves, free the duplicated communicator. Safe to call

@@ -3,12 +3,23 @@ transport's timeout, and looks about twice a second for a dead peer on this host
 time), a peer's notice that it left or saw a failure, and the heartbeat's verdicts. A wait that
 gives up cancels its requests and marks the peers it needed unusable.
 
+Polling never sleeps for the first ``SPIN_S`` of a wait: MPI moves a message only while a call
+of this process drives it, and the shortest sleep lasts tens of microseconds (the kernel's timer
+slack), several times a whole small message. Past ``YIELD_AFTER_S`` (about what a 1 MiB piece
+takes) each poll yields the core (``sched_yield``: at once back when nothing else wants it): a
+rank that held its core while other processes wait for one would leave them all to the core its
+peer needs, which then waits for them (milliseconds on a busy machine); yielding sooner would
+hand the core away in the middle of most transfers. Past ``SPIN_S`` the wait naps, in naps
+growing to ``NAP_MAX_S``, so that a long wait does not burn a core.
+
 ``RequestWaiting`` is the part of ``MpiTransport`` (``mpi.py``) that does this; it uses the
 transport's communicator, notices, peer table and timeout.
 """
 from __future__ import annotations
 
+import os
 import time
+from typing import NoReturn
 
 from ..errors import CollectiveTimeoutError, DistributedError, PeerFailureError
 from ..health import heartbeat
@@ -18,6 +29,8 @@ from .mpi_exit import mark_broken
 from .mpi_notices import FAILED, LEFT
 
 LIVENESS_PERIOD_S = 0.5
+YIELD_AFTER_S, SPIN_S = 2e-4, 2e-3
+_NAP_MIN_S, NAP_MAX_S = 2e-5, 5e-4
 _FAILED_LOOKS = 5  # over one liveness period, for news of a failure to arrive
 
 
@@ -28,51 +41,66 @@ class RequestWaiting:
         """Poll ``reqs`` to completion; raise on timeout, a dead same-host peer (any rank of
         the job: a subgroup's waits fail too when a rank outside it died) or a failure the
         heartbeat found. With ``advance``, each poll calls it instead: it tests the requests
-        itself, posts what their completion allows, and returns those still pending (none:
-        done)."""
+        itself, posts what their completion allows, and returns those still pending, or None
+        once everything is done."""
         MPI = self._mpi
-        start = time.monotonic()
-        deadline, polls = start + self.timeout, 0
-        self._look(reqs, peers, fp, start, start)  # even when the requests complete at once
+        if advance is None:
+            testall = MPI.Request.Testall
+
+            def advance():
+                return None if testall(reqs) else reqs
+        clock = time.monotonic
+        start = clock()
+        deadline, nap = start + self.timeout, 0.0
+        yield_from, spin_until = start + YIELD_AFTER_S, start + SPIN_S
+        self._look(reqs, peers, fp, start, start, advance)  # even when done at once
         while True:
             try:
-                if advance is not None:
-                    reqs = advance()
-                    if not reqs:
-                        return
-                elif MPI.Request.Testall(reqs):
+                pending = advance()
+                if pending is None:
                     return
+                reqs = pending
+                now = clock()
+                if now >= self._next_check:
+                    self._look(reqs, peers, fp, start, now, advance)
             except MPI.Exception as e:
-                failed = self._failed_ranks()
-                self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}",
-                              peer_failed=bool(failed))
-                if failed:
-                    raise PeerFailureError(f"MPI reports rank(s) {failed} failed during "
-                                           f"{fp.describe()} ({e})", rank=self.rank,
-                                           peer=failed[0], op=fp.op, seq=fp.seq) from None
-                raise DistributedError(f"MPI reported: {e}", rank=self.rank,
-                                       peer=peers[0] if peers else None, op=fp.op,
-                                       seq=fp.seq) from None
-            polls += 1
-            now = time.monotonic()
-            self._look(reqs, peers, fp, start, now)
+                self._mpi_error(reqs, peers, fp, e)
             if now > deadline:
                 self._give_up(reqs, peers, f"timeout in {fp.describe()}")
                 raise CollectiveTimeoutError(
                     f"{fp.describe()} did not complete within {self.timeout} s"
                     + (f" (waiting on rank(s) {peers})" if peers else ""), rank=self.rank,
                     peer=peers[0] if len(peers) == 1 else None, op=fp.op, seq=fp.seq)
-            if polls > 64:  # spin briefly for latency, then stop burning a shared core
-                time.sleep(min(1e-3, 1e-6 * (polls - 64)))
+            if now < spin_until:
+                if now > yield_from:
+                    os.sched_yield()
+            else:
+                nap = min(NAP_MAX_S, 2 * nap or _NAP_MIN_S)
+                time.sleep(nap)
+
+    def _mpi_error(self, reqs: list, peers: list[int], fp: Fingerprint,
+                   e: Exception) -> NoReturn:
+        """Raise for an error MPI reported in a wait: PeerFailureError naming the failed rank
+        when MPI knows one (fault tolerance on), DistributedError otherwise."""
+        failed = self._failed_ranks()
+        self._give_up(reqs, peers + failed, f"MPI error in {fp.describe()}",
+                      peer_failed=bool(failed))
+        if failed:
+            raise PeerFailureError(f"MPI reports rank(s) {failed} failed during "
+                                   f"{fp.describe()} ({e})", rank=self.rank,
+                                   peer=failed[0], op=fp.op, seq=fp.seq) from None
+        raise DistributedError(f"MPI reported: {e}", rank=self.rank,
+                               peer=peers[0] if peers else None, op=fp.op,
+                               seq=fp.seq) from None
 
     def _look(self, reqs: list, peers: list[int], fp: Fingerprint, start: float,
-              now: float) -> None:
+              now: float, advance) -> None:
         """Every ~``LIVENESS_PERIOD_S`` of this rank's waiting: the pids, the peers' notices,
         then the heartbeat."""
         if now >= self._next_check:
             self._next_check = now + LIVENESS_PERIOD_S
             self._check_liveness(reqs, peers, fp)
-            gone = self._read_notices(reqs, peers, waited=now - start)
+            gone = self._read_notices(peers, now - start, advance)
             try:  # first: a peer that left may have left because of a failure the heartbeat knows
                 heartbeat.check(self.rank, fp.op, fp.seq)
             except PeerFailureError as e:
@@ -97,14 +125,15 @@ class RequestWaiting:
                                    f"{fp.describe()}", rank=self.rank, peer=dead[0],
                                    op=fp.op, seq=fp.seq)
 
-    def _read_notices(self, reqs: list, peers: list[int], waited: float) -> list[int]:
+    def _read_notices(self, peers: list[int], waited: float, advance) -> list[int]:
         """Take in the peers' notices; return the peers this wait needs that have left.
 
         A failure a peer found goes to the heartbeat's list, which the caller checks next. A
         peer that left fails the wait only once this rank has waited ``LIVENESS_PERIOD_S``
-        for it and the requests still do not complete: a peer that sent its last message and
-        then closed is read, not blamed. Peers this wait does not need may leave: they may have
-        no more work in the subgroups still running. ``peers`` empty: every rank takes part."""
+        for it and the requests still do not complete (``advance`` polls once more): a peer
+        that sent its last message and then closed is read, not blamed. Peers this wait does not
+        need may leave: they may have no more work in the subgroups still running. ``peers``
+        empty: every rank takes part."""
         for sender, kind, about, reason in self._notices.poll():
             if kind == LEFT:
                 self._left.add(sender)
@@ -112,7 +141,7 @@ class RequestWaiting:
                 heartbeat.record_failure(about, reason)  # it says who saw it
         needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
         gone = sorted(needed & self._left)
-        if gone and waited >= LIVENESS_PERIOD_S and not self._mpi.Request.Testall(reqs):
+        if gone and waited >= LIVENESS_PERIOD_S and advance() is not None:
             return gone
         return []
 

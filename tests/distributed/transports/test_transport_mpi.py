@@ -24,6 +24,54 @@ EXCHANGE = textwrap.dedent("""
     from neural_arch.distributed.transports import mpi
     from neural_arch.distributed.transports.base import Fingerprint
 
+    def wire_and_size_mismatches(rank):
+        # A small payload travels in one MPI message with its header; a message of another
+        # size than the receiver expects (either side small or large, or not one of ours) is a
+        # mismatch naming both calls, never a truncation or a hang.
+        import time
+        from mpi4py import MPI
+        from neural_arch.distributed.transports.base import HEADER_SIZE, unpack_header
+        small, large = Fingerprint("all_reduce", 11, "float32", 4), \
+            Fingerprint("all_reduce", 11, "float32", 300000)
+        one, two = mpi.create(timeout=60), mpi.create(timeout=60)
+        if rank == 0:
+            one.send(np.arange(4, dtype=np.float32), 1, small)  # expected large
+            one.send(np.arange(4, dtype=np.float32), 1, small)  # read by hand
+            try:
+                two.recv(np.zeros(4, np.float32), 1, small)
+                raise AssertionError("size mismatch not detected")
+            except CollectiveMismatchError as e:
+                assert "expected all_reduce #11 (group 0, 4 x float32)" in str(e) and \
+                    "sent all_reduce #11 (group 0, 300000 x float32)" in str(e), e
+                assert (e.rank, e.peer) == (0, 1)
+            two.comm.Recv([np.empty(300000, np.float32), MPI.BYTE], 1, mpi._TAG)  # the rest
+            try:
+                one.recv(np.zeros(4, np.float32), 1, small)
+                raise AssertionError("malformed message not detected")
+            except CollectiveMismatchError as e:
+                assert "peer rank 1 sent a malformed header" in str(e), e
+        elif rank == 1:
+            try:
+                one.recv(np.zeros(300000, np.float32), 0, large)
+                raise AssertionError("size mismatch not detected")
+            except CollectiveMismatchError as e:
+                assert "expected all_reduce #11 (group 0, 300000 x float32)" in str(e) and \
+                    "sent all_reduce #11 (group 0, 4 x float32)" in str(e), e
+                assert (e.rank, e.peer) == (1, 0)
+            status, deadline = MPI.Status(), time.monotonic() + 30
+            while not one.comm.Iprobe(0, mpi._TAG, status):
+                assert time.monotonic() < deadline, "no message"
+            raw = bytearray(status.Get_count(MPI.BYTE))
+            assert len(raw) == HEADER_SIZE + 16, f"{len(raw)} bytes in the first message"
+            one.comm.Recv([raw, MPI.BYTE], 0, mpi._TAG)
+            assert unpack_header(bytes(raw[:HEADER_SIZE])) == (small, 16)
+            assert np.array_equal(np.frombuffer(raw, np.float32, offset=HEADER_SIZE),
+                                  np.arange(4))
+            two.send(np.ones(300000, np.float32), 0, large)
+            one.comm.Send([bytearray(3), MPI.BYTE], 0, mpi._TAG)
+        one.close()
+        two.close()
+
     def payload(rank, n, dtype):
         rng = np.random.default_rng(1000 * rank + n)
         if np.dtype(dtype).kind == "i":
@@ -82,6 +130,8 @@ EXCHANGE = textwrap.dedent("""
         except CollectiveMismatchError as e:
             assert "expected broadcast #9" in str(e) and "sent all_reduce #9" in str(e), e
             assert (e.rank, e.peer) == (1, 0)
+    native.barrier()
+    wire_and_size_mismatches(rank)
     native.barrier()
     short = mpi.create(timeout=0.5)
     if rank == 0:
