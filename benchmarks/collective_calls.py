@@ -38,7 +38,8 @@ def our_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
 
 def average_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     from neural_arch import distributed as dist
-    return lambda: dist.all_reduce(b["buf"], dist.ReduceOp.AVERAGE)
+    op = dist.ReduceOp.AVERAGE  # looked up once, as SUM is (the default argument): two
+    return lambda: dist.all_reduce(b["buf"], op)  # attribute lookups a call are 0.1-0.2 us
 
 
 def time_plain_loop(call: Callable[[], Any], calls: int) -> List[float]:
