@@ -1,22 +1,53 @@
 """Ring collectives: bandwidth-optimal reduce-scatter, all-gather and all-reduce.
 
 The buffer is cut into one chunk per rank (sizes differ by at most one element) and every chunk
-travels around the ring in pieces of at most ``SEGMENT_BYTES``. Each chunk is reduced along one
-fixed path, then copied to everyone, so all ranks end with the same bits.
+travels around the ring in pieces of at most ``SEGMENT_BYTES``, the pieces of up to
+``WINDOW_SEGMENTS`` of them posted at once. Each chunk is reduced along one fixed path, then
+copied to everyone, so all ranks end with the same bits.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from ..transports.base import Fingerprint, Transport
-from .exchange import chunk_bounds, exchange, segment_elems, segment_pairs
+from .exchange import batch, chunk_bounds, exchange, segment_elems, segment_pairs
+
+# Pieces of one step posted together (``exchange.batch``): the transport moves them back to
+# back, where piece by piece each waited for the slower rank to catch up (a rendezvous per
+# piece); the window bounds the scratch buffer the reduce-scatter receives into.
+WINDOW_SEGMENTS = 8
+_held = threading.local()
+
+
+def _scratch(nbytes: int, dtype: np.dtype) -> np.ndarray:
+    """A receive buffer of ``nbytes``, kept per thread between calls: a fresh one of several
+    MiB costs a page fault per 4 KiB page on every call, about as long as receiving into it."""
+    held = getattr(_held, "buf", None)
+    if held is None or held.nbytes < nbytes:
+        held = _held.buf = np.empty(nbytes, np.uint8)
+    return held[:nbytes].view(dtype)
+
+
+def _move(t: Transport, out: np.ndarray, right: int, into: np.ndarray, left: int,
+          fp: Fingerprint) -> None:
+    """Send ``out`` right while receiving ``into`` from the left: one piece by ``exchange``
+    (the transport's cheapest call), several as one ``batch``. Both sides cut the same pieces.
+    A transport without its own ``send_recv_many`` (the default sends, then receives) keeps to
+    ``exchange``: with synchronous sends a batch would deadlock."""
+    if (max(out.size, into.size) <= segment_elems(max(out.itemsize, into.itemsize))
+            or type(t).send_recv_many is Transport.send_recv_many):
+        exchange(t, out, right, into, left, fp)
+    else:
+        batch(t, [(out, right, fp)], [(into, left, fp)])
 
 
 def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, int]],
                             op: ReduceOp, fp: Fingerprint, mean: int = 0) -> None:
     """Afterwards chunk ``t.rank`` of ``buf`` holds the reduction of that chunk over all ranks
-    (divided by ``mean`` when it is > 0, each piece as it is finished, still in cache).
+    (divided by ``mean`` when it is > 0, each window as it is finished, still in cache).
 
     Chunk ``c`` starts at rank ``c + 1`` and is folded in ring order, arriving complete at rank
     ``c`` after ``n - 1`` steps; other chunks of ``buf`` are left holding partial results.
@@ -24,17 +55,17 @@ def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[in
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
     combine = combiner(op, buf.dtype)
-    seg = segment_elems(buf.itemsize)
+    window = segment_elems(buf.itemsize) * WINDOW_SEGMENTS
     largest = max(hi - lo for lo, hi in bounds)
-    incoming = np.empty(min(seg, largest), dtype=buf.dtype)
+    incoming = _scratch(min(window, largest) * buf.itemsize, buf.dtype)
     for step in range(n - 1):
         s_lo, s_hi = bounds[(r - step - 1) % n]
         r_lo, r_hi = bounds[(r - step - 2) % n]
         outgoing, target = buf[s_lo:s_hi], buf[r_lo:r_hi]
-        for out_part, in_part in segment_pairs(s_hi - s_lo, r_hi - r_lo, seg):
+        for out_part, in_part in segment_pairs(s_hi - s_lo, r_hi - r_lo, window):
             acc = target[in_part]
             got = incoming[:acc.size]
-            exchange(t, outgoing[out_part], right, got, left, fp)
+            _move(t, outgoing[out_part], right, got, left, fp)
             combine(got, acc, out=acc)
             if mean and step == n - 2:  # the last step completes this rank's own chunk
                 divide_by_count(acc, mean)
@@ -45,13 +76,13 @@ def _all_gather_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[int, i
     """Rank ``r`` contributes chunk ``r`` of ``buf``; afterwards every rank holds every chunk."""
     n, r = t.world_size, t.rank
     right, left = (r + 1) % n, (r - 1) % n
-    seg = segment_elems(buf.itemsize)
+    window = segment_elems(buf.itemsize) * WINDOW_SEGMENTS
     for step in range(n - 1):
         s_lo, s_hi = bounds[(r - step) % n]
         r_lo, r_hi = bounds[(r - step - 1) % n]
         outgoing, target = buf[s_lo:s_hi], buf[r_lo:r_hi]
-        for out_part, in_part in segment_pairs(s_hi - s_lo, r_hi - r_lo, seg):
-            exchange(t, outgoing[out_part], right, target[in_part], left, fp)
+        for out_part, in_part in segment_pairs(s_hi - s_lo, r_hi - r_lo, window):
+            _move(t, outgoing[out_part], right, target[in_part], left, fp)
 
 
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,

@@ -15,7 +15,7 @@ from neural_arch.distributed.algorithms import (dissemination, exchange, recursi
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports.base import Fingerprint
-from threaded_transport import Fabric, run_threads
+from threaded_transport import Fabric, ThreadedTransport, run_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -269,3 +269,39 @@ def test_all_reduce_matches_numpy_for_random_shapes(n, size, seg, op, dtype, alg
         exchange.SEGMENT_BYTES = old
     for buf in results:
         np.testing.assert_array_equal(buf, reference(inputs, op))
+
+
+def test_ring_posts_the_pieces_of_a_window_together(monkeypatch):
+    """Piece by piece, every piece waits for the slower rank (a rendezvous each); the ring
+    hands a window of pieces to the transport in one call, with the same pieces and bits."""
+    monkeypatch.setattr(exchange, "SEGMENT_BYTES", 96)  # 12 int64 per piece
+    n, size = 2, 1009
+    inputs = [np.arange(size, dtype=np.int64) * (r + 1) for r in range(n)]
+    fabric = Fabric(n)
+    calls = []
+
+    def batched(self, sends, recvs):  # every send posted before the receives
+        posted = [(self._post(buf, dst, f), dst, f) for buf, dst, f in sends]
+        for buf, src, f in recvs:
+            self.recv(buf, src, f)
+        for taken, dst, f in posted:
+            self._await(taken, dst, f)
+    monkeypatch.setattr(ThreadedTransport, "send_recv_many", batched)
+
+    def body(t):
+        for name in ("send", "recv", "sendrecv", "send_recv_many"):
+            method = getattr(t, name)
+            monkeypatch.setattr(t, name, lambda *a, _m=method, _n=name: (calls.append(_n),
+                                                                         _m(*a))[1])
+        buf = inputs[t.rank].copy()
+        ring.all_reduce(t, buf, ReduceOp.SUM, fp(size, np.int64))
+        return buf
+
+    for buf in run_threads(n, body, fabric=fabric):
+        np.testing.assert_array_equal(buf, np.arange(size) * 3)
+    pieces = -(-505 // 12)  # of the larger chunk, per step
+    windows = -(-pieces // ring.WINDOW_SEGMENTS)
+    # per rank: one reduce-scatter step and one all-gather step
+    assert "sendrecv" not in calls and "send" not in calls, calls
+    assert calls.count("send_recv_many") == n * 2 * windows, (calls, pieces, windows)
+    assert max(fabric.payload_sizes) <= 96 and min(fabric.payload_sizes) > 0
