@@ -74,7 +74,7 @@ def _runner(path: str, job: Dict[str, Any]):
         opt.zero_grad()
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
-    return step, len(ddp._buckets)
+    return step, len(ddp.bucket_parameters())
 
 
 def worker(job: Dict[str, Any]) -> Dict[str, Any]:

@@ -5,7 +5,8 @@ under backward.
 A sync's buckets run one after the other on the process's communication thread (the group's
 queue), each as one ``Work`` that records when it started and finished; a last bucket that the
 sync itself launches (explicit mode, or unused parameters) averages on the syncing thread,
-which would only wait for it, and is never hidden. The thread that ran
+which would only wait for it, and is never hidden (DDP's own average and the plain and fp16
+hooks; the other hooks queue it as any bucket). The thread that ran
 backward comes to the sync at some moment (the end of backward with overlap, the explicit
 ``sync_gradients()`` call without): what it spends from then until the averages are in place
 is *waited*; the time the queue spent on this sync's buckets before that moment ran while

@@ -33,7 +33,7 @@ from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import LEFT, Notices
 from .mpi_waiting import RequestWaiting
-from .mpi_wire import DONE, PAYLOAD, TAG as _TAG, Incoming, post_send
+from .mpi_wire import DONE, PAYLOAD, Incoming, post_send
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
@@ -107,6 +107,15 @@ class MpiTransport(RequestWaiting, Transport):
     @property
     def comm(self):
         return self._comm
+
+    @property
+    def mpi(self):
+        """The ``mpi4py.MPI`` module this transport runs on."""
+        return self._mpi
+
+    def mark_unusable(self, peer: int, why: str) -> None:
+        """Refuse every later message with ``peer``: its stream is out of step (``why``)."""
+        self._unusable[peer] = why
 
     @property
     def local_peer_pids(self) -> dict:

@@ -50,9 +50,9 @@ class Incoming:
     __slots__ = ("t", "comm", "MPI", "payload", "src", "fp", "stage", "first", "reqs", "status")
 
     def __init__(self, t, payload: memoryview, src: int, fp: Fingerprint) -> None:
-        self.t, self.comm, self.MPI = t, t._comm, t._mpi
+        self.t, self.comm, self.MPI = t, t.comm, t.mpi
         self.payload, self.src, self.fp = payload, src, fp
-        self.stage, self.first, self.reqs, self.status = PROBING, None, [], t._mpi.Status()
+        self.stage, self.first, self.reqs, self.status = PROBING, None, [], t.mpi.Status()
 
     def step(self) -> int:
         """Move on as far as what has arrived allows; returns the stage reached. Past FIRST,
@@ -94,7 +94,7 @@ class Incoming:
         try:
             got, nbytes = unpack_header(header)
         except ValueError as e:
-            t._unusable[src] = f"malformed header in {fp.describe()}"
+            t.mark_unusable(src, f"malformed header in {fp.describe()}")
             raise CollectiveMismatchError(
                 f"peer rank {src} sent a malformed header ({e}; a {len(first)}-byte message) "
                 f"while we expected {fp.describe()}", rank=t.rank, peer=src, op=fp.op,
@@ -107,5 +107,5 @@ class Incoming:
                     f"whose header says {nbytes} payload bytes", rank=t.rank, peer=src,
                     op=fp.op, seq=fp.seq)
         except CollectiveMismatchError:
-            t._unusable[src] = f"mismatched header in {fp.describe()}"
+            t.mark_unusable(src, f"mismatched header in {fp.describe()}")
             raise

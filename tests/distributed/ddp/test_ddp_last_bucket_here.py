@@ -38,7 +38,7 @@ def here_worker(rank: int, world_size: int):
         for p, g in zip(model.module.parameters(), grads):
             p.grad = g.copy()
         model.sync_gradients()
-        out[kind] = {"queued": _queue_started(), "buckets": len(model._buckets),
+        out[kind] = {"queued": _queue_started(), "buckets": len(model.bucket_parameters()),
                      "grads": [p.grad.array.copy() for p in model.module.parameters()],
                      "inputs": all_gather_object(grads)}
     return out

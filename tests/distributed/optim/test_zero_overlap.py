@@ -72,7 +72,7 @@ def overlap_worker(rank: int, world_size: int, optimizer_name: str, bucket_bytes
         state = opt.state_dict() if rank == 0 or not zero else None
         index = {id(p): i for i, p in enumerate(ddp.module.parameters())}
         owned = sorted(index[id(p)] for p in opt.owned_parameters()) if zero else None
-        runs[variant] = (history, state, owned, len(ddp._buckets))
+        runs[variant] = (history, state, owned, len(ddp.bucket_parameters()))
     return runs
 
 

@@ -21,7 +21,7 @@ EXCHANGE = textwrap.dedent("""
     from neural_arch.distributed.errors import (CollectiveMismatchError, CollectiveTimeoutError,
                                                 PeerFailureError)
     from neural_arch.distributed.reduce_ops import ReduceOp
-    from neural_arch.distributed.transports import mpi
+    from neural_arch.distributed.transports import mpi, mpi_wire
     from neural_arch.distributed.transports.base import Fingerprint
 
     def wire_and_size_mismatches(rank):
@@ -44,7 +44,7 @@ EXCHANGE = textwrap.dedent("""
                 assert "expected all_reduce #11 (group 0, 4 x float32)" in str(e) and \
                     "sent all_reduce #11 (group 0, 300000 x float32)" in str(e), e
                 assert (e.rank, e.peer) == (0, 1)
-            two.comm.Recv([np.empty(300000, np.float32), MPI.BYTE], 1, mpi._TAG)  # the rest
+            two.comm.Recv([np.empty(300000, np.float32), MPI.BYTE], 1, mpi_wire.TAG)  # the rest
             try:
                 one.recv(np.zeros(4, np.float32), 1, small)
                 raise AssertionError("malformed message not detected")
@@ -59,16 +59,16 @@ EXCHANGE = textwrap.dedent("""
                     "sent all_reduce #11 (group 0, 4 x float32)" in str(e), e
                 assert (e.rank, e.peer) == (1, 0)
             status, deadline = MPI.Status(), time.monotonic() + 30
-            while not one.comm.Iprobe(0, mpi._TAG, status):
+            while not one.comm.Iprobe(0, mpi_wire.TAG, status):
                 assert time.monotonic() < deadline, "no message"
             raw = bytearray(status.Get_count(MPI.BYTE))
             assert len(raw) == HEADER_SIZE + 16, f"{len(raw)} bytes in the first message"
-            one.comm.Recv([raw, MPI.BYTE], 0, mpi._TAG)
+            one.comm.Recv([raw, MPI.BYTE], 0, mpi_wire.TAG)
             assert unpack_header(bytes(raw[:HEADER_SIZE])) == (small, 16)
             assert np.array_equal(np.frombuffer(raw, np.float32, offset=HEADER_SIZE),
                                   np.arange(4))
             two.send(np.ones(300000, np.float32), 0, large)
-            one.comm.Send([bytearray(3), MPI.BYTE], 0, mpi._TAG)
+            one.comm.Send([bytearray(3), MPI.BYTE], 0, mpi_wire.TAG)
         one.close()
         two.close()
 
@@ -151,7 +151,7 @@ DEATH = textwrap.dedent("""
     import os, signal, sys, time
     import numpy as np
     from neural_arch.distributed.errors import PeerFailureError
-    from neural_arch.distributed.transports import mpi
+    from neural_arch.distributed.transports import mpi, mpi_wire
     from neural_arch.distributed.transports.base import Fingerprint
 
     t = mpi.create(timeout=10)  # detection must beat this, or the error is a timeout

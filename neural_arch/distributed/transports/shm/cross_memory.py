@@ -37,6 +37,7 @@ SWITCH_VALUES = {"auto": True, "1": True, "on": True, "0": False, "off": False}
 PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+MAX_READ_BYTES = 1 << 30  # one process_vm_readv moves at most ~2 GiB: larger reads in pieces
 YES, NO = 1, 2  # verdict words (0: not decided yet)
 
 
@@ -68,16 +69,23 @@ def _libc_reader() -> Optional[Any]:
     return libc
 
 
-def allow_peer_readers(libc: Any) -> None:
-    """Under Yama's ptrace_scope 1, let this user's other processes (the peers) read this one;
-    elsewhere change nothing."""
+def allow_peer_readers(libc: Any) -> bool:
+    """Under Yama's ptrace_scope 1, let this user's other processes (the peers) read this one
+    (True: undo it with ``forbid_peer_readers`` once peer reads end); elsewhere change
+    nothing."""
     try:
         with open(YAMA_SCOPE) as f:
             scope = f.read().strip()
     except OSError:
-        return
+        return False
     if scope == "1":
-        libc.prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0)
+        return libc.prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0
+    return False
+
+
+def forbid_peer_readers(libc: Any) -> None:
+    """Back to Yama's default for this process: only its ancestors may read it."""
+    libc.prctl(PR_SET_PTRACER, 0, 0, 0, 0)
 
 
 class PeerReads:
@@ -102,8 +110,7 @@ class PeerReads:
         self._scratch = np.empty(0, np.uint8)
         self.buffer_words: tuple = ()
         self.plans: dict = {}  # the chunks of each all-reduce shape (``single_copy``)
-        if self._libc is not None:
-            allow_peer_readers(self._libc)
+        self._opened = self._libc is not None and allow_peer_readers(self._libc)
 
     def scratch(self, dtype: np.dtype, n: int) -> np.ndarray:
         """Private scratch of ``n`` elements of ``dtype`` (kept between calls, grown when
@@ -139,6 +146,16 @@ class PeerReads:
             backoff.pause(missing)
         self.usable = all(ctrl[w] == YES for w in words)
         self.buffer_words = tuple(layout.rank_word(q, BUFFER) for q in range(p))
+        if not self.usable:
+            self.close()
+
+    def close(self) -> None:
+        """Peer reads are over (the transport closed, or the job cannot use them): undo what
+        ``allow_peer_readers`` opened."""
+        self.usable = False
+        if self._opened:
+            self._opened = False
+            forbid_peer_readers(self._libc)
 
     def probe_peer(self, pid: int, token: int, address: int) -> bool:
         """Whether reading the peer's private copy of its token gives the token."""
@@ -155,14 +172,19 @@ class PeerReads:
     def read(self, peer: int, address: int, out: np.ndarray, op: str,
              seq: Optional[int]) -> None:
         """Copy ``out.nbytes`` bytes from ``address`` in rank ``peer``'s memory into ``out``."""
-        nbytes = out.nbytes
-        if nbytes == 0:
-            return
-        got = self._raw_read(self.pids[peer], address, out.ctypes.data, nbytes)
-        if got != nbytes:
+        nbytes, done, into = out.nbytes, 0, out.ctypes.data
+        got = 0
+        while done < nbytes:
+            # one call moves at most ~2 GiB (the kernel's MAX_RW_COUNT): read in pieces
+            want = min(nbytes - done, MAX_READ_BYTES)
+            got = self._raw_read(self.pids[peer], address + done, into + done, want)
+            if got <= 0:
+                break
+            done += got
+        if done != nbytes:
             code = ctypes.get_errno() if got < 0 else 0
             why = (f"{errno.errorcode.get(code, code)}: {os.strerror(code)}" if got < 0
-                   else f"only {got} bytes came")
+                   else f"only {done} bytes came")
             gone = " (the peer process is gone)" if code == errno.ESRCH else ""
             raise PeerFailureError(
                 f"reading {nbytes} bytes of peer rank {peer}'s buffer (pid {self.pids[peer]}, "

@@ -42,7 +42,7 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _slice(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
+def slice_of(m: int, p: int, rank: int, itemsize: int) -> tuple[int, int]:
     """This rank's part of ``m`` elements: cache-line aligned, the last parts may be empty."""
     align = max(1, ALIGN_BYTES // itemsize)
     per = _ceil_div(_ceil_div(m, p), align) * align
@@ -56,7 +56,7 @@ def sums_halves(dtype: np.dtype, op: ReduceOp) -> bool:
     return dtype == np.float16 and ufunc_for(op) is np.add
 
 
-def _pair_round(dtype: np.dtype, op: ReduceOp, rank: int) -> Callable[[Any, Any], None]:
+def pair_round(dtype: np.dtype, op: ReduceOp, rank: int) -> Callable[[Any, Any], None]:
     """``reduce(part, other)``: ``part = x0 op x1`` in place on a rank of two, rank 0's operand
     first, the mean included in the same pass."""
     first = rank == 0
@@ -100,7 +100,7 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     if choice.algorithm == "whole":
         _whole_rounds(c, buf, op, fp, step)
     else:
-        _split_rounds(c, buf, op, fp, step)
+        split_rounds(c, buf, op, fp, step)
 
 
 def pair_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
@@ -120,7 +120,7 @@ def _whole_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: 
     over each round cost AVERAGE 17-19% over SUM at 256 KiB-4 MiB)."""
     inputs, _ = c.views(buf.dtype)
     rank = c.rank
-    reduce_round = _pair_round(buf.dtype, op, rank)
+    reduce_round = pair_round(buf.dtype, op, rank)
     gen, sig = c.begin(fp, buf.nbytes)
     for lo in range(0, buf.size, step):
         part = buf[lo:lo + step]
@@ -131,7 +131,7 @@ def _whole_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: 
         gen += 1
 
 
-def _split_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: int) -> None:
+def split_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: int) -> None:
     """In each round rank r reduces slice r of everyone's inputs into the result area; after
     the next generation's barrier everyone copies the other slices out."""
     p, rank, itemsize = c.world_size, c.rank, buf.itemsize
@@ -154,7 +154,7 @@ def _split_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: 
         if k < rounds:
             lo, hi = k * step, min((k + 1) * step, buf.size)
             m = hi - lo
-            s_lo, s_hi = _slice(m, p, rank, itemsize)
+            s_lo, s_hi = slice_of(m, p, rank, itemsize)
             mine = inputs[half][rank]
             # peers reduce the other slices; this rank's own slice needs no copy
             c.writer.write(mine[:s_lo], buf[lo:lo + s_lo])

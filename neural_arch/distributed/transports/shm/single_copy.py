@@ -8,11 +8,11 @@ mismatched calls before anything is read; the pids were exchanged at set-up.
 
 All-reduce, three generations:
 
-1. Rank r owns slice r of the vector (``direct._slice``: cache-line aligned, the last slices
+1. Rank r owns slice r of the vector (``direct.slice_of``: cache-line aligned, the last slices
    may be empty). In chunks of ``chunk_bytes`` it reads every peer's part of that chunk into
    private scratch and reduces the operands over ranks 0..p-1 in that order into its own
    buffer, with the kernels the workspace algorithms use: two ranks ``x0 op x1`` (the mean in
-   the same pass, ``direct._pair_round``), more ranks as ``direct._split_rounds`` reduces a
+   the same pass, ``direct.pair_round``), more ranks as ``direct.split_rounds`` reduces a
    slice (a float16 sum in float32 rounded once, a mean divided after the sum). So every
    element has the workspace algorithms' bits.
 2. After the second generation every owner's slice is final: each rank reads the other slices
@@ -52,7 +52,7 @@ def _combine_for(dtype: np.dtype, op: ReduceOp, p: int, rank: int) -> Combine:
     ``own`` among them) with the bits of the workspace algorithm for ``p`` ranks; ``acc`` is
     scratch of ``own``'s length for more than two ranks."""
     if p == 2:
-        pair = direct._pair_round(dtype, op, rank)
+        pair = direct.pair_round(dtype, op, rank)
         other = 1 - rank
         return lambda own, operands, acc: pair(own, operands[other])
     if direct.sums_halves(dtype, op):
@@ -83,13 +83,13 @@ def _plan(reads: Any, dtype: np.dtype, n: int, op: ReduceOp, chunk_bytes: int, p
         if len(reads.plans) >= MAX_PLANS:
             reads.plans.clear()
         itemsize = dtype.itemsize
-        lo, hi = direct._slice(n, p, rank, itemsize)
+        lo, hi = direct.slice_of(n, p, rank, itemsize)
         step = min(max(1, chunk_bytes // itemsize), max(hi - lo, 1))
         scratch = reads.scratch(dtype, p * step)
         rows = [scratch[q * step:(q + 1) * step] for q in range(p)]  # row `rank`: acc
         chunks = tuple((a, min(a + step, hi), tuple(row[:min(a + step, hi) - a] for row in rows))
                        for a in range(lo, hi, step))
-        owners = tuple((q,) + direct._slice(n, p, q, itemsize) for q in range(p) if q != rank)
+        owners = tuple((q,) + direct.slice_of(n, p, q, itemsize) for q in range(p) if q != rank)
         plan = reads.plans[key] = (chunks, owners, _combine_for(dtype, op, p, rank))
     return plan
 

@@ -102,6 +102,7 @@ class ShmTransport(RingMessages, Transport):
             pass
         unlink_segment(self.segment_name)
         self.collectives.close()
+        self.peer_reads.close()
         self.ctrl.release()
         self.shared = None
         try:

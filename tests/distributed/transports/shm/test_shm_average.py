@@ -82,7 +82,7 @@ def test_average_bits_at_every_threshold(tmp_path, p, small_mode):
 def test_pair_round_mean_checks_nothing_per_round(monkeypatch, dtype, rank):
     """Two ranks average each round in the compiled loop, chosen once per all-reduce: a round
     runs the kernel itself, not the checks of ``pair_mean`` again."""
-    reduce_round = direct._pair_round(np.dtype(dtype), ReduceOp.AVERAGE, rank)
+    reduce_round = direct.pair_round(np.dtype(dtype), ReduceOp.AVERAGE, rank)
 
     def checked_again(*arrays):
         raise AssertionError("a round checked its vectors again")

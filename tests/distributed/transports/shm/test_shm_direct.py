@@ -280,7 +280,7 @@ def test_bad_arguments_raise_before_any_communication(tmp_path):
 def test_slices_partition_every_round(p):
     for itemsize in (2, 4, 8):
         for m in (0, 1, p - 1, p, 17, 1000, 262_144 // itemsize):
-            parts = [direct._slice(m, p, r, itemsize) for r in range(p)]
+            parts = [direct.slice_of(m, p, r, itemsize) for r in range(p)]
             covered = np.zeros(m, np.int64)
             for lo, hi in parts:
                 assert 0 <= lo <= hi <= m

@@ -75,6 +75,8 @@ def peer_read_bits(rank, p, store):
             expected = _reference(inputs, op)
             fast, old = inputs[rank].copy(), inputs[rank].copy()
             if p == 2 and fast.nbytes >= tuning.PEER_READ_MIN_BYTES[2]:  # the public call
+                chosen = tuning.decide(p, fast.nbytes, c.layout.workspace_bytes, True)[0]
+                assert chosen.algorithm == "peer_read", chosen  # else it tests nothing new
                 c.all_reduce(fast, op, calls.fp("all_reduce", fast))
             else:
                 chunk = CHUNK if n < LARGE else Choice("peer_read", 256 << 10)
@@ -242,6 +244,27 @@ def test_a_read_of_an_unmapped_address_raises_naming_the_peer():
     with pytest.raises(PeerFailureError, match=r"peer rank 1.*EFAULT") as info:
         reads.read(1, 8, np.zeros(16, np.uint8), "all_reduce", 7)
     assert "all_reduce #7" in str(info.value) and info.value.peer == 1
+
+
+@needs_peer_reads
+def test_a_read_larger_than_one_system_call_moves_goes_in_pieces(monkeypatch):
+    # one process_vm_readv moves at most ~2 GiB and returns a partial count for more: a
+    # system call capped at 1000 bytes stands in for the kernel, pieces of 1000 for the code's
+    monkeypatch.setattr(cross_memory, "MAX_READ_BYTES", 1000)
+    reads = cross_memory.PeerReads(0, 2)
+    reads.pids = [os.getpid()] * 2
+    whole_call, sizes = reads._call, []
+
+    def capped(pid, local, n_local, remote, n_remote, flags):
+        sizes.append(local._obj.len)
+        local._obj.len = remote._obj.len = min(local._obj.len, 1000)
+        return whole_call(pid, local, n_local, remote, n_remote, flags)
+    monkeypatch.setattr(reads, "_call", capped)
+    source = np.arange(4099, dtype=np.uint8)
+    out = np.zeros_like(source)
+    reads.read(1, source.ctypes.data, out, "broadcast", 3)
+    np.testing.assert_array_equal(out, source)
+    assert sizes == [1000, 1000, 1000, 1000, 99], sizes
 
 
 def test_peer_read_rows_count_only_where_the_ranks_agreed(monkeypatch, tmp_path):
