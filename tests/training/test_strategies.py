@@ -40,9 +40,9 @@ def train(rank, world_size, strategy=None, zero_stage=0, watch_launches=False):
         ddp = trainer.strategy.wrapper.ddp
         launch = ddp._launch
 
-        def watched(bucket):
+        def watched(bucket, **how):
             launches.append(autograd.current_backward() is not None)
-            launch(bucket)
+            launch(bucket, **how)
         ddp._launch = watched
     history = trainer.fit(DataLoader(train_set, batch_size=GLOBAL_BATCH // world_size,
                                      shuffle=True), DataLoader(val_set, batch_size=8))
