@@ -157,8 +157,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args.bucket_mb = args.bucket_mb or (0.01 if args.quick else 1.0)
     args.steps = args.steps or (2 if args.quick else 40)
     args.warmup = (1 if args.quick else 2) if args.warmup is None else args.warmup
-    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    if not args.backends or not set(args.backends) <= {"shm", "tcp"}:
+    try:
+        args.backends = common.parse_backends(args.backends)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not set(args.backends) <= {"shm", "tcp"}:
         parser.error(f"--backends takes shm, tcp or both, got {args.backends}")
     if args.world_size < 2 or len(args.sizes) < 2 or min(args.sizes + [args.batch]) < 1 \
             or args.steps < 1 or args.warmup < 0 or args.bucket_mb <= 0:
