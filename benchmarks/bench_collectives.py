@@ -26,7 +26,7 @@ printed again at the end of the run.
         [--collectives all_reduce,all_gather,broadcast,barrier]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
         [--output benchmarks/RESULTS.md]
-        [--plot docs/collectives_bandwidth.png]
+        [--plot docs/collectives_bandwidth.png] [--latency-plot docs/collectives_latency.png]
 
 The goals at every size alone (p = 2 and 4, up to 4 MiB):
 
@@ -201,6 +201,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--output", action="append", default=[],
                         help="write the results section into this file (repeatable)")
     parser.add_argument("--plot", help="bus bandwidth plot (PNG)")
+    parser.add_argument("--latency-plot", help="time per call plot (PNG)")
     args = parser.parse_args(argv)
     if args.worker:
         return args
@@ -232,6 +233,8 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     common.publish(report(rows, failures, command, machine), args.output, SECTION)
     if args.plot:
         plot(rows, args.plot)
+    if args.latency_plot:
+        plot(rows, args.latency_plot, metric="latency")
     print("\nGoals:\n" + summary(rows), flush=True)  # last, where a terminal shows them
     return 1 if failures else 0
 

@@ -102,22 +102,28 @@ def _step_rows(job: Dict[str, Any]) -> List[dict]:
     x = rng.standard_normal((job["batch"], STEP_MODEL[0])).astype(np.float32)
     y = rng.integers(0, STEP_MODEL[-1], job["batch"]).astype(np.int64)
     for mode in ("manual", "auto"):
-        steps = {}
+        steps, waits = {}, {}
         for storage in STORAGES:
             manual_seed(0)
             model = dist.DistributedDataParallel(MLP(STEP_MODEL), auto_sync=mode == "auto",
                                                  shared_buckets=storage == "shared")
             optimizer = SGD(model.parameters(), lr=0.01)
+            waits[storage] = []
 
-            def step(model=model, optimizer=optimizer):
+            def step(model=model, optimizer=optimizer, waited=waits[storage]):
+                before = model.comm_stats()["waited_s"]
                 optimizer.zero_grad()
                 F.cross_entropy(model(x), y).backward()
                 model.sync_gradients()
+                waited.append(model.comm_stats()["waited_s"] - before)
                 optimizer.step()
             steps[storage] = step
         medians = _slowest(_interleaved(steps, job["steps"], job["warmup"]))
+        # the backward thread's wait on gradient communication in each step (DDP's own clock,
+        # comm_stats): with overlap, only what backward did not hide
+        waited = _slowest({s: w[job["warmup"]:] for s, w in waits.items()})
         rows.append(dict(model=model_name(STEP_MODEL), params=parameter_count(STEP_MODEL),
-                         mode=mode, batch=job["batch"], **medians))
+                         mode=mode, batch=job["batch"], waited=waited, **medians))
         if rank == 0:
             print(f"step {mode} p={dist.get_world_size()}: copy {medians['copy'] * 1e3:.1f} ms, "
                   f"shared {medians['shared'] * 1e3:.1f} ms", flush=True)
@@ -151,7 +157,7 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
         f"syncs / {job['steps']} steps after {job['warmup']} warm-up rounds. "
         "Speedup: copy time / shared time."
         + ("" if load_after is None else f" Load average {load_after:.2f} at the end."))
-    sync_body, step_body = [], []
+    sync_body, step_body, wait_body = [], [], []
     for result in results:
         p = result["world_size"]
         for r in result["sync"]:
@@ -162,13 +168,24 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
             step_body.append([f"{r['model']} ({_params(r['params'])})", str(p), r["mode"],
                               str(r["batch"]), _ms(r["copy"]), _ms(r["shared"]),
                               f"{r['copy'] / r['shared']:.2f}x"])
+            wait_body.append([f"{r['model']} ({_params(r['params'])})", str(p), r["mode"],
+                              _ms(r["copy"]), _ms(r["waited"]["copy"]),
+                              _ms(r["shared"]), _ms(r["waited"]["shared"])])
     lines += [f"Failed job: {f}" for f in failures]
     lines += ["### sync_gradients()", "", common.markdown_table(
         ["model (params)", "p", "buckets", "copy path (ms)", "shared buckets (ms)", "speedup"],
         sync_body), ""]
     lines += ["### Training step", "", common.markdown_table(
         ["model (params)", "p", "sync", "batch/rank", "copy path (ms)", "shared buckets (ms)",
-         "speedup"], step_body, "lrlrrrr")]
+         "speedup"], step_body, "lrlrrrr"), ""]
+    lines += ["### Step time waiting on communication", "",
+              "What the thread that ran backward spent waiting for gradient averaging in a "
+              "step (`DistributedDataParallel.comm_stats()`, slowest rank's median), before "
+              "(copy path) and after (shared buckets): in manual sync the whole "
+              "`sync_gradients()`, with overlap only what backward did not hide.", "",
+              common.markdown_table(
+                  ["model (params)", "p", "sync", "copy path step (ms)", "copy path waiting (ms)",
+                   "shared step (ms)", "shared waiting (ms)"], wait_body, "lrlrrrr")]
     return "\n".join(lines)
 
 

@@ -121,9 +121,21 @@ def runs_line(rows: Sequence[dict], p: int = 2, nbytes: int = 16 << 20) -> str:
             f"in run order): " + "; ".join(parts) + ".")
 
 
-def plot(rows: Sequence[dict], path: str) -> List[str]:
-    """Bus bandwidth against size, log-log: one column per collective, one row per world size,
-    one line per backend (the same colour in every panel). Returns the panels' titles."""
+PLOT_METRICS = {  # y value of a row, y label, title
+    "busbw": (lambda row: bandwidths(row)[1], "bus bandwidth (GB/s)",
+              "float32 collectives: bus bandwidth (nccl-tests definition) vs size"),
+    "latency": (lambda row: row["seconds"] * 1e6, "time per call (us)",
+                "float32 collectives: time per call through the public calls vs size"),
+}
+
+
+def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
+    """Bus bandwidth (``metric="busbw"``) or time per call (``"latency"``) against size,
+    log-log: one column per collective, one row per world size, one line per backend (the same
+    colour in every panel). Returns the panels' titles."""
+    if metric not in PLOT_METRICS:
+        raise ValueError(f"plot metric must be one of {sorted(PLOT_METRICS)}, got {metric!r}")
+    y_of, y_label, title = PLOT_METRICS[metric]
     plt = common.pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     collectives = [c for c in COLLECTIVES if any(r["collective"] == c for r in rows)]
@@ -141,7 +153,7 @@ def plot(rows: Sequence[dict], path: str) -> List[str]:
     for ax_row, p in zip(axes, world_sizes):
         for ax, collective in zip(ax_row, collectives):
             for backend in BACKEND_ORDER:
-                points = sorted((r["bytes"], bandwidths(r)[1]) for r in rows
+                points = sorted((r["bytes"], y_of(r)) for r in rows
                                 if (r["collective"], r["world_size"], r["backend"]) ==
                                 (collective, p, backend))
                 if points:
@@ -157,10 +169,10 @@ def plot(rows: Sequence[dict], path: str) -> List[str]:
             titles.append(f"{collective}, p = {p}")
             ax.set_title(titles[-1])
             ax.grid(True, which="both", alpha=0.3)
-        ax_row[0].set_ylabel("bus bandwidth (GB/s)")
+        ax_row[0].set_ylabel(y_label)
     for ax in axes[-1]:
         ax.set_xlabel("message size (all_gather: gathered output)")
-    fig.suptitle("float32 collectives: bus bandwidth (nccl-tests definition) vs size")
+    fig.suptitle(title)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
                frameon=False)
     fig.tight_layout(rect=(0, 0.06 if len(world_sizes) > 1 else 0.1, 1, 1))

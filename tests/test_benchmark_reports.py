@@ -56,10 +56,13 @@ def test_plot_has_a_panel_per_collective_and_world_size(tmp_path):
     rows = [dict(_row(b, p, n, n / 1e9 + 1e-5), collective=c)
             for c in collectives_report.COLLECTIVES for p in (2, 4) for n in (4, 4096, 1 << 20)
             for b in ("shm", "MPI native")]
-    figure = tmp_path / "bw.png"
-    assert collectives_report.plot(rows, str(figure)) == [
-        f"{c}, p = {p}" for p in (2, 4) for c in collectives_report.COLLECTIVES]
-    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for metric in ("busbw", "latency"):
+        figure = tmp_path / f"{metric}.png"
+        assert collectives_report.plot(rows, str(figure), metric) == [
+            f"{c}, p = {p}" for p in (2, 4) for c in collectives_report.COLLECTIVES]
+        assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="'speed'"):
+        collectives_report.plot(rows, str(tmp_path / "x.png"), "speed")
 
 
 def test_repeated_runs_report_the_median_of_each_point():

@@ -357,6 +357,13 @@ def test_benchmark_reports_consistent_speedups(tmp_path):
                       text, re.MULTILINE)
     assert [row[0] for row in sync] == ["20-30-5", "40-8"]
     assert [row[0] for row in step] == ["manual", "auto"]
+    waits = re.findall(r"^\| 784-1024-1024-10 \(1\.9M\) \| 2 \| (manual|auto) \| "
+                       r"([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|$", text, re.MULTILINE)
+    assert [row[0] for row in waits] == ["manual", "auto"]
+    for _, copy_step, copy_wait, shared_step, shared_wait in waits:
+        # a step's wait on communication is part of that step, and never nothing
+        assert 0 < float(copy_wait) <= float(copy_step)
+        assert 0 < float(shared_wait) <= float(shared_step)
     for _, copy, shared, speedup in sync + step:
         assert float(copy) > 0 and float(shared) > 0
         ratio = float(copy) / float(shared)
