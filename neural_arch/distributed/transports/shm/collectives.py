@@ -159,11 +159,25 @@ class ShmCollectives:
     def begin(self, fp: Fingerprint, nbytes: int) -> tuple[int, int]:
         """Publish this rank's fingerprint for the next generation; return (gen, signature)."""
         self.check_open(fp)
+        if self.generation.left_early():
+            self.settle_early(fp)
         gen, sig = self.generation.gen + 1, self.signature(fp, nbytes)
         if self.header_sigs[gen & 1] != sig:
             self.publish_header(gen, fp, nbytes, sig)
         self.generation.publish(gen, sig, fp.seq)
         return gen, sig
+
+    def settle_early(self, fp: Fingerprint) -> None:
+        """Before ``fp`` writes anything: wait for every peer to reach the generation this
+        rank left early (a compiled broadcast's root, ``generation``), and raise
+        CollectiveMismatchError naming that broadcast if a peer called something else there."""
+        gen, peer = self.generation.settle(fp.op, fp.seq)
+        if peer < 0:
+            return
+        start = self.layout.rank_header(self.rank, gen & 1)
+        left, _ = unpack_header(bytes(self.t.shared[start:start + HEADER_SIZE]))
+        self.mismatch(gen, left._replace(seq=self.generation.published(self.rank, gen)[1]),
+                      peer)
 
     def sync(self, gen: int, fp: Fingerprint, sig: int = 0) -> None:
         """Arrive at ``gen``, wait for every rank; with ``sig``, check everyone's fingerprint."""

@@ -9,7 +9,9 @@ on the Python one meet in the same generation and end with the same bits. An all
 order in the vector's dtype, and a mean divides by ``p`` in that dtype (multiplies by ``1/p`` for
 a power-of-two ``p``, which rounds the same exact quotient, as ``reduce_ops.averager`` chooses)
 in the loop that adds the last rank's vector. Broadcasts and all-gathers copy bytes, so every
-dtype is compiled.
+dtype is compiled. A compiled broadcast's root returns once its bytes are in place, without
+waiting for the readers (``generation`` says why that is safe and how its next call checks
+them).
 
 Everything rare stays in Python (``Prepared.settle``): writing the full header when the
 kernel finds another collective's in place, waking a
@@ -37,6 +39,7 @@ from ....backends import numba_backend
 from ...reduce_ops import ReduceOp, averager
 from ..base import Fingerprint
 from . import futex
+from .layout import EARLY
 
 ENV_CHOICE = "NEURAL_ARCH_SHM_SMALL"
 CHOICES = ("auto", "python", "compiled")
@@ -123,7 +126,11 @@ def _check(kernels: Any, entry: Any) -> None:
     expect("the broadcast from rank 1", (status, data.tolist()), (0, [5, 6]))
     data = np.array([1, 2], np.uint8)
     status = entry.planned_broadcast(data, plan(areas, root=0), 5, 4)
-    expect("the broadcast from rank 0", (status, areas[0, :2].tolist()), (0, [1, 2]))
+    expect("the broadcast from rank 0", (status, areas[0, :2].tolist(), words[EARLY]),
+           (0, [1, 2], 2))  # the root left generation 2 early
+    words[16] = 1  # its reader has not reached it: the next call must wait first
+    expect("a call after leaving early", entry.planned_barrier(kept[-1].ctypes.data, 6, 4),
+           entry.SETTLE)
     areas[1, :2] = [7, 9]
     dst = np.zeros(4, np.uint8)
     status = entry.planned_all_gather(np.array([3, 4], np.uint8), dst, plan(areas), 5, 4)
@@ -177,12 +184,16 @@ class Prepared:
         return plan
 
     def settle(self, status: int, args: tuple, address: int, fp: Fingerprint, sig: int) -> None:
-        """After the kernel returned ``status`` (not 0) for ``args``: write the header and run
-        again (HEADER), wake a sleeping peer, wait for late ones and finish, name a mismatch."""
+        """After the kernel returned ``status`` (not 0) for ``args``: settle an early left
+        generation (SETTLE) or write the header (HEADER) and run again, wake a sleeping peer,
+        wait for late ones and finish, name a mismatch."""
         c, kernels, kernel = self.c, _built["module"], self.releasing
-        g = c.generation
-        if status < 0:  # entry_kernels.HEADER: nothing published yet
-            c.publish_header(g.gen + 1, fp, self.nbytes, sig)
+        g, entry = c.generation, _built["entry"]
+        while status < 0:  # nothing published yet
+            if status == entry.SETTLE:
+                c.settle_early(fp)
+            else:  # entry_kernels.HEADER
+                c.publish_header(g.gen + 1, fp, self.nbytes, sig)
             status = kernel(*args, address, fp.seq, c.t.watch.spin_polls)
             if not status:
                 return

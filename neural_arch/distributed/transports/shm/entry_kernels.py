@@ -11,9 +11,12 @@ generation in its own GEN word, and run the same steps as ``kernels`` (they call
 the addresses of arrays that live as long as the plan costs an integer each; the caller's
 vector stays an array, since asking NumPy for its address costs more than Numba's conversion.
 
-A status below zero (HEADER) means that the header area of the generation's half holds another
-collective's header: the caller writes this one's (``ShmCollectives.publish_header``, which
-also updates the header signatures these kernels read) and calls again; nothing was published.
+A status below zero means nothing was published and the caller calls again after a step in
+Python: HEADER, the header area of the generation's half holds another collective's header
+(the caller writes this one's with ``ShmCollectives.publish_header``, which also updates the
+header signatures these kernels read); SETTLE, this rank left its last generation early (a
+broadcast's root) and a peer has not reached it yet or called something else there
+(``ShmCollectives.settle_early`` waits, or names the mismatch).
 A ``polls`` of RESUME finishes a generation this rank has arrived at (after a WAIT).
 
 Importing this module imports Numba.
@@ -24,7 +27,7 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .kernels import _generation, load_acquire, small_all_gather, small_all_reduce, \
+from .kernels import _generation, load_acquire, settled, small_all_gather, small_all_reduce, \
     small_broadcast
 from .layout import GEN, LINE_WORDS
 
@@ -33,6 +36,7 @@ WORDS, NWORDS, AREAS, ROWS, COLS, RANK, SIZE, SIG, HEADERS, PRODUCT, MEAN, FACTO
     range(13)
 PLAN_WORDS = 16
 HEADER = -1   # status: write this collective's header, then call again
+SETTLE = -2   # status: settle the generation this rank left early, then call again
 RESUME = -1   # polls: this rank has arrived; check the peers and finish
 
 
@@ -72,6 +76,8 @@ def _begin(plan, polls):  # pragma: no cover - compiled
     if polls == RESUME:
         return words, gen, 0
     gen += 1
+    if not settled(words, plan[RANK], plan[SIZE], polls):
+        return words, gen, SETTLE
     headers = carray(int64_pointer(plan[HEADERS]), (2,))
     return words, gen, HEADER if headers[gen & 1] != plan[SIG] else 0
 

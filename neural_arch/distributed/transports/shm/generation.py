@@ -12,6 +12,16 @@ Likewise for data: at generation g a rank writes only what its peers read after 
 only what was written before it, so two halves of a workspace, alternated by parity, need one
 barrier a round.
 
+One collective leaves its generation early: the root of a compiled small broadcast
+(``kernels.small_broadcast``) arrives and returns without waiting for the readers, as an eager
+send does; only the readers wait (for every rank, the root included). Before such a rank
+writes anything for the next generation it must know what a full generation would have told
+it: that every peer reached the generation it left early (so none still reads the half it is
+about to reuse, nor that generation's slots) with the same fingerprint. Its EARLY word holds
+that generation until then; ``settle`` waits and checks (the compiled kernels check it
+themselves and hand over only when a peer is late or differs), so a mismatch with a root
+that left early is raised by the readers at once and by the root at its next collective.
+
 The transport's direct collectives, its small-message plans (in Python or compiled: they take
 the same steps on the same words) and DDP's shared buckets all run on this barrier; the owner of
 the words decides what a signature means and names a mismatch (``Generation.meet`` returns the
@@ -22,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .layout import GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
+from .layout import EARLY, GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
 from .waiting import sleep_until_ge, wake_sleepers
 
 
@@ -38,6 +48,7 @@ class Generation:
         self.peers = tuple(q for q in range(world_size) if q != rank)
         line = rank * LINE_WORDS
         self.gen_word, self.sleep_word = line + GEN, line + SLEEP
+        self.early_word = line + EARLY
         self.own_slots = tuple(line + 2 * h for h in (0, 1))  # + SIG0 / + SEQ0, by parity
         self.peer_gen_words = tuple(q * LINE_WORDS + GEN for q in self.peers)
         self.peer_sleep_words = tuple(q * LINE_WORDS + SLEEP for q in self.peers)
@@ -94,3 +105,20 @@ class Generation:
         """(signature, sequence number) that ``peer`` stored for ``gen``'s parity."""
         slot = peer * LINE_WORDS + 2 * (gen & 1)
         return self.ctrl[slot + SIG0], self.ctrl[slot + SEQ0]
+
+    def left_early(self) -> int:
+        """The generation this rank left without waiting for its peers, not yet settled (0:
+        none). Read before writing anything for a new generation."""
+        return self.ctrl[self.early_word]
+
+    def settle(self, op: str, seq: Optional[int]) -> tuple[int, int]:
+        """Wait until every peer reached the generation this rank left early and compare their
+        fingerprints there with this rank's; returns (that generation, ``differs``). The debt
+        is cleared either way: a mismatch is raised once, and both sides stand at the same
+        generation after it."""
+        early = self.ctrl[self.early_word]
+        self.wait(early, op, seq, f"every rank to reach generation {early}, which this rank's "
+                  "last broadcast (its root) returned from without waiting")
+        sig, published_seq = self.published(self.rank, early)
+        self.ctrl[self.early_word] = 0
+        return early, self.differs(early, sig, published_seq)

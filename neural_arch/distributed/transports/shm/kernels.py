@@ -3,7 +3,9 @@
 Each takes the steps of its Python form in ``plans`` on the same control words and
 workspace areas: write this rank's data into its input area of the generation's half, publish
 the fingerprint's signature and sequence number, arrive, poll every peer's arrival, check the
-peers' signatures, then reduce or copy out of the input areas.
+peers' signatures, then reduce or copy out of the input areas. A broadcast's root stops after
+arriving (``generation``: it leaves the generation early), and every collective first checks
+(``settled``) that the generation this rank left early, if any, is done on every peer.
 
 Peers read and write the control words while this code runs, so every access to them is an
 atomic 8-byte load (acquire) or store (release), built from LLVM through Numba. Plain array
@@ -23,7 +25,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .layout import GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
+from .layout import EARLY, GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
 
 # Bits of the status word small_all_reduce returns; 0 is done.
 WAKE = 1      # a peer sleeps on this rank's arrival counter: wake it
@@ -71,9 +73,9 @@ def cpu_relax(typingctx):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
-    """Publish the signature and sequence number, arrive at ``gen``, note a peer asleep on
-    this rank's counter (WAKE) and poll every peer's arrival (WAIT if one is late)."""
+def _arrive(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
+    """Publish the signature and sequence number, arrive at ``gen``, and return WAKE if a
+    peer sleeps on this rank's counter (else 0)."""
     half = gen & 1
     line = rank * LINE_WORDS
     store_release(words, line + SIG0 + 2 * half, sig)
@@ -83,6 +85,13 @@ def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
     for q in range(p):
         if q != rank and load_acquire(words, q * LINE_WORDS + SLEEP) == line + GEN + 1:
             status = WAKE
+    return status
+
+
+@njit(cache=True, nogil=True)
+def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
+    """``_arrive``, then poll every peer's arrival (WAIT if one is late)."""
+    status = _arrive(words, rank, p, gen, sig, seq)
     for q in range(p):
         if q != rank:
             left = polls
@@ -105,6 +114,32 @@ def _mismatch(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
                     or load_acquire(words, line + SEQ0) != seq):
                 return (q + 1) * MISMATCH
     return 0
+
+
+@njit(cache=True, nogil=True)
+def settled(words, rank, p, polls):  # pragma: no cover - compiled
+    """Whether this rank may write for a new generation: it left none early (see
+    ``generation``), or every peer has since reached that one (polled like ``_meet``) with the
+    same fingerprint, and then the EARLY word is cleared. False (the caller hands over to
+    ``Generation.settle``) when a peer is late past the polls or differs."""
+    line = rank * LINE_WORDS
+    early = load_acquire(words, line + EARLY)
+    if early == 0:
+        return True
+    for q in range(p):
+        if q != rank:
+            left = polls
+            while load_acquire(words, q * LINE_WORDS + GEN) < early:
+                left -= 1
+                if left <= 0:
+                    return False
+                cpu_relax()
+    half = early & 1
+    if _mismatch(words, rank, p, early, load_acquire(words, line + SIG0 + 2 * half),
+                 load_acquire(words, line + SEQ0 + 2 * half)):
+        return False
+    store_release(words, line + EARLY, 0)
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -203,13 +238,17 @@ def _add_and_scale_in_place(acc, y, mean, factor):  # pragma: no cover - compile
 @njit(cache=True, nogil=True)
 def small_broadcast(words, areas, rank, root, data, gen, sig, seq, polls,
                     resume):  # pragma: no cover - compiled
-    """The root publishes ``data`` (bytes) in the half's first input area; the others copy it."""
+    """The root publishes ``data`` (bytes) in the half's first input area and returns at once,
+    leaving the generation early (``generation``: its next collective first checks that every
+    reader got there); the others wait for every rank, check the fingerprints and copy it."""
     p = areas.shape[0] // 2 - 1
     area = areas[(gen & 1) * (p + 1)]
     n = data.size
-    if not resume and rank == root:
+    if rank == root:
         for i in range(n):
             area[i] = data[i]
+        store_release(words, rank * LINE_WORDS + EARLY, gen)
+        return _arrive(words, rank, p, gen, sig, seq)
     status = _generation(words, rank, p, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status

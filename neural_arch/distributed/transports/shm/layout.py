@@ -16,9 +16,12 @@ PAGE = 4096
 # the line (DDP's shared buckets count there the syncs a rank finished reading). Then the words
 # of peer reads (``cross_memory``): the probe token and the address of this rank's private copy
 # of it, this rank's verdict on reading its peers, and the address of the buffer of the
-# collective it runs now.
+# collective it runs now. Last the generation this rank left early (0: none): a compiled
+# broadcast's root returns once its data is in place, and checks that every reader reached
+# that generation (with the same fingerprint) before it writes anything for the next one
+# (``generation``); only the owner of the line reads that word.
 GEN, SIG0, SEQ0, SIG1, SEQ1, PID, CLOSED, SLEEP, SPARE = range(9)
-PROBE_TOKEN, PROBE_ADDRESS, PEER_READ, BUFFER = range(9, 13)
+PROBE_TOKEN, PROBE_ADDRESS, PEER_READ, BUFFER, EARLY = range(9, 14)
 
 
 def round_up(n: int, to: int) -> int:

@@ -7,8 +7,10 @@ n)``, and kept in ``ShmCollectives.plans``: it takes the steps of the general al
 ``direct`` (same workspace areas, same generation, same checks), with everything that stays the
 same from call to call looked up when it was built. A plan has two forms: the Python one below,
 and a compiled one (``compiled``) that takes the same steps on the same words in one call, so
-ranks on different forms meet in the same generation and end with the same bits. A plan
-starts in Python and changes to its compiled form once it runs often (``compiled.choice``).
+ranks on different forms meet in the same generation and end with the same bits (one step
+differs: the compiled broadcast's root returns without waiting for the readers, which only it
+needs to know, ``generation``). A plan starts in Python and changes to its compiled form
+once it runs often (``compiled.choice``).
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ class Stamp:
         c = self.c
         if c.closed:
             c.check_open(fp)  # raises
+        if c.generation.left_early():
+            c.settle_early(fp)
         sig, gen = self.signature(fp), c.generation.gen + 1
         if c.header_sigs[gen & 1] != sig:
             c.publish_header(gen, fp, self.nbytes, sig)

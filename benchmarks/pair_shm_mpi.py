@@ -1,0 +1,144 @@
+"""Our shm collectives and MPI's own, taking turns batch by batch in the same two processes.
+
+``bench_collectives.py`` runs ours and MPI's in separate jobs; on a shared machine whose speed
+drifts from second to second their ratio then compares moments. Here one ``mpiexec`` job holds
+both: every rank also joins an shm process group, and each batch of calls (right after a
+barrier) runs one contender, the contenders in a rotating order. A batch's time is the slowest
+rank's per-call time; each contender reports its median over batches, and the pairs report the
+median of the per-turn ratios (ours / MPI's, < 1: ours is faster), the figure least moved by
+drift. One bias to know: mpi4py releases the GIL inside MPI's calls, so a background thread of
+the process group may take it and delay MPI's return; on a loaded machine large MPI calls
+were seen far slower here than in ``bench_collectives.py``'s own jobs. Trust the latency sizes
+on any machine, the large ones on a quiet one.
+
+Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast`` and ``dist.all_reduce``
+(SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for the all-reduce each
+``--choices`` of the large shm algorithm (``tuning`` tags, e.g. ``whole@128K``), called
+through ``direct.all_reduce`` with that choice:
+
+    python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
+        [--choices whole@256K,whole@128K] [--calls 200] [--turns 60]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]
+
+from bench_common import format_size, one_thread_per_rank, parse_size  # noqa: E402
+
+one_thread_per_rank()
+
+
+def _choice(tag: str):
+    from neural_arch.distributed.transports.shm.tuning import Choice
+    algorithm, size = tag.split("@")
+    return Choice(algorithm, parse_size(size))
+
+
+def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
+    """{name: one call}, each on its own buffer of ``nbytes``."""
+    from neural_arch.distributed.reduce_ops import ReduceOp
+    from neural_arch.distributed.transports.shm import direct
+    from neural_arch.distributed.group.world import resolve_group
+    n = max(1, nbytes // 4)
+    bufs = {}
+
+    def buf(name):  # zeros: repeated in-place sums stay finite
+        bufs[name] = np.zeros(n, np.float32)
+        return bufs[name]
+    if collective == "broadcast":
+        ours, theirs = buf("ours"), buf("mpi")
+        return {"dist.broadcast": lambda: dist.broadcast(ours, 0),
+                "MPI_Bcast": lambda: comm.Bcast(theirs, root=0)}
+    theirs, out = buf("mpi"), np.empty(n, np.float32)
+    calls = {"MPI_Allreduce": lambda: comm.Allreduce(theirs, out)}
+    ours = buf("ours")
+    calls["dist.all_reduce"] = lambda: dist.all_reduce(ours)
+    pg = resolve_group(None)
+    for tag in choices:
+        if nbytes > direct.SMALL_BYTES:
+            mine, choice = buf(tag), _choice(tag)
+            fp = pg.fingerprint("all_reduce:sum", mine.dtype, n)
+            calls[f"shm {tag}"] = (lambda mine=mine, choice=choice, fp=fp:
+                                   direct.all_reduce(c, mine, ReduceOp.SUM, fp, choice))
+    return calls
+
+
+def worker(args) -> None:
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    port = None
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(comm.bcast(port)))
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.group.world import resolve_group
+    dist.init_process_group("shm")
+    c = resolve_group(None).transport.collectives
+    choices = [t for t in args.choices.split(",") if t]
+    for collective in args.collectives.split(","):
+        for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
+            calls = contenders(collective, nbytes, choices, comm, dist, c, np)
+            names = list(calls)
+            for name in names:  # warm: plans, compiled entries, page faults
+                for _ in range(64):
+                    calls[name]()
+            times = {name: [] for name in names}
+            for turn in range(args.turns):
+                order = names[turn % len(names):] + names[:turn % len(names)]
+                for name in order:
+                    call = calls[name]
+                    comm.Barrier()
+                    dist.barrier()
+                    start = time.perf_counter()
+                    for _ in range(args.calls):
+                        call()
+                    mine = (time.perf_counter() - start) / args.calls
+                    times[name].append(comm.allreduce(mine, op=MPI.MAX))
+            if rank == 0:
+                peer = "MPI_Bcast" if collective == "broadcast" else "MPI_Allreduce"
+                med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
+                line = [f"{collective} {format_size(nbytes)}:"]
+                for name in names:
+                    ratio = np.median(np.array(times[name]) / np.array(times[peer]))
+                    line.append(f"{name} {med[name]:.2f} us" + (
+                        "" if name == peer else f" ({ratio:.3f}x MPI, diff "
+                        f"{med[name] - med[peer]:+.2f} us)"))
+                print(" | ".join(line), flush=True)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="4,64,1K")
+    ap.add_argument("--collectives", default="broadcast,all_reduce")
+    ap.add_argument("--choices", default="")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--turns", type=int, default=60)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONUNBUFFERED="1")
+    cmd = ["mpiexec", "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable, "-u",
+           os.path.abspath(__file__), "--worker"] + (argv if argv is not None else sys.argv[1:])
+    return subprocess.run(cmd, env=env, timeout=1800).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
