@@ -2,13 +2,19 @@
 DDP with the plain optimizer: step time, measured alternating in one job, and bytes per step.
 
 One MLP (float32, Adam, cross-entropy, one BLAS thread per rank), DDP buckets of ``--bucket-mb``
-so that there are several; four replicas of the same weights step in turn on the same batch,
+so that there are several; five replicas of the same weights step in turn on the same batch,
 the order rotating every round (``bench_common.interleaved_step_ms``):
 - ``ddp``: DDP, then ``Adam.step()`` after backward;
-- ``zero``: DDP, then ``ZeroRedundancyOptimizer.step()`` (its share, then an all-gather);
+- ``ddp_hook``: the same with torch's ``allreduce_hook`` registered (``register_comm_hook``):
+  what any hooked DDP pays beside the plain one;
+- ``zero``: DDP, then ``ZeroRedundancyOptimizer.step()`` (its share, then an all-gather; on
+  shm the shares pass through shared memory instead);
 - ``overlap``: ``hook_with_zero_step(allreduce_hook, ...)``: each owner updates its buckets
   once the last bucket is launched, the updates broadcast while later averages travel;
 - ``interleaved``: ``hook_with_zero_step_interleaved``: bucket k-1 updated as bucket k launches.
+On shm both ZeRO hooks run on DDP's shared buckets: the buckets are averaged as without a hook,
+then each owner updates its parameters, which live in shared memory, and the others copy them
+out (no broadcast, so no bytes sent).
 Reported per backend: the slowest rank's median step and its ratio to ``ddp``'s, and on tcp the
 payload bytes the most loaded rank's transport sent in one step (``transports.sent_bytes``)
 beside the formula for Ψ float32 parameters at world N: 2(N-1)/N·4Ψ for DDP's ring all-reduce,
@@ -40,8 +46,8 @@ SCRIPT = os.path.abspath(__file__)
 MiB = 1 << 20
 SIZES = [512, 1024, 1024, 1024, 1024, 10]
 QUICK_SIZES = [32, 64, 64, 64, 10]
-PATHS = ("ddp", "zero", "overlap", "interleaved")
-FORMULA = {"ddp": 2, "zero": 3, "overlap": 3, "interleaved": 3}  # × (N-1)/N · 4Ψ
+PATHS = ("ddp", "ddp_hook", "zero", "overlap", "interleaved")
+FORMULA = {"ddp": 2, "ddp_hook": 2, "zero": 3, "overlap": 3, "interleaved": 3}  # × (N-1)/N · 4Ψ
 
 
 def _runner(path: str, job: Dict[str, Any]):
@@ -58,11 +64,13 @@ def _runner(path: str, job: Dict[str, Any]):
     from neural_arch.optim import Adam
     manual_seed(0)
     ddp = DistributedDataParallel(MLP(job["sizes"]), bucket_size_mb=job["bucket_mb"])
-    if path == "ddp":
+    if path in ("ddp", "ddp_hook"):
         opt = Adam(ddp.parameters(), lr=1e-4)
     else:
         opt = ZeroRedundancyOptimizer(ddp.parameters(), Adam, lr=1e-4,
                                       overlap_with_ddp=path != "zero")
+    if path == "ddp_hook":
+        ddp.register_comm_hook(None, allreduce_hook)
     if path in ("overlap", "interleaved"):
         wrap = hook_with_zero_step if path == "overlap" else hook_with_zero_step_interleaved
         ddp.register_comm_hook(None, wrap(allreduce_hook, ddp, opt))
@@ -103,7 +111,7 @@ def report(results, failures, command: str, machine: str, job: Dict[str, Any]) -
         "ZeRO-1 stepping inside DDP's backward (`benchmarks/bench_zero_overlap.py`)",
         command, machine,
         f"MLP {common.model_name(job['sizes'])} (Ψ = {psi}), batch {job['batch']} per rank, "
-        f"float32, Adam, DDP buckets {job['bucket_mb']} MiB; the four paths step in turn "
+        f"float32, Adam, DDP buckets {job['bucket_mb']} MiB; the five paths step in turn "
         f"(order rotating), slowest rank's median of {job['steps']} steps after "
         f"{job['warmup']} warm-up rounds; bytes: one step per path on tcp.")
     lines += [f"Failed job: {f}" for f in failures]

@@ -29,8 +29,8 @@ def test_zero_overlap_benchmark_reports_consistent_numbers(tmp_path):
     rows = {name: (int(factor), *map(float, numbers)) for name, factor, *numbers in re.findall(
         rf"^\| (\w+) \| (\d)\(N-1\)/N \| {_NUM} \| {_NUM} \| {_NUM} \| – \| – \| "
         rf"{_NUM} \| {_NUM} \|$", text, re.M)}
-    assert list(rows) == ["ddp", "zero", "overlap", "interleaved"], text
-    assert [rows[n][0] for n in rows] == [2, 3, 3, 3]
+    assert list(rows) == ["ddp", "ddp_hook", "zero", "overlap", "interleaved"], text
+    assert [rows[n][0] for n in rows] == [2, 2, 3, 3, 3]
     ddp_tcp = rows["ddp"][4]
     for name, (factor, formula, sent, sent_x, tcp_ms, tcp_x) in rows.items():
         assert formula == pytest.approx(factor / 2 * 4 * PSI / 2 ** 20, abs=0.0005)
@@ -38,5 +38,6 @@ def test_zero_overlap_benchmark_reports_consistent_numbers(tmp_path):
         assert _ratio_shown(tcp_x, tcp_ms, ddp_tcp, 1, 0.005)
     # DDP sends its formula; ZeRO adds about the other rank's share (padding, uneven buckets)
     assert rows["ddp"][3] == pytest.approx(1.0, abs=0.01)
+    assert rows["ddp_hook"][3] == pytest.approx(1.0, abs=0.01)  # allreduce_hook: DDP's bytes
     for name in ("zero", "overlap", "interleaved"):
         assert 0.95 <= rows[name][3] <= 1.4, text

@@ -19,6 +19,12 @@ its bucket's average first). Both leave every replica updated when backward retu
 bit as DDP followed by the plain optimizer. Buckets go whole to rank ``index % world_size``;
 ``shard_buckets=True`` splits them over ranks to even the shares (torch's rule:
 ``optim.bucket_assignment``). The step itself: ``optim.overlap_step``.
+
+Wrapping ``allreduce_hook`` on DDP's shared buckets (the whole world of an ``shm`` transport),
+neither hook runs: DDP averages the buckets in shared memory as without a hook, and then the
+owners update and hand their new values to the others through that memory, without a
+broadcast (``OverlapStep.step_on_shared``); each hook names that step
+``after_shared_average`` and the hook it wraps ``averaging_hook`` (``ddp.hook_plan``).
 """
 from __future__ import annotations
 
@@ -69,7 +75,7 @@ def hook_with_zero_step(hook: Hook, ddp: Any, zero: Any,
         if bucket.index() == overlap.num_buckets - 1:
             overlap.step_through(bucket.index())
         return future
-    return hook_with_zero_fn
+    return _on_shared_buckets(hook_with_zero_fn, hook, overlap)
 
 
 def hook_with_zero_step_interleaved(hook: Hook, ddp: Any, zero: Any,
@@ -85,7 +91,15 @@ def hook_with_zero_step_interleaved(hook: Hook, ddp: Any, zero: Any,
         index = bucket.index()
         overlap.step_through(index if index == overlap.num_buckets - 1 else index - 1)
         return future
-    return hook_with_zero_interleaved_fn
+    return _on_shared_buckets(hook_with_zero_interleaved_fn, hook, overlap)
+
+
+def _on_shared_buckets(zero_hook: Hook, hook: Hook, overlap: Any) -> Hook:
+    """What DDP's shared buckets need to stand in for ``zero_hook`` (see the module
+    docstring)."""
+    zero_hook.averaging_hook = hook
+    zero_hook.after_shared_average = overlap.step_on_shared
+    return zero_hook
 
 
 __all__ = ["hook_with_zero_step", "hook_with_zero_step_interleaved"]

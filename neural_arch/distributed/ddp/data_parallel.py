@@ -27,7 +27,9 @@ and nothing is copied in or out of a workspace.
 ``hook(state, bucket)``, which may compress (``distributed.comm_hooks``: float16, PowerSGD,
 top-k). The hook plugs into the storage's ``all_reduce``/``unpack``, so the buckets are packed,
 launched during backward and unpacked exactly as without one; only private buckets can host
-it (a hook runs collectives of its own), so shared ones are given up when a hook is registered.
+a hook that runs collectives of its own, so shared ones are given up for it. Shared buckets
+stand in for ``allreduce_hook`` (their average is its, bit for bit) and for the ZeRO hooks
+around it, whose updated parameters pass through the shared segment (``hook_plan``).
 ``gradient_compression=True`` registers ``fp16_compress_hook``; under it a float32 bucket is
 packed straight into float16 and unpacked from it (``hook_plan``, ``wire``), with the hook's
 bits and no casting passes of its own.
@@ -47,7 +49,7 @@ from ..group.world import get_world_size, is_initialized, resolve_group
 from ..replicas import broadcast_module_state, check_replicas_agree
 from .bucket import Bucket
 from .buckets import bucket_storage, group_parameters
-from .hook_plan import HookPlan
+from .hook_plan import HookPlan, on_shared_buckets
 from .step_sync import StepSync
 
 
@@ -58,7 +60,8 @@ class DistributedDataParallel(StepSync, Module):
     """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model.
 
     ``shared_buckets``: None (default) keeps the buckets in shared memory whenever the group
-    is the whole world of an ``shm`` transport and no communication hook is registered; True
+    is the whole world of an ``shm`` transport and no communication hook but ``allreduce_hook``
+    (or a ZeRO hook around it) is registered; True
     requires it (ValueError where it cannot work; a single process has nothing to share);
     False never does. ``.shared_buckets`` tells whether they are in use.
 
@@ -96,6 +99,8 @@ class DistributedDataParallel(StepSync, Module):
         self._sync_enabled = True
         self._started = False   # a backward or a sync happened: too late for a comm hook
         self._hook_name: Optional[str] = None
+        # shared buckets standing in for a hook: what runs once the averages are in place
+        self._after_shared_average: Optional[Callable] = None
         self._names: Dict[int, str] = {id(p): n for n, p in module.named_parameters()}
         self._params = [p for _, p in module.named_parameters() if p.requires_grad]
         self._check_replicas_agree()
@@ -154,10 +159,16 @@ class DistributedDataParallel(StepSync, Module):
             resolve_group(self._group), "ddp_comm_hook", [zlib.crc32(name.encode())],
             f"DistributedDataParallel.register_comm_hook({name})")
         if self._storage.shared:
+            after = on_shared_buckets(hook, state, self._group)
+            if after is not None:  # the shared average is the hook's, bit for bit
+                self._hook_name = name
+                self._after_shared_average = after
+                return
             if self._shared_request:
                 raise ValueError(f"register_comm_hook({name}): shared_buckets=True was asked "
-                                 "for, but a hook runs its own collectives on private buckets; "
-                                 "leave shared_buckets at None")
+                                 "for, but this hook runs its own collectives on private "
+                                 "buckets (shared ones serve allreduce_hook and the ZeRO hooks "
+                                 "around it); leave shared_buckets at None")
             self._use_storage(bucket_storage(self._group, self._specs, False, name,
                                              self.gradient_as_bucket_view))
         self._hook_name = name

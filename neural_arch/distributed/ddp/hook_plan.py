@@ -7,6 +7,12 @@ the bucket in a narrower dtype (``comm_hooks.default_hooks.packed_form``: the fl
 bucket straight into the narrower dtype and widens the average while unpacking (``wire``),
 and the hook's packed form, which only averages, runs on it. The buckets are launched, waited
 for and unpacked by the same code either way.
+
+Shared buckets (``shared_buckets``) average without any hook: ``on_shared_buckets`` tells
+which hooks they can stand in for, bit for bit: ``allreduce_hook`` over DDP's own group, and
+a hook that wraps it and names what to run once the averages are in place
+(``after_shared_average``: ZeRO's step, ``comm_hooks.ddp_zero_hook``). Any other hook runs its
+own collectives, on private buckets.
 """
 from __future__ import annotations
 
@@ -15,7 +21,9 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 
 from ..comm_hooks.bucket import GradBucket
-from ..comm_hooks.default_hooks import packed_form
+from ..comm_hooks.default_hooks import allreduce_hook, packed_form
+from ..group.process_group import ProcessGroup
+from ..group.world import resolve_group
 from .bucket import Bucket
 from .wire import narrower_wire
 
@@ -41,3 +49,26 @@ class HookPlan:
         b = self._buckets[index]
         last = index == len(self._buckets) - 1
         return self._hooks[index](self._state, GradBucket(index, flat, b.params, b.offsets, last))
+
+
+# what runs after the shared buckets' averages: (arena, parameters of each bucket) -> None
+AfterSharedAverage = Callable[[Any, List[list]], None]
+
+
+def _after_nothing(arena: Any, params_per_bucket: List[list]) -> None:
+    """``allreduce_hook``: the averages are all it asks for."""
+
+
+def on_shared_buckets(hook: Callable, state: Any, group: Any) -> Optional[AfterSharedAverage]:
+    """What DDP runs once its shared buckets are averaged and unpacked, in place of ``hook``
+    (registered with ``state`` on a DDP over ``group``); None where the hook needs private
+    buckets. A hook built around another names it ``averaging_hook`` and what it does after
+    the average ``after_shared_average``."""
+    averaging = getattr(hook, "averaging_hook", hook)
+    if averaging is not allreduce_hook:
+        return None
+    if state is not None and not isinstance(state, ProcessGroup):
+        return None  # a state that counts what the hook sends (CommHookState) sees collectives
+    if resolve_group(state).group_id != resolve_group(group).group_id:
+        return None
+    return getattr(hook, "after_shared_average", _after_nothing)

@@ -50,6 +50,7 @@ from .shared_segment import SegmentLayout, SharedBucketsUnavailable, Spec, open_
 
 OP = "shared_bucket_all_reduce"
 ACQUIRE_OP = "shared_bucket_acquire"
+MEET_OP = "shared_bucket_meet"
 RELEASED = SPARE  # the word of a rank's control line counting syncs it finished reading
 CHUNK_BYTES = 256 << 10     # partial sums stay in cache while the next rank's slice is added
 _FINISH = "end of a sync"
@@ -150,6 +151,37 @@ class SharedBucketArena:
             a, b = max(start, lo), min(stop, hi)
             if a < b:
                 out[a - lo:b - lo] = self._views[q][index][a:b]
+
+    # ----- passing values on after a sync (ZeRO's updated parameters) ---------------------
+    def copy_of(self, rank: int, index: int) -> np.ndarray:
+        """Group rank ``rank``'s copy of bucket ``index`` in the segment. Between the last
+        unpack of a sync and ``release()``, a rank may write over its own copy, once every
+        peer has read its slices (``meet``), to hand values to the others."""
+        return self._views[rank][index]
+
+    def publish_written(self, count: int) -> None:
+        """Tell the peers this rank has now written ``count`` pieces into its copies in all
+        (a count that only grows, kept by the caller; data first, then the count)."""
+        self._ctrl[self._written_word(self._rank)] = count
+
+    def wait_written(self, rank: int, count: int, what: str) -> None:
+        """Wait until group rank ``rank`` has published ``count`` pieces written."""
+        wait_ge(self._ctrl, self._written_word(rank), count, rank, self._t.watch,
+                self._t.timeout, MEET_OP, None, what)
+
+    def _written_word(self, rank: int) -> int:
+        """On the rank's line of counts, after the barrier's lines (``shared_segment``)."""
+        return (self._size + rank) * LINE_WORDS
+
+    def meet(self, what: str) -> None:
+        """A barrier of the group on the segment's own lines, for the calling thread once
+        every bucket of the sync was waited for; every rank calls it with the same ``what``
+        (a mismatch raises, naming both)."""
+        self._check_open(MEET_OP, 0)
+        fp = self._pg.fingerprint(MEET_OP, np.uint8, 0)
+        sig = self._signature(what)
+        self._labels.setdefault(sig, what)
+        self._barrier(sig, fp.seq, what)
 
     # ----- on the queue's thread -----------------------------------------------------------
     def _reduce_bucket(self, index: int, seq: int, last: bool, bucket=None) -> None:

@@ -1,7 +1,7 @@
 """The shared-memory segment behind ``SharedBucketArena``: where each rank's buckets and slices
 lie in it, and how the group creates and maps it.
 
-The segment holds one control line per rank, then one region per rank with every bucket back
+The segment holds two control lines per rank, then one region per rank with every bucket back
 to back (each bucket on its own pages). Rank r reduces slice r of each bucket; slices are
 cache-line aligned. Group rank 0 creates the segment and reserves its pages (a full /dev/shm
 fails then, with a message, instead of with SIGBUS at a first write), every rank maps it, and
@@ -44,8 +44,9 @@ def slices(count: int, p: int, itemsize: int) -> List[Tuple[int, int]]:
 
 
 class SegmentLayout:
-    """Byte offsets in the segment: control lines, then one region per rank holding every
-    bucket back to back (each on its own pages)."""
+    """Byte offsets in the segment: control lines (the barrier's, one per rank, then one per
+    rank of counts of the arena's own), then one region per rank holding every bucket back to
+    back (each on its own pages)."""
 
     def __init__(self, world_size: int, specs: Sequence[Spec]) -> None:
         self.bucket_at, at = [], 0
@@ -53,7 +54,8 @@ class SegmentLayout:
             self.bucket_at.append(at)
             at += round_up(n * np.dtype(dt).itemsize, PAGE)
         self.region_bytes = max(at, PAGE)
-        self.ctrl_bytes = round_up(world_size * LINE_WORDS * 8, PAGE)
+        # a control line per rank for the barrier, then one per rank for the arena's counts
+        self.ctrl_bytes = round_up(2 * world_size * LINE_WORDS * 8, PAGE)
         self.total_bytes = self.ctrl_bytes + world_size * self.region_bytes
 
     def bucket(self, rank: int, index: int) -> int:

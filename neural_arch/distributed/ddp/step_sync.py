@@ -50,6 +50,7 @@ class StepSync:
         """The state of a step's sync, and the hooks that see each gradient arrive (also in
         explicit mode: there they only watch for a forgotten ``sync_gradients()``)."""
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._bucket_params = [b.params for b in self._buckets]
         self._next_launch = 0
         self._backward = None   # the backward the hooks last saw (autograd.current_backward)
         self._averaged = False  # the last backward's callback averaged the gradients
@@ -159,6 +160,8 @@ class StepSync:
                     keep = None if used is None else used[start:start + n]
                     self._storage.unpack(bucket.index, bucket.params, bucket.offsets, keep)
                 start += n
+            if self._after_shared_average is not None:  # before peers may write the segment
+                self._after_shared_average(self._storage, self._bucket_params)
             self._storage.release()
             self._sync_times.record(arrived, [b.work for b in self._buckets])
         finally:

@@ -18,6 +18,7 @@ import numpy as np
 from ...core import Tensor
 from .. import collectives
 from ..reduce_ops import ReduceOp
+from .back_to_back import BackToBack
 
 
 class FlatShards:
@@ -32,9 +33,9 @@ class FlatShards:
                     f"{tuple(p.array.shape)}")
         self.params, self.rank, self.world_size = list(params), rank, world_size
         self.dtype = np.dtype(params[0].array.dtype)
-        sizes = [p.array.size for p in self.params]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
-        self.numel = self.offsets[-1]
+        self.layout = BackToBack(self.params)
+        self.offsets = self.layout.offsets
+        self.numel = self.layout.numel
         self.shard_size = -(-self.numel // world_size)
         total = self.shard_size * world_size
         self.values = np.zeros(total, dtype=self.dtype)
@@ -69,11 +70,9 @@ class FlatShards:
         """Pack every gradient (None counts as zeros) and reduce-scatter their average: the
         shard's ``.grad`` is this rank's part of the averaged gradient. The parameters'
         gradients are dropped: the flat buffer holds them now."""
-        for p, lo, hi in zip(self.params, self.offsets, self.offsets[1:]):
-            if p.grad is None:
-                self.grads[lo:hi] = 0
-            else:
-                self.grads[lo:hi] = np.asarray(p.grad.array).reshape(-1)
+        self.layout.pack([None if p.grad is None else p.grad.array for p in self.params],
+                         self.grads[:self.numel])
+        for p in self.params:
             p.grad = None
         # made for each call: between steps a rank holds no second copy of its shard
         reduced = np.empty(self.shard_size, dtype=self.dtype)

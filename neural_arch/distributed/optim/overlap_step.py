@@ -15,7 +15,20 @@ every replica holds the updated parameters and ``step()`` has nothing left to do
 Every rank waits for every bucket's future in bucket order (not only for the buckets it
 owns): a hook whose future runs collectives of its own when waited for (PowerSGD's second
 all-reduce) then issues them in the same order everywhere. The broadcasts go to the
-communication queue in assignment order, the same on every rank.
+communication queue in assignment order, the same on every rank. Each assignment's values
+travel in a buffer of its own, kept from step to step (``back_to_back``).
+
+On DDP's shared buckets (the plain average, on the whole world of an ``shm`` transport) no
+hook runs: DDP averages the buckets in shared memory and unpacks them, then calls
+``step_on_shared``: every owner updates its parameters from their averaged gradients, in a
+shared segment where its parameters live (``shared_updates``), and the others copy the new
+values out of it, with no broadcast at all. Each owner publishes a count of the updates it
+has made (``SharedBucketArena.publish_written``), which the readers wait for, update by
+update, in assignment order, and a barrier at the end keeps every owner from returning (and
+its user from changing the parameters in place) before every peer has read them. Where that
+segment cannot be had, the owner writes its updates
+over its own copy of the bucket instead, once every peer has read its slices of the averaged
+gradients (``SharedBucketArena.meet``).
 """
 from __future__ import annotations
 
@@ -24,12 +37,14 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import numpy as np
 
 from .. import collectives
-from ..buffers import copy_from_host, copy_into_host
+from ..group.world import resolve_group
+from .back_to_back import BackToBack
 from .bucket_assignment import Assignment
+from .shared_updates import SharedUpdates
 
 # ``step_params(params, grads)``: the local optimizer's update of ``params`` (this rank owns
-# them) with ``grads``, host arrays shaped like the parameters
-StepParams = Callable[[Sequence[Any], Sequence[np.ndarray]], None]
+# them) with ``grads``, arrays shaped like the parameters (None: no gradient)
+StepParams = Callable[[Sequence[Any], Sequence[Any]], None]
 
 
 class OverlapStep:
@@ -44,17 +59,26 @@ class OverlapStep:
         self.params_per_bucket = [list(params) for params in params_per_bucket]
         self.rank, self.ranks, self.group = rank, tuple(ranks), group
         self._step_params, self._on_finished = step_params, on_finished
-        self.by_bucket: Dict[int, List[Assignment]] = {}
-        for assignment in self.assignments:
-            self.by_bucket.setdefault(assignment.bucket, []).append(assignment)
+        self._numbers_of: Dict[int, List[int]] = {}  # bucket -> its assignments' numbers
+        for number, assignment in enumerate(self.assignments):
+            self._numbers_of.setdefault(assignment.bucket, []).append(number)
         self.num_buckets = len(self.params_per_bucket)
+        self._layouts = [BackToBack(a.params) for a in self.assignments]
+        self._flats: List[Any] = [None] * len(self.assignments)  # made at the first send
+        # where each assignment lies in its DDP bucket (elements)
+        self._spans = []
+        for a, layout in zip(self.assignments, self._layouts):
+            start = sum(p.array.size for p in self.params_per_bucket[a.bucket][:a.offset])
+            self._spans.append((start, start + layout.numel))
+        self._checked_shared = None  # the shared buckets whose layout was checked
+        self._updates = None  # SharedUpdates; False: shared memory would not have them
         self._reset()
 
     def _reset(self) -> None:
         self._expected = 0  # the bucket index the hook should see next
         self._stepped = 0   # buckets stepped and broadcast this backward
         self._waiting: Dict[int, Tuple[Any, Any]] = {}  # index -> (GradBucket, future)
-        self._sent: List[Tuple[Assignment, np.ndarray, Any]] = []  # (assignment, flat, work)
+        self._sent: List[Tuple[int, Any]] = []  # (assignment number, broadcast work)
 
     @property
     def recorded(self) -> int:
@@ -94,41 +118,92 @@ class OverlapStep:
     def _step_bucket(self, index: int) -> None:
         bucket, future = self._waiting.pop(index)
         gradients = _averaged_gradients(bucket, future)
-        for assignment in self.by_bucket.get(index, ()):
-            params = assignment.params
+        for number in self._numbers_of.get(index, ()):
+            assignment, layout = self.assignments[number], self._layouts[number]
+            flat = self._flats[number]
+            if flat is None:  # its first send; later steps reuse it (their broadcasts wait)
+                flat = self._flats[number] = layout.empty()
             if assignment.rank == self.rank:
-                self._step_params(params, gradients[assignment.offset:
-                                                    assignment.offset + len(params)])
-            flat = _flat_for(params)
-            if assignment.rank == self.rank:
-                start = 0
-                for param in params:
-                    copy_into_host(flat[start:start + param.array.size], param.array)
-                    start += param.array.size
+                first = assignment.offset
+                self._step_params(assignment.params,
+                                  gradients[first:first + len(assignment.params)])
+                layout.pack_values(flat)
             work = collectives.broadcast(flat, src=self.ranks[assignment.rank],
                                          group=self.group, async_op=True)
-            self._sent.append((assignment, flat, work))
+            self._sent.append((number, work))
 
     def _finish(self) -> None:
         sent, self._sent = self._sent, []
-        for assignment, flat, work in sent:
+        for number, work in sent:
             work.wait()
-            if assignment.rank == self.rank:
-                continue
-            start = 0
-            for param in assignment.params:
-                stop = start + param.array.size
-                values = flat[start:stop].reshape(param.array.shape)
-                copy_from_host(values, param.array, out=param.array)
-                param.mark_modified_in_place()  # the owner's update, written in place
-                start = stop
+            if self.assignments[number].rank != self.rank:
+                self._layouts[number].unpack_values(self._flats[number])
         self._reset()
         self._on_finished()
 
+    # ----- on DDP's shared buckets ----------------------------------------------------------
+    def step_on_shared(self, arena: Any, params_per_bucket: Sequence[Sequence[Any]]) -> None:
+        """After DDP averaged its shared buckets and unpacked them into the gradients (before
+        it releases the segment): the owners update their parameters, which live in shared
+        memory (``shared_updates``), and every other rank copies them out (see the module
+        docstring)."""
+        self._check_shared_layout(arena, params_per_bucket)
+        if self._updates is None:  # the first such step: the same point on every rank
+            self._updates = SharedUpdates.open(resolve_group(self.group), self.assignments,
+                                               self._layouts, self.rank) or False
+        updates = self._updates or None
+        if updates is None:  # the updates go through this rank's copies of the buckets,
+            # where the peers may still read its slices of the averaged gradients
+            arena.meet("every rank to unpack the averaged gradients")
+        # this rank's own updates first, each published as soon as it is written, so that
+        # the peers read it while this rank goes on with the next
+        for number, assignment in enumerate(self.assignments):
+            if assignment.rank == self.rank:
+                params = assignment.params
+                if updates is not None:
+                    updates.before_update(number)
+                self._step_params(params, [None if p.grad is None else p.grad.array
+                                           for p in params])
+                if updates is not None:
+                    updates.after_update(number)
+                else:
+                    self._layouts[number].pack_values(self._in_bucket(arena, number))
+                self._written[self.rank] += 1
+                arena.publish_written(self._written[self.rank])
+        for number, assignment in enumerate(self.assignments):
+            owner = assignment.rank
+            if owner != self.rank:
+                self._written[owner] += 1
+                arena.wait_written(owner, self._written[owner],
+                                   f"rank {owner} to write its update of bucket "
+                                   f"{assignment.bucket}")
+                self._layouts[number].unpack_values(
+                    self._in_bucket(arena, number) if updates is None
+                    else updates.place(number))
+        # an owner's parameters are what the peers read: none may change them in place (a
+        # user's code after backward, say) before every peer has its copy
+        arena.meet("every rank to read the updated parameters")
+        self._reset()
+        self._on_finished()
 
-def _flat_for(params: Sequence[Any]) -> np.ndarray:
-    """A host buffer for the values of ``params`` back to back (one dtype: one DDP bucket)."""
-    return np.empty(sum(p.array.size for p in params), dtype=params[0].array.dtype)
+    def _in_bucket(self, arena: Any, number: int) -> np.ndarray:
+        """Where assignment ``number`` lies in its owner's copy of its DDP bucket."""
+        assignment, (lo, hi) = self.assignments[number], self._spans[number]
+        return arena.copy_of(assignment.rank, assignment.bucket)[lo:hi]
+
+    def _check_shared_layout(self, arena: Any, params_per_bucket: Sequence[Sequence[Any]]):
+        if self._checked_shared is arena:
+            return
+        theirs = [[id(p) for p in params] for params in params_per_bucket]
+        if theirs != [[id(p) for p in params] for params in self.params_per_bucket]:
+            raise RuntimeError(
+                f"ZeroRedundancyOptimizer(overlap_with_ddp=True): the DistributedDataParallel "
+                f"this hook is registered on has buckets of {[len(b) for b in theirs]} "
+                f"parameters, not those of the one the hook was built with "
+                f"({[len(b) for b in self.params_per_bucket]}, or other parameters); register "
+                "the hook on that one")
+        self._checked_shared = arena
+        self._written = [0] * len(self.ranks)  # pieces each rank wrote into this segment
 
 
 def _averaged_gradients(bucket: Any, future: Any) -> List[np.ndarray]:

@@ -3,7 +3,7 @@ into the class (PyTorch's mode of the same name).
 
 Without overlap the optimizer steps after backward, when every gradient is averaged. With it
 the step moves into DDP's communication hook (``comm_hooks.ddp_zero_hook``), bucket by bucket
-(``overlap_step``), so the parameters are dealt out by DDP bucket (``bucket_assignment``,
+(``overlap_step``; on DDP's shared-memory buckets, right after their averages), so the parameters are dealt out by DDP bucket (``bucket_assignment``,
 torch's rule) instead of one by one, and ``parameters_as_bucket_view`` is ignored. That
 split needs DDP's buckets, so it is made when the hook is built (``attach_to_ddp``); until
 then the local optimizer holds no parameters, and checkpoints and ``step()`` refuse. Our DDP
@@ -19,8 +19,6 @@ loss. On a group of one rank DDP runs no hook and ``step()`` is the plain step.
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Optional, Sequence
-
-import numpy as np
 
 from ..buffers import copy_from_host
 from .bucket_assignment import assign_buckets, partition_by_assignment
@@ -110,11 +108,12 @@ class OverlapWithDDP:
             f"{missing}; the optimizer's not in DDP's buckets (shapes): {foreign}")
 
     # -- the step, bucket by bucket --------------------------------------------------------
-    def _step_params(self, params: Sequence[Any], grads: Sequence[np.ndarray]) -> None:
-        """The local optimizer's update of ``params`` alone, with ``grads`` (views of an
-        averaged bucket) as their gradients for the time of the step: the optimizer sees only
-        these parameters, so its per-parameter state and step counts advance once per step,
-        as in a plain step."""
+    def _step_params(self, params: Sequence[Any], grads: Sequence[Optional[Any]]) -> None:
+        """The local optimizer's update of ``params`` alone, with ``grads`` (host views of an
+        averaged bucket, or arrays of the parameters' own kind; None: no gradient, the
+        parameter is skipped as by a plain step) as their gradients for the time of the step:
+        the optimizer sees only these parameters, so its per-parameter state and step counts
+        advance once per step, as in a plain step."""
         self._sync_hyperparameters()
         wanted = {id(p) for p in params}
         groups = self.optim.param_groups
@@ -123,7 +122,7 @@ class OverlapWithDDP:
                                    for g in groups]
         try:
             for param, grad in zip(params, grads):
-                param.grad = grad if type(param.array) is np.ndarray \
+                param.grad = grad if grad is None or type(grad) is type(param.array) \
                     else copy_from_host(grad, param.array)
             self.optim.step()
         finally:

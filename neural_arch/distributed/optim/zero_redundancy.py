@@ -18,11 +18,14 @@ states to one rank, when a checkpoint is written.
 The all-gather lands in a flat host buffer the size of the parameters, out of which the other
 ranks' values are copied into the parameters. ``parameters_as_bucket_view=True`` makes the
 parameters views of that buffer instead: no copy, and no second copy of the parameters in
-memory (NumPy parameters only).
+memory (NumPy parameters only). Without it, on the whole world of an ``shm`` transport, the
+shares go through shared memory instead of an all-gather, one copy per reader
+(``shared_exchange``).
 
 ``overlap_with_ddp=True`` moves the step into DDP's communication hook, bucket by bucket, each
-updated bucket broadcast by its owner while later buckets are still averaged
-(``zero_overlap``; the hooks: ``comm_hooks.ddp_zero_hook``).
+updated bucket broadcast by its owner while later buckets are still averaged, or, on DDP's
+shared-memory buckets, handed on through shared memory (``zero_overlap``; the hooks:
+``comm_hooks.ddp_zero_hook``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from ...optim import Optimizer
 from .. import collectives
 from ..group import resolve_group
 from .same_parameters import check_same_parameters
+from .shared_exchange import SharedShardExchange
 from .sharding import ShardExchange, partition_parameters
 from .zero_overlap import OverlapWithDDP
 
@@ -115,9 +119,16 @@ class ZeroRedundancyOptimizer(OverlapWithDDP, Optimizer):
         check_same_parameters(self.param_groups, self.process_group, self._ranks,
                               "ZeroRedundancyOptimizer")
 
-    def _new_exchange(self) -> Optional[ShardExchange]:
+    def _new_exchange(self):
+        """How the updated shares reach every rank: through shared memory on the whole world
+        of an shm transport (``shared_exchange``), by an all-gather elsewhere or with
+        ``parameters_as_bucket_view`` (``sharding.ShardExchange``); None on one rank."""
         if self.world_size == 1:
             return None
+        if not self.parameters_as_bucket_view:
+            shared = SharedShardExchange.open(self._partition, self.rank, self.process_group)
+            if shared is not None:
+                return shared
         return ShardExchange(self._partition, self.rank, self.process_group,
                              self.parameters_as_bucket_view)
 
@@ -154,6 +165,9 @@ class ZeroRedundancyOptimizer(OverlapWithDDP, Optimizer):
         if self._overlap_with_ddp:
             return self._overlap_step(closure)
         self._sync_hyperparameters()
+        before_step = getattr(self._exchange, "before_step", None)
+        if before_step is not None:  # shared memory: the owners update in place there
+            before_step()
         loss = self.optim.step(closure=closure)
         if self._exchange is not None:
             self._exchange.exchange()

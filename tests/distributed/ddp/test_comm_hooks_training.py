@@ -1,6 +1,6 @@
 """Communication hooks inside training: automatic and explicit sync, no_sync() accumulation,
-unused parameters, shared buckets given up, and digits trained to the accuracy of exact
-averaging."""
+unused parameters, shared buckets kept for the plain average and given up for a hook of the
+user's own, and digits trained to the accuracy of exact averaging."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,11 +24,12 @@ def _hook(kind: str):
 
 def hooked_worker(rank: int, world_size: int, kind: str, auto_sync: bool, micro: int):
     from ddp_cases import make_model, make_optimizer
-    from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed import DistributedDataParallel, get_backend
     model = DistributedDataParallel(make_model(seed=rank + 10), auto_sync=auto_sync,
                                     bucket_size_mb=0.0005)
     model.register_comm_hook(*_hook(kind))
-    assert not model.shared_buckets
+    # the plain average is what shared buckets compute: they stay; other hooks need private ones
+    assert model.shared_buckets == (kind == "allreduce" and get_backend() == "shm")
     opt = make_optimizer("sgd", model.parameters())
     return train_ddp(model, opt, rank, world_size, micro, sync=not auto_sync)
 
@@ -80,26 +81,36 @@ def test_hooks_with_unused_parameters_follow_pytorch(kind):
             np.testing.assert_allclose(a, np.full((2, 3), 3.0))
 
 
-def shared_worker(rank: int, world_size: int, insist):
+def shared_worker(rank: int, world_size: int, insist, own_hook: bool):
     from neural_arch.distributed import DistributedDataParallel
     from neural_arch.distributed.comm_hooks import allreduce_hook
     from neural_arch.nn import Linear
+
+    def users_hook(state, bucket):  # runs a collective of its own: private buckets
+        return allreduce_hook(state, bucket)
     model = DistributedDataParallel(Linear(4, 3), shared_buckets=insist)
     before = model.shared_buckets
-    model.register_comm_hook(None, allreduce_hook)
+    model.register_comm_hook(None, users_hook if own_hook else allreduce_hook)
     for p in model.module.parameters():
         p.grad = np.full(p.array.shape, float(rank), dtype=np.float32)
     model.sync_gradients()
     return before, model.shared_buckets, model.module.weight.grad.array.copy()
 
 
-def test_a_hook_moves_shared_buckets_to_private_ones():
-    for before, after, grad in run_ranks(shared_worker, 2, "shm", args=(None,)):
+@pytest.mark.parametrize("insist", [None, True])
+def test_allreduce_hook_keeps_shared_buckets(insist):
+    for before, after, grad in run_ranks(shared_worker, 2, "shm", args=(insist, False)):
+        assert before and after, "allreduce_hook averages as shared buckets do: they stay"
+        np.testing.assert_array_equal(grad, np.full((3, 4), 0.5, dtype=np.float32))
+
+
+def test_a_users_hook_moves_shared_buckets_to_private_ones():
+    for before, after, grad in run_ranks(shared_worker, 2, "shm", args=(None, True)):
         assert before and not after
         np.testing.assert_array_equal(grad, np.full((3, 4), 0.5, dtype=np.float32))
-    with pytest.raises(RankFailed, match=r"register_comm_hook\(allreduce_hook\): "
+    with pytest.raises(RankFailed, match=r"register_comm_hook\(.*users_hook\): "
                                          r"shared_buckets=True was asked for"):
-        run_ranks(shared_worker, 2, "shm", args=(True,), timeout=60)
+        run_ranks(shared_worker, 2, "shm", args=(True, True), timeout=60)
 
 
 # ----- digits ---------------------------------------------------------------------------------

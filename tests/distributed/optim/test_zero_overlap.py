@@ -24,11 +24,16 @@ TORCH_PATH = "neural_arch.distributed.algorithms.ddp_comm_hooks"
 
 
 def _train(ddp, opt, rank: int, world_size: int):
-    """Parameters after each step of this rank's share of the DDP tests' batches."""
+    """Parameters after each step of this rank's share of the DDP tests' batches. After the
+    first step every parameter's ``.array`` is rebound to new values, as a model's
+    ``load_state_dict`` may do: the updates must start from them."""
     import neural_arch.functional as F
     from neural_arch.core import Tensor
     history = []
     for step in range(STEPS):
+        if step == 1:
+            for p in ddp.module.parameters():
+                p.array = p.array * 0.5
         x, y = rank_share(step, rank, world_size)
         opt.zero_grad()
         F.cross_entropy(ddp(Tensor(x)), Tensor(y)).backward()
@@ -49,11 +54,15 @@ def _hook(name: str):
 
 
 def overlap_worker(rank: int, world_size: int, optimizer_name: str, bucket_bytes: int,
-                   shard_buckets: bool, hook_name: str):
+                   shard_buckets: bool, hook_name: str, without_update_segment: bool = False):
     """DDP + the plain optimizer, then DDP + ZeRO under each of the two hooks (imported by
     torch's module path) wrapping the same averaging hook, from the same weights on the same
-    batches."""
+    batches. ``without_update_segment``: shared memory refuses the segment of the owners'
+    updates (they then pass through DDP's shared buckets)."""
     from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed.optim.shared_updates import SharedUpdates
+    if without_update_segment:
+        SharedUpdates.open = classmethod(lambda cls, *args: None)
     hooks = importlib.import_module(f"{TORCH_PATH}.ddp_zero_hook")
     runs = {}
     for variant in ("ddp", "hook_with_zero_step", "hook_with_zero_step_interleaved"):
@@ -72,7 +81,8 @@ def overlap_worker(rank: int, world_size: int, optimizer_name: str, bucket_bytes
         state = opt.state_dict() if rank == 0 or not zero else None
         index = {id(p): i for i, p in enumerate(ddp.module.parameters())}
         owned = sorted(index[id(p)] for p in opt.owned_parameters()) if zero else None
-        runs[variant] = (history, state, owned, len(ddp.bucket_parameters()))
+        runs[variant] = (history, state, owned, len(ddp.bucket_parameters()),
+                         ddp.shared_buckets)
     return runs
 
 
@@ -80,6 +90,9 @@ CASES = [  # (world size, backend, optimizer, DDP bucket cap in bytes, shard_buc
     (2, "shm", "sgd", 60, False, "fp16_compress_hook"),  # 5 buckets, dealt 3 + 2
     (2, "tcp", "adam", 700, True, "allreduce_hook"),  # 2 buckets, the larger split over both
     (3, "shm", "sgd", 300, False, "powerSGD"),        # 3 buckets, one each
+    # the plain average on shm: shared buckets, the owners' updates passed through them
+    (2, "shm", "adam", 700, True, "allreduce_hook"),
+    (3, "shm", "adam", 60, False, "allreduce_hook"),  # 5 buckets, dealt 2 + 2 + 1
     (3, "tcp", "sgd", 700, False, "allreduce_hook"),  # 2 buckets: rank 2 owns none
     (1, "shm", "sgd", 300, False, "allreduce_hook"),  # one rank: DDP runs no hook
 ]
@@ -89,9 +102,19 @@ CASES = [  # (world size, backend, optimizer, DDP bucket cap in bytes, shard_buc
                          CASES)
 def test_overlap_equals_ddp_with_the_plain_optimizer(world_size, backend, optimizer_name,
                                                      bucket_bytes, shard_buckets, hook_name):
+    _check_overlap(world_size, backend, optimizer_name, bucket_bytes, shard_buckets, hook_name)
+
+
+def test_updates_through_the_shared_buckets_without_their_own_segment():
+    _check_overlap(3, "shm", "adam", 60, False, "allreduce_hook", without_update_segment=True)
+
+
+def _check_overlap(world_size, backend, optimizer_name, bucket_bytes, shard_buckets, hook_name,
+                   without_update_segment=False):
     results = run_ranks(overlap_worker, world_size, backend,
-                        args=(optimizer_name, bucket_bytes, shard_buckets, hook_name), timeout=50)
-    want_history, want_state, _, buckets = results[0]["ddp"]
+                        args=(optimizer_name, bucket_bytes, shard_buckets, hook_name,
+                              without_update_segment), timeout=50)
+    want_history, want_state, _, buckets, _ = results[0]["ddp"]
     for variant in ("hook_with_zero_step", "hook_with_zero_step_interleaved"):
         for rank, runs in enumerate(results):
             for step, (got, want) in enumerate(zip(runs[variant][0], want_history)):
@@ -114,6 +137,9 @@ def test_overlap_equals_ddp_with_the_plain_optimizer(world_size, backend, optimi
             assert owned[2] == [], owned  # torch's rule: bucket i goes to rank i % world size
         if shard_buckets:  # the larger bucket (both layers' last parameters) is split
             assert all(owned), owned
+        # shared buckets serve the plain average (and the exchange of updates) on shm
+        want_shared = backend == "shm" and hook_name == "allreduce_hook" and world_size > 1
+        assert [runs[variant][4] for runs in results] == [want_shared] * world_size
     assert buckets == {60: 5, 300: 3, 700: 2}[bucket_bytes]
 
 
@@ -183,6 +209,12 @@ def misuse_worker(rank: int, world_size: int):
     backward(used)
     errors["first_step"] = _error(registered.step)
     errors["second_step"] = _error(registered.step)
+    # built for one DDP, registered on another (shared buckets on shm): the backward refuses
+    built_for = DistributedDataParallel(make_model(seed=10), bucket_size_mb=300 / 2 ** 20)
+    other = DistributedDataParallel(make_model(seed=10), bucket_size_mb=300 / 2 ** 20)
+    stray = ZeroRedundancyOptimizer(built_for.parameters(), SGD, overlap_with_ddp=True, lr=0.1)
+    other.register_comm_hook(None, hook_with_zero_step(allreduce_hook, built_for, stray))
+    errors["other_ddp"] = _error(lambda: backward(other))
     return errors
 
 
@@ -208,3 +240,5 @@ def test_misuse_raises_with_the_values():
     assert errors["first_step"] is None
     kind, message = errors["second_step"]
     assert kind == "RuntimeError" and "since the last step()" in message
+    kind, message = errors["other_ddp"]
+    assert kind == "RuntimeError" and "register the hook on that one" in message, message

@@ -70,6 +70,70 @@ def test_zero_equals_one_process_and_plain_ddp(backend_name, world_size, model_n
         assert max(sizes) < full_bytes, f"state bytes per rank {sizes} vs {full_bytes} in all"
 
 
+def shared_exchange_worker(rank: int, world_size: int):
+    """ZeRO and plain DDP from the same weights; after the first step every parameter's
+    ``.array`` is rebound to new values (as a model's ``load_state_dict`` may do)."""
+    from neural_arch.distributed import DistributedDataParallel
+    runs = {}
+    for zero in (True, False):
+        model = DistributedDataParallel(build_model("mlp"))
+        opt = make_optimizer("adam", model.parameters(), zero=zero)
+        train(model, opt, "mlp", range(1), rank, world_size)
+        for p in model.module.parameters():
+            p.array = p.array * 0.5
+        train(model, opt, "mlp", range(1, 3), rank, world_size)
+        kind = type(opt._exchange).__name__ if zero else None
+        runs[zero] = ([p.array.copy() for p in model.module.parameters()], kind)
+    return runs
+
+
+def test_shares_pass_through_shared_memory_on_shm():  # p = 2: the tests above and below
+    for rank, runs in enumerate(run_ranks(shared_exchange_worker, 3, "shm", timeout=60)):
+        (zero, kind), (ddp, _) = runs[True], runs[False]
+        assert kind == "SharedShardExchange", kind  # no all-gather on the whole shm world
+        for i, (got, want) in enumerate(zip(zero, ddp)):
+            assert got.tobytes() == want.tobytes(), f"rank {rank} parameter {i} differs"
+
+
+def in_place_worker(rank: int, world_size: int, overlap: bool):
+    """Every rank halves its parameters in place right after each step; rank 1 reads the
+    owners' updates late. ZeRO through shared memory (after backward, or inside DDP's hook)
+    against plain DDP doing the same."""
+    import time
+
+    from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed.comm_hooks import allreduce_hook, hook_with_zero_step
+    from neural_arch.distributed.optim.back_to_back import BackToBack
+    if rank == 1:
+        unpack = BackToBack.unpack_values
+
+        def late(self, flat):
+            time.sleep(0.05)
+            unpack(self, flat)
+        BackToBack.unpack_values = late
+    runs = {}
+    for zero in (True, False):
+        model = DistributedDataParallel(build_model("mlp"), bucket_size_mb=300 / 2 ** 20)
+        opt = make_optimizer("adam", model.parameters(), zero=zero,
+                             **({"overlap_with_ddp": overlap} if zero else {}))
+        if zero and overlap:
+            model.register_comm_hook(None, hook_with_zero_step(allreduce_hook, model, opt))
+        for step in range(2):
+            train(model, opt, "mlp", range(step, step + 1), rank, world_size)
+            for p in model.module.parameters():
+                p.array *= 0.5
+        runs[zero] = [p.array.copy() for p in model.module.parameters()]
+    return runs
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_owners_wait_for_their_readers_before_returning(overlap):
+    for rank, runs in enumerate(run_ranks(in_place_worker, 2, "shm", args=(overlap,),
+                                          timeout=60)):
+        for i, (got, want) in enumerate(zip(runs[True], runs[False])):
+            assert got.tobytes() == want.tobytes(), f"rank {rank} parameter {i} differs"
+
+
 def test_a_rank_without_parameters_still_works():
     results = run_ranks(zero_worker, 4, "shm", args=("three", "adam", False), timeout=120)
     owned = [r["zero"][2] for r in results]
