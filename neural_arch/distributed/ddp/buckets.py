@@ -186,8 +186,9 @@ def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
         raise TypeError(f"shared_buckets must be None, True or False, got {shared!r}")
     specs = [(int(n), np.dtype(dt)) for n, dt in specs]
     pg = resolve_group(group)
-    if pg.size == 1:  # nothing to communicate: the buckets are never packed
-        return PrivateBuckets(pg, [(0, dt) for _, dt in specs])
+    if pg.size == 1:  # nothing to communicate: no hook, no packing (a hook runs on one too)
+        return PrivateBuckets(pg, specs if comm_hook else [(0, dt) for _, dt in specs],
+                              grads_as_views and bool(comm_hook))
     if grads_as_views:
         if shared:
             raise ValueError("shared_buckets=True cannot be used with gradient_as_bucket_view="

@@ -171,6 +171,9 @@ class DistributedDataParallel(StepSync, Module):
                                  "around it); leave shared_buckets at None")
             self._use_storage(bucket_storage(self._group, self._specs, False, name,
                                              self.gradient_as_bucket_view))
+        elif self._world == 1:  # the hook runs on one rank too: buckets with room for it
+            self._use_storage(bucket_storage(self._group, self._specs, False, name,
+                                             self.gradient_as_bucket_view))
         self._hook_name = name
         plan = HookPlan(state, hook, self._buckets, self.gradient_as_bucket_view)
         self._storage.use_comm_hook(plan, plan.wires)

@@ -73,7 +73,7 @@ class StepSync:
         if not self._fresh:  # a name, not the Parameter: Module would register that as ours
             self._first_fresh = self._names.get(id(param), "?")
         self._fresh += 1
-        if not self.auto_sync or self._world == 1:
+        if not self.auto_sync or self._alone():
             return
         self._bucket_of[id(param)].ready += 1
         # Launch in bucket order so every rank issues the same collectives in the same order.
@@ -139,7 +139,7 @@ class StepSync:
     def _average(self) -> None:
         """Launch the buckets not launched yet, wait for all, unpack the averages."""
         self._started = True
-        if self._world == 1:
+        if self._alone():
             self._reset()
             return
         arrived = time.perf_counter()
@@ -166,6 +166,12 @@ class StepSync:
             self._sync_times.record(arrived, [b.work for b in self._buckets])
         finally:
             self._reset()
+
+    def _alone(self) -> bool:
+        """One rank and no communication hook: the gradients are their own average. A hook
+        still runs on one rank, as PyTorch's DDP runs it (PowerSGD or fp16 change the
+        gradients there too, and a script must behave the same at every world size)."""
+        return self._world == 1 and self._hook_name is None
 
     def _globally_used(self) -> np.ndarray:
         """Which parameters got a gradient on at least one rank (PyTorch leaves the rest None)."""

@@ -137,11 +137,6 @@ class OverlapWithDDP:
     def _overlap_step(self, closure: Optional[Callable[[], Any]]) -> Any:
         loss = None if closure is None else closure()
         self._check_attached("step()")
-        if self.world_size == 1:  # DDP runs no hook on one rank: the plain step
-            self._sync_hyperparameters()
-            self.optim.step()
-            self._gathered = None
-            return loss
         if not self._hook_updates:
             raise RuntimeError(
                 f"ZeroRedundancyOptimizer(overlap_with_ddp=True).step() on rank "
