@@ -92,6 +92,8 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     rounds it), at no pass of its own."""
     if t.world_size == 1 or buf.size == 0:
         return
+    if t.ring_all_reduce(buf, op, fp, mean):  # the transport's faster form, these bits
+        return
     bounds = chunk_bounds(buf.size, t.world_size)
     _reduce_scatter_inplace(t, buf, bounds, op, fp, mean)
     _all_gather_inplace(t, buf, bounds, fp)

@@ -178,6 +178,12 @@ class Transport(ABC):
         ``algorithms.select`` should choose them over the portable algorithms by default."""
         return None
 
+    def ring_all_reduce(self, buf: np.ndarray, op, fp: Fingerprint, mean: int = 0) -> bool:
+        """Run the ring all-reduce (``algorithms.ring``) on ``buf`` in a form of this
+        transport's own, with the ring's bits, and return True; False (the default): the ring
+        runs its portable steps."""
+        return False
+
     def check_peer_rank(self, peer, fp: Fingerprint) -> None:
         """ValueError unless ``peer`` is another rank of this job."""
         if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.world_size:

@@ -28,12 +28,14 @@ import numpy as np
 
 from ..processes import host_identity, process_stat
 from ..errors import PeerFailureError
-from .base import Fingerprint, Transport
+from .base import Fingerprint, Transport, pack_header
+from .mpi_chained import run_chained
 from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import LEFT, Notices
 from .mpi_waiting import RequestWaiting
 from .mpi_wire import DONE, PAYLOAD, Incoming, post_send
+from . import mpi_pair
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
@@ -141,8 +143,10 @@ class MpiTransport(RequestWaiting, Transport):
         with self._lock:
             self._check_peer(dst, fp)
             self._check_peer(src, fp)
-            sends = post_send(self._comm, self._mpi, out, dst, fp)
-            self._receive_while(sends, Incoming(self, into, src, fp))
+            header = pack_header(fp, out.nbytes)  # a symmetric exchange expects the same
+            sends = post_send(self._comm, self._mpi, out, dst, fp, header)
+            self._receive_while(sends, Incoming(self, into, src, fp, header if
+                                                into.nbytes == out.nbytes else None))
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
         """Receive ``incoming`` while ``sends`` progress, in one poll over both."""
@@ -156,8 +160,8 @@ class MpiTransport(RequestWaiting, Transport):
 
     def send_recv_many(self, sends, recvs) -> None:
         """A batch: every send posted at once, and every receive moved on in one poll over the
-        batch. One peer's messages are taken in order: the next is probed for only once the
-        receives of the one before are posted (a probe would otherwise find its payload)."""
+        batch. One peer's messages are taken in order: the next one's first receive is posted
+        only once the receives of the one before are (it would otherwise take that payload)."""
         if not sends and not recvs:
             return
         first = (sends or recvs)[0][2]
@@ -184,7 +188,7 @@ class MpiTransport(RequestWaiting, Transport):
                             del queue[i]
                             continue
                         pending += queue[i].reqs
-                        if stage < PAYLOAD:  # the next is probed for once these are posted
+                        if stage < PAYLOAD:  # the next is received for once these are posted
                             break
                         i += 1
                 if pending or any(queues.values()):
@@ -192,6 +196,22 @@ class MpiTransport(RequestWaiting, Transport):
                 return None
 
             self._wait(list(posted), peers, first, advance)
+
+    def send_recv_chained(self, sends, recvs) -> None:
+        """``send_recv_many`` whose receives may each carry a follow-up: ``recvs`` are
+        ``(buf, src, fp, then)``; ``then`` (or None) runs as soon as that receive is complete
+        and returns messages to send at once. Every message of a call belongs to the same
+        collective, whose fingerprint fixes every size on both sides (``mpi_chained``)."""
+        with self._lock:
+            run_chained(self, sends, recvs, _byte_view)
+
+    def ring_all_reduce(self, buf: np.ndarray, op, fp: Fingerprint, mean: int = 0) -> bool:
+        """The ring all-reduce (``algorithms.ring``) run here, with its bits, when this
+        transport has a faster way: two ranks pipeline it (``mpi_pair``). False: not here."""
+        if self.world_size != 2:
+            return False
+        mpi_pair.all_reduce(self, buf, op, fp, mean)
+        return True
 
     def _check_peer(self, peer: int, fp: Fingerprint) -> None:
         self.check_peer_rank(peer, fp)

@@ -10,7 +10,9 @@ takes) each poll yields the core (``sched_yield``: at once back when nothing els
 rank that held its core while other processes wait for one would leave them all to the core its
 peer needs, which then waits for them (milliseconds on a busy machine); yielding sooner would
 hand the core away in the middle of most transfers. Past ``SPIN_S`` the wait naps, in naps
-growing to ``NAP_MAX_S``, so that a long wait does not burn a core.
+growing to ``NAP_MAX_S``, so that a long wait does not burn a core. A wait over many requests
+that still sees some complete (a pipeline of pieces) is not a long wait: each completion starts
+the spin window again, since a nap there would stall every piece behind it.
 
 ``RequestWaiting`` is the part of ``MpiTransport`` (``mpi.py``) that does this; it uses the
 transport's communicator, notices, peer table and timeout.
@@ -59,8 +61,10 @@ class RequestWaiting:
                 pending = advance()
                 if pending is None:
                     return
-                reqs = pending
                 now = clock()
+                if len(pending) != len(reqs):  # progress: a pipeline is moving, keep up
+                    spin_until, nap = now + SPIN_S, 0.0
+                reqs = pending
                 if now >= self._next_check:
                     self._look(reqs, peers, fp, start, now, advance)
             except MPI.Exception as e:

@@ -1,0 +1,119 @@
+"""The mpi transport's all-reduce for two ranks: the ring's two steps as one pipeline, with the
+ring's bits.
+
+Up to ``EXCHANGE_MAX_BYTES`` the two ranks swap their whole vectors in one exchange and each
+reduces all of it, every element in the ring's operand order: one message each way costs less
+than the ring's two steps. Above it, the pipeline below runs.
+
+The ring all-reduce (``algorithms.ring``) at p = 2 sends the peer's half of the vector, waits
+for its own half from the peer, reduces it, and only then sends the reduced half back: while it
+reduces, nothing moves, and while data moves, nothing is reduced. Here the whole collective is
+one ``send_recv_chained`` call (``mpi_chained``): the peer's half goes out in pieces, every
+receive is posted before its piece arrives (into a few reused slots), and each piece of this
+rank's half is reduced the moment it lands and sent straight back while later pieces are still
+in flight. Each element is reduced exactly as the ring reduces it (the peer's operand first,
+then the division of a mean), so the results are the ring's bit for bit; only the piece size
+differs, which no element's value depends on.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Callable, Iterator
+
+import numpy as np
+
+from ..reduce_ops import ReduceOp, combiner, divide_by_count
+from .base import Fingerprint, Message
+
+if TYPE_CHECKING:
+    from .mpi import MpiTransport
+
+# Up to this size one exchange of the whole vector is cheaper than the ring's two steps: one
+# message each way instead of two, each rank then reducing the whole vector. Measured beside the
+# ring at p = 2 (bench_collectives): 64 KiB 57-60 us against 67, 256 KiB 126-131 against 110.
+EXCHANGE_MAX_BYTES = 128 << 10
+# Pieces: small enough that the first is reduced while the rest of a half is still arriving,
+# large enough that MPI's per-message handshake and a Python step per piece stay a small part
+# of a piece's transfer. WINDOW_PIECES receive slots bound the scratch memory.
+MIN_PIECE_BYTES, MAX_PIECE_BYTES, PIECES_PER_HALF = 256 << 10, 1 << 20, 8
+WINDOW_PIECES = 8
+_held = threading.local()
+
+
+def _scratch(nbytes: int, dtype: np.dtype) -> np.ndarray:
+    """Receive slots kept per thread: fresh megabytes are page-faulted in on every call."""
+    held = getattr(_held, "buf", None)
+    if held is None or held.nbytes < nbytes:
+        held = _held.buf = np.empty(nbytes, np.uint8)
+    return held[:nbytes].view(dtype)
+
+
+def piece_elems(half_elems: int, itemsize: int) -> int:
+    """Elements per piece for a half of ``half_elems``: about PIECES_PER_HALF pieces, each
+    between MIN_PIECE_BYTES and MAX_PIECE_BYTES."""
+    target = -(-half_elems * itemsize // PIECES_PER_HALF)
+    return max(1, min(MAX_PIECE_BYTES, max(MIN_PIECE_BYTES, target)) // itemsize)
+
+
+def _pieces(length: int, piece: int) -> Iterator[slice]:
+    for lo in range(0, length, piece):
+        yield slice(lo, min(lo + piece, length))
+
+
+def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
+               mean: int = 0) -> None:
+    """The ring all-reduce of ``algorithms.ring`` at two ranks (``op`` already a sum for an
+    average, ``mean`` > 0 the divisor), pipelined; ``buf`` is 1-D, contiguous, non-empty."""
+    rank, peer = t.rank, 1 - t.rank
+    half = -(-buf.size // 2)  # the ring's chunks: the larger one first
+    if buf.nbytes <= EXCHANGE_MAX_BYTES:
+        _exchange(t, buf, half, op, fp, mean)
+        return
+    mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
+    piece = piece_elems(half, buf.itemsize)
+    slots = _scratch(min(WINDOW_PIECES * piece, mine.size) * buf.itemsize, buf.dtype)
+    fold = _folder(combiner(op, buf.dtype), mean)
+    recvs = []
+    for k, part in enumerate(_pieces(mine.size, piece)):
+        acc = mine[part]
+        lo = (k % WINDOW_PIECES) * piece
+        got = slots[lo:lo + acc.size]
+        recvs.append((got, peer, fp, _then_send(fold, got, acc, peer, fp)))
+    # A piece of ``theirs`` is received into only once its own send completed (mpi_chained).
+    recvs += [(theirs[part], peer, fp, None) for part in _pieces(theirs.size, piece)]
+    t.send_recv_chained([(theirs[part], peer, fp) for part in _pieces(theirs.size, piece)],
+                        recvs)
+
+
+def _exchange(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp, fp: Fingerprint,
+              mean: int) -> None:
+    """The whole vector each way in one exchange, then each element reduced as the ring
+    reduces it on the rank that owns its chunk: the owner's peer's operand first."""
+    got = _scratch(buf.nbytes, buf.dtype)
+    t.sendrecv(buf, 1 - t.rank, got, 1 - t.rank, fp)
+    combine = combiner(op, buf.dtype)
+    first, second = (got[:half], buf[:half]) if t.rank == 0 else (buf[:half], got[:half])
+    combine(first, second, out=buf[:half])  # chunk 0, rank 0's: rank 1's operand first
+    first, second = (buf[half:], got[half:]) if t.rank == 0 else (got[half:], buf[half:])
+    combine(first, second, out=buf[half:])  # chunk 1, rank 1's: rank 0's operand first
+    if mean:
+        divide_by_count(buf, mean)
+
+
+def _folder(combine, mean: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """``fold(got, acc)``: ``acc = got op acc``, then divided by ``mean``: the ring's step."""
+    if not mean:
+        return lambda got, acc: combine(got, acc, out=acc)
+
+    def fold_mean(got: np.ndarray, acc: np.ndarray) -> None:
+        combine(got, acc, out=acc)
+        divide_by_count(acc, mean)
+    return fold_mean
+
+
+def _then_send(fold, got: np.ndarray, acc: np.ndarray, peer: int,
+               fp: Fingerprint) -> Callable[[], tuple[Message, ...]]:
+    def then() -> tuple[Message, ...]:
+        fold(got, acc)
+        return ((acc, peer, fp),)
+    return then
