@@ -1,7 +1,7 @@
 """Counting the bytes a rank's transport sends: what a step really moves, not a formula.
 
 ``counting_sent_bytes(group)`` wraps the point-to-point entry points of the group's transport
-(``send``, ``sendrecv``, ``send_recv_many``, and tcp's ``send_recv_chained`` with the messages
+(``send``, ``sendrecv``, ``send_recv_many``, and the tcp and mpi transports' ``send_recv_chained`` with the messages
 its follow-ups queue: every collective that runs over the transport's messages goes through
 them, the ring, the trees and tcp's two-rank collectives included) and adds up the payload bytes
 this rank sends inside the block, headers left out. Collectives a transport runs its own way
