@@ -14,10 +14,13 @@ on any machine, the large ones on a quiet one.
 Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast`` and ``dist.all_reduce``
 (SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for the all-reduce each
 ``--choices`` of the large shm algorithm (``tuning`` tags, e.g. ``whole@128K``), called
-through ``direct.all_reduce`` with that choice:
+through ``direct.all_reduce`` with that choice. A ``whole`` tag may name the form of its rounds
+after a colon, ``whole@256K:python`` or ``whole@256K:compiled`` (``pair_rounds``), to set the
+two in turns in one job:
 
     python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
-        [--choices whole@256K,whole@128K] [--calls 200] [--turns 60]
+        [--choices whole@256K:python,whole@256K:compiled] [--calls 200] [--turns 60]
+        [--against whole@256K:python]
 """
 from __future__ import annotations
 
@@ -59,15 +62,22 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
                 "MPI_Bcast": lambda: comm.Bcast(theirs, root=0)}
     theirs, out = buf("mpi"), np.empty(n, np.float32)
     calls = {"MPI_Allreduce": lambda: comm.Allreduce(theirs, out)}
-    ours = buf("ours")
-    calls["dist.all_reduce"] = lambda: dist.all_reduce(ours)
+    ours, rounds = buf("ours"), c.pair_rounds
+    default_form = rounds.choice
+    if any(":" in tag for tag in choices):  # the forms set below: back to the default
+        calls["dist.all_reduce"] = lambda: (setattr(rounds, "choice", default_form),
+                                            dist.all_reduce(ours))
+    else:
+        calls["dist.all_reduce"] = lambda: dist.all_reduce(ours)
     pg = resolve_group(None)
     for tag in choices:
         if nbytes > direct.SMALL_BYTES:
-            mine, choice = buf(tag), _choice(tag)
+            mine, (name, _, form) = buf(tag), tag.partition(":")
+            choice, form = _choice(name), form or default_form
             fp = pg.fingerprint("all_reduce:sum", mine.dtype, n)
-            calls[f"shm {tag}"] = (lambda mine=mine, choice=choice, fp=fp:
-                                   direct.all_reduce(c, mine, ReduceOp.SUM, fp, choice))
+            calls[f"shm {tag}"] = (lambda mine=mine, choice=choice, fp=fp, form=form: (
+                setattr(rounds, "choice", form),
+                direct.all_reduce(c, mine, ReduceOp.SUM, fp, choice)))
     return calls
 
 
@@ -110,12 +120,14 @@ def worker(args) -> None:
                     times[name].append(comm.allreduce(mine, op=MPI.MAX))
             if rank == 0:
                 peer = "MPI_Bcast" if collective == "broadcast" else "MPI_Allreduce"
+                if args.against and f"shm {args.against}" in times:
+                    peer = f"shm {args.against}"
                 med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
                 line = [f"{collective} {format_size(nbytes)}:"]
                 for name in names:
                     ratio = np.median(np.array(times[name]) / np.array(times[peer]))
                     line.append(f"{name} {med[name]:.2f} us" + (
-                        "" if name == peer else f" ({ratio:.3f}x MPI, diff "
+                        "" if name == peer else f" ({ratio:.3f}x {peer}, diff "
                         f"{med[name] - med[peer]:+.2f} us)"))
                 print(" | ".join(line), flush=True)
     dist.destroy_process_group()
@@ -128,6 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--choices", default="")
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--turns", type=int, default=60)
+    ap.add_argument("--against", default="", help="a --choices tag the ratios are taken "
+                    "against instead of MPI's call (medians of the per-turn ratios)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:

@@ -18,6 +18,7 @@ from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
 from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
 from . import direct, plans, single_copy
+from .pair_rounds import PairRounds
 from .short_calls import ShortCalls
 from .writer import AreaWriter
 
@@ -51,6 +52,7 @@ class ShmCollectives:
         self.header_sigs = np.zeros(2, np.int64)
         self.closed = False         # set with the transport's: the workspace is gone
         self.short_calls = ShortCalls(self)  # the public calls' entries (short_calls)
+        self.pair_rounds = PairRounds(self)  # the two-rank rounds compiled (pair_rounds)
         self._views: dict = {}
         self._sigs: dict = {}
 
@@ -276,5 +278,6 @@ class ShmCollectives:
         """Drop every view of the segment, so the transport can unmap it."""
         self.closed = True
         self.short_calls.clear()
+        self.pair_rounds.clear()
         self.plans.clear()
         self._views.clear()

@@ -13,7 +13,8 @@ instead both reduce everything, with the operands in the same order. A float16 s
 in float32 over all p operands and rounded once (``reductions.kernels``). ``reference.py``
 beside this file is the same all-reduce without rounds or slices, to read first. Where the
 ranks can read each other's memory, a large all-reduce may instead run by peer reads, one copy
-and the same bits (``single_copy``); ``tuning`` decides which.
+and the same bits (``single_copy``); ``tuning`` decides which. The two-rank rounds also have a
+compiled form, the same steps in one call (``pair_rounds``).
 """
 from __future__ import annotations
 
@@ -114,6 +115,16 @@ def large_all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> 
 
 
 def _whole_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, step: int) -> None:
+    """Two ranks: ``python_whole_rounds``, or the same steps in one compiled call
+    (``pair_rounds``) once a rank has made enough of these calls to pay for compiling."""
+    if c.pair_rounds.takes(buf, op):
+        c.pair_rounds.run(buf, op, fp, step)
+    else:
+        python_whole_rounds(c, buf, op, fp, step)
+
+
+def python_whole_rounds(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
+                        step: int) -> None:
     """Two ranks: both reduce every round whole, as ``x0 op x1`` with the same operands in the
     same order (so both get the same bits). Each rank copies its round into the workspace and
     nothing back out, one barrier a round. A mean is taken in the pass that adds (a second pass
