@@ -73,7 +73,7 @@ class ShmCollectives:
         check_dtype_for_op(buf.dtype, op)
         if self.world_size == 1:
             return
-        if buf.nbytes <= self._small_bytes():
+        if buf.nbytes <= self.small_bytes():
             plans.build(self, ("all_reduce", buf.dtype, buf.size, given))(buf, fp)
         elif self.world_size == 2:
             direct.pair_all_reduce(self, buf, op, fp)
@@ -88,7 +88,7 @@ class ShmCollectives:
         if self.world_size == 1:
             return
         data = buf.view(np.uint8)
-        if data.size > self._small_bytes():
+        if data.size > self.small_bytes():
             least = single_copy.BROADCAST_MIN_BYTES.get(self.world_size)
             if least is not None and data.size >= least and self.t.peer_reads.usable:
                 single_copy.broadcast(self, data, int(root), fp)
@@ -114,7 +114,7 @@ class ShmCollectives:
         p, n = self.world_size, sendbuf.size
         if p == 1:
             recvbuf[:] = sendbuf
-        elif sendbuf.nbytes > self._small_bytes():
+        elif sendbuf.nbytes > self.small_bytes():
             direct.all_gather(self, sendbuf, recvbuf, fp)
         else:
             key = ("all_gather", sendbuf.dtype, n)
@@ -148,7 +148,8 @@ class ShmCollectives:
             raise ValueError(f"{what} {name} must hold {p} x {n} {block.dtype} elements, got "
                              f"{whole.size} {whole.dtype}")
 
-    def _small_bytes(self) -> int:
+    def small_bytes(self) -> int:
+        """The largest vector (bytes) a small plan takes; larger ones are never planned."""
         return min(direct.SMALL_BYTES, self.layout.workspace_bytes)
 
     # ----- one generation, as the algorithms take it ------------------------------------------
