@@ -27,8 +27,8 @@ from typing import Optional
 
 import numpy as np
 
-from ...errors import RendezvousError
-from ..base import Transport, check_job
+from ...errors import CollectiveMismatchError, DistributedError, RendezvousError
+from ..base import Fingerprint, Transport, check_job
 from .collectives import ShmCollectives
 from .cross_memory import PeerReads, switched_on
 from .generation import Generation
@@ -95,6 +95,7 @@ class ShmTransport(RingMessages, Transport):
     def close(self) -> None:
         if self.closed:
             return
+        mismatch = self._settle_last_broadcast()
         self.closed = True
         try:
             self.ctrl[self.layout.rank_word(self.rank, CLOSED)] = 1
@@ -109,6 +110,24 @@ class ShmTransport(RingMessages, Transport):
             self._mm.close()
         except BufferError:
             pass  # a view handed out elsewhere still exists; the mapping goes with it
+        if mismatch is not None:
+            raise mismatch
+
+    def _settle_last_broadcast(self) -> Optional[CollectiveMismatchError]:
+        """A broadcast's root that returned without waiting (``generation``) and closes now
+        waits for its readers to reach that broadcast, its last chance to learn that they
+        called another collective there (two ranks that each took themselves for the root,
+        say): the mismatch is raised once the transport is closed. A reader that died or
+        closed first has nothing left to read."""
+        if not self.generation.left_early():
+            return None
+        try:
+            self.collectives.settle_early(Fingerprint("close", 0, "uint8", 0))
+        except CollectiveMismatchError as exc:
+            return exc
+        except DistributedError:  # a dead or closed peer, a timeout: no reader to tell
+            pass
+        return None
 
 
 def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm", *,

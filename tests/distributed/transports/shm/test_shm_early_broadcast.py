@@ -125,3 +125,33 @@ def test_a_reader_dead_after_an_early_root_is_named_at_its_next_call(tmp_path):
     returned, (error, peer, _, _, message) = results[0].value
     assert returned == "returned" and (error, peer) == (PeerFailureError.__name__, 1), message
     assert shm_names_of(r.pid for r in results) == []
+
+
+def both_roots_then_close(rank, p, store):
+    """Each rank takes itself for the root of its last broadcast, then closes: neither waited
+    at the broadcast, so closing is where the mismatch must be named."""
+    t = shm.create(rank, p, store, 5.0)
+    calls, c = Calls(), t.collectives
+    buf = np.ones(2, np.float32)
+    try:
+        c.broadcast(buf, 0, calls.fp("broadcast", buf))  # compiled, loaded
+        fp = calls.fp(f"broadcast:{rank}", buf)
+        c.broadcast(buf, rank, fp)
+    except Exception as exc:  # not here: the roots leave early
+        t.close()
+        return f"the broadcast raised {exc!r}"
+    try:
+        t.close()
+    except CollectiveMismatchError as exc:
+        return (exc.peer, str(exc))
+    return "closed without an error"
+
+
+def test_ranks_that_each_took_the_root_are_told_when_they_close(tmp_path):
+    results = run_ranks(2, both_roots_then_close, store_dir=str(tmp_path), timeout=30)
+    for rank, r in enumerate(results):
+        assert r.ok, r
+        _, message = r.value
+        assert "rank 0 passed root 0; rank 1 passed root 1" in message, r.value
+        assert f"[rank {rank}, broadcast:{rank} #2]" in message, r.value
+    assert shm_names_of(r.pid for r in results) == []
