@@ -162,7 +162,9 @@ class OverlapStep:
                 params = assignment.params
                 if updates is not None:
                     updates.before_update(number)
-                self._step_params(params, [None if p.grad is None else p.grad.array
+                # a parameter no rank used has no gradient here (DDP drops it); under a
+                # hook its bucket's zeros are stepped: the same here, on every transport
+                self._step_params(params, [_zeros_like(p) if p.grad is None else p.grad.array
                                            for p in params])
                 if updates is not None:
                     updates.after_update(number)
@@ -204,6 +206,10 @@ class OverlapStep:
                 "the hook on that one")
         self._checked_shared = arena
         self._written = [0] * len(self.ranks)  # pieces each rank wrote into this segment
+
+
+def _zeros_like(param: Any) -> np.ndarray:
+    return np.zeros(param.array.shape, dtype=param.array.dtype)
 
 
 def _averaged_gradients(bucket: Any, future: Any) -> List[np.ndarray]:
