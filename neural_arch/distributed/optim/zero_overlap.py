@@ -3,8 +3,9 @@ into the class (PyTorch's mode of the same name).
 
 Without overlap the optimizer steps after backward, when every gradient is averaged. With it
 the step moves into DDP's communication hook (``comm_hooks.ddp_zero_hook``), bucket by bucket
-(``overlap_step``; on DDP's shared-memory buckets, right after their averages), so the parameters are dealt out by DDP bucket (``bucket_assignment``,
-torch's rule) instead of one by one, and ``parameters_as_bucket_view`` is ignored. That
+(``overlap_step``; on DDP's shared-memory buckets, right after their averages), so the
+parameters are dealt out by DDP bucket (``bucket_assignment``, torch's rule) instead of one by
+one, and ``parameters_as_bucket_view`` is ignored. That
 split needs DDP's buckets, so it is made when the hook is built (``attach_to_ddp``); until
 then the local optimizer holds no parameters, and checkpoints and ``step()`` refuse. Our DDP
 fixes its buckets at construction, so the parameters are updated from the first backward on

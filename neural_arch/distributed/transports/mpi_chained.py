@@ -102,9 +102,12 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
     def advance():
         nonlocal live
         changed = False
-        for peer in [p for p, plan in plans.items() if plan.step() == DONE]:
-            _check_plan(t, plans.pop(peer))
-            changed = True
+        for peer, plan in list(plans.items()):
+            stage = plan.stage
+            if plan.step() == DONE:
+                _check_plan(t, plans.pop(peer))
+            if plan.stage != stage:  # a receive posted or finished: the waited set changes
+                changed = True
         if send_reqs:
             finished = testsome(send_reqs)  # one pass of MPI's progress for all of them
             if finished is None:  # every one complete already
@@ -148,7 +151,8 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
     except DistributedError:
         # What was sent will never be received, and nothing may land in the caller's buffers
         # once this call has returned.
-        for req in send_reqs + [r.req for queue in posted.values() for r in queue if r.req]:
+        for req in send_reqs + [r.req for queue in posted.values() for r in queue if r.req] \
+                + [req for plan in plans.values() for req in plan.reqs]:
             try:
                 req.Cancel()
             except MPI.Exception:

@@ -1,10 +1,10 @@
 """Counting the bytes a rank's transport sends: what a step really moves, not a formula.
 
 ``counting_sent_bytes(group)`` wraps the point-to-point entry points of the group's transport
-(``send``, ``sendrecv``, ``send_recv_many``, and the tcp and mpi transports' ``send_recv_chained`` with the messages
-its follow-ups queue: every collective that runs over the transport's messages goes through
-them, the ring, the trees and tcp's two-rank collectives included) and adds up the payload bytes
-this rank sends inside the block, headers left out. Collectives a transport runs its own way
+(``send``, ``sendrecv``, ``send_recv_many``, and the tcp and mpi transports'
+``send_recv_chained`` with the messages its follow-ups queue: every collective that runs over
+the transport's messages goes through them, the ring, the trees and the two-rank pipelines
+included) and adds up the payload bytes this rank sends inside the block, headers left out. Collectives a transport runs its own way
 are not messages: shared memory's direct collectives (``shm``) read the peers' copies, and an
 MPI or NCCL collective happens inside the library; ``SentBytes.counted`` then stays 0, and a
 measurement of the bytes moved runs on ``tcp``.
