@@ -36,7 +36,7 @@ LAYERS = (
                          "neural_arch.amp", "neural_arch.cuda"),
           ("core", "backends", "package helpers")),
     Layer("distributed basics", (f"{_D}.errors", f"{_D}.reduce_ops", f"{_D}.processes",
-                                 f"{_D}.reductions"),
+                                 f"{_D}.reductions", f"{_D}.scratch"),
           ("package helpers",)),
     Layer("rendezvous", (f"{_D}.rendezvous",), ("distributed basics", "package helpers")),
     # the failure detector collectives and transports consult; preemption sits with the tools

@@ -7,10 +7,9 @@ copied to everyone, so all ranks end with the same bits.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
+from ..scratch import thread_scratch
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from ..transports.base import Fingerprint, Transport
 from .exchange import batch, chunk_bounds, exchange, segment_elems, segment_pairs
@@ -19,16 +18,6 @@ from .exchange import batch, chunk_bounds, exchange, segment_elems, segment_pair
 # back, where piece by piece each waited for the slower rank to catch up (a rendezvous per
 # piece); the window bounds the scratch buffer the reduce-scatter receives into.
 WINDOW_SEGMENTS = 8
-_held = threading.local()
-
-
-def _scratch(nbytes: int, dtype: np.dtype) -> np.ndarray:
-    """A receive buffer of ``nbytes``, kept per thread between calls: a fresh one of several
-    MiB costs a page fault per 4 KiB page on every call, about as long as receiving into it."""
-    held = getattr(_held, "buf", None)
-    if held is None or held.nbytes < nbytes:
-        held = _held.buf = np.empty(nbytes, np.uint8)
-    return held[:nbytes].view(dtype)
 
 
 def _move(t: Transport, out: np.ndarray, right: int, into: np.ndarray, left: int,
@@ -57,7 +46,7 @@ def _reduce_scatter_inplace(t: Transport, buf: np.ndarray, bounds: list[tuple[in
     combine = combiner(op, buf.dtype)
     window = segment_elems(buf.itemsize) * WINDOW_SEGMENTS
     largest = max(hi - lo for lo, hi in bounds)
-    incoming = _scratch(min(window, largest) * buf.itemsize, buf.dtype)
+    incoming = thread_scratch(min(window, largest) * buf.itemsize, buf.dtype)
     for step in range(n - 1):
         s_lo, s_hi = bounds[(r - step - 1) % n]
         r_lo, r_hi = bounds[(r - step - 2) % n]

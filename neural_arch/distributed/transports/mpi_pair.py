@@ -3,7 +3,8 @@ ring's bits.
 
 Up to ``EXCHANGE_MAX_BYTES`` the two ranks swap their whole vectors in one exchange and each
 reduces all of it, every element in the ring's operand order: one message each way costs less
-than the ring's two steps. Above it, the pipeline below runs.
+than the ring's two steps. From ``PIPELINE_MIN_BYTES`` the pipeline below runs. Between the two
+the portable ring does (``takes``): measured in turns at p = 2, it beat both there.
 
 The ring all-reduce (``algorithms.ring``) at p = 2 sends the peer's half of the vector, waits
 for its own half from the peer, reduces it, and only then sends the reduced half back: while it
@@ -17,11 +18,11 @@ differs, which no element's value depends on.
 """
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
+from ..scratch import thread_scratch
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from .base import Fingerprint, Message
 
@@ -32,20 +33,15 @@ if TYPE_CHECKING:
 # message each way instead of two, each rank then reducing the whole vector. Measured beside the
 # ring at p = 2 (bench_collectives): 64 KiB 57-60 us against 67, 256 KiB 126-131 against 110.
 EXCHANGE_MAX_BYTES = 128 << 10
+# From this size the pipeline beats the portable ring: quiet 2-core machine, the forms in turns
+# (us): 256 KiB ring 109, pipeline 117; 1 MiB 265 against 293; 4 MiB 824 against 823;
+# 16 MiB 3144 against 2566 (MPI_Allreduce 2613).
+PIPELINE_MIN_BYTES = 4 << 20
 # Pieces: small enough that the first is reduced while the rest of a half is still arriving,
 # large enough that MPI's per-message handshake and a Python step per piece stay a small part
 # of a piece's transfer. WINDOW_PIECES receive slots bound the scratch memory.
 MIN_PIECE_BYTES, MAX_PIECE_BYTES, PIECES_PER_HALF = 256 << 10, 1 << 20, 8
 WINDOW_PIECES = 8
-_held = threading.local()
-
-
-def _scratch(nbytes: int, dtype: np.dtype) -> np.ndarray:
-    """Receive slots kept per thread: fresh megabytes are page-faulted in on every call."""
-    held = getattr(_held, "buf", None)
-    if held is None or held.nbytes < nbytes:
-        held = _held.buf = np.empty(nbytes, np.uint8)
-    return held[:nbytes].view(dtype)
 
 
 def piece_elems(half_elems: int, itemsize: int) -> int:
@@ -60,6 +56,11 @@ def _pieces(length: int, piece: int) -> Iterator[slice]:
         yield slice(lo, min(lo + piece, length))
 
 
+def takes(nbytes: int) -> bool:
+    """Whether a two-rank all-reduce of ``nbytes`` runs here (else the portable ring)."""
+    return nbytes <= EXCHANGE_MAX_BYTES or nbytes >= PIPELINE_MIN_BYTES
+
+
 def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                mean: int = 0) -> None:
     """The ring all-reduce of ``algorithms.ring`` at two ranks (``op`` already a sum for an
@@ -71,7 +72,7 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
         return
     mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
     piece = piece_elems(half, buf.itemsize)
-    slots = _scratch(min(WINDOW_PIECES * piece, mine.size) * buf.itemsize, buf.dtype)
+    slots = thread_scratch(min(WINDOW_PIECES * piece, mine.size) * buf.itemsize, buf.dtype)
     fold = _folder(combiner(op, buf.dtype), mean)
     recvs = []
     for k, part in enumerate(_pieces(mine.size, piece)):
@@ -89,7 +90,7 @@ def _exchange(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp, fp: Fin
               mean: int) -> None:
     """The whole vector each way in one exchange, then each element reduced as the ring
     reduces it on the rank that owns its chunk: the owner's peer's operand first."""
-    got = _scratch(buf.nbytes, buf.dtype)
+    got = thread_scratch(buf.nbytes, buf.dtype)
     t.sendrecv(buf, 1 - t.rank, got, 1 - t.rank, fp)
     combine = combiner(op, buf.dtype)
     first, second = (got[:half], buf[:half]) if t.rank == 0 else (buf[:half], got[:half])

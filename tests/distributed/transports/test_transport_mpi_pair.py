@@ -2,7 +2,8 @@
 one transport call (one exchange, or the pipeline of ``mpi_chained``), mismatches named, a dead
 peer named.
 
-The pipeline's jobs force small pieces (``MIN_PIECE_BYTES``) and no exchange, so that small
+The pipeline's jobs force small pieces (``MIN_PIECE_BYTES``), no exchange and the pipeline at
+every size (``PIPELINE_MIN_BYTES``), so that small
 vectors already span many pieces, a short last one and more pieces than receive slots."""
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
     from neural_arch.distributed.transports import mpi_pair
     if form == "pipeline":
         mpi_pair.EXCHANGE_MAX_BYTES, mpi_pair.MIN_PIECE_BYTES = 0, 256
+        mpi_pair.PIPELINE_MIN_BYTES = 0
     t = resolve_group(None).transport
     calls = {"send_recv_chained": [], "sendrecv": []}
     for name, found in calls.items():
@@ -129,6 +131,7 @@ def _death_job(rank: int, world: int) -> dict:
     from neural_arch import distributed as dist
     from neural_arch.distributed.transports import mpi_pair
     mpi_pair.EXCHANGE_MAX_BYTES, mpi_pair.MIN_PIECE_BYTES = 0, 256
+    mpi_pair.PIPELINE_MIN_BYTES = 0
     dist.barrier()
     if rank == 1:
         time.sleep(0.3)
