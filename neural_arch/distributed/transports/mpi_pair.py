@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 # message each way instead of two, each rank then reducing the whole vector. Measured beside the
 # ring at p = 2 (bench_collectives): 64 KiB 57-60 us against 67, 256 KiB 126-131 against 110.
 EXCHANGE_MAX_BYTES = 128 << 10
-# From this size the pipeline beats the portable ring: quiet 2-core machine, the forms in turns
-# (us): 256 KiB ring 109, pipeline 117; 1 MiB 265 against 293; 4 MiB 824 against 823;
-# 16 MiB 3144 against 2566 (MPI_Allreduce 2613).
+# Below this size the portable ring beats the pipeline (``benchmarks/mpi_pair_forms.py``, quiet
+# 2-core machine, us: 256 KiB 109-116 against 117-124, 1 MiB 255-278 against 281-301); from it
+# the two are within the runs' spread (4 MiB 721-824 against 743-823, 16 MiB 2689-3144
+# against 2566-2830; MPI_Allreduce 2613-2955).
 PIPELINE_MIN_BYTES = 4 << 20
 # Pieces: small enough that the first is reduced while the rest of a half is still arriving,
 # large enough that MPI's per-message handshake and a Python step per piece stay a small part

@@ -1,0 +1,92 @@
+"""The mpi transport's two-rank all-reduce in each of its forms, and MPI_Allreduce, in turns.
+
+Forms (``transports/mpi_pair.py``): ``shipped`` (what ``dist.all_reduce`` runs: one swap of the
+whole vector up to EXCHANGE_MAX_BYTES, the portable ring up to PIPELINE_MIN_BYTES, the pipeline
+from there), ``ring`` (the portable ring over the same transport), ``swap`` (one swap at every
+size), ``pipeline`` (the pipeline at every size, PIECES_PER_HALF pieces a half) and
+``pipeline4`` (4 pieces a half). Every form and MPI_Allreduce run a batch of calls in turn,
+``ROUNDS`` times after one warm-up batch; printed: the median per-call time of each (slowest
+rank) and MPI's time over each form's. The thresholds in ``mpi_pair`` come from this table.
+
+    mpiexec -n 2 python benchmarks/mpi_pair_forms.py     (env SIZES=65536,... ROUNDS=9)
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from neural_arch import distributed as dist
+from neural_arch.distributed.group.world import resolve_group
+from neural_arch.distributed.transports import mpi_pair
+
+SIZES = [int(s) for s in os.environ.get("SIZES", "65536,262144,1048576,4194304,16777216")
+         .split(",")]
+ROUNDS = int(os.environ.get("ROUNDS", "9"))
+FORMS = {"shipped": {}, "swap": {"EXCHANGE_MAX_BYTES": 1 << 62},
+         "pipeline": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0},
+         "pipeline4": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0, "PIECES_PER_HALF": 4}}
+
+
+def with_settings(buf: np.ndarray, settings: dict):
+    def call():
+        saved = {name: getattr(mpi_pair, name) for name in settings}
+        for name, value in settings.items():
+            setattr(mpi_pair, name, value)
+        try:
+            dist.all_reduce(buf)
+        finally:
+            for name, value in saved.items():
+                setattr(mpi_pair, name, value)
+    return call
+
+
+def portable_ring(buf: np.ndarray, transport):
+    def call():
+        transport.ring_all_reduce = lambda *args: False  # the Transport default
+        try:
+            dist.all_reduce(buf)
+        finally:
+            del transport.ring_all_reduce
+    return call
+
+
+def batch_seconds(comm, call, nbytes: int) -> float:
+    calls = max(1, min(1000, (32 << 20) // max(nbytes, 1)))
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
+
+
+def main() -> None:
+    dist.init_process_group(backend="mpi", timeout=120)
+    comm, transport = MPI.COMM_WORLD, resolve_group(None).transport
+    if comm.Get_size() != 2:
+        raise SystemExit(f"run with mpiexec -n 2 (this job has {comm.Get_size()} ranks)")
+    for nbytes in SIZES:
+        buf = np.zeros(max(1, nbytes // 4), np.float32)
+        calls = {name: with_settings(buf, settings) for name, settings in FORMS.items()}
+        calls["ring"] = portable_ring(buf, transport)
+        calls["MPI"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        times = {name: [] for name in calls}
+        for name, call in calls.items():
+            batch_seconds(comm, call, nbytes)
+        for _ in range(ROUNDS):
+            for name, call in calls.items():
+                times[name].append(batch_seconds(comm, call, nbytes))
+        if comm.Get_rank() == 0:
+            median = {name: float(np.median(found)) for name, found in times.items()}
+            print(f"{nbytes:>9} B: " + ", ".join(f"{name} {median[name] * 1e6:.1f} us"
+                                                  for name in calls)
+                  + " | MPI / form: " + ", ".join(f"{name} {median['MPI'] / median[name]:.2f}x"
+                                                  for name in calls if name != "MPI"),
+                  flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
