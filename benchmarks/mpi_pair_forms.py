@@ -4,7 +4,7 @@ Forms (``transports/mpi_pair.py``): ``shipped`` (what ``dist.all_reduce`` runs: 
 whole vector up to EXCHANGE_MAX_BYTES, the portable ring up to PIPELINE_MIN_BYTES, the pipeline
 from there), ``ring`` (the portable ring over the same transport), ``swap`` (one swap at every
 size), ``pipeline`` (the pipeline at every size, PIECES_PER_HALF pieces a half) and
-``pipeline4`` (4 pieces a half). Every form and MPI_Allreduce run a batch of calls in turn,
+``pipeline8`` (8 pieces a half). Every form and MPI_Allreduce run a batch of calls in turn,
 ``ROUNDS`` times after one warm-up batch; printed: the median per-call time of each (slowest
 rank) and MPI's time over each form's. The thresholds in ``mpi_pair`` come from this table.
 
@@ -27,7 +27,7 @@ SIZES = [int(s) for s in os.environ.get("SIZES", "65536,262144,1048576,4194304,1
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
 FORMS = {"shipped": {}, "swap": {"EXCHANGE_MAX_BYTES": 1 << 62},
          "pipeline": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0},
-         "pipeline4": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0, "PIECES_PER_HALF": 4}}
+         "pipeline8": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0, "PIECES_PER_HALF": 8}}
 
 
 def with_settings(buf: np.ndarray, settings: dict):

@@ -34,14 +34,16 @@ if TYPE_CHECKING:
 # ring at p = 2 (bench_collectives): 64 KiB 57-60 us against 67, 256 KiB 126-131 against 110.
 EXCHANGE_MAX_BYTES = 128 << 10
 # Below this size the portable ring beats the pipeline (``benchmarks/mpi_pair_forms.py``, quiet
-# 2-core machine, us: 256 KiB 109-116 against 117-124, 1 MiB 255-278 against 281-301); from it
-# the two are within the runs' spread (4 MiB 721-824 against 743-823, 16 MiB 2689-3144
-# against 2566-2830; MPI_Allreduce 2613-2955).
+# 2-core machine, four runs, us: 256 KiB 112-116 against 121-124, 1 MiB 259-278 against
+# 278-301); from it the pipeline in 4 pieces a half ties with the ring at 4 MiB (708-780
+# against 711-790) and is 0-6 % faster at 16 MiB in three runs of four (2535-2756 against
+# 2638-2812; MPI_Allreduce 2825-2955). With two ranks on two cores no core is left to move
+# one piece while another is reduced: the overlap it is built for needs a larger machine.
 PIPELINE_MIN_BYTES = 4 << 20
 # Pieces: small enough that the first is reduced while the rest of a half is still arriving,
 # large enough that MPI's per-message handshake and a Python step per piece stay a small part
 # of a piece's transfer. WINDOW_PIECES receive slots bound the scratch memory.
-MIN_PIECE_BYTES, MAX_PIECE_BYTES, PIECES_PER_HALF = 256 << 10, 1 << 20, 8
+MIN_PIECE_BYTES, MAX_PIECE_BYTES, PIECES_PER_HALF = 256 << 10, 1 << 20, 4
 WINDOW_PIECES = 8
 
 
