@@ -161,14 +161,22 @@ class ShmCollectives:
 
     def begin(self, fp: Fingerprint, nbytes: int) -> tuple[int, int]:
         """Publish this rank's fingerprint for the next generation; return (gen, signature)."""
+        sig = self.signature(fp, nbytes)
+        gen = self.next_generation(fp, nbytes, sig)
+        self.generation.publish(gen, sig, fp.seq)
+        return gen, sig
+
+    def next_generation(self, fp: Fingerprint, nbytes: int, sig: int) -> int:
+        """The generation ``fp`` will run at, once it may write for it: the transport is
+        open, a broadcast this rank left early is settled, and the half's header is ``fp``'s
+        (``sig``). Nothing is published yet."""
         self.check_open(fp)
         if self.generation.left_early():
             self.settle_early(fp)
-        gen, sig = self.generation.gen + 1, self.signature(fp, nbytes)
+        gen = self.generation.gen + 1
         if self.header_sigs[gen & 1] != sig:
             self.publish_header(gen, fp, nbytes, sig)
-        self.generation.publish(gen, sig, fp.seq)
-        return gen, sig
+        return gen
 
     def settle_early(self, fp: Fingerprint) -> None:
         """Before ``fp`` writes anything: wait for every peer to reach the generation this

@@ -50,10 +50,12 @@ COMPILED_OPS = (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVERAGE)
 _built: Dict[str, Any] = {}  # the kernel module, or why there is none
 
 
-def choice() -> str:
-    value = os.environ.get(ENV_CHOICE, "auto").strip().lower() or "auto"
+def choice(env: str = ENV_CHOICE) -> str:
+    """``auto``, ``python`` or ``compiled``, as the environment variable ``env`` says (this
+    module's, or another compiled form's: ``pair_rounds``)."""
+    value = os.environ.get(env, "auto").strip().lower() or "auto"
     if value not in CHOICES:
-        raise ValueError(f"{ENV_CHOICE}={value!r}; use one of {', '.join(CHOICES)}")
+        raise ValueError(f"{env}={value!r}; use one of {', '.join(CHOICES)}")
     return value
 
 

@@ -89,17 +89,25 @@ def _arrive(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
-    """``_arrive``, then poll every peer's arrival (WAIT if one is late)."""
-    status = _arrive(words, rank, p, gen, sig, seq)
+def _peers_reached(words, rank, p, gen, polls):  # pragma: no cover - compiled
+    """Whether every peer has arrived at ``gen``, each polled at most ``polls`` times."""
     for q in range(p):
         if q != rank:
             left = polls
             while load_acquire(words, q * LINE_WORDS + GEN) < gen:
                 left -= 1
                 if left <= 0:
-                    return status | WAIT
+                    return False
                 cpu_relax()
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
+    """``_arrive``, then poll every peer's arrival (WAIT if one is late)."""
+    status = _arrive(words, rank, p, gen, sig, seq)
+    if not _peers_reached(words, rank, p, gen, polls):
+        return status | WAIT
     return status
 
 
@@ -126,14 +134,8 @@ def settled(words, rank, p, polls):  # pragma: no cover - compiled
     early = load_acquire(words, line + EARLY)
     if early == 0:
         return True
-    for q in range(p):
-        if q != rank:
-            left = polls
-            while load_acquire(words, q * LINE_WORDS + GEN) < early:
-                left -= 1
-                if left <= 0:
-                    return False
-                cpu_relax()
+    if not _peers_reached(words, rank, p, early, polls):
+        return False
     half = early & 1
     if _mismatch(words, rank, p, early, load_acquire(words, line + SIG0 + 2 * half),
                  load_acquire(words, line + SEQ0 + 2 * half)):

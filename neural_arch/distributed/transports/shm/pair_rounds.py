@@ -21,7 +21,6 @@ few never imports Numba for it.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Dict, Optional
 
@@ -32,16 +31,13 @@ from ..base import Fingerprint
 from . import compiled, futex
 
 ENV_CHOICE = "NEURAL_ARCH_SHM_ROUNDS"
-CHOICES = ("auto", "python", "compiled")
 DTYPES = (np.float32, np.float64, np.int32, np.int64)
 _built: Dict[str, Any] = {}  # "module": the kernels or None, "ops": {(dtype, op): code}, "why"
 
 
 def choice() -> str:
-    value = os.environ.get(ENV_CHOICE, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise ValueError(f"{ENV_CHOICE}={value!r}; use one of {', '.join(CHOICES)}")
-    return value
+    """``auto``, ``python`` or ``compiled``: ``NEURAL_ARCH_SHM_ROUNDS``."""
+    return compiled.choice(ENV_CHOICE)
 
 
 def why_not_compiled() -> str:

@@ -45,15 +45,8 @@ class Stamp:
         return self.sig
 
     def begin(self, fp: Fingerprint) -> tuple[int, int]:
-        c = self.c
-        if c.closed:
-            c.check_open(fp)  # raises
-        if c.generation.left_early():
-            c.settle_early(fp)
-        sig, gen = self.signature(fp), c.generation.gen + 1
-        if c.header_sigs[gen & 1] != sig:
-            c.publish_header(gen, fp, self.nbytes, sig)
-        return gen, sig
+        sig = self.signature(fp)
+        return self.c.next_generation(fp, self.nbytes, sig), sig
 
     def meet(self, gen: int, fp: Fingerprint) -> None:
         """Publish, arrive at ``gen``, wait for every peer, and check that all called ``fp``."""
