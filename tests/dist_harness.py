@@ -30,8 +30,9 @@ from typing import Any, Callable, Optional, Sequence
 
 _ERROR_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
 _MPI_STOP_GRACE_S = 5.0
-_START_ATTEMPTS = 3
-_MPI_START_FAILURE = "The PMIx server's listener thread failed to start"
+_START_ATTEMPTS = MPI_START_ATTEMPTS = 3
+# what mpiexec prints when its own launcher did not start (no rank ran): worth a second try
+_MPI_START_FAILURE = MPI_START_FAILURE = "The PMIx server's listener thread failed to start"
 _MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
