@@ -28,11 +28,11 @@ import traceback
 from multiprocessing.connection import wait as wait_ready
 from typing import Any, Callable, Optional, Sequence
 
+from mpiexec_launch import run_until_launched
+
 _ERROR_GRACE_S = 2.0  # after one rank fails, how long the others get to report theirs
 _MPI_STOP_GRACE_S = 5.0
-_START_ATTEMPTS = MPI_START_ATTEMPTS = 3
-# what mpiexec prints when its own launcher did not start (no rank ran): worth a second try
-_MPI_START_FAILURE = MPI_START_FAILURE = "The PMIx server's listener thread failed to start"
+_START_ATTEMPTS = 3
 _MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
@@ -114,17 +114,10 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout: float = 60.0
     result (their entry is None) instead of failing the run.
     """
     init_kwargs = dict(init_kwargs or {})
+    if backend == "mpi":  # RankFailed holds mpiexec's output when no rank reported
+        return run_until_launched(lambda: _run_mpi(fn, world_size, timeout, tuple(args),
+                                                   env or {}, init_kwargs, set(may_die)))
     attempt = 1
-    while backend == "mpi":
-        try:
-            return _run_mpi(fn, world_size, timeout, tuple(args), env or {}, init_kwargs,
-                            set(may_die))
-        except RankFailed as exc:
-            # Open MPI's launcher itself failed to start (its PMIx server, on a loaded machine):
-            # no rank ran, so running the job again tests the same thing.
-            if _MPI_START_FAILURE not in exc.details or attempt == _START_ATTEMPTS:
-                raise
-            attempt += 1
     while True:
         try:
             return _run_forked(fn, world_size, backend, timeout, tuple(args), env or {},

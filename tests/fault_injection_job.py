@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Optional
 
 from leftovers import alive as _alive, segments_of  # noqa: F401 (segments_of: for importers)
+from mpiexec_launch import start_until_launched
 
 FAULTS = ("kill", "stop", "close_socket", "exit", "raise", "stop_early")
 # Faults the victim brings about itself, between two collectives, once told to.
@@ -87,6 +88,7 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
     world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     own_fault = os.environ.get("FAULT_OWN") if rank == int(os.environ.get("FAULT_RANK", "-1")) \
         else None
+    _write_json(out / f"started_{rank}.json", {"pid": os.getpid()})  # see _start_mpiexec
     dist.init_process_group(backend=backend, timeout=timeout)
     if rank == int(os.environ.get("FAULT_STOP_EARLY_RANK", "-1")):
         _stop_now(out)
@@ -199,17 +201,25 @@ def start_ranks(out: Path, backend: str, world_size: int, env: dict, args=()) ->
     if backend == "mpi":
         env = {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-        runs = [("mpiexec", ["mpiexec", "-n", str(world_size), "--oversubscribe", *command],
-                 env)]
-    else:
-        runs = [(f"rank{rank}", command, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
-                for rank in range(world_size)]
-    procs = []
-    for name, argv, run_env in runs:
-        with open(out / f"{name}.log", "wb") as log:
-            procs.append(subprocess.Popen(argv, env=run_env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
-    return procs
+        argv = ["mpiexec", "-n", str(world_size), "--oversubscribe", *command]
+        return [_start_mpiexec(out, argv, env)]
+    return [_start(out / f"rank{rank}.log", command,
+                   {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
+            for rank in range(world_size)]
+
+
+def _start(log_path: Path, argv: list, env: dict) -> subprocess.Popen:
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _start_mpiexec(out: Path, argv: list, env: dict) -> subprocess.Popen:
+    """``mpiexec`` started once one of its ranks has (each leaves ``started_<R>.json``, see
+    ``worker``), or once it ended; started again if its own launcher failed."""
+    return start_until_launched(lambda: _start(out / "mpiexec.log", argv, env),
+                                lambda: any(out.glob("started_*.json")),
+                                out / "mpiexec.log", _READY_LIMIT_S)
 
 
 def run_fault(fault: str, backend: str, world_size: int, victim: int, workdir: Path,

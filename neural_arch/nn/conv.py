@@ -3,13 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence, Tuple, Union
 
-import numpy as np
-
 from ..core.ops_conv import PADDING_STRINGS, convolution, expand_param
 from . import init
-from ._dtype import as_tensor, parameter_dtype
+from ._dtype import as_tensor
+from .affine_parameters import add_affine_parameters
 from .module import Module
-from .parameter import Parameter
 
 _TORCH_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
@@ -56,16 +54,8 @@ class _ConvNd(Module):
         else:
             self.padding = expand_param(padding, dims, "padding", name, 0)
         self.groups, self.padding_mode = groups, padding_mode
-        dtype = parameter_dtype(dtype)
         shape = (self.out_channels, self.in_channels // groups) + self.kernel_size
-        self.weight = Parameter(np.empty(shape, dtype=dtype))
-        if bias:
-            self.bias = Parameter(np.empty(self.out_channels, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-        if device is not None:
-            self.to(device)
+        add_affine_parameters(self, shape, bias, device, dtype)
 
     def reset_parameters(self) -> None:
         init.affine_default_(self.weight, self.bias)

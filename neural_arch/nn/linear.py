@@ -3,13 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .. import functional as F
 from . import init
-from ._dtype import as_tensor, parameter_dtype
+from ._dtype import as_tensor
+from .affine_parameters import add_affine_parameters
 from .module import Module
-from .parameter import Parameter
 
 
 class Linear(Module):
@@ -26,15 +24,7 @@ class Linear(Module):
             raise ValueError(f"Linear sizes must be non-negative, got in_features={in_features}, "
                              f"out_features={out_features}")
         self.in_features, self.out_features = int(in_features), int(out_features)
-        dtype = parameter_dtype(dtype)
-        self.weight = Parameter(np.empty((self.out_features, self.in_features), dtype=dtype))
-        if bias:
-            self.bias = Parameter(np.empty(self.out_features, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-        if device is not None:
-            self.to(device)
+        add_affine_parameters(self, (self.out_features, self.in_features), bias, device, dtype)
 
     def reset_parameters(self) -> None:
         init.affine_default_(self.weight, self.bias)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
+from ..core.grad_reset import zero_grads
+
 
 class ModuleLookups:
     """The lookups of ``torch.nn.Module``, built on ``_modules``/``_parameters``/``_buffers``."""
@@ -56,10 +58,4 @@ class ModuleLookups:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop every parameter's gradient (or zero it in place with ``set_to_none=False``)."""
-        for param in self.parameters():
-            if param.grad is None:
-                continue
-            if set_to_none:
-                param.grad = None
-            else:
-                param.grad.array[...] = 0
+        zero_grads(self.parameters(), set_to_none)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from ..backends import backend_for
+from ..core.grad_reset import zero_grads
 
 
 class ParamState:
@@ -109,15 +110,8 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset gradients: drop them (default) or fill them with zeros in place."""
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if set_to_none:
-                    param.grad = None
-                else:
-                    param.grad.array[...] = 0
-                    param.grad.mark_modified_in_place()  # torch's grad.zero_() counts it too
+        zero_grads((param for group in self.param_groups for param in group["params"]),
+                   set_to_none)
 
     def _evaluate_closure(self, closure: Optional[Callable[[], Any]]) -> Any:
         return None if closure is None else closure()

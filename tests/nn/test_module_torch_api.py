@@ -138,3 +138,17 @@ def test_repr_matches_torch_for_the_same_layers():
     ours = nn.Sequential(nn.Linear(2, 3), nn.ReLU())
     theirs = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     assert repr(ours) == repr(theirs)
+
+
+def test_zeroing_grads_in_place_counts_a_write_like_the_optimizers():
+    """``Module.zero_grad(set_to_none=False)`` is torch's ``grad.zero_()``: the gradient's
+    version counts it, as ``Optimizer.zero_grad`` does."""
+    from neural_arch.optim import SGD
+    net = nn.Linear(2, 1)
+    for zero_grad in (net.zero_grad, SGD(net.parameters(), lr=0.1).zero_grad):
+        for p in net.parameters():
+            p.grad = np.ones_like(p.array)
+        versions = [p.grad._version for p in net.parameters()]
+        zero_grad(set_to_none=False)
+        assert [p.grad._version for p in net.parameters()] == [v + 1 for v in versions]
+        assert all(not p.grad.array.any() for p in net.parameters())

@@ -13,6 +13,7 @@ import pytest
 from dist_harness import mpi_available
 from gpu_testing import GPUS
 from launcher_support import free_port
+from mpiexec_launch import run_until_launched
 from repo_paths import REPO_ROOT
 from train_gpt_support import FIELDS, MODEL, command, losses, records, run, write_text
 
@@ -84,11 +85,10 @@ def test_mpirun_with_two_ranks_matches_one_process(text, reference, tmp_path):
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     cmd = ["mpiexec", "-n", "2", sys.executable, "-m", "neural_arch.train_gpt", "--data", text,
            *MODEL, "--batch-size", "4", "--max-steps", "6", "--out-dir", str(out)]
-    for _ in range(3):  # Open MPI's runtime occasionally fails to start its server: retry
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
-                                env=env)
-        if "PMIx server's listener thread failed" not in result.stderr:
-            break
+    result = run_until_launched(
+        lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+                               env=env),
+        output_of=lambda result: result.stdout + result.stderr)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 data-parallel" in result.stdout
     np.testing.assert_allclose(losses(out), losses(reference[0]), rtol=1e-5)

@@ -35,6 +35,20 @@ def _check_root(t: Transport, root: int) -> None:
         raise ValueError(f"root rank {root} is out of range for world size {t.world_size}")
 
 
+def _root_relative_rank(t: Transport, root: int, whole: np.ndarray | None, m: int,
+                        need: str) -> int:
+    """This rank's place counted from ``root`` (0: the root), once ``root`` is a rank and, on
+    the root, ``whole`` holds the world's ``m`` elements per rank (ValueError: ``need`` of
+    n x m elements, got what)."""
+    _check_root(t, root)
+    n = t.world_size
+    vrank = (t.rank - root) % n
+    if vrank == 0 and (whole is None or whole.size != n * m):
+        got = None if whole is None else whole.size
+        raise ValueError(f"{need} of {n} x {m} = {n * m} elements, got {got}")
+    return vrank
+
+
 def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank, pipelined segment by segment."""
     _check_root(t, root)
@@ -84,12 +98,8 @@ def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerpri
 def gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: int,
            fp: Fingerprint) -> None:
     """``recvbuf`` (n*m elements) of ``root`` gets every rank's ``sendbuf`` (m) in rank order."""
-    _check_root(t, root)
     n, m = t.world_size, sendbuf.size
-    vrank = (t.rank - root) % n
-    if vrank == 0 and (recvbuf is None or recvbuf.size != n * m):
-        got = None if recvbuf is None else recvbuf.size
-        raise ValueError(f"gather root needs an output of {n} x {m} = {n * m} elements, got {got}")
+    vrank = _root_relative_rank(t, root, recvbuf, m, "gather root needs an output")
     if n == 1 or m == 0:
         if vrank == 0:
             np.copyto(recvbuf, sendbuf)
@@ -118,12 +128,8 @@ def gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: 
 def scatter(t: Transport, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root: int,
             fp: Fingerprint) -> None:
     """``recvbuf`` (m elements) gets block ``rank`` of ``root``'s ``sendbuf`` (n*m elements)."""
-    _check_root(t, root)
     n, m = t.world_size, recvbuf.size
-    vrank = (t.rank - root) % n
-    if vrank == 0 and (sendbuf is None or sendbuf.size != n * m):
-        got = None if sendbuf is None else sendbuf.size
-        raise ValueError(f"scatter root needs an input of {n} x {m} = {n * m} elements, got {got}")
+    vrank = _root_relative_rank(t, root, sendbuf, m, "scatter root needs an input")
     if n == 1 or m == 0:
         if vrank == 0:
             np.copyto(recvbuf, sendbuf)

@@ -18,6 +18,7 @@ from .. import algorithms, collectives
 from ..collectives import objects as object_collectives
 from ..buffers import copy_from_host
 from ..comm_hooks.default_hooks import averaging_here
+from ..group.shm_world import is_whole_shm_world
 from ..group.world import ProcessGroup, resolve_group
 from ..reduce_ops import ReduceOp
 from ..work import Work
@@ -161,8 +162,7 @@ def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
     if forced is not None:
         return (f"{algorithms.ENV_ALLREDUCE_ALGO}={forced} asks for the {forced} all-reduce, "
                 "not shared memory's own")
-    t = pg.transport
-    if t is None or t.name != "shm" or t.native_collectives() is None or t.world_size != pg.size:
+    if not is_whole_shm_world(pg):
         return (f"the group (ranks {list(pg.ranks)}, backend {pg.backend!r}) is not the whole "
                 "world of an shm transport")
     for n, dt in specs:

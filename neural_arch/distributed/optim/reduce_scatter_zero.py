@@ -31,6 +31,7 @@ import numpy as np
 from ...optim import Optimizer
 from .. import collectives
 from ..group import resolve_group
+from .consolidation import not_consolidated
 from .flat_shards import FlatShards, is_elementwise
 from .same_parameters import check_same_parameters
 
@@ -132,11 +133,8 @@ class ReduceScatterZeroOptimizer(Optimizer):
         if self._gathered is None and self.world_size == 1:
             self.consolidate_state_dict(to=self._to[0])
         if self._gathered is None:
-            raise RuntimeError(
-                f"ReduceScatterZeroOptimizer.state_dict() on rank {self._to[self.rank]}: the "
-                f"optimizer state is sharded over {self.world_size} ranks and has not been "
-                f"consolidated here since the last step(); call consolidate_state_dict(to=rank) "
-                f"on every rank first, then state_dict() on that rank")
+            raise not_consolidated("ReduceScatterZeroOptimizer", self._to[self.rank],
+                                   self.world_size)
         index_of = {id(p): i for i, p in enumerate(self._ordered_params())}
         state: Dict[int, Dict[str, Any]] = {}
         for f, flat in enumerate(self.flats):

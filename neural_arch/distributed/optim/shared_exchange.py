@@ -20,6 +20,7 @@ from typing import Any, List, Optional
 import numpy as np
 
 from .. import collectives
+from ..group.shm_world import is_whole_shm_world
 from ..group.world import resolve_group
 from .back_to_back import BackToBack
 from .bucket_assignment import Assignment
@@ -42,8 +43,7 @@ class SharedShardExchange:
         serve (another transport, a part of the world, parameters off the host, no room in
         shared memory)."""
         pg = resolve_group(group)
-        t = pg.transport
-        if t is None or t.name != "shm" or t.world_size != pg.size:
+        if not is_whole_shm_world(pg):
             return None
         # one piece per owner, group and dtype, in that order: the same on every rank
         # (replicas hold the same shapes)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Type
 from ...optim import Optimizer
 from .. import collectives
 from ..group import resolve_group
+from .consolidation import not_consolidated
 from .same_parameters import check_same_parameters
 from .shared_exchange import SharedShardExchange
 from .sharding import ShardExchange, partition_parameters
@@ -196,11 +197,8 @@ class ZeroRedundancyOptimizer(OverlapWithDDP, Optimizer):
         if self._gathered is None and self.world_size == 1:
             self._gathered = [self.optim.state_dict()]  # one rank holds everything already
         if self._gathered is None:
-            raise RuntimeError(
-                f"ZeroRedundancyOptimizer.state_dict() on rank {self._ranks[self.rank]}: the "
-                f"optimizer state is sharded over {self.world_size} ranks and has not been "
-                f"consolidated here since the last step(); call consolidate_state_dict(to=rank) "
-                f"on every rank first, then state_dict() on that rank")
+            raise not_consolidated("ZeroRedundancyOptimizer", self._ranks[self.rank],
+                                   self.world_size)
         index_of = {id(p): i for i, p in enumerate(self._ordered_params())}
         state = {}
         for rank, local in enumerate(self._gathered):

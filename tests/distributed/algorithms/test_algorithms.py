@@ -305,3 +305,20 @@ def test_ring_posts_the_pieces_of_a_window_together(monkeypatch):
     assert "sendrecv" not in calls and "send" not in calls, calls
     assert calls.count("send_recv_many") == n * 2 * windows, (calls, pieces, windows)
     assert max(fabric.payload_sizes) <= 96 and min(fabric.payload_sizes) > 0
+
+
+@pytest.mark.parametrize("root", [0, 1])
+def test_gather_and_scatter_roots_name_a_whole_buffer_of_the_wrong_size(root):
+    """The root's n x m buffer is checked before anything is sent; other ranks may pass None."""
+    t = type("Rank", (), {"world_size": 3, "rank": root})()
+    mine = np.zeros(2)
+    for wrong in (None, np.zeros(5)):
+        got = None if wrong is None else 5
+        with pytest.raises(ValueError, match=rf"^gather root needs an output of 3 x 2 = 6 "
+                                             rf"elements, got {got}$"):
+            tree.gather(t, mine, wrong, root, fp(2, op="gather"))
+        with pytest.raises(ValueError, match=rf"^scatter root needs an input of 3 x 2 = 6 "
+                                             rf"elements, got {got}$"):
+            tree.scatter(t, wrong, mine, root, fp(2, op="scatter"))
+    with pytest.raises(ValueError, match="root rank 3 is out of range for world size 3"):
+        tree.gather(t, mine, np.zeros(6), 3, fp(2, op="gather"))

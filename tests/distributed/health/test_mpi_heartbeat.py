@@ -15,6 +15,7 @@ import time
 import pytest
 
 from dist_harness import mpi_available
+from mpiexec_launch import run_until_launched
 from neural_arch.distributed.health import mpi_heartbeat
 from repo_paths import REPO_ROOT as REPO
 
@@ -110,26 +111,31 @@ def run_job(tmp_path, ranks, victim=-1, how="none", env=(), namespaces=False, ul
     mpi_options += ["--with-ft", "ulfm"] if ulfm else []
     mpi_options += ["--enable-recovery"] if how != "none" else []
     exported = [arg for name in env for arg in ("-x", name)]
-    proc = subprocess.Popen(["mpiexec", "-n", str(ranks), "--oversubscribe", *mpi_options,
-                             *exported, *command], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=environ, cwd=tmp_path,
-                            start_new_session=True)
+    argv = ["mpiexec", "-n", str(ranks), "--oversubscribe", *mpi_options, *exported, *command]
     # A stopped rank keeps mpiexec waiting: the job is over once every other rank reported.
     expected = [out / f"rank{r}.json" for r in range(ranks) if r != victim]
-    deadline = time.monotonic() + 90
-    try:
-        while proc.poll() is None and time.monotonic() < deadline and \
-                not all(path.exists() for path in expected):
-            time.sleep(0.1)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        output = proc.communicate(timeout=30)[0]
-        for start in out.glob("start*.json"):  # a stopped rank may sit outside the session
-            try:
-                os.kill(json.loads(start.read_text())["pid"], signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
-                pass
+
+    def run_once():
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=environ, cwd=tmp_path, start_new_session=True)
+        deadline = time.monotonic() + 90
+        try:
+            while proc.poll() is None and time.monotonic() < deadline and \
+                    not all(path.exists() for path in expected):
+                time.sleep(0.1)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            output = proc.communicate(timeout=30)[0]
+            for start in out.glob("start*.json"):  # a stopped rank may sit outside the session
+                try:
+                    os.kill(json.loads(start.read_text())["pid"], signal.SIGKILL)
+                except (OSError, ValueError, KeyError):
+                    pass
+        return output
+    # a rank that started left start<R>.json: then whatever the job printed is the test's
+    output = run_until_launched(
+        run_once, output_of=lambda output: "" if any(out.glob("start*.json")) else output)
     records = {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
     return records, output
 

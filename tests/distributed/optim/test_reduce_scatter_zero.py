@@ -103,6 +103,11 @@ def checkpoint_worker(rank, world_size):
     train(model, opt, "mlp", range(3), rank, world_size)
     opt.consolidate_state_dict(to=0)
     full = [opt.state_dict() if rank == 0 else None]
+    if rank != 0:  # the full state is on rank 0 only
+        with pytest.raises(RuntimeError, match=rf"ReduceScatterZeroOptimizer.state_dict\(\) on "
+                           rf"rank {rank}: the optimizer state is sharded over 3 ranks .* "
+                           rf"call consolidate_state_dict\(to=rank\) on every rank first"):
+            opt.state_dict()
     broadcast_object_list(full, src=0)
     again = ReduceScatterZeroOptimizer(model.parameters(), Adam, lr=0.5)
     again.load_state_dict(full[0])

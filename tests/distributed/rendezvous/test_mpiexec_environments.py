@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from dist_harness import MPI_START_ATTEMPTS, MPI_START_FAILURE, free_port, mpi_available
+from dist_harness import free_port, mpi_available
+from mpiexec_launch import run_until_launched
 from repo_paths import REPO_ROOT as REPO
 
 pytestmark = pytest.mark.skipif(not mpi_available(), reason="mpi4py or mpiexec not installed")
@@ -51,11 +52,10 @@ def test_ranks_come_from_open_mpi_for_every_backend(tmp_path, requested, expecte
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = ["mpiexec", "-n", "3", "--oversubscribe", "-x", "MASTER_ADDR", "-x", "MASTER_PORT",
            sys.executable, str(job), requested, str(out)]
-    for attempt in range(1, MPI_START_ATTEMPTS + 1):
-        proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=180)
-        if MPI_START_FAILURE not in proc.stdout + proc.stderr:
-            break  # else mpiexec's own launcher did not start: no rank ran, run it again
+    proc = run_until_launched(
+        lambda: subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+                               timeout=180),
+        output_of=lambda proc: "" if any(out.iterdir()) else proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")),
                      key=lambda r: r["rank"])

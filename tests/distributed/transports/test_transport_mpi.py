@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from dist_harness import MPI_START_ATTEMPTS, MPI_START_FAILURE
+from mpiexec_launch import run_until_launched
 from neural_arch.distributed.transports import mpi as mpi_transport
 from repo_paths import REPO_ROOT as REPO
 
@@ -180,7 +180,8 @@ def _mpiexec(tmp_path, script, ranks, extra=(), timeout=150):
                OMPI_MCA_btl_sm_backing_directory=str(tmp_path),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", *extra, sys.executable, str(path)]
-    for attempt in range(1, MPI_START_ATTEMPTS + 1):
+
+    def run_once():
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, cwd=tmp_path, start_new_session=True)
         try:
@@ -191,10 +192,8 @@ def _mpiexec(tmp_path, script, ranks, extra=(), timeout=150):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
-        # Open MPI's launcher itself failed to start (its PMIx server, on a loaded machine):
-        # no rank ran, so running the job again tests the same thing
-        if MPI_START_FAILURE not in output or attempt == MPI_START_ATTEMPTS:
-            return proc.returncode, output
+        return proc.returncode, output
+    return run_until_launched(run_once, output_of=lambda result: result[1])
 
 
 @needs_mpi

@@ -81,7 +81,8 @@ def x0_op_x1(x0: np.ndarray, x1: np.ndarray, op: ReduceOp) -> np.ndarray:
     with np.errstate(all="ignore"):
         if op is ReduceOp.AVERAGE:
             return (x0 + x1) * x0.dtype.type(0.5)
-        return {ReduceOp.SUM: np.add, ReduceOp.MAX: np.maximum}[op](x0, x1)
+        return {ReduceOp.SUM: np.add, ReduceOp.PRODUCT: np.multiply, ReduceOp.MIN: np.minimum,
+                ReduceOp.MAX: np.maximum}[op](x0, x1)
 
 
 def forms_and_sizes(rank, p, store):
@@ -95,7 +96,8 @@ def forms_and_sizes(rank, p, store):
             step = ROUNDS.round_bytes // np.dtype(dtype).itemsize
             # one round, several full rounds, a short last round
             for n in (step - 3, 3 * step, 3 * step + step // 2 + 1):
-                for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX):
+                for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.PRODUCT, ReduceOp.MIN,
+                           ReduceOp.MAX):
                     if op is ReduceOp.AVERAGE and np.dtype(dtype).kind != "f":
                         continue
                     x0, x1 = (rank_vector(r, n, dtype, 1) for r in (0, 1))
