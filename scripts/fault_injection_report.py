@@ -51,9 +51,9 @@ from typing import Callable, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
-# The helpers (fault_injection_job, dist_harness) are in tests/; the test modules some rows
-# reuse are in the folders of what they test: test_heartbeat and test_mpi_heartbeat in
-# distributed/health, test_multinode_netns in distributed/launch.
+# The helpers (fault_injection_job, fault_injector, dist_harness) are in tests/; the test
+# modules some rows reuse are in the folders of what they test: test_heartbeat and
+# test_mpi_heartbeat in distributed/health, test_multinode_netns in distributed/launch.
 for _path in (ROOT, TESTS, TESTS / "distributed" / "health", TESTS / "distributed" / "launch"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))

@@ -23,12 +23,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, List, Optional
 
-import fault_injection_job as faults
+import fault_injection_job
 from dist_harness import free_port
+from fault_injector import run_fault
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING_JOB = ROOT / "tests" / "checkpoint_training_job.py"
-FAULT_JOB = Path(faults.__file__)
+FAULT_JOB = Path(fault_injection_job.__file__)
 GONE_LIMIT_S = 30.0  # how long a launcher-death run waits for the last worker to end
 
 
@@ -69,7 +70,7 @@ def alive(pid: int) -> bool:
 def collective(fault: str, backend: str, victim: int, tmp: Path, group=None) -> Run:
     """SIGKILL, SIGSTOP, SIGSTOP right after init or a closed socket at rank ``victim`` of 3
     looping all-reduces (on ``new_group(group)`` when given: the victim may be outside it)."""
-    outcome = faults.run_fault(fault, backend, 3, victim, tmp, detect_limit=20.0, group=group)
+    outcome = run_fault(fault, backend, 3, victim, tmp, detect_limit=20.0, group=group)
     reports = {r: outcome.errors.get(r) for r in outcome.survivors}
     named = sorted({e["peer"] for e in reports.values() if e})
     kinds = sorted({e["type"] for e in reports.values() if e})

@@ -5,7 +5,7 @@ checks every result exactly and records a wrong one as an error of its own), and
 the job is left."""
 from __future__ import annotations
 
-from fault_injection_job import FaultOutcome
+from fault_injector import FaultOutcome
 
 OP = "all_reduce:sum"
 

@@ -85,6 +85,34 @@ def saved_entries(x: Tensor, weight: Optional[Tensor], running: Sequence[Any]) -
     return tuple(saved_entry(t) for t in tensors if isinstance(t, Tensor))
 
 
+Gradients = Callable[[Any], Tuple[Any, Any, Any]]
+
+
+def _graph_node(out: Any, x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                running: Sequence[Any], gradients: Gradients) -> Tensor:
+    """``out`` as the output of one batch-norm node over ``x``, ``weight`` and ``bias`` (a
+    constant when none of them wants a gradient). ``gradients(g)`` gives (input gradient,
+    per-channel sum of g, per-channel sum of g * x_hat): the bias's and the weight's gradients;
+    each may be None where its tensor does not want one. The backward first checks the saved
+    tensors (``saved_entries``) against in-place writes."""
+    parents = tuple(t for t in (x, weight, bias) if t is not None)
+    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
+        return _constant(out)
+    saved = saved_entries(x, weight, running)
+
+    def backward(g: Any) -> tuple:
+        check_saved(SAVED_BY, saved)
+        grad_input, sum_g, sum_g_hat = gradients(g)
+        grads = [grad_input if x.requires_grad else None]
+        if weight is not None:
+            grads.append(sum_g_hat if weight.requires_grad else None)
+        if bias is not None:
+            grads.append(sum_g if bias.requires_grad else None)
+        return tuple(grads)
+
+    return _node(out, parents, backward)
+
+
 def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                         eps: float, statistics: Statistics = local_statistics,
                         reduce_sums: Optional[Callable[[Any], Any]] = None,
@@ -110,33 +138,21 @@ def batch_norm_training(x: Tensor, weight: Optional[Tensor], bias: Optional[Tens
     out = normalized if wd is None else normalized * wd
     if bias is not None:
         out = out + bias.array.reshape(shape)
-    parents = tuple(t for t in (x, weight, bias) if t is not None)
-    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
-        return _constant(out), mean, var, count
-    saved = saved_entries(x, weight, running)
 
-    def backward(g: Any) -> tuple:
-        check_saved(SAVED_BY, saved)
+    def gradients(g: Any) -> Tuple[Any, Any, Any]:
         sum_g = g.sum(axis=axes)
         sum_g_hat = (g * normalized).sum(axis=axes)
-        grads = []
-        if x.requires_grad:
-            sums = xp_of(g).stack([sum_g, sum_g_hat])
-            if reduce_sums is not None:
-                sums = reduce_sums(sums)
-            scale = inv_std if wd is None else inv_std * wd.reshape(-1)
-            gx = (g - (sums[0] / count).reshape(shape)
-                  - normalized * (sums[1] / count).reshape(shape)) * scale.reshape(shape)
-            grads.append(gx)
-        else:
-            grads.append(None)
-        if weight is not None:
-            grads.append(sum_g_hat if weight.requires_grad else None)
-        if bias is not None:
-            grads.append(sum_g if bias.requires_grad else None)
-        return tuple(grads)
+        if not x.requires_grad:
+            return None, sum_g, sum_g_hat
+        sums = xp_of(g).stack([sum_g, sum_g_hat])
+        if reduce_sums is not None:
+            sums = reduce_sums(sums)
+        scale = inv_std if wd is None else inv_std * wd.reshape(-1)
+        gx = (g - (sums[0] / count).reshape(shape)
+              - normalized * (sums[1] / count).reshape(shape)) * scale.reshape(shape)
+        return gx, sum_g, sum_g_hat
 
-    return _node(out, parents, backward), mean, var, count
+    return _graph_node(out, x, weight, bias, running, gradients), mean, var, count
 
 
 def _training_with_kernels(kernels: Any, x: Tensor, weight: Optional[Tensor],
@@ -158,28 +174,20 @@ def _training_with_kernels(kernels: Any, x: Tensor, weight: Optional[Tensor],
         mean, var = np.asarray(mean, xd.dtype), np.asarray(var, xd.dtype)
         inv_std = (1.0 / (var + eps) ** 0.5).astype(xd.dtype)
         out = kernels.normalize(xd, mean, inv_std, wd, bd)
-    parents = tuple(t for t in (x, weight, bias) if t is not None)
-    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
-        return _constant(out), mean, var, count
-    saved = saved_entries(x, weight, running)
 
-    def backward(g: Any) -> tuple:
-        check_saved(SAVED_BY, saved)
-        grads = [None]
+    def gradients(g: Any) -> Tuple[Any, Any, Any]:
+        gx = None
         if x.requires_grad and reduce_sums is None:  # sums and gradient in one pass
-            grads[0], local = kernels.backward(g, xd, mean, inv_std, wd, count)
+            gx, local = kernels.backward(g, xd, mean, inv_std, wd, count)
         else:
             local = kernels.gradient_sums(g, xd, mean, inv_std)
         if x.requires_grad and reduce_sums is not None:
             sums = reduce_sums(local.copy())
-            grads[0] = kernels.input_gradient(g, xd, mean, inv_std, wd, sums, count)
-        if weight is not None:
-            grads.append(local[1].copy() if weight.requires_grad else None)
-        if bias is not None:
-            grads.append(local[0].copy() if bias.requires_grad else None)
-        return tuple(grads)
+            gx = kernels.input_gradient(g, xd, mean, inv_std, wd, sums, count)
+        # each parameter's gradient its own array, not a view into the (2, C) sums
+        return gx, local[0].copy(), local[1].copy()
 
-    return _node(out, parents, backward), mean, var, count
+    return _graph_node(out, x, weight, bias, running, gradients), mean, var, count
 
 
 def _check_count(xd: Any, count: int) -> None:
@@ -204,22 +212,17 @@ def batch_norm_fixed(x: Tensor, mean: Any, var: Any, weight: Optional[Tensor],
     scale = inv_std if weight is None else inv_std * weight.array
     shift = -mean * scale if bias is None else bias.array - mean * scale
     out = xd * scale.reshape(shape) + shift.reshape(shape)
-    parents = tuple(t for t in (x, weight, bias) if t is not None)
-    if not (GRAD_MODE.enabled and any(t.requires_grad for t in parents)):
-        return _constant(out)
-    saved = saved_entries(x, weight, running)
 
-    def backward(g: Any) -> tuple:
-        check_saved(SAVED_BY, saved)
-        grads = [g * scale.reshape(shape) if x.requires_grad else None]
-        if weight is not None:
+    def gradients(g: Any) -> Tuple[Any, Any, Any]:
+        gx = g * scale.reshape(shape) if x.requires_grad else None
+        sum_g = g.sum(axis=axes) if bias is not None and bias.requires_grad else None
+        sum_g_hat = None
+        if weight is not None and weight.requires_grad:
             normalized = (xd - mean.reshape(shape)) * inv_std.reshape(shape)
-            grads.append((g * normalized).sum(axis=axes) if weight.requires_grad else None)
-        if bias is not None:
-            grads.append(g.sum(axis=axes) if bias.requires_grad else None)
-        return tuple(grads)
+            sum_g_hat = (g * normalized).sum(axis=axes)
+        return gx, sum_g, sum_g_hat
 
-    return _node(out, parents, backward)
+    return _graph_node(out, x, weight, bias, running, gradients)
 
 
 def update_running(running_mean: Optional[Tensor], running_var: Optional[Tensor], mean: Any,

@@ -56,7 +56,19 @@ def run_layer(mode: str, x: Tensor, h0: Tensor, c0: Optional[Tensor],
     return out, out[last], None
 
 
-class RNNBase(Module):
+class RecurrentModule(Module):
+    """Base of the recurrent layers and cells: every parameter is initialised as torch's,
+    U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))."""
+
+    hidden_size: int
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for param in self.parameters():
+            init.uniform_(param, -bound, bound)
+
+
+class RNNBase(RecurrentModule):
     """Shared by ``RNN``, ``LSTM`` and ``GRU``: parameters, state checks and the layer loop."""
 
     def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1,
@@ -101,11 +113,6 @@ class RNNBase(Module):
         self.reset_parameters()
         if device is not None:
             self.to(device)
-
-    def reset_parameters(self) -> None:
-        bound = 1.0 / math.sqrt(self.hidden_size)
-        for param in self.parameters():
-            init.uniform_(param, -bound, bound)
 
     def flatten_parameters(self) -> None:
         """Kept for PyTorch compatibility: the weights are never packed, so nothing to do."""

@@ -5,21 +5,18 @@ and the multi-layer modules share one implementation (and one set of gradient fo
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
 from ..core import Tensor
 from ..core.ops_rnn import gru_layer, lstm_layer, rnn_layer
-from . import init
 from ._dtype import as_tensor, parameter_dtype
-from .module import Module
 from .parameter import Parameter
-from .rnn import check_sizes, zero_state
+from .rnn import RecurrentModule, check_sizes, zero_state
 
 
-class RNNCellBase(Module):
+class RNNCellBase(RecurrentModule):
     """Parameters ``weight_ih`` (gates * hidden, input), ``weight_hh`` (gates * hidden,
     hidden), ``bias_ih`` and ``bias_hh`` (gates * hidden), all U(-1/sqrt(hidden), ...)."""
 
@@ -41,11 +38,6 @@ class RNNCellBase(Module):
         self.reset_parameters()
         if device is not None:
             self.to(device)
-
-    def reset_parameters(self) -> None:
-        bound = 1.0 / math.sqrt(self.hidden_size)
-        for param in self.parameters():
-            init.uniform_(param, -bound, bound)
 
     def _weights(self) -> Tuple[Any, ...]:
         return self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh

@@ -5,7 +5,7 @@ import math
 from typing import Any, Callable, Iterable, Optional, Tuple
 
 from ..backends import xp_of
-from .optimizer import Optimizer
+from .optimizer import Optimizer, parameters_with_grad
 
 
 class Adam(Optimizer):
@@ -36,10 +36,7 @@ class Adam(Optimizer):
             lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
             weight_decay, amsgrad = group["weight_decay"], group["amsgrad"]
             maximize = group["maximize"]
-            for param in group["params"]:
-                grad = None if param.grad is None else param.grad.array
-                if grad is None:
-                    continue
+            for param, grad in parameters_with_grad(group):
                 param.mark_modified_in_place()  # every path below writes `.array` in place
                 data = param.array
                 if maximize:

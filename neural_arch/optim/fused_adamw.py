@@ -13,6 +13,7 @@ import numpy as np
 from ..backends import backend_for
 from ..backends.kernels.dispatch import kernels_for
 from .adam import AdamW
+from .optimizer import parameters_with_grad
 
 _FLOAT32 = np.dtype(np.float32)  # compared, not named: dtype.name costs microseconds
 
@@ -33,9 +34,7 @@ class FusedAdamW(AdamW):
         for group in self.param_groups:
             batches: Dict[Tuple[int, int], List[Any]] = {}
             leftover = []
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
+            for param, _ in parameters_with_grad(group):
                 kernels = None if group["amsgrad"] else optimizer_kernels(param.array)
                 if kernels is None or not _fusable(param):
                     leftover.append(param)

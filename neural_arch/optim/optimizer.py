@@ -9,7 +9,7 @@ recorded before the step raises, as in torch, instead of using the updated weigh
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -63,6 +63,15 @@ def _copy_value(value: Any) -> Any:
     if hasattr(value, "shape") and hasattr(value, "copy"):
         return value.copy()
     return copy.deepcopy(value)
+
+
+def parameters_with_grad(group: Dict[str, Any]) -> Iterator[Tuple[Any, Any]]:
+    """(parameter, its gradient's array) for each parameter of ``group`` that has a gradient;
+    one without (unused by the loss, or its gradient set to None) is skipped, as torch's
+    optimizers skip it."""
+    for param in group["params"]:
+        if param.grad is not None:
+            yield param, param.grad.array
 
 
 class Optimizer:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
-from .optimizer import Optimizer
+from .optimizer import Optimizer, parameters_with_grad
 
 
 class SGD(Optimizer):
@@ -35,10 +35,7 @@ class SGD(Optimizer):
             dampening, weight_decay = group["dampening"], group["weight_decay"]
             nesterov, maximize = group["nesterov"], group["maximize"]
             plain = momentum == 0 and weight_decay == 0 and not maximize
-            for param in group["params"]:
-                grad = None if param.grad is None else param.grad.array
-                if grad is None:
-                    continue
+            for param, grad in parameters_with_grad(group):
                 param.mark_modified_in_place()  # the update below writes `.array` in place
                 data = param.array
                 if plain:

@@ -25,7 +25,7 @@ from neural_arch.distributed.health.heartbeat import DEFAULT_TIMEOUT_S, Heartbea
 from neural_arch.distributed.rendezvous.store import TCPStore
 
 from dist_harness import RankFailed, mpi_available, run_ranks
-from fault_injection_job import FaultOutcome, run_fault
+from fault_injector import FaultOutcome, run_fault
 
 pytestmark = pytest.mark.timeout(150)
 DETECT_LIMIT_S = 20.0  # how long the survivors are given; detection takes 0.1 s to 7 s

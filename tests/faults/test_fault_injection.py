@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from fault_injection_job import run_fault
+from fault_injector import run_fault
 from fault_outcomes import assert_failed_cleanly
 
 pytestmark = pytest.mark.timeout(150)

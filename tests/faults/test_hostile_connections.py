@@ -26,7 +26,7 @@ from neural_arch.distributed.rendezvous.store import TCPStore
 from neural_arch.distributed.transports import tcp_mesh
 
 from dist_harness import free_port, run_ranks
-from fault_injection_job import _alive, segments_of
+from leftovers import alive as _alive, segments_of
 from repo_paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)

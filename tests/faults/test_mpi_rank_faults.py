@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from dist_harness import mpi_available
-from fault_injection_job import run_mpi_fault
+from fault_injector import run_mpi_fault
 from fault_outcomes import assert_failed_cleanly
 
 pytestmark = [pytest.mark.timeout(150),

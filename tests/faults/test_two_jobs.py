@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dist_harness import installed_backends
-from fault_injection_job import ELEMENTS, _free_port, launch_env, start_ranks
+from dist_harness import free_port, installed_backends
+from fault_injection_job import ELEMENTS
+from fault_injector import launch_env, start_ranks
 from neural_arch.distributed.health.heartbeat import KEY_PREFIX
 from neural_arch.distributed.rendezvous.store import TCPStore
 
@@ -73,7 +74,7 @@ def test_two_jobs_at_once_each_compute_exactly_their_own_sums(backend, tmp_path)
             out.mkdir()
             env = {**os.environ}
             if backend != "mpi":  # under mpiexec, Open MPI's variables say who is who
-                env.update(launch_env(world_size, _free_port(), secret))
+                env.update(launch_env(world_size, free_port(), secret))
             jobs[name] = (out, env, start_ranks(out, backend, world_size, env))
         for name, (out, _, procs) in jobs.items():
             assert _wait(lambda: _looping(out, SIZES[name]), READY_S), _logs(out)
@@ -120,7 +121,7 @@ def test_two_jobs_at_once_each_compute_exactly_their_own_sums(backend, tmp_path)
     ids=["shm-same-secret", "shm-other-secret", "tcp-same-secret", "tcp-other-secret"])
 def test_a_second_job_on_the_same_port_fails_and_leaves_the_first_alone(backend, same_secret,
                                                                         tmp_path):
-    port, secret = _free_port(), secrets.token_hex(16)
+    port, secret = free_port(), secrets.token_hex(16)
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
     first_env = {**os.environ, **launch_env(3, port, secret)}

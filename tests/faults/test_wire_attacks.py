@@ -33,6 +33,7 @@ from neural_arch.distributed.group.backend_choice import backend_key
 from neural_arch.distributed.transports.tcp_mesh import address_key
 
 import fault_injection_job
+from dist_harness import free_port
 
 pytestmark = pytest.mark.timeout(120)
 JOB = fault_injection_job.__file__
@@ -135,7 +136,7 @@ def _wait(predicate, limit: float = 60.0) -> bool:
 
 
 def test_forged_and_replayed_frames_are_dropped_and_the_job_stays_exact(tmp_path):
-    port, secret = fault_injection_job._free_port(), secrets.token_hex(16)
+    port, secret = free_port(), secrets.token_hex(16)
     env = {**os.environ, "WORLD_SIZE": str(WORLD_SIZE), "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": secret}
     procs, taps = [_start_rank(0, env, tmp_path)], []

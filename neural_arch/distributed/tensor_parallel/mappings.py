@@ -17,20 +17,17 @@ order the engine reaches the nodes, which is the same on every rank, as the grap
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ...backends import xp_of
 from ...core.tensor import Tensor, make_result
+from ...nn._dtype import as_tensor
 from .. import collectives
 from ..group.world import ProcessGroup
 from ._group import group_rank_size
 
 __all__ = ["copy_to_tensor_parallel_region", "reduce_from_tensor_parallel_region",
            "gather_from_tensor_parallel_region", "scatter_to_tensor_parallel_region"]
-
-
-def _tensor(x: Any) -> Tensor:
-    return x if isinstance(x, Tensor) else Tensor(x)
 
 
 def _all_reduce(array: Any, group: Optional[ProcessGroup]) -> Any:
@@ -58,44 +55,50 @@ def _own_chunk(array: Any, rank: int, size: int, op: str) -> Any:
     return array[..., rank * chunk:(rank + 1) * chunk]
 
 
-def copy_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
-    """Identity forward; all-reduce (sum) of the gradient backward."""
-    x = _tensor(x)
-    _, size = group_rank_size(group)
+def autograd_collective(x: Any, group: Optional[ProcessGroup],
+                        forward: Callable[[Any, int, int], Any],
+                        backward: Callable[[Any, int, int], Any]) -> Tensor:
+    """``x`` through an autograd operator that communicates over ``group``: ``forward(array,
+    rank, size)`` gives the output's array and ``backward(grad, rank, size)`` the input's
+    gradient. On a group of one process both are the identity, so ``x`` itself comes back."""
+    x = as_tensor(x)
+    rank, size = group_rank_size(group)
     if size == 1:
         return x
-    return make_result(x.array, (x,), lambda g: (_all_reduce(g, group),))
+    return make_result(forward(x.array, rank, size), (x,),
+                       lambda g: (backward(g, rank, size),))
+
+
+def copy_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
+    """Identity forward; all-reduce (sum) of the gradient backward."""
+    return autograd_collective(x, group, lambda array, rank, size: array,
+                               lambda g, rank, size: _all_reduce(g, group))
 
 
 def reduce_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
     """All-reduce (sum) forward; the gradient passes through unchanged."""
-    x = _tensor(x)
-    _, size = group_rank_size(group)
-    if size == 1:
-        return x
-    return make_result(_all_reduce(x.array, group), (x,), lambda g: (g,))
+    return autograd_collective(x, group, lambda array, rank, size: _all_reduce(array, group),
+                               lambda g, rank, size: g)
 
 
 def gather_from_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
     """All-gather of the last dimension forward; backward keeps this rank's chunk."""
-    x = _tensor(x)
-    rank, size = group_rank_size(group)
-    if size == 1:
-        return x
-    if x.array.ndim == 0:
-        raise ValueError(f"gather_from_tensor_parallel_region needs a last dimension, got "
-                         f"shape {tuple(x.shape)}")
+    def forward(array: Any, rank: int, size: int) -> Any:
+        if array.ndim == 0:
+            raise ValueError(f"gather_from_tensor_parallel_region needs a last dimension, got "
+                             f"shape {tuple(array.shape)}")
+        return all_gather_along(array, group, size, -1)
+
     op = "gather_from_tensor_parallel_region backward"
-    return make_result(all_gather_along(x.array, group, size, -1), (x,),
-                       lambda g: (_own_chunk(g, rank, size, op),))
+    return autograd_collective(x, group, forward,
+                               lambda g, rank, size: _own_chunk(g, rank, size, op))
 
 
 def scatter_to_tensor_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
     """This rank's chunk of the last dimension forward; all-gather of the gradient backward."""
-    x = _tensor(x)
-    rank, size = group_rank_size(group)
-    if size == 1:
-        return x
-    chunk = _own_chunk(x.array, rank, size, "scatter_to_tensor_parallel_region")
-    return make_result(xp_of(chunk).ascontiguousarray(chunk), (x,),
-                       lambda g: (all_gather_along(g, group, size, -1),))
+    def forward(array: Any, rank: int, size: int) -> Any:
+        chunk = _own_chunk(array, rank, size, "scatter_to_tensor_parallel_region")
+        return xp_of(chunk).ascontiguousarray(chunk)
+
+    return autograd_collective(x, group, forward,
+                               lambda g, rank, size: all_gather_along(g, group, size, -1))

@@ -28,13 +28,13 @@ from typing import Any, Optional
 
 from ... import functional as F
 from ...backends import xp_of
-from ...core.tensor import Tensor, make_result
+from ...core.tensor import Tensor
 from ...nn import Embedding, LayerNorm
 from ...nn._dtype import as_tensor
 from .. import collectives
 from ..group.world import ProcessGroup
 from ._group import group_rank_size
-from .mappings import all_gather_along, copy_to_tensor_parallel_region
+from .mappings import all_gather_along, autograd_collective, copy_to_tensor_parallel_region
 
 __all__ = ["gather_from_sequence_parallel_region", "reduce_scatter_to_sequence_parallel_region",
            "scatter_to_sequence_parallel_region", "SequenceParallelLayerNorm",
@@ -67,35 +67,29 @@ def _own(array: Any, rank: int, size: int, op: str) -> Any:
 def gather_from_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] = None
                                          ) -> Tensor:
     """All-gather along the sequence forward; reduce-scatter of the gradient backward."""
-    x = as_tensor(x)
-    rank, size = group_rank_size(group)
-    if size == 1:
-        return x
-    _check(x.array, 1, rank, "gather_from_sequence_parallel_region")
+    def forward(array: Any, rank: int, size: int) -> Any:
+        _check(array, 1, rank, "gather_from_sequence_parallel_region")
+        return all_gather_along(array, group, size, -2)
+
     op = "gather_from_sequence_parallel_region backward"
-    return make_result(all_gather_along(x.array, group, size, -2), (x,),
-                       lambda g: (_reduce_scatter(g, group, rank, size, op),))
+    return autograd_collective(x, group, forward,
+                               lambda g, rank, size: _reduce_scatter(g, group, rank, size, op))
 
 
 def reduce_scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] = None
                                                ) -> Tensor:
     """Sum over the ranks, each keeping its positions, forward; all-gather backward."""
-    x = as_tensor(x)
-    rank, size = group_rank_size(group)
-    if size == 1:
-        return x
-    out = _reduce_scatter(x.array, group, rank, size, "reduce_scatter_to_sequence_parallel_region")
-    return make_result(out, (x,), lambda g: (all_gather_along(g, group, size, -2),))
+    op = "reduce_scatter_to_sequence_parallel_region"
+    return autograd_collective(
+        x, group, lambda array, rank, size: _reduce_scatter(array, group, rank, size, op),
+        lambda g, rank, size: all_gather_along(g, group, size, -2))
 
 
 def scatter_to_sequence_parallel_region(x: Any, group: Optional[ProcessGroup] = None) -> Tensor:
     """This rank's positions of a replicated activation forward; all-gather backward."""
-    x = as_tensor(x)
-    rank, size = group_rank_size(group)
-    if size == 1:
-        return x
-    out = _own(x.array, rank, size, "scatter_to_sequence_parallel_region")
-    return make_result(out, (x,), lambda g: (all_gather_along(g, group, size, -2),))
+    op = "scatter_to_sequence_parallel_region"
+    return autograd_collective(x, group, lambda array, rank, size: _own(array, rank, size, op),
+                               lambda g, rank, size: all_gather_along(g, group, size, -2))
 
 
 def _whole_gradient(param: Optional[Tensor], group: Optional[ProcessGroup]) -> Optional[Tensor]:

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import fault_injection_job
+from fault_injector import wait_for
 from repo_paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
@@ -157,7 +158,7 @@ def test_cut_link_fails_every_rank_in_time_and_both_launchers(pair, tmp_path):
     launchers = [pair.launch(node, port, secret, tmp_path, seconds=90.0) for node in (0, 1)]
     try:
         looping = lambda: all((tmp_path / f"looping_{r}.json").exists() for r in range(4))
-        assert fault_injection_job._wait_for(looping, 60, launchers), logs(tmp_path)
+        assert wait_for(looping, 60, launchers), logs(tmp_path)
         cut_at = time.time()
         pair.cut()
         codes = finish(launchers, 60)

@@ -24,6 +24,7 @@ from neural_arch.distributed.group.backend_choice import backend_key
 from neural_arch.distributed.rendezvous.store import TCPStore
 
 import fault_injection_job
+from dist_harness import free_port
 
 pytestmark = pytest.mark.timeout(120)
 JOB = fault_injection_job.__file__
@@ -123,7 +124,7 @@ def _wait(predicate, limit: float) -> bool:
 
 def test_strangers_are_dropped_and_collectives_stay_exact(tmp_path):
     marker = str(tmp_path / "unpickled.marker")
-    port, secret = fault_injection_job._free_port(), secrets.token_hex(16)
+    port, secret = free_port(), secrets.token_hex(16)
     env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "NEURAL_ARCH_SECRET": secret}
     procs = [_start_rank(0, env, tmp_path)]
