@@ -2,11 +2,13 @@
 
 Forms (``transports/mpi_pair.py``): ``shipped`` (what ``dist.all_reduce`` runs: one swap of the
 whole vector up to EXCHANGE_MAX_BYTES, the portable ring up to PIPELINE_MIN_BYTES, the pipeline
-from there), ``ring`` (the portable ring over the same transport), ``swap`` (one swap at every
-size), ``pipeline`` (the pipeline at every size, PIECES_PER_HALF pieces a half) and
-``pipeline8`` (8 pieces a half). Every form and MPI_Allreduce run a batch of calls in turn,
-``ROUNDS`` times after one warm-up batch; printed: the median per-call time of each (slowest
-rank) and MPI's time over each form's. The thresholds in ``mpi_pair`` come from this table.
+from there), ``ring`` (the portable ring over the same transport), ``swap`` (one exchange of
+the whole vector at every size: the transport's packed ``swap`` up to
+``mpi_wire.SWAP_MAX_BYTES``, a ``sendrecv`` above), ``pipeline`` (the pipeline at every size,
+PIECES_PER_HALF pieces a half) and ``pipeline8`` (8 pieces a half). Every form and
+MPI_Allreduce run a batch of calls in turn, ``ROUNDS`` times after one warm-up batch; printed:
+the median per-call time of each (slowest rank) and MPI's time over each form's. The
+thresholds in ``mpi_pair`` come from this table.
 
     mpiexec -n 2 python benchmarks/mpi_pair_forms.py     (env SIZES=65536,... ROUNDS=9)
 """

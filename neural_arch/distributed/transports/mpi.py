@@ -22,7 +22,7 @@ import hashlib
 import os
 import struct
 import threading
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -34,8 +34,8 @@ from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import LEFT, Notices
 from .mpi_waiting import RequestWaiting
-from .mpi_wire import DONE, PAYLOAD, Incoming, post_send
-from . import mpi_pair
+from .mpi_wire import DONE, PAYLOAD, FirstBuffers, Incoming, post_send
+from . import mpi_pair, mpi_swap
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
@@ -94,6 +94,10 @@ class MpiTransport(RequestWaiting, Transport):
         self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size)
         self._left: set[int] = set()  # peers that closed their transport (they left the job)
         self._native: Optional[MpiCollectives] = None
+        self.first_buffers = FirstBuffers()  # the wire's first-message buffers, per peer
+        self.send_buffers = FirstBuffers()  # what ``swap`` packs its messages into, per peer
+        self.abandoned: list = []  # requests a failed swap left in flight, with their buffers
+        self.status = MPI.Status()  # read at once after each Test that fills it (lock held)
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
         # watched as closely as one long wait.
@@ -115,6 +119,11 @@ class MpiTransport(RequestWaiting, Transport):
         """The ``mpi4py.MPI`` module this transport runs on."""
         return self._mpi
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held by every call that posts or waits on ``comm`` (one message stream at a time)."""
+        return self._lock
+
     def mark_unusable(self, peer: int, why: str) -> None:
         """Refuse every later message with ``peer``: its stream is out of step (``why``)."""
         self._unusable[peer] = why
@@ -128,29 +137,44 @@ class MpiTransport(RequestWaiting, Transport):
     def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, False, "send")
         with self._lock:
-            self._check_peer(dst, fp)
+            self.check_peer(dst, fp)
             self._wait(post_send(self._comm, self._mpi, payload, dst, fp), [dst], fp)
 
     def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, True, "recv")
         with self._lock:
-            self._check_peer(src, fp)
+            self.check_peer(src, fp)
             self._receive_while([], Incoming(self, payload, src, fp))
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
                  fp: Fingerprint) -> None:
         out, into = _byte_view(sendbuf, False, "send"), _byte_view(recvbuf, True, "recv")
         with self._lock:
-            self._check_peer(dst, fp)
-            self._check_peer(src, fp)
+            self.check_peer(dst, fp)
+            if src != dst:
+                self.check_peer(src, fp)
             header = pack_header(fp, out.nbytes)  # a symmetric exchange expects the same
-            sends = post_send(self._comm, self._mpi, out, dst, fp, header)
-            self._receive_while(sends, Incoming(self, into, src, fp, header if
-                                                into.nbytes == out.nbytes else None))
+            incoming = Incoming(self, into, src, fp, header if into.nbytes == out.nbytes
+                                else None)
+            incoming.post()  # before the send (judged after): the peer's message finds it
+            self._receive_while(post_send(self._comm, self._mpi, out, dst, fp, header),
+                                incoming)
+
+    def swap(self, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
+             use: Callable[[np.ndarray], None]) -> None:
+        """Two ranks exchange vectors of the same size and dtype, up to
+        ``mpi_wire.SWAP_MAX_BYTES``, one message each way; ``use(received)`` reads the peer's
+        where it landed, before that buffer is reused (``mpi_swap``)."""
+        out = _byte_view(sendbuf, False, "send")
+        with self._lock:
+            self.check_peer(peer, fp)
+            mpi_swap.swap(self, sendbuf, out, peer, fp, use)
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
         """Receive ``incoming`` while ``sends`` progress, in one poll over both."""
         testall = self._mpi.Request.Testall
+        if incoming.step() == DONE and testall(sends) and not self.look_due():
+            return  # done at the first poll, as a small exchange often is: no wait to set up
 
         def advance():
             if incoming.step() == DONE and testall(sends):
@@ -169,11 +193,11 @@ class MpiTransport(RequestWaiting, Transport):
             posted, queues = [], {}
             for buf, dst, fp in sends:
                 payload = _byte_view(buf, False, "send")
-                self._check_peer(dst, fp)
+                self.check_peer(dst, fp)
                 posted += post_send(self._comm, self._mpi, payload, dst, fp)
             for buf, src, fp in recvs:
                 payload = _byte_view(buf, True, "recv")
-                self._check_peer(src, fp)
+                self.check_peer(src, fp)
                 queues.setdefault(int(src), []).append(Incoming(self, payload, int(src), fp))
             peers = sorted({int(p) for _, p, _ in sends} | set(queues))
 
@@ -214,7 +238,9 @@ class MpiTransport(RequestWaiting, Transport):
         mpi_pair.all_reduce(self, buf, op, fp, mean)
         return True
 
-    def _check_peer(self, peer: int, fp: Fingerprint) -> None:
+    def check_peer(self, peer: int, fp: Fingerprint) -> None:
+        """Raise before a message with ``peer``: not a peer, transport closed, or the peer's
+        stream unusable after an earlier failure."""
         self.check_peer_rank(peer, fp)
         if self._comm is None:
             raise PeerFailureError("transport is closed", rank=self.rank, peer=peer, op=fp.op,
@@ -224,10 +250,13 @@ class MpiTransport(RequestWaiting, Transport):
                                    rank=self.rank, peer=peer, op=fp.op, seq=fp.seq)
 
     # ---- waiting -----------------------------------------------------------------------------
-    def wait_requests(self, reqs: list, fp: Fingerprint) -> None:
-        """Complete requests posted on ``comm`` by the caller, bounded like every other wait."""
-        with self._lock:
-            self._wait(reqs, [], fp)
+    def wait_requests(self, reqs: list, fp: Fingerprint, peers: Sequence[int] = (),
+                      advance=None) -> None:
+        """Complete requests the caller posted on ``comm``, bounded by the timeout and watching
+        for dead peers like every wait of this transport (``mpi_waiting``); ``peers``: the
+        ranks they need (none: any), ``advance``: as ``_wait`` takes it. The caller holds
+        ``lock``, under which it posted them."""
+        self._wait(reqs, list(peers), fp, advance)
 
     def native_collectives(self) -> MpiCollectives:
         if self._native is None:  # one, made once: every collective call asks for it

@@ -62,7 +62,7 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
     first = (sends or recvs)[0][2]
     peers = sorted({int(m[1]) for m in sends} | {int(m[1]) for m in recvs})
     for peer in peers:
-        t._check_peer(peer, first)
+        t.check_peer(peer, first)
     plans = {}  # peer -> its plan, until matched
     send_reqs: list = []  # every send not yet complete, and beside it the bytes it reads
     send_spans: list = []
@@ -147,7 +147,7 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
         return live
 
     try:
-        t._wait(list(live), peers, first, advance)
+        t.wait_requests(list(live), first, peers, advance)
     except DistributedError:
         # What was sent will never be received, and nothing may land in the caller's buffers
         # once this call has returned.

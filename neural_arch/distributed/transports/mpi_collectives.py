@@ -1,8 +1,8 @@
 """MPI's own collectives on an ``MpiTransport``: the transport's ``native_collectives()``.
 
 Each runs as a non-blocking MPI request on the transport's duplicated communicator and is polled
-through the transport's ``_wait``, so it is bounded by the same timeout and liveness checks as
-point-to-point traffic.
+through the transport's ``wait_requests``, so it is bounded by the same timeout and liveness
+checks as point-to-point traffic.
 """
 from __future__ import annotations
 
@@ -37,21 +37,21 @@ class MpiCollectives:
 
     def _run(self, name: str, request_fn, buf: Optional[np.ndarray] = None) -> None:
         t = self._t
-        if t._comm is None:
+        if t.comm is None:
             raise PeerFailureError("transport is closed", rank=t.rank, op=name)
         self._seq += 1
         fp = Fingerprint(name, self._seq, "" if buf is None else buf.dtype.str,
                          0 if buf is None else buf.size)
-        with t._lock:
-            t._wait([request_fn(t._comm)], [], fp)
+        with t.lock:
+            t.wait_requests([request_fn(t.comm)], fp)
 
     def all_reduce(self, buf: np.ndarray, op=ReduceOp.SUM,
                    fp: Optional[Fingerprint] = None) -> np.ndarray:
         op = as_reduce_op(op)
         check_dtype_for_op(buf.dtype, op)
         _check_contiguous(buf, "all_reduce")
-        mpi_op = getattr(self._t._mpi, _MPI_OPS[op])
-        self._run("mpi.all_reduce", lambda c: c.Iallreduce(self._t._mpi.IN_PLACE, buf, mpi_op), buf)
+        mpi_op = getattr(self._t.mpi, _MPI_OPS[op])
+        self._run("mpi.all_reduce", lambda c: c.Iallreduce(self._t.mpi.IN_PLACE, buf, mpi_op), buf)
         finish_average(buf, op, self._t.world_size)
         return buf
 
@@ -87,7 +87,7 @@ class MpiCollectives:
             raise ValueError(f"reduce_scatter needs sendbuf of world_size x recvbuf elements and "
                              f"equal dtypes; got {sendbuf.size} x {sendbuf.dtype} and "
                              f"{recvbuf.size} x {recvbuf.dtype}")
-        mpi_op = getattr(self._t._mpi, _MPI_OPS[op])
+        mpi_op = getattr(self._t.mpi, _MPI_OPS[op])
         self._run("mpi.reduce_scatter",
                   lambda c: c.Ireduce_scatter_block(sendbuf, recvbuf, mpi_op), sendbuf)
         finish_average(recvbuf, op, self._t.world_size)

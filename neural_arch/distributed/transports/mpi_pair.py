@@ -3,8 +3,10 @@ ring's bits.
 
 Up to ``EXCHANGE_MAX_BYTES`` the two ranks swap their whole vectors in one exchange and each
 reduces all of it, every element in the ring's operand order: one message each way costs less
-than the ring's two steps. From ``PIPELINE_MIN_BYTES`` the pipeline below runs. Between the two
-the portable ring does (``takes``): measured in turns at p = 2, it beat both there.
+than the ring's two steps. The exchange is the transport's ``swap`` (``mpi_swap``): a packed
+copy with its header in front, reduced where it landed. From ``PIPELINE_MIN_BYTES`` the
+pipeline below runs. Between the two the portable ring does (``takes``): measured in turns at
+p = 2, it beat both there.
 
 The ring all-reduce (``algorithms.ring``) at p = 2 sends the peer's half of the vector, waits
 for its own half from the peer, reduces it, and only then sends the reduced half back: while it
@@ -25,14 +27,19 @@ import numpy as np
 from ..scratch import thread_scratch
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from .base import Fingerprint, Message
+from .mpi_wire import SWAP_MAX_BYTES
 
 if TYPE_CHECKING:
     from .mpi import MpiTransport
 
 # Up to this size one exchange of the whole vector is cheaper than the ring's two steps: one
 # message each way instead of two, each rank then reducing the whole vector. Measured beside the
-# ring at p = 2 (bench_collectives): 64 KiB 57-60 us against 67, 256 KiB 126-131 against 110.
-EXCHANGE_MAX_BYTES = 128 << 10
+# ring at p = 2 with the packed swap (``benchmarks/mpi_pair_forms.py``, four runs on a busy
+# 2-core machine, us): 256 KiB 119-561 against 169-936 (swap faster in every run; quietest
+# 119/130 against 169/200), 384 KiB 470-938 against 545-1230, 512 KiB 248-1162 against
+# 252-1322 (even), 1 MiB 515 against 361 (the ring faster). It is also the wire's
+# ``SWAP_MAX_BYTES``, which sizes the receive buffers kept per peer.
+EXCHANGE_MAX_BYTES = 512 << 10
 # Below this size the portable ring beats the pipeline (``benchmarks/mpi_pair_forms.py``, quiet
 # 2-core machine, four runs, us: 256 KiB 112-116 against 121-124, 1 MiB 259-278 against
 # 278-301); from it the pipeline in 4 pieces a half ties with the ring at 4 MiB (708-780
@@ -92,16 +99,26 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
 def _exchange(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp, fp: Fingerprint,
               mean: int) -> None:
     """The whole vector each way in one exchange, then each element reduced as the ring
-    reduces it on the rank that owns its chunk: the owner's peer's operand first."""
+    reduces it on the rank that owns its chunk: the owner's peer's operand first. Up to the
+    wire's ``SWAP_MAX_BYTES`` the exchange is the transport's ``swap`` (one message each way,
+    reduced where it landed), above it a ``sendrecv``."""
+    combine, rank = combiner(op, buf.dtype), t.rank
+
+    def reduce(got: np.ndarray) -> None:
+        first, second = (got[:half], buf[:half]) if rank == 0 else (buf[:half], got[:half])
+        combine(first, second, out=buf[:half])  # chunk 0, rank 0's: rank 1's operand first
+        if half < buf.size:
+            first, second = (buf[half:], got[half:]) if rank == 0 else (got[half:], buf[half:])
+            combine(first, second, out=buf[half:])  # chunk 1, rank 1's: rank 0's operand first
+        if mean:
+            divide_by_count(buf, mean)
+
+    if buf.nbytes <= SWAP_MAX_BYTES:
+        t.swap(buf, 1 - rank, fp, reduce)
+        return
     got = thread_scratch(buf.nbytes, buf.dtype)
-    t.sendrecv(buf, 1 - t.rank, got, 1 - t.rank, fp)
-    combine = combiner(op, buf.dtype)
-    first, second = (got[:half], buf[:half]) if t.rank == 0 else (buf[:half], got[:half])
-    combine(first, second, out=buf[:half])  # chunk 0, rank 0's: rank 1's operand first
-    first, second = (buf[half:], got[half:]) if t.rank == 0 else (got[half:], buf[half:])
-    combine(first, second, out=buf[half:])  # chunk 1, rank 1's: rank 0's operand first
-    if mean:
-        divide_by_count(buf, mean)
+    t.sendrecv(buf, 1 - rank, got, 1 - rank, fp)
+    reduce(got)
 
 
 def _folder(combine, mean: int) -> Callable[[np.ndarray, np.ndarray], None]:

@@ -82,6 +82,11 @@ class RequestWaiting:
                 nap = min(NAP_MAX_S, 2 * nap or _NAP_MIN_S)
                 time.sleep(nap)
 
+    def look_due(self) -> bool:
+        """Whether the next liveness look (``_look``) is due: a wait that completes at its first
+        poll may skip setting up a wait only while it is not."""
+        return time.monotonic() >= self._next_check
+
     def _mpi_error(self, reqs: list, peers: list[int], fp: Fingerprint,
                    e: Exception) -> NoReturn:
         """Raise for an error MPI reported in a wait: PeerFailureError naming the failed rank

@@ -3,13 +3,16 @@
 Every message starts with the fixed-size header of ``base`` (the fingerprint and the payload
 length). A payload of at most ``PACKED_MAX_BYTES`` travels in the same MPI message as its
 header, copied behind it: one message costs one MPI send and one receive, where copying a few
-KiB costs less than a second message. A larger payload follows its header as messages of its
+KiB costs less than a second message. A two-rank swap (``mpi_swap``) packs up to
+``SWAP_MAX_BYTES`` the same way. A larger payload follows its header as messages of its
 own, sent and received in place, without a copy. MPI keeps the messages of one sender on one
 tag in order, so a header and its payload stay paired.
 
 A receive posts its first MPI receive at once, before the message arrives, into a buffer of
 ``FIRST_MAX_BYTES``: every first message of this wire fits (a header alone, or a header and a
-packed payload), whatever size the sender chose, so no probe is needed to learn it. A message of
+packed payload, up to a swap's), whatever size the sender chose, so no probe is needed to
+learn it. Those buffers are kept per peer (``FirstBuffers``) and lent to one receive at a
+time: a fresh one per receive cost more than the MPI calls of a small message. A message of
 another size than the one expected is still received whole and its header names the sender's
 call, so mismatched calls raise ``CollectiveMismatchError`` naming both, never an MPI truncation
 error or a wait for a payload that will not come. A payload is received only once its header
@@ -25,7 +28,8 @@ from .base import HEADER_SIZE, Fingerprint, check_header, pack_header, unpack_he
 TAG = 0x4E46
 CHUNK = 1 << 30  # MPI counts are C ints
 PACKED_MAX_BYTES = 8 << 10
-FIRST_MAX_BYTES = HEADER_SIZE + PACKED_MAX_BYTES  # the largest first message of this wire
+SWAP_MAX_BYTES = 512 << 10  # ``mpi_swap`` packs payloads up to this size (``mpi_pair`` sizes)
+FIRST_MAX_BYTES = HEADER_SIZE + max(PACKED_MAX_BYTES, SWAP_MAX_BYTES)  # the largest first message
 
 
 def chunks(view: memoryview) -> list[memoryview]:
@@ -46,6 +50,24 @@ def post_send(comm, MPI, payload: memoryview, dst: int, fp: Fingerprint,
         [comm.Isend([c, MPI.BYTE], dst, TAG) for c in chunks(payload)]
 
 
+class FirstBuffers:
+    """First-message buffers per peer, each lent to one receive at a time and given back once
+    that receive completed: a receive given up (cancelled, perhaps still landing) never gives
+    its buffer back, so no later receive shares it."""
+
+    __slots__ = ("_free",)
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[bytearray]] = {}
+
+    def take(self, peer: int) -> bytearray:
+        free = self._free.get(peer)
+        return free.pop() if free else bytearray(FIRST_MAX_BYTES)
+
+    def give(self, peer: int, buf: bytearray) -> None:
+        self._free.setdefault(peer, []).append(buf)
+
+
 # The stages of an ``Incoming`` message.
 POSTING, FIRST, PAYLOAD, DONE = range(4)
 
@@ -56,32 +78,39 @@ class Incoming:
     unusable peers: the rest of its stream can no longer be paired. ``header``: the one
     expected, ``pack_header(fp, payload.nbytes)``, when the caller has it already."""
 
-    __slots__ = ("t", "comm", "MPI", "payload", "src", "fp", "stage", "first", "reqs", "status",
-                 "header")
+    __slots__ = ("t", "comm", "MPI", "payload", "src", "fp", "stage", "first", "reqs", "header")
 
     def __init__(self, t, payload: memoryview, src: int, fp: Fingerprint,
                  header: Optional[bytes] = None) -> None:
         self.t, self.comm, self.MPI = t, t.comm, t.mpi
         self.payload, self.src, self.fp, self.header = payload, src, fp, header
-        self.stage, self.first, self.reqs, self.status = POSTING, None, [], None
+        self.stage, self.first, self.reqs = POSTING, None, []
+
+    def post(self) -> None:
+        """Post the first receive (``step`` does when it has not been)."""
+        self.first = self.t.first_buffers.take(self.src)  # any first message fits
+        self.reqs = [self.comm.Irecv([self.first, self.MPI.BYTE], self.src, TAG)]
+        self.stage = FIRST
 
     def step(self) -> int:
         """Move on as far as what has arrived allows; returns the stage reached. Past FIRST,
         this sender's next message may be received (this one's receives are posted)."""
         MPI = self.MPI
         if self.stage == POSTING:
-            self.first = bytearray(FIRST_MAX_BYTES)  # any first message fits: judged after
-            self.reqs = [self.comm.Irecv([self.first, MPI.BYTE], self.src, TAG)]
-            self.status = MPI.Status()
-            self.stage = FIRST
+            self.post()
         if self.stage == FIRST:
-            if not self.reqs[0].Test(self.status):
+            status = self.t.status
+            if not self.reqs[0].Test(status):
                 return FIRST
-            del self.first[self.status.Get_count(MPI.BYTE):]  # what arrived: judged next
-            self._check_first()
-            if self.payload.nbytes <= PACKED_MAX_BYTES:
-                if self.payload.nbytes:
-                    self.payload[:] = memoryview(self.first)[HEADER_SIZE:]
+            first, count = self.first, status.Get_count(MPI.BYTE)  # what arrived: judged next
+            packed = self.payload.nbytes <= PACKED_MAX_BYTES
+            check_first(self.t, first, count, self.src, self.fp, self.payload.nbytes, packed,
+                        self.header)
+            if packed and count > HEADER_SIZE:
+                self.payload[:] = memoryview(first)[HEADER_SIZE:count]
+            self.first = None
+            self.t.first_buffers.give(self.src, first)  # read: the next receive may use it
+            if packed:
                 self.reqs, self.stage = [], DONE
                 return DONE
             self.reqs = [self.comm.Irecv([c, MPI.BYTE], self.src, TAG)
@@ -91,31 +120,30 @@ class Incoming:
             self.reqs, self.stage = [], DONE
         return self.stage
 
-    def _check_first(self) -> None:
-        """CollectiveMismatchError naming both calls unless the first message is the header
-        (and, for a small payload, the payload) of the message this rank expects."""
-        first, fp, src, t = self.first, self.fp, self.src, self.t
-        packed = self.payload.nbytes <= PACKED_MAX_BYTES
-        expected = HEADER_SIZE + (self.payload.nbytes if packed else 0)
-        header = self.header or pack_header(fp, self.payload.nbytes)
-        if len(first) == expected and first.startswith(header):
-            return  # the common case, without decoding the header
-        header = bytes(first[:HEADER_SIZE])
-        try:
-            got, nbytes = unpack_header(header)
-        except ValueError as e:
-            t.mark_unusable(src, f"malformed header in {fp.describe()}")
+
+def check_first(t, first: bytearray, count: int, src: int, fp: Fingerprint, payload_nbytes: int,
+                packed: bool, header: Optional[bytes] = None) -> None:
+    """CollectiveMismatchError naming both calls unless the first message from ``src`` (``count``
+    bytes of ``first``) is the header of the ``payload_nbytes`` message this rank expects, with
+    the payload behind it when ``packed``. ``header``: ``pack_header(fp, payload_nbytes)``."""
+    expected = HEADER_SIZE + (payload_nbytes if packed else 0)
+    if count == expected and first.startswith(header or pack_header(fp, payload_nbytes)):
+        return  # the common case, without decoding the header
+    try:
+        got, nbytes = unpack_header(bytes(first[:min(count, HEADER_SIZE)]))
+    except ValueError as e:
+        t.mark_unusable(src, f"malformed header in {fp.describe()}")
+        raise CollectiveMismatchError(
+            f"peer rank {src} sent a malformed header ({e}; a {count}-byte message) "
+            f"while we expected {fp.describe()}", rank=t.rank, peer=src, op=fp.op,
+            seq=fp.seq) from None
+    try:
+        check_header(fp, got, nbytes, payload_nbytes, rank=t.rank, peer=src)
+        if count != expected:
             raise CollectiveMismatchError(
-                f"peer rank {src} sent a malformed header ({e}; a {len(first)}-byte message) "
-                f"while we expected {fp.describe()}", rank=t.rank, peer=src, op=fp.op,
-                seq=fp.seq) from None
-        try:
-            check_header(fp, got, nbytes, self.payload.nbytes, rank=t.rank, peer=src)
-            if len(first) != HEADER_SIZE + (nbytes if packed else 0):
-                raise CollectiveMismatchError(
-                    f"peer rank {src} sent a {len(first)}-byte message for {fp.describe()}, "
-                    f"whose header says {nbytes} payload bytes", rank=t.rank, peer=src,
-                    op=fp.op, seq=fp.seq)
-        except CollectiveMismatchError:
-            t.mark_unusable(src, f"mismatched header in {fp.describe()}")
-            raise
+                f"peer rank {src} sent a {count}-byte message for {fp.describe()}, "
+                f"whose header says {nbytes} payload bytes", rank=t.rank, peer=src,
+                op=fp.op, seq=fp.seq)
+    except CollectiveMismatchError:
+        t.mark_unusable(src, f"mismatched header in {fp.describe()}")
+        raise

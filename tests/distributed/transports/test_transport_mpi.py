@@ -73,6 +73,53 @@ EXCHANGE = textwrap.dedent("""
         one.close()
         two.close()
 
+    def swap_on_the_wire(rank, one, two):
+        # A two-rank swap is one MPI message each way, the header packed before the payload,
+        # received into a buffer kept per peer; a message of the other form (a header alone,
+        # or a packed one where a plain receive expects a header) is named, never truncated.
+        # Its transport was made at the start: a communicator made after another was freed
+        # may be handed that one's last notices.
+        from mpi4py import MPI
+        from neural_arch.distributed.transports.base import HEADER_SIZE, pack_header, \
+            unpack_header
+        fps = [Fingerprint("all_reduce", seq, "float32", 16384) for seq in (12, 13, 14)]
+        mine = payload(rank, 16384, "float32")
+        if rank in (0, 1):
+            peer, got = 1 - rank, []
+            for _ in range(2):
+                one.swap(mine, peer, fps[0], lambda theirs: got.append(theirs.copy()))
+                kept = one.first_buffers.take(peer)  # the one buffer both swaps received into
+                one.first_buffers.give(peer, kept)
+                got.append(kept)
+            assert np.array_equal(got[0], payload(peer, 16384, "float32"))
+            assert got[1] is got[3] and np.array_equal(got[2], got[0])
+        if rank == 0:
+            try:
+                one.swap(mine, 1, fps[1], lambda theirs: None)
+                raise AssertionError("a header alone was taken for a swap")
+            except CollectiveMismatchError as e:
+                assert f"sent a {HEADER_SIZE}-byte message for all_reduce #13" in str(e) and \
+                    "header says 65536 payload bytes" in str(e), e
+            try:
+                two.recv(np.empty(16384, np.float32), 1, fps[2])
+                raise AssertionError("a swap's message was taken for a header")
+            except CollectiveMismatchError as e:
+                assert f"sent a {HEADER_SIZE + 65536}-byte message for all_reduce #14" in \
+                    str(e), e
+            two.comm.Send([bytearray(3), MPI.BYTE], 1, mpi_wire.TAG)
+        elif rank == 1:
+            raw = bytearray(HEADER_SIZE + 65536)
+            one.comm.Recv([raw, MPI.BYTE], 0, mpi_wire.TAG)  # the whole swap, in one message
+            assert unpack_header(bytes(raw[:HEADER_SIZE])) == (fps[1], 65536)
+            assert np.array_equal(np.frombuffer(raw, np.float32, offset=HEADER_SIZE), mine * 0 +
+                                  payload(0, 16384, "float32"))
+            one.comm.Send([bytearray(pack_header(fps[1], 65536)), MPI.BYTE], 0, mpi_wire.TAG)
+            try:
+                two.swap(mine, 0, fps[2], lambda theirs: None)
+                raise AssertionError("malformed message not detected")
+            except CollectiveMismatchError as e:
+                assert "peer rank 0 sent a malformed header" in str(e), e
+
     def payload(rank, n, dtype):
         rng = np.random.default_rng(1000 * rank + n)
         if np.dtype(dtype).kind == "i":
@@ -80,6 +127,7 @@ EXCHANGE = textwrap.dedent("""
         return rng.standard_normal(n).astype(dtype)
 
     t = mpi.create(timeout=60)
+    swapping = [mpi.create(timeout=60) for _ in range(2)]  # before any closes: swap_on_the_wire
     rank, world = t.rank, t.world_size
     right, left = (rank + 1) % world, (rank - 1) % world
     for seq, (n, dtype) in enumerate([(0, "float64"), (1, "float64"), (7, "float32"),
@@ -134,6 +182,10 @@ EXCHANGE = textwrap.dedent("""
     native.barrier()
     wire_and_size_mismatches(rank)
     native.barrier()
+    swap_on_the_wire(rank, *swapping)
+    native.barrier()
+    for each in swapping:
+        each.close()
     short = mpi.create(timeout=0.5)
     if rank == 0:
         try:

@@ -45,7 +45,7 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
         mpi_pair.EXCHANGE_MAX_BYTES, mpi_pair.MIN_PIECE_BYTES = 0, 256
         mpi_pair.PIPELINE_MIN_BYTES = 0
     t = resolve_group(None).transport
-    calls = {"send_recv_chained": [], "sendrecv": []}
+    calls = {"send_recv_chained": [], "sendrecv": [], "swap": []}
     for name, found in calls.items():
         method = getattr(t, name)
         setattr(t, name, lambda *a, method=method, found=found: found.append(1) or method(*a))
@@ -102,11 +102,12 @@ def test_all_reduce_keeps_the_portable_rings_bits_and_numpys_values(reports):
 def test_two_ranks_run_each_all_reduce_as_one_transport_call(reports):
     (world, form), per_rank = reports
     # one call per non-empty all-reduce at p = 2: 5 sizes x (3 dtypes x 3 ops - 1 AVERAGE)
-    expected = {"pipeline": {"send_recv_chained": 40, "sendrecv": 0},
-                "exchange": {"send_recv_chained": 0, "sendrecv": 40}}.get(form)
+    expected = {"pipeline": {"send_recv_chained": 40, "sendrecv": 0, "swap": 0},
+                "exchange": {"send_recv_chained": 0, "sendrecv": 0, "swap": 40}}.get(form)
     for r in per_rank:
         if expected is None:  # three ranks: the portable ring's messages
-            assert r["calls"]["send_recv_chained"] == 0 and r["calls"]["sendrecv"] > 40, r
+            assert r["calls"]["send_recv_chained"] == r["calls"]["swap"] == 0 and \
+                r["calls"]["sendrecv"] > 40, r
         else:
             assert r["calls"] == expected, r["calls"]
 

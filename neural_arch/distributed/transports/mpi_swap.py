@@ -1,0 +1,70 @@
+"""``MpiTransport.swap``: two ranks exchange whole vectors of up to ``SWAP_MAX_BYTES`` in one MPI
+message each way, the header and a copy of the payload packed together (``mpi_wire``'s packed
+form, at larger sizes), and the caller reads what arrived where it landed.
+
+Why a copy, measured at p = 2 on 2 cores with bare mpi4py (``benchmarks/mpi_layers.py``'s
+bare rows, in turns, us): a Sendrecv of 64 KiB and a sum written to the receive buffer take 10,
+written back into the sent buffer 55, and the same after sending a copy 23 (MPI's single-copy
+transfer reads the sender's memory from the receiving process: writing memory the peer has
+just read is what the figures point at). An all-reduce must write its result into the caller's
+buffer, so sending a copy is the cheap way; and a copy the sender owns can carry the header in
+front of the payload, so each swap is one message each way instead of a header and a payload
+sent after it. Both buffers are kept per peer (``FirstBuffers``), the receiver's sized for any
+first message of the wire, so a mismatched call (another size, op or collective) is still read
+whole and named by its header, never an MPI truncation error. Above ``SWAP_MAX_BYTES`` the copy
+costs more than it saves (bare, 1 MiB: 364-398 us against 252-316 without it; the sizes are
+``mpi_pair``'s).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .base import HEADER_SIZE, Fingerprint, pack_header
+from .mpi_wire import SWAP_MAX_BYTES, TAG, check_first
+
+if TYPE_CHECKING:
+    from .mpi import MpiTransport
+
+
+def swap(t: MpiTransport, sendbuf: np.ndarray, out: memoryview, peer: int, fp: Fingerprint,
+         use: Callable[[np.ndarray], None]) -> None:
+    """Send ``sendbuf`` (``out``: its bytes) to ``peer`` and receive the peer's vector of the
+    same size and dtype; ``use(received)`` runs on it before its buffer is reused. Called with
+    the transport's lock held, ``out.nbytes <= SWAP_MAX_BYTES``."""
+    nbytes = out.nbytes
+    if nbytes > SWAP_MAX_BYTES:
+        raise ValueError(f"swap takes at most {SWAP_MAX_BYTES} bytes, got {nbytes} "
+                         f"({fp.describe()})")
+    MPI, comm, status = t.mpi, t.comm, t.status
+    header = pack_header(fp, nbytes)
+    first, packed = t.first_buffers.take(peer), t.send_buffers.take(peer)
+    recv = comm.Irecv([first, MPI.BYTE], peer, TAG)  # posted first: the peer's finds it
+    packed[:HEADER_SIZE] = header
+    packed[HEADER_SIZE:HEADER_SIZE + nbytes] = out
+    send = comm.Isend([packed, HEADER_SIZE + nbytes, MPI.BYTE], peer, TAG)
+    both, left = [recv, send], [send]
+    arrived = []
+
+    def advance():
+        if not arrived:  # the peer's message is judged as soon as it is here
+            if not recv.Test(status):
+                return both
+            arrived.append(status.Get_count(MPI.BYTE))
+            check_first(t, first, arrived[0], peer, fp, nbytes, True, header)
+        return None if send.Test() else left
+
+    try:
+        if advance() is not None or t.look_due():
+            t.wait_requests(both, fp, (peer,), advance)
+    except BaseException:
+        # The peer may still read our message (a mismatched peer does, into its own first
+        # buffer), a receive given up may still land: both buffers live as long as the
+        # transport, never freed under MPI.
+        t.abandoned.append((recv, first, send, packed))
+        raise
+    # complete and checked: the payload is what the peer sent, of this call's size and dtype
+    use(np.frombuffer(first, sendbuf.dtype, sendbuf.size, HEADER_SIZE))
+    t.first_buffers.give(peer, first)
+    t.send_buffers.give(peer, packed)
