@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ..backends import device_type, get_backend, xp_of
+from ..optim.optimizer import parameters_with_grad
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)  # torch keeps the scale in a float32 tensor
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
@@ -97,10 +98,7 @@ class GradScaler:
         inverse = 1.0 / self._scale
         found_inf = False
         for group_index, group in enumerate(optimizer.param_groups):
-            for param in group["params"]:
-                grad = None if param.grad is None else param.grad.array
-                if grad is None:
-                    continue
+            for _, grad in parameters_with_grad(group):
                 if grad.dtype == np.float16:
                     raise ValueError(f"Attempting to unscale FP16 gradients (param_groups"
                                      f"[{group_index}], shape {tuple(grad.shape)}).")

@@ -8,22 +8,13 @@ import time
 
 import pytest
 
-from leftovers import Leftovers, alive, wait_gone
+from leftovers import alive, wait_gone
 from neural_arch.data import DataLoader
+from worker_leftovers import leftovers  # noqa: F401 - no worker outlives a test
 from worker_datasets import Probe, keep_items
 
 pytestmark = pytest.mark.timeout(60)
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture(autouse=True)
-def leftovers():
-    """Every test ends with no worker process left."""
-    watch = Leftovers(period=0.05)
-    yield watch
-    processes, segments = watch.check()
-    watch.remove(processes, segments)
-    assert (processes, segments) == ([], []), "left behind: processes, /dev/shm segments"
 
 
 def _pids(batch):

@@ -5,22 +5,12 @@ import os
 import numpy as np
 import pytest
 
-from leftovers import Leftovers
 from neural_arch.core import manual_seed
 from neural_arch.data import DataLoader, TensorDataset, get_worker_info
+from worker_leftovers import leftovers  # noqa: F401 - no worker outlives a test
 from worker_datasets import Probe, Rows, keep_items, record_init
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(autouse=True)
-def leftovers():
-    """Every test ends with no worker process left."""
-    watch = Leftovers(period=0.05)
-    yield watch
-    processes, segments = watch.check()
-    watch.remove(processes, segments)
-    assert (processes, segments) == ([], []), "left behind: processes, /dev/shm segments"
 
 
 def _arrays(batches):

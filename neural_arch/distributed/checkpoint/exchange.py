@@ -1,13 +1,15 @@
 """What checkpointing ranks tell each other: small JSON values over int32 tensors (the object
-collectives would pickle), and whether an operation succeeded everywhere."""
+collectives would pickle), and whether an operation succeeded everywhere, so that one rank's
+failure fails every rank."""
 from __future__ import annotations
 
 import json
-from typing import Any, List
+from typing import Any, List, Optional
 
 import numpy as np
 
 from ..collectives import all_gather, all_reduce, broadcast
+from ..errors import DistributedError
 from ..reduce_ops import ReduceOp
 
 
@@ -47,3 +49,14 @@ def all_succeeded(pg: Any, ok: bool) -> bool:
     flag = np.array([0 if ok else 1], dtype=np.int32)
     all_reduce(flag, ReduceOp.MAX, group=pg)
     return int(flag[0]) == 0
+
+
+def fail_together(pg: Any, failure: Optional[BaseException], message: str, *, op: str,
+                  peer: Optional[int] = None) -> None:
+    """Return only when no rank of ``pg`` failed; otherwise raise on every rank: its own
+    ``failure`` where it had one, else a ``DistributedError`` with ``message``, so that no rank
+    goes on alone."""
+    if not all_succeeded(pg, failure is None):
+        if failure is not None:
+            raise failure
+        raise DistributedError(message, rank=pg.global_rank, peer=peer, op=op)

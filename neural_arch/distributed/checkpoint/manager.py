@@ -166,11 +166,9 @@ class DistributedCheckpointManager:
                 if pg is None:
                     raise
                 write_error = exc
-        if pg is not None and not exchange.all_succeeded(pg, write_error is None):
-            if write_error is not None:
-                raise write_error
-            raise DistributedError(f"checkpoint {path} was not written", rank=pg.global_rank,
-                                   peer=pg.ranks[0], op="save_checkpoint")
+        if pg is not None:
+            exchange.fail_together(pg, write_error, f"checkpoint {path} was not written",
+                                   op="save_checkpoint", peer=pg.ranks[0])
         self._note_loss(loss_value)
         return path
 
@@ -249,12 +247,9 @@ class DistributedCheckpointManager:
                 if sync is None:
                     raise
                 failure = exc
-        if sync is not None and not exchange.all_succeeded(sync, failure is None):
-            if failure is not None:
-                raise failure
-            raise DistributedError(f"another rank failed to load its checkpoint (this rank "
-                                   f"chose {chosen})", rank=sync.global_rank,
-                                   op="load_checkpoint")
+        if sync is not None:
+            exchange.fail_together(sync, failure, f"another rank failed to load its checkpoint "
+                                   f"(this rank chose {chosen})", op="load_checkpoint")
         return result
 
     def _resume_peers(self, pg: Any) -> Any:
