@@ -32,7 +32,7 @@ from .base import Fingerprint, Transport, pack_header
 from .mpi_chained import run_chained
 from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
-from .mpi_notices import LEFT, Notices
+from .mpi_notices import Notices
 from .mpi_waiting import RequestWaiting
 from .mpi_wire import DONE, PAYLOAD, FirstBuffers, Incoming, post_send
 from . import mpi_pair, mpi_swap
@@ -264,18 +264,21 @@ class MpiTransport(RequestWaiting, Transport):
         return self._native
 
     def close(self) -> None:
-        """Tell the peers this rank leaves, free the duplicated communicator. Safe to call
-        twice."""
+        """Tell the peers this rank leaves; free the duplicated communicator once every peer has
+        left too, else keep it (``mpi_notices``: a later communicator would inherit what still
+        arrives). Safe to call twice."""
         polite = self._lock.acquire(timeout=1.0)  # never interleave with a message in flight
+        free = False
         try:
             comm, self._comm = self._comm, None
             if comm is not None and not self._mpi.Is_finalized():
-                self._notices.send(LEFT, self.rank)
-                self._notices.finish()
+                # Impolite: a wait of another thread may be reading the notices.
+                free = self._notices.leave(self.take_in_notices if polite else None,
+                                           self.local_peer_died)
         finally:
             if polite:
                 self._lock.release()
-        if comm is not None and not self._mpi.Is_finalized():
+        if free and not self._mpi.Is_finalized():
             try:
                 comm.Free()
             except self._mpi.Exception:

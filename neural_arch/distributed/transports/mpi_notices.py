@@ -9,17 +9,33 @@ tag of its own so that it never matches a data receive. Every wait loop reads wh
 (``poll``) when it looks at its peers' liveness.
 
 A notice is plain bytes (kind, rank, reason in UTF-8); nothing received is unpickled.
+
+A closing rank frees its communicator only once every peer has said that it left (``leave``):
+MPI (Open MPI at least) gives a freed communicator's context to the next one made, and a
+message that arrives after the free goes to that next communicator. There a late "I am
+leaving" would be read as the new transport's, and it also takes a place in MPI's own ordering
+of that sender's messages, so that one of the new communicator's real messages is never
+delivered (a hang). A token naming the transport in each notice would drop the stale notice
+but not give back the lost message: nothing may arrive after the free. A peer's notice that it
+left is the last message it sends on the communicator and MPI delivers one sender's messages
+in order, so once every peer's is in, nothing more can come. Otherwise (a peer still working,
+stopped or dead) the communicator is kept, never freed: a little memory per peer, its context is
+not reused, and what arrives late lies unread in it.
 """
 from __future__ import annotations
 
 import struct
 import time
+from typing import Callable, Optional
 
 TAG = 0x4E47
 LEFT, FAILED = 1, 2
 _HEAD = struct.Struct("<ii")  # kind, the rank it is about
 _MAX_REASON_BYTES = 2000
-_CLOSE_WAIT_S = 0.5  # for the last notices to leave before the communicator is freed
+# How long a closing rank waits for its own notices to leave and for every peer's notice that
+# it left too (``leave``); ranks that end together close within it, and a later one costs the
+# communicator (kept, not freed), never a wrong message.
+CLOSE_WAIT_S = 0.5
 
 
 class Notices:
@@ -52,10 +68,25 @@ class Notices:
             got.append((source, kind, about, bytes(buf[_HEAD.size:]).decode("utf-8", "replace")))
         return got
 
-    def finish(self) -> None:
-        """Let the notices posted here leave (bounded): the communicator is freed next."""
-        deadline = time.monotonic() + _CLOSE_WAIT_S
+    def leave(self, peers_left: Optional[Callable[[], set]],
+              peer_died: Callable[[], bool]) -> bool:
+        """Tell every peer this rank leaves, then wait (at most ``CLOSE_WAIT_S``) for the
+        notices to leave and every peer to have left too. True: every peer had left, so the
+        communicator may be freed (see the module's text). ``peers_left`` reads the notices
+        and returns the peers known to have left; None: another thread may be reading them,
+        so this rank only sends (and keeps the communicator). ``peer_died``: whether a peer
+        died, so that its notice will never come (the wait ends, the communicator is kept)."""
+        self.send(LEFT, self.rank)
+        everyone = set(range(self.world_size)) - {self.rank}
         reqs = [req for req, _ in self._sends]
-        while reqs and not self._mpi.Request.Testall(reqs) and time.monotonic() < deadline:
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        all_left = False
+        while True:
+            sent = self._mpi.Request.Testall(reqs)
+            all_left = peers_left is not None and everyone <= peers_left()
+            waiting_for_peers = peers_left is not None and not all_left and not peer_died()
+            if (sent and not waiting_for_peers) or time.monotonic() >= deadline:
+                break
             time.sleep(1e-3)
         self._sends = []
+        return all_left

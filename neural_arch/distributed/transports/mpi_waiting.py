@@ -143,16 +143,25 @@ class RequestWaiting:
         that sent its last message and then closed is read, not blamed. Peers this wait does not
         need may leave: they may have no more work in the subgroups still running. ``peers``
         empty: every rank takes part."""
+        needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
+        gone = sorted(needed & self.take_in_notices())
+        if gone and waited >= LIVENESS_PERIOD_S and advance() is not None:
+            return gone
+        return []
+
+    def take_in_notices(self) -> set:
+        """Read the notices that have arrived; return the peers known to have left. A failure
+        a peer found goes to the heartbeat's list."""
         for sender, kind, about, reason in self._notices.poll():
             if kind == LEFT:
                 self._left.add(sender)
             elif kind == FAILED and about != self.rank:
                 heartbeat.record_failure(about, reason)  # it says who saw it
-        needed = set(peers) if peers else set(range(self.world_size)) - {self.rank}
-        gone = sorted(needed & self._left)
-        if gone and waited >= LIVENESS_PERIOD_S and advance() is not None:
-            return gone
-        return []
+        return self._left
+
+    def local_peer_died(self) -> bool:
+        """Whether a peer on this host died (its pid is gone, or reused)."""
+        return any(not process_alive(pid, start) for pid, start in self._local_peers.values())
 
     def publish_failure(self, peer: int, reason: str) -> None:
         """Tell every other rank that ``peer`` failed (the heartbeat's ``publish`` without a

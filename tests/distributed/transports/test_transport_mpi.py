@@ -77,8 +77,6 @@ EXCHANGE = textwrap.dedent("""
         # A two-rank swap is one MPI message each way, the header packed before the payload,
         # received into a buffer kept per peer; a message of the other form (a header alone,
         # or a packed one where a plain receive expects a header) is named, never truncated.
-        # Its transport was made at the start: a communicator made after another was freed
-        # may be handed that one's last notices.
         from mpi4py import MPI
         from neural_arch.distributed.transports.base import HEADER_SIZE, pack_header, \
             unpack_header
@@ -120,6 +118,44 @@ EXCHANGE = textwrap.dedent("""
             except CollectiveMismatchError as e:
                 assert "peer rank 0 sent a malformed header" in str(e), e
 
+    def later_transport_after_staggered_close(rank, world, barrier):
+        # Rank 0 closes first, its peers only once it has freed its communicator: their
+        # notices that they left come too late for it, and MPI reuses a freed communicator's
+        # context. The next transport must see neither a peer that left nor a lost message.
+        from mpi4py import MPI
+        from neural_arch.distributed import algorithms
+        from neural_arch.distributed.reduce_ops import ReduceOp
+        from neural_arch.distributed.transports import mpi_notices
+        old = mpi.create(timeout=10)
+        kept, got = old.comm, np.empty(4)
+        old.sendrecv(np.full(4, float(rank)), (rank + 1) % world, got, (rank - 1) % world,
+                     Fingerprint("ring", 0, "float64", 4))
+        if rank == 0:
+            waited, mpi_notices.CLOSE_WAIT_S = mpi_notices.CLOSE_WAIT_S, 0.1  # they will not come
+            old.close()
+            mpi_notices.CLOSE_WAIT_S = waited
+        barrier()
+        if rank != 0:
+            old.close()
+        new = mpi.create(timeout=2)
+        n = 8192  # 64 KiB of float64
+        got = np.zeros(n)
+        new.sendrecv(payload(rank, n, "float64"), (rank + 1) % world, got, (rank - 1) % world,
+                     Fingerprint("ring", 0, "float64", n))
+        assert np.array_equal(got, payload((rank - 1) % world, n, "float64"))
+        summed = payload(rank, n, "float64")
+        algorithms.all_reduce(new, summed, ReduceOp.SUM, Fingerprint("all_reduce", 1, "float64", n))
+        assert np.allclose(summed, sum(payload(r, n, "float64") for r in range(world)),
+                           rtol=1e-12)
+        algorithms.barrier(new, Fingerprint("barrier", 2, "uint8", 0))
+        new.close()
+        # Rank 0's peers had not left within its close: it keeps its communicator, whose
+        # late notices then reach no later one; at p = 2 its peer had heard it leave, and frees.
+        if rank == 0:
+            assert kept != MPI.COMM_NULL, "rank 0 freed a communicator its peers still used"
+        elif world == 2:
+            assert kept == MPI.COMM_NULL, "rank 1 kept a communicator every peer had left"
+
     def payload(rank, n, dtype):
         rng = np.random.default_rng(1000 * rank + n)
         if np.dtype(dtype).kind == "i":
@@ -127,7 +163,7 @@ EXCHANGE = textwrap.dedent("""
         return rng.standard_normal(n).astype(dtype)
 
     t = mpi.create(timeout=60)
-    swapping = [mpi.create(timeout=60) for _ in range(2)]  # before any closes: swap_on_the_wire
+    swapping = [mpi.create(timeout=60) for _ in range(2)]  # for swap_on_the_wire
     rank, world = t.rank, t.world_size
     right, left = (rank + 1) % world, (rank - 1) % world
     for seq, (n, dtype) in enumerate([(0, "float64"), (1, "float64"), (7, "float32"),
@@ -184,6 +220,7 @@ EXCHANGE = textwrap.dedent("""
     native.barrier()
     swap_on_the_wire(rank, *swapping)
     native.barrier()
+    later_transport_after_staggered_close(rank, world, native.barrier)
     for each in swapping:
         each.close()
     short = mpi.create(timeout=0.5)
