@@ -1,11 +1,11 @@
 """The shared-memory transport's own collectives: what ``native_collectives()`` returns.
 
 ``algorithms.select`` runs these whenever a group is the whole world of an shm transport
-(``preferred``). Each call is checked here; a vector of up to ``direct.SMALL_BYTES`` runs its
-plan (``plans``: one per collective, dtype and shape, prepared once), a larger one the
-round-based algorithms of ``direct``. This object holds everything those keep between calls:
-the workspace views per dtype, the fingerprint signatures, the header last written to each
-header area, the plans and the workspace writer. Its barrier is the transport's ``generation``.
+(``preferred``). Each call is checked here; a vector of up to ``direct.SMALL_BYTES`` (a
+broadcast: ``broadcast_plan_bytes``) runs its plan (``plans``: one per collective, dtype and
+shape, prepared once), a larger one the round-based algorithms of ``direct``. This object
+holds everything those keep between calls: the workspace views per dtype, the fingerprint
+signatures, the header last written to each header area, the plans and the workspace writer. Its barrier is the transport's ``generation``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
 from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
-from . import direct, plans, single_copy
+from . import broadcast_chunks, direct, plans, single_copy
 from .pair_rounds import PairRounds
 from .short_calls import ShortCalls
 from .writer import AreaWriter
@@ -53,6 +53,8 @@ class ShmCollectives:
         self.closed = False         # set with the transport's: the workspace is gone
         self.short_calls = ShortCalls(self)  # the public calls' entries (short_calls)
         self.pair_rounds = PairRounds(self)  # the two-rank rounds compiled (pair_rounds)
+        self.broadcast_plan_bytes = 0  # the largest broadcast a plan takes (``peer_reads_agreed``)
+        self.peer_reads_agreed()
         self._views: dict = {}
         self._sigs: dict = {}
 
@@ -88,7 +90,7 @@ class ShmCollectives:
         if self.world_size == 1:
             return
         data = buf.view(np.uint8)
-        if data.size > self.small_bytes():
+        if data.size > self.broadcast_plan_bytes:
             least = single_copy.BROADCAST_MIN_BYTES.get(self.world_size)
             if least is not None and data.size >= least and self.t.peer_reads.usable:
                 single_copy.broadcast(self, data, int(root), fp)
@@ -147,6 +149,14 @@ class ShmCollectives:
             name = "recvbuf" if whole is recvbuf else "sendbuf"
             raise ValueError(f"{what} {name} must hold {p} x {n} {block.dtype} elements, got "
                              f"{whole.size} {whole.dtype}")
+
+    def peer_reads_agreed(self) -> None:
+        """Size the broadcast plans (``broadcast_chunks``) once the ranks agreed whether they
+        read each other's memory: where they do, large broadcasts read the root's buffer."""
+        least = single_copy.BROADCAST_MIN_BYTES.get(self.world_size)
+        self.broadcast_plan_bytes = broadcast_chunks.plan_bytes(
+            self.world_size, self.small_bytes(), self.layout.workspace_bytes,
+            least if self.t.peer_reads.usable else None)
 
     def small_bytes(self) -> int:
         """The largest vector (bytes) a small plan takes; larger ones are never planned."""

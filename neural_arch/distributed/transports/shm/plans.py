@@ -22,7 +22,7 @@ import numpy as np
 from ...reduce_ops import ReduceOp, averager, ufunc_for
 from ...reductions.kernels import sum_halves
 from ..base import Fingerprint
-from . import compiled, direct
+from . import broadcast_chunks, compiled, direct
 
 MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
 
@@ -92,16 +92,23 @@ def python_all_reduce(c: Any, stamp: Stamp, dtype: np.dtype, n: int,
 def python_broadcast(c: Any, stamp: Stamp, nbytes: int,
                      root: int) -> Callable[[np.ndarray, Fingerprint], None]:
     """The root publishes the bytes in the half's first input area (where the general
-    broadcast puts them too); the others copy them out."""
+    broadcast puts them too) and marks every chunk before it arrives; the others wait for all
+    the marks and copy them out (``broadcast_chunks``: the compiled form's protocol)."""
     areas = tuple(c.views(np.dtype(np.uint8))[0][h][0][:nbytes] for h in (0, 1))
     is_root = c.rank == root
+    ctrl, progress = c.t.ctrl, broadcast_chunks.progress_word(c.layout, root)
+    count = broadcast_chunks.chunk_count(nbytes,
+                                         broadcast_chunks.chunk_bytes(c.world_size, nbytes))
 
     def run(data: np.ndarray, fp: Fingerprint) -> None:
         gen = stamp.begin(fp)[0]
         if is_root:
             areas[gen & 1][...] = data
+            ctrl[progress] = broadcast_chunks.mark(gen) + count
         stamp.meet(gen, fp)
         if not is_root:
+            if count > 1 and ctrl[progress] < broadcast_chunks.mark(gen) + count:
+                broadcast_chunks.wait_for_data(c, root, gen, count, fp)
             data[...] = areas[gen & 1]
     return run
 

@@ -114,7 +114,8 @@ class ShortCalls:
             self.broadcast.clear()
         dtype, n = tensor.dtype, tensor.size
         if run is None:
-            if tensor.nbytes <= self.c.small_bytes() or dtype.type not in SUPPORTED_DTYPES:
+            if (tensor.nbytes <= self.c.broadcast_plan_bytes
+                    or dtype.type not in SUPPORTED_DTYPES):
                 return None
             fp = Fingerprint(f"broadcast:{root}", 0, dtype.name, n, self.pg.group_id)
             entry = self.broadcast[(dtype, n, root)] = self._general(self.c.broadcast, root, fp)

@@ -83,6 +83,7 @@ class ShmTransport(RingMessages, Transport):
         pids = [ctrl[layout.rank_word(r, PID)] for r in range(self.world_size)]
         self.watch.know(pids)
         self.peer_reads.agree(self, pids)
+        self.collectives.peer_reads_agreed()
 
     def _peer_closed(self, peer: int) -> bool:
         return self.ctrl[self.layout.rank_word(peer, CLOSED)] != 0
