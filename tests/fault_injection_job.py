@@ -73,7 +73,8 @@ def worker(out: Path, backend: str, elements: int, seconds: float, timeout: floa
     world_size = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     own_fault = os.environ.get("FAULT_OWN") if rank == int(os.environ.get("FAULT_RANK", "-1")) \
         else None
-    _write_json(out / f"started_{rank}.json", {"pid": os.getpid()})  # see fault_injector.start_ranks
+    # see fault_injector.start_ranks
+    _write_json(out / f"started_{rank}.json", {"pid": os.getpid()})
     dist.init_process_group(backend=backend, timeout=timeout)
     if rank == int(os.environ.get("FAULT_STOP_EARLY_RANK", "-1")):
         _stop_now(out)

@@ -90,10 +90,11 @@ def launch_env(world_size: int, port: int, secret: str) -> dict:
 
 
 def start_ranks(out: Path, backend: str, world_size: int, env: dict, args=()) -> list:
-    """Start the ranks of a job running ``fault_injection_job`` (``args`` are its options past ``--out`` and
-    ``--backend``), each in a session of its own, logging to ``out/rank<R>.log``, with ``env``
-    (see ``launch_env``) and its RANK; for ``mpi``, one mpiexec starts them all and logs to
-    ``out/mpiexec.log``. Returns the processes started here."""
+    """Start the ranks of a job running ``fault_injection_job`` (``args`` are its options past
+    ``--out`` and ``--backend``), each in a session of its own, logging to
+    ``out/rank<R>.log``, with ``env`` (see ``launch_env``) and its RANK; for ``mpi``, one
+    mpiexec starts them all and logs to ``out/mpiexec.log``. Returns the processes started
+    here."""
     command = [sys.executable, JOB, "--out", str(out), "--backend", backend, *args]
     if backend == "mpi":
         env = {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",

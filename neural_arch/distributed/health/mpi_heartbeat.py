@@ -70,13 +70,15 @@ def _broadcast_bytes(transport, data: bytes, fp: Fingerprint) -> bytes:
     """Rank 0's ``data`` on every rank, over MPI, each wait bounded by the transport's timeout."""
     comm = transport.comm
     length = np.array([len(data)], _LENGTH)
-    transport.wait_requests([comm.Ibcast(length, root=0)], fp)
+    with transport.lock:  # one message stream at a time on the transport's communicator
+        transport.wait_requests([comm.Ibcast(length, root=0)], fp)
     if not 0 < length[0] <= _MAX_INVITATION_BYTES:
         raise DistributedError(f"rank 0 sent a heartbeat invitation of {length[0]} bytes",
                                rank=transport.rank, peer=0, op=fp.op, seq=fp.seq)
     buf = np.frombuffer(bytearray(data), np.uint8) if transport.rank == 0 \
         else np.empty(int(length[0]), np.uint8)
-    transport.wait_requests([comm.Ibcast(buf, root=0)], fp)
+    with transport.lock:
+        transport.wait_requests([comm.Ibcast(buf, root=0)], fp)
     return buf.tobytes()
 
 
@@ -127,7 +129,8 @@ def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
             why = f"unreadable invitation from rank 0 ({e})"
     connected = np.array([store is not None], np.uint8)
     everyone = np.empty(world_size, np.uint8)
-    transport.wait_requests([transport.comm.Iallgather(connected, everyone)], fp)
+    with transport.lock:
+        transport.wait_requests([transport.comm.Iallgather(connected, everyone)], fp)
     missing = [r for r in range(world_size) if not everyone[r]]
     if not missing:
         return store

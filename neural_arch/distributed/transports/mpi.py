@@ -22,7 +22,7 @@ import hashlib
 import os
 import struct
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import Notices
 from .mpi_waiting import RequestWaiting
-from .mpi_wire import DONE, PAYLOAD, FirstBuffers, Incoming, post_send
+from .mpi_wire import DONE, PAYLOAD, FirstBuffers, Incoming, first_max_bytes, post_send
 from . import mpi_pair, mpi_swap
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
@@ -94,9 +94,10 @@ class MpiTransport(RequestWaiting, Transport):
         self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size)
         self._left: set[int] = set()  # peers that closed their transport (they left the job)
         self._native: Optional[MpiCollectives] = None
-        self.first_buffers = FirstBuffers()  # the wire's first-message buffers, per peer
-        self.send_buffers = FirstBuffers()  # what ``swap`` packs its messages into, per peer
-        self.abandoned: list = []  # requests a failed swap left in flight, with their buffers
+        first_bytes = first_max_bytes(mpi_size)
+        self.first_buffers = FirstBuffers(first_bytes)  # the wire's first messages, per peer
+        self.send_buffers = FirstBuffers(first_bytes)  # what ``swap`` packs into, per peer
+        self.abandoned: list = []  # requests a failed call left in flight, with their buffers
         self.status = MPI.Status()  # read at once after each Test that fills it (lock held)
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
@@ -156,9 +157,13 @@ class MpiTransport(RequestWaiting, Transport):
             header = pack_header(fp, out.nbytes)  # a symmetric exchange expects the same
             incoming = Incoming(self, into, src, fp, header if into.nbytes == out.nbytes
                                 else None)
-            incoming.post()  # before the send (judged after): the peer's message finds it
-            self._receive_while(post_send(self._comm, self._mpi, out, dst, fp, header),
-                                incoming)
+            try:
+                incoming.post()  # before the send (judged after): the peer's message finds it
+                sends = post_send(self._comm, self._mpi, out, dst, fp, header)
+            except self._mpi.Exception as e:
+                self.abandoned.append(incoming)  # its receive may still land
+                self._mpi_error(incoming.reqs, [src, dst], fp, e)
+            self._receive_while(sends, incoming)
 
     def swap(self, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
              use: Callable[[np.ndarray], None]) -> None:
@@ -171,16 +176,26 @@ class MpiTransport(RequestWaiting, Transport):
             mpi_swap.swap(self, sendbuf, out, peer, fp, use)
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
-        """Receive ``incoming`` while ``sends`` progress, in one poll over both."""
-        testall = self._mpi.Request.Testall
-        if incoming.step() == DONE and testall(sends) and not self.look_due():
-            return  # done at the first poll, as a small exchange often is: no wait to set up
+        """Receive ``incoming`` while ``sends`` progress, in one poll over both. On failure
+        every request is cancelled (as ``_wait`` does) and ``incoming`` kept: a receive given
+        up may still land in its buffers."""
+        MPI = self._mpi
+        testall = MPI.Request.Testall
 
         def advance():
             if incoming.step() == DONE and testall(sends):
                 return None
             return sends + incoming.reqs
-        self._wait(sends, [incoming.src], incoming.fp, advance)
+        try:
+            try:
+                if advance() is None and not self.look_due():
+                    return  # done at the first poll, as a small exchange often is
+            except MPI.Exception as e:  # ``_wait`` converts those of its own polls
+                self._mpi_error(sends + incoming.reqs, [incoming.src], incoming.fp, e)
+            self._wait(sends + incoming.reqs, [incoming.src], incoming.fp, advance)
+        except BaseException:
+            self.abandoned.append(incoming)
+            raise
 
     def send_recv_many(self, sends, recvs) -> None:
         """A batch: every send posted at once, and every receive moved on in one poll over the
@@ -256,7 +271,17 @@ class MpiTransport(RequestWaiting, Transport):
         for dead peers like every wait of this transport (``mpi_waiting``); ``peers``: the
         ranks they need (none: any), ``advance``: as ``_wait`` takes it. The caller holds
         ``lock``, under which it posted them."""
+        if not self._lock.locked():  # a wait reads the notices: two at once would split them
+            raise RuntimeError(f"wait_requests for {fp.describe()} called without holding the "
+                               f"transport's lock")
         self._wait(reqs, list(peers), fp, advance)
+
+    def raise_mpi_error(self, reqs: list, fp: Fingerprint, peers: Sequence[int],
+                        error: Exception) -> NoReturn:
+        """Raise for an MPI error of a call outside a wait (a post, a first test), as a wait
+        does: PeerFailureError naming the failed rank when MPI knows one, ``reqs`` cancelled,
+        ``peers`` unusable, the job marked broken. The caller holds ``lock``."""
+        self._mpi_error(reqs, list(peers), fp, error)
 
     def native_collectives(self) -> MpiCollectives:
         if self._native is None:  # one, made once: every collective call asks for it

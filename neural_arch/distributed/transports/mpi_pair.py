@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 # ring at p = 2 with the packed swap (``benchmarks/mpi_pair_forms.py``, four runs on a busy
 # 2-core machine, us): 256 KiB 119-561 against 169-936 (swap faster in every run; quietest
 # 119/130 against 169/200), 384 KiB 470-938 against 545-1230, 512 KiB 248-1162 against
-# 252-1322 (even), 1 MiB 515 against 361 (the ring faster). It is also the wire's
-# ``SWAP_MAX_BYTES``, which sizes the receive buffers kept per peer.
-EXCHANGE_MAX_BYTES = 512 << 10
+# 252-1322 (even), 1 MiB 515 against 361 (the ring faster). The swap's own limit, which sizes
+# the receive buffers kept per peer; a larger one (``benchmarks/mpi_pair_forms.py``'s "swap"
+# form) exchanges with a ``sendrecv`` above it.
+EXCHANGE_MAX_BYTES = SWAP_MAX_BYTES
 # Below this size the portable ring beats the pipeline (``benchmarks/mpi_pair_forms.py``, quiet
 # 2-core machine, four runs, us: 256 KiB 112-116 against 121-124, 1 MiB 259-278 against
 # 278-301); from it the pipeline in 4 pieces a half ties with the ring at 4 MiB (708-780
@@ -101,7 +102,7 @@ def _exchange(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp, fp: Fin
     """The whole vector each way in one exchange, then each element reduced as the ring
     reduces it on the rank that owns its chunk: the owner's peer's operand first. Up to the
     wire's ``SWAP_MAX_BYTES`` the exchange is the transport's ``swap`` (one message each way,
-    reduced where it landed), above it a ``sendrecv``."""
+    reduced where it landed), above it (``EXCHANGE_MAX_BYTES`` raised) a ``sendrecv``."""
     combine, rank = combiner(op, buf.dtype), t.rank
 
     def reduce(got: np.ndarray) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .base import HEADER_SIZE, Fingerprint, pack_header
-from .mpi_wire import SWAP_MAX_BYTES, TAG, check_first
+from .mpi_wire import TAG, check_first, swap_max_bytes
 
 if TYPE_CHECKING:
     from .mpi import MpiTransport
@@ -32,37 +32,42 @@ def swap(t: MpiTransport, sendbuf: np.ndarray, out: memoryview, peer: int, fp: F
          use: Callable[[np.ndarray], None]) -> None:
     """Send ``sendbuf`` (``out``: its bytes) to ``peer`` and receive the peer's vector of the
     same size and dtype; ``use(received)`` runs on it before its buffer is reused. Called with
-    the transport's lock held, ``out.nbytes <= SWAP_MAX_BYTES``."""
-    nbytes = out.nbytes
-    if nbytes > SWAP_MAX_BYTES:
-        raise ValueError(f"swap takes at most {SWAP_MAX_BYTES} bytes, got {nbytes} "
-                         f"({fp.describe()})")
+    the transport's lock held, ``out.nbytes <= swap_max_bytes(t.world_size)``."""
+    nbytes, limit = out.nbytes, swap_max_bytes(t.world_size)
+    if nbytes > limit:  # the peer's receive buffer holds no more
+        raise ValueError(f"swap takes at most {limit} bytes at {t.world_size} ranks, got "
+                         f"{nbytes} ({fp.describe()})")
     MPI, comm, status = t.mpi, t.comm, t.status
     header = pack_header(fp, nbytes)
     first, packed = t.first_buffers.take(peer), t.send_buffers.take(peer)
-    recv = comm.Irecv([first, MPI.BYTE], peer, TAG)  # posted first: the peer's finds it
-    packed[:HEADER_SIZE] = header
-    packed[HEADER_SIZE:HEADER_SIZE + nbytes] = out
-    send = comm.Isend([packed, HEADER_SIZE + nbytes, MPI.BYTE], peer, TAG)
-    both, left = [recv, send], [send]
+    posted: list = []  # the receive, then the send
     arrived = []
 
     def advance():
         if not arrived:  # the peer's message is judged as soon as it is here
-            if not recv.Test(status):
-                return both
+            if not posted[0].Test(status):
+                return posted
             arrived.append(status.Get_count(MPI.BYTE))
             check_first(t, first, arrived[0], peer, fp, nbytes, True, header)
-        return None if send.Test() else left
+        return None if sending[0].Test() else sending
 
     try:
-        if advance() is not None or t.look_due():
-            t.wait_requests(both, fp, (peer,), advance)
+        try:
+            posted.append(comm.Irecv([first, MPI.BYTE], peer, TAG))  # first: the peer's finds it
+            packed[:HEADER_SIZE] = header
+            packed[HEADER_SIZE:HEADER_SIZE + nbytes] = out
+            posted.append(comm.Isend([packed, HEADER_SIZE + nbytes, MPI.BYTE], peer, TAG))
+            sending = posted[1:]
+            done = advance() is None
+        except MPI.Exception as e:  # the wait below converts those of its own polls
+            t.raise_mpi_error(posted, fp, (peer,), e)
+        if not done or t.look_due():
+            t.wait_requests(posted, fp, (peer,), advance)
     except BaseException:
         # The peer may still read our message (a mismatched peer does, into its own first
         # buffer), a receive given up may still land: both buffers live as long as the
         # transport, never freed under MPI.
-        t.abandoned.append((recv, first, send, packed))
+        t.abandoned.append((posted, first, packed))
         raise
     # complete and checked: the payload is what the peer sent, of this call's size and dtype
     use(np.frombuffer(first, sendbuf.dtype, sendbuf.size, HEADER_SIZE))

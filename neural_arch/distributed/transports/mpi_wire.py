@@ -9,9 +9,9 @@ own, sent and received in place, without a copy. MPI keeps the messages of one s
 tag in order, so a header and its payload stay paired.
 
 A receive posts its first MPI receive at once, before the message arrives, into a buffer of
-``FIRST_MAX_BYTES``: every first message of this wire fits (a header alone, or a header and a
-packed payload, up to a swap's), whatever size the sender chose, so no probe is needed to
-learn it. Those buffers are kept per peer (``FirstBuffers``) and lent to one receive at a
+``first_max_bytes``: every first message of this wire fits (a header alone, or a header and a
+packed payload, up to a swap's where swaps run), whatever size the sender chose, so no probe is
+needed to learn it. Those buffers are kept per peer (``FirstBuffers``) and lent to one receive at a
 time: a fresh one per receive cost more than the MPI calls of a small message. A message of
 another size than the one expected is still received whole and its header names the sender's
 call, so mismatched calls raise ``CollectiveMismatchError`` naming both, never an MPI truncation
@@ -29,7 +29,17 @@ TAG = 0x4E46
 CHUNK = 1 << 30  # MPI counts are C ints
 PACKED_MAX_BYTES = 8 << 10
 SWAP_MAX_BYTES = 512 << 10  # ``mpi_swap`` packs payloads up to this size (``mpi_pair`` sizes)
-FIRST_MAX_BYTES = HEADER_SIZE + max(PACKED_MAX_BYTES, SWAP_MAX_BYTES)  # the largest first message
+
+
+def swap_max_bytes(world_size: int) -> int:
+    """The largest swap at ``world_size`` ranks. Only the two-rank all-reduce (``mpi_pair``)
+    swaps more than a packed message, so only there do the buffers kept per peer grow for it."""
+    return SWAP_MAX_BYTES if world_size == 2 else PACKED_MAX_BYTES
+
+
+def first_max_bytes(world_size: int) -> int:
+    """The largest first message of the wire at ``world_size`` ranks."""
+    return HEADER_SIZE + max(PACKED_MAX_BYTES, swap_max_bytes(world_size))
 
 
 def chunks(view: memoryview) -> list[memoryview]:
@@ -55,14 +65,15 @@ class FirstBuffers:
     that receive completed: a receive given up (cancelled, perhaps still landing) never gives
     its buffer back, so no later receive shares it."""
 
-    __slots__ = ("_free",)
+    __slots__ = ("_free", "nbytes")
 
-    def __init__(self) -> None:
+    def __init__(self, nbytes: int) -> None:
         self._free: dict[int, list[bytearray]] = {}
+        self.nbytes = nbytes  # of each buffer
 
     def take(self, peer: int) -> bytearray:
         free = self._free.get(peer)
-        return free.pop() if free else bytearray(FIRST_MAX_BYTES)
+        return free.pop() if free else bytearray(self.nbytes)
 
     def give(self, peer: int, buf: bytearray) -> None:
         self._free.setdefault(peer, []).append(buf)
@@ -140,10 +151,16 @@ def check_first(t, first: bytearray, count: int, src: int, fp: Fingerprint, payl
     try:
         check_header(fp, got, nbytes, payload_nbytes, rank=t.rank, peer=src)
         if count != expected:
-            raise CollectiveMismatchError(
-                f"peer rank {src} sent a {count}-byte message for {fp.describe()}, "
-                f"whose header says {nbytes} payload bytes", rank=t.rank, peer=src,
-                op=fp.op, seq=fp.seq)
+            # The same call in another form (a swap against a plain message: one rank took
+            # the two-rank all-reduce, the other the ring), or a message that is not ours.
+            forms = {HEADER_SIZE: "a header alone",
+                     HEADER_SIZE + nbytes: f"a packed swap of {nbytes} bytes"}
+            what = (f"{forms[count]} for {fp.describe()}, where {forms[expected]} was "
+                    f"expected" if count in forms else
+                    f"a {count}-byte message for {fp.describe()}, whose header says {nbytes} "
+                    f"payload bytes")
+            raise CollectiveMismatchError(f"peer rank {src} sent {what}", rank=t.rank,
+                                          peer=src, op=fp.op, seq=fp.seq)
     except CollectiveMismatchError:
         t.mark_unusable(src, f"mismatched header in {fp.describe()}")
         raise

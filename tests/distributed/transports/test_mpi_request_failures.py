@@ -1,0 +1,175 @@
+"""How the MPI transport fails when MPI fails a request, or a wait gives up before its first poll,
+on a fake MPI (no mpiexec needed).
+
+Under ``mpiexec --with-ft ulfm`` a dead peer's error may come from the very first MPI call of a
+message (its receive's post, or the first test): it must still become PeerFailureError naming
+the rank MPI reports failed, with the requests cancelled, the peer marked unusable and the job
+marked broken (so that exit does not wait in ``MPI_Finalize``). A receive posted before a wait
+that gives up is cancelled, and its buffer kept alive: MPI may still write into it.
+"""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
+from neural_arch.distributed.health import mpi_heartbeat
+from neural_arch.distributed.transports import mpi, mpi_exit, mpi_waiting, mpi_wire
+from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, pack_header
+
+pytestmark = pytest.mark.timeout(30)
+FP = Fingerprint("all_reduce", 7, "float32", 4)
+
+
+class FakeMpiError(Exception):
+    pass
+
+
+class _Request:
+    def __init__(self, fail: bool, done: bool = False, buf=None):
+        self.fail, self.done, self.cancelled, self.buf = fail, done, False, buf
+
+    def Test(self, status=None):
+        if self.fail:
+            raise FakeMpiError("MPI_ERR_PROC_FAILED: process failure")
+        return self.done
+
+    def Cancel(self):
+        self.cancelled = True
+
+
+class _Group:
+    def __init__(self, ranks):
+        self.ranks = ranks
+
+    def Get_size(self):
+        return len(self.ranks)
+
+    def Free(self):
+        pass
+
+
+class _Comm:
+    """Two-rank communicator whose receives fail at ``fail_at`` ("Irecv" or "Test"), or never
+    complete (None); collectives complete at once."""
+
+    def __init__(self, world_size=2, fail_at=None):
+        self.world_size, self.fail_at, self.posted = world_size, fail_at, []
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return self.world_size
+
+    def Dup(self):
+        return self
+
+    def Iallgather(self, mine, table):
+        table[:] = mine  # every rank on this host, with this pid: alive
+        return _Request(False, done=True)
+
+    Ibcast = lambda self, buf, root: _Request(False, done=True)  # noqa: E731
+    Iprobe = lambda self, *args: False  # noqa: E731: no notices
+
+    def Irecv(self, buf, src, tag):
+        if self.fail_at == "Irecv":
+            raise FakeMpiError("MPI_ERR_PROC_FAILED: process failure")
+        self.posted.append(_Request(self.fail_at == "Test", buf=buf[0]))
+        return self.posted[-1]
+
+    def Isend(self, buf, dst, tag):
+        self.posted.append(_Request(False))
+        return self.posted[-1]
+
+    def Get_failed(self):
+        return _Group([1])
+
+    def Get_group(self):
+        return _Group([0, 1])
+
+
+def _fake_mpi():
+    return SimpleNamespace(
+        Exception=FakeMpiError, BYTE="byte", ANY_SOURCE=-1, Is_finalized=lambda: False,
+        Status=lambda: SimpleNamespace(Get_count=lambda kind: 0),
+        Request=SimpleNamespace(Testall=lambda reqs: all(r.Test() for r in reqs)),
+        Group=SimpleNamespace(Translate_ranks=lambda group, ranks, mine: group.ranks))
+
+
+@pytest.fixture
+def transport(monkeypatch):
+    monkeypatch.setattr(mpi, "_import_mpi", _fake_mpi)
+    monkeypatch.setattr(mpi_exit, "_broken", None)  # what a failure marks, undone after
+
+    def make(fail_at=None, world_size=2):
+        return mpi.create(timeout=5, comm=_Comm(world_size, fail_at))
+    return make
+
+
+CALLS = {
+    "recv": lambda t: t.recv(np.zeros(4, np.float32), 1, FP),
+    "sendrecv": lambda t: t.sendrecv(np.ones(4, np.float32), 1, np.zeros(4, np.float32), 1, FP),
+    "swap": lambda t: t.swap(np.ones(4, np.float32), 1, FP, lambda got: None),
+}
+
+
+@pytest.mark.parametrize("fail_at", ["Irecv", "Test"])
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_an_mpi_error_at_the_first_call_names_the_failed_peer(transport, call, fail_at):
+    t = transport(fail_at)
+    with pytest.raises(PeerFailureError, match=r"MPI reports rank\(s\) \[1\] failed during "
+                                               r"all_reduce #7") as info:
+        CALLS[call](t)
+    assert (info.value.rank, info.value.peer, info.value.op) == (0, 1, "all_reduce")
+    assert 1 in t._unusable and mpi_exit._broken is not None
+    assert all(req.cancelled for req in t.comm.posted), f"{call}: a request left posted"
+
+
+def test_a_give_up_at_the_first_look_cancels_the_posted_receive(transport, monkeypatch):
+    t = transport()
+    monkeypatch.setattr(mpi_waiting, "process_alive", lambda pid, start: False)
+    t._next_check = 0.0  # the look is due at once
+    with pytest.raises(PeerFailureError, match=r"peer rank\(s\) \[1\] on this host"):
+        CALLS["sendrecv"](t)
+    receives = [req for req in t.comm.posted if req.buf is not None]
+    assert len(receives) == 1 and receives[0].cancelled, "a receive left posted"
+    kept = [getattr(entry, "first", None) for entry in t.abandoned]
+    assert any(buf is receives[0].buf for buf in kept), "a receive's buffer was let go"
+
+
+def test_the_heartbeat_invitation_waits_under_the_transports_lock(transport):
+    t = transport()
+    fp = Fingerprint("mpi.heartbeat_store", 0, "uint8", 0)
+    assert mpi_heartbeat._broadcast_bytes(t, b"invitation", fp) == b"invitation"
+    with pytest.raises(RuntimeError, match="without holding the transport's lock"):
+        t.wait_requests([t.comm.Ibcast(np.zeros(1), 0)], fp)
+
+
+@pytest.mark.parametrize("world_size, first_bytes", [
+    (2, mpi_wire.HEADER_SIZE + mpi_wire.SWAP_MAX_BYTES),
+    (4, mpi_wire.HEADER_SIZE + mpi_wire.PACKED_MAX_BYTES)])
+def test_first_buffers_hold_a_swap_only_where_one_runs(transport, world_size, first_bytes):
+    t = transport(world_size=world_size)
+    assert len(t.first_buffers.take(1)) == len(t.send_buffers.take(1)) == first_bytes
+    if world_size != 2:
+        with pytest.raises(ValueError, match=r"swap takes at most 8192 bytes at 4 ranks"):
+            t.swap(np.ones(4096, np.float32), 1, FP, lambda got: None)
+
+
+def _mismatch(count: int, packed: bool) -> str:
+    fp = Fingerprint("all_reduce", 13, "float32", 16384)
+    first = bytearray(pack_header(fp, 65536)) + bytearray(count - HEADER_SIZE)
+    t = SimpleNamespace(rank=0, mark_unusable=lambda peer, why: None)
+    with pytest.raises(CollectiveMismatchError) as info:
+        mpi_wire.check_first(t, first, count, 1, fp, 65536, packed)
+    return str(info.value)
+
+
+def test_a_swap_against_a_plain_message_names_both_forms():
+    assert "peer rank 1 sent a header alone for all_reduce #13" in _mismatch(HEADER_SIZE, True)
+    assert "where a packed swap of 65536 bytes was expected" in _mismatch(HEADER_SIZE, True)
+    assert "sent a packed swap of 65536 bytes for all_reduce #13" in \
+        _mismatch(HEADER_SIZE + 65536, False)
+    assert "where a header alone was expected" in _mismatch(HEADER_SIZE + 65536, False)
+    assert "sent a 100-byte message" in _mismatch(100, True)  # neither form: not ours
