@@ -38,7 +38,7 @@ import numpy as np
 from ....backends import numba_backend
 from ...reduce_ops import ReduceOp, averager
 from ..base import Fingerprint
-from . import futex
+from . import futex, kernel_sources
 from .broadcast_chunks import chunk_bytes, chunk_count, mark, wait_for_data
 from .layout import EARLY, PROGRESS
 
@@ -73,6 +73,7 @@ def _kernels() -> Optional[tuple]:
             return None
         try:
             from . import entry_kernels, kernels
+            kernel_sources.refresh_cache(entry_kernels)
             _check(kernels, entry_kernels)
             _built.update(module=kernels, entry=entry_kernels, why="")
         except Exception as exc:  # an LLVM or Numba that cannot build it

@@ -28,7 +28,7 @@ import numpy as np
 
 from ...reduce_ops import ReduceOp, averager
 from ..base import Fingerprint
-from . import compiled, futex
+from . import compiled, futex, kernel_sources
 
 ENV_CHOICE = "NEURAL_ARCH_SHM_ROUNDS"
 DTYPES = (np.float32, np.float64, np.int32, np.int64)
@@ -59,6 +59,7 @@ def kernels() -> Optional[Any]:
             return None
         try:
             from . import pair_kernels
+            kernel_sources.refresh_cache(pair_kernels)
             _built.update(module=pair_kernels, ops=_checked_ops(pair_kernels), why="")
         except Exception as exc:  # an LLVM or Numba that cannot build it
             _built.update(module=None, ops={}, why=f"the compiled rounds failed: {exc!r}")
