@@ -29,12 +29,13 @@ import numpy as np
 from ..processes import host_identity, process_stat
 from ..errors import PeerFailureError
 from .base import Fingerprint, Transport, pack_header
+from .mpi_batch import run_batch
 from .mpi_chained import run_chained
 from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import Notices
 from .mpi_waiting import RequestWaiting
-from .mpi_wire import DONE, PAYLOAD, FirstBuffers, Incoming, first_max_bytes, post_send
+from .mpi_wire import DONE, FirstBuffers, Incoming, first_max_bytes, post_send
 from . import mpi_pair, mpi_swap
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
@@ -139,7 +140,16 @@ class MpiTransport(RequestWaiting, Transport):
         payload = _byte_view(buf, False, "send")
         with self._lock:
             self.check_peer(dst, fp)
-            self._wait(post_send(self._comm, self._mpi, payload, dst, fp), [dst], fp)
+            posted: list = []
+            try:
+                try:
+                    post_send(self._comm, self._mpi, payload, dst, fp, into=posted)
+                except self._mpi.Exception as e:  # ``_wait`` converts those of its own polls
+                    self._mpi_error(posted, [dst], fp, e)
+                self._wait(posted, [dst], fp)
+            except BaseException:
+                self.abandoned.append(posted)  # a send given up may still read its buffers
+                raise
 
     def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
         payload = _byte_view(buf, True, "recv")
@@ -157,12 +167,13 @@ class MpiTransport(RequestWaiting, Transport):
             header = pack_header(fp, out.nbytes)  # a symmetric exchange expects the same
             incoming = Incoming(self, into, src, fp, header if into.nbytes == out.nbytes
                                 else None)
+            sends: list = []
             try:
                 incoming.post()  # before the send (judged after): the peer's message finds it
-                sends = post_send(self._comm, self._mpi, out, dst, fp, header)
+                post_send(self._comm, self._mpi, out, dst, fp, header, into=sends)
             except self._mpi.Exception as e:
-                self.abandoned.append(incoming)  # its receive may still land
-                self._mpi_error(incoming.reqs, [src, dst], fp, e)
+                self.abandoned += [incoming, sends]  # its receive may still land
+                self._mpi_error(incoming.reqs + sends, [src, dst], fp, e)
             self._receive_while(sends, incoming)
 
     def swap(self, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
@@ -177,8 +188,8 @@ class MpiTransport(RequestWaiting, Transport):
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
         """Receive ``incoming`` while ``sends`` progress, in one poll over both. On failure
-        every request is cancelled (as ``_wait`` does) and ``incoming`` kept: a receive given
-        up may still land in its buffers."""
+        every request is cancelled (as ``_wait`` does) and both kept: a receive given up may
+        still land in its buffers, a send still read its own."""
         MPI = self._mpi
         testall = MPI.Request.Testall
 
@@ -194,47 +205,14 @@ class MpiTransport(RequestWaiting, Transport):
                 self._mpi_error(sends + incoming.reqs, [incoming.src], incoming.fp, e)
             self._wait(sends + incoming.reqs, [incoming.src], incoming.fp, advance)
         except BaseException:
-            self.abandoned.append(incoming)
+            self.abandoned += [incoming, sends]
             raise
 
     def send_recv_many(self, sends, recvs) -> None:
         """A batch: every send posted at once, and every receive moved on in one poll over the
-        batch. One peer's messages are taken in order: the next one's first receive is posted
-        only once the receives of the one before are (it would otherwise take that payload)."""
-        if not sends and not recvs:
-            return
-        first = (sends or recvs)[0][2]
+        batch (``mpi_batch``)."""
         with self._lock:
-            posted, queues = [], {}
-            for buf, dst, fp in sends:
-                payload = _byte_view(buf, False, "send")
-                self.check_peer(dst, fp)
-                posted += post_send(self._comm, self._mpi, payload, dst, fp)
-            for buf, src, fp in recvs:
-                payload = _byte_view(buf, True, "recv")
-                self.check_peer(src, fp)
-                queues.setdefault(int(src), []).append(Incoming(self, payload, int(src), fp))
-            peers = sorted({int(p) for _, p, _ in sends} | set(queues))
-
-            def advance():
-                pending = [r for r in posted if not r.Test()]
-                posted[:] = pending
-                for queue in queues.values():
-                    i = 0
-                    while i < len(queue):
-                        stage = queue[i].step()
-                        if stage == DONE:
-                            del queue[i]
-                            continue
-                        pending += queue[i].reqs
-                        if stage < PAYLOAD:  # the next is received for once these are posted
-                            break
-                        i += 1
-                if pending or any(queues.values()):
-                    return pending
-                return None
-
-            self._wait(list(posted), peers, first, advance)
+            run_batch(self, sends, recvs, _byte_view)
 
     def send_recv_chained(self, sends, recvs) -> None:
         """``send_recv_many`` whose receives may each carry a follow-up: ``recvs`` are

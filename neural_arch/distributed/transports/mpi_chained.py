@@ -22,8 +22,9 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import CollectiveMismatchError, DistributedError
+from ..errors import CollectiveMismatchError
 from .base import Fingerprint, Message
+from .mpi_waiting import cancel_all
 from .mpi_wire import DONE, TAG, Incoming, post_send
 
 if TYPE_CHECKING:
@@ -66,11 +67,7 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
     plans = {}  # peer -> its plan, until matched
     send_reqs: list = []  # every send not yet complete, and beside it the bytes it reads
     send_spans: list = []
-    for peer in peers:
-        for req in post_send(comm, MPI, memoryview(PLAN_MARK), peer, first):
-            send_reqs.append(req)
-            send_spans.append((0, 0))
-        plans[peer] = Incoming(t, memoryview(bytearray(len(PLAN_MARK))), peer, first)
+    every_send: list = []  # kept for a failure's cancel
     waiting: dict[int, deque] = {peer: deque() for peer in peers}  # not yet posted
     posted: dict[int, deque] = {peer: deque() for peer in peers}  # follow-up not yet run
     for buf, src, fp, then in recvs:
@@ -81,13 +78,24 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
         view = byte_view(buf, False, "send")
         if view.nbytes:
             lo = address(view)
-            send_reqs.append(comm.Isend([view, MPI.BYTE], int(dst), CHAIN_TAG))
+            req = comm.Isend([view, MPI.BYTE], int(dst), CHAIN_TAG)
+            send_reqs.append(req)
             send_spans.append((lo, lo + view.nbytes))
+            every_send.append(req)
 
-    for buf, dst, fp in sends:
-        send(buf, dst, fp)
+    def post_plans_and_sends() -> None:
+        for peer in peers:
+            plans[peer] = Incoming(t, memoryview(bytearray(len(PLAN_MARK))), peer, first)
+            already = len(every_send)
+            post_send(comm, MPI, memoryview(PLAN_MARK), peer, first, into=every_send)
+            for req in every_send[already:]:
+                send_reqs.append(req)
+                send_spans.append((0, 0))
+        for buf, dst, fp in sends:
+            send(buf, dst, fp)
+
     status, testsome = MPI.Status(), MPI.Request.Testsome
-    live = list(send_reqs)  # what a wait that gives up cancels
+    live: list = []  # what a wait that gives up cancels
 
     def postable(r: _Receive) -> bool:
         for lo, hi in send_spans:
@@ -147,16 +155,20 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
         return live
 
     try:
+        try:
+            post_plans_and_sends()
+        except MPI.Exception as e:  # the wait converts those of its own polls
+            t.raise_mpi_error(every_send, first, peers, e)
+        live = list(send_reqs)
         t.wait_requests(list(live), first, peers, advance)
-    except DistributedError:
+    except BaseException:
         # What was sent will never be received, and nothing may land in the caller's buffers
-        # once this call has returned.
-        for req in send_reqs + [r.req for queue in posted.values() for r in queue if r.req] \
-                + [req for plan in plans.values() for req in plan.reqs]:
-            try:
-                req.Cancel()
-            except MPI.Exception:
-                pass
+        # once this call has returned; a cancelled request may still touch its buffers, so
+        # they live on in the transport's ``abandoned``.
+        receives = [r.req for queue in posted.values() for r in queue if r.req] \
+            + [req for plan in plans.values() for req in plan.reqs]
+        cancel_all(every_send + receives)
+        t.abandoned += [every_send, receives, plans]
         raise
 
 

@@ -43,7 +43,15 @@ class MpiCollectives:
         fp = Fingerprint(name, self._seq, "" if buf is None else buf.dtype.str,
                          0 if buf is None else buf.size)
         with t.lock:
-            t.wait_requests([request_fn(t.comm)], fp)
+            try:
+                request = request_fn(t.comm)
+            except t.mpi.Exception as e:  # a failed peer may fail the post: named as a wait does
+                t.raise_mpi_error([], fp, (), e)
+            try:
+                t.wait_requests([request], fp)
+            except BaseException:
+                t.abandoned.append(request)  # a collective given up may still touch its buffers
+                raise
 
     def all_reduce(self, buf: np.ndarray, op=ReduceOp.SUM,
                    fp: Optional[Fingerprint] = None) -> np.ndarray:

@@ -28,6 +28,8 @@ import struct
 import time
 from typing import Callable, Optional
 
+from .mpi_exit import mark_broken
+
 TAG = 0x4E47
 LEFT, FAILED = 1, 2
 _HEAD = struct.Struct("<ii")  # kind, the rank it is about
@@ -46,13 +48,20 @@ class Notices:
         self._sends: list = []  # (request, buffer): the buffer lives until the send completes
 
     def send(self, kind: int, about: int, reason: str = "") -> None:
-        """Post ``kind`` about rank ``about`` to every peer; never waits."""
+        """Post ``kind`` about rank ``about`` to every peer; never waits. A notice MPI refuses
+        (its peer failed, under fault tolerance) is dropped: that peer cannot hear it, and a
+        closing or failing rank must not raise for it. The job is marked broken, as a wait
+        that meets a failed peer marks it (``mpi_exit``)."""
+        MPI = self._mpi
         data = bytearray(_HEAD.pack(kind, about)
                          + reason.encode("utf-8", "replace")[:_MAX_REASON_BYTES])
         for peer in range(self.world_size):
             if peer != self.rank:
-                self._sends.append((self._comm.Isend([data, self._mpi.BYTE], peer, TAG), data))
-        self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
+                try:
+                    self._sends.append((self._comm.Isend([data, MPI.BYTE], peer, TAG), data))
+                except MPI.Exception as e:
+                    mark_broken(f"a notice to rank {peer} could not be sent ({e})")
+        self._sends = [(req, buf) for req, buf in self._sends if not _finished(MPI, req)]
 
     def poll(self) -> list:
         """The notices that have arrived, oldest first, as (sender, kind, rank, reason)."""
@@ -81,12 +90,24 @@ class Notices:
         reqs = [req for req, _ in self._sends]
         deadline = time.monotonic() + CLOSE_WAIT_S
         all_left = False
+        MPI = self._mpi
         while True:
-            sent = self._mpi.Request.Testall(reqs)
-            all_left = peers_left is not None and everyone <= peers_left()
+            sent = all([_finished(MPI, req) for req in reqs])
+            try:
+                all_left = peers_left is not None and everyone <= peers_left()
+            except MPI.Exception:  # a failed peer's notice: it will never say it left
+                peers_left = None
             waiting_for_peers = peers_left is not None and not all_left and not peer_died()
             if (sent and not waiting_for_peers) or time.monotonic() >= deadline:
                 break
             time.sleep(1e-3)
         self._sends = []
         return all_left
+
+
+def _finished(MPI, req) -> bool:
+    """Whether a notice's send is over: complete, or failed (its peer cannot hear it)."""
+    try:
+        return req.Test()
+    except MPI.Exception:
+        return True

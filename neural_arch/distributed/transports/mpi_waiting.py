@@ -55,7 +55,10 @@ class RequestWaiting:
         start = clock()
         deadline, nap = start + self.timeout, 0.0
         yield_from, spin_until = start + YIELD_AFTER_S, start + SPIN_S
-        self._look(reqs, peers, fp, start, start, advance)  # even when done at once
+        try:
+            self._look(reqs, peers, fp, start, start, advance)  # even when done at once
+        except MPI.Exception as e:  # a notice's probe, or the poll of a peer that left
+            self._mpi_error(reqs, peers, fp, e)
         while True:
             try:
                 pending = advance()
@@ -194,12 +197,17 @@ class RequestWaiting:
         return []
 
     def _give_up(self, reqs: list, peers: list[int], why: str, peer_failed: bool = False) -> None:
-        for req in reqs:
-            try:
-                req.Cancel()
-            except Exception:  # already complete, or an MPI that cannot cancel sends
-                pass
+        cancel_all(reqs)
         for peer in peers:
             self._unusable.setdefault(peer, why)
         if peer_failed:  # MPI_Finalize would wait for it (see ``at_process_exit``)
             mark_broken(why)
+
+
+def cancel_all(reqs) -> None:
+    """Cancel every request of ``reqs`` that may still be in flight."""
+    for req in reqs:
+        try:
+            req.Cancel()
+        except Exception:  # already complete, or an MPI that cannot cancel sends
+            pass

@@ -47,17 +47,23 @@ def chunks(view: memoryview) -> list[memoryview]:
 
 
 def post_send(comm, MPI, payload: memoryview, dst: int, fp: Fingerprint,
-              header: Optional[bytes] = None) -> list:
+              header: Optional[bytes] = None, into: Optional[list] = None) -> list:
     """Start sending ``payload`` to ``dst``; the requests keep their buffers alive. ``header``:
-    ``pack_header(fp, payload.nbytes)`` when the caller has it already."""
+    ``pack_header(fp, payload.nbytes)`` when the caller has it already. Each request goes into
+    ``into`` (a new list when None, returned) as soon as it is posted: when a later post
+    fails, the caller still holds those to cancel."""
+    posted = [] if into is None else into
     if header is None:
         header = pack_header(fp, payload.nbytes)
     if payload.nbytes <= PACKED_MAX_BYTES:
         packed = bytearray(header)
         packed += payload
-        return [comm.Isend([packed, MPI.BYTE], dst, TAG)]
-    return [comm.Isend([bytearray(header), MPI.BYTE], dst, TAG)] + \
-        [comm.Isend([c, MPI.BYTE], dst, TAG) for c in chunks(payload)]
+        posted.append(comm.Isend([packed, MPI.BYTE], dst, TAG))
+        return posted
+    posted.append(comm.Isend([bytearray(header), MPI.BYTE], dst, TAG))
+    for c in chunks(payload):
+        posted.append(comm.Isend([c, MPI.BYTE], dst, TAG))
+    return posted
 
 
 class FirstBuffers:

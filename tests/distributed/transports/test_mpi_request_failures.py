@@ -2,10 +2,12 @@
 on a fake MPI (no mpiexec needed).
 
 Under ``mpiexec --with-ft ulfm`` a dead peer's error may come from the very first MPI call of a
-message (its receive's post, or the first test): it must still become PeerFailureError naming
-the rank MPI reports failed, with the requests cancelled, the peer marked unusable and the job
-marked broken (so that exit does not wait in ``MPI_Finalize``). A receive posted before a wait
-that gives up is cancelled, and its buffer kept alive: MPI may still write into it.
+message (a send's or a receive's post, a collective's, the first test, a wait's first probe for
+notices): it must still become PeerFailureError naming the rank MPI reports failed, with the
+requests already posted cancelled, the peer marked unusable and the job marked broken (so that
+exit does not wait in ``MPI_Finalize``). A request posted before a wait that gives up is
+cancelled, and kept alive with its buffers: MPI may still touch them. A notice that cannot be
+sent is dropped: a rank's close never raises for it.
 """
 from types import SimpleNamespace
 
@@ -14,7 +16,8 @@ import pytest
 
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
 from neural_arch.distributed.health import mpi_heartbeat
-from neural_arch.distributed.transports import mpi, mpi_exit, mpi_waiting, mpi_wire
+from neural_arch.distributed.transports import (mpi, mpi_exit, mpi_notices, mpi_waiting,
+                                                mpi_wire)
 from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, pack_header
 
 pytestmark = pytest.mark.timeout(30)
@@ -51,10 +54,15 @@ class _Group:
 
 class _Comm:
     """Two-rank communicator whose receives fail at ``fail_at`` ("Irecv" or "Test"), or never
-    complete (None); collectives complete at once."""
+    complete (None); collectives complete at once. "Isend": every send after the first fails at
+    its post, "Ibarrier" and "Iprobe" those calls."""
 
     def __init__(self, world_size=2, fail_at=None):
         self.world_size, self.fail_at, self.posted = world_size, fail_at, []
+
+    def _fail(self, call):
+        if self.fail_at == call:
+            raise FakeMpiError("MPI_ERR_PROC_FAILED: process failure")
 
     def Get_rank(self):
         return 0
@@ -70,16 +78,24 @@ class _Comm:
         return _Request(False, done=True)
 
     Ibcast = lambda self, buf, root: _Request(False, done=True)  # noqa: E731
-    Iprobe = lambda self, *args: False  # noqa: E731: no notices
+
+    def Ibarrier(self):
+        self._fail("Ibarrier")
+        return _Request(False, done=True)
+
+    def Iprobe(self, *args):
+        self._fail("Iprobe")
+        return False  # no notices
 
     def Irecv(self, buf, src, tag):
-        if self.fail_at == "Irecv":
-            raise FakeMpiError("MPI_ERR_PROC_FAILED: process failure")
+        self._fail("Irecv")
         self.posted.append(_Request(self.fail_at == "Test", buf=buf[0]))
         return self.posted[-1]
 
     def Isend(self, buf, dst, tag):
-        self.posted.append(_Request(False))
+        if any(req.buf is None for req in self.posted):
+            self._fail("Isend")
+        self.posted.append(_Request(False, done=True))
         return self.posted[-1]
 
     def Get_failed(self):
@@ -93,7 +109,10 @@ def _fake_mpi():
     return SimpleNamespace(
         Exception=FakeMpiError, BYTE="byte", ANY_SOURCE=-1, Is_finalized=lambda: False,
         Status=lambda: SimpleNamespace(Get_count=lambda kind: 0),
-        Request=SimpleNamespace(Testall=lambda reqs: all(r.Test() for r in reqs)),
+        Request=SimpleNamespace(Testall=lambda reqs: all(r.Test() for r in reqs),
+                                Testsome=lambda reqs: [i for i, r in enumerate(reqs) if r.Test()]),
+        buffer=SimpleNamespace(frombuffer=lambda view, readonly: SimpleNamespace(
+            address=np.frombuffer(view, np.uint8).ctypes.data)),
         Group=SimpleNamespace(Translate_ranks=lambda group, ranks, mine: group.ranks))
 
 
@@ -111,7 +130,37 @@ CALLS = {
     "recv": lambda t: t.recv(np.zeros(4, np.float32), 1, FP),
     "sendrecv": lambda t: t.sendrecv(np.ones(4, np.float32), 1, np.zeros(4, np.float32), 1, FP),
     "swap": lambda t: t.swap(np.ones(4, np.float32), 1, FP, lambda got: None),
+    "send_recv_many": lambda t: t.send_recv_many([(np.ones(4, np.float32), 1, FP)],
+                                                 [(np.zeros(4, np.float32), 1, FP)]),
 }
+LARGE = 4096  # float32 elements: past a packed message, so a header and a payload are sent
+# Calls that post two sends or more: the second fails at its post (``fail_at="Isend"``).
+SENDING_CALLS = {
+    "send": lambda t: t.send(np.ones(LARGE, np.float32), 1, FP),
+    "sendrecv": lambda t: t.sendrecv(np.ones(LARGE, np.float32), 1,
+                                     np.zeros(LARGE, np.float32), 1, FP),
+    "send_recv_many": lambda t: t.send_recv_many(
+        [(np.ones(4, np.float32), 1, FP)] * 2, [(np.zeros(4, np.float32), 1, FP)]),
+    "send_recv_chained": lambda t: t.send_recv_chained(
+        [(np.ones(4, np.float32), 1, FP)], [(np.zeros(4, np.float32), 1, FP, None)]),
+    "native barrier": lambda t: t.native_collectives().barrier(),
+    "a wait's first look": lambda t: CALLS["recv"](t),  # fails at its notices' probe
+}
+
+
+def _kept(abandoned: list) -> list:
+    """Everything ``abandoned`` holds, through lists, tuples, dicts and incoming messages."""
+    found, todo = [], list(abandoned)
+    while todo:
+        entry = todo.pop()
+        found.append(entry)
+        if isinstance(entry, (list, tuple)):
+            todo += entry
+        elif isinstance(entry, dict):
+            todo += entry.values()
+        elif isinstance(entry, mpi_wire.Incoming):
+            todo += entry.reqs
+    return found
 
 
 @pytest.mark.parametrize("fail_at", ["Irecv", "Test"])
@@ -124,6 +173,35 @@ def test_an_mpi_error_at_the_first_call_names_the_failed_peer(transport, call, f
     assert (info.value.rank, info.value.peer, info.value.op) == (0, 1, "all_reduce")
     assert 1 in t._unusable and mpi_exit._broken is not None
     assert all(req.cancelled for req in t.comm.posted), f"{call}: a request left posted"
+    kept = _kept(t.abandoned)  # MPI may still touch a cancelled request's buffers
+    assert all(any(req is k for k in kept) for req in t.comm.posted), f"{call}: a request let go"
+
+
+@pytest.mark.parametrize("call", sorted(SENDING_CALLS))
+def test_an_mpi_error_at_a_post_names_the_failed_peer(transport, call):
+    fail_at = {"native barrier": "Ibarrier", "a wait's first look": "Iprobe"}.get(call, "Isend")
+    t = transport()
+    t.comm.fail_at, t._next_check = fail_at, 0.0  # the wait's first look is due at once
+    with pytest.raises(PeerFailureError, match=r"MPI reports rank\(s\) \[1\] failed during "
+                                               r"(all_reduce #7|mpi.barrier #1)") as info:
+        SENDING_CALLS[call](t)
+    assert (info.value.rank, info.value.peer) == (0, 1)
+    assert 1 in t._unusable and mpi_exit._broken is not None
+    assert all(req.cancelled for req in t.comm.posted), f"{call}: a request left posted"
+    kept = _kept(t.abandoned)  # MPI may still touch a cancelled request's buffers
+    assert all(any(req is k for k in kept) for req in t.comm.posted), f"{call}: a request let go"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_notice_that_cannot_be_sent_leaves_close_quiet(transport, monkeypatch, world_size):
+    monkeypatch.setattr(mpi_notices, "CLOSE_WAIT_S", 0.05)  # no peer's notice comes here
+    t = transport(world_size=world_size)
+    comm = t.comm
+    comm.fail_at = "Isend"
+    t.publish_failure(1, "found dead")  # the first notice is posted, every later one fails
+    t.close()
+    assert t.comm is None and len(comm.posted) == 1
+    assert "could not be sent" in mpi_exit._broken  # finalizing might wait for a dead peer
 
 
 def test_a_give_up_at_the_first_look_cancels_the_posted_receive(transport, monkeypatch):
