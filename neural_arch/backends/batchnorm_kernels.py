@@ -19,6 +19,10 @@ import numpy as np
 
 from .numba_backend import compiled, helper
 
+# the files its cached machine code is built from (``numba_backend``): itself, and the njit
+# options of ``numba_backend``
+BUILT_FROM = ("batchnorm_kernels", "numba_backend")
+
 _KEEP = {"fastmath": {"contract"}}
 _REDUCE = {"fastmath": {"contract", "reassoc"}}
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

@@ -26,6 +26,10 @@ import numpy as np
 from . import special
 from .numba_backend import compiled, inlined
 
+# the files its cached machine code is built from (``numba_backend``): itself, the njit options
+# of ``numba_backend``, and ``special``'s fits, frozen in as constants
+BUILT_FROM = ("erf_kernels", "numba_backend", "special")
+
 
 def _constants(dtype: np.dtype) -> tuple:
     """(small fit, large fit, scalars) in ``dtype``, so that no float64 literal promotes the

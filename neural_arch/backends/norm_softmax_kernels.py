@@ -26,6 +26,10 @@ import numpy as np
 from .erf_kernels import exp_nonpositive32
 from .numba_backend import compiled, helper, inlined
 
+# the files its cached machine code is built from (``numba_backend``): itself, the njit
+# options of ``numba_backend``, and ``erf_kernels``' exp, inlined, with all it is built from
+BUILT_FROM = ("norm_softmax_kernels", "numba_backend", "erf_kernels", "special")
+
 _KEEP = {"fastmath": {"contract"}}
 _REDUCE = {"fastmath": {"contract", "reassoc"}}
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

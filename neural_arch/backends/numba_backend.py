@@ -5,6 +5,15 @@ Numba is optional (the ``fast`` extra). ``compiled(fn)`` wraps a plain-Python lo
 switched off with ``NEURAL_ARCH_NUMBA=0``; callers then use their NumPy form. Compilation is
 lazy, so importing a kernel module costs nothing until a kernel runs.
 
+Numba's cache stamps a kernel by its own file only. A kernel module whose machine code is also
+built from other modules (a function of another kernel module inlined or called, another
+module's constants frozen in, this module's njit options) names them, itself first, in a
+module-level ``BUILT_FROM`` (dotted names relative to its own package); before the module's
+first kernel compiles, the cached machine code of all its kernels and helpers, and of the kernel
+modules it names, is dropped where one of those files changed since it was cached
+(``compiled_cache``). ``tests/backends/test_kernel_built_from.py`` checks the lists against the
+imports.
+
 As a registry backend (``get_backend("numba")``) its arrays are NumPy arrays: the array-module
 interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``, ``gelu``, ``layer_norm``,
 ``softmax`` and their backwards) is the NumPy backend's, so ``backend_for`` still answers
@@ -14,9 +23,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Set
 
+from . import compiled_cache
 from . import numpy_backend as _host
 
 ENV_SWITCH = "NEURAL_ARCH_NUMBA"
@@ -37,6 +49,7 @@ softmax_backward = _host.softmax_backward
 
 _lock = threading.Lock()
 _state: Dict[str, Any] = {}
+_kernels_of: Dict[str, List["_Lazy"]] = {}  # module name -> its compiled kernels (made at import)
 
 
 def _numba() -> Any:
@@ -71,16 +84,45 @@ class _Lazy:
         self.fn, self.options, self._compiled = fn, options, None
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = fn.__doc__
+        _kernels_of.setdefault(fn.__module__, []).append(self)
+
+    def _dispatcher(self) -> Any:
+        """The Numba dispatcher (made, not compiled); ``_lock`` held. Not yet kept in
+        ``_compiled``: other threads call that without the lock, and its cache may be stale."""
+        return self._compiled or _numba().njit(cache=True, nogil=True, **self.options)(self.fn)
 
     def __call__(self, *args: Any) -> Any:
         compiled = self._compiled
         if compiled is None:
             with _lock:
                 if self._compiled is None:
-                    numba = _numba()
-                    self._compiled = numba.njit(cache=True, nogil=True, **self.options)(self.fn)
+                    _refresh_cache(sys.modules.get(self.fn.__module__), set())
+                if self._compiled is None:  # a module without BUILT_FROM
+                    self._compiled = self._dispatcher()
                 compiled = self._compiled
         return compiled(*args)
+
+
+def _refresh_cache(module: Optional[ModuleType], seen: Set[str]) -> None:
+    """Drop the cached machine code of ``module``'s kernels and helpers, and of the kernel
+    modules its ``BUILT_FROM`` names, where a file it names changed since it was cached (once
+    per process and module: ``compiled_cache`` remembers). ``_lock`` held."""
+    built_from = getattr(module, "BUILT_FROM", None)
+    if built_from is None or module.__name__ in seen:
+        return  # a module built from its own file only: Numba's own stamp suffices
+    seen.add(module.__name__)
+    folder = os.path.dirname(os.path.abspath(module.__file__))
+    paths = [os.path.join(folder, *name.split(".")) + ".py" for name in built_from]
+    # the whole module at once: its other kernels would load the same stale code later
+    kernels = _kernels_of.get(module.__name__, [])
+    dispatchers = [kernel._dispatcher() for kernel in kernels]
+    compiled_cache.refresh_if_stale(dispatchers + compiled_cache.module_dispatchers(module),
+                                    paths, module.__name__)
+    for kernel, dispatcher in zip(kernels, dispatchers):
+        kernel._compiled = dispatcher  # usable now, from any thread
+    package = module.__package__
+    for name in built_from:
+        _refresh_cache(sys.modules.get(f"{package}.{name}" if package else name), seen)
 
 
 def compiled(fn: Optional[Callable] = None, **options: Any) -> Any:

@@ -22,6 +22,11 @@ import numpy as np
 
 from .numba_backend import compiled
 
+# the files its cached machine code is built from (``numba_backend``): itself, and the njit
+# options of ``numba_backend``; ``kernels.validate`` serves the Python side only, listed since
+# the check of these lists reads the imports
+BUILT_FROM = ("numba_kernels", "numba_backend", "kernels.validate")
+
 # kernel -> largest input (elements: per slot, of the source, of the gradient, of the logits)
 # for which the Numba form runs; 0: never, None: no limit. Set from bench_numba.py runs on a
 # shared 2-core x86-64 (Zen 4) machine; NumPy time / Numba time in brackets.

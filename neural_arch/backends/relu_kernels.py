@@ -14,6 +14,10 @@ import numpy as np
 
 from .numba_backend import compiled
 
+# the files its cached machine code is built from (``numba_backend``): itself, and the njit
+# options of ``numba_backend``
+BUILT_FROM = ("relu_kernels", "numba_backend")
+
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
