@@ -5,7 +5,8 @@
 broadcast: ``broadcast_plan_bytes``) runs its plan (``plans``: one per collective, dtype and
 shape, prepared once), a larger one the round-based algorithms of ``direct``. This object
 holds everything those keep between calls: the workspace views per dtype, the fingerprint
-signatures, the header last written to each header area, the plans and the workspace writer. Its barrier is the transport's ``generation``.
+signatures, the header last written to each header area, the plans and the workspace writer.
+Its barrier is the transport's ``generation``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
 from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
-from . import broadcast_chunks, direct, plans, single_copy
+from . import direct, plans, single_copy
 from .pair_rounds import PairRounds
 from .short_calls import ShortCalls
 from .writer import AreaWriter
@@ -151,15 +152,17 @@ class ShmCollectives:
                              f"{whole.size} {whole.dtype}")
 
     def peer_reads_agreed(self) -> None:
-        """Size the broadcast plans (``broadcast_chunks``) once the ranks agreed whether they
-        read each other's memory: where they do, large broadcasts read the root's buffer."""
+        """Size the broadcast plans (``plans.BROADCAST_PLAN_BYTES``) once the ranks agreed
+        whether they read each other's memory: where they do, large broadcasts read the root's
+        buffer."""
         least = single_copy.BROADCAST_MIN_BYTES.get(self.world_size)
-        self.broadcast_plan_bytes = broadcast_chunks.plan_bytes(
+        self.broadcast_plan_bytes = plans.broadcast_plan_bytes(
             self.world_size, self.small_bytes(), self.layout.workspace_bytes,
             least if self.t.peer_reads.usable else None)
 
     def small_bytes(self) -> int:
-        """The largest vector (bytes) a small plan takes; larger ones are never planned."""
+        """The largest vector (bytes) an all-reduce or all-gather plan takes, and a broadcast
+        plan at least (``broadcast_plan_bytes``); larger ones take ``direct``."""
         return min(direct.SMALL_BYTES, self.layout.workspace_bytes)
 
     # ----- one generation, as the algorithms take it ------------------------------------------

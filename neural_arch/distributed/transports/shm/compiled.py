@@ -39,8 +39,7 @@ from ....backends import numba_backend
 from ...reduce_ops import ReduceOp, averager
 from ..base import Fingerprint
 from . import futex, kernel_sources
-from .broadcast_chunks import chunk_bytes, chunk_count, mark, wait_for_data
-from .layout import EARLY, PROGRESS
+from .layout import EARLY
 
 ENV_CHOICE = "NEURAL_ARCH_SHM_SMALL"
 CHOICES = ("auto", "python", "compiled")
@@ -95,7 +94,7 @@ def _check(kernels: Any, entry: Any) -> None:
         words[0], words[16], words[17], words[18] = 1, 2, 99, 5  # rank 1: GEN, SIG0, SEQ0
         kept.append(np.zeros(entry.PLAN_WORDS, np.int64))
         values = dict(words=words.ctypes.data, nwords=32, areas=areas.ctypes.data, rows=6,
-                      cols=8, rank=0, size=2, sig=99, headers=headers.ctypes.data,
+                      cols=areas.shape[1], rank=0, size=2, sig=99, headers=headers.ctypes.data,
                       factor=0 if factor is None else factor.ctypes.data, **fields)
         for name, value in values.items():
             kept[-1][getattr(entry, name.upper())] = value
@@ -123,20 +122,16 @@ def _check(kernels: Any, entry: Any) -> None:
     expect("a stale header", entry.planned_all_reduce(buf, plan(areas, half), 5, 4),
            entry.HEADER)
     headers[0] = 99
-    areas = np.zeros((6, 8), np.uint8)
-    areas[0, :2] = [5, 6]  # a broadcast's data sits in the half's first area, whoever the root
-    data = np.array([1, 2], np.uint8)
-    address = plan(areas, root=1, chunk=1)
-    words[16 + PROGRESS] = mark(2) + 1  # rank 1 marked its first chunk of two
-    status = entry.planned_broadcast(data, address, 5, 4)
-    expect("the broadcast from rank 1, half marked", status, kernels.WAIT)
-    words[16 + PROGRESS] = mark(2) + 2
-    status = entry.planned_broadcast(data, address, 5, entry.RESUME)
-    expect("the broadcast from rank 1", (status, data.tolist()), (0, [5, 6]))
-    data = np.array([1, 2], np.uint8)
-    status = entry.planned_broadcast(data, plan(areas, root=0, chunk=1), 5, 4)
-    expect("the broadcast from rank 0", (status, areas[0, :2].tolist(), words[EARLY],
-                                         words[PROGRESS]), (0, [1, 2], 2, mark(2) + 2))
+    areas = np.zeros((6, 512), np.uint8)  # 300 bytes: past the inline copy, one memcpy
+    sent = (np.arange(300) % 251).astype(np.uint8)
+    areas[0, :300] = sent  # a broadcast's data sits in the half's first area, whoever the root
+    data = np.zeros(300, np.uint8)
+    status = entry.planned_broadcast(data, plan(areas, root=1), 5, 4)
+    expect("the broadcast from rank 1", (status, bool((data == sent).all())), (0, True))
+    data = sent[::-1].copy()
+    status = entry.planned_broadcast(data, plan(areas, root=0), 5, 4)
+    expect("the broadcast from rank 0", (status, bool((areas[0, :300] == data).all()),
+                                         words[EARLY]), (0, True, 2))  # it left gen. 2 early
     words[16] = 1  # its reader has not reached it: the next call must wait first
     expect("a call after leaving early", entry.planned_barrier(kept[-1].ctypes.data, 6, 4),
            entry.SETTLE)
@@ -186,7 +181,6 @@ class Prepared:
         for name, value in fields.items():
             plan[getattr(entry, name.upper())] = value
         self.plan, self.sig_word, self.resume = plan, entry.SIG, entry.RESUME
-        self.data_wait: Optional[Callable[[int, Fingerprint], None]] = None  # a reader's
 
     def words(self, sig: int) -> np.ndarray:
         plan = self.plan.copy()
@@ -210,10 +204,8 @@ class Prepared:
         gen = g.gen  # the kernel arrived there
         if status & kernels.WAKE and futex.AVAILABLE:
             futex.wake(g.base_address + 8 * g.gen_word)
-        while status & kernels.WAIT:  # a late peer; or a broadcast root's late data
+        if status & kernels.WAIT:
             g.wait(gen, fp.op, fp.seq)
-            if self.data_wait is not None and g.differs(gen, sig, fp.seq) < 0:
-                self.data_wait(gen, fp)
             status = kernel(*args, address, fp.seq, self.resume)
         if status >= kernels.MISMATCH:
             c.mismatch(gen, fp, status // kernels.MISMATCH - 1)
@@ -261,16 +253,12 @@ def all_reduce(c: Any, stamp: Any, dtype: np.dtype, n: int,
 def broadcast(c: Any, stamp: Any, nbytes: int,
               root: int) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
     """The compiled one-generation broadcast of ``nbytes`` from ``root`` (of any dtype: the
-    kernel copies its bytes), in chunks (``broadcast_chunks``)."""
+    kernel copies its bytes)."""
     built = _kernels()
     if built is None:
         return None
-    chunk = chunk_bytes(c.world_size, nbytes)
-    prepared = Prepared(c, "broadcast", np.dtype(np.uint8), nbytes, root=root, chunk=chunk)
-    if c.rank != root:
-        count = chunk_count(nbytes, chunk)
-        prepared.data_wait = lambda gen, fp: wait_for_data(c, root, gen, count, fp)
-    return _form(prepared, stamp)
+    return _form(Prepared(c, "broadcast", np.dtype(np.uint8), nbytes, root=root),
+                 stamp)
 
 
 def all_gather(c: Any, stamp: Any, dtype: np.dtype,

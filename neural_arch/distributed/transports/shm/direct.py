@@ -4,8 +4,8 @@ Each collective is a few generations of the barrier (``generation``): before arr
 writes only its own input area of the current half of the workspace (a broadcast root all of
 them); after everyone arrived it reads any input area of that half and writes only its own
 slice of the result area. ``ShmCollectives`` validates the arguments and sends vectors of up
-to SMALL_BYTES to a plan (``plans``) instead; the functions here take it as ``c`` and hold no
-state of their own.
+to SMALL_BYTES (broadcasts at p = 2: up to ``plans.BROADCAST_PLAN_BYTES``) to a plan
+(``plans``) instead; the functions here take it as ``c`` and hold no state of their own.
 
 All-reduce: every element is reduced by exactly one rank, over ranks 0..p-1 in that order, and
 copied by everyone from the shared result: results are bit-identical on all ranks. Two ranks

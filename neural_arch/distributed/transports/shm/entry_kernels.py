@@ -27,14 +27,13 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .broadcast_chunks import PROGRESS_STEP
 from .kernels import _generation, load_acquire, settled, small_all_gather, small_all_reduce, \
     small_broadcast
 from .layout import GEN, LINE_WORDS
 
 # The plan words: what a prepared collective keeps for its compiled calls.
-WORDS, NWORDS, AREAS, ROWS, COLS, RANK, SIZE, SIG, HEADERS, PRODUCT, MEAN, FACTOR, ROOT, \
-    CHUNK = range(14)
+WORDS, NWORDS, AREAS, ROWS, COLS, RANK, SIZE, SIG, HEADERS, PRODUCT, MEAN, FACTOR, ROOT = \
+    range(13)
 PLAN_WORDS = 16
 HEADER = -1   # status: write this collective's header, then call again
 SETTLE = -2   # status: settle the generation this rank left early, then call again
@@ -126,8 +125,8 @@ def planned_broadcast(buf, plan_address, seq, polls):  # pragma: no cover - comp
     plan, words, areas, gen, status = _prologue(plan_address, polls, data)
     if status:
         return status
-    return small_broadcast(words, areas, plan[RANK], plan[ROOT], data, plan[CHUNK],
-                           PROGRESS_STEP, gen, plan[SIG], seq, polls, polls == RESUME)
+    return small_broadcast(words, areas, plan[RANK], plan[ROOT], data, gen, plan[SIG], seq,
+                           polls, polls == RESUME)
 
 
 @njit(cache=True)

@@ -2,8 +2,8 @@
 
 Numba's cache stamps a kernel by its own file only, while ``entry_kernels`` and
 ``pair_kernels`` call the compiled functions of ``kernels`` (which calls ``byte_copies``) and
-all of them read the constants of ``layout`` and ``broadcast_chunks``, frozen into their machine
-code. ``refresh_cache`` drops a kernel module's cached machine code when one of those files
+all of them read the constants of ``layout``, frozen into their machine code.
+``refresh_cache`` drops a kernel module's cached machine code when one of those files
 changed since it was cached (``backends.compiled_cache``); ``compiled`` and ``pair_rounds`` call
 it once, before the module's first use. Importing this module does not import Numba.
 """
@@ -16,7 +16,7 @@ from types import ModuleType
 from ....backends import compiled_cache
 
 _FOLDER = os.path.dirname(os.path.abspath(__file__))
-_SHARED = ("kernels", "byte_copies", "layout", "broadcast_chunks")
+_SHARED = ("kernels", "byte_copies", "layout")
 # each cached kernel module that calls another module's compiled code or reads its constants:
 # the modules of this package its machine code is built from, its own first
 BUILT_FROM = {

@@ -4,9 +4,8 @@ Each takes the steps of its Python form in ``plans`` on the same control words a
 workspace areas: write this rank's data into its input area of the generation's half, publish
 the fingerprint's signature and sequence number, arrive, poll every peer's arrival, check the
 peers' signatures, then reduce or copy out of the input areas. A broadcast's root stops after
-arriving (``generation``: it leaves the generation early; it arrives after its first chunk
-and the readers copy each chunk as it comes, ``broadcast_chunks``), and every collective first
-checks (``settled``) that the generation this rank left early, if any, is done on every peer.
+arriving (``generation``: it leaves the generation early), and every collective first checks
+(``settled``) that the generation this rank left early, if any, is done on every peer.
 
 Peers read and write the control words while this code runs, so every access to them is an
 atomic 8-byte load (acquire) or store (release), built from LLVM through Numba. Plain array
@@ -26,9 +25,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .broadcast_chunks import DATA_POLLS
 from .byte_copies import copy_range
-from .layout import EARLY, GEN, LINE_WORDS, PROGRESS, SEQ0, SIG0, SLEEP
+from .layout import EARLY, GEN, LINE_WORDS, SEQ0, SIG0, SLEEP
 
 # Bits of the status word small_all_reduce returns; 0 is done.
 WAKE = 1      # a peer sleeps on this rank's arrival counter: wake it
@@ -241,43 +239,23 @@ def _add_and_scale_in_place(acc, y, mean, factor):  # pragma: no cover - compile
 
 
 @njit(cache=True, nogil=True)
-def small_broadcast(words, areas, rank, root, data, chunk, step, gen, sig, seq, polls,
+def small_broadcast(words, areas, rank, root, data, gen, sig, seq, polls,
                     resume):  # pragma: no cover - compiled
-    """The root copies ``data`` (bytes) into the half's first input area in chunks of
-    ``chunk``; it arrives once the first is in place and marks each later one in its PROGRESS
-    word (``broadcast_chunks``: ``gen * step + chunks``), and returns after the last, leaving the
-    generation early (``generation``: its next collective first checks that every reader got
-    there). The others wait for every rank, check the fingerprints, and copy each chunk out as
-    soon as it is marked (WAIT when the root is late past the polls)."""
+    """The root publishes ``data`` (bytes) in the half's first input area and returns at once,
+    leaving the generation early (``generation``: its next collective first checks that every
+    reader got there); the others wait for every rank, check the fingerprints and copy it.
+    Both copies are one ``memcpy`` past a few bytes (``byte_copies``)."""
     p = areas.shape[0] // 2 - 1
     area = areas[(gen & 1) * (p + 1)]
     n = data.size
-    count = max(1, (n + chunk - 1) // chunk)
-    mark = gen * step
-    progress = root * LINE_WORDS + PROGRESS
-    status = 0
     if rank == root:
-        for k in range(count):
-            lo = k * chunk
-            copy_range(area, data, lo, min(chunk, n - lo))
-            if k == 0:  # arriving says the first chunk is in place: no mark needed
-                store_release(words, rank * LINE_WORDS + EARLY, gen)
-                status = _arrive(words, rank, p, gen, sig, seq)
-            else:
-                store_release(words, progress, mark + k + 1)
-        return status
+        copy_range(area, data, 0, n)
+        store_release(words, rank * LINE_WORDS + EARLY, gen)
+        return _arrive(words, rank, p, gen, sig, seq)
     status = _generation(words, rank, p, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status
-    for k in range(count):
-        left = polls if polls > 0 else DATA_POLLS
-        while k > 0 and load_acquire(words, progress) <= mark + k:
-            left -= 1
-            if left <= 0:
-                return status | WAIT
-            cpu_relax()
-        lo = k * chunk
-        copy_range(data, area, lo, min(chunk, n - lo))
+    copy_range(data, area, 0, n)
     return status
 
 

@@ -15,16 +15,36 @@ once it runs often (``compiled.choice``).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
 from ...reduce_ops import ReduceOp, averager, ufunc_for
 from ...reductions.kernels import sum_halves
 from ..base import Fingerprint
-from . import broadcast_chunks, compiled, direct
+from . import compiled, direct
 
 MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
+# Broadcast plans up to this many bytes per world size (other world sizes: direct.SMALL_BYTES),
+# and below the size from which the ranks read the root's buffer instead where they can
+# (``single_copy.BROADCAST_MIN_BYTES``); larger broadcasts take ``direct`` or ``single_copy``.
+# At p = 2 the compiled plan copies with memcpy (``byte_copies``) and its root does not wait
+# for the reader. In turns with MPI_Bcast in the same processes on two busy cores (``python
+# benchmarks/pair_shm_mpi.py --collectives broadcast --sizes 64K,256K,1023K --turns 30 --calls
+# 100``, runs alternated), time over MPI_Bcast's: the plan 1.71x, 1.80x, 1.96x (medians of nine
+# runs); copying in 16 KiB chunks that the reader takes while the root writes the next,
+# 1.69x, 1.79x, 2.02x: no gain, so a plan copies in one piece. The round-based broadcast
+# (plans only up to 128 KiB), four runs: 256 KiB 2.60-2.66x against the plan's 1.74-1.94x,
+# 1023 KiB 2.24-2.63x against 2.01-2.12x.
+BROADCAST_PLAN_BYTES = {2: 1 << 20}
+
+
+def broadcast_plan_bytes(world_size: int, small_bytes: int, workspace_bytes: int,
+                         peer_reads_from: Optional[int] = None) -> int:
+    """The largest broadcast (bytes) a plan takes on ``world_size`` ranks; ``peer_reads_from``:
+    the size from which this job's broadcasts read the root's buffer (None: never)."""
+    most = min(max(BROADCAST_PLAN_BYTES.get(world_size, 0), small_bytes), workspace_bytes)
+    return most if peer_reads_from is None else min(most, max(peer_reads_from - 1, small_bytes))
 
 
 class Stamp:
@@ -92,23 +112,16 @@ def python_all_reduce(c: Any, stamp: Stamp, dtype: np.dtype, n: int,
 def python_broadcast(c: Any, stamp: Stamp, nbytes: int,
                      root: int) -> Callable[[np.ndarray, Fingerprint], None]:
     """The root publishes the bytes in the half's first input area (where the general
-    broadcast puts them too) and marks every chunk before it arrives; the others wait for all
-    the marks and copy them out (``broadcast_chunks``: the compiled form's protocol)."""
+    broadcast puts them too); the others copy them out."""
     areas = tuple(c.views(np.dtype(np.uint8))[0][h][0][:nbytes] for h in (0, 1))
     is_root = c.rank == root
-    ctrl, progress = c.t.ctrl, broadcast_chunks.progress_word(c.layout, root)
-    count = broadcast_chunks.chunk_count(nbytes,
-                                         broadcast_chunks.chunk_bytes(c.world_size, nbytes))
 
     def run(data: np.ndarray, fp: Fingerprint) -> None:
         gen = stamp.begin(fp)[0]
         if is_root:
             areas[gen & 1][...] = data
-            ctrl[progress] = broadcast_chunks.mark(gen) + count
         stamp.meet(gen, fp)
         if not is_root:
-            if count > 1 and ctrl[progress] < broadcast_chunks.mark(gen) + count:
-                broadcast_chunks.wait_for_data(c, root, gen, count, fp)
             data[...] = areas[gen & 1]
     return run
 

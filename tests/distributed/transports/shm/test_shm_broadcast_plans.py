@@ -1,0 +1,180 @@
+"""Broadcast plans up to ``plans.BROADCAST_PLAN_BYTES`` on two ranks: one prepared generation
+whose compiled form copies with memcpy (``byte_copies``). Bits equal to the root's around every
+threshold and at odd sizes, from both roots, compiled and Python ranks mixed (the compiled ones
+checked to run compiled), a late root, a dead root (PeerFailureError naming it), mismatches,
+and the compiled self-check running the memcpy branch."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
+from neural_arch.distributed.transports import shm
+from neural_arch.distributed.transports.shm import compiled as shm_compiled
+from neural_arch.distributed.transports.shm import direct, plans, single_copy
+from neural_arch.distributed.transports.shm.cross_memory import ENV_SWITCH as PEER_READ_SWITCH
+from shm_cases import Calls
+from shm_testing import kill_self, run_ranks, shm_names_of
+
+pytest.importorskip("numba", reason="the compiled broadcast needs Numba")
+pytestmark = pytest.mark.timeout(60)
+INLINE = 256  # byte_copies.INLINE_COPY_BYTES (importing byte_copies imports Numba)
+LIMIT = 1 << 20
+# bytes: the compiled copy's inline limit and its neighbours, the all-reduce's plan limit, the
+# broadcast plans' limit (one byte more takes peer reads or rounds), odd sizes
+SIZES = (1, 3, INLINE, INLINE + 1, direct.SMALL_BYTES, direct.SMALL_BYTES + 1, 50_001,
+         LIMIT - 1, LIMIT, LIMIT + 1)
+PLANNED = 300 << 10  # a planned broadcast above the other plans' limit
+LATE_S = 0.3
+
+
+def plan_forms(t) -> set:
+    """Where the prepared broadcasts of ``t`` run: 'compiled' or 'python'."""
+    return {"compiled" if run.__module__ == shm_compiled.__name__ else "python"
+            for key, run in t.collectives.plans.items() if key[0] == "broadcast"}
+
+
+def exact_from_every_root(rank, p, store, forms, peer_reads):
+    """Each size from each root, twice (both halves of the workspace), as float16 where it
+    divides (Numba has none: the kernel copies bytes) and as bytes elsewhere."""
+    os.environ[shm_compiled.ENV_CHOICE] = forms[rank]
+    os.environ[PEER_READ_SWITCH] = peer_reads
+    t = shm.create(rank, p, store, 20.0)
+    calls, failures, planned = Calls(), [], set()
+    try:
+        for nbytes in SIZES:
+            dtype = np.float16 if nbytes % 2 == 0 else np.uint8
+            n = nbytes // np.dtype(dtype).itemsize
+            for root in range(p):
+                for again in range(2):
+                    source = np.random.default_rng([nbytes, root, again]).integers(
+                        0, 256, nbytes, np.uint8).view(dtype)
+                    buf = source.copy() if rank == root else np.zeros(n, dtype)
+                    t.collectives.broadcast(buf, root, calls.fp("broadcast", buf))
+                    if buf.tobytes() != source.tobytes():
+                        failures.append((nbytes, root, again))
+            if ("broadcast", nbytes, 0) in t.collectives.plans:
+                planned.add(nbytes)
+        return (failures, sorted(planned), t.peer_reads.usable, plan_forms(t),
+                shm_compiled.why_not_compiled())
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("forms,peer_reads", [
+    (("compiled", "compiled"), "auto"), (("compiled", "python"), "auto"),
+    (("python", "compiled"), "auto"), (("compiled", "compiled"), "0")])
+def test_two_ranks_get_the_roots_bits_around_every_threshold(tmp_path, forms, peer_reads):
+    results = run_ranks(2, exact_from_every_root, forms, peer_reads, store_dir=str(tmp_path),
+                        timeout=50)
+    assert all(r.ok for r in results), results
+    for r in results:
+        failures, planned, reading, kinds, why = r.value
+        assert failures == [], f"rank {r.rank} ({forms[r.rank]}): {failures}"
+        # a failed build or self-check would leave the compiled ranks in Python, unnoticed
+        assert kinds == {forms[r.rank]}, (r.rank, kinds, why)
+        # one generation each up to the plans' limit; where the ranks read each other's
+        # memory, from single_copy's size on they read the root's buffer instead
+        limit = single_copy.BROADCAST_MIN_BYTES[2] - 1 if reading else LIMIT
+        assert planned == sorted(s for s in SIZES if s <= limit), (planned, reading)
+    assert shm_names_of(r.pid for r in results) == []
+
+
+def root_late_or_dead(rank, p, store, then):
+    """Rank 0, the root, broadcasts LATE_S late (``then`` = "late") or dies instead ("die");
+    rank 1 reads with the compiled plan, whose kernel is loaded: it comes on time."""
+    os.environ[shm_compiled.ENV_CHOICE] = "compiled"
+    t = shm.create(rank, p, store, 10.0)
+    calls, c = Calls(), t.collectives
+    source = (np.arange(PLANNED) % 251).astype(np.uint8)
+    try:
+        warm = np.zeros(PLANNED, np.uint8)
+        c.broadcast(warm, 0, calls.fp("broadcast:0", warm))
+        c.barrier(calls.fp("barrier", warm[:0]))  # both start the clock together
+        buf = source.copy() if rank == 0 else np.zeros(PLANNED, np.uint8)
+        fp = calls.fp("broadcast:0", buf)
+        start = time.monotonic()
+        if rank == 0:
+            time.sleep(LATE_S)
+            if then == "die":
+                kill_self()
+        c.broadcast(buf, 0, fp)
+        took = time.monotonic() - start
+        c.barrier(calls.fp("barrier", buf[:0]))  # the root left early: settle before closing
+        return took, buf.tobytes() == source.tobytes(), plan_forms(t)
+    finally:
+        t.close()
+
+
+def test_a_reader_waits_for_a_late_root(tmp_path):
+    results = run_ranks(2, root_late_or_dead, "late", store_dir=str(tmp_path), timeout=30)
+    assert all(r.ok for r in results), results
+    took, exact, kinds = results[1].value
+    assert exact and took >= LATE_S * 0.9 and kinds == {"compiled"}, (took, exact, kinds)
+
+
+def test_a_dead_root_is_named(tmp_path):
+    results = run_ranks(2, root_late_or_dead, "die", store_dir=str(tmp_path), timeout=30)
+    assert results[0].exitcode == -9
+    reader = results[1]
+    assert reader.error == PeerFailureError.__name__ and reader.peer == 0, reader
+    assert "peer rank 0" in reader.message, reader.message
+    assert shm_names_of(r.pid for r in results) == []
+
+
+def mismatched_broadcasts(rank, p, store, kind):
+    """A planned broadcast against another size or root; then a barrier, where a root that
+    left early learns of it."""
+    os.environ[shm_compiled.ENV_CHOICE] = "compiled"
+    t = shm.create(rank, p, store, 10.0)
+    calls = Calls()
+    try:
+        n = PLANNED + (4 if kind == "size" and rank == 1 else 0)
+        root = rank if kind == "root" else 0
+        buf = np.ones(n, np.uint8)
+        t.collectives.broadcast(buf, root, calls.fp(f"broadcast:{root}", buf))
+        t.collectives.barrier(calls.fp("barrier", buf[:0]))
+        return "no error"
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("kind", ["size", "root"])
+def test_mismatched_planned_broadcasts_are_named_by_both(tmp_path, kind):
+    results = run_ranks(2, mismatched_broadcasts, kind, store_dir=str(tmp_path), timeout=30)
+    for r in results:
+        assert r.error == CollectiveMismatchError.__name__, r
+        if kind == "size":
+            assert r.peer == 1 - r.rank and str(PLANNED) in r.message, r
+            assert str(PLANNED + 4) in r.message, r.message
+        else:  # every rank's root is named
+            assert "rank 0 passed root 0; rank 1 passed root 1" in r.message, r.message
+    assert shm_names_of(r.pid for r in results) == []
+
+
+@pytest.mark.skipif(not shm_compiled.allowed(), reason="Numba is not installed or switched off")
+def test_the_self_check_copies_with_memcpy():
+    """The check every process runs before compiling its plans broadcasts more bytes than the
+    compiled copy keeps inline, so a broken memcpy leaves the plans in Python."""
+    built = shm_compiled._kernels()
+    assert built is not None, shm_compiled.why_not_compiled()
+    kernels, entry = built
+    from neural_arch.distributed.transports.shm.byte_copies import INLINE_COPY_BYTES
+    assert INLINE_COPY_BYTES == INLINE
+    sizes = []
+
+    class Recording:
+        """``entry_kernels``, recording the size of each broadcast the check runs."""
+
+        def __getattr__(self, name):
+            return getattr(entry, name)
+
+        def planned_broadcast(self, data, *args):
+            sizes.append(data.nbytes)
+            return entry.planned_broadcast(data, *args)
+
+    shm_compiled._check(kernels, Recording())
+    assert max(sizes, default=0) > INLINE_COPY_BYTES, sizes
