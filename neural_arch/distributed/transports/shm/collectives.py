@@ -98,6 +98,8 @@ class ShmCollectives:
             else:
                 direct.broadcast(self, data, int(root), fp)
             return
+        if not data.flags.writeable:  # a root's read-only bytes: compiled plans take writable
+            data = data.copy()        # arrays only, and a copy of at most a plan's size is cheap
         key = ("broadcast", data.size, int(root))
         (self.plans.get(key) or plans.build(self, key))(data, fp)
 

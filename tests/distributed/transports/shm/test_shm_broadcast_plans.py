@@ -178,3 +178,26 @@ def test_the_self_check_copies_with_memcpy():
 
     shm_compiled._check(kernels, Recording())
     assert max(sizes, default=0) > INLINE_COPY_BYTES, sizes
+
+
+def read_only_root(rank, p, store):
+    """The root's bytes in a read-only array (``np.frombuffer`` of ``bytes``), compiled form
+    forced: a broadcast only reads the root's buffer, so it must run and give its bits."""
+    os.environ[shm_compiled.ENV_CHOICE] = "compiled"
+    t = shm.create(rank, p, store, 5.0)
+    calls, got = Calls(), []
+    try:
+        for nbytes in (4, INLINE + 1, PLANNED):
+            source = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
+            buf = np.frombuffer(source.tobytes(), np.uint8) if rank == 0 else np.zeros_like(source)
+            t.collectives.broadcast(buf, 0, calls.fp("broadcast", buf))
+            got.append(buf.tobytes() == source.tobytes())
+        return got, plan_forms(t)
+    finally:
+        t.close()
+
+
+def test_a_read_only_root_buffer_is_broadcast(tmp_path):
+    results = run_ranks(2, read_only_root, store_dir=str(tmp_path), timeout=30)
+    assert all(r.ok for r in results), results
+    assert [r.value for r in results] == [([True] * 3, {"compiled"})] * 2, results
