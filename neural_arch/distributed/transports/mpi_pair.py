@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 # ring at p = 2 with the packed swap (``benchmarks/mpi_pair_forms.py``, four runs on a busy
 # 2-core machine, us): 256 KiB 119-561 against 169-936 (swap faster in every run; quietest
 # 119/130 against 169/200), 384 KiB 470-938 against 545-1230, 512 KiB 248-1162 against
-# 252-1322 (even), 1 MiB 515 against 361 (the ring faster). The swap's own limit, which sizes
+# 252-1322 (even), 1 MiB 515 against 361 (the ring faster); one quiet run: 64 KiB 57.0 against
+# 114.0, 256 KiB 127.6 against 189.2, 1 MiB 410.4 against 359.4. The swap's own limit, which sizes
 # the receive buffers kept per peer; a larger one (``benchmarks/mpi_pair_forms.py``'s "swap"
 # form) exchanges with a ``sendrecv`` above it.
 EXCHANGE_MAX_BYTES = SWAP_MAX_BYTES
