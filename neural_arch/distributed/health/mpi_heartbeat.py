@@ -66,19 +66,28 @@ def candidate_hosts() -> List[str]:
     return reachable or ["127.0.0.1"]
 
 
+def _collective(transport, post, fp: Fingerprint) -> None:
+    """Post one collective with ``post(comm)`` and wait for it, bounded by the transport's
+    timeout. An MPI error at the post (a failed rank, under fault tolerance) becomes the
+    transport's PeerFailureError, as at its waits."""
+    with transport.lock:  # one message stream at a time on the transport's communicator
+        try:
+            request = post(transport.comm)
+        except transport.mpi.Exception as e:
+            transport.raise_mpi_error([], fp, (), e)
+        transport.wait_requests([request], fp)
+
+
 def _broadcast_bytes(transport, data: bytes, fp: Fingerprint) -> bytes:
     """Rank 0's ``data`` on every rank, over MPI, each wait bounded by the transport's timeout."""
-    comm = transport.comm
     length = np.array([len(data)], _LENGTH)
-    with transport.lock:  # one message stream at a time on the transport's communicator
-        transport.wait_requests([comm.Ibcast(length, root=0)], fp)
+    _collective(transport, lambda comm: comm.Ibcast(length, root=0), fp)
     if not 0 < length[0] <= _MAX_INVITATION_BYTES:
         raise DistributedError(f"rank 0 sent a heartbeat invitation of {length[0]} bytes",
                                rank=transport.rank, peer=0, op=fp.op, seq=fp.seq)
     buf = np.frombuffer(bytearray(data), np.uint8) if transport.rank == 0 \
         else np.empty(int(length[0]), np.uint8)
-    with transport.lock:
-        transport.wait_requests([comm.Ibcast(buf, root=0)], fp)
+    _collective(transport, lambda comm: comm.Ibcast(buf, root=0), fp)
     return buf.tobytes()
 
 
@@ -94,6 +103,35 @@ def _connect(hosts: List[str], port: int, secret: bytes, world_size: int, rank: 
     return None, "; ".join(errors)
 
 
+def _serve(world_size: int, timeout: float):
+    """Rank 0: start the store; return it (None when it could not start), why not, and the
+    invitation for the other ranks."""
+    from ..rendezvous.store import TCPStore
+    hosts, secret = candidate_hosts(), secrets.token_bytes(32)
+    try:
+        store = TCPStore(hosts[0], 0, world_size, is_server=True, secret=secret,
+                         timeout=timeout, rank=0)
+    except (OSError, DistributedError) as e:  # the others must hear of it, not wait
+        why = f"rank 0 could not serve it: {e}"
+        return None, why, {"error": why}
+    return store, "", {"hosts": hosts, "port": store.port, "secret": secret.hex()}
+
+
+def _accept(transport, fp: Fingerprint):
+    """The other ranks: read rank 0's invitation and connect; return the store (None when
+    unreachable) and why not."""
+    try:
+        invitation = json.loads(_broadcast_bytes(transport, b"", fp))
+        why = str(invitation.get("error", ""))
+        if why:
+            return None, why
+        hosts, port = [str(h) for h in invitation["hosts"]], int(invitation["port"])
+        return _connect(hosts, port, bytes.fromhex(invitation["secret"]), transport.world_size,
+                        transport.rank)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return None, f"unreadable invitation from rank 0 ({e})"
+
+
 def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
     """Collective over the mpi ``transport``: a connected ``TCPStore`` for the heartbeat (rank 0
     serves it), or None when every peer is in pid sight or some rank could not connect."""
@@ -104,33 +142,21 @@ def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
         return None
     if not heartbeat.config_from_env().enabled:
         return None
-    from ..rendezvous.store import TCPStore
     fp = Fingerprint("mpi.heartbeat_store", 0, "uint8", 0)
     store, why = None, ""
-    if rank == 0:
-        hosts, secret = candidate_hosts(), secrets.token_bytes(32)
-        try:
-            store = TCPStore(hosts[0], 0, world_size, is_server=True, secret=secret,
-                             timeout=timeout, rank=0)
-            invitation = {"hosts": hosts, "port": store.port, "secret": secret.hex()}
-        except (OSError, DistributedError) as e:  # the others must hear of it, not wait
-            why = f"rank 0 could not serve it: {e}"
-            invitation = {"error": why}
-        _broadcast_bytes(transport, json.dumps(invitation).encode(), fp)
-    else:
-        try:
-            invitation = json.loads(_broadcast_bytes(transport, b"", fp))
-            why = str(invitation.get("error", ""))
-            if not why:
-                hosts, port = [str(h) for h in invitation["hosts"]], int(invitation["port"])
-                store, why = _connect(hosts, port, bytes.fromhex(invitation["secret"]),
-                                      world_size, rank)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            why = f"unreadable invitation from rank 0 ({e})"
-    connected = np.array([store is not None], np.uint8)
-    everyone = np.empty(world_size, np.uint8)
-    with transport.lock:
-        transport.wait_requests([transport.comm.Iallgather(connected, everyone)], fp)
+    try:
+        if rank == 0:
+            store, why, invitation = _serve(world_size, timeout)
+            _broadcast_bytes(transport, json.dumps(invitation).encode(), fp)
+        else:
+            store, why = _accept(transport, fp)
+        connected = np.array([store is not None], np.uint8)
+        everyone = np.empty(world_size, np.uint8)
+        _collective(transport, lambda comm: comm.Iallgather(connected, everyone), fp)
+    except BaseException:
+        if store is not None:  # its server, or its connection, must not outlive the job
+            store.close()
+        raise
     missing = [r for r in range(world_size) if not everyone[r]]
     if not missing:
         return store

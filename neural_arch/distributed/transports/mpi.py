@@ -107,7 +107,12 @@ class MpiTransport(RequestWaiting, Transport):
         mine = np.frombuffer(_IDENTITY.pack(_host_key(), os.getpid(),
                                             (process_stat(os.getpid()) or (b"", 0))[1]), np.uint8)
         table = np.empty((mpi_size, _IDENTITY.size), np.uint8)
-        self._wait([self._comm.Iallgather(mine, table)], [], Fingerprint("mpi.setup", 0, "", 0))
+        setup = Fingerprint("mpi.setup", 0, "uint8", _IDENTITY.size)
+        try:
+            exchange = self._comm.Iallgather(mine, table)
+        except MPI.Exception as e:  # a rank failed already (fault tolerance on): name it
+            self._mpi_error([], [], setup, e)
+        self._wait([exchange], [], setup)
         rows = [_IDENTITY.unpack(row.tobytes()) for row in table]
         self._local_peers = {r: (pid, start) for r, (key, pid, start) in enumerate(rows)
                              if key == rows[mpi_rank][0] and r != mpi_rank}

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
-from neural_arch.distributed.health import mpi_heartbeat
+from neural_arch.distributed.health import heartbeat, mpi_heartbeat
+from neural_arch.distributed.rendezvous import store
 from neural_arch.distributed.transports import (mpi, mpi_exit, mpi_notices, mpi_waiting,
                                                 mpi_wire)
 from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, pack_header
@@ -55,7 +56,7 @@ class _Group:
 class _Comm:
     """Two-rank communicator whose receives fail at ``fail_at`` ("Irecv" or "Test"), or never
     complete (None); collectives complete at once. "Isend": every send after the first fails at
-    its post, "Ibarrier" and "Iprobe" those calls."""
+    its post, "Ibarrier", "Iallgather", "Ibcast" and "Iprobe" those calls."""
 
     def __init__(self, world_size=2, fail_at=None):
         self.world_size, self.fail_at, self.posted = world_size, fail_at, []
@@ -74,10 +75,13 @@ class _Comm:
         return self
 
     def Iallgather(self, mine, table):
+        self._fail("Iallgather")
         table[:] = mine  # every rank on this host, with this pid: alive
         return _Request(False, done=True)
 
-    Ibcast = lambda self, buf, root: _Request(False, done=True)  # noqa: E731
+    def Ibcast(self, buf, root):
+        self._fail("Ibcast")
+        return _Request(False, done=True)
 
     def Ibarrier(self):
         self._fail("Ibarrier")
@@ -222,6 +226,43 @@ def test_the_heartbeat_invitation_waits_under_the_transports_lock(transport):
     assert mpi_heartbeat._broadcast_bytes(t, b"invitation", fp) == b"invitation"
     with pytest.raises(RuntimeError, match="without holding the transport's lock"):
         t.wait_requests([t.comm.Ibcast(np.zeros(1), 0)], fp)
+
+
+def test_an_mpi_error_at_the_setup_exchange_names_the_failed_peer(transport):
+    with pytest.raises(PeerFailureError, match=r"MPI reports rank\(s\) \[1\] failed during "
+                                               r"mpi.setup #0 .*\(MPI_ERR_PROC_FAILED") as info:
+        transport("Iallgather")
+    assert (info.value.rank, info.value.peer, info.value.op) == (0, 1, "mpi.setup")
+    assert mpi_exit._broken is not None  # finalizing would wait for the failed rank
+
+
+class _HeartbeatStore:
+    """Rank 0's heartbeat store, without a socket."""
+    port, served = 1, []
+
+    def __init__(self, *args, **kwargs):
+        self.closed = False
+        self.served.append(self)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("fail_at", ["Ibcast", "Iallgather"])
+def test_an_mpi_error_at_a_heartbeat_post_names_the_failed_peer(transport, monkeypatch,
+                                                                fail_at):
+    monkeypatch.setattr(store, "TCPStore", _HeartbeatStore)
+    monkeypatch.setattr(_HeartbeatStore, "served", [])
+    monkeypatch.delenv(heartbeat.ENABLE_ENV, raising=False)
+    t = transport()
+    t.comm.fail_at = fail_at
+    with pytest.raises(PeerFailureError, match=r"MPI reports rank\(s\) \[1\] failed during "
+                                               r"mpi.heartbeat_store #0") as info:
+        mpi_heartbeat.heartbeat_store(t, 5.0, mode="store")
+    assert (info.value.rank, info.value.peer) == (0, 1)
+    assert 1 in t._unusable and mpi_exit._broken is not None
+    assert not t.lock.locked()
+    assert [served.closed for served in _HeartbeatStore.served] == [True]  # no server left
 
 
 @pytest.mark.parametrize("world_size, first_bytes", [
