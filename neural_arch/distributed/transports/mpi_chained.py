@@ -16,6 +16,11 @@ A receive is posted only once the peer's plan matched, every earlier receive fro
 posted (MPI pairs one sender's messages on one tag in order), and its buffer overlaps neither a
 send still in flight (MPI forbids writing what a pending send reads) nor an earlier receive whose
 follow-up has not run yet: that is how a caller reuses a few receive slots for many pieces.
+
+Every buffer given to the call is checked before anything is posted, so a bad one leaves
+nothing in flight. A follow-up's messages exist only once its receive completed, after the
+plans went out: a failure there (a bad buffer, an error of the follow-up) marks every peer of
+the call unusable, since each may wait for pieces that never come (until its own timeout).
 """
 from __future__ import annotations
 
@@ -73,9 +78,11 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
     for buf, src, fp, then in recvs:
         view = byte_view(buf, True, "recv")
         waiting[int(src)].append(_Receive(view, fp, then, address(view)))
+    # Every buffer is checked before anything is posted: a bad one found after a peer got its
+    # plan would leave that peer waiting for pieces that never come.
+    outgoing = [(byte_view(buf, False, "send"), int(dst)) for buf, dst, _ in sends]
 
-    def send(buf, dst: int, fp: Fingerprint) -> None:
-        view = byte_view(buf, False, "send")
+    def send(view: memoryview, dst: int) -> None:
         if view.nbytes:
             lo = address(view)
             req = comm.Isend([view, MPI.BYTE], int(dst), CHAIN_TAG)
@@ -91,8 +98,24 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
             for req in every_send[already:]:
                 send_reqs.append(req)
                 send_spans.append((0, 0))
-        for buf, dst, fp in sends:
-            send(buf, dst, fp)
+        for view, dst in outgoing:
+            send(view, dst)
+
+    def follow_up(r: _Receive) -> None:
+        """Send what ``r.then()`` returns. Its buffers exist only now, after the plans went
+        out, so a failure here (a bad buffer, an error of the follow-up itself) cannot be
+        caught before the peers wait for this call's pieces: each is marked unusable, so that
+        later calls raise at once, naming why, instead of pairing its stream out of step."""
+        try:
+            for buf, dst, _ in r.then():
+                send(byte_view(buf, False, "send"), int(dst))
+        except MPI.Exception:
+            raise  # the wait converts it, marking the peers unusable
+        except Exception as e:
+            for peer in peers:
+                t.mark_unusable(peer, f"a follow-up of {r.fp.describe()} failed after the "
+                                      f"plans were sent ({type(e).__name__}: {e})")
+            raise
 
     status, testsome = MPI.Status(), MPI.Request.Testsome
     live: list = []  # what a wait that gives up cancels
@@ -133,8 +156,7 @@ def run_chained(t: MpiTransport, sends: Sequence[Message], recvs: Sequence[Chain
                 if r.req is not None:
                     _check_count(t, r, peer, status.Get_count(MPI.BYTE))
                 if r.then is not None:
-                    for buf, dst, fp in r.then():
-                        send(buf, dst, fp)
+                    follow_up(r)
                 changed = True
             while later and postable(later[0]):
                 r = later.popleft()

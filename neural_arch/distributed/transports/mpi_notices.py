@@ -46,6 +46,10 @@ class Notices:
     def __init__(self, mpi, comm, rank: int, world_size: int) -> None:
         self._mpi, self._comm, self.rank, self.world_size = mpi, comm, rank, world_size
         self._sends: list = []  # (request, buffer): the buffer lives until the send completes
+        # Sends whose Test raised, or still in flight when ``leave`` stopped waiting, with their
+        # buffers, kept as long as the transport (which holds this object): an error need not
+        # end a request, and MPI may still read the bytes of one that is active.
+        self.kept: list = []
 
     def send(self, kind: int, about: int, reason: str = "") -> None:
         """Post ``kind`` about rank ``about`` to every peer; never waits. A notice MPI refuses
@@ -61,7 +65,20 @@ class Notices:
                     self._sends.append((self._comm.Isend([data, MPI.BYTE], peer, TAG), data))
                 except MPI.Exception as e:
                     mark_broken(f"a notice to rank {peer} could not be sent ({e})")
-        self._sends = [(req, buf) for req, buf in self._sends if not _finished(MPI, req)]
+        self._sweep()
+
+    def _sweep(self) -> bool:
+        """Let go of the notices whose send completed, keep (``kept``) those whose Test failed
+        (their peer cannot hear them); True when none is left in flight."""
+        MPI, in_flight = self._mpi, []
+        for req, buf in self._sends:
+            try:
+                if not req.Test():
+                    in_flight.append((req, buf))
+            except MPI.Exception:
+                self.kept.append((req, buf))
+        self._sends = in_flight
+        return not in_flight
 
     def poll(self) -> list:
         """The notices that have arrived, oldest first, as (sender, kind, rank, reason)."""
@@ -87,12 +104,11 @@ class Notices:
         died, so that its notice will never come (the wait ends, the communicator is kept)."""
         self.send(LEFT, self.rank)
         everyone = set(range(self.world_size)) - {self.rank}
-        reqs = [req for req, _ in self._sends]
         deadline = time.monotonic() + CLOSE_WAIT_S
         all_left = False
         MPI = self._mpi
         while True:
-            sent = all([_finished(MPI, req) for req in reqs])
+            sent = self._sweep()
             try:
                 all_left = peers_left is not None and everyone <= peers_left()
             except MPI.Exception:  # a failed peer's notice: it will never say it left
@@ -101,13 +117,6 @@ class Notices:
             if (sent and not waiting_for_peers) or time.monotonic() >= deadline:
                 break
             time.sleep(1e-3)
+        self.kept += self._sends  # still in flight: MPI may read their bytes after this
         self._sends = []
         return all_left
-
-
-def _finished(MPI, req) -> bool:
-    """Whether a notice's send is over: complete, or failed (its peer cannot hear it)."""
-    try:
-        return req.Test()
-    except MPI.Exception:
-        return True

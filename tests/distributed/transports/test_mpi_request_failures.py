@@ -7,10 +7,11 @@ notices): it must still become PeerFailureError naming the rank MPI reports fail
 requests already posted cancelled, the peer marked unusable and the job marked broken (so that
 exit does not wait in ``MPI_Finalize``). A request posted before a wait that gives up is
 cancelled, and kept alive with its buffers: MPI may still touch them. A notice that cannot be
-sent is dropped: a rank's close never raises for it.
+sent is dropped: a rank's close never raises for it; one whose Test fails keeps its buffer.
 """
 from types import SimpleNamespace
 
+import fake_mpi
 import numpy as np
 import pytest
 
@@ -22,111 +23,16 @@ from neural_arch.distributed.transports import (mpi, mpi_exit, mpi_notices, mpi_
 from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, pack_header
 
 pytestmark = pytest.mark.timeout(30)
-FP = Fingerprint("all_reduce", 7, "float32", 4)
-
-
-class FakeMpiError(Exception):
-    pass
-
-
-class _Request:
-    def __init__(self, fail: bool, done: bool = False, buf=None):
-        self.fail, self.done, self.cancelled, self.buf = fail, done, False, buf
-
-    def Test(self, status=None):
-        if self.fail:
-            raise FakeMpiError("MPI_ERR_PROC_FAILED: process failure")
-        return self.done
-
-    def Cancel(self):
-        self.cancelled = True
-
-
-class _Group:
-    def __init__(self, ranks):
-        self.ranks = ranks
-
-    def Get_size(self):
-        return len(self.ranks)
-
-    def Free(self):
-        pass
-
-
-class _Comm:
-    """Two-rank communicator whose receives fail at ``fail_at`` ("Irecv" or "Test"), or never
-    complete (None); collectives complete at once. "Isend": every send after the first fails at
-    its post, "Ibarrier", "Iallgather", "Ibcast" and "Iprobe" those calls."""
-
-    def __init__(self, world_size=2, fail_at=None):
-        self.world_size, self.fail_at, self.posted = world_size, fail_at, []
-
-    def _fail(self, call):
-        if self.fail_at == call:
-            raise FakeMpiError("MPI_ERR_PROC_FAILED: process failure")
-
-    def Get_rank(self):
-        return 0
-
-    def Get_size(self):
-        return self.world_size
-
-    def Dup(self):
-        return self
-
-    def Iallgather(self, mine, table):
-        self._fail("Iallgather")
-        table[:] = mine  # every rank on this host, with this pid: alive
-        return _Request(False, done=True)
-
-    def Ibcast(self, buf, root):
-        self._fail("Ibcast")
-        return _Request(False, done=True)
-
-    def Ibarrier(self):
-        self._fail("Ibarrier")
-        return _Request(False, done=True)
-
-    def Iprobe(self, *args):
-        self._fail("Iprobe")
-        return False  # no notices
-
-    def Irecv(self, buf, src, tag):
-        self._fail("Irecv")
-        self.posted.append(_Request(self.fail_at == "Test", buf=buf[0]))
-        return self.posted[-1]
-
-    def Isend(self, buf, dst, tag):
-        if any(req.buf is None for req in self.posted):
-            self._fail("Isend")
-        self.posted.append(_Request(False, done=True))
-        return self.posted[-1]
-
-    def Get_failed(self):
-        return _Group([1])
-
-    def Get_group(self):
-        return _Group([0, 1])
-
-
-def _fake_mpi():
-    return SimpleNamespace(
-        Exception=FakeMpiError, BYTE="byte", ANY_SOURCE=-1, Is_finalized=lambda: False,
-        Status=lambda: SimpleNamespace(Get_count=lambda kind: 0),
-        Request=SimpleNamespace(Testall=lambda reqs: all(r.Test() for r in reqs),
-                                Testsome=lambda reqs: [i for i, r in enumerate(reqs) if r.Test()]),
-        buffer=SimpleNamespace(frombuffer=lambda view, readonly: SimpleNamespace(
-            address=np.frombuffer(view, np.uint8).ctypes.data)),
-        Group=SimpleNamespace(Translate_ranks=lambda group, ranks, mine: group.ranks))
+FP = fake_mpi.FP
 
 
 @pytest.fixture
 def transport(monkeypatch):
-    monkeypatch.setattr(mpi, "_import_mpi", _fake_mpi)
+    monkeypatch.setattr(mpi, "_import_mpi", fake_mpi.module)
     monkeypatch.setattr(mpi_exit, "_broken", None)  # what a failure marks, undone after
 
     def make(fail_at=None, world_size=2):
-        return mpi.create(timeout=5, comm=_Comm(world_size, fail_at))
+        return mpi.create(timeout=5, comm=fake_mpi.Comm(world_size, fail_at))
     return make
 
 
@@ -292,3 +198,49 @@ def test_a_swap_against_a_plain_message_names_both_forms():
         _mismatch(HEADER_SIZE + 65536, False)
     assert "where a header alone was expected" in _mismatch(HEADER_SIZE + 65536, False)
     assert "sent a 100-byte message" in _mismatch(100, True)  # neither form: not ours
+
+
+def test_a_notice_whose_test_fails_keeps_its_buffer(transport, monkeypatch):
+    """A notice's send whose ``Test`` raises may still be active: MPI could read its bytes
+    later, so the request and its buffer stay referenced for the transport's life."""
+    monkeypatch.setattr(mpi_notices, "CLOSE_WAIT_S", 0.05)  # no peer's notice comes here
+    t = transport()
+    notices = []
+
+    def failing_isend(buf, dst, tag):
+        notices.append(fake_mpi.Request(True, buf=buf[0]))
+        return notices[-1]
+    monkeypatch.setattr(t.comm, "Isend", failing_isend)
+    t.publish_failure(1, "found dead")
+    t.close()  # the "I am leaving" notice's Test fails too
+    assert len(notices) == 2
+    kept = _kept(t._notices.kept)  # the notices live as long as the transport
+    for notice in notices:
+        assert any(notice is k for k in kept), "a notice's request was let go"
+        assert any(notice.buf is k for k in kept), "a notice's buffer was let go"
+
+
+STRIDED = np.ones(8, np.float32)[::2]  # not C-contiguous: no byte view of it can be sent
+
+
+def test_a_chained_call_checks_every_send_buffer_before_posting(transport):
+    t = transport()
+    with pytest.raises(ValueError, match=r"send buffer must be C-contiguous; got shape \(4,\)"):
+        t.send_recv_chained([(np.ones(4, np.float32), 1, FP), (STRIDED, 1, FP)],
+                            [(np.zeros(4, np.float32), 1, FP, None)])
+    assert t.comm.posted == [], "a plan or a send was posted before a bad buffer was found"
+    assert 1 not in t._unusable  # nothing reached the peer: its stream is still in step
+
+
+def test_a_bad_follow_up_buffer_leaves_the_peer_unusable(transport):
+    """A follow-up's buffer is known only once its receive completed, after the plans went
+    out: the peer waits for a piece that will not come, so its stream is out of step."""
+    t = transport()
+    t._comm, t._mpi.Status = fake_mpi.ChainedPeer(), fake_mpi.Status
+    t.status = fake_mpi.Status()
+    with pytest.raises(ValueError, match="send buffer must be C-contiguous"):
+        t.send_recv_chained([], [(np.zeros(4, np.float32), 1, FP, lambda: [(STRIDED, 1, FP)])])
+    with pytest.raises(PeerFailureError, match=r"connection unusable: a follow-up of all_reduce "
+                                               r"#7 .* failed after the plans were sent "
+                                               r"\(ValueError: send buffer must be C-contig"):
+        t.send(np.ones(4, np.float32), 1, FP)

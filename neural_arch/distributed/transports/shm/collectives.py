@@ -19,11 +19,13 @@ from ...errors import CollectiveMismatchError, DistributedError
 from ...reduce_ops import as_reduce_op, check_dtype_for_op
 from ..base import HEADER_SIZE, Fingerprint, check_roots, pack_header, split_root, unpack_header
 from . import direct, plans, single_copy
+from .layout import STORES
 from .pair_rounds import PairRounds
 from .short_calls import ShortCalls
 from .writer import AreaWriter
 
 MAX_SIGNATURES = 4096
+STREAMING, NOT_STREAMING = 2, 1  # a rank's STORES word (0: not published yet)
 
 
 def checked_vector(buf: Any, what: str, writable: bool = False) -> np.ndarray:
@@ -48,6 +50,10 @@ class ShmCollectives:
         self.t, self.layout, self.generation = transport, transport.layout, transport.generation
         self.rank, self.world_size = transport.rank, transport.world_size
         self.writer = AreaWriter()  # large copies into the workspace
+        # Published before this rank's pid (``transport``), so every rank reads it once every
+        # pid is in (``peer_reads_agreed``).
+        transport.ctrl[self.layout.rank_word(self.rank, STORES)] = (
+            STREAMING if self.writer.choice == "stream" else NOT_STREAMING)
         self.plans: dict = {}       # the prepared small collectives (see plans)
         # the signature whose header each header area holds (compiled code reads it too)
         self.header_sigs = np.zeros(2, np.int64)
@@ -154,13 +160,18 @@ class ShmCollectives:
                              f"{whole.size} {whole.dtype}")
 
     def peer_reads_agreed(self) -> None:
-        """Size the broadcast plans (``plans.BROADCAST_PLAN_BYTES``) once the ranks agreed
-        whether they read each other's memory: where they do, large broadcasts read the root's
-        buffer."""
+        """Size the broadcast plans (``plans.BROADCAST_PLAN_BYTES``) once every pid is in and
+        the ranks agreed whether they read each other's memory (then large broadcasts read the
+        root's buffer). The size picks the protocol, so every rank takes the same: plans stop
+        at ``small_bytes`` where any rank's writer streams every large copy (``stream``, fixed
+        at set-up). One on ``auto`` chooses later, alone, by timing: no peer could follow."""
+        ctrl, layout = self.t.ctrl, self.layout
+        streamed = any(ctrl[layout.rank_word(q, STORES)] == STREAMING
+                       for q in range(self.world_size))
         least = single_copy.BROADCAST_MIN_BYTES.get(self.world_size)
         self.broadcast_plan_bytes = plans.broadcast_plan_bytes(
             self.world_size, self.small_bytes(), self.layout.workspace_bytes,
-            least if self.t.peer_reads.usable else None)
+            least if self.t.peer_reads.usable else None, streamed)
 
     def small_bytes(self) -> int:
         """The largest vector (bytes) an all-reduce or all-gather plan takes, and a broadcast

@@ -19,9 +19,10 @@ PAGE = 4096
 # collective it runs now. Last the generation this rank left early (0: none): a compiled
 # broadcast's root returns once its data is in place, and checks that every reader reached
 # that generation (with the same fingerprint) before it writes anything for the next one
-# (``generation``); only the owner of the line reads that word.
+# (``generation``); only the owner of the line reads that word. Then whether this rank's
+# workspace writer streams every large copy (``collectives.peer_reads_agreed``).
 GEN, SIG0, SEQ0, SIG1, SEQ1, PID, CLOSED, SLEEP, SPARE = range(9)
-PROBE_TOKEN, PROBE_ADDRESS, PEER_READ, BUFFER, EARLY = range(9, 14)
+PROBE_TOKEN, PROBE_ADDRESS, PEER_READ, BUFFER, EARLY, STORES = range(9, 15)
 
 
 def round_up(n: int, to: int) -> int:

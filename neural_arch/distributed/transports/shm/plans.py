@@ -35,15 +35,20 @@ MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
 # runs); copying in 16 KiB chunks that the reader takes while the root writes the next,
 # 1.69x, 1.79x, 2.02x: no gain, so a plan copies in one piece. The round-based broadcast
 # (plans only up to 128 KiB), four runs: 256 KiB 2.60-2.66x against the plan's 1.74-1.94x,
-# 1023 KiB 2.24-2.63x against 2.01-2.12x.
+# 1023 KiB 2.24-2.63x against 2.01-2.12x. Not where a rank's writer streams its large copies
+# (``writer``: plain copies into the workspace found or known slow there): its plans stop at
+# ``small_bytes``, and larger broadcasts go through the writer.
 BROADCAST_PLAN_BYTES = {2: 1 << 20}
 
 
 def broadcast_plan_bytes(world_size: int, small_bytes: int, workspace_bytes: int,
-                         peer_reads_from: Optional[int] = None) -> int:
+                         peer_reads_from: Optional[int] = None, streamed: bool = False) -> int:
     """The largest broadcast (bytes) a plan takes on ``world_size`` ranks; ``peer_reads_from``:
-    the size from which this job's broadcasts read the root's buffer (None: never)."""
-    most = min(max(BROADCAST_PLAN_BYTES.get(world_size, 0), small_bytes), workspace_bytes)
+    the size from which this job's broadcasts read the root's buffer (None: never);
+    ``streamed``: whether a rank's writer streams every large copy."""
+    planned = small_bytes if streamed else max(BROADCAST_PLAN_BYTES.get(world_size, 0),
+                                               small_bytes)
+    most = min(planned, workspace_bytes)
     return most if peer_reads_from is None else min(most, max(peer_reads_from - 1, small_bytes))
 
 

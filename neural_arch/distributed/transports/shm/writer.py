@@ -15,6 +15,8 @@ running cost per byte of each kind, uses streaming while plain costs more than
 ``SWITCH_FACTOR`` times as much, and spends one write in ``EXPLORE_EVERY`` on the other kind to
 notice when the machine changes.
 ``NEURAL_ARCH_SHM_STORES`` = ``plain`` or ``stream`` fixes the choice (``auto`` is the default).
+A job where any rank fixes ``stream`` also keeps its broadcast plans, which copy with memcpy
+and not through the writer, to ``direct.SMALL_BYTES`` (``collectives.peer_reads_agreed``).
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 whose compiled form copies with memcpy (``byte_copies``). Bits equal to the root's around every
 threshold and at odd sizes, from both roots, compiled and Python ranks mixed (the compiled ones
 checked to run compiled), a late root, a dead root (PeerFailureError naming it), mismatches,
-and the compiled self-check running the memcpy branch."""
+the compiled self-check running the memcpy branch, and plans kept to direct.SMALL_BYTES on
+every rank where any rank's writer streams its copies."""
 from __future__ import annotations
 
 import os
@@ -15,6 +16,7 @@ from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureE
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.shm import compiled as shm_compiled
 from neural_arch.distributed.transports.shm import direct, plans, single_copy
+from neural_arch.distributed.transports.shm import writer as shm_writer
 from neural_arch.distributed.transports.shm.cross_memory import ENV_SWITCH as PEER_READ_SWITCH
 from shm_cases import Calls
 from shm_testing import kill_self, run_ranks, shm_names_of
@@ -29,6 +31,7 @@ SIZES = (1, 3, INLINE, INLINE + 1, direct.SMALL_BYTES, direct.SMALL_BYTES + 1, 5
          LIMIT - 1, LIMIT, LIMIT + 1)
 PLANNED = 300 << 10  # a planned broadcast above the other plans' limit
 LATE_S = 0.3
+STREAMED = 512 << 10  # a broadcast a plan takes unless a writer streams
 
 
 def plan_forms(t) -> set:
@@ -201,3 +204,37 @@ def test_a_read_only_root_buffer_is_broadcast(tmp_path):
     results = run_ranks(2, read_only_root, store_dir=str(tmp_path), timeout=30)
     assert all(r.ok for r in results), results
     assert [r.value for r in results] == [([True] * 3, {"compiled"})] * 2, results
+
+
+def broadcast_with_stores(rank, p, store, stores):
+    """A 512 KiB broadcast from each root with ``stores[rank]`` as this rank's writer choice
+    (``writer.ENV_CHOICE``); whether it ran as a plan, and whether its bits are the root's."""
+    os.environ[shm_writer.ENV_CHOICE] = stores[rank]
+    os.environ[shm_compiled.ENV_CHOICE] = "python"  # the limit, not the form, is tested here
+    t = shm.create(rank, p, store, 10.0)
+    calls, exact = Calls(), []
+    try:
+        for root in range(p):
+            source = np.random.default_rng(root).integers(0, 256, STREAMED, np.uint8)
+            buf = source.copy() if rank == root else np.zeros(STREAMED, np.uint8)
+            t.collectives.broadcast(buf, root, calls.fp("broadcast", buf))
+            exact.append(buf.tobytes() == source.tobytes())
+        planned = any(key[:2] == ("broadcast", STREAMED) for key in t.collectives.plans)
+        return exact, planned, t.collectives.writer.choice
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("stores", [("plain", "plain"), ("stream", "stream"), ("stream", "auto")])
+def test_broadcast_plans_stop_at_the_small_limit_where_a_writer_streams(tmp_path, stores):
+    """A plan copies with memcpy, where a writer that streams its large copies found (or was
+    told) plain copies into the workspace slow: every rank (the limit picks the protocol, so
+    a rank whose own writer is on ``auto`` too) keeps plans to direct.SMALL_BYTES then."""
+    results = run_ranks(2, broadcast_with_stores, stores, store_dir=str(tmp_path), timeout=30)
+    assert all(r.ok for r in results), results
+    streamed = "stream" in stores
+    for r in results:
+        exact, planned, choice = r.value
+        assert exact == [True, True] and choice == stores[r.rank], (r.rank, r.value)
+        assert planned == (not streamed), (stores, r.rank, planned)
+    assert shm_names_of(r.pid for r in results) == []
