@@ -14,7 +14,6 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ..backends import device_type, get_backend, xp_of
-from ..optim.optimizer import parameters_with_grad
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)  # torch keeps the scale in a float32 tensor
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
@@ -95,6 +94,8 @@ class GradScaler:
                                "the last update().")
         if state["stage"] == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        # here, not at the top: importing the package must not import ``optim`` (it is lazy)
+        from ..optim.optimizer import parameters_with_grad
         inverse = 1.0 / self._scale
         found_inf = False
         for group_index, group in enumerate(optimizer.param_groups):
