@@ -8,11 +8,13 @@ lazy, so importing a kernel module costs nothing until a kernel runs.
 Numba's cache stamps a kernel by its own file only. A kernel module whose machine code is also
 built from other modules (a function of another kernel module inlined or called, another
 module's constants frozen in, this module's njit options) names them, itself first, in a
-module-level ``BUILT_FROM`` (dotted names relative to its own package); before the module's
-first kernel compiles, the cached machine code of all its kernels and helpers, and of the kernel
-modules it names, is dropped where one of those files changed since it was cached
-(``compiled_cache``). ``tests/backends/test_kernel_built_from.py`` checks the lists against the
-imports.
+module-level ``BUILT_FROM`` (dotted names relative to its own package, set before its first
+kernel). Those files are hashed as the module is imported; before the module's first kernel
+compiles, the cached machine code of all its kernels and helpers, and of the kernel modules it
+names, is dropped where one of those files changed since it was cached, and their cache is left
+alone by a process whose files changed after it imported them (``compiled_cache``). No kernel
+of the module is usable from another thread before all of that is done.
+``tests/backends/test_kernel_built_from.py`` checks the lists against the imports.
 
 As a registry backend (``get_backend("numba")``) its arrays are NumPy arrays: the array-module
 interface (``xp``, ``array_type``, ``asarray``, ``to_numpy``, ``erf``, ``gelu``, ``layer_norm``,
@@ -50,6 +52,7 @@ softmax_backward = _host.softmax_backward
 _lock = threading.Lock()
 _state: Dict[str, Any] = {}
 _kernels_of: Dict[str, List["_Lazy"]] = {}  # module name -> its compiled kernels (made at import)
+compiled_cache.remember([__file__])  # its njit options are frozen into every kernel
 
 
 def _numba() -> Any:
@@ -81,48 +84,70 @@ class _Lazy:
     """Compiles ``fn`` with Numba on first call (thread-safe), then calls the compiled form."""
 
     def __init__(self, fn: Callable, options: Dict[str, Any]) -> None:
-        self.fn, self.options, self._compiled = fn, options, None
+        self.fn, self.options = fn, options
+        self._made: Any = None  # the dispatcher, made under ``_lock``
+        self._compiled: Any = None  # the same, once its cache is refreshed: read without a lock
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = fn.__doc__
         _kernels_of.setdefault(fn.__module__, []).append(self)
+        _remember_sources(fn.__module__)
 
     def _dispatcher(self) -> Any:
-        """The Numba dispatcher (made, not compiled); ``_lock`` held. Not yet kept in
-        ``_compiled``: other threads call that without the lock, and its cache may be stale."""
-        return self._compiled or _numba().njit(cache=True, nogil=True, **self.options)(self.fn)
+        """The Numba dispatcher (made, not compiled); ``_lock`` held."""
+        if self._made is None:
+            self._made = _numba().njit(cache=True, nogil=True, **self.options)(self.fn)
+        return self._made
 
     def __call__(self, *args: Any) -> Any:
         compiled = self._compiled
         if compiled is None:
             with _lock:
                 if self._compiled is None:
-                    _refresh_cache(sys.modules.get(self.fn.__module__), set())
-                if self._compiled is None:  # a module without BUILT_FROM
-                    self._compiled = self._dispatcher()
+                    refreshed: List[_Lazy] = []
+                    _refresh_cache(sys.modules.get(self.fn.__module__), set(), refreshed)
+                    # published together once every module they are built from is refreshed:
+                    # other threads call ``_compiled`` without the lock
+                    for kernel in refreshed if self in refreshed else [*refreshed, self]:
+                        kernel._compiled = kernel._dispatcher()
                 compiled = self._compiled
         return compiled(*args)
 
 
-def _refresh_cache(module: Optional[ModuleType], seen: Set[str]) -> None:
-    """Drop the cached machine code of ``module``'s kernels and helpers, and of the kernel
-    modules its ``BUILT_FROM`` names, where a file it names changed since it was cached (once
-    per process and module: ``compiled_cache`` remembers). ``_lock`` held."""
+def _built_from_paths(module: ModuleType) -> List[str]:
+    """The files ``module``'s ``BUILT_FROM`` names (none where it has none)."""
+    folder = os.path.dirname(os.path.abspath(module.__file__))
+    return [os.path.join(folder, *name.split(".")) + ".py"
+            for name in getattr(module, "BUILT_FROM", None) or ()]
+
+
+def _remember_sources(module_name: str) -> None:
+    """Hash the files the kernel module ``module_name`` is built from, as it is being imported
+    (its own, and those of its ``BUILT_FROM``, imported before it): its cache is checked against
+    the code this process runs (``compiled_cache.remember``)."""
+    module = sys.modules.get(module_name)
+    if getattr(module, "__file__", None):
+        compiled_cache.remember([module.__file__, *_built_from_paths(module)])
+
+
+def _refresh_cache(module: Optional[ModuleType], seen: Set[str], refreshed: List[_Lazy]) -> None:
+    """Drop the cached machine code of the kernel modules ``module``'s ``BUILT_FROM`` names,
+    then of ``module``'s kernels and helpers, where a file they are built from changed since it
+    was cached (once per process and module: ``compiled_cache`` remembers); add the kernels of
+    each module refreshed to ``refreshed``. ``_lock`` held."""
     built_from = getattr(module, "BUILT_FROM", None)
     if built_from is None or module.__name__ in seen:
         return  # a module built from its own file only: Numba's own stamp suffices
     seen.add(module.__name__)
-    folder = os.path.dirname(os.path.abspath(module.__file__))
-    paths = [os.path.join(folder, *name.split(".")) + ".py" for name in built_from]
+    package = module.__package__
+    for name in built_from:  # first: a kernel must not compile against a stale dependency
+        _refresh_cache(sys.modules.get(f"{package}.{name}" if package else name), seen,
+                       refreshed)
     # the whole module at once: its other kernels would load the same stale code later
     kernels = _kernels_of.get(module.__name__, [])
     dispatchers = [kernel._dispatcher() for kernel in kernels]
     compiled_cache.refresh_if_stale(dispatchers + compiled_cache.module_dispatchers(module),
-                                    paths, module.__name__)
-    for kernel, dispatcher in zip(kernels, dispatchers):
-        kernel._compiled = dispatcher  # usable now, from any thread
-    package = module.__package__
-    for name in built_from:
-        _refresh_cache(sys.modules.get(f"{package}.{name}" if package else name), seen)
+                                    _built_from_paths(module), module.__name__)
+    refreshed.extend(kernels)
 
 
 def compiled(fn: Optional[Callable] = None, **options: Any) -> Any:
@@ -142,7 +167,10 @@ def inlined(fn: Callable) -> Callable:
 
     Unlike ``compiled`` this imports Numba at once: use it in modules loaded on first use."""
     numba = _numba()
-    return fn if numba is None else numba.njit(cache=True, nogil=True, inline="always")(fn)
+    if numba is None:
+        return fn
+    _remember_sources(fn.__module__)
+    return numba.njit(cache=True, nogil=True, inline="always")(fn)
 
 
 def helper(fn: Optional[Callable] = None, **options: Any) -> Any:
@@ -152,7 +180,10 @@ def helper(fn: Optional[Callable] = None, **options: Any) -> Any:
     Numba. Like ``inlined`` this imports Numba at once."""
     def wrap(f: Callable) -> Callable:
         numba = _numba()
-        return f if numba is None else numba.njit(cache=True, nogil=True, **options)(f)
+        if numba is None:
+            return f
+        _remember_sources(f.__module__)
+        return numba.njit(cache=True, nogil=True, **options)(f)
 
     return wrap(fn) if fn is not None else wrap
 

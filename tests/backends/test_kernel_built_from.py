@@ -6,7 +6,9 @@ the njit options of ``numba_backend``) declares ``BUILT_FROM``: those modules, e
 own ``BUILT_FROM`` holds, and itself. ``numba_backend`` drops a module's cached machine code
 before its first kernel compiles when one of them changed (``compiled_cache``). Read here from
 the code with ``ast``: nothing is imported and Numba is not needed. Also: a changed dependency
-reaches every kernel and helper of a module, and an unchanged one is loaded from the cache.
+reaches every kernel and helper of a module, and an unchanged one is loaded from the cache; a
+process whose files changed after it imported them caches nothing; the kernels are usable only
+once the modules they are built from are refreshed too.
 """
 from __future__ import annotations
 
@@ -56,6 +58,17 @@ def _declared_built_from(path: Path):
     return None
 
 
+def _set_after_a_function(path: Path) -> bool:
+    """Whether ``BUILT_FROM`` is assigned after the first function of the file at ``path``
+    (its files are hashed as the first kernel is defined, while the module is imported)."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    first_function = next((n.lineno for n in body if isinstance(n, ast.FunctionDef)), None)
+    return any(isinstance(n, ast.Assign) and first_function is not None
+               and n.lineno > first_function
+               and any(isinstance(t, ast.Name) and t.id == "BUILT_FROM" for t in n.targets)
+               for n in body)
+
+
 def _relative(name: str) -> str:
     """A dotted module name as ``BUILT_FROM`` writes it: relative to the backends package."""
     return name[len(PACKAGE) + 1:] if name.startswith(PACKAGE + ".") else name
@@ -91,6 +104,8 @@ def test_every_cached_kernel_module_lists_what_it_is_built_from():
                   if not BACKENDS_DIR.joinpath(*n.split(".")).with_suffix(".py").is_file()]
         if missing or absent:
             problems[short] = f"BUILT_FROM lacks {missing}; names no file: {absent}"
+        elif _set_after_a_function(module.path):
+            problems[short] = "BUILT_FROM is set after its first function"
     assert not problems, f"cached kernel modules whose BUILT_FROM is not complete: {problems}"
 
 
@@ -193,3 +208,62 @@ def test_the_kernel_modules_record_the_digest_of_what_they_are_built_from():
         paths = [str(BACKENDS_DIR / f"{name}.py") for name in module.BUILT_FROM]
         stamp = Path(folder) / f"{module.__name__}{compiled_cache.SUFFIX}"
         assert stamp.read_text().strip() == compiled_cache.sources_digest(paths), stamp
+
+
+def test_code_imported_before_its_files_changed_is_not_cached_as_the_new(upgraded_modules):
+    caller = _fresh_import(upgraded_modules)  # the old code, imported; no kernel has run
+    (upgraded_modules / "dep.py").write_text(DEP.format(10))
+    assert caller.scaled(2) == 2  # this process runs the OFFSET 1 it imported
+    caller = _fresh_import(upgraded_modules)
+    assert caller.scaled(2) == 20, (
+        "the first call cached the old OFFSET 1 under the digest of the new files")
+
+
+ORDERED_DEP = """\
+from neural_arch.backends.numba_backend import compiled
+
+BUILT_FROM = ("ordered_dep",)
+OFFSET = 3
+
+
+@compiled
+def shifted(x):
+    return x + OFFSET
+"""
+ORDERED_CALLER = """\
+from neural_arch.backends.numba_backend import compiled
+from ordered_dep import OFFSET
+
+BUILT_FROM = ("ordered_caller", "ordered_dep")
+
+
+@compiled
+def scaled(x):
+    return x * OFFSET
+"""
+
+
+def test_kernels_are_published_after_every_module_they_are_built_from_is_refreshed(
+        upgraded_modules, monkeypatch):
+    """Other threads call a kernel's compiled form without the lock: it must not be set while a
+    module it is built from is not yet refreshed (its stale cache could then be loaded)."""
+    for name, text in (("ordered_dep", ORDERED_DEP), ("ordered_caller", ORDERED_CALLER)):
+        (upgraded_modules / f"{name}.py").write_text(text)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    caller = importlib.import_module("ordered_caller")
+    kernels = (caller.scaled, sys.modules["ordered_dep"].shifted)
+    calls, refresh = [], compiled_cache.refresh_if_stale
+
+    def watched(dispatchers, sources, name):
+        calls.append((name, [kernel._compiled is not None for kernel in kernels]))
+        return refresh(dispatchers, sources, name)
+
+    monkeypatch.setattr(compiled_cache, "refresh_if_stale", watched)
+    try:
+        assert caller.scaled(2) == 6
+    finally:
+        for name in ("ordered_dep", "ordered_caller"):
+            sys.modules.pop(name, None)
+    assert calls == [("ordered_dep", [False, False]), ("ordered_caller", [False, False])], (
+        "refreshed in this order, with these kernels (scaled, shifted) already published")
+    assert all(kernel._compiled is not None for kernel in kernels)

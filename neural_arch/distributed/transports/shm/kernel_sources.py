@@ -5,7 +5,10 @@ Numba's cache stamps a kernel by its own file only, while ``entry_kernels`` and
 all of them read the constants of ``layout``, frozen into their machine code.
 ``refresh_cache`` drops a kernel module's cached machine code when one of those files
 changed since it was cached (``backends.compiled_cache``); ``compiled`` and ``pair_rounds`` call
-it once, before the module's first use. Importing this module does not import Numba.
+it once, before the module's first use. Importing this module hashes those files (``compiled``
+imports it, and the kernel modules only later, on first use): a process whose files change after
+that compiles its kernels without touching their cache, since the code it imports may be either.
+Importing this module does not import Numba.
 """
 from __future__ import annotations
 
@@ -26,6 +29,13 @@ BUILT_FROM = {
 }
 
 
+def _paths(name: str) -> list:
+    return [os.path.join(_FOLDER, f"{source}.py") for source in BUILT_FROM[name]]
+
+
+compiled_cache.remember(path for name in BUILT_FROM for path in _paths(name))
+
+
 def refresh_cache(module: ModuleType) -> None:
     """Before ``module`` (a kernel module named in ``BUILT_FROM``) first runs: drop its cached
     machine code, and that of the kernel modules it calls, where a file it is built from changed
@@ -37,6 +47,5 @@ def refresh_cache(module: ModuleType) -> None:
     for name in BUILT_FROM[short]:
         kernel_module = module if name == short else sys.modules.get(f"{__package__}.{name}")
         if name in BUILT_FROM and kernel_module is not None:
-            paths = [os.path.join(_FOLDER, f"{source}.py") for source in BUILT_FROM[name]]
             compiled_cache.refresh_if_stale(compiled_cache.module_dispatchers(kernel_module),
-                                            paths, kernel_module.__name__)
+                                            _paths(name), kernel_module.__name__)
