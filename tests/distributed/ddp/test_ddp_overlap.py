@@ -65,7 +65,7 @@ def test_explicit_sync_copies_on_the_calling_thread():
 
 
 # ----- waited and hidden communication ------------------------------------------------------
-SLOW_REDUCE_S, SLOW_BACKWARD_S = 0.04, 0.3
+SLOW_REDUCE_S, SLOW_BACKWARD_S = 0.04, 0.6
 
 
 def timing_worker(rank: int, world_size: int, auto_sync: bool):
@@ -100,10 +100,11 @@ def test_overlap_reports_the_communication_hidden_under_backward():
         assert buckets >= 3
         assert stats["syncs"] == 1
         assert stats["hidden_s"] >= (buckets - 1) * SLOW_REDUCE_S * 0.9, stats
-        # the wait is counted from the end of backward, not from its start (which would add
-        # the sleep to every bucket's reduction); the bound leaves room for a loaded machine,
-        # where a wait of 0.35 s has been seen for a nominal 0.04 s
-        assert stats["waited_s"] < SLOW_BACKWARD_S + buckets * SLOW_REDUCE_S, stats
+        # the wait is counted from the end of backward, not from each bucket's launch (which
+        # would add the sleep to every bucket launched before it: at least (buckets - 1) x
+        # SLOW_BACKWARD_S); the bound sits below that, far above the nominal wait (a few
+        # SLOW_REDUCE_S), as a loaded machine has stretched it to 0.35 and 0.56 s
+        assert stats["waited_s"] < (buckets - 1) * SLOW_BACKWARD_S * 0.9, stats
 
 
 def test_explicit_sync_hides_nothing():
