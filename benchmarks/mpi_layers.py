@@ -1,9 +1,11 @@
 """Where a two-rank all-reduce on the mpi transport spends its time, layer by layer, in turns.
 
 Rows, each timed in batches after a barrier, in turns with every other row, ``ROUNDS`` times
-(median per call, slowest rank): ``public`` (``dist.all_reduce``), ``algorithm`` (the
-transport's two-rank all-reduce, ``ring_all_reduce``, without the layers above it; 0 where the
-portable ring runs instead), ``swap`` (its whole-vector exchange at every size), ``sendrecv``
+(median per call, slowest rank): ``public`` (``dist.all_reduce``), ``portable`` (the algorithm
+the public call chooses, ``algorithms.all_reduce``, without the layers above it: recursive
+doubling below 64 KiB, so that the gap to ``public`` is what those layers cost), ``algorithm``
+(the transport's two-rank all-reduce, ``ring_all_reduce``, without the layers above it; 0
+where the portable ring runs instead), ``swap`` (its whole-vector exchange at every size), ``sendrecv``
 (the transport's exchange alone, no reduction), then bare mpi4py: ``bare wire`` (the messages
 the wire sends for a ``sendrecv``: the header, packed with a payload of up to 8 KiB, else
 followed by the payload, then the sum into the receive buffer), ``bare Sendrecv+add`` (one
@@ -22,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from neural_arch import distributed as dist
+from neural_arch.distributed import algorithms
 from neural_arch.distributed.group.world import resolve_group
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import mpi_pair, mpi_wire
@@ -75,6 +78,7 @@ def rows(comm, bare, transport, buf: np.ndarray) -> dict:
         np.add(got, buf, out=buf)
 
     return {"public": lambda: dist.all_reduce(buf),
+            "portable": lambda: algorithms.all_reduce(transport, buf, ReduceOp.SUM, fp),
             "algorithm": lambda: transport.ring_all_reduce(buf, ReduceOp.SUM, fp),
             "swap": lambda: mpi_pair._exchange(transport, buf, -(-buf.size // 2), ReduceOp.SUM,
                                                fp, 0),

@@ -45,7 +45,8 @@ def _planned() -> Optional[tuple]:
 def _short_calls() -> Any:
     """The short calls of the default group's transport, bound to that group, or None where
     there are none (not initialised, one rank, a transport without them, closed). Only asked
-    when a call found no entry."""
+    when a call found no entry, and the default group has plans (``world.planned()``): on a
+    transport without them (mpi, tcp) a call asks that one question, not this whole chain."""
     global _short
     planned = _planned()
     if planned is None:
@@ -63,7 +64,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
             and type(op) is ReduceOp and profiler.TRACER is None):
         entry = _short.all_reduce.get((tensor.dtype, tensor.size, op))
-        if entry is None and algorithms.environment_choice() is None:
+        if (entry is None and world.planned() is not None
+                and algorithms.environment_choice() is None):
             short = _short_calls()
             entry = short and short.all_reduce_entry(tensor, op, OP_CODE[op])
         if entry and entry(tensor):
@@ -88,7 +90,7 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
             and type(src) is int and profiler.TRACER is None):
         entry = _short.broadcast.get((tensor.dtype, tensor.size, src))
-        if entry is None and tensor.dtype.type in SUPPORTED_DTYPES:
+        if entry is None and world.planned() is not None and tensor.dtype.type in SUPPORTED_DTYPES:
             short = _short_calls()
             entry = short and short.broadcast_entry(tensor, src)
         if entry and entry(tensor):
@@ -223,7 +225,7 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     """Return only once every rank of the group has entered the barrier."""
     if group is None and not async_op and algorithm is None and profiler.TRACER is None:
         entry = _short.barrier
-        if entry is None:
+        if entry is None and world.planned() is not None:
             short = _short_calls()
             entry = short and short.barrier_entry()
         if entry:

@@ -269,3 +269,26 @@ def test_ring_posts_the_pieces_of_a_window_together(monkeypatch):
     assert "sendrecv" not in calls and "send" not in calls, calls
     assert calls.count("send_recv_many") == n * 2 * windows, (calls, pieces, windows)
     assert max(fabric.payload_sizes) <= 96 and min(fabric.payload_sizes) > 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_recursive_doubling_sends_a_one_segment_vector_whole(n, monkeypatch):
+    """A vector of one segment (the small messages recursive doubling is chosen for) goes to
+    the transport as the caller's buffer itself, one call a message: no piece views made and
+    cut per call. With three ranks, rank 0 hands its vector to rank 1 and gets the result."""
+    sent: dict = {}
+
+    def body(t):
+        buf = np.arange(5, dtype=np.float32) * (t.rank + 1)
+        sent[t.rank] = []
+        for name in ("send", "sendrecv"):
+            method = getattr(t, name)
+            monkeypatch.setattr(t, name, lambda out, *a, _m=method: (sent[t.rank].append(out),
+                                                                     _m(out, *a))[1])
+        recursive_doubling.all_reduce(t, buf, ReduceOp.SUM, fp(5, np.float32))
+        return buf
+
+    results = run_threads(n, body)
+    for rank, buf in enumerate(results):
+        np.testing.assert_array_equal(buf, np.arange(5) * n * (n + 1) / 2)
+        assert sent[rank] and all(out is buf for out in sent[rank]), (rank, sent[rank])
