@@ -89,6 +89,29 @@ def time_batches(call: Callable[[], Any], barrier: Callable[[], Any], calls_per_
     return per_call
 
 
+def mpi_batch_seconds(comm, call: Callable[[], Any], nbytes: int, most_calls: int) -> float:
+    """Seconds per call of one batch of ``call`` started right after a barrier of ``comm`` (an
+    mpi4py communicator), as its slowest rank timed it: enough calls of ``nbytes`` each to move
+    about 32 MiB, one at least and ``most_calls`` at most."""
+    calls = max(1, min(most_calls, (32 << 20) // max(nbytes, 1)))
+    (per_call,) = time_batches(call, comm.Barrier, calls, batches=1, warmup_batches=0)
+    return max(comm.allgather(per_call))
+
+
+def mpi_medians_in_turns(comm, calls: Dict[str, Callable[[], Any]], nbytes: int, rounds: int,
+                         most_calls: int) -> Dict[str, float]:
+    """Median seconds per call of each of ``calls`` (``mpi_batch_seconds``), timed in turns so
+    that machine noise hits them alike: one untimed batch each, then ``rounds`` rounds of one
+    batch each."""
+    for call in calls.values():
+        mpi_batch_seconds(comm, call, nbytes, most_calls)
+    times: Dict[str, List[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times[name].append(mpi_batch_seconds(comm, call, nbytes, most_calls))
+    return {name: median(found) for name, found in times.items()}
+
+
 def interleaved_step_ms(runners: Dict[str, Callable[[], Any]], steps: int,
                         warmup: int) -> Dict[str, float]:
     """Median ms per call of each runner, stepped in turn; the first ``warmup`` rounds are not

@@ -18,11 +18,11 @@ the sent buffer, as an all-reduce must), ``bare copy in place`` (a copy sent ins
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+from bench_common import mpi_medians_in_turns
 from neural_arch import distributed as dist
 from neural_arch.distributed import algorithms
 from neural_arch.distributed.group.world import resolve_group
@@ -32,15 +32,7 @@ from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, pa
 
 SIZES = [int(s) for s in os.environ.get("SIZES", "4,65536,1048576").split(",")]
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
-
-
-def batch_seconds(comm, call, nbytes: int) -> float:
-    calls = max(1, min(2000, (32 << 20) // max(nbytes, 1)))
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
+MOST_CALLS = 2000  # a batch's calls at the smallest sizes
 
 
 def rows(comm, bare, transport, buf: np.ndarray) -> dict:
@@ -80,8 +72,8 @@ def rows(comm, bare, transport, buf: np.ndarray) -> dict:
     return {"public": lambda: dist.all_reduce(buf),
             "portable": lambda: algorithms.all_reduce(transport, buf, ReduceOp.SUM, fp),
             "algorithm": lambda: transport.ring_all_reduce(buf, ReduceOp.SUM, fp),
-            "swap": lambda: mpi_pair._exchange(transport, buf, -(-buf.size // 2), ReduceOp.SUM,
-                                               fp, 0),
+            "swap": lambda: mpi_pair.exchange_all_reduce(transport, buf, -(-buf.size // 2),
+                                                         ReduceOp.SUM, fp, 0),
             "sendrecv": lambda: transport.sendrecv(buf, peer, got, peer, fp),
             "bare wire": bare_wire, "bare Sendrecv+add": bare_sendrecv,
             "bare in place": bare_in_place, "bare copy in place": bare_copy_in_place,
@@ -96,16 +88,11 @@ def main() -> None:
     bare = comm.Dup()
     for nbytes in SIZES:
         buf = np.zeros(max(1, nbytes // 4), np.float32)
-        calls = rows(comm, bare, transport, buf)
-        times = {name: [] for name in calls}
-        for call in calls.values():
-            batch_seconds(comm, call, nbytes)
-        for _ in range(ROUNDS):
-            for name, call in calls.items():
-                times[name].append(batch_seconds(comm, call, nbytes))
+        median = mpi_medians_in_turns(comm, rows(comm, bare, transport, buf), nbytes, ROUNDS,
+                                      MOST_CALLS)
         if comm.Get_rank() == 0:
-            print(f"{nbytes:>9} B: " + ", ".join(f"{name} {np.median(t) * 1e6:.1f} us"
-                                                  for name, t in times.items()), flush=True)
+            print(f"{nbytes:>9} B: " + ", ".join(f"{name} {seconds * 1e6:.1f} us"
+                                                  for name, seconds in median.items()), flush=True)
     bare.Free()
     dist.destroy_process_group()
 

@@ -15,11 +15,11 @@ thresholds in ``mpi_pair`` come from this table.
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 from mpi4py import MPI
 
+from bench_common import mpi_medians_in_turns
 from neural_arch import distributed as dist
 from neural_arch.distributed.group.world import resolve_group
 from neural_arch.distributed.transports import mpi_pair
@@ -27,6 +27,7 @@ from neural_arch.distributed.transports import mpi_pair
 SIZES = [int(s) for s in os.environ.get("SIZES", "65536,262144,1048576,4194304,16777216")
          .split(",")]
 ROUNDS = int(os.environ.get("ROUNDS", "9"))
+MOST_CALLS = 1000  # a batch's calls at the smallest sizes
 FORMS = {"shipped": {}, "swap": {"EXCHANGE_MAX_BYTES": 1 << 62},
          "pipeline": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0},
          "pipeline8": {"EXCHANGE_MAX_BYTES": 0, "PIPELINE_MIN_BYTES": 0, "PIECES_PER_HALF": 8}}
@@ -55,15 +56,6 @@ def portable_ring(buf: np.ndarray, transport):
     return call
 
 
-def batch_seconds(comm, call, nbytes: int) -> float:
-    calls = max(1, min(1000, (32 << 20) // max(nbytes, 1)))
-    comm.Barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    return comm.allreduce((time.perf_counter() - start) / calls, op=MPI.MAX)
-
-
 def main() -> None:
     dist.init_process_group(backend="mpi", timeout=120)
     comm, transport = MPI.COMM_WORLD, resolve_group(None).transport
@@ -74,14 +66,8 @@ def main() -> None:
         calls = {name: with_settings(buf, settings) for name, settings in FORMS.items()}
         calls["ring"] = portable_ring(buf, transport)
         calls["MPI"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        times = {name: [] for name in calls}
-        for name, call in calls.items():
-            batch_seconds(comm, call, nbytes)
-        for _ in range(ROUNDS):
-            for name, call in calls.items():
-                times[name].append(batch_seconds(comm, call, nbytes))
+        median = mpi_medians_in_turns(comm, calls, nbytes, ROUNDS, MOST_CALLS)
         if comm.Get_rank() == 0:
-            median = {name: float(np.median(found)) for name, found in times.items()}
             print(f"{nbytes:>9} B: " + ", ".join(f"{name} {median[name] * 1e6:.1f} us"
                                                   for name in calls)
                   + " | MPI / form: " + ", ".join(f"{name} {median['MPI'] / median[name]:.2f}x"

@@ -16,7 +16,6 @@ import ast
 import importlib
 import os
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -121,38 +120,30 @@ def test_no_other_cached_kernel_module_reads_another_of_our_modules():
     assert not dependent, f"cached Numba kernels built from other modules, unguarded: {dependent}"
 
 
-# ----- the guard at work: two modules in a temporary folder, as an in-place upgrade leaves them
-DEP = """\
-from neural_arch.backends.numba_backend import helper
-
-OFFSET = {}
-
-
-@helper
-def shifted(x):
-    return x + OFFSET
-"""
-CALLER = """\
-from dep import OFFSET, shifted
-from neural_arch.backends.numba_backend import compiled, helper
-
-BUILT_FROM = ("caller", "dep")
+# ----- the guard at work: modules in a temporary folder, as an in-place upgrade leaves them
+def _kernel_module(header: str, *kernels: tuple, built_from: tuple = ()) -> str:
+    """The text of a throwaway kernel module: ``header`` (its constant, its import of the other
+    module), ``BUILT_FROM`` where given, then each kernel ``(decorator, name, what it returns)``
+    as a function of ``x``."""
+    lines = ["from neural_arch.backends.numba_backend import compiled, helper", header]
+    if built_from:
+        lines.append(f"BUILT_FROM = {built_from!r}")
+    for decorator, name, returned in kernels:
+        lines += ["", "", f"@{decorator}", f"def {name}(x):", f"    return {returned}"]
+    return "\n".join(lines) + "\n"
 
 
-@helper
-def _scaled(x):  # a helper of the caller's own that reads the other module's constant
-    return x * OFFSET
+def _dep(offset: int) -> str:
+    """``dep``: the constant OFFSET and a helper reading it, no ``BUILT_FROM`` of its own."""
+    return _kernel_module(f"OFFSET = {offset}", ("helper", "shifted", "x + OFFSET"))
 
 
-@compiled
-def scaled(x):
-    return _scaled(x)
-
-
-@compiled
-def shifted_twice(x):
-    return shifted(shifted(x))
-"""
+CALLER = _kernel_module(
+    "from dep import OFFSET, shifted",
+    ("helper", "_scaled", "x * OFFSET"),  # a helper of the caller's own reading dep's constant
+    ("compiled", "scaled", "_scaled(x)"),
+    ("compiled", "shifted_twice", "shifted(shifted(x))"),
+    built_from=("caller", "dep"))
 
 
 def _fresh_import(folder: Path):
@@ -169,8 +160,8 @@ def _fresh_import(folder: Path):
 def upgraded_modules(tmp_path):
     if not numba_backend.is_available():
         pytest.skip(numba_backend.unavailable_reason())
-    (tmp_path / "dep.py").write_text(DEP.format(1))
-    (tmp_path / "caller.py").write_text(textwrap.dedent(CALLER))
+    (tmp_path / "dep.py").write_text(_dep(1))
+    (tmp_path / "caller.py").write_text(CALLER)
     sys.path.insert(0, str(tmp_path))
     yield tmp_path
     sys.path.remove(str(tmp_path))
@@ -182,7 +173,7 @@ def upgraded_modules(tmp_path):
 def test_a_changed_dependency_reaches_every_kernel_of_the_module(upgraded_modules):
     caller = _fresh_import(upgraded_modules)
     assert (caller.scaled(2), caller.shifted_twice(2)) == (2, 4)  # compiled and cached
-    (upgraded_modules / "dep.py").write_text(DEP.format(10))  # caller.py stays as it was
+    (upgraded_modules / "dep.py").write_text(_dep(10))  # caller.py stays as it was
     caller = _fresh_import(upgraded_modules)
     # the first kernel called refreshes the whole module: the second one and the helper too
     assert (caller.scaled(2), caller.shifted_twice(2)) == (20, 22), (
@@ -212,35 +203,19 @@ def test_the_kernel_modules_record_the_digest_of_what_they_are_built_from():
 
 def test_code_imported_before_its_files_changed_is_not_cached_as_the_new(upgraded_modules):
     caller = _fresh_import(upgraded_modules)  # the old code, imported; no kernel has run
-    (upgraded_modules / "dep.py").write_text(DEP.format(10))
+    (upgraded_modules / "dep.py").write_text(_dep(10))
     assert caller.scaled(2) == 2  # this process runs the OFFSET 1 it imported
     caller = _fresh_import(upgraded_modules)
     assert caller.scaled(2) == 20, (
         "the first call cached the old OFFSET 1 under the digest of the new files")
 
 
-ORDERED_DEP = """\
-from neural_arch.backends.numba_backend import compiled
-
-BUILT_FROM = ("ordered_dep",)
-OFFSET = 3
-
-
-@compiled
-def shifted(x):
-    return x + OFFSET
-"""
-ORDERED_CALLER = """\
-from neural_arch.backends.numba_backend import compiled
-from ordered_dep import OFFSET
-
-BUILT_FROM = ("ordered_caller", "ordered_dep")
-
-
-@compiled
-def scaled(x):
-    return x * OFFSET
-"""
+# each module a group of its own, the caller's built from the other's too
+ORDERED_DEP = _kernel_module("OFFSET = 3", ("compiled", "shifted", "x + OFFSET"),
+                             built_from=("ordered_dep",))
+ORDERED_CALLER = _kernel_module("from ordered_dep import OFFSET",
+                                ("compiled", "scaled", "x * OFFSET"),
+                                built_from=("ordered_caller", "ordered_dep"))
 
 
 def test_kernels_are_published_after_every_module_they_are_built_from_is_refreshed(

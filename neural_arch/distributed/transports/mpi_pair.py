@@ -80,7 +80,7 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     rank, peer = t.rank, 1 - t.rank
     half = -(-buf.size // 2)  # the ring's chunks: the larger one first
     if buf.nbytes <= EXCHANGE_MAX_BYTES:
-        _exchange(t, buf, half, op, fp, mean)
+        exchange_all_reduce(t, buf, half, op, fp, mean)
         return
     mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
     piece = piece_elems(half, buf.itemsize)
@@ -98,12 +98,13 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                         recvs)
 
 
-def _exchange(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp, fp: Fingerprint,
-              mean: int) -> None:
+def exchange_all_reduce(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp,
+                        fp: Fingerprint, mean: int) -> None:
     """The whole vector each way in one exchange, then each element reduced as the ring
-    reduces it on the rank that owns its chunk: the owner's peer's operand first. Up to the
-    wire's ``SWAP_MAX_BYTES`` the exchange is the transport's ``swap`` (one message each way,
-    reduced where it landed), above it (``EXCHANGE_MAX_BYTES`` raised) a ``sendrecv``."""
+    reduces it on the rank that owns its chunk (``half``: the first chunk's length, the larger
+    one): the owner's peer's operand first. Up to the wire's ``SWAP_MAX_BYTES`` the exchange is
+    the transport's ``swap`` (one message each way, reduced where it landed), above it
+    (``EXCHANGE_MAX_BYTES`` raised) a ``sendrecv``."""
     combine, rank = combiner(op, buf.dtype), t.rank
 
     def reduce(got: np.ndarray) -> None:

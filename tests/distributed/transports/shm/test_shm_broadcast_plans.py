@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
-from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.shm import compiled as shm_compiled
 from neural_arch.distributed.transports.shm import direct, plans, single_copy
 from neural_arch.distributed.transports.shm import writer as shm_writer
 from neural_arch.distributed.transports.shm.cross_memory import ENV_SWITCH as PEER_READ_SWITCH
 from shm_cases import Calls
+from shm_rank import rank_transport
 from shm_testing import kill_self, run_ranks, shm_names_of
 
 pytest.importorskip("numba", reason="the compiled broadcast needs Numba")
@@ -45,9 +45,8 @@ def exact_from_every_root(rank, p, store, forms, peer_reads):
     divides (Numba has none: the kernel copies bytes) and as bytes elsewhere."""
     os.environ[shm_compiled.ENV_CHOICE] = forms[rank]
     os.environ[PEER_READ_SWITCH] = peer_reads
-    t = shm.create(rank, p, store, 20.0)
-    calls, failures, planned = Calls(), [], set()
-    try:
+    with rank_transport(rank, p, store, 20.0) as t:
+        calls, failures, planned = Calls(), [], set()
         for nbytes in SIZES:
             dtype = np.float16 if nbytes % 2 == 0 else np.uint8
             n = nbytes // np.dtype(dtype).itemsize
@@ -63,8 +62,6 @@ def exact_from_every_root(rank, p, store, forms, peer_reads):
                 planned.add(nbytes)
         return (failures, sorted(planned), t.peer_reads.usable, plan_forms(t),
                 shm_compiled.why_not_compiled())
-    finally:
-        t.close()
 
 
 @pytest.mark.parametrize("forms,peer_reads", [
@@ -90,10 +87,9 @@ def root_late_or_dead(rank, p, store, then):
     """Rank 0, the root, broadcasts LATE_S late (``then`` = "late") or dies instead ("die");
     rank 1 reads with the compiled plan, whose kernel is loaded: it comes on time."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled"
-    t = shm.create(rank, p, store, 10.0)
-    calls, c = Calls(), t.collectives
-    source = (np.arange(PLANNED) % 251).astype(np.uint8)
-    try:
+    with rank_transport(rank, p, store, 10.0) as t:
+        calls, c = Calls(), t.collectives
+        source = (np.arange(PLANNED) % 251).astype(np.uint8)
         warm = np.zeros(PLANNED, np.uint8)
         c.broadcast(warm, 0, calls.fp("broadcast:0", warm))
         c.barrier(calls.fp("barrier", warm[:0]))  # both start the clock together
@@ -108,8 +104,6 @@ def root_late_or_dead(rank, p, store, then):
         took = time.monotonic() - start
         c.barrier(calls.fp("barrier", buf[:0]))  # the root left early: settle before closing
         return took, buf.tobytes() == source.tobytes(), plan_forms(t)
-    finally:
-        t.close()
 
 
 def test_a_reader_waits_for_a_late_root(tmp_path):
@@ -132,17 +126,14 @@ def mismatched_broadcasts(rank, p, store, kind):
     """A planned broadcast against another size or root; then a barrier, where a root that
     left early learns of it."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled"
-    t = shm.create(rank, p, store, 10.0)
-    calls = Calls()
-    try:
+    with rank_transport(rank, p, store, 10.0) as t:
+        calls = Calls()
         n = PLANNED + (4 if kind == "size" and rank == 1 else 0)
         root = rank if kind == "root" else 0
         buf = np.ones(n, np.uint8)
         t.collectives.broadcast(buf, root, calls.fp(f"broadcast:{root}", buf))
         t.collectives.barrier(calls.fp("barrier", buf[:0]))
         return "no error"
-    finally:
-        t.close()
 
 
 @pytest.mark.parametrize("kind", ["size", "root"])
@@ -187,17 +178,14 @@ def read_only_root(rank, p, store):
     """The root's bytes in a read-only array (``np.frombuffer`` of ``bytes``), compiled form
     forced: a broadcast only reads the root's buffer, so it must run and give its bits."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled"
-    t = shm.create(rank, p, store, 5.0)
-    calls, got = Calls(), []
-    try:
+    with rank_transport(rank, p, store, 5.0) as t:
+        calls, got = Calls(), []
         for nbytes in (4, INLINE + 1, PLANNED):
             source = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
             buf = np.frombuffer(source.tobytes(), np.uint8) if rank == 0 else np.zeros_like(source)
             t.collectives.broadcast(buf, 0, calls.fp("broadcast", buf))
             got.append(buf.tobytes() == source.tobytes())
         return got, plan_forms(t)
-    finally:
-        t.close()
 
 
 def test_a_read_only_root_buffer_is_broadcast(tmp_path):
@@ -211,9 +199,8 @@ def broadcast_with_stores(rank, p, store, stores):
     (``writer.ENV_CHOICE``); whether it ran as a plan, and whether its bits are the root's."""
     os.environ[shm_writer.ENV_CHOICE] = stores[rank]
     os.environ[shm_compiled.ENV_CHOICE] = "python"  # the limit, not the form, is tested here
-    t = shm.create(rank, p, store, 10.0)
-    calls, exact = Calls(), []
-    try:
+    with rank_transport(rank, p, store, 10.0) as t:
+        calls, exact = Calls(), []
         for root in range(p):
             source = np.random.default_rng(root).integers(0, 256, STREAMED, np.uint8)
             buf = source.copy() if rank == root else np.zeros(STREAMED, np.uint8)
@@ -221,8 +208,6 @@ def broadcast_with_stores(rank, p, store, stores):
             exact.append(buf.tobytes() == source.tobytes())
         planned = any(key[:2] == ("broadcast", STREAMED) for key in t.collectives.plans)
         return exact, planned, t.collectives.writer.choice
-    finally:
-        t.close()
 
 
 @pytest.mark.parametrize("stores", [("plain", "plain"), ("stream", "stream"), ("stream", "auto")])

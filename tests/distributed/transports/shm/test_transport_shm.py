@@ -15,6 +15,7 @@ from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.shm.layout import ShmLayout
 from neural_arch.distributed.transports.shm.waiting import pid_alive
+from shm_rank import rank_transport
 from shm_testing import kill_self, run_ranks, shm_names_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -94,8 +95,7 @@ def test_send_recv_sequences_are_exact(tmp_path, p):
 
 
 def mismatch_p2p(rank, p, store, kind):
-    t = shm.create(rank, p, store, 30.0)
-    try:
+    with rank_transport(rank, p, store, 30.0) as t:
         if rank == 0:
             n = 6 if kind == "size" else 5
             t.send(np.ones(n, np.float32), 1, Fingerprint("all_reduce", 3, "float32", 5))
@@ -103,8 +103,6 @@ def mismatch_p2p(rank, p, store, kind):
         fp = Fingerprint("broadcast" if kind == "op" else "all_reduce", 3, "float32", 5)
         t.recv(np.empty(5, np.float32), 0, fp)
         return "received"
-    finally:
-        t.close()
 
 
 @pytest.mark.parametrize("kind", ["op", "size"])
