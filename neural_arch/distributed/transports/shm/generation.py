@@ -21,6 +21,9 @@ about to reuse, nor that generation's slots) with the same fingerprint. Its EARL
 that generation until then; ``settle`` waits and checks (the compiled kernels check it
 themselves and hand over only when a peer is late or differs), so a mismatch with a root
 that left early is raised by the readers at once and by the root at its next collective.
+A reader arrives when its call begins, before it copies: a peer at g finished g - 1, whose
+half and slots g + 1 reuses, so the root's copy for g + 1 already overlaps the readers' copy
+of g. Settling g only before g + 2 would need a third area (measured: no gain, ``plans``).
 
 The transport's direct collectives, its small-message plans (in Python or compiled: they take
 the same steps on the same words) and DDP's shared buckets all run on this barrier; the owner of

@@ -35,9 +35,12 @@ MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
 # runs); copying in 16 KiB chunks that the reader takes while the root writes the next,
 # 1.69x, 1.79x, 2.02x: no gain, so a plan copies in one piece. The round-based broadcast
 # (plans only up to 128 KiB), four runs: 256 KiB 2.60-2.66x against the plan's 1.74-1.94x,
-# 1023 KiB 2.24-2.63x against 2.01-2.12x. Not where a rank's writer streams its large copies
-# (``writer``: plain copies into the workspace found or known slow there): its plans stop at
-# ``small_bytes``, and larger broadcasts go through the writer.
+# 1023 KiB 2.24-2.63x against 2.01-2.12x. A root running one generation further ahead of its
+# reader (three areas in turn, settling g - 1 before writing g + 1, ``generation``) took
+# 0.96-1.01x the time of the same three areas settling g, at 32-256 KiB (medians of 7-9 runs,
+# in turns in one job): no gain, so two halves. Not where a rank's writer streams its large
+# copies (``writer``: plain copies into the workspace found or known slow there): its plans
+# stop at ``small_bytes``, and larger broadcasts go through the writer.
 BROADCAST_PLAN_BYTES = {2: 1 << 20}
 
 
