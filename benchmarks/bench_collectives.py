@@ -19,11 +19,15 @@ back, a round at a time, so it shows how fast data moves between the cores in th
 more shm rows at every all-reduce size show what users see: ``shm AVERAGE`` (the op DDP uses)
 and ``shm plain loop`` (calls timed one by one in a plain loop, no barrier between them). The
 ``barrier`` (no message) is timed like the collectives: ``dist.barrier`` in every job,
-``MPI_Barrier`` beside it under mpiexec. The report's goal lines (``collectives_goals``) are
-printed again at the end of the run.
+``MPI_Barrier`` beside it under mpiexec. Every broadcast is timed again, ours and
+``MPI_Bcast`` alike, with the root filling its buffer with the call's index before each call
+(``<backend> fresh data`` rows; ``--no-fresh-broadcast`` leaves them out): with an unchanged
+buffer, as osu_bcast and nccl-tests time it, a single-copy ``MPI_Bcast`` reads lines that stay
+in the reader's cache, which a training step's freshly computed data would not be. The report's
+goal lines (``collectives_goals``) are printed again at the end of the run.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
-        [--collectives all_reduce,all_gather,broadcast,barrier]
+        [--collectives all_reduce,all_gather,broadcast,barrier] [--no-fresh-broadcast]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
         [--output benchmarks/RESULTS.md]
         [--plot docs/collectives_bandwidth.png] [--latency-plot docs/collectives_latency.png]
@@ -45,9 +49,9 @@ import bench_common as common  # noqa: E402
 import collective_calls as rank_calls  # noqa: E402
 from collective_calls import ITEMSIZE, time_plain_loop  # noqa: E402,F401
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
-from collectives_report import (AVERAGE, BARRIER, COLLECTIVES, EXCHANGE, LOOP,  # noqa: E402,F401
-                                NATIVE, STREAM, bandwidths, bus_factor, earlier_goals, goals,
-                                median_over_runs, plot, report, size_goals, tables)
+from collectives_report import (AVERAGE, BARRIER, COLLECTIVES, EXCHANGE, FRESH,  # noqa: E402,F401
+                                LOOP, NATIVE, STREAM, bandwidths, bus_factor, earlier_goals,
+                                fresh, goals, median_over_runs, plot, report, size_goals, tables)
 from collectives_goals import summary  # noqa: E402
 
 common.one_thread_per_rank()
@@ -100,11 +104,13 @@ def schedule(nbytes: int, iters: int) -> Tuple[int, int]:
 def _times_point(label: str, collective: str, nbytes: int, variants_from: int) -> bool:
     """Whether ``label``'s row is measured at this point: the references only for all-reduces
     from STREAM_MIN_BYTES, the AVERAGE and plain-loop variants for all-reduces from
-    ``variants_from``."""
+    ``variants_from``, the fresh-data rows only for broadcasts."""
     if label in REFERENCES:
         return collective == "all_reduce" and nbytes >= STREAM_MIN_BYTES
     if label in VARIANTS:
         return collective == "all_reduce" and nbytes >= variants_from
+    if label.endswith(FRESH):
+        return collective == "broadcast"
     return True
 
 
@@ -124,6 +130,9 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                   (LOOP, rank_calls.our_call, None),
                   (STREAM, rank_calls.stream_call, dist.barrier),
                   (EXCHANGE, rank_calls.exchange_call, dist.barrier)]
+    if job.get("fresh_broadcast") and "broadcast" in job["collectives"]:
+        impls += [(fresh(label), rank_calls.rewriting_root(make, rank), barrier)
+                  for label, make, barrier in impls if label in (backend, NATIVE)]
     variants_from = job.get("variants_from", STREAM_MIN_BYTES)
     rows = []
     for collective in job["collectives"]:
@@ -136,18 +145,23 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                 buffers = rank_calls.buffers(collective, count, p)
                 call = make(collective, buffers)
                 checked, average = label not in REFERENCES, label == AVERAGE
-                if checked:
+                rewritten = label.endswith(FRESH)
+                if rewritten:  # the readers get the root's data, rewritten for each call
+                    rank_calls.check_rewritten(buffers, rank, p, call)
+                elif checked:
                     rank_calls.check(collective, buffers, call, rank, p, average)
                 if label == LOOP:
                     dist.barrier()
                     times = time_plain_loop(call, calls * batches)
                 else:
                     times = common.time_batches(call, barrier, calls, batches)
-                if checked:  # still right after the timed calls
+                if rewritten:  # as the last timed call left them
+                    rank_calls.check_rewritten(buffers, rank, p)
+                elif checked:  # still right after the timed calls
                     rank_calls.check(collective, buffers, call, rank, p, average)
                 seconds = common.slowest_median(dist.all_gather_object(times))
-                algorithm = {NATIVE: NATIVE_NAMES[collective], STREAM: "read_write_once",
-                             EXCHANGE: "copy_in_copy_out"}.get(
+                algorithm = {NATIVE: NATIVE_NAMES[collective], fresh(NATIVE): "MPI_Bcast",
+                             STREAM: "read_write_once", EXCHANGE: "copy_in_copy_out"}.get(
                     label) or algorithms.select(collective, transport, nbytes)
                 rows.append(dict(collective=collective, world_size=p, backend=label,
                                  bytes=nbytes, seconds=seconds, algorithm=algorithm,
@@ -168,14 +182,15 @@ def _print_point(collective: str, p: int, label: str, nbytes: int, seconds: floa
 
 # ----- the driver ------------------------------------------------------------------------------
 def measure(backends: Sequence[str], world_sizes: Sequence[int], sizes: Dict[str, List[int]],
-            iters: int, timeout: float, repeats: int = 1,
-            variants_from: int = STREAM_MIN_BYTES) -> Tuple[List[dict], List[str]]:
+            iters: int, timeout: float, repeats: int = 1, variants_from: int = STREAM_MIN_BYTES,
+            fresh_broadcast: bool = False) -> Tuple[List[dict], List[str]]:
     """Rows of every job that ran (each point the median over ``repeats`` runs), and a message
     for every job that failed. ``sizes`` maps each collective to its message sizes (a
     barrier's: ``[0]``); the shm AVERAGE and plain-loop rows are timed from ``variants_from``
-    bytes."""
+    bytes; with ``fresh_broadcast``, every broadcast again with the root rewriting its buffer
+    before each call (``fresh(backend)`` rows, MPI_Bcast's too)."""
     job = {"collectives": [c for c in CHOICES if sizes.get(c)], "sizes": sizes,
-           "iters": iters, "variants_from": variants_from}
+           "iters": iters, "variants_from": variants_from, "fresh_broadcast": fresh_broadcast}
     plan = [(f"{backend}, {p} ranks, run {run} of {repeats}", backend, p)
             for run in range(1, repeats + 1) for p in world_sizes for backend in backends]
     results, failures = common.run_jobs(SCRIPT, plan, job, timeout)
@@ -197,6 +212,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="timed batches per point (large messages: fewer, at least 5)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of every job, interleaved; each point is their median")
+    parser.add_argument("--fresh-broadcast", action=argparse.BooleanOptionalAction,
+                        default=True, help="time every broadcast again with the root "
+                        "rewriting its buffer before each call, MPI_Bcast's too (default: on)")
     parser.add_argument("--job-timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--output", action="append", default=[],
                         help="write the results section into this file (repeatable)")
@@ -229,7 +247,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     rows, failures = measure(args.backends, args.world_sizes, args.size_plan, args.iters,
-                             args.job_timeout, args.repeats, VARIANTS_FROM_BYTES)
+                             args.job_timeout, args.repeats, VARIANTS_FROM_BYTES,
+                             args.fresh_broadcast)
     common.publish(report(rows, failures, command, machine), args.output, SECTION)
     if args.plot:
         plot(rows, args.plot)

@@ -1,7 +1,8 @@
 """The tables, goals and plot of ``bench_collectives.py``, from the rows its jobs measured.
 
-A row is one point: collective, world size, backend (``shm``/``tcp``/``mpi``, ``MPI native``
-or the ``buffer stream`` and ``copy exchange`` references), message bytes (0 for a barrier),
+A row is one point: collective, world size, backend (``shm``/``tcp``/``mpi``, ``MPI native``,
+the ``buffer stream`` and ``copy exchange`` references, or ``<backend> fresh data``: a broadcast
+whose root rewrote its buffer before every call), message bytes (0 for a barrier),
 algorithm and the median seconds per call. The goals are computed in ``collectives_goals``.
 """
 from __future__ import annotations
@@ -16,8 +17,17 @@ from collectives_goals import (AVERAGE, BARRIER, LOOP, NATIVE, earlier_goals,  #
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast")  # the collectives with a message size
 STREAM = "buffer stream"
 EXCHANGE = "copy exchange"
-BACKEND_ORDER = ("shm", AVERAGE, LOOP, "tcp", "mpi", NATIVE, STREAM, EXCHANGE)
-PEERS = (NATIVE, STREAM, EXCHANGE)  # rows measured beside ours, given no ratio
+FRESH = " fresh data"  # a broadcast row whose root rewrote its buffer before every call
+
+
+def fresh(backend: str) -> str:
+    """The label of ``backend``'s broadcast timed with the root rewriting its buffer."""
+    return backend + FRESH
+
+
+BACKEND_ORDER = ("shm", AVERAGE, LOOP, "tcp", "mpi", NATIVE) \
+    + tuple(fresh(b) for b in ("shm", "tcp", "mpi", NATIVE)) + (STREAM, EXCHANGE)
+PEERS = (NATIVE, fresh(NATIVE), STREAM, EXCHANGE)  # rows measured beside ours, given no ratio
 SIZE_GOALS_HEADING = ("### Goals at every size: latency, middle sizes, AVERAGE "
                       "(shm against MPI native, p = 2 and 4)")
 SIZE_GOALS_NOTE = (
@@ -60,8 +70,10 @@ def bandwidths(row: dict) -> Tuple[float, float]:
 
 
 def speed_vs_native(rows: Sequence[dict], row: dict) -> Optional[float]:
-    """How many times faster than MPI native on the same collective, size and world size."""
-    native = _lookup(rows, row["collective"], row["world_size"], NATIVE, row["bytes"])
+    """How many times faster than MPI native on the same collective, size and world size (a
+    fresh-data row: than MPI native rewriting its root's buffer the same way)."""
+    peer = fresh(NATIVE) if row["backend"].endswith(FRESH) else NATIVE
+    native = _lookup(rows, row["collective"], row["world_size"], peer, row["bytes"])
     return None if native is None else native["seconds"] / row["seconds"]
 
 
@@ -147,7 +159,8 @@ def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
                              squeeze=False)
     colours = {b: f"C{i}" for i, b in enumerate(BACKEND_ORDER)}
     styles = {NATIVE: "--", STREAM: ":", EXCHANGE: "-.", AVERAGE: (0, (1, 1)),
-              LOOP: (0, (3, 1, 1, 1))}
+              LOOP: (0, (3, 1, 1, 1)), fresh(NATIVE): (0, (5, 1, 1, 1, 1, 1))}
+    styles.update({fresh(b): (0, (5, 1)) for b in ("shm", "tcp", "mpi")})
     handles: Dict[str, object] = {}
     titles = []
     for ax_row, p in zip(axes, world_sizes):
@@ -173,9 +186,12 @@ def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
     for ax in axes[-1]:
         ax.set_xlabel("message size (all_gather: gathered output)")
     fig.suptitle(title)
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+    columns = min(len(handles), 2 * len(collectives) + 1)  # fits the figure's width
+    legend_rows = -(-len(handles) // columns)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=columns,
                frameon=False)
-    fig.tight_layout(rect=(0, 0.06 if len(world_sizes) > 1 else 0.1, 1, 1))
+    fig.tight_layout(rect=(0, (0.06 if len(world_sizes) > 1 else 0.1) * (1 + legend_rows) / 2,
+                           1, 1))
     common.save_figure(fig, path)
     return titles
 
@@ -201,8 +217,14 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "jobs, every all_reduce size): the all-reduce with ReduceOp.AVERAGE, as DDP calls "
         "it. Shm plain loop (the same): the SUM all-reduce called in a plain loop with no "
         "barriers, each call timed on its own, the median after 10 untimed calls: what a "
-        "user timing their own loop sees. Barrier: dist.barrier, and MPI_Barrier under "
-        "mpiexec, timed in batches of calls like the collectives.")
+        "user timing their own loop sees. Fresh data (broadcast, on by default; "
+        "--no-fresh-broadcast): every backend's broadcast and MPI_Bcast again, the root "
+        "filling its whole buffer with the call's index (NumPy, inside the timed call) before "
+        "every call, the readers doing nothing more; its ratio is against MPI's fresh-data "
+        "row. The plain rows reuse an unchanged buffer, as osu_bcast and nccl-tests do, which "
+        "lets a single-copy MPI_Bcast (Open MPI's CMA) read lines that stay in the reader's "
+        "cache; a training step broadcasts freshly computed data. Barrier: dist.barrier, and "
+        "MPI_Barrier under mpiexec, timed in batches of calls like the collectives.")
     lines += [SIZE_GOALS_HEADING, "", SIZE_GOALS_NOTE, "", goals_table(size_goals(rows)), "",
               EARLIER_GOALS_HEADING, "", goals_table(earlier_goals(rows)), "",
               runs_line(rows), ""]

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_collectives  # noqa: E402
 import bench_common  # noqa: E402
+import collective_calls  # noqa: E402
 import collectives_report  # noqa: E402
 import distributed_training_benchmark as training  # noqa: E402
 
@@ -63,6 +64,50 @@ def test_plot_has_a_panel_per_collective_and_world_size(tmp_path):
         assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="'speed'"):
         collectives_report.plot(rows, str(tmp_path / "x.png"), "speed")
+
+
+def test_fresh_broadcast_rows_are_compared_with_mpi_rewriting_its_buffer_too():
+    kib, us = 1 << 10, 1e-6
+    rows = [_row("MPI native fresh data", 2, 64 * kib, 12 * us, "broadcast"),
+            _row("shm fresh data", 2, 64 * kib, 8 * us, "broadcast"),
+            _row("MPI native", 2, 64 * kib, 5 * us, "broadcast"),
+            _row("shm", 2, 64 * kib, 10 * us, "broadcast"),
+            _row("shm", 2, 4, 3 * us, "broadcast"), _row("MPI native", 2, 4, 2 * us, "broadcast"),
+            _row("shm fresh data", 2, 4, 1 * us, "broadcast"),  # beside the latency goal's
+            _row("MPI native fresh data", 2, 4, 9 * us, "broadcast")]
+    cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in
+             collectives_report.tables(rows).splitlines() if line.startswith("| 64 KiB")]
+    # after the plain rows; each ratio is MPI's time over ours for the same kind of call
+    assert [(c[1], c[3], c[-1]) for c in cells] == [
+        ("shm", "10.0", "0.50x"), ("MPI native", "5.0", ""),
+        ("shm fresh data", "8.0", "1.50x"), ("MPI native fresh data", "12.0", "")]
+    text = collectives_report.report(rows, [], "python benchmarks/bench_collectives.py", "m")
+    assert "Fresh data (broadcast, on by default" in text
+    goals = {goal: measured for goal, measured, _ in collectives_report.size_goals(rows)}
+    assert goals["shm broadcast 4 B - 1 KiB <= MPI native + 1 us, p=2"] == \
+        "worst 4 B: 3.00 vs 2.00 us (+1.00 us); 1 size, 4 B"  # the plain rows only
+    assert bench_collectives.parse_args(["--backends", "shm"]).fresh_broadcast is True
+    assert bench_collectives.parse_args(
+        ["--backends", "shm", "--no-fresh-broadcast"]).fresh_broadcast is False
+
+
+def test_the_root_rewrites_its_buffer_before_each_call_and_readers_must_match_it():
+    import numpy as np
+    seen = []
+
+    def make(collective, b):  # a stand-in for a broadcast: what the call is handed
+        return lambda: seen.append(b["buf"].tolist())
+    root_call = collective_calls.rewriting_root(make, 0)("broadcast",
+                                                         {"buf": np.zeros(3, np.float32)})
+    reader_call = collective_calls.rewriting_root(make, 1)("broadcast",
+                                                           {"buf": np.zeros(3, np.float32)})
+    root_call(), reader_call(), root_call()
+    assert seen == [[1.0] * 3, [0.0] * 3, [2.0] * 3]  # readers write nothing
+    collective_calls.check_copies_of_root([(2.0, 2.0), (2.0, 2.0), (2.0, 2.0)], 12)
+    with pytest.raises(RuntimeError, match=r"12 B.* rank 2 held 1.0 - 2.0, the root's 2.0"):
+        collective_calls.check_copies_of_root([(2.0, 2.0), (2.0, 2.0), (1.0, 2.0)], 12)
+    with pytest.raises(RuntimeError, match="root's buffer held 0.0 - 0.0"):
+        collective_calls.check_copies_of_root([(0.0, 0.0), (0.0, 0.0)], 12)
 
 
 def test_repeated_runs_report_the_median_of_each_point():
