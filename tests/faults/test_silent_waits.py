@@ -29,20 +29,26 @@ FIRST_MESSAGE_S = 10.0
 END_SLACK_S = 8.0  # start-up, and the last connection attempt, past the rendezvous timeout
 FROZEN_S = 6.0  # how long the ending first job holds a connection without answering it
 HELLO_BYTES = 4 + 32  # the handshake's magic and the client's nonce
+# Where the default schedule (first message after 5 s) or the frozen connection (FROZEN_S)
+# is not part of the case, a shorter rendezvous timeout still leaves at least two report
+# intervals (REPORT_S, 2 s) after the last message the case looks for.
+THREE_MESSAGES_TIMEOUT_S = 10.0  # messages at 2, 4 and 6 s
+ONE_MESSAGE_TIMEOUT_S = 8.0  # the first message at 2 s after the wait starts
 
 
-def _end_with_store_error(rank: WaitingRank, port: int) -> None:
-    code = rank.finish(TIMEOUT_S + END_SLACK_S)
+def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float = TIMEOUT_S) -> None:
+    code = rank.finish(timeout_s + END_SLACK_S)
     log = rank.text()
     assert code == 1, f"exit code {code} (None: still waiting, killed)\n{log}"
-    assert rank.ended >= TIMEOUT_S - 1.0, log  # it waited the rendezvous timeout, not less
+    assert rank.ended >= timeout_s - 1.0, log  # it waited the rendezvous timeout, not less
     assert re.search(rf"RendezvousError: .*127\.0\.0\.1:{port}", log), log
 
 
 @pytest.mark.parametrize("init", ["tcp", "env"])
 def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store(init):
     port = free_port()
-    env = job_env(2, port)
+    timeout_s = TIMEOUT_S if init == "tcp" else THREE_MESSAGES_TIMEOUT_S
+    env = job_env(2, port, timeout_s=timeout_s)
     args = (f"tcp://127.0.0.1:{port}", "1", "2") if init == "tcp" else ()
     if init == "tcp":
         del env["NEURAL_ARCH_RENDEZVOUS_REPORT"]  # the default schedule: first within 10 s
@@ -51,7 +57,7 @@ def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store
         first = rank.wait_for_line(re.compile("is waiting"), FIRST_MESSAGE_S + 5)
         assert first and first[0] <= FIRST_MESSAGE_S, rank.text()
         assert f"127.0.0.1:{port}" in first[1] and "rank 1" in first[1], first
-        _end_with_store_error(rank, port)
+        _end_with_store_error(rank, port, timeout_s)
         if init == "env":  # every 2 s after the first
             assert len([line for _, line in rank.lines if "is waiting" in line]) >= 3
     finally:
@@ -60,14 +66,14 @@ def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store
 
 def test_ranks_waiting_for_a_peer_that_never_comes_name_it():
     port = free_port()
-    env = job_env(3, port)
+    env = job_env(3, port, timeout_s=ONE_MESSAGE_TIMEOUT_S)
     ranks = [WaitingRank(env, r) for r in (0, 1)]  # rank 2 never starts
     try:
         for rank in ranks:
             first = rank.wait_for_line(re.compile(r"is waiting.*\[2\]"), FIRST_MESSAGE_S + 5)
             assert first and first[0] <= FIRST_MESSAGE_S, rank.text()
         for rank in ranks:
-            code = rank.finish(TIMEOUT_S + END_SLACK_S)
+            code = rank.finish(ONE_MESSAGE_TIMEOUT_S + END_SLACK_S)
             log = rank.text()
             # rank 1 may see rank 0, which serves the store, give up first
             assert code == 1 and re.search(r"Error: .*ranks \[2\].* arrived", log), log
@@ -131,7 +137,11 @@ class _EndingFirstJob:
 def test_a_rank_whose_first_job_ends_during_its_rendezvous_never_hangs(ends_after, then):
     port = free_port()
     first = _EndingFirstJob(port, ends_after)
-    env = job_env(2, port)  # a secret of its own
+    # a secret of its own; only a rank left with nobody waits the timeout out, and the frozen
+    # case keeps the long one (the rank outwaits FROZEN_S), as does the rank whose rank 0 starts
+    short = then == "nobody" and ends_after != "frozen"
+    timeout_s = ONE_MESSAGE_TIMEOUT_S if short else TIMEOUT_S
+    env = job_env(2, port, timeout_s=timeout_s)
     second = [WaitingRank(env, 1)]
     try:
         assert first.ended.wait(FROZEN_S + 10), second[0].text()
@@ -145,11 +155,11 @@ def test_a_rank_whose_first_job_ends_during_its_rendezvous_never_hangs(ends_afte
         waiting = second[0].wait_for_line(re.compile("is waiting"), FIRST_MESSAGE_S + 5)
         assert waiting and waiting[0] <= FIRST_MESSAGE_S, second[0].text()
         if then == "nobody":
-            _end_with_store_error(second[0], port)
+            _end_with_store_error(second[0], port, timeout_s)
             return
         second.append(WaitingRank(env, 0))  # its own rank 0 gets the port now
         for rank in second:
-            code = rank.finish(TIMEOUT_S + END_SLACK_S)
+            code = rank.finish(timeout_s + END_SLACK_S)
             assert code == 0 and "sum 2" in rank.text(), rank.text()
     finally:
         first.close()
