@@ -160,8 +160,9 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                 elif checked:  # still right after the timed calls
                     rank_calls.check(collective, buffers, call, rank, p, average)
                 seconds = common.slowest_median(dist.all_gather_object(times))
-                algorithm = {NATIVE: NATIVE_NAMES[collective], fresh(NATIVE): "MPI_Bcast",
-                             STREAM: "read_write_once", EXCHANGE: "copy_in_copy_out"}.get(
+                native = NATIVE_NAMES[collective]
+                algorithm = {NATIVE: native, fresh(NATIVE): native, STREAM: "read_write_once",
+                             EXCHANGE: "copy_in_copy_out"}.get(
                     label) or algorithms.select(collective, transport, nbytes)
                 rows.append(dict(collective=collective, world_size=p, backend=label,
                                  bytes=nbytes, seconds=seconds, algorithm=algorithm,

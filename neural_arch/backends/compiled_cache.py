@@ -83,7 +83,9 @@ def remember(paths: Iterable[str]) -> None:
     this process runs, not against files changed since."""
     with _lock:
         for path in paths:
-            _imported.setdefault(os.path.abspath(path), _file_hash(path))
+            key = os.path.abspath(path)
+            if key not in _imported:  # not setdefault: that would hash the file every time
+                _imported[key] = _file_hash(path)
 
 
 def imported_digest(paths: Sequence[str]) -> str:

@@ -107,7 +107,7 @@ class _Lazy:
                     _refresh_cache(sys.modules.get(self.fn.__module__), set(), refreshed)
                     # published together once every module they are built from is refreshed:
                     # other threads call ``_compiled`` without the lock
-                    for kernel in refreshed if self in refreshed else [*refreshed, self]:
+                    for kernel in [*refreshed, self]:  # self may be twice: the same code
                         kernel._compiled = kernel._dispatcher()
                 compiled = self._compiled
         return compiled(*args)

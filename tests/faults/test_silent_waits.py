@@ -22,7 +22,7 @@ import pytest
 from dist_harness import free_port
 from neural_arch.distributed.errors import AuthenticationError
 from neural_arch.distributed.rendezvous.auth import ServerHandshake
-from waiting_rank import TIMEOUT_S, WaitingRank, job_env
+from waiting_rank import REPORT_S, TIMEOUT_S, WaitingRank, job_env
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 FIRST_MESSAGE_S = 10.0
@@ -32,11 +32,11 @@ HELLO_BYTES = 4 + 32  # the handshake's magic and the client's nonce
 # Where the default schedule (first message after 5 s) or the frozen connection (FROZEN_S)
 # is not part of the case, a shorter rendezvous timeout still leaves at least two report
 # intervals (REPORT_S, 2 s) after the last message the case looks for.
-THREE_MESSAGES_TIMEOUT_S = 10.0  # messages at 2, 4 and 6 s
-ONE_MESSAGE_TIMEOUT_S = 8.0  # the first message at 2 s after the wait starts
+THREE_MESSAGES_TIMEOUT_S = 5 * REPORT_S  # messages at 2, 4 and 6 s
+ONE_MESSAGE_TIMEOUT_S = 4 * REPORT_S  # the first message at 2 s after the wait starts
 
 
-def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float = TIMEOUT_S) -> None:
+def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float) -> None:
     code = rank.finish(timeout_s + END_SLACK_S)
     log = rank.text()
     assert code == 1, f"exit code {code} (None: still waiting, killed)\n{log}"

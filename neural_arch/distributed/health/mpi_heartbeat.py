@@ -66,28 +66,16 @@ def candidate_hosts() -> List[str]:
     return reachable or ["127.0.0.1"]
 
 
-def _collective(transport, post, fp: Fingerprint) -> None:
-    """Post one collective with ``post(comm)`` and wait for it, bounded by the transport's
-    timeout. An MPI error at the post (a failed rank, under fault tolerance) becomes the
-    transport's PeerFailureError, as at its waits."""
-    with transport.lock:  # one message stream at a time on the transport's communicator
-        try:
-            request = post(transport.comm)
-        except transport.mpi.Exception as e:
-            transport.raise_mpi_error([], fp, (), e)
-        transport.wait_requests([request], fp)
-
-
 def _broadcast_bytes(transport, data: bytes, fp: Fingerprint) -> bytes:
     """Rank 0's ``data`` on every rank, over MPI, each wait bounded by the transport's timeout."""
     length = np.array([len(data)], _LENGTH)
-    _collective(transport, lambda comm: comm.Ibcast(length, root=0), fp)
+    transport.run_collective(lambda comm: comm.Ibcast(length, root=0), fp)
     if not 0 < length[0] <= _MAX_INVITATION_BYTES:
         raise DistributedError(f"rank 0 sent a heartbeat invitation of {length[0]} bytes",
                                rank=transport.rank, peer=0, op=fp.op, seq=fp.seq)
     buf = np.frombuffer(bytearray(data), np.uint8) if transport.rank == 0 \
         else np.empty(int(length[0]), np.uint8)
-    _collective(transport, lambda comm: comm.Ibcast(buf, root=0), fp)
+    transport.run_collective(lambda comm: comm.Ibcast(buf, root=0), fp)
     return buf.tobytes()
 
 
@@ -152,7 +140,7 @@ def heartbeat_store(transport, timeout: float, mode: Optional[str] = None):
             store, why = _accept(transport, fp)
         connected = np.array([store is not None], np.uint8)
         everyone = np.empty(world_size, np.uint8)
-        _collective(transport, lambda comm: comm.Iallgather(connected, everyone), fp)
+        transport.run_collective(lambda comm: comm.Iallgather(connected, everyone), fp)
     except BaseException:
         if store is not None:  # its server, or its connection, must not outlive the job
             store.close()

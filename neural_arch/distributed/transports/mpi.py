@@ -92,13 +92,13 @@ class MpiTransport(RequestWaiting, Transport):
         self._comm = base.Dup()  # collective, like MPI_Init: no timeout can apply here
         self._lock = threading.Lock()
         self._unusable: dict[int, str] = {}
-        self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size)
+        self.abandoned: list = []  # requests a failed call left in flight, with their buffers
+        self._notices = Notices(MPI, self._comm, mpi_rank, mpi_size, kept=self.abandoned)
         self._left: set[int] = set()  # peers that closed their transport (they left the job)
         self._native: Optional[MpiCollectives] = None
         first_bytes = first_max_bytes(mpi_size)
         self.first_buffers = FirstBuffers(first_bytes)  # the wire's first messages, per peer
         self.send_buffers = FirstBuffers(first_bytes)  # what ``swap`` packs into, per peer
-        self.abandoned: list = []  # requests a failed call left in flight, with their buffers
         self.status = MPI.Status()  # read at once after each Test that fills it (lock held)
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
@@ -258,6 +258,22 @@ class MpiTransport(RequestWaiting, Transport):
             raise RuntimeError(f"wait_requests for {fp.describe()} called without holding the "
                                f"transport's lock")
         self._wait(reqs, list(peers), fp, advance)
+
+    def run_collective(self, post: Callable, fp: Fingerprint) -> None:
+        """Post one non-blocking MPI collective with ``post(comm)`` under ``lock`` and wait for
+        it like every wait of this transport. An MPI error at the post becomes the transport's
+        PeerFailureError (``raise_mpi_error``); a request given up stays in ``abandoned``, since
+        it may still touch its buffers."""
+        with self._lock:
+            try:
+                request = post(self._comm)
+            except self._mpi.Exception as e:  # a failed peer may fail the post
+                self._mpi_error([], [], fp, e)
+            try:
+                self._wait([request], [], fp, None)
+            except BaseException:
+                self.abandoned.append(request)
+                raise
 
     def raise_mpi_error(self, reqs: list, fp: Fingerprint, peers: Sequence[int],
                         error: Exception) -> NoReturn:

@@ -42,16 +42,7 @@ class MpiCollectives:
         self._seq += 1
         fp = Fingerprint(name, self._seq, "" if buf is None else buf.dtype.str,
                          0 if buf is None else buf.size)
-        with t.lock:
-            try:
-                request = request_fn(t.comm)
-            except t.mpi.Exception as e:  # a failed peer may fail the post: named as a wait does
-                t.raise_mpi_error([], fp, (), e)
-            try:
-                t.wait_requests([request], fp)
-            except BaseException:
-                t.abandoned.append(request)  # a collective given up may still touch its buffers
-                raise
+        t.run_collective(request_fn, fp)
 
     def all_reduce(self, buf: np.ndarray, op=ReduceOp.SUM,
                    fp: Optional[Fingerprint] = None) -> np.ndarray:

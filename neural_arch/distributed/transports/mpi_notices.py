@@ -43,13 +43,13 @@ CLOSE_WAIT_S = 0.5
 class Notices:
     """Send and read notices on ``comm`` (the transport's communicator) for rank ``rank``."""
 
-    def __init__(self, mpi, comm, rank: int, world_size: int) -> None:
+    def __init__(self, mpi, comm, rank: int, world_size: int, kept: list) -> None:
         self._mpi, self._comm, self.rank, self.world_size = mpi, comm, rank, world_size
         self._sends: list = []  # (request, buffer): the buffer lives until the send completes
         # Sends whose Test raised, or still in flight when ``leave`` stopped waiting, with their
-        # buffers, kept as long as the transport (which holds this object): an error need not
-        # end a request, and MPI may still read the bytes of one that is active.
-        self.kept: list = []
+        # buffers: appended to ``kept`` (the transport's ``abandoned``, which lives as long as
+        # the transport): an error need not end a request, and MPI may still read its bytes.
+        self.kept = kept
 
     def send(self, kind: int, about: int, reason: str = "") -> None:
         """Post ``kind`` about rank ``about`` to every peer; never waits. A notice MPI refuses

@@ -214,7 +214,7 @@ def test_a_notice_whose_test_fails_keeps_its_buffer(transport, monkeypatch):
     t.publish_failure(1, "found dead")
     t.close()  # the "I am leaving" notice's Test fails too
     assert len(notices) == 2
-    kept = _kept(t._notices.kept)  # the notices live as long as the transport
+    kept = _kept(t.abandoned)  # the notices live as long as the transport
     for notice in notices:
         assert any(notice is k for k in kept), "a notice's request was let go"
         assert any(notice.buf is k for k in kept), "a notice's buffer was let go"

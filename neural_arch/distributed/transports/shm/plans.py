@@ -38,9 +38,9 @@ MAX_PLANS = 1024  # shapes kept per transport; past this the cache starts afresh
 # 1023 KiB 2.24-2.63x against 2.01-2.12x. A root running one generation further ahead of its
 # reader (three areas in turn, settling g - 1 before writing g + 1, ``generation``) took
 # 0.96-1.01x the time of the same three areas settling g, at 32-256 KiB (medians of 7-9 runs,
-# in turns in one job): no gain, so two halves. Not where a rank's writer streams its large
-# copies (``writer``: plain copies into the workspace found or known slow there): its plans
-# stop at ``small_bytes``, and larger broadcasts go through the writer.
+# in turns in one job): no gain, so two halves. Not where a rank's writer is fixed to streaming
+# stores (``writer``, ``NEURAL_ARCH_SHM_STORES=stream``): plans then stop at ``small_bytes``,
+# and larger broadcasts go through the writer.
 BROADCAST_PLAN_BYTES = {2: 1 << 20}
 
 

@@ -3,22 +3,23 @@ whose compiled form copies with memcpy (``byte_copies``). Bits equal to the root
 threshold and at odd sizes, from both roots, compiled and Python ranks mixed (the compiled ones
 checked to run compiled), a late root, a dead root (PeerFailureError naming it), mismatches,
 the compiled self-check running the memcpy branch, and plans kept to direct.SMALL_BYTES on
-every rank where any rank's writer streams its copies."""
+every rank where any rank's ``NEURAL_ARCH_SHM_STORES`` is ``stream``."""
 from __future__ import annotations
 
 import os
 import time
+from contextlib import closing
 
 import numpy as np
 import pytest
 
 from neural_arch.distributed.errors import CollectiveMismatchError, PeerFailureError
+from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.shm import compiled as shm_compiled
 from neural_arch.distributed.transports.shm import direct, plans, single_copy
 from neural_arch.distributed.transports.shm import writer as shm_writer
 from neural_arch.distributed.transports.shm.cross_memory import ENV_SWITCH as PEER_READ_SWITCH
 from shm_cases import Calls
-from shm_rank import rank_transport
 from shm_testing import kill_self, run_ranks, shm_names_of
 
 pytest.importorskip("numba", reason="the compiled broadcast needs Numba")
@@ -45,7 +46,7 @@ def exact_from_every_root(rank, p, store, forms, peer_reads):
     divides (Numba has none: the kernel copies bytes) and as bytes elsewhere."""
     os.environ[shm_compiled.ENV_CHOICE] = forms[rank]
     os.environ[PEER_READ_SWITCH] = peer_reads
-    with rank_transport(rank, p, store, 20.0) as t:
+    with closing(shm.create(rank, p, store, 20.0)) as t:
         calls, failures, planned = Calls(), [], set()
         for nbytes in SIZES:
             dtype = np.float16 if nbytes % 2 == 0 else np.uint8
@@ -87,7 +88,7 @@ def root_late_or_dead(rank, p, store, then):
     """Rank 0, the root, broadcasts LATE_S late (``then`` = "late") or dies instead ("die");
     rank 1 reads with the compiled plan, whose kernel is loaded: it comes on time."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled"
-    with rank_transport(rank, p, store, 10.0) as t:
+    with closing(shm.create(rank, p, store, 10.0)) as t:
         calls, c = Calls(), t.collectives
         source = (np.arange(PLANNED) % 251).astype(np.uint8)
         warm = np.zeros(PLANNED, np.uint8)
@@ -126,7 +127,7 @@ def mismatched_broadcasts(rank, p, store, kind):
     """A planned broadcast against another size or root; then a barrier, where a root that
     left early learns of it."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled"
-    with rank_transport(rank, p, store, 10.0) as t:
+    with closing(shm.create(rank, p, store, 10.0)) as t:
         calls = Calls()
         n = PLANNED + (4 if kind == "size" and rank == 1 else 0)
         root = rank if kind == "root" else 0
@@ -178,7 +179,7 @@ def read_only_root(rank, p, store):
     """The root's bytes in a read-only array (``np.frombuffer`` of ``bytes``), compiled form
     forced: a broadcast only reads the root's buffer, so it must run and give its bits."""
     os.environ[shm_compiled.ENV_CHOICE] = "compiled"
-    with rank_transport(rank, p, store, 5.0) as t:
+    with closing(shm.create(rank, p, store, 5.0)) as t:
         calls, got = Calls(), []
         for nbytes in (4, INLINE + 1, PLANNED):
             source = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
@@ -199,7 +200,7 @@ def broadcast_with_stores(rank, p, store, stores):
     (``writer.ENV_CHOICE``); whether it ran as a plan, and whether its bits are the root's."""
     os.environ[shm_writer.ENV_CHOICE] = stores[rank]
     os.environ[shm_compiled.ENV_CHOICE] = "python"  # the limit, not the form, is tested here
-    with rank_transport(rank, p, store, 10.0) as t:
+    with closing(shm.create(rank, p, store, 10.0)) as t:
         calls, exact = Calls(), []
         for root in range(p):
             source = np.random.default_rng(root).integers(0, 256, STREAMED, np.uint8)
@@ -212,9 +213,9 @@ def broadcast_with_stores(rank, p, store, stores):
 
 @pytest.mark.parametrize("stores", [("plain", "plain"), ("stream", "stream"), ("stream", "auto")])
 def test_broadcast_plans_stop_at_the_small_limit_where_a_writer_streams(tmp_path, stores):
-    """A plan copies with memcpy, where a writer that streams its large copies found (or was
-    told) plain copies into the workspace slow: every rank (the limit picks the protocol, so
-    a rank whose own writer is on ``auto`` too) keeps plans to direct.SMALL_BYTES then."""
+    """A plan copies with memcpy, not through the writer: where a rank's writer is fixed to
+    streaming stores (``NEURAL_ARCH_SHM_STORES=stream``), every rank (the limit picks the
+    protocol, so a rank whose own writer is on ``auto`` too) keeps plans to direct.SMALL_BYTES."""
     results = run_ranks(2, broadcast_with_stores, stores, store_dir=str(tmp_path), timeout=30)
     assert all(r.ok for r in results), results
     streamed = "stream" in stores

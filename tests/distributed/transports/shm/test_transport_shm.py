@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -15,7 +16,6 @@ from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.shm.layout import ShmLayout
 from neural_arch.distributed.transports.shm.waiting import pid_alive
-from shm_rank import rank_transport
 from shm_testing import kill_self, run_ranks, shm_names_of
 
 pytestmark = pytest.mark.timeout(180)
@@ -95,7 +95,7 @@ def test_send_recv_sequences_are_exact(tmp_path, p):
 
 
 def mismatch_p2p(rank, p, store, kind):
-    with rank_transport(rank, p, store, 30.0) as t:
+    with closing(shm.create(rank, p, store, 30.0)) as t:
         if rank == 0:
             n = 6 if kind == "size" else 5
             t.send(np.ones(n, np.float32), 1, Fingerprint("all_reduce", 3, "float32", 5))
