@@ -8,14 +8,21 @@ and under Yama's ``ptrace_scope`` 1 only a process that named its reader; ranks 
 not ancestors, so each rank names "any process of this user" (``PR_SET_PTRACER_ANY``) before
 the others probe it, and only where Yama asks for it.
 
-Whether the job uses peer reads is settled once, at set-up (``PeerReads.agree``): each rank
-publishes a random token in its control line and the address of a private copy of it, reads
-every peer's copy and compares; every rank then publishes its verdict and waits for the
-others'. One rank that cannot (another operating system, a refused read, a pid that belongs
+The same permission lets a process write a peer's memory (``process_vm_writev``): a
+two-rank broadcast has the root write half of its bytes into the reader's buffer while the
+reader reads the other half, so both cores copy (``single_copy``).
+
+Whether the job uses peer reads, and peer writes, is settled once, at set-up
+(``PeerReads.agree``): each rank publishes a random token in its control line and the address
+of a private copy of it, reads every peer's copy and compares, then writes its own token into
+a slot of that copy kept for it and reads it back; every rank then publishes its verdict and
+waits for the others'. One rank that cannot (another operating system, a refused read, a pid that belongs
 to another process, ``NEURAL_ARCH_SHM_PEER_READ=0``) turns them off for all, so every rank
-always takes the same algorithm. Being unable is a property of the machine, not an error: the
-workspace algorithms stand. A read that fails in the middle of a collective (the peer died:
-ESRCH; its buffer is gone: EFAULT) raises PeerFailureError naming the peer and the operation.
+always takes the same algorithm (a rank that can read but not write turns off the writes
+only). Being unable is a property of the machine, not an error: the
+workspace algorithms stand. A read or write that fails in the middle of a collective (the peer
+died: ESRCH; its buffer is gone: EFAULT) raises PeerFailureError naming the peer and the
+operation.
 """
 from __future__ import annotations
 
@@ -38,7 +45,8 @@ PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 MAX_READ_BYTES = 1 << 30  # one process_vm_readv moves at most ~2 GiB: larger reads in pieces
-YES, NO = 1, 2  # verdict words (0: not decided yet)
+# A rank's verdict word: 0 while undecided, then DECIDED with READS and WRITES where it can.
+DECIDED, READS, WRITES = 1, 2, 4
 
 
 def switched_on() -> bool:
@@ -55,7 +63,8 @@ class _IoVec(ctypes.Structure):
 
 
 def _libc_reader() -> Optional[Any]:
-    """libc's ``process_vm_readv``, or None where there is none (not Linux, old libc)."""
+    """libc, with ``process_vm_readv`` and ``process_vm_writev`` typed, or None where it has
+    no ``process_vm_readv`` (not Linux, old libc)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -63,9 +72,11 @@ def _libc_reader() -> Optional[Any]:
         read = libc.process_vm_readv
     except (OSError, AttributeError):
         return None
-    read.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                     ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
-    read.restype = ctypes.c_ssize_t
+    calls = [read, getattr(libc, "process_vm_writev", None)]
+    for call in filter(None, calls):
+        call.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                         ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong]
+        call.restype = ctypes.c_ssize_t
     return libc
 
 
@@ -89,24 +100,29 @@ def forbid_peer_readers(libc: Any) -> None:
 
 
 class PeerReads:
-    """One rank's reader of its peers' memory, and the job's agreement on using it.
+    """One rank's reader (and writer) of its peers' memory, and the job's agreement on using it.
 
     ``enabled``: ``switched_on()`` as the caller read it (False: this rank says no at
     ``agree``). ``usable`` is False until ``agree`` found that every rank can read every peer;
     afterwards ``read(peer, address, out, op, seq)`` copies ``out.nbytes`` bytes at ``address``
     in ``peer``'s memory into ``out`` (a C-contiguous array) or raises PeerFailureError.
+    ``writable``: every rank can also write every peer, with ``write(peer, address, data, op,
+    seq)``.
     """
 
     def __init__(self, rank: int, world_size: int, enabled: bool = True) -> None:
         self.rank, self.world_size = rank, world_size
-        self.usable = False
+        self.usable = self.writable = False
         self.pids = [0] * world_size
         self._libc = _libc_reader() if enabled else None
         self._call = self._libc.process_vm_readv if self._libc is not None else None
+        self._write_call = getattr(self._libc, "process_vm_writev", None)
         self._local, self._remote = _IoVec(), _IoVec()
         self._local_ref, self._remote_ref = ctypes.byref(self._local), ctypes.byref(self._remote)
         token = secrets.randbits(62) + 1
-        self.probe = np.array([token], np.int64)  # the private copy peers read at set-up
+        # The private copy peers read at set-up (word 0), then a slot per rank for its write.
+        self.probe = np.zeros(1 + world_size, np.int64)
+        self.probe[0] = token
         self._scratch = np.empty(0, np.uint8)
         self.buffer_words: tuple = ()
         self.plans: dict = {}  # the chunks of each all-reduce shape (``single_copy``)
@@ -129,13 +145,18 @@ class PeerReads:
 
     def agree(self, t: Any, pids: list) -> None:
         """After every rank published (``publish``, before its pid): probe each peer, publish
-        this rank's verdict and wait for everyone's; ``usable`` when all said yes."""
+        this rank's verdict and wait for everyone's; ``usable`` when all can read, ``writable``
+        when all can also write."""
         ctrl, layout, p = t.ctrl, t.layout, self.world_size
         self.pids = list(pids)
-        can = all(self.probe_peer(pids[q], ctrl[layout.rank_word(q, PROBE_TOKEN)],
-                                  ctrl[layout.rank_word(q, PROBE_ADDRESS)])
-                  for q in range(p) if q != self.rank)
-        ctrl[layout.rank_word(self.rank, PEER_READ)] = YES if can else NO
+        verdict = READS | WRITES
+        for q in range(p):
+            if q != self.rank:
+                verdict &= self.probe_peer(pids[q], ctrl[layout.rank_word(q, PROBE_TOKEN)],
+                                           ctrl[layout.rank_word(q, PROBE_ADDRESS)])
+        if not verdict & READS:
+            verdict = 0  # writes alone are never used
+        ctrl[layout.rank_word(self.rank, PEER_READ)] = DECIDED | verdict
         words = [layout.rank_word(q, PEER_READ) for q in range(p)]
         backoff = Backoff(t.watch, t.timeout, "shm_rendezvous", None,
                           "every rank's verdict on reading its peers' memory")
@@ -144,7 +165,11 @@ class PeerReads:
             if not missing:
                 break
             backoff.pause(missing)
-        self.usable = all(ctrl[w] == YES for w in words)
+        agreed = READS | WRITES
+        for w in words:
+            agreed &= int(ctrl[w])
+        self.usable = bool(agreed & READS)
+        self.writable = bool(agreed & WRITES)
         self.buffer_words = tuple(layout.rank_word(q, BUFFER) for q in range(p))
         if not self.usable:
             self.close()
@@ -152,41 +177,62 @@ class PeerReads:
     def close(self) -> None:
         """Peer reads are over (the transport closed, or the job cannot use them): undo what
         ``allow_peer_readers`` opened."""
-        self.usable = False
+        self.usable = self.writable = False
         if self._opened:
             self._opened = False
             forbid_peer_readers(self._libc)
 
-    def probe_peer(self, pid: int, token: int, address: int) -> bool:
-        """Whether reading the peer's private copy of its token gives the token."""
+    def probe_peer(self, pid: int, token: int, address: int) -> int:
+        """What this rank can do to the peer: READS where reading the peer's private copy of
+        its token gives the token, with WRITES where this rank's own token written into its
+        slot of that copy reads back."""
         if self._call is None or address == 0 or pid <= 0:
-            return False
+            return 0
         got = np.zeros(1, np.int64)
-        return self._raw_read(pid, address, got.ctypes.data, 8) == 8 and int(got[0]) == token
+        if self._raw(self._call, pid, address, got.ctypes.data, 8) != 8 or int(got[0]) != token:
+            return 0
+        if self._write_call is None:
+            return READS
+        slot = address + 8 * (1 + self.rank)
+        mine, got[0] = self.probe[:1], 0
+        wrote = self._raw(self._write_call, pid, slot, mine.ctypes.data, 8) == 8
+        if not wrote or self._raw(self._call, pid, slot, got.ctypes.data, 8) != 8:
+            return READS
+        return READS | (WRITES if int(got[0]) == int(mine[0]) else 0)
 
-    def _raw_read(self, pid: int, address: int, into: int, nbytes: int) -> int:
-        self._local.base, self._local.len = into, nbytes
-        self._remote.base, self._remote.len = address, nbytes
-        return self._call(pid, self._local_ref, 1, self._remote_ref, 1, 0)
+    def _raw(self, call: Any, pid: int, remote: int, local: int, nbytes: int) -> int:
+        self._local.base, self._local.len = local, nbytes
+        self._remote.base, self._remote.len = remote, nbytes
+        return call(pid, self._local_ref, 1, self._remote_ref, 1, 0)
 
     def read(self, peer: int, address: int, out: np.ndarray, op: str,
              seq: Optional[int]) -> None:
         """Copy ``out.nbytes`` bytes from ``address`` in rank ``peer``'s memory into ``out``."""
-        nbytes, done, into = out.nbytes, 0, out.ctypes.data
-        got = 0
+        self._move(self._call, "reading", peer, address, out, op, seq)
+
+    def write(self, peer: int, address: int, data: np.ndarray, op: str,
+              seq: Optional[int]) -> None:
+        """Copy ``data`` (C-contiguous) to ``address`` in rank ``peer``'s memory (``writable``
+        said every rank can)."""
+        self._move(self._write_call, "writing", peer, address, data, op, seq)
+
+    def _move(self, call: Any, verb: str, peer: int, address: int, local: np.ndarray, op: str,
+              seq: Optional[int]) -> None:
+        nbytes, done, base = local.nbytes, 0, local.ctypes.data
+        moved = 0
         while done < nbytes:
-            # one call moves at most ~2 GiB (the kernel's MAX_RW_COUNT): read in pieces
+            # one call moves at most ~2 GiB (the kernel's MAX_RW_COUNT): move in pieces
             want = min(nbytes - done, MAX_READ_BYTES)
-            got = self._raw_read(self.pids[peer], address + done, into + done, want)
-            if got <= 0:
+            moved = self._raw(call, self.pids[peer], address + done, base + done, want)
+            if moved <= 0:
                 break
-            done += got
+            done += moved
         if done != nbytes:
-            code = ctypes.get_errno() if got < 0 else 0
-            why = (f"{errno.errorcode.get(code, code)}: {os.strerror(code)}" if got < 0
-                   else f"only {done} bytes came")
+            code = ctypes.get_errno() if moved < 0 else 0
+            why = (f"{errno.errorcode.get(code, code)}: {os.strerror(code)}" if moved < 0
+                   else f"only {done} bytes moved")
             gone = " (the peer process is gone)" if code == errno.ESRCH else ""
             raise PeerFailureError(
-                f"reading {nbytes} bytes of peer rank {peer}'s buffer (pid {self.pids[peer]}, "
+                f"{verb} {nbytes} bytes of peer rank {peer}'s buffer (pid {self.pids[peer]}, "
                 f"address {address:#x}) failed{gone}: {why}", rank=self.rank, peer=peer,
                 op=op, seq=seq)

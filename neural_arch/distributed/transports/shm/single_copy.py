@@ -24,7 +24,12 @@ No rank writes what a peer reads in the same phase: in phase 1 rank q writes onl
 its buffer and reads slice r of the others; in phase 2 it writes the other slices and reads
 only the owners' own slices.
 
-Broadcast, two generations: the non-roots read the root's buffer; the root waits for them.
+Broadcast, two generations: the non-roots read the root's buffer; the root waits for them. At
+two ranks, where the ranks agreed that they can also write each other's memory, the root writes
+the first half into the reader's buffer while the reader reads the second: one copy per byte
+still, but both cores copy. Every rank marks its buffer word with ``ROOT_FLAG`` when it is the
+root: the public calls' fingerprints name the root, but a rank writes into its peer only where
+both ranks' words say which of them is the root (two ranks disagreeing both raise).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...errors import CollectiveMismatchError
 from ...reduce_ops import ReduceOp, averager, ufunc_for
 from ...reductions.kernels import sum_halves
 from ..base import Fingerprint
@@ -42,6 +48,7 @@ from . import direct  # which imports this module: its functions are looked up a
 # one's time at 1 MiB and 0.5x at 4 MiB (as long at 256 KiB); at p = 3 it was slower up to
 # 4 MiB (ranks outnumber cores), so other world sizes keep the workspace broadcast.
 BROADCAST_MIN_BYTES = {2: 1 << 20}
+ROOT_FLAG = 1 << 62  # above every user-space address: "this rank is the broadcast's root"
 MAX_PLANS = 256  # shapes whose chunks are kept (``_plan``); past this the cache starts afresh
 
 Combine = Callable[[np.ndarray, list, np.ndarray], None]
@@ -123,13 +130,34 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, chunk_byt
 
 
 def broadcast(c: Any, data: np.ndarray, root: int, fp: Fingerprint) -> None:
-    """Copy ``root``'s bytes ``data`` into every rank's ``data`` by reading the root's."""
-    t = c.t
+    """Copy ``root``'s bytes ``data`` into every rank's ``data`` by reading the root's; at two
+    ranks where peer writes work, the root writes the first ``root_writes`` bytes into the
+    reader's buffer while the reader reads the rest."""
+    t, rank = c.t, c.rank
     reads = t.peer_reads
     ctrl, words = t.ctrl, reads.buffer_words
-    ctrl[words[c.rank]] = data.ctypes.data
+    ctrl[words[rank]] = data.ctypes.data | (ROOT_FLAG if rank == root else 0)
     gen, sig = c.begin(fp, data.size)
     c.sync(gen, fp, sig)
-    if c.rank != root:
-        reads.read(root, ctrl[words[root]], data, fp.op, fp.seq)
+    roots = [q for q, w in enumerate(words) if ctrl[w] & ROOT_FLAG]
+    if c.world_size == 2 and roots != [root]:  # a root writes into its peer: never on a guess
+        raise CollectiveMismatchError(
+            f"broadcast of {data.size} bytes: rank {rank} takes rank {root} as the root, the "
+            f"ranks that say they are the root are {roots} ({fp.describe()})", rank=rank,
+            op=fp.op, seq=fp.seq)
+    split = root_writes(data.size) if c.world_size == 2 and reads.writable else 0
+    if rank == root:
+        if split:
+            reads.write(1 - rank, ctrl[words[1 - rank]], data[:split], fp.op, fp.seq)
+    else:
+        reads.read(root, (ctrl[words[root]] & ~ROOT_FLAG) + split, data[split:], fp.op, fp.seq)
     c.sync(gen + 1, fp)
+
+
+def root_writes(nbytes: int) -> int:
+    """How many of a two-rank broadcast's ``nbytes`` the root writes into the reader (the
+    reader reads the rest): half, on a cache line. With the root's data fresh in its cache the
+    two copies run at once on two cores; measured at p = 2 against the reader reading all of
+    it, in turns (``benchmarks/bench_collectives.py --collectives broadcast``): see
+    docs/collectives.md."""
+    return nbytes // 2 // 64 * 64
