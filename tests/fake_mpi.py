@@ -98,7 +98,7 @@ def module():
     """The fake ``mpi4py.MPI`` module."""
     return SimpleNamespace(
         Exception=FakeMpiError, BYTE="byte", ANY_SOURCE=-1, Is_finalized=lambda: False,
-        Status=lambda: SimpleNamespace(Get_count=lambda kind: 0),
+        Status=Status,
         Request=SimpleNamespace(Testall=lambda reqs: all(r.Test() for r in reqs),
                                 Testsome=lambda reqs: [i for i, r in enumerate(reqs) if r.Test()]),
         buffer=SimpleNamespace(frombuffer=lambda view, readonly: SimpleNamespace(
@@ -107,7 +107,7 @@ def module():
 
 
 class Status:
-    """A status whose size an ``Arrived`` receive's Test sets (``ChainedPeer``)."""
+    """A status: size 0 until an ``Arrived`` receive's Test sets it (``ChainedPeer``)."""
     count = 0
 
     def Get_count(self, kind):

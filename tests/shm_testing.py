@@ -1,4 +1,5 @@
-"""Shared-memory test support: a directory-backed store and a rank-process runner.
+"""Shared-memory test support: a directory-backed store, a rank-process runner, and what a
+rank's bad calls raise.
 
 Each rank runs ``fn(rank, world_size, store, *args)`` in its own forked process and reports
 its return value or the error it raised through a pipe. Every child is killed and reaped in
@@ -132,3 +133,16 @@ def shm_names_of(pids) -> list[str]:
 
 def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def errors_of(calls) -> list[str]:
+    """What each of ``calls`` raised, as ``"ValueError: <message>"``, or ``"no error"``: for a
+    rank that checks its bad-argument calls fail before any communication."""
+    found = []
+    for call in calls:
+        try:
+            call()
+            found.append("no error")
+        except (TypeError, ValueError) as e:
+            found.append(f"{type(e).__name__}: {e}")
+    return found

@@ -51,17 +51,16 @@ def _acquire(path: str, deadline: float) -> Tuple[bool, Optional[IO]]:
 
 
 @contextlib.contextmanager
-def locked(paths: Sequence[str], timeout: Optional[float] = None) -> Iterator[bool]:
+def locked(paths: Sequence[str]) -> Iterator[bool]:
     """Hold the lock files ``paths`` (created where missing; always taken in sorted order, so
     two holders of overlapping sets cannot deadlock) for the ``with`` block. Yields False when
-    one was not got within ``timeout`` seconds (``TIMEOUT_S``): the caller then skips what
-    needed it."""
+    one was not got within ``TIMEOUT_S`` seconds: the caller then skips what needed it."""
     held = getattr(_held, "paths", None)
     if held is None:
         held = _held.paths = set()
     taken: List[Tuple[str, IO]] = []
     got = True
-    deadline = time.monotonic() + (TIMEOUT_S if timeout is None else timeout)
+    deadline = time.monotonic() + TIMEOUT_S
     try:
         for path in sorted(set(paths) - held):
             got, handle = _acquire(path, deadline)

@@ -140,6 +140,11 @@ def _record(path: str, digest: str) -> None:
                 pass
 
 
+def _lock_paths(stamps: Sequence[str]) -> List[str]:
+    """The lock files beside the digest files ``stamps``."""
+    return [stamp + LOCK_SUFFIX for stamp in stamps]
+
+
 def _bypass(dispatcher: Any) -> None:
     """Compile ``dispatcher`` in this process without reading or writing its cache (stale, or
     not ours to touch). Numba has no public switch for one dispatcher's cache, so this reaches
@@ -161,7 +166,7 @@ def _guard(dispatcher: Any, stamps: List[str], digest: str) -> bool:
     save = getattr(cache, "save_overload", None)
     if not (callable(load) and callable(save)):
         return False
-    locks = [stamp + LOCK_SUFFIX for stamp in stamps]
+    locks = _lock_paths(stamps)
 
     def ours() -> bool:
         return all(_read(stamp) == digest for stamp in stamps)
@@ -206,7 +211,7 @@ def refresh_if_stale(dispatchers: Iterable[Any], sources: Sequence[str], name: s
                 _bypass(dispatcher)
             _refreshed[name] = False
             return False
-        with locked([stamp + LOCK_SUFFIX for stamp in stamps]) as held:
+        with locked(_lock_paths(stamps)) as held:
             stale = held and any(_read(stamp) != digest for stamp in stamps)
             if stale:
                 for dispatcher in group:

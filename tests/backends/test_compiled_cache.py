@@ -230,7 +230,8 @@ def _group(folder, **kwargs):
 
 
 def test_loads_and_saves_only_while_the_recorded_digest_is_this_processes(tmp_path,
-                                                                           fresh_groups):
+                                                                           fresh_groups,
+                                                                           monkeypatch):
     source, stamp, kernel = _group(tmp_path)
     assert compiled_cache.refresh_if_stale([kernel], [str(source)], "group")
     kernel._cache.save_overload("int64", "code 1")
@@ -244,11 +245,8 @@ def test_loads_and_saves_only_while_the_recorded_digest_is_this_processes(tmp_pa
     stamp.write_text(recorded)
     with open(f"{stamp}{compiled_cache.LOCK_SUFFIX}", "a") as lock:  # another process holds it
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        cache_lock.TIMEOUT_S, timeout = 0.05, cache_lock.TIMEOUT_S
-        try:
-            kernel._cache.save_overload("float64", "code 1")
-        finally:
-            cache_lock.TIMEOUT_S = timeout
+        monkeypatch.setattr(cache_lock, "TIMEOUT_S", 0.05)
+        kernel._cache.save_overload("float64", "code 1")
     assert kernel.entries == {"int64": "code 1"}, "saved without the lock"
     assert not kernel.disabled
 

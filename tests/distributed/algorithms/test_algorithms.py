@@ -30,6 +30,14 @@ def fp(count: int, dtype=np.float64, op: str = "test") -> Fingerprint:
     return Fingerprint(op, 1, np.dtype(dtype).name, count)
 
 
+def note_calls(monkeypatch, transport, names, note) -> None:
+    """Make each call of ``transport``'s methods ``names`` run ``note(name, args)`` first."""
+    for name in names:
+        method = getattr(transport, name)
+        monkeypatch.setattr(transport, name,
+                            lambda *a, _m=method, _n=name: (note(_n, a), _m(*a))[1])
+
+
 def integer_inputs(n: int, size: int, dtype, op: ReduceOp) -> list[np.ndarray]:
     """Small integer values, so every op is exact in every dtype (float16 included)."""
     rng = np.random.default_rng(1000 * n + size)
@@ -253,10 +261,8 @@ def test_ring_posts_the_pieces_of_a_window_together(monkeypatch):
     monkeypatch.setattr(ThreadedTransport, "send_recv_many", batched)
 
     def body(t):
-        for name in ("send", "recv", "sendrecv", "send_recv_many"):
-            method = getattr(t, name)
-            monkeypatch.setattr(t, name, lambda *a, _m=method, _n=name: (calls.append(_n),
-                                                                         _m(*a))[1])
+        note_calls(monkeypatch, t, ("send", "recv", "sendrecv", "send_recv_many"),
+                   lambda name, args: calls.append(name))
         buf = inputs[t.rank].copy()
         ring.all_reduce(t, buf, ReduceOp.SUM, fp(size, np.int64))
         return buf
@@ -281,10 +287,8 @@ def test_recursive_doubling_sends_a_one_segment_vector_whole(n, monkeypatch):
     def body(t):
         buf = np.arange(5, dtype=np.float32) * (t.rank + 1)
         sent[t.rank] = []
-        for name in ("send", "sendrecv"):
-            method = getattr(t, name)
-            monkeypatch.setattr(t, name, lambda out, *a, _m=method: (sent[t.rank].append(out),
-                                                                     _m(out, *a))[1])
+        note_calls(monkeypatch, t, ("send", "sendrecv"),
+                   lambda name, args: sent[t.rank].append(args[0]))
         recursive_doubling.all_reduce(t, buf, ReduceOp.SUM, fp(5, np.float32))
         return buf
 

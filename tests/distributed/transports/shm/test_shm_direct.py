@@ -15,7 +15,7 @@ from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
 from shm_cases import (TINY_WORKSPACE, Calls, check_all_reduce_matrix, mismatched, nan_payloads,
                         other_collectives, random_floats_identical)
-from shm_testing import kill_self, run_ranks, shm_names_of
+from shm_testing import errors_of, kill_self, run_ranks, shm_names_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -238,7 +238,6 @@ def test_sigkilled_peer_raises_peer_failure(tmp_path):
 
 def validation_errors(rank, p, store):
     t = shm.create(rank, p, store, 30.0)
-    found = []
     fp = Fingerprint("x", 1, "float32", 4)
     cases = [
         lambda: t.collectives.all_reduce([1.0, 2.0], ReduceOp.SUM, fp),
@@ -252,13 +251,7 @@ def validation_errors(rank, p, store):
                                           ReduceOp.SUM, fp),
     ]
     try:
-        for case in cases:
-            try:
-                case()
-                found.append("no error")
-            except (TypeError, ValueError) as e:
-                found.append(f"{type(e).__name__}: {e}")
-        return found, (t.native_collectives() is t.collectives)
+        return errors_of(cases), (t.native_collectives() is t.collectives)
     finally:
         t.close()
 

@@ -16,7 +16,7 @@ from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.shm.layout import ShmLayout
 from neural_arch.distributed.transports.shm.waiting import pid_alive
-from shm_testing import kill_self, run_ranks, shm_names_of
+from shm_testing import errors_of, kill_self, run_ranks, shm_names_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -182,14 +182,8 @@ def bad_calls(rank, p, store):
         lambda: t.send(np.ones(2), rank, fp),
         lambda: t.sendrecv(np.ones(2), -1, np.ones(2), 0, fp),
     ]
-    found = []
     try:
-        for call in calls:
-            try:
-                call()
-                found.append("no error")
-            except (TypeError, ValueError) as e:
-                found.append(f"{type(e).__name__}: {e}")
+        found = errors_of(calls)
     finally:
         t.close()
     try:
