@@ -24,6 +24,14 @@ No rank writes what a peer reads in the same phase: in phase 1 rank q writes onl
 its buffer and reads slice r of the others; in phase 2 it writes the other slices and reads
 only the owners' own slices.
 
+Where the ranks agreed that they can also write each other's memory, phase 2 moves into
+phase 1: as soon as an owner has reduced a chunk of its slice, it writes the chunk (still in
+its cache) into the same place in every peer's buffer, and the second generation ends the
+call. Slice r of a peer's buffer is touched by rank r alone (read as an operand, then
+overwritten with the result), and each peer reads only its own slice of this rank's buffer, so
+still no rank writes what another reads; every element has the same bits as before (the
+owner's result, copied).
+
 Broadcast, two generations: the non-roots read the root's buffer; the root waits for them. At
 two ranks, where the ranks agreed that they can also write each other's memory, the root writes
 the first half into the reader's buffer while the reader reads the second: one copy per byte
@@ -112,7 +120,9 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, chunk_byt
     gen, sig = c.begin(fp, buf.nbytes)
     c.sync(gen, fp, sig)
     addresses = [ctrl[w] for w in words]
-    read, name, seq = reads.read, fp.op, fp.seq
+    read, write, name, seq = reads.read, reads.write, fp.op, fp.seq
+    writes = reads.writable
+    peers = [q for q, _, _ in owners]
     for a, b, rows in chunks:
         own = buf[a:b]
         operands = []
@@ -123,7 +133,12 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, chunk_byt
                 read(q, addresses[q] + a * itemsize, rows[q], name, seq)
                 operands.append(rows[q])
         combine(own, operands, rows[rank])
+        if writes:  # the chunk's result, still in this core's cache, into every peer
+            for q in peers:
+                write(q, addresses[q] + a * itemsize, own, name, seq)
     c.sync(gen + 1, fp)
+    if writes:
+        return  # every owner wrote its slice into this buffer before arriving
     for q, q_lo, q_hi in owners:
         read(q, addresses[q] + q_lo * itemsize, buf[q_lo:q_hi], name, seq)
     c.sync(gen + 2, fp)

@@ -1,5 +1,6 @@
 """The shared-memory all-reduce and broadcast by peer reads (cross-memory attach): the bits of
-a NumPy reference and of the workspace algorithms on every rank, the ranks' agreement at set-up,
+a NumPy reference and of the workspace algorithms on every rank, with and without peer writes
+(an owner writing its reduced slice into its peers), the ranks' agreement at set-up,
 the switch that turns it off, mismatched calls refused, and a peer that dies mid-call named."""
 from __future__ import annotations
 
@@ -40,6 +41,13 @@ def _probe_works() -> bool:
     return int(out[0]) == int(reads.probe[0])
 
 
+def _writes_work() -> bool:
+    reads = cross_memory.PeerReads(0, 2)
+    reads.pids = [os.getpid()] * 2
+    verdict = reads.probe_peer(os.getpid(), int(reads.probe[0]), reads.probe.ctypes.data)
+    return bool(verdict & cross_memory.WRITES)
+
+
 reduction_kernels.kernels()  # compiled here, once: the forked ranks inherit them
 needs_peer_reads = pytest.mark.skipif(not _probe_works(),
                                       reason="this machine refuses cross-memory reads")
@@ -58,9 +66,13 @@ def _reference(inputs: list, op: ReduceOp) -> np.ndarray:
     return rank_order_reduction(inputs, op)
 
 
-def peer_read_bits(rank, p, store):
+def peer_read_bits(rank, p, store, writes):
     """Every case by peer reads and by the workspace algorithm: returns (cases whose bits differ
-    from the reference or from the workspace's, digests, whether peer reads were agreed)."""
+    from the reference or from the workspace's, digests, whether peer reads were agreed, and
+    peer writes). ``writes`` False: rank 0 says it cannot write (each owner's slice then goes
+    out by the peers' reads, else by its owner's writes)."""
+    if not writes and rank == 0:
+        cross_memory.PeerReads.probe_peer = lambda self, *args: cross_memory.READS
     t = shm.create(rank, p, store, 30.0)
     c, calls, wrong, digests = t.collectives, Calls(), [], []
     workspace_way = tuning.default_choice(p)
@@ -86,19 +98,21 @@ def peer_read_bits(rank, p, store):
                 if fast.tobytes() != got.tobytes():
                     wrong.append((name, n, np.dtype(dtype).name, op.name))
             digests.append(hashlib.sha256(fast.tobytes()).hexdigest())
-        return wrong, digests, t.peer_reads.usable
+        return wrong, digests, t.peer_reads.usable, t.peer_reads.writable
     finally:
         t.close()
 
 
 @needs_peer_reads
-@pytest.mark.parametrize("p", [2, 3, 4])
-def test_peer_read_all_reduce_has_the_reference_and_workspace_bits(tmp_path, p):
-    results = run_ranks(p, peer_read_bits, store_dir=str(tmp_path), timeout=50)
+@pytest.mark.parametrize("p,writes", [(2, True), (2, False), (3, True), (3, False), (4, True)])
+def test_peer_read_all_reduce_has_the_reference_and_workspace_bits(tmp_path, p, writes):
+    results = run_ranks(p, peer_read_bits, writes, store_dir=str(tmp_path), timeout=50)
     assert all(r.ok for r in results), results
+    writes_agreed = writes and _writes_work()
     for r in results:
-        wrong, digests, usable = r.value
+        wrong, digests, usable, writable = r.value
         assert usable is True, f"rank {r.rank} did not agree on peer reads"
+        assert writable is writes_agreed, f"rank {r.rank}: writes agreed {writable}"
         assert wrong == [], f"rank {r.rank}: {wrong}"
         assert digests == results[0].value[1], f"rank {r.rank} differs from rank 0"
 
