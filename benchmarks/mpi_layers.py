@@ -1,8 +1,9 @@
 """Where a two-rank all-reduce on the mpi transport spends its time, layer by layer, in turns.
 
 Rows, each timed in batches after a barrier, in turns with every other row, ``ROUNDS`` times
-(median per call, slowest rank): ``public`` (``dist.all_reduce``), ``portable`` (the algorithm
-the public call chooses, ``algorithms.all_reduce``, without the layers above it: recursive
+(median per call, slowest rank): ``public`` (``dist.all_reduce``, which after a shape's first
+call runs that shape's short entry, ``group.short_calls``), ``portable`` (the algorithm the
+public call chooses, ``algorithms.all_reduce``, without the layers above it: recursive
 doubling below 64 KiB, so that the gap to ``public`` is what those layers cost), ``algorithm``
 (the transport's two-rank all-reduce, ``ring_all_reduce``, without the layers above it; 0
 where the portable ring runs instead), ``swap`` (its whole-vector exchange at every size), ``sendrecv``

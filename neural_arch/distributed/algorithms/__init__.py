@@ -25,7 +25,7 @@ broadcast checks that itself.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -120,17 +120,35 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     """In-place all-reduce of a 1-D contiguous buffer (AVERAGE included); returns the
     algorithm used."""
     name = select("all_reduce", t, buf.nbytes, algorithm)
+    _run_all_reduce(name, t, buf, op, fp)
+    return name
+
+
+def all_reduce_plan(t: Transport, dtype: np.dtype, nbytes: int, op: ReduceOp
+                    ) -> Callable[[np.ndarray, Fingerprint], None]:
+    """``run(buf, fp)``: what ``all_reduce`` runs on ``t`` for every buffer of ``dtype`` and
+    ``nbytes`` bytes with ``op`` and the automatic choice, chosen once. For a caller that runs
+    one shape many times (the public calls' short entries): the choice depends only on these,
+    the transport and the environment read at ``init_process_group``. Recursive doubling's
+    own plan also takes once what its calls of the shape share."""
+    name = select("all_reduce", t, nbytes)
+    if name == "recursive_doubling" and op is not ReduceOp.AVERAGE:
+        return recursive_doubling.plan(t, op, dtype, nbytes)
+    return lambda buf, fp: _run_all_reduce(name, t, buf, op, fp)
+
+
+def _run_all_reduce(name: str, t: Transport, buf: np.ndarray, op: ReduceOp,
+                    fp: Fingerprint) -> None:
     if name in _NATIVE:
         t.native_collectives().all_reduce(buf, op, fp)
-        return name
+        return
     summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
     if name == "ring":  # divides each finished piece while it is in cache
         ring.all_reduce(t, buf, summed, fp, t.world_size if op is ReduceOp.AVERAGE else 0)
-        return name
+        return
     recursive_doubling.all_reduce(t, buf, summed, fp)
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(buf, t.world_size)
-    return name
 
 
 def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
@@ -194,5 +212,5 @@ def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, ro
 
 
 __all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "agree_on_root",
-           "all_gather", "all_reduce", "barrier", "broadcast", "gather", "normalize",
-           "read_environment", "reduce", "reduce_scatter", "scatter", "select"]
+           "all_gather", "all_reduce", "all_reduce_plan", "barrier", "broadcast", "gather",
+           "normalize", "read_environment", "reduce", "reduce_scatter", "scatter", "select"]

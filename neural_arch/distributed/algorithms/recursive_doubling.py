@@ -20,34 +20,54 @@ from ..reduce_ops import ReduceOp, combiner
 from ..transports.base import Fingerprint, Transport
 from . import exchange
 
+# What rank r of n does in a piece (``_schedule``): hands its data to the odd rank above and gets
+# the result back, folds in the even rank below's first and sends it the result, or neither.
+_HANDS_OVER, _FOLDS_IN, _DOUBLES = range(3)
+# (n, r) -> (role, ((peer, peer's operand first), ...) per doubling round): a piece's loop reads
+# its rounds instead of working them out on every call
+_SCHEDULES: dict = {}
+
+
+def _schedule(n: int, r: int) -> tuple[int, tuple[tuple[int, bool], ...]]:
+    found = _SCHEDULES.get((n, r))
+    if found is not None:
+        return found
+    pow2 = 1 << (n.bit_length() - 1)
+    extra = n - pow2
+    if r < 2 * extra and r % 2 == 0:
+        found = (_HANDS_OVER, ())
+    else:
+        vrank = r // 2 if r < 2 * extra else r - extra
+        rounds = []
+        mask = 1
+        while mask < pow2:
+            vpeer = vrank ^ mask
+            rounds.append((2 * vpeer + 1 if vpeer < extra else vpeer + extra, vpeer < vrank))
+            mask <<= 1
+        found = (_FOLDS_IN if r < 2 * extra else _DOUBLES, tuple(rounds))
+    _SCHEDULES[(n, r)] = found
+    return found
+
 
 def _all_reduce_piece(t: Transport, buf: np.ndarray, other: np.ndarray,
                       combine: Callable[..., Any], fp: Fingerprint) -> None:
     """All-reduce ``buf`` (at most one segment) in place; ``other`` (as large) receives."""
-    n, r = t.world_size, t.rank
-    pow2 = 1 << (n.bit_length() - 1)
-    extra = n - pow2
-    if r < 2 * extra:
-        if r % 2 == 0:
-            t.send(buf, r + 1, fp)
-            t.recv(buf, r + 1, fp)
-            return
+    r = t.rank
+    role, rounds = _schedule(t.world_size, r)
+    if role == _HANDS_OVER:
+        t.send(buf, r + 1, fp)
+        t.recv(buf, r + 1, fp)
+        return
+    if role == _FOLDS_IN:
         t.recv(other, r - 1, fp)
         combine(other, buf, out=buf)
-        vrank = r // 2
-    else:
-        vrank = r - extra
-    mask = 1
-    while mask < pow2:
-        vpeer = vrank ^ mask
-        peer = 2 * vpeer + 1 if vpeer < extra else vpeer + extra
+    for peer, theirs_first in rounds:
         t.sendrecv(buf, peer, other, peer, fp)
-        if vpeer < vrank:
+        if theirs_first:
             combine(other, buf, out=buf)
         else:
             combine(buf, other, out=buf)
-        mask <<= 1
-    if r < 2 * extra:
+    if role == _FOLDS_IN:
         t.send(buf, r - 1, fp)
 
 
@@ -55,7 +75,23 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> 
     """In-place all-reduce; large buffers are processed one segment at a time."""
     if t.world_size == 1 or buf.size == 0:
         return
-    combine = combiner(op, buf.dtype)
+    _segments(t, buf, combiner(op, buf.dtype), fp)
+
+
+def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int
+         ) -> Callable[[np.ndarray, Fingerprint], None]:
+    """``all_reduce`` of every buffer of ``dtype`` and ``nbytes`` bytes on ``t``, what their
+    calls share (the combine, whether it is one piece) taken once."""
+    if t.world_size == 1 or nbytes == 0:
+        return lambda buf, fp: None
+    combine = combiner(op, dtype)
+    if nbytes > exchange.SEGMENT_BYTES:
+        return lambda buf, fp: _segments(t, buf, combine, fp)
+    return lambda buf, fp: _all_reduce_piece(t, buf, np.empty(buf.size, buf.dtype), combine, fp)
+
+
+def _segments(t: Transport, buf: np.ndarray, combine: Callable[..., Any],
+              fp: Fingerprint) -> None:
     if buf.nbytes <= exchange.SEGMENT_BYTES:  # one piece
         _all_reduce_piece(t, buf, np.empty(buf.size, buf.dtype), combine, fp)
         return

@@ -7,11 +7,13 @@ returned. ``src``/``dst`` are global ranks, as in PyTorch. The collectives with 
 (``reduce``, ``gather``, ``scatter``) are in ``rooted``; the package re-exports both.
 
 A synchronous all-reduce or broadcast of a NumPy array, or a barrier, on the default group
-with no profiler attached first looks up its *entry* in the short calls of the group's
-transport (``world.planned``; shared memory's ``short_calls``): one dictionary lookup keyed by
-dtype, element count and op (or root). An entry exists once an earlier call of that shape made
-its plan; it runs the call in one compiled step, with the sequence number and fingerprint
-signature the general path would use and after any queued async work. A synchronous
+with no profiler attached first looks up its *entry* in the group's short calls
+(``world.short_calls``): one dictionary lookup keyed by dtype, element count and op (or root).
+On shared memory (``short_calls`` of the transport) an entry exists once an earlier call of
+that shape made its plan, and runs the call in one compiled step; on another transport
+(``group.short_calls``) once an earlier call of that shape passed the checks, and runs the
+algorithm the general path would choose. Either uses the sequence number and fingerprint the
+general path would use and runs after any queued async work. A synchronous
 all-gather into a tensor runs its shape's plan directly. On a 4-byte vector the checks and
 layers of the general path cost several times the collective itself. Every other call, and
 every one with arguments the general path must check, goes the general way.
@@ -43,16 +45,15 @@ def _planned() -> Optional[tuple]:
 
 
 def _short_calls() -> Any:
-    """The short calls of the default group's transport, bound to that group, or None where
-    there are none (not initialised, one rank, a transport without them, closed). Only asked
-    when a call found no entry, and the default group has plans (``world.planned()``): on a
-    transport without them (mpi, tcp) a call asks that one question, not this whole chain."""
+    """The short calls of the default group, bound to it, or None where there are none (not
+    initialised, one rank, closed) or a profiler wants to see every call. Only asked when a
+    call found no entry and the default group may have them (``world.has_short_calls()``):
+    a group without them costs that one question, not this whole chain."""
     global _short
-    planned = _planned()
-    if planned is None:
+    if profiler.current_tracer() is not None:
         return None
-    short = getattr(planned[0].transport.native_collectives(), "short_calls", None)
-    if short is None or not short.bind(planned[0]):
+    short = world.short_calls()
+    if short is None:
         return None
     _short = short
     return short
@@ -64,7 +65,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
             and type(op) is ReduceOp and profiler.TRACER is None):
         entry = _short.all_reduce.get((tensor.dtype, tensor.size, op))
-        if (entry is None and world.planned() is not None
+        if (entry is None and world.has_short_calls()
                 and algorithms.environment_choice() is None):
             short = _short_calls()
             entry = short and short.all_reduce_entry(tensor, op, OP_CODE[op])
@@ -90,7 +91,7 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
             and type(src) is int and profiler.TRACER is None):
         entry = _short.broadcast.get((tensor.dtype, tensor.size, src))
-        if entry is None and world.planned() is not None and tensor.dtype.type in SUPPORTED_DTYPES:
+        if entry is None and world.has_short_calls() and tensor.dtype.type in SUPPORTED_DTYPES:
             short = _short_calls()
             entry = short and short.broadcast_entry(tensor, src)
         if entry and entry(tensor):
@@ -225,7 +226,7 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
     """Return only once every rank of the group has entered the barrier."""
     if group is None and not async_op and algorithm is None and profiler.TRACER is None:
         entry = _short.barrier
-        if entry is None and world.planned() is not None:
+        if entry is None and world.has_short_calls():
             short = _short_calls()
             entry = short and short.barrier_entry()
         if entry:

@@ -21,6 +21,7 @@ from .backend_choice import (agree_on_backend, choose_on_one_host, launched_by_m
                              normalize_backend)
 from .agreement import check_same_everywhere
 from .process_group import ProcessGroup
+from .short_calls import ShortCalls
 from .subgroup_transport import GroupTransport
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -41,6 +42,10 @@ class _World:
         self.planned = None
         if native is not None and native.preferred and getattr(native, "plans", None) is not None:
             self.planned = (self.default, native.plans)
+        # The public calls' short entries where the transport has none of its own (see
+        # ``short_calls``); shared memory's come with its collectives' plans.
+        self.general_short = (ShortCalls(self.default) if transport is not None
+                              and self.planned is None else None)
 
 
 _WORLD: Optional[_World] = None
@@ -129,6 +134,8 @@ def _destroy(group: Optional[ProcessGroup], abandoned: bool) -> None:
     _WORLD = None
     for g in world.groups:
         g.destroyed = True
+    if world.general_short is not None:  # none may run on the transport closed below
+        world.general_short.clear()
     try:
         world.queue.close()
     finally:
@@ -179,6 +186,26 @@ def planned() -> Optional[tuple]:
     collectives call it directly for NumPy arrays (see ``collectives``)."""
     w = _WORLD
     return None if w is None else w.planned
+
+
+def has_short_calls() -> bool:
+    """Whether calls on the default group may have short entries (``short_calls``): asked when
+    a call found none, so that a group without them costs one question, not a lookup."""
+    w = _WORLD
+    return w is not None and (w.planned is not None or w.general_short is not None)
+
+
+def short_calls() -> Optional[Any]:
+    """The short calls serving the default group, bound to it, or None (not initialised, one
+    rank, a closed transport): those of the transport's own collectives where it has plans
+    (shared memory's ``short_calls``), else ``group.short_calls``' general entries."""
+    w = _WORLD
+    if w is None:
+        return None
+    short = w.general_short
+    if short is None and w.planned is not None:
+        short = getattr(w.transport.native_collectives(), "short_calls", None)
+    return short if short is not None and short.bind(w.default) else None
 
 
 def resolve_group(group: Optional[ProcessGroup]) -> ProcessGroup:

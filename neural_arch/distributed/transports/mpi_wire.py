@@ -120,9 +120,13 @@ class Incoming:
             if not self.reqs[0].Test(status):
                 return FIRST
             first, count = self.first, status.Get_count(MPI.BYTE)  # what arrived: judged next
-            packed = self.payload.nbytes <= PACKED_MAX_BYTES
-            check_first(self.t, first, count, self.src, self.fp, self.payload.nbytes, packed,
-                        self.header)
+            nbytes = self.payload.nbytes
+            packed = nbytes <= PACKED_MAX_BYTES
+            header = self.header
+            # the common case (the header expected, as long as expected) without a call
+            if not (header is not None and count == HEADER_SIZE + (nbytes if packed else 0)
+                    and first.startswith(header)):
+                check_first(self.t, first, count, self.src, self.fp, nbytes, packed, header)
             if packed and count > HEADER_SIZE:
                 self.payload[:] = memoryview(first)[HEADER_SIZE:count]
             self.first = None
