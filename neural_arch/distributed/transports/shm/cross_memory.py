@@ -8,21 +8,21 @@ and under Yama's ``ptrace_scope`` 1 only a process that named its reader; ranks 
 not ancestors, so each rank names "any process of this user" (``PR_SET_PTRACER_ANY``) before
 the others probe it, and only where Yama asks for it.
 
-The same permission lets a process write a peer's memory (``process_vm_writev``): a
-two-rank broadcast has the root write half of its bytes into the reader's buffer while the
-reader reads the other half, so both cores copy (``single_copy``).
+The same permission lets a process write a peer's memory (``process_vm_writev``): an
+all-reduce's owner writes each reduced chunk into its peers, and a two-rank broadcast's root
+writes half of its bytes into the reader's buffer while the reader reads the other half, so
+both cores copy (``single_copy``).
 
 Whether the job uses peer reads, and peer writes, is settled once, at set-up
 (``PeerReads.agree``): each rank publishes a random token in its control line and the address
 of a private copy of it, reads every peer's copy and compares, then writes its own token into
 a slot of that copy kept for it and reads it back; every rank then publishes its verdict and
-waits for the others'. One rank that cannot (another operating system, a refused read, a pid that belongs
-to another process, ``NEURAL_ARCH_SHM_PEER_READ=0``) turns them off for all, so every rank
-always takes the same algorithm (a rank that can read but not write turns off the writes
-only). Being unable is a property of the machine, not an error: the
-workspace algorithms stand. A read or write that fails in the middle of a collective (the peer
-died: ESRCH; its buffer is gone: EFAULT) raises PeerFailureError naming the peer and the
-operation.
+waits for the others'. One rank that cannot (another operating system, a refused read, a pid
+that belongs to another process, ``NEURAL_ARCH_SHM_PEER_READ=0``) turns them off for all, so
+every rank always takes the same algorithm (a rank that can read but not write turns off the
+writes only). Being unable is a property of the machine, not an error: the workspace
+algorithms stand. A read or write that fails in the middle of a collective (the peer died:
+ESRCH; its buffer is gone: EFAULT) raises PeerFailureError naming the peer and the operation.
 """
 from __future__ import annotations
 
