@@ -231,9 +231,9 @@ class MpiTransport(RequestWaiting, Transport):
 
     def ring_all_reduce(self, buf: np.ndarray, op, fp: Fingerprint, mean: int = 0) -> bool:
         """The ring all-reduce (``algorithms.ring``) run here, with its bits, when this
-        transport has a faster way: two ranks swap small vectors whole and pipeline large
-        ones (``mpi_pair``). False: not here."""
-        if self.world_size != 2 or not mpi_pair.takes(buf.nbytes):
+        transport has a faster way: two ranks swap small vectors whole and exchange large
+        ones by whole halves (``mpi_pair``). False: not here."""
+        if self.world_size != 2:
             return False
         mpi_pair.all_reduce(self, buf, op, fp, mean)
         return True

@@ -1,22 +1,24 @@
-"""The mpi transport's all-reduce for two ranks: the ring's two steps as one pipeline, with the
-ring's bits.
+"""The mpi transport's all-reduce for two ranks: the ring's bits in fewer, larger messages.
 
 Up to ``EXCHANGE_MAX_BYTES`` the two ranks swap their whole vectors in one exchange and each
 reduces all of it, every element in the ring's operand order: one message each way costs less
 than the ring's two steps. The exchange is the transport's ``swap`` (``mpi_swap``): a packed
-copy with its header in front, reduced where it landed. From ``PIPELINE_MIN_BYTES`` the
-pipeline below runs. Between the two the portable ring does (``takes``): measured in turns at
-p = 2, it beat both there.
+copy with its header in front, reduced where it landed. Above it the ring's two steps run as
+two exchanges of whole halves (``halves_all_reduce``): this rank's half of the peer's vector
+arrives in scratch while the peer's half of this one goes out, is folded in, and the reduced
+half goes back while the peer's lands in place. The portable ring (``algorithms.ring``) cuts
+each half into 1 MiB segments sent in batches; at two ranks one message a half measured faster
+at every size from 512 KiB (``benchmarks/mpi_pair_forms.py``).
 
-The ring all-reduce (``algorithms.ring``) at p = 2 sends the peer's half of the vector, waits
-for its own half from the peer, reduces it, and only then sends the reduced half back: while it
-reduces, nothing moves, and while data moves, nothing is reduced. Here the whole collective is
-one ``send_recv_chained`` call (``mpi_chained``): the peer's half goes out in pieces, every
-receive is posted before its piece arrives (into a few reused slots), and each piece of this
-rank's half is reduced the moment it lands and sent straight back while later pieces are still
-in flight. Each element is reduced exactly as the ring reduces it (the peer's operand first,
-then the division of a mean), so the results are the ring's bit for bit; only the piece size
-differs, which no element's value depends on.
+The pipeline below (from ``PIPELINE_MIN_BYTES``, which no vector reaches unless it is lowered)
+is the same two steps as one ``send_recv_chained`` call (``mpi_chained``): the peer's half goes
+out in pieces, every receive is posted before its piece arrives (into a few reused slots), and
+each piece of this rank's half is reduced the moment it lands and sent straight back while
+later pieces are still in flight. It is built for a machine with a core free to move one piece
+while another is reduced; with two ranks on two cores it measured slower than the halves.
+
+Each element is reduced exactly as the ring reduces it (the peer's operand first, then the
+division of a mean), so every form gives the ring's results bit for bit.
 """
 from __future__ import annotations
 
@@ -42,13 +44,13 @@ if TYPE_CHECKING:
 # the receive buffers kept per peer; a larger one (``benchmarks/mpi_pair_forms.py``'s "swap"
 # form) exchanges with a ``sendrecv`` above it.
 EXCHANGE_MAX_BYTES = SWAP_MAX_BYTES
-# Below this size the portable ring beats the pipeline (``benchmarks/mpi_pair_forms.py``, quiet
-# 2-core machine, four runs, us: 256 KiB 112-116 against 121-124, 1 MiB 259-278 against
-# 278-301); from it the pipeline in 4 pieces a half ties with the ring at 4 MiB (708-780
-# against 711-790) and is 0-6 % faster at 16 MiB in three runs of four (2535-2756 against
-# 2638-2812; MPI_Allreduce 2825-2955). With two ranks on two cores no core is left to move
-# one piece while another is reduced: the overlap it is built for needs a larger machine.
-PIPELINE_MIN_BYTES = 4 << 20
+# The pipeline's threshold, out of reach by default: measured in turns at p = 2 on two cores
+# (``benchmarks/mpi_pair_forms.py``, two runs, us), the halves took 2739-2975 at 16 MiB against
+# the pipeline's 3441-3567 and MPI_Allreduce's 3122-3311, 870-974 at 4 MiB against 1015-1094
+# (MPI 718-745), 360-381 at 1 MiB against 449-453 (the portable ring 389-402, MPI 252-274). With
+# two ranks on two cores no core is left to move one piece while another is reduced: the
+# overlap the pipeline is built for needs a larger machine; tests and the benchmark lower it.
+PIPELINE_MIN_BYTES = 1 << 62
 # Pieces: small enough that the first is reduced while the rest of a half is still arriving,
 # large enough that MPI's per-message handshake and a Python step per piece stay a small part
 # of a piece's transfer. WINDOW_PIECES receive slots bound the scratch memory.
@@ -68,24 +70,23 @@ def _pieces(length: int, piece: int) -> Iterator[slice]:
         yield slice(lo, min(lo + piece, length))
 
 
-def takes(nbytes: int) -> bool:
-    """Whether a two-rank all-reduce of ``nbytes`` runs here (else the portable ring)."""
-    return nbytes <= EXCHANGE_MAX_BYTES or nbytes >= PIPELINE_MIN_BYTES
-
-
 def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                mean: int = 0) -> None:
     """The ring all-reduce of ``algorithms.ring`` at two ranks (``op`` already a sum for an
-    average, ``mean`` > 0 the divisor), pipelined; ``buf`` is 1-D, contiguous, non-empty."""
+    average, ``mean`` > 0 the divisor) in one exchange, two, or the pipeline, by size;
+    ``buf`` is 1-D, contiguous, non-empty."""
     rank, peer = t.rank, 1 - t.rank
     half = -(-buf.size // 2)  # the ring's chunks: the larger one first
     if buf.nbytes <= EXCHANGE_MAX_BYTES:
         exchange_all_reduce(t, buf, half, op, fp, mean)
         return
     mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
+    fold = _folder(combiner(op, buf.dtype), mean)
+    if buf.nbytes < PIPELINE_MIN_BYTES:
+        halves_all_reduce(t, mine, theirs, fold, fp)
+        return
     piece = piece_elems(half, buf.itemsize)
     slots = thread_scratch(min(WINDOW_PIECES * piece, mine.size) * buf.itemsize, buf.dtype)
-    fold = _folder(combiner(op, buf.dtype), mean)
     recvs = []
     for k, part in enumerate(_pieces(mine.size, piece)):
         acc = mine[part]
@@ -96,6 +97,18 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     recvs += [(theirs[part], peer, fp, None) for part in _pieces(theirs.size, piece)]
     t.send_recv_chained([(theirs[part], peer, fp) for part in _pieces(theirs.size, piece)],
                         recvs)
+
+
+def halves_all_reduce(t: MpiTransport, mine: np.ndarray, theirs: np.ndarray, fold,
+                      fp: Fingerprint) -> None:
+    """The ring's two steps, each one exchange of a whole half: ``theirs`` goes to the peer
+    while the peer's part of ``mine`` arrives in scratch and is folded into ``mine``; then
+    ``mine``, reduced, goes back while the peer's reduced half lands in ``theirs``."""
+    peer = 1 - t.rank
+    got = thread_scratch(mine.nbytes, mine.dtype)
+    t.sendrecv(theirs, peer, got, peer, fp)
+    fold(got, mine)
+    t.sendrecv(mine, peer, theirs, peer, fp)
 
 
 def exchange_all_reduce(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp,

@@ -1,12 +1,13 @@
 """The mpi transport's two-rank all-reduce (``transports.mpi_pair``): the portable ring's bits in
-one transport call (one exchange, or the pipeline of ``mpi_chained``), mismatches named, a dead
-peer named.
+one transport call (one exchange, the ring's two steps as two exchanges of whole halves, or the
+pipeline of ``mpi_chained``), mismatches named, a dead peer named.
 
 The pipeline's jobs force small pieces (``MIN_PIECE_BYTES``), no exchange and the pipeline at
 every size (``PIPELINE_MIN_BYTES``), so that small vectors already span many pieces, a short
 last one and more pieces than receive slots. The exchange's job lowers the swap's limit, so that
 the larger vectors take the ``sendrecv`` an exchange above the swap's limit runs (a benchmark's
-form)."""
+form). The halves' job turns the exchange off, so every vector takes the two exchanges of
+halves that larger vectors take."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,6 +50,8 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
         mpi_pair.PIPELINE_MIN_BYTES = 0
     elif form == "exchange":
         mpi_pair.SWAP_MAX_BYTES = SWAP_TEST_BYTES
+    elif form == "halves":
+        mpi_pair.EXCHANGE_MAX_BYTES = 0
     t = resolve_group(None).transport
     calls = {"send_recv_chained": [], "sendrecv": [], "swap": []}
     for name, found in calls.items():
@@ -91,8 +94,9 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
     return report
 
 
-@pytest.fixture(scope="module", params=[(2, "pipeline"), (2, "exchange"), (3, "ring")],
-                ids=["p2-pipeline", "p2-exchange", "p3"])
+@pytest.fixture(scope="module", params=[(2, "pipeline"), (2, "exchange"), (2, "halves"),
+                                        (3, "ring")],
+                ids=["p2-pipeline", "p2-exchange", "p2-halves", "p3"])
 def reports(request):
     world, form = request.param
     return request.param, run_ranks(_bits_job, world, "mpi", timeout=60, args=(form,),
@@ -107,9 +111,11 @@ def test_all_reduce_keeps_the_portable_rings_bits_and_numpys_values(reports):
 def test_two_ranks_run_each_all_reduce_as_one_transport_call(reports):
     (world, form), per_rank = reports
     # one call per non-empty all-reduce at p = 2: 5 sizes x (3 dtypes x 3 ops - 1 AVERAGE);
-    # exchanged: 3 sizes x 8 and 1001 x (float32 x 3 + int32 x 2) swapped, the rest sendrecv
+    # exchanged: 3 sizes x 8 and 1001 x (float32 x 3 + int32 x 2) swapped, the rest sendrecv;
+    # halves: two sendrecv calls each
     expected = {"pipeline": {"send_recv_chained": 40, "sendrecv": 0, "swap": 0},
-                "exchange": {"send_recv_chained": 0, "sendrecv": 11, "swap": 29}}.get(form)
+                "exchange": {"send_recv_chained": 0, "sendrecv": 11, "swap": 29},
+                "halves": {"send_recv_chained": 0, "sendrecv": 80, "swap": 0}}.get(form)
     for r in per_rank:
         if expected is None:  # three ranks: the portable ring's messages
             assert r["calls"]["send_recv_chained"] == r["calls"]["swap"] == 0 and \
@@ -119,8 +125,8 @@ def test_two_ranks_run_each_all_reduce_as_one_transport_call(reports):
 
 
 # the two-rank jobs of ``reports`` only: the mismatch is what the two-rank forms check
-@pytest.mark.parametrize("reports", [(2, "pipeline"), (2, "exchange")], indirect=True,
-                         ids=["p2-pipeline", "p2-exchange"])
+@pytest.mark.parametrize("reports", [(2, "pipeline"), (2, "exchange"), (2, "halves")],
+                         indirect=True, ids=["p2-pipeline", "p2-exchange", "p2-halves"])
 def test_different_sizes_on_two_ranks_raise_naming_both(reports):
     _, per_rank = reports
     for r in per_rank:
