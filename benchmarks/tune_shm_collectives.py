@@ -96,7 +96,7 @@ def worker(sizes, rounds, repeats, result_path):
     if dist.get_rank() == 0:
         with open(result_path, "w") as f:
             json.dump({"candidates": [list(cand) for cand in candidates],
-                       "peer_reads": peer_reads,
+                       "peer_reads": tuning.peer_level(peer_reads, c.t.peer_reads.writable),
                        "times": {str(k): v for k, v in out.items()}}, f)
     dist.destroy_process_group()
 
@@ -124,6 +124,7 @@ def main(argv=None) -> int:
                [parse_size(s) for s in rounds.split(",")], int(repeats), result)
         return 0
     from neural_arch.distributed.transports.shm import tuning
+    writes = False  # whether any world size's peer_read candidates ran with peer writes
     chosen, measured = {}, {"cpus": os.cpu_count(), "repeats": args.repeats,
                             "command": "python benchmarks/tune_shm_collectives.py "
                                        + " ".join(argv if argv is not None else sys.argv[1:])}
@@ -138,10 +139,11 @@ def main(argv=None) -> int:
             subprocess.run(cmd, env=env, check=True, timeout=1800)
             with open(result) as f:
                 data = json.load(f)
+        writes = writes or data["peer_reads"] == tuning.READ_WRITE
         by_tag = {tuning.Choice(a, r).tag: tuning.Choice(a, r) for a, r in data["candidates"]}
         chosen[p] = [(int(size), best(times, by_tag, tuning.default_choice(
             p, int(size), data["peer_reads"]))) for size, times in data["times"].items()]
-    table = tuning.write(args.output, chosen, measured)
+    table = tuning.write(args.output, chosen, measured, writes)
     print(json.dumps(table["all_reduce"], indent=1))
     print(f"wrote {args.output}")
     return 0

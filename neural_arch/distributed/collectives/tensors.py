@@ -11,9 +11,10 @@ with no profiler attached first looks up its *entry* in the group's short calls
 (``world.short_calls``): one dictionary lookup keyed by dtype, element count and op (or root).
 On shared memory (``short_calls`` of the transport) an entry exists once an earlier call of
 that shape made its plan, and runs the call in one compiled step; on another transport
-(``group.short_calls``) once an earlier call of that shape passed the checks, and runs the
-algorithm the general path would choose. Either uses the sequence number and fingerprint the
-general path would use and runs after any queued async work. A synchronous
+(``group.short_calls``) the first call of a shape makes it, after the checks the general path
+makes of what the shape tells (dtype, op, root), and runs through it the algorithm the general
+path would choose. Either uses the sequence number and fingerprint the general path would use
+and runs after any queued async work. A synchronous
 all-gather into a tensor runs its shape's plan directly. On a 4-byte vector the checks and
 layers of the general path cost several times the collective itself. Every other call, and
 every one with arguments the general path must check, goes the general way.

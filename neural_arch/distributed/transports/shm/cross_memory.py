@@ -39,19 +39,23 @@ from ...errors import PeerFailureError
 from .layout import BUFFER, PEER_READ, PROBE_ADDRESS, PROBE_TOKEN
 from .waiting import Backoff
 
-ENV_SWITCH = "NEURAL_ARCH_SHM_PEER_READ"
-SWITCH_VALUES = {"auto": True, "1": True, "on": True, "0": False, "off": False}
 PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 MAX_READ_BYTES = 1 << 30  # one process_vm_readv moves at most ~2 GiB: larger reads in pieces
 # A rank's verdict word: 0 while undecided, then DECIDED with READS and WRITES where it can.
 DECIDED, READS, WRITES = 1, 2, 4
+ENV_SWITCH = "NEURAL_ARCH_SHM_PEER_READ"
+# What each value of the switch lets this rank do to its peers' memory
+SWITCH_VALUES = {"auto": READS | WRITES, "1": READS | WRITES, "on": READS | WRITES,
+                 "read": READS, "0": 0, "off": 0}
 
 
-def switched_on() -> bool:
-    """``NEURAL_ARCH_SHM_PEER_READ``: auto (default), 1 or on: use peer reads where every rank
-    can; 0 or off: never. Any other value is a ValueError naming the variable and value."""
+def switched_on() -> int:
+    """``NEURAL_ARCH_SHM_PEER_READ``: auto (default), 1 or on: read and write peers' memory
+    where every rank can; read: read only (every rank then reads the owners' slices itself);
+    0 or off: never. Returns READS and WRITES as allowed. Any other value is a ValueError
+    naming the variable and value."""
     value = os.environ.get(ENV_SWITCH, "auto").strip().lower() or "auto"
     if value not in SWITCH_VALUES:
         raise ValueError(f"{ENV_SWITCH}={value!r}; use one of {', '.join(SWITCH_VALUES)}")
@@ -102,17 +106,18 @@ def forbid_peer_readers(libc: Any) -> None:
 class PeerReads:
     """One rank's reader (and writer) of its peers' memory, and the job's agreement on using it.
 
-    ``enabled``: ``switched_on()`` as the caller read it (False: this rank says no at
-    ``agree``). ``usable`` is False until ``agree`` found that every rank can read every peer;
+    ``enabled``: ``switched_on()`` as the caller read it (READS and WRITES as allowed; True:
+    both, False or 0: this rank says no at ``agree``). ``usable`` is False until ``agree`` found that every rank can read every peer;
     afterwards ``read(peer, address, out, op, seq)`` copies ``out.nbytes`` bytes at ``address``
     in ``peer``'s memory into ``out`` (a C-contiguous array) or raises PeerFailureError.
     ``writable``: every rank can also write every peer, with ``write(peer, address, data, op,
     seq)``.
     """
 
-    def __init__(self, rank: int, world_size: int, enabled: bool = True) -> None:
+    def __init__(self, rank: int, world_size: int, enabled: int = READS | WRITES) -> None:
         self.rank, self.world_size = rank, world_size
         self.usable = self.writable = False
+        self._allowed = (READS | WRITES) if enabled is True else int(enabled)
         self.pids = [0] * world_size
         self._libc = _libc_reader() if enabled else None
         self._call = self._libc.process_vm_readv if self._libc is not None else None
@@ -126,6 +131,7 @@ class PeerReads:
         self._scratch = np.empty(0, np.uint8)
         self.buffer_words: tuple = ()
         self.plans: dict = {}  # the chunks of each all-reduce shape (``single_copy``)
+        self.kept: list = []  # buffers a failed call left open to its peers' writes
         self._opened = self._libc is not None and allow_peer_readers(self._libc)
 
     def scratch(self, dtype: np.dtype, n: int) -> np.ndarray:
@@ -149,7 +155,7 @@ class PeerReads:
         when all can also write."""
         ctrl, layout, p = t.ctrl, t.layout, self.world_size
         self.pids = list(pids)
-        verdict = READS | WRITES
+        verdict = self._allowed
         for q in range(p):
             if q != self.rank:
                 verdict &= self.probe_peer(pids[q], ctrl[layout.rank_word(q, PROBE_TOKEN)],
@@ -173,6 +179,11 @@ class PeerReads:
         self.buffer_words = tuple(layout.rank_word(q, BUFFER) for q in range(p))
         if not self.usable:
             self.close()
+
+    def keep(self, buf: np.ndarray) -> None:
+        """Keep ``buf`` alive as long as this object: a call that failed while its peers may
+        still write into it must not let its memory be freed and reused under them."""
+        self.kept.append(buf)
 
     def close(self) -> None:
         """Peer reads are over (the transport closed, or the job cannot use them): undo what

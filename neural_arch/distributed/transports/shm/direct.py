@@ -81,7 +81,8 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     size, by default the tuning table's for this world size and size (``tuning``); peer reads
     (``single_copy``) where the ranks agreed at set-up that they can."""
     workspace = c.layout.workspace_bytes
-    peer_reads = c.t.peer_reads.usable
+    reads = c.t.peer_reads
+    peer_reads = tuning.peer_level(reads.usable, reads.writable)
     if choice is None:
         choice, suffix = tuning.decide(c.world_size, buf.nbytes, workspace, peer_reads)
         if suffix:  # ranks that chose differently meet different signatures: a mismatch

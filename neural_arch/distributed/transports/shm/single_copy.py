@@ -36,8 +36,13 @@ Broadcast, two generations: the non-roots read the root's buffer; the root waits
 two ranks, where the ranks agreed that they can also write each other's memory, the root writes
 the first half into the reader's buffer while the reader reads the second: one copy per byte
 still, but both cores copy. Every rank marks its buffer word with ``ROOT_FLAG`` when it is the
-root: the public calls' fingerprints name the root, but a rank writes into its peer only where
-both ranks' words say which of them is the root (two ranks disagreeing both raise).
+root: the public calls' fingerprints name the root, but a rank reads or writes only where
+every rank's word says the root is the one it passed (at two ranks both ranks raise; with
+more, a rank that passed another root raises, the others wait for it until the timeout).
+
+A rank that raises between the first generation and the last (a failed read, a timeout, an
+interrupt) may still have a peer writing into its buffer: that buffer is kept alive as long as
+the transport (``PeerReads.keep``), never freed under a peer's write.
 """
 from __future__ import annotations
 
@@ -51,9 +56,11 @@ from ...reductions.kernels import sum_halves
 from ..base import Fingerprint
 from . import direct  # which imports this module: its functions are looked up at call time
 
-# At and above these sizes, per world size, a broadcast reads the root where peer reads work.
-# Measured on two cores against the workspace broadcast in turns: at p = 2 it took 0.7x that
-# one's time at 1 MiB and 0.5x at 4 MiB (as long at 256 KiB); at p = 3 it was slower up to
+# At and above these sizes, per world size, a broadcast reads the root where peer reads work
+# (at two ranks, splitting the copy with the root's write where writes work too). Measured on
+# two cores against the prepared broadcast below it, with the root's data rewritten before each
+# call: the split single copy took 1.5-1.8x its time at 256 KiB and 1.2x at 512 KiB
+# (docs/collectives.md), so it starts at 1 MiB; at p = 3 the read-only form was slower up to
 # 4 MiB (ranks outnumber cores), so other world sizes keep the workspace broadcast.
 BROADCAST_MIN_BYTES = {2: 1 << 20}
 ROOT_FLAG = 1 << 62  # above every user-space address: "this rank is the broadcast's root"
@@ -122,21 +129,25 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, chunk_byt
     addresses = [ctrl[w] for w in words]
     read, write, name, seq = reads.read, reads.write, fp.op, fp.seq
     writes = reads.writable
-    peers = [q for q, _, _ in owners]
-    for a, b, rows in chunks:
-        own = buf[a:b]
-        operands = []
-        for q in range(p):
-            if q == rank:
-                operands.append(own)
-            else:
-                read(q, addresses[q] + a * itemsize, rows[q], name, seq)
-                operands.append(rows[q])
-        combine(own, operands, rows[rank])
-        if writes:  # the chunk's result, still in this core's cache, into every peer
-            for q in peers:
-                write(q, addresses[q] + a * itemsize, own, name, seq)
-    c.sync(gen + 1, fp)
+    try:
+        for a, b, rows in chunks:
+            own = buf[a:b]
+            operands = []
+            for q in range(p):
+                if q == rank:
+                    operands.append(own)
+                else:
+                    read(q, addresses[q] + a * itemsize, rows[q], name, seq)
+                    operands.append(rows[q])
+            combine(own, operands, rows[rank])
+            if writes:  # the chunk's result, still in this core's cache, into every peer
+                for q, _, _ in owners:
+                    write(q, addresses[q] + a * itemsize, own, name, seq)
+        c.sync(gen + 1, fp)
+    except BaseException:
+        if writes:
+            reads.keep(buf)
+        raise
     if writes:
         return  # every owner wrote its slice into this buffer before arriving
     for q, q_lo, q_hi in owners:
@@ -155,18 +166,24 @@ def broadcast(c: Any, data: np.ndarray, root: int, fp: Fingerprint) -> None:
     gen, sig = c.begin(fp, data.size)
     c.sync(gen, fp, sig)
     roots = [q for q, w in enumerate(words) if ctrl[w] & ROOT_FLAG]
-    if c.world_size == 2 and roots != [root]:  # a root writes into its peer: never on a guess
+    if roots != [root]:  # the public calls' fingerprints name the root; a direct caller's not
         raise CollectiveMismatchError(
             f"broadcast of {data.size} bytes: rank {rank} takes rank {root} as the root, the "
             f"ranks that say they are the root are {roots} ({fp.describe()})", rank=rank,
             op=fp.op, seq=fp.seq)
     split = root_writes(data.size) if c.world_size == 2 and reads.writable else 0
-    if rank == root:
-        if split:
-            reads.write(1 - rank, ctrl[words[1 - rank]], data[:split], fp.op, fp.seq)
-    else:
-        reads.read(root, (ctrl[words[root]] & ~ROOT_FLAG) + split, data[split:], fp.op, fp.seq)
-    c.sync(gen + 1, fp)
+    try:
+        if rank == root:
+            if split:
+                reads.write(1 - rank, ctrl[words[1 - rank]], data[:split], fp.op, fp.seq)
+        else:
+            reads.read(root, (ctrl[words[root]] & ~ROOT_FLAG) + split, data[split:], fp.op,
+                       fp.seq)
+        c.sync(gen + 1, fp)
+    except BaseException:
+        if split and rank != root:
+            reads.keep(data)
+        raise
 
 
 def root_writes(nbytes: int) -> int:

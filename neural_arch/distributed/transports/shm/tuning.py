@@ -4,18 +4,24 @@ Two choices shape a large all-reduce: the algorithm, ``whole`` (two ranks only: 
 every round whole, one barrier a round, ``direct``), ``split`` (rank r reduces slice r of each
 round into the result area and everyone copies the other slices out after the next barrier,
 ``direct``) or ``peer_read`` (rank r reads slice r of every peer's buffer and reduces it in its
-own, then reads the other slices from their owners, ``single_copy``; only where the ranks agreed
-at set-up that they can read each other's memory, ``cross_memory``), and the bytes of data per
-round (for ``peer_read``, per read), which decide how much of the vector stays in cache between
-being copied and being reduced. Which is fastest depends on the machine's caches and on how its
-cores share them, so it is measured, as Open MPI's tuned decision rules and NCCL's tuning are:
+own, then writes each reduced chunk into the peers where they agreed to write each other's
+memory, else reads the other slices from their owners, ``single_copy``; only where the ranks
+agreed at set-up that they can read each other's memory, ``cross_memory``), and the bytes of
+data per round (for ``peer_read``, per read), which decide how much of the vector stays in
+cache between being copied and being reduced. Which is fastest depends on the machine's caches
+and on how its cores share them, so it is measured, as Open MPI's tuned decision rules and
+NCCL's tuning are:
 ``benchmarks/tune_shm_collectives.py`` times every candidate per world size and message size on
 this machine and writes the table this module reads.
 
 The table is JSON: ``{"format": 1, "all_reduce": {"<world size>": [{"up_to_bytes": B,
 "algorithm": "whole" | "split" | "peer_read", "round_bytes": R}, ...]}}``, the rows of a world
 size by increasing ``up_to_bytes``; a message takes the first row whose ``up_to_bytes`` it does
-not exceed, or the last row. It is read once per process from ``NEURAL_ARCH_SHM_TUNING`` (a
+not exceed, or the last row. An optional ``"peer_writes": true`` says the table's ``peer_read``
+rows were measured with the owners writing their reduced chunks into the peers
+(``single_copy``): they then count only where the ranks agreed on peer writes too, since the
+form that reads the owners' slices instead is slower at the smaller sizes. It is read once per
+process from ``NEURAL_ARCH_SHM_TUNING`` (a
 path) when set, else from ``tuning_table.json`` beside this file; without either, for a world
 size the table does not name, or for a ``peer_read`` row in a job whose ranks cannot read each
 other, the built-in choice stands: ``peer_read`` in chunks of PEER_READ_CHUNK_BYTES from
@@ -33,6 +39,7 @@ import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 ENV_TABLE = "NEURAL_ARCH_SHM_TUNING"
+PEER_WRITES = "peer_writes"  # the table's field: its peer_read rows were measured with writes
 TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
 FORMAT = 1
 ALGORITHMS = ("whole", "split", "peer_read")
@@ -40,9 +47,11 @@ DEFAULT_ROUND_BYTES = 1 << 20  # rounds of 1 MiB keep large vectors in cache on 
 MIN_ROUND_BYTES = 4096
 # Peer reads (``single_copy``), where every rank of the job can: the built-in choice from these
 # sizes on, per world size, reading the peers in chunks of PEER_READ_CHUNK_BYTES. Measured on
-# two cores against ``whole`` in turns: 3-20% faster at 4 MiB and 20-40% at 16 MiB, but 5-50%
-# slower from 256 KiB to 2 MiB, where the workspace copies stay in cache and the three barriers
-# and the kernel's page pinning weigh more. World sizes not named here keep the workspace
+# two cores against ``whole`` in turns, in the form without peer writes (three barriers, the
+# owners' slices read back): 3-20% faster at 4 MiB and 20-40% at 16 MiB, but 5-50% slower from
+# 256 KiB to 2 MiB, where the workspace copies stay in cache and the barriers and the kernel's
+# page pinning weigh more. With peer writes it was faster from 256 KiB on, which the shipped
+# table (``"peer_writes": true``) says. World sizes not named here keep the workspace
 # algorithms unless a table says otherwise: three and four ranks on two cores were slower.
 PEER_READ_MIN_BYTES = {2: 4 << 20}
 PEER_READ_CHUNK_BYTES = 256 << 10
@@ -62,13 +71,23 @@ class Choice(NamedTuple):
 
 Rows = List[Tuple[int, Choice]]
 _loaded: Dict[str, Any] = {}  # "rows": {world size: rows}, "source": where they came from
-_decided: Dict[Tuple[int, int, int, bool], Tuple[Choice, str]] = {}  # see ``decide``
+_decided: Dict[Tuple[int, int, int, int], Tuple[Choice, str]] = {}  # see ``decide``
 MAX_DECIDED = 4096
 
 
-def default_choice(world_size: int, nbytes: int = 0, peer_reads: bool = False) -> Choice:
-    """The choice without a table; ``peer_reads``: whether the job's ranks agreed they can
-    read each other's memory (``cross_memory``)."""
+# What a job's ranks agreed they can do to each other's memory (``cross_memory``), as the
+# ``peer_reads`` level the functions below take: a bool True counts as READ.
+NO_PEER_MEMORY, READ, READ_WRITE = 0, 1, 2
+
+
+def peer_level(usable: bool, writable: bool) -> int:
+    """The ``peer_reads`` level of a job whose ranks agreed on reads (``usable``) and writes."""
+    return (READ_WRITE if writable else READ) if usable else NO_PEER_MEMORY
+
+
+def default_choice(world_size: int, nbytes: int = 0, peer_reads: int = NO_PEER_MEMORY) -> Choice:
+    """The choice without a table; ``peer_reads``: what the job's ranks agreed they can do to
+    each other's memory (``peer_level``)."""
     if peer_reads and world_size in PEER_READ_MIN_BYTES \
             and nbytes >= PEER_READ_MIN_BYTES[world_size]:
         return Choice("peer_read", PEER_READ_CHUNK_BYTES)
@@ -109,14 +128,31 @@ def parse(table: Any, source: str) -> Dict[int, Rows]:
     return parsed
 
 
-def load(path: str) -> Dict[int, Rows]:
-    """The rows of the table at ``path``; ValueError when it is unreadable or malformed."""
+def needs_writes(table: Any, source: str) -> bool:
+    """Whether a decoded table's peer_read rows need peer writes (``"peer_writes"``)."""
+    flag = table.get(PEER_WRITES, False)
+    if not isinstance(flag, bool):
+        raise ValueError(f"{source}: \"{PEER_WRITES}\" must be true or false, got {flag!r}")
+    return flag
+
+
+def _read(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
-            table = json.load(f)
+            return json.load(f)
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read the shared-memory tuning table {path}: {exc}") from None
-    return parse(table, path)
+
+
+def load(path: str) -> Dict[int, Rows]:
+    """The rows of the table at ``path``; ValueError when it is unreadable or malformed."""
+    return parse(_read(path), path)
+
+
+def _load_with_flag(path: str) -> Tuple[Dict[int, Rows], bool]:
+    decoded = _read(path)
+    rows = parse(decoded, path)
+    return rows, needs_writes(decoded, path)
 
 
 def table() -> Dict[int, Rows]:
@@ -125,18 +161,19 @@ def table() -> Dict[int, Rows]:
     choice if it is unusable), else none."""
     if "rows" not in _loaded:
         path = os.environ.get(ENV_TABLE, "").strip()
+        writes = False
         if path:
-            rows = load(path)
+            rows, writes = _load_with_flag(path)
         elif os.path.exists(TABLE_FILE):
             path = TABLE_FILE
             try:
-                rows = load(path)
+                rows, writes = _load_with_flag(path)
             except ValueError as exc:
                 warnings.warn(f"{exc}; the built-in choices stand", RuntimeWarning)
                 rows, path = {}, ""
         else:
             rows = {}
-        _loaded.update(rows=rows, source=path)
+        _loaded.update(rows=rows, source=path, writes=writes)
     return _loaded["rows"]
 
 
@@ -160,26 +197,28 @@ def _clamped(choice: Choice, workspace_bytes: int) -> Choice:
 
 
 def all_reduce_choice(world_size: int, nbytes: int, workspace_bytes: int,
-                      peer_reads: bool = False) -> Choice:
+                      peer_reads: int = NO_PEER_MEMORY) -> Choice:
     """How an all-reduce of ``nbytes`` runs on ``world_size`` ranks: the table's row for that
     size, its rounds at most ``workspace_bytes`` (an input area's size). A row naming
-    peer_read counts only where ``peer_reads``; elsewhere the built-in choice stands."""
+    peer_read counts only where ``peer_reads`` says the ranks can read each other (and write,
+    where the table says its rows need it); elsewhere the built-in choice stands."""
     rows = table().get(world_size)
     choice = default_choice(world_size, nbytes, peer_reads)
     if rows:
         listed = next((c for up_to, c in rows if nbytes <= up_to), rows[-1][1])
-        if listed.algorithm != "peer_read" or peer_reads:
+        needed = READ_WRITE if _loaded["writes"] else READ
+        if listed.algorithm != "peer_read" or peer_reads >= needed:
             choice = listed
     return _clamped(choice, workspace_bytes)
 
 
 def _is_default(choice: Choice, world_size: int, workspace_bytes: int, nbytes: int,
-                peer_reads: bool) -> bool:
+                peer_reads: int) -> bool:
     return choice == _clamped(default_choice(world_size, nbytes, peer_reads), workspace_bytes)
 
 
 def tagged(fp: Any, choice: Choice, world_size: int, workspace_bytes: int, nbytes: int = 0,
-           peer_reads: bool = False) -> Any:
+           peer_reads: int = NO_PEER_MEMORY) -> Any:
     """``fp`` with the choice appended to its op when it is not the built-in one, so that ranks
     choosing differently fail the fingerprint check (naming both choices) instead of running
     different steps; the built-in choice leaves ``fp`` as it is."""
@@ -189,7 +228,7 @@ def tagged(fp: Any, choice: Choice, world_size: int, workspace_bytes: int, nbyte
 
 
 def decide(world_size: int, nbytes: int, workspace_bytes: int,
-           peer_reads: bool = False) -> Tuple[Choice, str]:
+           peer_reads: int = NO_PEER_MEMORY) -> Tuple[Choice, str]:
     """(``all_reduce_choice``, the suffix ``tagged`` appends to the op: '' for the built-in
     choice), remembered per size: a large all-reduce pays a dictionary lookup for it."""
     key = (world_size, nbytes, workspace_bytes, peer_reads)
@@ -217,9 +256,10 @@ def rows_for_json(choices: List[Tuple[int, Choice]]) -> List[dict]:
 
 
 def write(path: str, per_world_size: Dict[int, List[Tuple[int, Choice]]],
-          measured: Optional[dict] = None) -> dict:
-    """Write a table of the best choice per world size and message size; returns it."""
-    out = {"format": FORMAT, "measured": measured or {},
+          measured: Optional[dict] = None, peer_writes: bool = False) -> dict:
+    """Write a table of the best choice per world size and message size; returns it.
+    ``peer_writes``: its peer_read rows were measured with peer writes."""
+    out = {"format": FORMAT, "measured": measured or {}, PEER_WRITES: peer_writes,
            "all_reduce": {str(p): rows_for_json(c) for p, c in sorted(per_world_size.items())}}
     parse(out, path)  # never write a table this module would refuse
     tmp = f"{path}.tmp{os.getpid()}"

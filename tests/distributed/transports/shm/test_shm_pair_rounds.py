@@ -4,6 +4,7 @@ peer named, a mismatch named, and the change-over after HOT_CALLS calls."""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 import types
 
@@ -15,7 +16,7 @@ from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
 from neural_arch.distributed.transports.base import Fingerprint
 from neural_arch.distributed.transports.shm import compiled as shm_compiled
-from neural_arch.distributed.transports.shm import direct, pair_rounds
+from neural_arch.distributed.transports.shm import cross_memory, direct, pair_rounds
 from neural_arch.distributed.transports.shm.tuning import Choice
 from shm_cases import Calls
 from shm_testing import kill_self, run_ranks, shm_names_of
@@ -241,7 +242,9 @@ def test_a_mismatch_names_both_ops(tmp_path):
 
 
 def change_over(rank, p, store):
-    """The public path (the tuning table's rounds) in ``auto``: Python for HOT_CALLS calls."""
+    """The public path in ``auto`` (peer reads off, so that every table and the built-in choice
+    take the two-rank rounds): Python for HOT_CALLS calls."""
+    os.environ[cross_memory.ENV_SWITCH] = "0"
     t = shm.create(rank, p, store, 10.0, workspace_bytes=WORKSPACE)
     calls, c = Calls(), t.collectives
     try:

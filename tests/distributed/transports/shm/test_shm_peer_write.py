@@ -1,7 +1,7 @@
 """The two-rank broadcast that splits its one copy between the root's write into the reader
 (``process_vm_writev``) and the reader's read of the root: the root's bytes on the reader, the
-split where ``root_writes`` puts it, the ranks' agreement on writes (a rank that cannot write
-turns writes off for both, reads stay), ranks that disagree on the root refused before anything
+split where ``root_writes`` puts it, the ranks' agreement on writes (a rank whose switch allows
+reads only turns writes off for both, reads stay), ranks that disagree on the root refused before anything
 is written, and a failed write named."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from neural_arch.distributed.transports.shm import cross_memory, single_copy
 from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
 from shm_cases import Calls
 from shm_testing import run_ranks
+from test_shm_peer_read import needs_peer_reads
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,7 +27,10 @@ SIZES = (LEAST, LEAST + 3, LEAST + 64 * 7 + 61)  # bytes: even, odd, neither hal
 def _probe() -> int:
     reads = cross_memory.PeerReads(0, 2)
     reads.pids = [os.getpid()] * 2
-    return reads.probe_peer(os.getpid(), int(reads.probe[0]), reads.probe.ctypes.data)
+    try:
+        return reads.probe_peer(os.getpid(), int(reads.probe[0]), reads.probe.ctypes.data)
+    finally:
+        reads.close()
 
 
 PROBED = _probe()
@@ -38,8 +42,8 @@ def split_broadcasts(rank, p, store, refuse_writes_on):
     """Broadcasts of every size in SIZES from both roots by the public call; returns whether
     writes were agreed, the (size, root) cases whose bytes differ from the root's, and the
     bytes this rank wrote and read in each case."""
-    if rank in refuse_writes_on:  # as a system that lets a process read a peer but not write
-        cross_memory.PeerReads.probe_peer = lambda self, *a: cross_memory.READS
+    if rank in refuse_writes_on:  # this rank's switch allows reads only
+        os.environ[cross_memory.ENV_SWITCH] = "read"
     t = shm.create(rank, p, store, 30.0)
     reads, calls, wrong, moved = t.peer_reads, Calls(), [], []
     real_read, real_write = reads.read, reads.write
@@ -67,8 +71,8 @@ def split_broadcasts(rank, p, store, refuse_writes_on):
         t.close()
 
 
-@needs_peer_writes
-@pytest.mark.parametrize("refuse_writes_on", [(), (1,)])
+@pytest.mark.parametrize("refuse_writes_on", [pytest.param((), marks=needs_peer_writes),
+                                              pytest.param((1,), marks=needs_peer_reads)])
 def test_two_rank_broadcast_splits_its_copy_where_both_ranks_can_write(tmp_path,
                                                                       refuse_writes_on):
     results = run_ranks(2, split_broadcasts, refuse_writes_on, store_dir=str(tmp_path),
@@ -122,8 +126,12 @@ def test_ranks_that_disagree_on_the_root_both_raise_before_writing(tmp_path):
 def test_a_write_to_an_unmapped_address_raises_naming_the_peer():
     reads = cross_memory.PeerReads(0, 2)
     reads.pids = [os.getpid()] * 2
-    with pytest.raises(PeerFailureError, match=r"writing 16 bytes of peer rank 1.*EFAULT") as info:
-        reads.write(1, 8, np.zeros(16, np.uint8), "broadcast:0", 7)
+    try:
+        with pytest.raises(PeerFailureError,
+                           match=r"writing 16 bytes of peer rank 1.*EFAULT") as info:
+            reads.write(1, 8, np.zeros(16, np.uint8), "broadcast:0", 7)
+    finally:
+        reads.close()
     assert "broadcast:0 #7" in str(info.value) and info.value.peer == 1
 
 
@@ -132,7 +140,11 @@ def test_the_probe_writes_only_its_own_slot_of_the_peers_copy():
     reads.pids = [os.getpid()] * 3
     target = cross_memory.PeerReads(0, 3)
     token = int(target.probe[0])
-    verdict = reads.probe_peer(os.getpid(), token, target.probe.ctypes.data)
+    try:
+        verdict = reads.probe_peer(os.getpid(), token, target.probe.ctypes.data)
+    finally:
+        reads.close()
+        target.close()
     assert verdict == PROBED, (verdict, PROBED)
     if verdict & cross_memory.WRITES:  # rank 1's slot holds its token, the rest unchanged
         assert target.probe.tolist() == [token, 0, int(reads.probe[0]), 0]
