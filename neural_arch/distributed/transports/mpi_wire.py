@@ -123,10 +123,12 @@ class Incoming:
             nbytes = self.payload.nbytes
             packed = nbytes <= PACKED_MAX_BYTES
             header = self.header
+            if header is None:
+                header = pack_header(self.fp, nbytes)
             # the common case (the header expected, as long as expected) without a call
-            if not (header is not None and count == HEADER_SIZE + (nbytes if packed else 0)
+            if not (count == HEADER_SIZE + (nbytes if packed else 0)
                     and first.startswith(header)):
-                check_first(self.t, first, count, self.src, self.fp, nbytes, packed, header)
+                check_first(self.t, first, count, self.src, self.fp, nbytes, packed)
             if packed and count > HEADER_SIZE:
                 self.payload[:] = memoryview(first)[HEADER_SIZE:count]
             self.first = None
@@ -143,13 +145,14 @@ class Incoming:
 
 
 def check_first(t, first: bytearray, count: int, src: int, fp: Fingerprint, payload_nbytes: int,
-                packed: bool, header: Optional[bytes] = None) -> None:
+                packed: bool) -> None:
     """CollectiveMismatchError naming both calls unless the first message from ``src`` (``count``
     bytes of ``first``) is the header of the ``payload_nbytes`` message this rank expects, with
-    the payload behind it when ``packed``. ``header``: ``pack_header(fp, payload_nbytes)``."""
+    the payload behind it when ``packed``. The slow path: the caller tested the common case
+    (``count`` as expected and ``first`` starting with ``pack_header(fp, payload_nbytes)``)
+    without a call, and calls this only where that failed; it decodes the header to name the
+    sender's call."""
     expected = HEADER_SIZE + (payload_nbytes if packed else 0)
-    if count == expected and first.startswith(header or pack_header(fp, payload_nbytes)):
-        return  # the common case, without decoding the header
     try:
         got, nbytes = unpack_header(bytes(first[:min(count, HEADER_SIZE)]))
     except ValueError as e:
