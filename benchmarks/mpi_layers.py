@@ -5,8 +5,8 @@ Rows, each timed in batches after a barrier, in turns with every other row, ``RO
 call runs that shape's short entry, ``group.short_calls``), ``portable`` (the algorithm the
 public call chooses, ``algorithms.all_reduce``, without the layers above it: recursive
 doubling below 64 KiB, so that the gap to ``public`` is what those layers cost), ``algorithm``
-(the transport's two-rank all-reduce, ``ring_all_reduce``, without the layers above it; 0
-where the portable ring runs instead), ``swap`` (its whole-vector exchange at every size), ``sendrecv``
+(the transport's two-rank all-reduce, ``ring_all_reduce``, without the layers above it),
+``swap`` (its whole-vector exchange at every size), ``sendrecv``
 (the transport's exchange alone, no reduction), then bare mpi4py: ``bare wire`` (the messages
 the wire sends for a ``sendrecv``: the header, packed with a payload of up to 8 KiB, else
 followed by the payload, then the sum into the receive buffer), ``bare Sendrecv+add`` (one

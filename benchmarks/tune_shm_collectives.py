@@ -124,7 +124,10 @@ def main(argv=None) -> int:
                [parse_size(s) for s in rounds.split(",")], int(repeats), result)
         return 0
     from neural_arch.distributed.transports.shm import tuning
-    writes = False  # whether any world size's peer_read candidates ran with peer writes
+    # whether any world size's peer_read candidates ran with peer writes: one flag for the
+    # table, so a world size measured without them is flagged too (its rows then need writes,
+    # the safe side: without them the built-in choice runs)
+    writes = False
     chosen, measured = {}, {"cpus": os.cpu_count(), "repeats": args.repeats,
                             "command": "python benchmarks/tune_shm_collectives.py "
                                        + " ".join(argv if argv is not None else sys.argv[1:])}

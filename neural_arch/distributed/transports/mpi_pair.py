@@ -7,8 +7,9 @@ copy with its header in front, reduced where it landed. Above it the ring's two 
 two exchanges of whole halves (``halves_all_reduce``): this rank's half of the peer's vector
 arrives in scratch while the peer's half of this one goes out, is folded in, and the reduced
 half goes back while the peer's lands in place. The portable ring (``algorithms.ring``) cuts
-each half into 1 MiB segments sent in batches; at two ranks one message a half measured faster
-at every size from 512 KiB (``benchmarks/mpi_pair_forms.py``).
+each half into 1 MiB segments sent in batches; at two ranks one message a half (up to
+HALF_PIECE_BYTES, which bounds the scratch) measured faster above 512 KiB (1-16 MiB measured,
+``benchmarks/mpi_pair_forms.py``).
 
 The pipeline below (from ``PIPELINE_MIN_BYTES``, which no vector reaches unless it is lowered)
 is the same two steps as one ``send_recv_chained`` call (``mpi_chained``): the peer's half goes
@@ -51,6 +52,10 @@ EXCHANGE_MAX_BYTES = SWAP_MAX_BYTES
 # two ranks on two cores no core is left to move one piece while another is reduced: the
 # overlap the pipeline is built for needs a larger machine; tests and the benchmark lower it.
 PIPELINE_MIN_BYTES = 1 << 62
+# The halves' largest message: the scratch a half arrives in is at most this (the thread's
+# scratch never shrinks), and a half above it goes in pieces of this size, the same on both
+# ranks, each element reduced as before.
+HALF_PIECE_BYTES = 16 << 20
 # Pieces: small enough that the first is reduced while the rest of a half is still arriving,
 # large enough that MPI's per-message handshake and a Python step per piece stay a small part
 # of a piece's transfer. WINDOW_PIECES receive slots bound the scratch memory.
@@ -101,14 +106,24 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
 
 def halves_all_reduce(t: MpiTransport, mine: np.ndarray, theirs: np.ndarray, fold,
                       fp: Fingerprint) -> None:
-    """The ring's two steps, each one exchange of a whole half: ``theirs`` goes to the peer
-    while the peer's part of ``mine`` arrives in scratch and is folded into ``mine``; then
-    ``mine``, reduced, goes back while the peer's reduced half lands in ``theirs``."""
-    peer = 1 - t.rank
-    got = thread_scratch(mine.nbytes, mine.dtype)
-    t.sendrecv(theirs, peer, got, peer, fp)
-    fold(got, mine)
-    t.sendrecv(mine, peer, theirs, peer, fp)
+    """The ring's two steps, each one exchange of a whole half (of pieces of at most
+    HALF_PIECE_BYTES, both ranks cutting the same): ``theirs`` goes to the peer while the
+    peer's part of ``mine`` arrives in scratch and is folded into ``mine``; then ``mine``,
+    reduced, goes back while the peer's reduced half lands in ``theirs``. Both ranks count
+    the pieces of the larger half (the peer's ``theirs`` is this rank's ``mine``), so a piece
+    of the smaller one may be empty."""
+    peer, itemsize = 1 - t.rank, mine.itemsize
+    step = max(1, HALF_PIECE_BYTES // itemsize)
+    longer = max(mine.size, theirs.size)
+    got = thread_scratch(min(step, longer) * itemsize, mine.dtype)
+    for lo in range(0, longer, step):
+        part = slice(lo, lo + step)
+        acc = mine[part]
+        t.sendrecv(theirs[part], peer, got[:acc.size], peer, fp)
+        fold(got[:acc.size], acc)
+    for lo in range(0, longer, step):
+        part = slice(lo, lo + step)
+        t.sendrecv(mine[part], peer, theirs[part], peer, fp)
 
 
 def exchange_all_reduce(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceOp,

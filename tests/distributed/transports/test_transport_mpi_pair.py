@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.timeout(90),
 SIZES = (1, 2, 7, 1001, 6151)
 DTYPES = (np.float32, np.float64, np.int32)
 SWAP_TEST_BYTES = 4096  # swapped: sizes 1 to 7, and 1001 of 4-byte types; the rest sendrecv
+HALF_PIECE_TEST_BYTES = 1000  # halves of 1001 and 6151 elements in several pieces
 
 
 def _values(rank: int, size: int, dtype) -> np.ndarray:
@@ -52,6 +53,8 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
         mpi_pair.SWAP_MAX_BYTES = SWAP_TEST_BYTES
     elif form == "halves":
         mpi_pair.EXCHANGE_MAX_BYTES = 0
+    elif form == "pieces":  # halves of several pieces, the last one short
+        mpi_pair.EXCHANGE_MAX_BYTES, mpi_pair.HALF_PIECE_BYTES = 0, HALF_PIECE_TEST_BYTES
     t = resolve_group(None).transport
     calls = {"send_recv_chained": [], "sendrecv": [], "swap": []}
     for name, found in calls.items():
@@ -95,8 +98,8 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
 
 
 @pytest.fixture(scope="module", params=[(2, "pipeline"), (2, "exchange"), (2, "halves"),
-                                        (3, "ring")],
-                ids=["p2-pipeline", "p2-exchange", "p2-halves", "p3"])
+                                        (2, "pieces"), (3, "ring")],
+                ids=["p2-pipeline", "p2-exchange", "p2-halves", "p2-pieces", "p3"])
 def reports(request):
     world, form = request.param
     return request.param, run_ranks(_bits_job, world, "mpi", timeout=60, args=(form,),
@@ -108,14 +111,26 @@ def test_all_reduce_keeps_the_portable_rings_bits_and_numpys_values(reports):
     assert [(r["differ"], r["wrong"]) for r in per_rank] == [([], [])] * len(per_rank)
 
 
-def test_two_ranks_run_each_all_reduce_as_one_transport_call(reports):
+def _pieces_calls() -> int:
+    """sendrecv calls of the "pieces" form: two per piece of the larger half, every case."""
+    calls = 0
+    for size in SIZES:
+        for dtype, ops in ((np.float32, 3), (np.float64, 3), (np.int32, 2)):
+            step = HALF_PIECE_TEST_BYTES // np.dtype(dtype).itemsize
+            calls += ops * 2 * -(-(-(-size // 2)) // step)
+    return calls
+
+
+def test_two_ranks_run_each_all_reduce_as_its_forms_transport_calls(reports):
     (world, form), per_rank = reports
     # one call per non-empty all-reduce at p = 2: 5 sizes x (3 dtypes x 3 ops - 1 AVERAGE);
     # exchanged: 3 sizes x 8 and 1001 x (float32 x 3 + int32 x 2) swapped, the rest sendrecv;
     # halves: two sendrecv calls each
     expected = {"pipeline": {"send_recv_chained": 40, "sendrecv": 0, "swap": 0},
                 "exchange": {"send_recv_chained": 0, "sendrecv": 11, "swap": 29},
-                "halves": {"send_recv_chained": 0, "sendrecv": 80, "swap": 0}}.get(form)
+                "halves": {"send_recv_chained": 0, "sendrecv": 80, "swap": 0},
+                "pieces": {"send_recv_chained": 0, "sendrecv": _pieces_calls(),
+                           "swap": 0}}.get(form)
     for r in per_rank:
         if expected is None:  # three ranks: the portable ring's messages
             assert r["calls"]["send_recv_chained"] == r["calls"]["swap"] == 0 and \
@@ -125,8 +140,9 @@ def test_two_ranks_run_each_all_reduce_as_one_transport_call(reports):
 
 
 # the two-rank jobs of ``reports`` only: the mismatch is what the two-rank forms check
-@pytest.mark.parametrize("reports", [(2, "pipeline"), (2, "exchange"), (2, "halves")],
-                         indirect=True, ids=["p2-pipeline", "p2-exchange", "p2-halves"])
+@pytest.mark.parametrize("reports", [(2, "pipeline"), (2, "exchange"), (2, "halves"),
+                                     (2, "pieces")], indirect=True,
+                         ids=["p2-pipeline", "p2-exchange", "p2-halves", "p2-pieces"])
 def test_different_sizes_on_two_ranks_raise_naming_both(reports):
     _, per_rank = reports
     for r in per_rank:

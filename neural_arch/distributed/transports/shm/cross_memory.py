@@ -107,8 +107,9 @@ class PeerReads:
     """One rank's reader (and writer) of its peers' memory, and the job's agreement on using it.
 
     ``enabled``: ``switched_on()`` as the caller read it (READS and WRITES as allowed; True:
-    both, False or 0: this rank says no at ``agree``). ``usable`` is False until ``agree`` found that every rank can read every peer;
-    afterwards ``read(peer, address, out, op, seq)`` copies ``out.nbytes`` bytes at ``address``
+    both; False or 0: this rank says no at ``agree``). ``usable`` is False until ``agree``
+    found that every rank can read every peer; afterwards ``read(peer, address, out, op,
+    seq)`` copies ``out.nbytes`` bytes at ``address``
     in ``peer``'s memory into ``out`` (a C-contiguous array) or raises PeerFailureError.
     ``writable``: every rank can also write every peer, with ``write(peer, address, data, op,
     seq)``.
@@ -117,7 +118,12 @@ class PeerReads:
     def __init__(self, rank: int, world_size: int, enabled: int = READS | WRITES) -> None:
         self.rank, self.world_size = rank, world_size
         self.usable = self.writable = False
-        self._allowed = (READS | WRITES) if enabled is True else int(enabled)
+        if isinstance(enabled, (bool, np.bool_)):
+            enabled = (READS | WRITES) if enabled else 0
+        if enabled not in (0, READS, READS | WRITES):
+            raise ValueError(f"enabled must be a bool, 0, READS ({READS}) or READS | WRITES "
+                             f"({READS | WRITES}), got {enabled!r}")
+        self._allowed = int(enabled)
         self.pids = [0] * world_size
         self._libc = _libc_reader() if enabled else None
         self._call = self._libc.process_vm_readv if self._libc is not None else None
@@ -202,8 +208,8 @@ class PeerReads:
         got = np.zeros(1, np.int64)
         if self._raw(self._call, pid, address, got.ctypes.data, 8) != 8 or int(got[0]) != token:
             return 0
-        if self._write_call is None:
-            return READS
+        if self._write_call is None or not self._allowed & WRITES:
+            return READS  # no write, not even a probe's, where this rank may not write
         slot = address + 8 * (1 + self.rank)
         mine, got[0] = self.probe[:1], 0
         wrote = self._raw(self._write_call, pid, slot, mine.ctypes.data, 8) == 8

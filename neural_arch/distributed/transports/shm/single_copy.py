@@ -40,9 +40,9 @@ root: the public calls' fingerprints name the root, but a rank reads or writes o
 every rank's word says the root is the one it passed (at two ranks both ranks raise; with
 more, a rank that passed another root raises, the others wait for it until the timeout).
 
-A rank that raises between the first generation and the last (a failed read, a timeout, an
-interrupt) may still have a peer writing into its buffer: that buffer is kept alive as long as
-the transport (``PeerReads.keep``), never freed under a peer's write.
+A rank that raises once it has arrived at the first generation (a mismatch, a failed read, a
+timeout, an interrupt) may still have a peer writing into its buffer: that buffer is kept
+alive as long as the transport (``PeerReads.keep``), never freed under a peer's write.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ from . import direct  # which imports this module: its functions are looked up a
 # (at two ranks, splitting the copy with the root's write where writes work too). Measured on
 # two cores against the prepared broadcast below it, with the root's data rewritten before each
 # call: the split single copy took 1.5-1.8x its time at 256 KiB and 1.2x at 512 KiB
-# (docs/collectives.md), so it starts at 1 MiB; at p = 3 the read-only form was slower up to
+# (benchmarks/RESULTS.md), so it starts at 1 MiB; at p = 3 the read-only form was slower up to
 # 4 MiB (ranks outnumber cores), so other world sizes keep the workspace broadcast.
 BROADCAST_MIN_BYTES = {2: 1 << 20}
 ROOT_FLAG = 1 << 62  # above every user-space address: "this rank is the broadcast's root"
@@ -125,11 +125,11 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint, chunk_byt
     chunks, owners, combine = _plan(reads, buf.dtype, buf.size, op, chunk_bytes, p, rank)
     ctrl[words[rank]] = buf.ctypes.data
     gen, sig = c.begin(fp, buf.nbytes)
-    c.sync(gen, fp, sig)
-    addresses = [ctrl[w] for w in words]
     read, write, name, seq = reads.read, reads.write, fp.op, fp.seq
     writes = reads.writable
     try:
+        c.sync(gen, fp, sig)  # once this rank arrived, its peers may write into ``buf``
+        addresses = [ctrl[w] for w in words]
         for a, b, rows in chunks:
             own = buf[a:b]
             operands = []
@@ -164,15 +164,15 @@ def broadcast(c: Any, data: np.ndarray, root: int, fp: Fingerprint) -> None:
     ctrl, words = t.ctrl, reads.buffer_words
     ctrl[words[rank]] = data.ctypes.data | (ROOT_FLAG if rank == root else 0)
     gen, sig = c.begin(fp, data.size)
-    c.sync(gen, fp, sig)
-    roots = [q for q, w in enumerate(words) if ctrl[w] & ROOT_FLAG]
-    if roots != [root]:  # the public calls' fingerprints name the root; a direct caller's not
-        raise CollectiveMismatchError(
-            f"broadcast of {data.size} bytes: rank {rank} takes rank {root} as the root, the "
-            f"ranks that say they are the root are {roots} ({fp.describe()})", rank=rank,
-            op=fp.op, seq=fp.seq)
     split = root_writes(data.size) if c.world_size == 2 and reads.writable else 0
     try:
+        c.sync(gen, fp, sig)  # once this rank arrived, a root may write into ``data``
+        roots = [q for q, w in enumerate(words) if ctrl[w] & ROOT_FLAG]
+        if roots != [root]:  # the public calls' fingerprints name the root; a direct caller's not
+            raise CollectiveMismatchError(
+                f"broadcast of {data.size} bytes: rank {rank} takes rank {root} as the root, "
+                f"the ranks that say they are the root are {roots} ({fp.describe()})",
+                rank=rank, op=fp.op, seq=fp.seq)
         if rank == root:
             if split:
                 reads.write(1 - rank, ctrl[words[1 - rank]], data[:split], fp.op, fp.seq)

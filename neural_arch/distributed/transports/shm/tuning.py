@@ -50,7 +50,7 @@ MIN_ROUND_BYTES = 4096
 # two cores against ``whole`` in turns, in the form without peer writes (three barriers, the
 # owners' slices read back): 3-20% faster at 4 MiB and 20-40% at 16 MiB, but 5-50% slower from
 # 256 KiB to 2 MiB, where the workspace copies stay in cache and the barriers and the kernel's
-# page pinning weigh more. With peer writes it was faster from 256 KiB on, which the shipped
+# page pinning weigh more. With peer writes it was faster above 192 KiB, which the shipped
 # table (``"peer_writes": true``) says. World sizes not named here keep the workspace
 # algorithms unless a table says otherwise: three and four ranks on two cores were slower.
 PEER_READ_MIN_BYTES = {2: 4 << 20}
@@ -99,6 +99,7 @@ def parse(table: Any, source: str) -> Dict[int, Rows]:
     if not isinstance(table, dict) or table.get("format") != FORMAT:
         raise ValueError(f"{source}: a tuning table is a JSON object with \"format\": {FORMAT}, "
                          f"got format {table.get('format') if isinstance(table, dict) else table!r}")
+    needs_writes(table, source)
     sizes = table.get("all_reduce", {})
     if not isinstance(sizes, dict):
         raise ValueError(f"{source}: \"all_reduce\" must map world sizes to rows, got {sizes!r}")
@@ -150,9 +151,9 @@ def load(path: str) -> Dict[int, Rows]:
 
 
 def _load_with_flag(path: str) -> Tuple[Dict[int, Rows], bool]:
+    """``load``, with ``needs_writes`` of the same table (``parse`` checked the field)."""
     decoded = _read(path)
-    rows = parse(decoded, path)
-    return rows, needs_writes(decoded, path)
+    return parse(decoded, path), decoded.get(PEER_WRITES, False)
 
 
 def table() -> Dict[int, Rows]:

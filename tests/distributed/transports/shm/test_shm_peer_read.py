@@ -96,7 +96,8 @@ def peer_read_bits(rank, p, store, writes):
             expected = _reference(inputs, op)
             fast, old = inputs[rank].copy(), inputs[rank].copy()
             if p == 2 and fast.nbytes >= tuning.PEER_READ_MIN_BYTES[2]:  # the public call
-                chosen = tuning.decide(p, fast.nbytes, c.layout.workspace_bytes, True)[0]
+                level = tuning.peer_level(t.peer_reads.usable, t.peer_reads.writable)
+                chosen = tuning.decide(p, fast.nbytes, c.layout.workspace_bytes, level)[0]
                 assert chosen.algorithm == "peer_read", chosen  # else it tests nothing new
                 c.all_reduce(fast, op, calls.fp("all_reduce", fast))
             else:

@@ -1,8 +1,8 @@
 """The two-rank broadcast that splits its one copy between the root's write into the reader
 (``process_vm_writev``) and the reader's read of the root: the root's bytes on the reader, the
 split where ``root_writes`` puts it, the ranks' agreement on writes (a rank whose switch allows
-reads only turns writes off for both, reads stay), ranks that disagree on the root refused before anything
-is written, and a failed write named."""
+reads only turns writes off for both, reads stay), ranks that disagree on the root refused
+before anything is written, and a failed write named."""
 from __future__ import annotations
 
 import os
