@@ -73,9 +73,7 @@ def _all_reduce_piece(t: Transport, buf: np.ndarray, other: np.ndarray,
 
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     """In-place all-reduce; large buffers are processed one segment at a time."""
-    if t.world_size == 1 or buf.size == 0:
-        return
-    _segments(t, buf, combiner(op, buf.dtype), fp)
+    plan(t, op, buf.dtype, buf.nbytes)(buf, fp)
 
 
 def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int
@@ -92,9 +90,7 @@ def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int
 
 def _segments(t: Transport, buf: np.ndarray, combine: Callable[..., Any],
               fp: Fingerprint) -> None:
-    if buf.nbytes <= exchange.SEGMENT_BYTES:  # one piece
-        _all_reduce_piece(t, buf, np.empty(buf.size, buf.dtype), combine, fp)
-        return
+    """A buffer of more than one segment, a segment at a time through one scratch."""
     seg = exchange.segment_elems(buf.itemsize)
     scratch = np.empty(seg, dtype=buf.dtype)
     for lo in range(0, buf.size, seg):

@@ -145,15 +145,11 @@ def _read(path: str) -> Any:
         raise ValueError(f"cannot read the shared-memory tuning table {path}: {exc}") from None
 
 
-def load(path: str) -> Dict[int, Rows]:
-    """The rows of the table at ``path``; ValueError when it is unreadable or malformed."""
-    return parse(_read(path), path)
-
-
-def _load_with_flag(path: str) -> Tuple[Dict[int, Rows], bool]:
-    """``load``, with ``needs_writes`` of the same table (``parse`` checked the field)."""
+def load(path: str) -> Tuple[Dict[int, Rows], bool]:
+    """The rows of the table at ``path`` and whether its peer_read rows need peer writes
+    (``needs_writes``); ValueError when it is unreadable or malformed."""
     decoded = _read(path)
-    return parse(decoded, path), decoded.get(PEER_WRITES, False)
+    return parse(decoded, path), decoded.get(PEER_WRITES, False)  # parse checked the field
 
 
 def table() -> Dict[int, Rows]:
@@ -164,11 +160,11 @@ def table() -> Dict[int, Rows]:
         path = os.environ.get(ENV_TABLE, "").strip()
         writes = False
         if path:
-            rows, writes = _load_with_flag(path)
+            rows, writes = load(path)
         elif os.path.exists(TABLE_FILE):
             path = TABLE_FILE
             try:
-                rows, writes = _load_with_flag(path)
+                rows, writes = load(path)
             except ValueError as exc:
                 warnings.warn(f"{exc}; the built-in choices stand", RuntimeWarning)
                 rows, path = {}, ""

@@ -102,7 +102,7 @@ def test_written_rows_merge_neighbours_and_read_back(tmp_path):
     measured = [(256 << 10, Choice("split", 64 << 10)), (1 << 20, Choice("split", 64 << 10)),
                 (4 << 20, Choice("whole", 1 << 20))]
     tuning.write(path, {2: measured}, {"cpus": 2})
-    rows = tuning.load(path)[2]
+    rows = tuning.load(path)[0][2]
     assert rows == [(1 << 20, Choice("split", 64 << 10)), (4 << 20, Choice("whole", 1 << 20))]
 
 
