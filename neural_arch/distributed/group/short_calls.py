@@ -32,29 +32,20 @@ from ..errors import PeerFailureError
 from ..health import heartbeat
 from ..reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
 from ..transports.base import Fingerprint
+from ..transports.short_entries import USABLE as _USABLE, EntryTables
 from .process_group import ProcessGroup
 
-MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
-# NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
-# instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
-_USABLE = 0x0001 | 0x0100 | 0x0400
 # ``Fingerprint(...)`` at C speed, as ``ProcessGroup.fingerprint`` makes it
 _new_fingerprint = tuple.__new__
 
 
-class ShortCalls:
+class ShortCalls(EntryTables):
     """The entries of the default group ``pg``; ``bind`` and the ``*_entry`` methods are what
     the public calls ask of any transport's short calls (shared memory's are its own)."""
 
     def __init__(self, pg: ProcessGroup) -> None:
         self.pg = pg
         self.clear()
-
-    def clear(self) -> None:
-        """Forget every entry (the group was destroyed)."""
-        self.all_reduce: dict = {}
-        self.broadcast: dict = {}
-        self.barrier: Optional[Callable[[], bool]] = None
 
     def bind(self, pg: Any) -> bool:
         """Whether these entries serve ``pg`` (the default group, not destroyed)."""
@@ -71,8 +62,7 @@ class ShortCalls:
             check_dtype_for_op(dtype, op)
         except TypeError:
             return None
-        if len(self.all_reduce) >= MAX_ENTRIES:
-            self.all_reduce.clear()
+        self.make_room(self.all_reduce)
         plan = algorithms.all_reduce_plan(self.pg.transport, dtype, tensor.nbytes, op)
         entry = self.all_reduce[(dtype, n, op)] = self._entry(
             plan, "all_reduce", f"all_reduce:{op_code}", dtype, n)
@@ -84,8 +74,7 @@ class ShortCalls:
         dtype, n = tensor.dtype, tensor.size
         if not 0 <= root < self.pg.size or dtype.type not in SUPPORTED_DTYPES:
             return None
-        if len(self.broadcast) >= MAX_ENTRIES:
-            self.broadcast.clear()
+        self.make_room(self.broadcast)
         t = self.pg.transport
         entry = self.broadcast[(dtype, n, root)] = self._entry(
             lambda buf, fp: algorithms.broadcast(t, buf, root, fp), "broadcast",

@@ -32,12 +32,8 @@ from ...errors import PeerFailureError
 from ...health import heartbeat
 from ...reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
 from ..base import Fingerprint
+from ..short_entries import USABLE as _USABLE, EntryTables
 from . import compiled
-
-MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
-# NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
-# instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
-_USABLE = 0x0001 | 0x0100 | 0x0400
 
 
 def _reducible(dtype: np.dtype, op: Any) -> bool:
@@ -62,7 +58,7 @@ def _fast_kernel(kernel: Any, *args: Any) -> Callable[..., int]:
         return kernel
 
 
-class ShortCalls:
+class ShortCalls(EntryTables):
     """The entries of one ``ShmCollectives``, for its default group ``pg`` (``bind``)."""
 
     def __init__(self, c: Any) -> None:
@@ -71,12 +67,6 @@ class ShortCalls:
         self.barrier_calls = 0
         self.barrier_mode: Optional[str] = None  # compiled.choice(), once asked
         self.clear()
-
-    def clear(self) -> None:
-        """Forget every entry (the transport closed, or the group changed)."""
-        self.all_reduce: dict = {}
-        self.broadcast: dict = {}
-        self.barrier: Optional[Callable[[], bool]] = None
 
     def bind(self, pg: Any) -> bool:
         """Serve ``pg`` (the default group over this transport); False once closed."""
@@ -93,8 +83,7 @@ class ShortCalls:
         dtype, n = tensor.dtype, tensor.size
         plan_key = ("all_reduce", dtype, n, op)
         run = self.c.plans.get(plan_key)
-        if len(self.all_reduce) >= MAX_ENTRIES:
-            self.all_reduce.clear()
+        self.make_room(self.all_reduce)
         if run is None:
             if tensor.nbytes <= self.c.small_bytes() or not _reducible(dtype, op):
                 return None  # a plan may come; an error is the general path's to raise
@@ -110,8 +99,7 @@ class ShortCalls:
         """The entry of ``tensor``'s shape from ``root`` once its plan exists, else None."""
         plan_key = ("broadcast", tensor.nbytes, root)
         run = self.c.plans.get(plan_key)
-        if len(self.broadcast) >= MAX_ENTRIES:
-            self.broadcast.clear()
+        self.make_room(self.broadcast)
         dtype, n = tensor.dtype, tensor.size
         if run is None:
             if (tensor.nbytes <= self.c.broadcast_plan_bytes

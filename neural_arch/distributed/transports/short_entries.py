@@ -1,0 +1,41 @@
+"""What the public calls' short path reads of a transport's short calls (``collectives.tensors``):
+a table of entries per collective, keyed by what must match for an entry to apply, and the array flags every
+entry tests before it runs.
+
+Two kinds fill these tables: shared memory's own (``shm.short_calls``: a compiled call per
+shape) and the general one for transports without their own (``group.short_calls``: the
+algorithm the general path would run, without the layers above it). Both keep the tables here
+and make entries their own way.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
+# NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
+# instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
+USABLE = 0x0001 | 0x0100 | 0x0400
+
+
+class EntryTables:
+    """The entries by collective: ``all_reduce`` by (dtype, count, op), ``broadcast`` by
+    (dtype, count, root), and the one ``barrier``. A subclass makes them: ``bind``, and the
+    ``all_reduce_entry``, ``broadcast_entry`` and ``barrier_entry`` the public calls ask for
+    on a miss."""
+
+    def clear(self) -> None:
+        """Forget every entry (the group was destroyed, the transport closed)."""
+        self.all_reduce: dict = {}
+        self.broadcast: dict = {}
+        self.barrier: Optional[Callable[[], bool]] = None
+
+    def bind(self, pg: Any) -> bool:
+        """Whether these entries serve ``pg``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def make_room(table: dict) -> None:
+        """Start ``table`` afresh once it holds MAX_ENTRIES (a program of ever new shapes)."""
+        if len(table) >= MAX_ENTRIES:
+            table.clear()
+
