@@ -8,8 +8,9 @@ verdicts to ``<work_dir>/<phase>_rank<R>.json`` after every check, so a rank tha
 leaves what it had found. The parent counts a check as passed only if every rank passed it.
 
 ``NEURAL_ARCH_VALIDATE_INJECT_FAULT=<check name>`` makes the last rank corrupt its contribution
-to that check, which proves the check can fail; ``<check name>:crash`` makes it SIGKILL itself
-as that check starts, which proves a crash is reported rather than waited on.
+to that check, which proves the check can fail (several names, comma-separated: each of those
+checks); ``<check name>:crash`` makes it SIGKILL itself as that check starts, which proves a
+crash is reported rather than waited on.
 """
 from __future__ import annotations
 
@@ -48,13 +49,16 @@ class Context:
     work_dir: Path
     inject: Optional[str] = None
 
+    def _injected(self, fault: str) -> bool:
+        return self.rank == self.world_size - 1 and fault in (self.inject or "").split(",")
+
     def corrupt(self, check: str) -> bool:
         """Whether this rank must spoil its contribution to ``check`` (fault injection)."""
-        return self.inject == check and self.rank == self.world_size - 1
+        return self._injected(check)
 
     def crash_before(self, check: str) -> None:
         """Die without a word when a crash of this rank is injected at ``check``."""
-        if self.inject == f"{check}:crash" and self.rank == self.world_size - 1:
+        if self._injected(f"{check}:crash"):
             os.kill(os.getpid(), signal.SIGKILL)
 
 

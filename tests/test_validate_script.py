@@ -134,23 +134,35 @@ def test_healthy_run_passes_every_check(tmp_path, backend, world_size):
     assert f"rank {world_size - 1} SIGKILLed" in checks["fault_detection"]["details"]
 
 
+def assert_exactly_those_failed(proc, checks: dict, injected: list[str], world_size: int):
+    assert proc.returncode == 1
+    assert [n for n, c in checks.items() if c["status"] == "FAILED"] == injected, proc.stdout
+    for check in injected:
+        details = checks[check]["details"]
+        if check == "fault_detection":
+            assert f"rank {world_size - 1}: did not SIGKILL itself" in details
+        else:
+            assert "mismatch" in details, details
+
+
 @pytest.mark.parametrize("backend, check", [
-    # every check, on the quickest backend; the sweep beyond two of them is marked slow
-    pytest.param("shm", name, marks=() if name in ("all_reduce", "checkpoint")
-                 else pytest.mark.slow) for name in CHECKS] + [
-    ("tcp", "ddp_manual"), ("tcp", "fault_detection"),
-    pytest.param("mpi", "ddp_automatic", marks=needs_mpi)])
+    ("shm", "all_reduce"), ("shm", "checkpoint"), ("tcp", "ddp_manual"),
+    ("tcp", "fault_detection"), pytest.param("mpi", "ddp_automatic", marks=needs_mpi)])
 def test_a_corrupted_contribution_fails_exactly_that_check(tmp_path, backend, check):
     world_size = 2 if backend == "shm" else 3
     proc, report = run_script(tmp_path, backend, world_size, inject=check)
-    checks = check_report(proc, report, backend, world_size)
-    assert proc.returncode == 1
-    assert [n for n, c in checks.items() if c["status"] == "FAILED"] == [check], proc.stdout
-    details = checks[check]["details"]
-    if check == "fault_detection":
-        assert f"rank {world_size - 1}: did not SIGKILL itself" in details
-    else:
-        assert "mismatch" in details, details
+    assert_exactly_those_failed(proc, check_report(proc, report, backend, world_size), [check],
+                                world_size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("half", [0, 1])
+def test_every_check_fails_when_corrupted_and_only_those_corrupted_fail(tmp_path, half):
+    # Every other check corrupted in one run (the two runs between them corrupt each check):
+    # each corrupted check fails, and a corruption of one check never fails a check beside it.
+    injected = CHECKS[half::2]
+    proc, report = run_script(tmp_path, "shm", 2, inject=",".join(injected))
+    assert_exactly_those_failed(proc, check_report(proc, report, "shm", 2), injected, 2)
 
 
 def reasons_by_rank(details: str) -> dict[int, str]:
