@@ -73,6 +73,31 @@ EXCHANGE = textwrap.dedent("""
         one.close()
         two.close()
 
+    def large_payloads_of_other_sizes(rank):
+        # Both payloads large, of other sizes: each rank names both calls from the header,
+        # never an MPI truncation error (Open MPI's single-copy transfer of a payload larger
+        # than its receive corrupts the receiving process's memory: a payload's receive is
+        # posted only once its header matched).
+        three = mpi.create(timeout=60)
+        if rank in (0, 1):
+            n, other = (300000, 200000) if rank == 0 else (200000, 300000)
+            got = np.zeros(n, np.float32)
+            try:
+                three.sendrecv(np.ones(n, np.float32), 1 - rank, got, 1 - rank,
+                               Fingerprint("all_reduce", 15, "float32", n))
+                raise AssertionError("size mismatch not detected")
+            except CollectiveMismatchError as e:
+                assert f"expected all_reduce #15 (group 0, {n} x float32)" in str(e) and \
+                    f"sent all_reduce #15 (group 0, {other} x float32)" in str(e), e
+            assert not got.any(), "a payload landed before its header was checked"
+            try:  # the stream is out of step: refused at once, naming why
+                three.send(np.ones(4, np.float32), 1 - rank,
+                           Fingerprint("all_reduce", 16, "float32", 4))
+                raise AssertionError("an out-of-step stream was used")
+            except PeerFailureError as e:
+                assert "mismatched header in all_reduce #15" in str(e), e
+        three.close()
+
     def swap_on_the_wire(rank, one, two):
         # A two-rank swap is one MPI message each way, the header packed before the payload,
         # received into a buffer kept per peer; a message of the other form (a header alone,
@@ -219,6 +244,8 @@ EXCHANGE = textwrap.dedent("""
             assert (e.rank, e.peer) == (1, 0)
     native.barrier()
     wire_and_size_mismatches(rank)
+    native.barrier()
+    large_payloads_of_other_sizes(rank)
     native.barrier()
     swap_on_the_wire(rank, *swapping)
     native.barrier()
