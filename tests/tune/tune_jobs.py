@@ -25,9 +25,22 @@ def _mark(name: str) -> None:
         handle.write(str(os.getpid()))
 
 
+def _all_started(timeout: float = 60.0) -> None:
+    """Wait until every process of the trial left its pid: a trial pruned at its first steps
+    then has them all to stop, which is what the tests check (a slow machine may start the
+    second process after the first reported twice)."""
+    world, deadline = int(os.environ.get("WORLD_SIZE", "1")), time.monotonic() + timeout
+    while sum(name.startswith("pid_") for name in os.listdir(tune.trial_dir())) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{world} processes of the trial did not start in {timeout} s")
+        time.sleep(0.01)
+
+
 def curve(config):
-    """``config["steps"]`` reports of ``expected_loss``, ``config["sleep"]`` seconds apart."""
+    """``config["steps"]`` reports of ``expected_loss``, ``config["sleep"]`` seconds apart,
+    once every process of the trial started."""
     _mark("pid")
+    _all_started()
     for step in range(config["steps"]):
         tune.report(loss=expected_loss(config["x"], step), step=step)
         time.sleep(config["sleep"])
