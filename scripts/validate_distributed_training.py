@@ -32,7 +32,7 @@ for _path in (SCRIPT.parent, SCRIPT.parents[1]):  # the helpers, and the package
 
 from validation_checks import (FAILED, FAULT_CHECK, FAULT_DETECTION_LIMIT_S,  # noqa: E402
                                FAULT_ITERATIONS, INJECT_VAR, PASSED, SKIPPED, Context,
-                               check_list, run_fault, run_main)
+                               check_list, injected_faults, run_fault, run_main)
 from validation_launch import Launch, launch_local, launch_mpi  # noqa: E402
 
 BACKENDS = ("shm", "tcp", "mpi", "auto", "gloo")
@@ -69,6 +69,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                      f"{args.world_size}")
     if not args.timeout > 0:
         parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    try:
+        injected_faults(os.environ.get(INJECT_VAR))
+    except ValueError as e:
+        parser.error(str(e))
     return args
 
 

@@ -50,7 +50,7 @@ class Context:
     inject: Optional[str] = None
 
     def _injected(self, fault: str) -> bool:
-        return self.rank == self.world_size - 1 and fault in (self.inject or "").split(",")
+        return self.rank == self.world_size - 1 and fault in injected_faults(self.inject)
 
     def corrupt(self, check: str) -> bool:
         """Whether this rank must spoil its contribution to ``check`` (fault injection)."""
@@ -60,6 +60,20 @@ class Context:
         """Die without a word when a crash of this rank is injected at ``check``."""
         if self._injected(f"{check}:crash"):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def injected_faults(value: Optional[str]) -> list[str]:
+    """The faults ``value`` (``NEURAL_ARCH_VALIDATE_INJECT_FAULT``) names: check names, or
+    ``<check name>:crash``, comma-separated; ValueError naming any that is not a check."""
+    if not value:
+        return []
+    faults = [fault.strip() for fault in value.split(",")]
+    known = [name for name, _ in check_list()] + [FAULT_CHECK]
+    unknown = [f for f in faults if f.removesuffix(":crash") not in known]
+    if unknown:
+        raise ValueError(f"{INJECT_VAR}={value!r} names no check in {unknown}; the checks are "
+                         f"{', '.join(known)} (each may end in ':crash')")
+    return faults
 
 
 class Problems:

@@ -160,6 +160,8 @@ def test_a_corrupted_contribution_fails_exactly_that_check(tmp_path, backend, ch
 def test_every_check_fails_when_corrupted_and_only_those_corrupted_fail(tmp_path, half):
     # Every other check corrupted in one run (the two runs between them corrupt each check):
     # each corrupted check fails, and a corruption of one check never fails a check beside it.
+    # A corruption that spilled two checks on would hide in the same run; the single-check
+    # runs above cover the checks whose state lives on (the training and checkpoint ones).
     injected = CHECKS[half::2]
     proc, report = run_script(tmp_path, "shm", 2, inject=",".join(injected))
     assert_exactly_those_failed(proc, check_report(proc, report, "shm", 2), injected, 2)
@@ -233,6 +235,15 @@ def test_bad_arguments_are_refused(tmp_path, args, message):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--output", str(tmp_path / "r.json"),
                            *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_a_fault_injection_naming_no_check_is_refused(tmp_path):
+    env = dict(os.environ, **{INJECT: "all_reduce, broadcast:crash,all_reduc"})
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--output", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "names no check in ['all_reduc']" in proc.stderr, \
+        proc.stderr
     assert not (tmp_path / "r.json").exists()
 
 

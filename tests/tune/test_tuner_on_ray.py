@@ -25,8 +25,11 @@ XS = [0.9, 0.3, 0.6, 0.8]
 
 
 def curve_tuner(tmp_path, backend, xs, steps, scheduler=None, sleep=0.02, **settings):
+    space = {"x": tune.uniform(0.0, 1.0), "steps": steps, "sleep": sleep}
+    if settings.get("processes_per_trial", 1) > 1:  # curve waits for them all to start
+        space["processes"] = settings["processes_per_trial"]
     return tune.DistributedTuner(
-        tune_jobs.curve, {"x": tune.uniform(0.0, 1.0), "steps": steps, "sleep": sleep},
+        tune_jobs.curve, space,
         num_samples=len(xs), metric="loss", mode="min", scheduler=scheduler,
         points_to_evaluate=[{"x": x} for x in xs], local_dir=str(tmp_path / backend),
         backend=backend, seed=0, verbose=False, **settings)

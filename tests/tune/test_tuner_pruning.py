@@ -31,8 +31,9 @@ def finished(row):
 
 
 def tuner(tmp_path, scheduler, xs, concurrent, processes=1):
+    space = {"x": tune.uniform(0.0, 1.0), "steps": STEPS, "sleep": 0.1, "processes": processes}
     return tune.DistributedTuner(
-        tune_jobs.curve, {"x": tune.uniform(0.0, 1.0), "steps": STEPS, "sleep": 0.1},
+        tune_jobs.curve, space,
         num_samples=len(xs), scheduler=scheduler, max_concurrent_trials=concurrent,
         processes_per_trial=processes, local_dir=str(tmp_path),
         points_to_evaluate=[{"x": x} for x in xs])

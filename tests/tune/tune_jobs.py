@@ -25,22 +25,26 @@ def _mark(name: str) -> None:
         handle.write(str(os.getpid()))
 
 
-def _all_started(timeout: float = 60.0) -> None:
-    """Wait until every process of the trial left its pid: a trial pruned at its first steps
-    then has them all to stop, which is what the tests check (a slow machine may start the
-    second process after the first reported twice)."""
-    world, deadline = int(os.environ.get("WORLD_SIZE", "1")), time.monotonic() + timeout
-    while sum(name.startswith("pid_") for name in os.listdir(tune.trial_dir())) < world:
+def _all_started(processes: int, timeout: float = 60.0) -> None:
+    """Wait until the trial's ``processes`` processes each left their pid: a trial pruned at
+    its first steps then has them all to stop, which is what the tests check (a slow machine
+    may start the second process after the first reported twice)."""
+    directory, deadline = tune.trial_dir(), time.monotonic() + timeout
+    while True:
+        started = sorted(name for name in os.listdir(directory) if name.startswith("pid_"))
+        if len(started) >= processes:
+            return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{world} processes of the trial did not start in {timeout} s")
+            raise TimeoutError(f"{processes} processes of the trial in {directory} did not "
+                               f"start within {timeout} s: only {started}")
         time.sleep(0.01)
 
 
 def curve(config):
     """``config["steps"]`` reports of ``expected_loss``, ``config["sleep"]`` seconds apart,
-    once every process of the trial started."""
+    once each of the trial's ``config["processes"]`` processes (default 1) started."""
     _mark("pid")
-    _all_started()
+    _all_started(config.get("processes", 1))
     for step in range(config["steps"]):
         tune.report(loss=expected_loss(config["x"], step), step=step)
         time.sleep(config["sleep"])
@@ -48,7 +52,8 @@ def curve(config):
 
 
 def failing_curve(config):
-    """``curve``, except that a config with x above 0.5 raises at its second step."""
+    """``curve`` without its wait, except that a config with x above 0.5 raises at its second
+    step."""
     _mark("pid")
     for step in range(config["steps"]):
         if step == 1 and config["x"] > 0.5:

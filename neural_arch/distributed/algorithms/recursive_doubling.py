@@ -73,7 +73,9 @@ def _all_reduce_piece(t: Transport, buf: np.ndarray, other: np.ndarray,
 
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> None:
     """In-place all-reduce; large buffers are processed one segment at a time."""
-    plan(t, op, buf.dtype, buf.nbytes)(buf, fp)
+    if t.world_size == 1 or buf.size == 0:
+        return
+    _runner(buf.nbytes)(t, buf, combiner(op, buf.dtype), fp)
 
 
 def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int
@@ -82,10 +84,18 @@ def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int
     calls share (the combine, whether it is one piece) taken once."""
     if t.world_size == 1 or nbytes == 0:
         return lambda buf, fp: None
-    combine = combiner(op, dtype)
-    if nbytes > exchange.SEGMENT_BYTES:
-        return lambda buf, fp: _segments(t, buf, combine, fp)
-    return lambda buf, fp: _all_reduce_piece(t, buf, np.empty(buf.size, buf.dtype), combine, fp)
+    run, combine = _runner(nbytes), combiner(op, dtype)
+    return lambda buf, fp: run(t, buf, combine, fp)
+
+
+def _runner(nbytes: int) -> Callable[..., None]:
+    """How a buffer of ``nbytes`` is reduced: in one piece, or a segment at a time."""
+    return _segments if nbytes > exchange.SEGMENT_BYTES else _one_piece
+
+
+def _one_piece(t: Transport, buf: np.ndarray, combine: Callable[..., Any],
+               fp: Fingerprint) -> None:
+    _all_reduce_piece(t, buf, np.empty(buf.size, buf.dtype), combine, fp)
 
 
 def _segments(t: Transport, buf: np.ndarray, combine: Callable[..., Any],

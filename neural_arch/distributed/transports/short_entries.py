@@ -1,6 +1,6 @@
-"""What the public calls' short path reads of a transport's short calls (``collectives.tensors``):
-a table of entries per collective, keyed by what must match for an entry to apply, and the array flags every
-entry tests before it runs.
+"""What the public calls' short path reads of a transport's short calls
+(``collectives.tensors``): a table of entries per collective, keyed by what must match for an
+entry to apply, and the array flags every entry tests before it runs.
 
 Two kinds fill these tables: shared memory's own (``shm.short_calls``: a compiled call per
 shape) and the general one for transports without their own (``group.short_calls``: the
@@ -23,6 +23,9 @@ class EntryTables:
     ``all_reduce_entry``, ``broadcast_entry`` and ``barrier_entry`` the public calls ask for
     on a miss."""
 
+    def __init__(self) -> None:
+        self.clear()
+
     def clear(self) -> None:
         """Forget every entry (the group was destroyed, the transport closed)."""
         self.all_reduce: dict = {}
@@ -38,4 +41,3 @@ class EntryTables:
         """Start ``table`` afresh once it holds MAX_ENTRIES (a program of ever new shapes)."""
         if len(table) >= MAX_ENTRIES:
             table.clear()
-

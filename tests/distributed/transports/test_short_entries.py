@@ -6,7 +6,6 @@ from neural_arch.distributed.transports.short_entries import EntryTables
 def test_a_full_table_starts_afresh_and_the_others_keep_theirs(monkeypatch):
     monkeypatch.setattr(short_entries, "MAX_ENTRIES", 3)
     tables = EntryTables()
-    tables.clear()
     tables.broadcast["kept"] = "entry"
     for shape in range(3):
         tables.make_room(tables.all_reduce)

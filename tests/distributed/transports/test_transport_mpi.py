@@ -90,6 +90,10 @@ EXCHANGE = textwrap.dedent("""
                 assert f"expected all_reduce #15 (group 0, {n} x float32)" in str(e) and \
                     f"sent all_reduce #15 (group 0, {other} x float32)" in str(e), e
             assert not got.any(), "a payload landed before its header was checked"
+            from mpi4py import MPI
+            stray = np.zeros(other, np.float32)  # the peer's payload, never received: by hand
+            three.comm.Recv([stray, MPI.BYTE], 1 - rank, mpi_wire.TAG)
+            assert (stray == 1).all()
             try:  # the stream is out of step: refused at once, naming why
                 three.send(np.ones(4, np.float32), 1 - rank,
                            Fingerprint("all_reduce", 16, "float32", 4))

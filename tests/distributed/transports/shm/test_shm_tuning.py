@@ -102,8 +102,11 @@ def test_written_rows_merge_neighbours_and_read_back(tmp_path):
     measured = [(256 << 10, Choice("split", 64 << 10)), (1 << 20, Choice("split", 64 << 10)),
                 (4 << 20, Choice("whole", 1 << 20))]
     tuning.write(path, {2: measured}, {"cpus": 2})
-    rows = tuning.load(path)[0][2]
-    assert rows == [(1 << 20, Choice("split", 64 << 10)), (4 << 20, Choice("whole", 1 << 20))]
+    rows, writes = tuning.load(path)
+    assert rows[2] == [(1 << 20, Choice("split", 64 << 10)), (4 << 20, Choice("whole", 1 << 20))]
+    assert writes is False
+    tuning.write(path, {2: measured}, {"cpus": 2}, peer_writes=True)
+    assert tuning.load(path) == (rows, True)
 
 
 # ----- real ranks -----------------------------------------------------------------------------
