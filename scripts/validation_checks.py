@@ -49,8 +49,11 @@ class Context:
     work_dir: Path
     inject: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        self.faults = injected_faults(self.inject)  # read once; the parent refused bad names
+
     def _injected(self, fault: str) -> bool:
-        return self.rank == self.world_size - 1 and fault in injected_faults(self.inject)
+        return self.rank == self.world_size - 1 and fault in self.faults
 
     def corrupt(self, check: str) -> bool:
         """Whether this rank must spoil its contribution to ``check`` (fault injection)."""

@@ -45,7 +45,7 @@ class ShortCalls(EntryTables):
 
     def __init__(self, pg: ProcessGroup) -> None:
         self.pg = pg
-        self.clear()
+        super().__init__()
 
     def bind(self, pg: Any) -> bool:
         """Whether these entries serve ``pg`` (the default group, not destroyed)."""

@@ -9,7 +9,7 @@ and make entries their own way.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
 # NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
@@ -19,9 +19,10 @@ USABLE = 0x0001 | 0x0100 | 0x0400
 
 class EntryTables:
     """The entries by collective: ``all_reduce`` by (dtype, count, op), ``broadcast`` by
-    (dtype, count, root), and the one ``barrier``. A subclass makes them: ``bind``, and the
-    ``all_reduce_entry``, ``broadcast_entry`` and ``barrier_entry`` the public calls ask for
-    on a miss."""
+    (dtype, count, root), and the one ``barrier``. The two kinds of short calls extend it with
+    what the public calls ask of them: ``bind(pg)`` (whether the entries serve that group), and
+    ``all_reduce_entry``, ``broadcast_entry`` and ``barrier_entry``, which make an entry on a
+    miss."""
 
     def __init__(self) -> None:
         self.clear()
@@ -31,10 +32,6 @@ class EntryTables:
         self.all_reduce: dict = {}
         self.broadcast: dict = {}
         self.barrier: Optional[Callable[[], bool]] = None
-
-    def bind(self, pg: Any) -> bool:
-        """Whether these entries serve ``pg``."""
-        raise NotImplementedError
 
     @staticmethod
     def make_room(table: dict) -> None:

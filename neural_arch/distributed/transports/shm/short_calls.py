@@ -66,7 +66,7 @@ class ShortCalls(EntryTables):
         self.pg: Any = None
         self.barrier_calls = 0
         self.barrier_mode: Optional[str] = None  # compiled.choice(), once asked
-        self.clear()
+        super().__init__()
 
     def bind(self, pg: Any) -> bool:
         """Serve ``pg`` (the default group over this transport); False once closed."""

@@ -149,7 +149,7 @@ def load(path: str) -> Tuple[Dict[int, Rows], bool]:
     """The rows of the table at ``path`` and whether its peer_read rows need peer writes
     (``needs_writes``); ValueError when it is unreadable or malformed."""
     decoded = _read(path)
-    return parse(decoded, path), decoded.get(PEER_WRITES, False)  # parse checked the field
+    return parse(decoded, path), needs_writes(decoded, path)
 
 
 def table() -> Dict[int, Rows]:
