@@ -1,4 +1,4 @@
-"""Our shm collectives and MPI's own, taking turns batch by batch in the same two processes.
+"""Our shm collectives and MPI's own, taking turns batch by batch in the same processes.
 
 ``bench_collectives.py`` runs ours and MPI's in separate jobs; on a shared machine whose speed
 drifts from second to second their ratio then compares moments. Here one ``mpiexec`` job holds
@@ -14,13 +14,15 @@ on any machine, the large ones on a quiet one.
 Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast`` and ``dist.all_reduce``
 (SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for the all-reduce each
 ``--choices`` of the large shm algorithm (``tuning`` tags, e.g. ``whole@128K``), called
-through ``direct.all_reduce`` with that choice. A ``whole`` tag may name the form of its rounds
-after a colon, ``whole@256K:python`` or ``whole@256K:compiled`` (``pair_rounds``), to set the
-two in turns in one job:
+through ``direct.all_reduce`` with that choice, at any size (below ``direct.SMALL_BYTES`` it
+stands against the one-generation plan that ``dist.all_reduce`` runs there). A ``whole`` tag
+may name the form of its rounds after a colon, ``whole@256K:python`` or
+``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job. ``--world-size``
+ranks (default 2):
 
     python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
         [--choices whole@256K:python,whole@256K:compiled] [--calls 200] [--turns 60]
-        [--against whole@256K:python]
+        [--against whole@256K:python] [--world-size 2]
 """
 from __future__ import annotations
 
@@ -71,13 +73,12 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
         calls["dist.all_reduce"] = lambda: dist.all_reduce(ours)
     pg = resolve_group(None)
     for tag in choices:
-        if nbytes > direct.SMALL_BYTES:
-            mine, (name, _, form) = buf(tag), tag.partition(":")
-            choice, form = _choice(name), form or default_form
-            fp = pg.fingerprint("all_reduce:sum", mine.dtype, n)
-            calls[f"shm {tag}"] = (lambda mine=mine, choice=choice, fp=fp, form=form: (
-                setattr(rounds, "choice", form),
-                direct.all_reduce(c, mine, ReduceOp.SUM, fp, choice)))
+        mine, (name, _, form) = buf(tag), tag.partition(":")
+        choice, form = _choice(name), form or default_form
+        fp = pg.fingerprint("all_reduce:sum", mine.dtype, n)
+        calls[f"shm {tag}"] = (lambda mine=mine, choice=choice, fp=fp, form=form: (
+            setattr(rounds, "choice", form),
+            direct.all_reduce(c, mine, ReduceOp.SUM, fp, choice)))
     return calls
 
 
@@ -142,14 +143,17 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", type=int, default=60)
     ap.add_argument("--against", default="", help="a --choices tag the ratios are taken "
                     "against instead of MPI's call (medians of the per-turn ratios)")
+    ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.world_size < 2:
+        ap.error(f"--world-size must be at least 2, got {args.world_size}")
     if args.worker:
         worker(args)
         return 0
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONUNBUFFERED="1")
-    cmd = ["mpiexec", "-n", "2", "--oversubscribe", "--bind-to", "none", sys.executable, "-u",
+    cmd = ["mpiexec", "-n", str(args.world_size), "--oversubscribe", "--bind-to", "none", sys.executable, "-u",
            os.path.abspath(__file__), "--worker"] + (argv if argv is not None else sys.argv[1:])
     return subprocess.run(cmd, env=env, timeout=1800).returncode
 
