@@ -17,8 +17,8 @@ Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast`` and ``dist.all_
 through ``direct.all_reduce`` with that choice, at any size (below ``direct.SMALL_BYTES`` it
 stands against the one-generation plan that ``dist.all_reduce`` runs there). A ``whole`` tag
 may name the form of its rounds after a colon, ``whole@256K:python`` or
-``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job. ``--world-size``
-ranks (default 2):
+``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job. The job runs
+``--world-size`` ranks (default 2; ``whole`` runs on two only):
 
     python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
         [--choices whole@256K:python,whole@256K:compiled] [--calls 200] [--turns 60]
@@ -148,13 +148,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.world_size < 2:
         ap.error(f"--world-size must be at least 2, got {args.world_size}")
+    wholes = [t for t in args.choices.split(",") if t.startswith("whole@")]
+    if wholes and args.world_size != 2:
+        ap.error(f"the 'whole' all-reduce runs on two ranks, not {args.world_size}: "
+                 f"{', '.join(wholes)}")
     if args.worker:
         worker(args)
         return 0
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONUNBUFFERED="1")
-    cmd = ["mpiexec", "-n", str(args.world_size), "--oversubscribe", "--bind-to", "none", sys.executable, "-u",
-           os.path.abspath(__file__), "--worker"] + (argv if argv is not None else sys.argv[1:])
+    cmd = ["mpiexec", "-n", str(args.world_size), "--oversubscribe", "--bind-to", "none",
+           sys.executable, "-u", os.path.abspath(__file__), "--worker"] + (
+               argv if argv is not None else sys.argv[1:])
     return subprocess.run(cmd, env=env, timeout=1800).returncode
 
 

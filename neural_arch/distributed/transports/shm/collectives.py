@@ -206,7 +206,7 @@ class ShmCollectives:
 
     def settle_early(self, fp: Fingerprint) -> None:
         """Before ``fp`` writes anything: wait for every peer to reach the generation this
-        rank left early (a compiled broadcast's, ``generation``), and raise
+        rank left early (a compiled broadcast's root, ``generation``), and raise
         CollectiveMismatchError naming that broadcast if a peer called something else there."""
         gen, peer = self.generation.settle(fp.op, fp.seq)
         if peer < 0:

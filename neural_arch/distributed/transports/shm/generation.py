@@ -12,21 +12,18 @@ Likewise for data: at generation g a rank writes only what its peers read after 
 only what was written before it, so two halves of a workspace, alternated by parity, need one
 barrier a round.
 
-One collective leaves its generation early: the compiled small broadcast
-(``kernels.small_broadcast``). Its root arrives and returns without waiting for the readers,
-as an eager send does; each reader waits for the root alone, checks the root's fingerprint and
-returns with the bytes, without waiting for the other readers (as MPI's do not). Before such a
-rank writes anything for the next generation it must know what a full generation would have
-told it: that every peer reached the generation it left early (so none still reads the half it
-is about to reuse, nor that generation's slots) with the same fingerprint. Its EARLY word
-holds that generation until then; ``settle`` waits and checks (the compiled kernels check it
-themselves and hand over only when a peer is late or differs), so a mismatch with the root is
-raised by the readers at once, and one among the readers by each of them at its next
-collective (or when its transport closes); a reader that called something else waits for
-every rank and raises at once. A reader arrives when its call begins, before it copies: a
-peer at g finished g - 1, whose half and slots g + 1 reuses, so the root's copy for g + 1
-already overlaps the readers' copy of g. Settling g only before g + 2 would need a third area
-(measured: no gain, ``plans``).
+One collective leaves its generation early: the root of a compiled small broadcast
+(``kernels.small_broadcast``) arrives and returns without waiting for the readers, as an eager
+send does; only the readers wait (for every rank, the root included). Before such a rank
+writes anything for the next generation it must know what a full generation would have told
+it: that every peer reached the generation it left early (so none still reads the half it is
+about to reuse, nor that generation's slots) with the same fingerprint. Its EARLY word holds
+that generation until then; ``settle`` waits and checks (the compiled kernels check it
+themselves and hand over only when a peer is late or differs), so a mismatch with a root
+that left early is raised by the readers at once and by the root at its next collective.
+A reader arrives when its call begins, before it copies: a peer at g finished g - 1, whose
+half and slots g + 1 reuses, so the root's copy for g + 1 already overlaps the readers' copy
+of g. Settling g only before g + 2 would need a third area (measured: no gain, ``plans``).
 
 The transport's direct collectives, its small-message plans (in Python or compiled: they take
 the same steps on the same words) and DDP's shared buckets all run on this barrier; the owner of
@@ -79,12 +76,11 @@ class Generation:
         self.ctrl[self.gen_word] = gen
         wake_sleepers(self.ctrl, self.gen_word, self.peer_sleep_words, self.base_address)
 
-    def wait(self, gen: int, op: str, seq: Optional[int], what: str = "",
-             only: Optional[int] = None) -> None:
-        """Block until every peer (or the peer ``only``) has arrived at ``gen``."""
+    def wait(self, gen: int, op: str, seq: Optional[int], what: str = "") -> None:
+        """Block until every peer has arrived at ``gen``."""
         ctrl, t = self.ctrl, self.transport
         for peer, word in zip(self.peers, self.peer_gen_words):
-            if ctrl[word] < gen and (only is None or peer == only):
+            if ctrl[word] < gen:
                 sleep_until_ge(ctrl, word, gen, peer, t.watch, t.timeout, op, seq,
                                what or f"every rank to reach generation {gen}",
                                self.sleep_word, self.base_address)
@@ -125,7 +121,7 @@ class Generation:
         generation after it."""
         early = self.ctrl[self.early_word]
         self.wait(early, op, seq, f"every rank to reach generation {early}, which this rank's "
-                  "last broadcast returned from without waiting for every rank")
+                  "last broadcast (its root) returned from without waiting")
         sig, published_seq = self.published(self.rank, early)
         self.ctrl[self.early_word] = 0
         return early, self.differs(early, sig, published_seq)

@@ -90,23 +90,16 @@ def _arrive(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _reached(words, q, gen, polls):  # pragma: no cover - compiled
-    """Whether rank ``q`` has arrived at ``gen``, polled at most ``polls`` times."""
-    left = polls
-    while load_acquire(words, q * LINE_WORDS + GEN) < gen:
-        left -= 1
-        if left <= 0:
-            return False
-        cpu_relax()
-    return True
-
-
-@njit(cache=True, nogil=True)
 def _peers_reached(words, rank, p, gen, polls):  # pragma: no cover - compiled
     """Whether every peer has arrived at ``gen``, each polled at most ``polls`` times."""
     for q in range(p):
-        if q != rank and not _reached(words, q, gen, polls):
-            return False
+        if q != rank:
+            left = polls
+            while load_acquire(words, q * LINE_WORDS + GEN) < gen:
+                left -= 1
+                if left <= 0:
+                    return False
+                cpu_relax()
     return True
 
 
@@ -120,22 +113,15 @@ def _meet(words, rank, p, gen, sig, seq, polls):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _differs(words, q, gen, sig, seq):  # pragma: no cover - compiled
-    """0, or MISMATCH times (1 + ``q``) if rank ``q`` published another signature or seq."""
-    line = q * LINE_WORDS + 2 * (gen & 1)
-    if load_acquire(words, line + SIG0) != sig or load_acquire(words, line + SEQ0) != seq:
-        return (q + 1) * MISMATCH
-    return 0
-
-
-@njit(cache=True, nogil=True)
 def _mismatch(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
     """0, or MISMATCH times (1 + the first peer that published another signature or seq)."""
+    half = gen & 1
     for q in range(p):
         if q != rank:
-            status = _differs(words, q, gen, sig, seq)
-            if status:
-                return status
+            line = q * LINE_WORDS + 2 * half
+            if (load_acquire(words, line + SIG0) != sig
+                    or load_acquire(words, line + SEQ0) != seq):
+                return (q + 1) * MISMATCH
     return 0
 
 
@@ -255,30 +241,21 @@ def _add_and_scale_in_place(acc, y, mean, factor):  # pragma: no cover - compile
 @njit(cache=True, nogil=True)
 def small_broadcast(words, areas, rank, root, data, gen, sig, seq, polls,
                     resume):  # pragma: no cover - compiled
-    """The root publishes ``data`` (bytes) in the half's first input area and returns at once;
-    a reader arrives, waits for the root alone, checks the root's fingerprint and copies the
-    bytes out. Both leave the generation early (``generation``: their next collective first
-    checks that every peer got there with the same fingerprint), so no reader waits for the
-    others, as MPI's readers do not. Both copies are one ``memcpy`` past a few bytes
-    (``byte_copies``)."""
+    """The root publishes ``data`` (bytes) in the half's first input area and returns at once,
+    leaving the generation early (``generation``: its next collective first checks that every
+    reader got there); the others wait for every rank, check the fingerprints and copy it.
+    Both copies are one ``memcpy`` past a few bytes (``byte_copies``)."""
     p = areas.shape[0] // 2 - 1
     area = areas[(gen & 1) * (p + 1)]
     n = data.size
-    early = rank * LINE_WORDS + EARLY
     if rank == root:
         copy_range(area, data, 0, n)
-        store_release(words, early, gen)
+        store_release(words, rank * LINE_WORDS + EARLY, gen)
         return _arrive(words, rank, p, gen, sig, seq)
-    status = 0
-    if not resume:
-        status = _arrive(words, rank, p, gen, sig, seq)
-        if not _reached(words, root, gen, polls):
-            return status | WAIT
-    status |= _differs(words, root, gen, sig, seq)
+    status = _generation(words, rank, p, gen, sig, seq, polls, resume)
     if status & ~WAKE:
         return status
     copy_range(data, area, 0, n)
-    store_release(words, early, gen)
     return status
 
 

@@ -8,8 +8,8 @@ n)``, and kept in ``ShmCollectives.plans``: it takes the steps of the general al
 same from call to call looked up when it was built. A plan has two forms: the Python one below,
 and a compiled one (``compiled``) that takes the same steps on the same words in one call, so
 ranks on different forms meet in the same generation and end with the same bits (one step
-differs: the compiled broadcast's ranks return without waiting for every rank, which only
-they need to know, ``generation``). A plan starts in Python and changes to its compiled form
+differs: the compiled broadcast's root returns without waiting for the readers, which only it
+needs to know, ``generation``). A plan starts in Python and changes to its compiled form
 once it runs often (``compiled.choice``).
 """
 from __future__ import annotations

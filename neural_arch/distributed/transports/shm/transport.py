@@ -115,11 +115,10 @@ class ShmTransport(RingMessages, Transport):
             raise mismatch
 
     def _settle_last_broadcast(self) -> Optional[CollectiveMismatchError]:
-        """A rank whose last broadcast returned without waiting for every rank
-        (``generation``: its root, or a reader that waited for the root alone) and closes now
-        waits for its peers to reach that broadcast, its last chance to learn that they
+        """A broadcast's root that returned without waiting (``generation``) and closes now
+        waits for its readers to reach that broadcast, its last chance to learn that they
         called another collective there (two ranks that each took themselves for the root,
-        say): the mismatch is raised once the transport is closed. A peer that died or
+        say): the mismatch is raised once the transport is closed. A reader that died or
         closed first has nothing left to read."""
         if not self.generation.left_early():
             return None

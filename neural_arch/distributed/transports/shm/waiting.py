@@ -156,19 +156,31 @@ class Backoff:
         self.yield_until = self.start + YIELD_PHASE_S
         self.delay = FIRST_SLEEP_S
 
-    def check(self, peers: Sequence[int]) -> float:
-        """Raise if the wait is over time or a peer failed; return the current time."""
-        now = self.watch.look(peers, self.op, self.seq, self.start)
-        if now >= self.deadline:
-            peer = peers[0] if peers else None
-            raise CollectiveTimeoutError(
-                f"timed out after {now - self.start:.1f} s (timeout {self.timeout} s) waiting "
-                f"for {self.what}" + (f" from peer rank {peer}" if peer is not None else ""),
-                rank=self.watch.rank, peer=peer, op=self.op, seq=self.seq)
+    def check(self, peers: Sequence[int],
+              arrived: Optional[Callable[[], bool]] = None) -> float:
+        """Raise if the wait is over time or a peer failed; return the current time.
+        ``arrived()`` tells whether what the caller waits for has happened since it last
+        looked: a peer may store it and then close or exit at once (after raising a mismatch
+        it saw there, say), and its last store counts, so the failure is not raised then."""
+        try:
+            now = self.watch.look(peers, self.op, self.seq, self.start)
+            if now >= self.deadline:
+                peer = peers[0] if peers else None
+                raise CollectiveTimeoutError(
+                    f"timed out after {now - self.start:.1f} s (timeout {self.timeout} s) "
+                    f"waiting for {self.what}"
+                    + (f" from peer rank {peer}" if peer is not None else ""),
+                    rank=self.watch.rank, peer=peer, op=self.op, seq=self.seq)
+        except (PeerFailureError, CollectiveTimeoutError):
+            if arrived is not None and arrived():
+                return time.monotonic()
+            raise
         return now
 
-    def pause(self, peers: Sequence[int]) -> None:
-        now = self.check(peers)
+    def pause(self, peers: Sequence[int], arrived: Optional[Callable[[], bool]] = None) -> None:
+        now = self.check(peers, arrived)
+        if arrived is not None and arrived():
+            return
         if now < self.yield_until:
             _yield()
             return
@@ -195,8 +207,11 @@ def wait_ge(counters, index: int, target: int, peer: int, watch: PeerWatch, time
         return
     backoff = Backoff(watch, timeout, op, seq, what)
     peers = (peer,)
-    while counters[index] < target:
-        backoff.pause(peers)
+
+    def arrived() -> bool:
+        return counters[index] >= target
+    while not arrived():
+        backoff.pause(peers, arrived)
 
 
 def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatch,
@@ -223,9 +238,12 @@ def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatc
         return
     backoff = Backoff(watch, timeout, op, seq, what)
     peers, address = (peer,), base_address + 8 * index
+
+    def arrived() -> bool:
+        return counters[index] >= target
     yield_until = backoff.start + YIELD_BEFORE_SLEEP_S
-    while counters[index] < target:
-        if backoff.check(peers) >= yield_until:
+    while not arrived():
+        if backoff.check(peers, arrived) >= yield_until:
             break
         _yield()
     else:
@@ -236,7 +254,7 @@ def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatc
             value = counters[index]
             if value >= target:
                 return
-            now = backoff.check(peers)
+            now = backoff.check(peers, arrived)
             futex.wait(address, value, min(FUTEX_SLICE_S, watch.next_check - now))
     finally:
         counters[flag] = 0

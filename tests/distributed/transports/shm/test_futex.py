@@ -108,3 +108,20 @@ def test_a_writer_wakes_only_ranks_asleep_on_its_word(monkeypatch):
     assert calls == []
     wake_sleepers(words, 3, [FLAG], 1000)
     assert calls == [1000 + 8 * 3]  # the address of word 3 of counters starting at 1000
+
+
+def test_a_peer_that_arrived_and_then_closed_is_not_failed():
+    """A peer may store the counter a rank waits for and close its transport at once (after
+    raising a mismatch it saw there): the waiter that looks at the peer's liveness before it
+    reads the counter again must not fail the wait for it, and must when the counter did not
+    get there."""
+    from neural_arch.distributed.errors import PeerFailureError
+    words = np.zeros(2, np.int64)
+    watch = PeerWatch(1, [0, 0], lambda peer: True)  # peer 0 has closed its end
+    backoff = shm_sync.Backoff(watch, 10.0, "test", 1, "the counter")
+    backoff.start -= 1.0  # waited long enough that a closed peer fails the look
+    words[COUNTER] = 5  # stored before it closed
+    backoff.check((0,), lambda: words[COUNTER] >= 5)
+    watch.next_check = 0.0  # look again at once
+    with pytest.raises(PeerFailureError, match="peer rank 0 closed"):
+        backoff.check((0,), lambda: words[COUNTER] >= 6)
