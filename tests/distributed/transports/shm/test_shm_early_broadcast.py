@@ -161,7 +161,6 @@ def test_ranks_that_each_took_the_root_are_told_when_they_close(tmp_path):
     assert shm_names_of(r.pid for r in results) == []
 
 
-
 def late_reader_of_another_size(rank, p, store):
     """Root 0 broadcasts 5 bytes to three readers; rank 3 comes LATE_S late with 7. Each rank
     then calls a barrier: the mismatch each raised, as (peer named, message)."""
@@ -174,9 +173,9 @@ def late_reader_of_another_size(rank, p, store):
         n = 7 if rank == 3 else 5
         buf = np.arange(n, dtype=np.uint8) if rank == 0 else np.zeros(n, np.uint8)
         try:
-            if rank == 3:
-                time.sleep(LATE_S)  # past the waiters' first liveness look: rank 3 arrives,
-            c.broadcast(buf, 0, calls.fp("broadcast", buf))  # raises, closes and exits
+            if rank == 3:  # late past the waiters' liveness looks; it then arrives, raises,
+                time.sleep(LATE_S)  # closes and exits while they may be looking
+            c.broadcast(buf, 0, calls.fp("broadcast", buf))
             c.barrier(calls.fp("barrier", buf[:0]))
         except CollectiveMismatchError as exc:
             return exc.peer, str(exc)
