@@ -141,27 +141,26 @@ class Backoff:
 
     Raises CollectiveTimeoutError once ``timeout`` seconds pass without the caller making
     progress (create a new Backoff after progress), and PeerFailureError when one of the
-    peers still being waited on has died or closed.
+    peers still being waited on has died or closed. ``arrived()``, when given, tells whether
+    what the caller waits for has happened since it last looked: a peer may store it and then
+    close or exit at once (after raising a mismatch it saw there, say), and its last store
+    counts, so neither error is raised then.
     """
 
     __slots__ = ("watch", "op", "seq", "what", "start", "deadline", "yield_until", "delay",
-                 "timeout")
+                 "timeout", "arrived")
 
     def __init__(self, watch: PeerWatch, timeout: float, op: str, seq: Optional[int],
-                 what: str) -> None:
+                 what: str, arrived: Optional[Callable[[], bool]] = None) -> None:
         self.watch, self.op, self.seq, self.what = watch, op, seq, what
-        self.timeout = timeout
+        self.timeout, self.arrived = timeout, arrived
         self.start = time.monotonic()
         self.deadline = self.start + timeout
         self.yield_until = self.start + YIELD_PHASE_S
         self.delay = FIRST_SLEEP_S
 
-    def check(self, peers: Sequence[int],
-              arrived: Optional[Callable[[], bool]] = None) -> float:
-        """Raise if the wait is over time or a peer failed; return the current time.
-        ``arrived()`` tells whether what the caller waits for has happened since it last
-        looked: a peer may store it and then close or exit at once (after raising a mismatch
-        it saw there, say), and its last store counts, so the failure is not raised then."""
+    def check(self, peers: Sequence[int]) -> float:
+        """Raise if the wait is over time or a peer failed; return the current time."""
         try:
             now = self.watch.look(peers, self.op, self.seq, self.start)
             if now >= self.deadline:
@@ -172,15 +171,15 @@ class Backoff:
                     + (f" from peer rank {peer}" if peer is not None else ""),
                     rank=self.watch.rank, peer=peer, op=self.op, seq=self.seq)
         except (PeerFailureError, CollectiveTimeoutError):
-            if arrived is not None and arrived():
+            if self.arrived is not None and self.arrived():
                 return time.monotonic()
             raise
         return now
 
-    def pause(self, peers: Sequence[int], arrived: Optional[Callable[[], bool]] = None) -> None:
-        now = self.check(peers, arrived)
-        if arrived is not None and arrived():
-            return
+    def pause(self, peers: Sequence[int]) -> None:
+        """Check, then give the core away for a while: yield at first, then sleep for
+        doubling spells (the caller polls again after)."""
+        now = self.check(peers)
         if now < self.yield_until:
             _yield()
             return
@@ -205,13 +204,12 @@ def wait_ge(counters, index: int, target: int, peer: int, watch: PeerWatch, time
     """Block until ``counters[index] >= target``; the counter is written by ``peer``."""
     if counters[index] >= target or spin_until_ge(counters, index, target, watch):
         return
-    backoff = Backoff(watch, timeout, op, seq, what)
-    peers = (peer,)
-
     def arrived() -> bool:
         return counters[index] >= target
+    backoff = Backoff(watch, timeout, op, seq, what, arrived)
+    peers = (peer,)
     while not arrived():
-        backoff.pause(peers, arrived)
+        backoff.pause(peers)
 
 
 def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatch,
@@ -236,14 +234,13 @@ def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatc
         return
     if counters[index] >= target or spin_until_ge(counters, index, target, watch):
         return
-    backoff = Backoff(watch, timeout, op, seq, what)
-    peers, address = (peer,), base_address + 8 * index
-
     def arrived() -> bool:
         return counters[index] >= target
+    backoff = Backoff(watch, timeout, op, seq, what, arrived)
+    peers, address = (peer,), base_address + 8 * index
     yield_until = backoff.start + YIELD_BEFORE_SLEEP_S
     while not arrived():
-        if backoff.check(peers, arrived) >= yield_until:
+        if backoff.check(peers) >= yield_until:
             break
         _yield()
     else:
@@ -254,7 +251,7 @@ def sleep_until_ge(counters, index: int, target: int, peer: int, watch: PeerWatc
             value = counters[index]
             if value >= target:
                 return
-            now = backoff.check(peers, arrived)
+            now = backoff.check(peers)
             futex.wait(address, value, min(FUTEX_SLICE_S, watch.next_check - now))
     finally:
         counters[flag] = 0

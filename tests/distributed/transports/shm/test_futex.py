@@ -118,10 +118,13 @@ def test_a_peer_that_arrived_and_then_closed_is_not_failed():
     from neural_arch.distributed.errors import PeerFailureError
     words = np.zeros(2, np.int64)
     watch = PeerWatch(1, [0, 0], lambda peer: True)  # peer 0 has closed its end
-    backoff = shm_sync.Backoff(watch, 10.0, "test", 1, "the counter")
+    target = [5]
+    backoff = shm_sync.Backoff(watch, 10.0, "test", 1, "the counter",
+                               lambda: words[COUNTER] >= target[0])
     backoff.start -= 1.0  # waited long enough that a closed peer fails the look
     words[COUNTER] = 5  # stored before it closed
-    backoff.check((0,), lambda: words[COUNTER] >= 5)
+    backoff.check((0,))
+    target[0] = 6
     watch.next_check = 0.0  # look again at once
     with pytest.raises(PeerFailureError, match="peer rank 0 closed"):
-        backoff.check((0,), lambda: words[COUNTER] >= 6)
+        backoff.check((0,))
