@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -182,6 +182,14 @@ class Transport(ABC):
         """Run the ring all-reduce (``algorithms.ring``) on ``buf`` in a form of this
         transport's own, with the ring's bits, and return True; False (the default): the ring
         runs its portable steps."""
+        return False
+
+    def exchange_reduce(self, buf: np.ndarray, peer: int, fp: Fingerprint,
+                        combine: Callable[..., Any], theirs_first: bool) -> bool:
+        """One round of recursive doubling (``algorithms.recursive_doubling``) in a form of this
+        transport's own: swap ``buf`` with ``peer``'s vector of the same size and fold it into
+        ``buf`` with ``combine``, the peer's operand first when ``theirs_first``, and return
+        True; False (the default): the round runs as a ``sendrecv`` and a combine."""
         return False
 
     def check_peer_rank(self, peer, fp: Fingerprint) -> None:

@@ -88,6 +88,7 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
     report["calls"] = {name: len(found) for name, found in calls.items()}
     for name in calls:
         delattr(t, name)
+    report.update(_recursive_doubling_bits(t, rank, world))
     if world == 2:  # different sizes on the two ranks: both named, on both ranks
         try:
             dist.all_reduce(np.ones(1000 + rank, np.float32), algorithm="ring")  # swapped
@@ -95,6 +96,38 @@ def _bits_job(rank: int, world: int, form: str) -> dict:
         except dist.CollectiveMismatchError as e:
             report["mismatch"] = str(e)
     return report
+
+
+def _recursive_doubling_bits(t, rank: int, world: int) -> dict:
+    """Recursive doubling with each round a swap where the transport has one (up to the swap's
+    limit), against its sendrecv form (``exchange_reduce`` turned off): the same bits, and
+    NumPy's values; and how many swaps it made."""
+    from neural_arch import distributed as dist
+    swaps, swap = [], t.swap
+    t.swap = lambda *a: swaps.append(1) or swap(*a)
+    found = {"rd_differ": [], "rd_wrong": []}
+    try:
+        for size in (0,) + SIZES:
+            for dtype in DTYPES:
+                everyone = [_values(r, size, dtype) for r in range(world)]
+                for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                    ours, plain = everyone[rank].copy(), everyone[rank].copy()
+                    dist.all_reduce(ours, op, algorithm="recursive_doubling")
+                    t.exchange_reduce = lambda *a: False
+                    try:
+                        dist.all_reduce(plain, op, algorithm="recursive_doubling")
+                    finally:
+                        del t.exchange_reduce
+                    name = f"{size} x {np.dtype(dtype).name} {op.name}"
+                    if ours.tobytes() != plain.tobytes():
+                        found["rd_differ"].append(name)
+                    reference = (np.sum if op.name == "SUM" else np.max)(np.stack(everyone), 0)
+                    if not np.allclose(ours, reference, rtol=1e-6, atol=1e-3, equal_nan=True):
+                        found["rd_wrong"].append(name)
+    finally:
+        del t.swap
+    found["rd_swaps"] = len(swaps)
+    return found
 
 
 @pytest.fixture(scope="module", params=[(2, "pipeline"), (2, "exchange"), (2, "halves"),
@@ -109,6 +142,16 @@ def reports(request):
 def test_all_reduce_keeps_the_portable_rings_bits_and_numpys_values(reports):
     _, per_rank = reports
     assert [(r["differ"], r["wrong"]) for r in per_rank] == [([], [])] * len(per_rank)
+
+
+def test_recursive_doubling_swaps_each_round_with_the_bits_of_its_sendrecv_form(reports):
+    (world, _), per_rank = reports
+    assert [(r["rd_differ"], r["rd_wrong"]) for r in per_rank] == [([], [])] * world
+    # a round per non-empty call: 5 sizes x 3 dtypes x 2 ops at p = 2, every one swapped; at
+    # p = 3 rank 0 hands its vector to rank 1, and ranks 1 and 2 swap the vectors up to the
+    # packed limit of three ranks (8 KiB: all but 6151 elements)
+    expected = [30, 30] if world == 2 else [0, 24, 24]
+    assert [r["rd_swaps"] for r in per_rank] == expected
 
 
 def _pieces_calls() -> int:
