@@ -244,8 +244,8 @@ class MpiTransport(RequestWaiting, Transport):
         where it landed) up to the swap's limit: it sends a copy, so the fold writes no memory
         the peer's single-copy transfer has just read (``mpi_swap``), which a ``sendrecv`` of
         ``buf`` itself makes it do. Measured at p = 2 on two cores (``benchmarks/mpi_layers.py``'s
-        public row, two runs of each tree in turns, us): 16 KiB 50.6-59.6 as a sendrecv against
-        28.4-30.2 swapped, 32 KiB 76.0-80.8 against 41.3-42.3; 4 B and 4 KiB (packed either
+        public row, two runs of each tree in turns, us): 16 KiB 49.5-57.8 as a sendrecv against
+        25.7-26.1 swapped, 32 KiB 44.0-72.5 against 34.6-35.4; 4 B and 4 KiB (packed either
         way) within the runs' spread."""
         if buf.nbytes > swap_max_bytes(self.world_size):
             return False
