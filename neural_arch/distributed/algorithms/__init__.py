@@ -30,7 +30,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..reduce_ops import ReduceOp, divide_by_count
-from ..transports.base import Fingerprint, Transport
+from ..transports.base import Fingerprint, Transport, pair_broadcast
 from . import dissemination, recursive_doubling, ring, tree
 from .agreement import agree_on_root
 
@@ -156,7 +156,7 @@ def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
     name = select("broadcast", t, buf.nbytes, algorithm)
     if name in _NATIVE:
         t.native_collectives().broadcast(buf, root, fp)  # checks the root itself
-    else:
+    elif not pair_broadcast(t, buf.view(np.uint8), root, fp):
         agree_on_root(t, root, fp)
         tree.broadcast(t, buf, root, fp)
     return name

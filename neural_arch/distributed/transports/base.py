@@ -103,6 +103,45 @@ def check_roots(roots: Sequence[int], fp: Fingerprint, t: "Transport") -> None:
             rank=t.global_rank(t.rank), op=fp.op, seq=fp.seq)
 
 
+# A two-rank broadcast of at most this many bytes goes in one exchange with its root check
+# (``pair_broadcast``): below it the other rank's zeros cost less than the round trip saved
+# (measured on the mpi and tcp transports, ``benchmarks/RESULTS.md``).
+PAIR_BROADCAST_MAX_BYTES = 16 << 10
+_CLAIM = 8  # the root a rank passed, as one int64 in front of the payload
+
+
+def pair_broadcast(t: "Transport", data: np.ndarray, root: int, fp: Fingerprint) -> bool:
+    """Broadcast ``data`` (bytes, 1-D, contiguous; writable on the rank that is not the root)
+    between two ranks in one exchange with the root check, and return True; False (nothing
+    sent) at another world size or above ``PAIR_BROADCAST_MAX_BYTES``.
+
+    The portable form first agrees on the root (``algorithms.agreement``: an exchange of roots)
+    and then moves the data: two round trips. Here each rank sends the root it passed and a
+    payload of the broadcast's size (the root its data, the other rank zeros) and receives the
+    peer's: both then know both roots, ranks that passed different ones raise the same
+    ``CollectiveMismatchError`` naming them (``check_roots``), and since each received the one
+    message it expected, nothing is left in flight and the group stays usable. The exchange is
+    labelled with the fingerprint without its root, as the agreement's is, so a peer in another
+    call altogether is still named by the transport's header check."""
+    if t.world_size != 2 or data.nbytes > PAIR_BROADCAST_MAX_BYTES:
+        return False
+    if not 0 <= root < 2:
+        raise ValueError(f"root rank {root} is out of range for world size 2")
+    rank = t.rank
+    name, named = split_root(fp.op)
+    out = np.zeros(_CLAIM + data.nbytes, np.uint8)
+    out[:_CLAIM].view(np.int64)[0] = root
+    if rank == root:
+        out[_CLAIM:] = data
+    got = np.empty_like(out)
+    t.sendrecv(out, 1 - rank, got, 1 - rank, fp if named is None else fp._replace(op=name))
+    theirs = int(got[:_CLAIM].view(np.int64)[0])
+    check_roots([root, theirs] if rank == 0 else [theirs, root], fp, t)
+    if rank != root:
+        data[:] = got[_CLAIM:]
+    return True
+
+
 def check_job(rank, world_size, timeout) -> None:
     """ValueError unless ``rank`` of ``world_size`` ranks and ``timeout`` seconds make sense."""
     if not isinstance(world_size, int) or world_size < 1:

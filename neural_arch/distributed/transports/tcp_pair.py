@@ -24,7 +24,7 @@ import numpy as np
 
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from ..reductions.kernels import pair_mean_half
-from .base import Fingerprint, Message, check_roots, split_root
+from .base import Fingerprint, Message, check_roots, pair_broadcast, split_root
 
 if TYPE_CHECKING:  # tcp imports this module to return PairCollectives
     from .tcp import TcpTransport
@@ -133,10 +133,13 @@ class PairCollectives:
         return recvbuf
 
     def broadcast(self, buf: np.ndarray, root: int, fp: Fingerprint) -> np.ndarray:
-        """The root check of ``algorithms.agreement`` (one exchange of roots), then the root's
-        pieces to the other rank."""
+        """The root check and a small payload in one exchange (``base.pair_broadcast``); above its
+        limit the root check of ``algorithms.agreement`` (one exchange of roots), then the
+        root's pieces to the other rank."""
         if not 0 <= root < 2:
             raise ValueError(f"root rank {root} is out of range for world size 2")
+        if pair_broadcast(self._t, buf.view(np.uint8), root, fp):
+            return buf
         name, named = split_root(fp.op)
         known = np.full(2, -1, dtype=np.int64)
         known[self._t.rank] = root
