@@ -104,8 +104,9 @@ def check_roots(roots: Sequence[int], fp: Fingerprint, t: "Transport") -> None:
 
 
 # A two-rank broadcast of at most this many bytes goes in one exchange with its root check
-# (``pair_broadcast``): below it the other rank's zeros cost less than the round trip saved
-# (measured on the mpi and tcp transports, ``benchmarks/RESULTS.md``).
+# (``pair_broadcast``): at 4 B, 4 KiB and 16 KiB the other rank's zeros cost less than the
+# round trip saved on the mpi and tcp transports (``benchmarks/RESULTS.md``), though at 16 KiB
+# the gain had shrunk on mpi (60-64 us to 52).
 PAIR_BROADCAST_MAX_BYTES = 16 << 10
 _CLAIM = 8  # the root a rank passed, as one int64 in front of the payload
 

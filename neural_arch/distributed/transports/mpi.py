@@ -240,22 +240,14 @@ class MpiTransport(RequestWaiting, Transport):
 
     def exchange_reduce(self, buf: np.ndarray, peer: int, fp: Fingerprint,
                         combine: Callable, theirs_first: bool) -> bool:
-        """A round of recursive doubling as a ``swap`` (one packed message each way, folded
-        where it landed) up to the swap's limit: it sends a copy, so the fold writes no memory
-        the peer's single-copy transfer has just read (``mpi_swap``), which a ``sendrecv`` of
-        ``buf`` itself makes it do. Measured at p = 2 on two cores (``benchmarks/mpi_layers.py``'s
-        public row, two runs of each tree in turns, us): 16 KiB 49.5-57.8 as a sendrecv against
-        25.7-26.1 swapped, 32 KiB 44.0-72.5 against 34.6-35.4; 4 B and 4 KiB (packed either
-        way) within the runs' spread."""
+        """A round of recursive doubling as a ``swap`` up to the swap's limit
+        (``mpi_swap.exchange_reduce``)."""
         if buf.nbytes > swap_max_bytes(self.world_size):
             return False
-
-        def fold(got: np.ndarray) -> None:
-            if theirs_first:
-                combine(got, buf, out=buf)
-            else:
-                combine(buf, got, out=buf)
-        self.swap(buf, peer, fp, fold)
+        out = _byte_view(buf, False, "send")
+        with self._lock:
+            self.check_peer(peer, fp)
+            mpi_swap.exchange_reduce(self, buf, out, peer, fp, combine, theirs_first)
         return True
 
     def check_peer(self, peer: int, fp: Fingerprint) -> None:

@@ -1,9 +1,9 @@
 """A small two-rank broadcast in one exchange with its root check (``pair_broadcast`` of
 ``transports.base``), on the transports that run the portable broadcast (mpi) or their own pair
-collectives (tcp):
-the root's bytes on both ranks at sizes 0, 1, odd and at the form's limit, the two-step form
-just above it, and ranks that pass different roots (both the root, neither) named on both,
-the group still usable after."""
+collectives (tcp): the root's bytes on both ranks at sizes 0, 1, odd and at the form's limit,
+the two-step form just above it, ranks that pass different roots (both the root, neither)
+named on both, the group still usable after, and ranks on either side of the limit failing
+with the two calls named."""
 from __future__ import annotations
 
 import numpy as np
@@ -48,6 +48,11 @@ def _job(rank: int, world: int) -> dict:
             except dist.CollectiveMismatchError as e:
                 report["mismatch"].append(str(e))
         report["after"] = dist.all_reduce(np.ones(3)).tolist()
+        try:  # one rank at the form's limit, the other an element above it (the two-step form)
+            dist.broadcast(np.zeros(LIMIT // 4 + rank, np.float32), src=0)
+            report["across"] = ("returned", "")
+        except dist.DistributedError as e:
+            report["across"] = (type(e).__name__, str(e))
     finally:
         algorithms.pair_broadcast = tcp_pair.pair_broadcast = form
     return report
@@ -78,3 +83,15 @@ def test_different_roots_are_named_on_both_ranks_and_the_group_stays_usable(repo
         assert "rank 0 passed root 0; rank 1 passed root 1" in both, both
         assert "rank 0 passed root 1; rank 1 passed root 0" in neither, neither
         assert r["after"] == [2.0, 2.0, 2.0]
+
+
+def test_a_broadcast_at_the_limit_against_one_an_element_above_fails_both_naming_them(reports):
+    # the rank that reads the other's header first names both calls; its peer may then find
+    # the connection gone before it reads that rank's message (a named failure too)
+    _, per_rank = reports
+    kinds = [r["across"][0] for r in per_rank]
+    assert all(kind in ("CollectiveMismatchError", "PeerFailureError") for kind in kinds), kinds
+    n = LIMIT // 4
+    assert any(kind == "CollectiveMismatchError" and f"{n} x float32" in message
+               and f"{n + 1} x float32" in message for kind, message in
+               (r["across"] for r in per_rank)), per_rank

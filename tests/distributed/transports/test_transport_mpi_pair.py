@@ -103,8 +103,13 @@ def _recursive_doubling_bits(t, rank: int, world: int) -> dict:
     limit), against its sendrecv form (``exchange_reduce`` turned off): the same bits, and
     NumPy's values; and how many swaps it made."""
     from neural_arch import distributed as dist
-    swaps, swap = [], t.swap
-    t.swap = lambda *a: swaps.append(1) or swap(*a)
+    swaps, exchange, swapping = [], t.exchange_reduce, [True]
+
+    def counted(*a):
+        done = swapping[0] and exchange(*a)
+        swaps.extend([1] if done else [])
+        return done
+    t.exchange_reduce = counted
     found = {"rd_differ": [], "rd_wrong": []}
     try:
         for size in (0,) + SIZES:
@@ -113,11 +118,11 @@ def _recursive_doubling_bits(t, rank: int, world: int) -> dict:
                 for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
                     ours, plain = everyone[rank].copy(), everyone[rank].copy()
                     dist.all_reduce(ours, op, algorithm="recursive_doubling")
-                    t.exchange_reduce = lambda *a: False
+                    swapping[0] = False  # the sendrecv form
                     try:
                         dist.all_reduce(plain, op, algorithm="recursive_doubling")
                     finally:
-                        del t.exchange_reduce
+                        swapping[0] = True
                     name = f"{size} x {np.dtype(dtype).name} {op.name}"
                     if ours.tobytes() != plain.tobytes():
                         found["rd_differ"].append(name)
@@ -125,7 +130,7 @@ def _recursive_doubling_bits(t, rank: int, world: int) -> dict:
                     if not np.allclose(ours, reference, rtol=1e-6, atol=1e-3, equal_nan=True):
                         found["rd_wrong"].append(name)
     finally:
-        del t.swap
+        del t.exchange_reduce
     found["rd_swaps"] = len(swaps)
     return found
 

@@ -177,9 +177,12 @@ class Backoff:
         return now
 
     def pause(self, peers: Sequence[int]) -> None:
-        """Check, then give the core away for a while: yield at first, then sleep for
-        doubling spells (the caller polls again after)."""
+        """Check, then, unless what the wait waits for has come meanwhile, give the core away
+        for a while: yield at first, then sleep for doubling spells (the caller polls again
+        after)."""
         now = self.check(peers)
+        if self.arrived is not None and self.arrived():
+            return  # it came while the peers were being looked at: no nap
         if now < self.yield_until:
             _yield()
             return
