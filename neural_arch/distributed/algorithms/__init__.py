@@ -156,7 +156,7 @@ def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
     name = select("broadcast", t, buf.nbytes, algorithm)
     if name in _NATIVE:
         t.native_collectives().broadcast(buf, root, fp)  # checks the root itself
-    elif not pair_broadcast(t, buf.view(np.uint8), root, fp):
+    elif not pair_broadcast(t, buf, root, fp):
         agree_on_root(t, root, fp)
         tree.broadcast(t, buf, root, fp)
     return name

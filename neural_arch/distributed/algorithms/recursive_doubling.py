@@ -12,7 +12,7 @@ the transport's own call. A vector of one segment, the common case, is not slice
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -49,9 +49,10 @@ def _schedule(n: int, r: int) -> tuple[int, tuple[tuple[int, bool], ...]]:
     return found
 
 
-def _all_reduce_piece(t: Transport, buf: np.ndarray, other: np.ndarray,
+def _all_reduce_piece(t: Transport, buf: np.ndarray, other: Optional[np.ndarray],
                       combine: Callable[..., Any], fp: Fingerprint) -> None:
-    """All-reduce ``buf`` (at most one segment) in place; ``other`` (as large) receives."""
+    """All-reduce ``buf`` (at most one segment) in place; ``other`` (as large; made here when
+    None and a message needs it) receives."""
     r = t.rank
     role, rounds = _schedule(t.world_size, r)
     if role == _HANDS_OVER:
@@ -59,11 +60,13 @@ def _all_reduce_piece(t: Transport, buf: np.ndarray, other: np.ndarray,
         t.recv(buf, r + 1, fp)
         return
     if role == _FOLDS_IN:
+        other = np.empty(buf.size, buf.dtype) if other is None else other
         t.recv(other, r - 1, fp)
         combine(other, buf, out=buf)
     for peer, theirs_first in rounds:
         if t.exchange_reduce(buf, peer, fp, combine, theirs_first):
-            continue  # the transport's faster form, these bits
+            continue  # the transport's faster form, these bits: ``other`` is not needed
+        other = np.empty(buf.size, buf.dtype) if other is None else other
         t.sendrecv(buf, peer, other, peer, fp)
         if theirs_first:
             combine(other, buf, out=buf)
@@ -97,7 +100,7 @@ def _runner(nbytes: int) -> Callable[..., None]:
 
 def _one_piece(t: Transport, buf: np.ndarray, combine: Callable[..., Any],
                fp: Fingerprint) -> None:
-    _all_reduce_piece(t, buf, np.empty(buf.size, buf.dtype), combine, fp)
+    _all_reduce_piece(t, buf, None, combine, fp)
 
 
 def _segments(t: Transport, buf: np.ndarray, combine: Callable[..., Any],

@@ -111,10 +111,10 @@ PAIR_BROADCAST_MAX_BYTES = 16 << 10
 _CLAIM = 8  # the root a rank passed, as one int64 in front of the payload
 
 
-def pair_broadcast(t: "Transport", data: np.ndarray, root: int, fp: Fingerprint) -> bool:
-    """Broadcast ``data`` (bytes, 1-D, contiguous; writable on the rank that is not the root)
-    between two ranks in one exchange with the root check, and return True; False (nothing
-    sent) at another world size or above ``PAIR_BROADCAST_MAX_BYTES``.
+def pair_broadcast(t: "Transport", buf: np.ndarray, root: int, fp: Fingerprint) -> bool:
+    """Broadcast ``buf`` (1-D, contiguous; writable on the rank that is not the root) between
+    two ranks in one exchange with the root check, and return True; False (nothing sent) at
+    another world size or above ``PAIR_BROADCAST_MAX_BYTES``.
 
     The portable form first agrees on the root (``algorithms.agreement``: an exchange of roots)
     and then moves the data: two round trips. Here each rank sends the root it passed and a
@@ -124,8 +124,9 @@ def pair_broadcast(t: "Transport", data: np.ndarray, root: int, fp: Fingerprint)
     message it expected, nothing is left in flight and the group stays usable. The exchange is
     labelled with the fingerprint without its root, as the agreement's is, so a peer in another
     call altogether is still named by the transport's header check."""
-    if t.world_size != 2 or data.nbytes > PAIR_BROADCAST_MAX_BYTES:
+    if t.world_size != 2 or buf.nbytes > PAIR_BROADCAST_MAX_BYTES:
         return False
+    data = buf.view(np.uint8)
     if not 0 <= root < 2:
         raise ValueError(f"root rank {root} is out of range for world size 2")
     rank = t.rank

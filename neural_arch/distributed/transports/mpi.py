@@ -241,13 +241,10 @@ class MpiTransport(RequestWaiting, Transport):
     def exchange_reduce(self, buf: np.ndarray, peer: int, fp: Fingerprint,
                         combine: Callable, theirs_first: bool) -> bool:
         """A round of recursive doubling as a ``swap`` up to the swap's limit
-        (``mpi_swap.exchange_reduce``)."""
+        (the fold and why: ``mpi_swap.folder``)."""
         if buf.nbytes > swap_max_bytes(self.world_size):
             return False
-        out = _byte_view(buf, False, "send")
-        with self._lock:
-            self.check_peer(peer, fp)
-            mpi_swap.exchange_reduce(self, buf, out, peer, fp, combine, theirs_first)
+        self.swap(buf, peer, fp, mpi_swap.folder(buf, combine, theirs_first))
         return True
 
     def check_peer(self, peer: int, fp: Fingerprint) -> None:

@@ -78,26 +78,22 @@ def swap(t: MpiTransport, sendbuf: np.ndarray, out: memoryview, peer: int, fp: F
     t.send_buffers.give(peer, packed)
 
 
-def exchange_reduce(t: MpiTransport, buf: np.ndarray, out: memoryview, peer: int,
-                    fp: Fingerprint, combine: Callable, theirs_first: bool) -> None:
-    """A round of recursive doubling (``algorithms.recursive_doubling``) as one ``swap``:
-    ``buf`` = the peer's vector ``combine`` ``buf``'s (the peer's operand first when
-    ``theirs_first``), the sendrecv form's bits. The swap sends a copy, so the fold writes no
-    memory the peer's single-copy transfer has just read, which a ``sendrecv`` of ``buf`` itself
-    makes it do (see the module docstring). Measured at p = 2 on two cores
-    (``benchmarks/mpi_layers.py``'s public row, two runs of each tree in turns, us): 16 KiB
-    49.5-57.8 as a sendrecv against 25.7-26.1 swapped, 32 KiB 44.0-72.5 against 34.6-35.4;
-    4 B and 4 KiB (packed either way) within the runs' spread. Called with the transport's
-    lock held.
+def folder(buf: np.ndarray, combine: Callable, theirs_first: bool
+           ) -> Callable[[np.ndarray], None]:
+    """``use`` for a ``swap`` that is a round of recursive doubling
+    (``MpiTransport.exchange_reduce``): ``buf`` = the peer's vector ``combine`` ``buf``'s (the
+    peer's operand first when ``theirs_first``), the sendrecv form's bits. The swap sends a copy,
+    so the fold writes no memory the peer's single-copy transfer has just read, which a
+    ``sendrecv`` of ``buf`` itself makes it do (see the module docstring). Measured at p = 2 on
+    two cores (``benchmarks/mpi_layers.py``'s public row, two runs of each tree in turns, us):
+    16 KiB 49.5-57.8 as a sendrecv against 25.7-26.1 swapped, 32 KiB 44.0-72.5 against
+    34.6-35.4; 4 B and 4 KiB (packed either way) within the runs' spread.
 
     Its messages are those of the two-rank ring's exchange (``mpi_pair``), which folds in
     another operand order: ranks that force the two algorithms differently are not told apart,
     and end with the same values, their bits differing only where the order shows (the sign of
     a zero from MAX or MIN, a NaN's payload). Below the wire's packed 8 KiB a ``sendrecv`` of
     that size was such a message already."""
-    def fold(got: np.ndarray) -> None:
-        if theirs_first:
-            combine(got, buf, out=buf)
-        else:
-            combine(buf, got, out=buf)
-    swap(t, buf, out, peer, fp, fold)
+    if theirs_first:
+        return lambda got: combine(got, buf, out=buf)
+    return lambda got: combine(buf, got, out=buf)

@@ -138,7 +138,7 @@ class PairCollectives:
         root's pieces to the other rank."""
         if not 0 <= root < 2:
             raise ValueError(f"root rank {root} is out of range for world size 2")
-        if pair_broadcast(self._t, buf.view(np.uint8), root, fp):
+        if pair_broadcast(self._t, buf, root, fp):
             return buf
         name, named = split_root(fp.op)
         known = np.full(2, -1, dtype=np.int64)
