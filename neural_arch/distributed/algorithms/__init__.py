@@ -10,7 +10,10 @@ above, ``broadcast`` a tree, and so on. ``algorithm=`` (per call) or the
 transport raises ValueError when passed per call; from the environment it falls back to the
 automatic choice, so one exported setting does not break every backend that lacks it. The variable is read when the package is imported and
 again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
-variable costs about as much as a whole small shared-memory all-reduce.
+variable costs about as much as a whole small shared-memory all-reduce. ``init_process_group``
+also compares what it means on every rank (``environment_meaning``) and raises where ranks
+differ: ranks forcing different algorithms may exchange messages that look alike and end with
+results whose bits differ.
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
 is (the shared-memory ones divide in the pass that adds, or as they copy out), the ring
@@ -63,6 +66,21 @@ read_environment()
 def environment_choice() -> Optional[str]:
     """The all-reduce algorithm ``NEURAL_ARCH_ALLREDUCE_ALGO`` named when last read, or None."""
     return _env_all_reduce
+
+
+def environment_meaning() -> str:
+    """What the variable, as last read, makes every all-reduce do: ``"auto"`` (unset, empty or
+    auto), the canonical name of the algorithm it forces (``rd`` and ``recursive-doubling``
+    alike), or the text itself where it names none (every all-reduce then raises). Ranks
+    whose meanings differ would run different algorithms on one call; ``init_process_group``
+    compares them."""
+    raw = _env_all_reduce
+    if raw is None or not raw.strip():
+        return "auto"
+    try:
+        return normalize("all_reduce", raw)
+    except ValueError:
+        return raw
 
 
 def normalize(collective: str, algorithm: str) -> str:
@@ -212,5 +230,6 @@ def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, ro
 
 
 __all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "agree_on_root",
-           "all_gather", "all_reduce", "all_reduce_plan", "barrier", "broadcast", "gather",
+           "all_gather", "all_reduce", "all_reduce_plan", "barrier", "broadcast",
+           "environment_choice", "environment_meaning", "gather",
            "normalize", "read_environment", "reduce", "reduce_scatter", "scatter", "select"]

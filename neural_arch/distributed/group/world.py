@@ -15,11 +15,11 @@ from typing import Any, Optional, Sequence
 
 from .. import algorithms, transports
 from ..health import heartbeat
-from ..transports.base import Fingerprint, Transport
+from ..transports.base import Transport
 from ..work import CommQueue, Seconds, to_seconds
 from .backend_choice import (agree_on_backend, choose_on_one_host, launched_by_mpi,
                              normalize_backend)
-from .agreement import check_same_everywhere
+from .agreement import check_environment_agrees, check_same_everywhere
 from .process_group import ProcessGroup
 from .short_calls import ShortCalls
 from .subgroup_transport import GroupTransport
@@ -104,8 +104,9 @@ def init_process_group(backend: str = "auto", init_method: str = "env://",
             store = heartbeat_store(transport, seconds)
             owns_store = store is not None
         world = _World(info, chosen, store, transport, seconds)
-        # Nobody may close the store (rank 0 serves it) while a peer still needs it.
-        algorithms.barrier(transport, Fingerprint("init_barrier", 0, "uint8", 0, 0), "auto")
+        # Nobody may close the store (rank 0 serves it) while a peer still needs it: the check
+        # returns only once every rank took part, as a barrier would.
+        check_environment_agrees(transport)
         heartbeat.start(info.rank, info.world_size, store, transport)
     except BaseException:
         if transport is not None:

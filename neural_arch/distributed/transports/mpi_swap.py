@@ -90,10 +90,11 @@ def folder(buf: np.ndarray, combine: Callable, theirs_first: bool
     34.6-35.4; 4 B and 4 KiB (packed either way) within the runs' spread.
 
     Its messages are those of the two-rank ring's exchange (``mpi_pair``), which folds in
-    another operand order: ranks that force the two algorithms differently are not told apart,
-    and end with the same values, their bits differing only where the order shows (the sign of
-    a zero from MAX or MIN, a NaN's payload). Below the wire's packed 8 KiB a ``sendrecv`` of
-    that size was such a message already."""
+    another operand order: ranks that force the two algorithms differently per call are not told
+    apart, and end with the same values, their bits differing only where the order shows (the
+    sign of a zero from MAX or MIN, a NaN's payload). Below the wire's packed 8 KiB a
+    ``sendrecv`` of that size was such a message already. (Ranks forcing them differently
+    through the environment are stopped at ``init_process_group``.)"""
     if theirs_first:
         return lambda got: combine(got, buf, out=buf)
     return lambda got: combine(buf, got, out=buf)

@@ -179,3 +179,48 @@ def test_new_group_must_get_the_same_ranks_everywhere(backend):
     for name, message in run_ranks(mismatched_groups, 3, backend, timeout=60,
                                    init_kwargs=SHORT):
         assert name == "ValueError" and "different arguments" in message
+
+
+
+def forced_algorithms(rank: int, ws: int, settings: list):
+    """Init again under each of ``settings`` (every rank's NEURAL_ARCH_ALLREDUCE_ALGO for one
+    attempt, None: unset): the error of an attempt that failed, or an all-reduce's result."""
+    from neural_arch.distributed import algorithms
+    backend, outcomes = dist.get_backend(), []
+    for values in settings:
+        # a fresh port for every rendezvous (as in ``reinit``), from the group still up
+        port = dist.all_gather_object(free_port() if rank == 0 else None)[0]
+        dist.destroy_process_group()
+        if values[rank] is None:
+            os.environ.pop(algorithms.ENV_ALLREDUCE_ALGO, None)
+        else:
+            os.environ[algorithms.ENV_ALLREDUCE_ALGO] = values[rank]
+        try:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+                                    world_size=ws, rank=rank, timeout=10)
+        except ValueError as exc:
+            outcomes.append(describe(exc))
+            os.environ.pop(algorithms.ENV_ALLREDUCE_ALGO, None)  # the next attempt's group
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port + 1}",
+                                    world_size=ws, rank=rank, timeout=10)
+            continue
+        x = np.full(5, rank + 1.0)
+        dist.all_reduce(x)
+        outcomes.append(x.tolist())
+    return outcomes
+
+
+def test_ranks_must_read_the_forced_all_reduce_algorithm_alike(backend):
+    """Ranks that force different all-reduce algorithms through the environment (one unset,
+    one another name) fail at init naming every rank's reading; aliases of one algorithm, and
+    unset against 'auto', agree and train on."""
+    settings = [(None, "rd"), ("recursive-doubling", "rd"), ("ring", "RING ALGO"),
+                ("auto", None)]
+    for rank, outcomes in enumerate(run_ranks(forced_algorithms, 2, backend, timeout=90,
+                                             args=(settings,), init_kwargs=SHORT)):
+        unset, aliases, unknown, auto = outcomes
+        assert unset[0] == "ValueError", unset
+        assert ("NEURAL_ARCH_ALLREDUCE_ALGO must mean the same on every rank: rank 0 read it "
+                "as 'auto'; rank 1 read it as 'recursive_doubling'") in unset[1], unset
+        assert aliases == [3.0] * 5 and auto == [3.0] * 5
+        assert unknown[0] == "ValueError" and "'RING ALGO'" in unknown[1], unknown
