@@ -349,12 +349,12 @@ def _all_gather_every_dtype_and_shape(rank, ws):
 @pytest.mark.parametrize("backend", installed_backends())
 @pytest.mark.parametrize("ws", [2, 3])
 def test_all_gather_into_tensor_of_every_dtype_and_shape_matches_numpy(backend, ws):
-    calls = len(DTYPES) * 6 * 2
     for first, second in run_ranks(_all_gather_every_dtype_and_shape, ws, backend, timeout=90):
         assert set(first) | set(second) <= {"all_gather_into_tensor"}
+        # shared memory plans a shape after its first call; elsewhere an entry runs the first
         assert first["all_gather_into_tensor"] == (
-            len(DTYPES) * len({0, 1, ws - 1, 7, 15, 24}) if backend == "shm" else calls)
-        assert second["all_gather_into_tensor"] == (0 if backend == "shm" else calls)
+            len(DTYPES) * len({0, 1, ws - 1, 7, 15, 24}) if backend == "shm" else 0)
+        assert second["all_gather_into_tensor"] == 0
 
 
 def _all_gathers_left_to_the_general_path(rank, ws):
@@ -390,10 +390,11 @@ def _all_gathers_left_to_the_general_path(rank, ws):
     return seen
 
 
-def test_all_gathers_the_short_path_leaves_alone_still_work():
+@pytest.mark.parametrize("backend", installed_backends())
+def test_all_gathers_the_short_path_leaves_alone_still_work(backend):
     ws = 3
     ranks = [float(r + 1) for r in range(ws)]
-    for seen in run_ranks(_all_gathers_left_to_the_general_path, ws, "shm"):
+    for seen in run_ranks(_all_gathers_left_to_the_general_path, ws, backend):
         assert seen[0] == ranks
         assert seen[1] == [0.0, 1.0, 2.0]
         assert seen[2:6] == ["ValueError", "ValueError", "ValueError", "TypeError"]

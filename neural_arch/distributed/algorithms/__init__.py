@@ -180,6 +180,19 @@ def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
     return name
 
 
+def all_gather_plan(t: Transport, dtype: np.dtype, count: int
+                    ) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
+    """``run(sendbuf, recvbuf, fp)``: what ``all_gather`` runs on ``t`` for every ``sendbuf``
+    of ``count`` elements of ``dtype`` (``recvbuf``: world size times as many, checked by the
+    caller) with the automatic choice, chosen once, for a caller that runs one shape many
+    times (the public call's short entry)."""
+    itemsize = np.dtype(dtype).itemsize
+    name = select("all_gather", t, count * t.world_size * itemsize)
+    if name in _NATIVE:
+        return t.native_collectives().all_gather
+    return ring.all_gather_plan(t, count, itemsize)
+
+
 def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint,
                algorithm: Optional[str] = None) -> str:
     name = select("all_gather", t, recvbuf.nbytes, algorithm)
@@ -230,6 +243,6 @@ def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, ro
 
 
 __all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "agree_on_root",
-           "all_gather", "all_reduce", "all_reduce_plan", "barrier", "broadcast",
-           "environment_choice", "environment_meaning", "gather",
-           "normalize", "read_environment", "reduce", "reduce_scatter", "scatter", "select"]
+           "all_gather", "all_gather_plan", "all_reduce", "all_reduce_plan", "barrier",
+           "broadcast", "environment_choice", "environment_meaning", "gather", "normalize",
+           "read_environment", "reduce", "reduce_scatter", "scatter", "select"]

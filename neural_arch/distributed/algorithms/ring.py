@@ -7,6 +7,8 @@ copied to everyone, so all ranks end with the same bits.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..scratch import thread_scratch
@@ -100,6 +102,15 @@ def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: R
         return
     if m == 0:
         return
+    if n == 2 and m <= segment_elems(sendbuf.itemsize):
+        # The ring's one step as one exchange, folded straight into ``recvbuf``: no copy of
+        # the input, the same message and operand order (the peer's first).
+        r = t.rank
+        peer = 1 - r
+        got = thread_scratch(recvbuf.nbytes, recvbuf.dtype)
+        t.sendrecv(sendbuf[peer * m:(peer + 1) * m], peer, got, peer, fp)
+        combiner(op, sendbuf.dtype)(got, sendbuf[r * m:(r + 1) * m], out=recvbuf)
+        return
     work = sendbuf.copy()  # the ring overwrites partial chunks; the caller's input stays intact
     bounds = [(i * m, (i + 1) * m) for i in range(n)]
     _reduce_scatter_inplace(t, work, bounds, op, fp)
@@ -112,7 +123,32 @@ def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Finge
     if recvbuf.size != n * m:
         raise ValueError(f"all_gather needs an output of {n} x {m} = {n * m} elements, "
                          f"got {recvbuf.size}")
-    np.copyto(recvbuf[t.rank * m:(t.rank + 1) * m], sendbuf)
+    all_gather_plan(t, m, sendbuf.itemsize)(sendbuf, recvbuf, fp)
+
+
+def all_gather_plan(t: Transport, m: int, itemsize: int
+                    ) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
+    """``run(sendbuf, recvbuf, fp)``: ``all_gather`` for every ``sendbuf`` of ``m`` elements of
+    ``itemsize`` bytes on ``t`` (sizes already checked), what those calls share taken once.
+
+    Two ranks with one segment each make the ring's one step as one exchange: the chunk goes
+    out while the peer's lands in place, the same message the steps below send, without the
+    Python that cuts chunks into pieces (on a few bytes it cost several times the exchange)."""
+    n, r = t.world_size, t.rank
+    mine = slice(r * m, (r + 1) * m)
     if n == 1 or m == 0:
-        return
-    _all_gather_inplace(t, recvbuf, [(i * m, (i + 1) * m) for i in range(n)], fp)
+        return lambda sendbuf, recvbuf, fp: np.copyto(recvbuf[mine], sendbuf)
+    if n == 2 and m <= segment_elems(itemsize):
+        peer = 1 - r
+        theirs = slice(peer * m, (peer + 1) * m)
+
+        def pair(sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:
+            np.copyto(recvbuf[mine], sendbuf)
+            t.sendrecv(sendbuf, peer, recvbuf[theirs], peer, fp)
+        return pair
+    bounds = [(i * m, (i + 1) * m) for i in range(n)]
+
+    def steps(sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:
+        np.copyto(recvbuf[mine], sendbuf)
+        _all_gather_inplace(t, recvbuf, bounds, fp)
+    return steps

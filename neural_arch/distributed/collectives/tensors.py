@@ -15,7 +15,8 @@ that shape made its plan, and runs the call in one compiled step; on another tra
 makes of what the shape tells (dtype, op, root), and runs through it the algorithm the general
 path would choose. Either uses the sequence number and fingerprint the general path would use
 and runs after any queued async work. A synchronous
-all-gather into a tensor runs its shape's plan directly. On a 4-byte vector the checks and
+all-gather into a tensor runs its shape's plan directly on shared memory, and its entry in the
+general short calls on another transport. On a 4-byte vector the checks and
 layers of the general path cost several times the collective itself. Every other call, and
 every one with arguments the general path must check, goes the general way.
 """
@@ -35,7 +36,7 @@ from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 
 # The short calls of the default group's transport, once a call found them (see
 # ``_short_calls``): starts empty, and is emptied when that transport closes.
-_short: Any = SimpleNamespace(all_reduce={}, broadcast={}, barrier=None)
+_short: Any = SimpleNamespace(all_reduce={}, broadcast={}, all_gather={}, barrier=None)
 
 
 def _planned() -> Optional[tuple]:
@@ -146,14 +147,24 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
             and not async_op and algorithm is None):
         out, src = output_tensor, input_tensor
         planned = _planned()
-        run = planned and planned[1].get(("all_gather", src.dtype, src.size))
-        if (run and out.dtype == src.dtype and out.size == planned[0].size * src.size
-                and src.flags.c_contiguous and out.flags.c_contiguous and out.flags.writeable):
-            pg = planned[0]
-            fp = pg.fingerprint("all_gather", src.dtype, src.size)
-            pg.run_now(run, "all_gather_into_tensor", fp.seq, src.reshape(-1), out.reshape(-1),
-                       fp)
-            return out
+        if planned is not None:  # shared memory: the plan of its collectives for the shape
+            run = planned[1].get(("all_gather", src.dtype, src.size))
+            if (run and out.dtype == src.dtype and out.size == planned[0].size * src.size
+                    and src.flags.c_contiguous and out.flags.c_contiguous
+                    and out.flags.writeable):
+                pg = planned[0]
+                fp = pg.fingerprint("all_gather", src.dtype, src.size)
+                pg.run_now(run, "all_gather_into_tensor", fp.seq, src.reshape(-1),
+                           out.reshape(-1), fp)
+                return out
+        elif profiler.TRACER is None:
+            entry = _short.all_gather.get((src.dtype, src.size))
+            if (entry is None and world.has_short_calls()
+                    and src.dtype.type in SUPPORTED_DTYPES):
+                short = _short_calls()
+                entry = short and short.all_gather_entry(src)
+            if entry and entry(src, out):
+                return out
     pg = usable_group(group, "all_gather_into_tensor")
     src = checked_array(input_tensor, "all_gather_into_tensor input")
     out = checked_array(output_tensor, "all_gather_into_tensor output", writable=True)

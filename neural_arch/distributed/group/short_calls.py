@@ -1,7 +1,7 @@
 """The public calls' short path on a default group whose transport has none of its own (mpi,
-tcp): one entry per shape of a synchronous all-reduce or broadcast of a NumPy array, and one
-for the barrier, each running the algorithm the general path would run, without the layers
-above it.
+tcp): one entry per shape of a synchronous all-reduce, broadcast or all-gather into a tensor of
+NumPy arrays, and one for the barrier, each running the algorithm the general path would run,
+without the layers above it.
 
 On a 4-byte all-reduce over MPI the layers between ``dist.all_reduce`` and its algorithm (the
 group's lookup and checks, the argument checks, the fingerprint, the choice of algorithm, the
@@ -9,13 +9,14 @@ profiler hook, the queue) cost about as much as the algorithm's own Python. The 
 (``collectives``) look up an entry here instead, keyed by what must match for it to apply
 (dtype, element count and op, or root; the group is the default one), made once a first call
 of that shape passed the checks the general path makes of what the shape tells (dtype, op,
-root). A call of an entry checks what only the array can tell (contiguous, aligned, writable;
-otherwise it declines and the general path runs), takes the group's next sequence number,
-makes the same fingerprint the general path makes, waits for queued async work and takes the
-queue's lock (``CommQueue.run_sync``, inlined), then runs the algorithm: for an all-reduce the
-plan ``algorithms.all_reduce_plan`` chose once for the shape, as ``algorithms.all_reduce``
-chooses it per call; a broadcast or barrier calls ``algorithms.broadcast`` or ``barrier``, whose
-choice costs little beside the rooted checks they make. Every message still carries the
+root). A call of an entry checks what only the arrays can tell (contiguous, aligned, writable;
+for an all-gather the output's dtype and size; otherwise it declines and the general path runs,
+raising where it must), takes the group's next sequence number, makes the same fingerprint the
+general path makes, waits for queued async work and takes the queue's lock
+(``CommQueue.run_sync``, inlined), then runs the algorithm: for an all-reduce or all-gather the
+plan ``algorithms.all_reduce_plan`` or ``all_gather_plan`` chose once for the shape, as the
+general path chooses per call; a broadcast or barrier calls ``algorithms.broadcast`` or
+``barrier``, whose choice costs little beside the rooted checks they make. Every message still carries the
 fingerprint, every wait its timeout.
 
 ``world`` makes one ``ShortCalls`` per default group and forgets its entries when the group is
@@ -37,6 +38,8 @@ from .process_group import ProcessGroup
 
 # ``Fingerprint(...)`` at C speed, as ``ProcessGroup.fingerprint`` makes it
 _new_fingerprint = tuple.__new__
+# what an array only read from must be (``_USABLE`` less writable): C-contiguous and aligned
+_READABLE = 0x0001 | 0x0100
 
 
 class ShortCalls(EntryTables):
@@ -81,6 +84,28 @@ class ShortCalls(EntryTables):
             f"broadcast:{root}", dtype, n)
         return entry
 
+    def all_gather_entry(self, src: np.ndarray) -> Optional[Callable]:
+        """The entry of an all-gather into a tensor sending ``src``'s shape, called as
+        ``entry(src, out)``; None for a dtype collectives do not take."""
+        dtype, n = src.dtype, src.size
+        if dtype.type not in SUPPORTED_DTYPES:
+            return None
+        self.make_room(self.all_gather)
+        plan = algorithms.all_gather_plan(self.pg.transport, dtype, n)
+        run = self._synced(plan, "all_gather_into_tensor", "all_gather", dtype, n)
+        total = n * self.pg.size
+
+        def entry(src: np.ndarray, out: np.ndarray) -> bool:
+            # declined where the general path must stage, refuse or raise naming the shapes
+            if (src.flags.num & _READABLE != _READABLE or out.flags.num & _USABLE != _USABLE
+                    or out.dtype != dtype or out.size != total):
+                return False
+            run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
+                else out.reshape(-1))
+            return True
+        self.all_gather[(dtype, n)] = entry
+        return entry
+
     def barrier_entry(self) -> Callable[[], bool]:
         t = self.pg.transport
         run = self._entry(lambda buf, fp: algorithms.barrier(t, fp), "barrier", "barrier",
@@ -94,11 +119,7 @@ class ShortCalls(EntryTables):
         """An entry running ``run(buf, fingerprint)`` as ``ProcessGroup.run_now`` runs the
         general path's call; it declines (False) an array the general path must stage or
         refuse. ``buf`` None: the barrier."""
-        pg = self.pg
-        queue, next_seq = pg.queue, pg.next_seq
-        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
-        op_name, dtype_name, count, group_id = name[:24], np.dtype(dtype).name, int(count), \
-            pg.group_id
+        synced = self._synced(run, op, name, dtype, count)
 
         def call(tensor: Optional[np.ndarray]) -> bool:
             if tensor is None:
@@ -107,16 +128,30 @@ class ShortCalls(EntryTables):
                 return False
             else:
                 buf = tensor if tensor.ndim == 1 else tensor.reshape(-1)
+            synced(buf)
+            return True
+        return call
+
+    def _synced(self, run: Callable[..., Any], op: str, name: str, dtype: Any,
+                count: int) -> Callable[..., None]:
+        """``go(*bufs)``: ``run(*bufs, fingerprint)`` as ``ProcessGroup.run_now`` runs the
+        general path's call, with the group's next sequence number."""
+        pg = self.pg
+        queue, next_seq = pg.queue, pg.next_seq
+        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
+        op_name, dtype_name, count, group_id = name[:24], np.dtype(dtype).name, int(count), \
+            pg.group_id
+
+        def go(*bufs: Optional[np.ndarray]) -> None:
             seq = next_seq()
             fp = _new_fingerprint(Fingerprint, (op_name, seq, dtype_name, count, group_id))
             queue.drain(op, seq)  # CommQueue.run_sync, inlined; at once when nothing is queued
             acquire()
             try:
-                run(buf, fp)
+                run(*bufs, fp)
             except PeerFailureError as exc:  # as ProcessGroup.run_now: peers name the culprit
                 heartbeat.report(exc)
                 raise
             finally:
                 release()
-            return True
-        return call
+        return go

@@ -19,10 +19,11 @@ USABLE = 0x0001 | 0x0100 | 0x0400
 
 class EntryTables:
     """The entries by collective: ``all_reduce`` by (dtype, count, op), ``broadcast`` by
-    (dtype, count, root), and the one ``barrier``. The two kinds of short calls extend it with
-    what the public calls ask of them: ``bind(pg)`` (whether the entries serve that group), and
-    ``all_reduce_entry``, ``broadcast_entry`` and ``barrier_entry``, which make an entry on a
-    miss."""
+    (dtype, count, root), ``all_gather`` by (dtype, count sent), and the one ``barrier``. The
+    two kinds of short calls extend it with what the public calls ask of them: ``bind(pg)``
+    (whether the entries serve that group), and ``all_reduce_entry``, ``broadcast_entry`` and
+    ``barrier_entry``, which make an entry on a miss; the general kind also
+    ``all_gather_entry`` (shared memory's all-gathers run the plans of its collectives)."""
 
     def __init__(self) -> None:
         self.clear()
@@ -31,6 +32,7 @@ class EntryTables:
         """Forget every entry (the group was destroyed, the transport closed)."""
         self.all_reduce: dict = {}
         self.broadcast: dict = {}
+        self.all_gather: dict = {}
         self.barrier: Optional[Callable[[], bool]] = None
 
     @staticmethod
