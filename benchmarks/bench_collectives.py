@@ -7,19 +7,21 @@ rank's. The whole set of jobs runs ``--repeats`` times, interleaved, and each po
 median over those runs: on a shared machine a job's speed drifts over minutes, and one run of
 ours against one of MPI's would compare moments rather than implementations. Every collective
 runs 4 B to 256 MiB by 4x unless ``--sizes`` says otherwise. Sizes and bandwidths follow
-nccl-tests: an all-gather's size is its gathered output (each rank sends size / p); algbw =
-bytes / time; busbw = algbw * 2(p-1)/p for all-reduce, * (p-1)/p for all-gather, * 1 for
-broadcast. Under mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Bcast`` run on the same
-reused buffers. In the shm jobs a ``buffer stream`` row bounds all-reduces from 1 MiB: every
-rank reads and writes its own buffer once through a cache-sized scratch, all at once, which no
-all-reduce that leaves its result in the caller's buffer can beat on the same machine; and a
-``copy exchange`` row times the copies the direct all-reduce makes at p = 2 without its sums:
-every rank copies its buffer into its area of the shared workspace and its neighbour's copy
-back, a round at a time, so it shows how fast data moves between the cores in that job. Two
-more shm rows at every all-reduce size show what users see: ``shm AVERAGE`` (the op DDP uses)
-and ``shm plain loop`` (calls timed one by one in a plain loop, no barrier between them). The
-``barrier`` (no message) is timed like the collectives: ``dist.barrier`` in every job,
-``MPI_Barrier`` beside it under mpiexec. Every broadcast is timed again, ours and
+nccl-tests: an all-gather's size is its gathered output (each rank sends size / p), a
+reduce-scatter's its input (each rank receives size / p); algbw = bytes / time; busbw = algbw *
+2(p-1)/p for all-reduce, * (p-1)/p for all-gather and reduce-scatter, * 1 for broadcast. The
+reduce-scatter (``dist.reduce_scatter_tensor``, SUM) is timed only when ``--collectives`` names
+it. Under mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Reduce_scatter_block``/``Bcast`` run
+on the same reused buffers. In the shm jobs a ``buffer stream`` row bounds all-reduces from
+1 MiB: every rank reads and writes its own buffer once through a cache-sized scratch, all at
+once, which no all-reduce that leaves its result in the caller's buffer can beat on the same
+machine; and a ``copy exchange`` row times the copies the direct all-reduce makes at p = 2
+without its sums: every rank copies its buffer into its area of the shared workspace and its
+neighbour's copy back, a round at a time, so it shows how fast data moves between the cores in
+that job. Two more shm rows at every all-reduce size show what users see: ``shm AVERAGE`` (the
+op DDP uses) and ``shm plain loop`` (calls timed one by one in a plain loop, no barrier between
+them). The ``barrier`` (no message) is timed like the collectives: ``dist.barrier`` in every
+job, ``MPI_Barrier`` beside it under mpiexec. Every broadcast is timed again, ours and
 ``MPI_Bcast`` alike, with the root filling its buffer with the call's index before each call
 (``<backend> fresh data`` rows; ``--no-fresh-broadcast`` leaves them out): with an unchanged
 buffer, as osu_bcast and nccl-tests time it, a single-copy ``MPI_Bcast`` reads lines that stay
@@ -27,7 +29,8 @@ in the reader's cache, which a training step's freshly computed data would not b
 goal lines (``collectives_goals``) are printed again at the end of the run.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
-        [--collectives all_reduce,all_gather,broadcast,barrier] [--no-fresh-broadcast]
+        [--collectives all_reduce,all_gather,broadcast,barrier,reduce_scatter]
+        [--no-fresh-broadcast]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
         [--output benchmarks/RESULTS.md]
         [--plot docs/collectives_bandwidth.png] [--latency-plot docs/collectives_latency.png]
@@ -60,11 +63,15 @@ import argparse  # noqa: E402
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa: E402
 
 # 4 B .. 256 MiB by 4x for every collective; an all-gather's size is its gathered output, as in
-# nccl-tests (each rank sends size / p), so 256 MiB is 256 MiB out and 256 / p MiB in per rank
+# nccl-tests (each rank sends size / p), so 256 MiB is 256 MiB out and 256 / p MiB in per rank;
+# a reduce-scatter's is its input (256 MiB in, 256 / p MiB out per rank)
 DEFAULT_SIZES = {c: [4 ** k for k in range(1, 15)] for c in COLLECTIVES}
 CHOICES = COLLECTIVES + (BARRIER,)  # --collectives; a barrier is timed without a message
+DEFAULT_COLLECTIVES = ("all_reduce", "all_gather", "broadcast", BARRIER)
+SPLIT_OVER_RANKS = ("all_gather", "reduce_scatter")  # a message of p equal blocks
 NATIVE_NAMES = {"all_reduce": "MPI_Allreduce", "all_gather": "MPI_Allgather",
-                "broadcast": "MPI_Bcast", BARRIER: "MPI_Barrier"}
+                "reduce_scatter": "MPI_Reduce_scatter_block", "broadcast": "MPI_Bcast",
+                BARRIER: "MPI_Barrier"}
 BATCH_BYTES = 1 << 20      # small messages run in batches of calls up to about this many bytes
 MAX_CALLS_PER_BATCH = 50
 REPEAT_BYTES = 1 << 30     # large messages: fewer batches, about this many bytes in all
@@ -78,17 +85,18 @@ SCRIPT = os.path.abspath(__file__)
 
 
 def element_count(collective: str, nbytes: int, p: int) -> int:
-    """float32 elements of the message (for all-gather: of the gathered total, a multiple of p;
-    for a barrier: none)."""
+    """float32 elements of the message (for all-gather: of the gathered total, for
+    reduce-scatter: of the input, each a multiple of p; for a barrier: none)."""
     if collective == BARRIER:
         return 0
-    unit = ITEMSIZE * (p if collective == "all_gather" else 1)
+    unit = ITEMSIZE * (p if collective in SPLIT_OVER_RANKS else 1)
     return max(1, nbytes // unit) * unit // ITEMSIZE
 
 
 def message_counts(collective: str, sizes: Sequence[int], p: int) -> List[int]:
-    """The distinct element counts of ``sizes`` (tiny all-gathers round up to one float32 per
-    rank, so e.g. 4 B and 16 B are the same 16-byte message at p = 4: timed once)."""
+    """The distinct element counts of ``sizes`` (tiny all-gathers and reduce-scatters round up
+    to one float32 per rank, so e.g. 4 B and 16 B are the same 16-byte message at p = 4:
+    timed once)."""
     return sorted({element_count(collective, nbytes, p) for nbytes in sizes})
 
 
@@ -204,10 +212,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--backends", default=",".join(common.installed_backends()),
                         help="comma-separated; default: %(default)s")
     parser.add_argument("--world-sizes", default="2,4", help="default: %(default)s")
-    parser.add_argument("--collectives", default=",".join(CHOICES),
-                        help="comma-separated; default: %(default)s")
+    parser.add_argument("--collectives", default=",".join(DEFAULT_COLLECTIVES),
+                        help=f"comma-separated, of {','.join(CHOICES)}; default: %(default)s")
     parser.add_argument("--sizes", help="message sizes for every collective, e.g. 4,1K,16M "
-                        "(default: 4 B..256 MiB by 4x; all_gather: the gathered output)")
+                        "(default: 4 B..256 MiB by 4x; all_gather: the gathered output; "
+                        "reduce_scatter: the input)")
     parser.add_argument("--max-size", default="256M", help="drop sizes above this")
     parser.add_argument("--iters", type=int, default=20,
                         help="timed batches per point (large messages: fewer, at least 5)")

@@ -24,6 +24,8 @@ def buffers(collective: str, count: int, p: int) -> Dict[str, Any]:
         return {}
     if collective == "all_gather":
         return {"send": np.zeros(count // p, np.float32), "out": np.zeros(count, np.float32)}
+    if collective == "reduce_scatter":  # ``count`` is the input's, as in nccl-tests
+        return {"send": np.zeros(count, np.float32), "out": np.zeros(count // p, np.float32)}
     return {"buf": np.zeros(count, np.float32)}
 
 
@@ -35,6 +37,8 @@ def our_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
         return lambda: dist.all_reduce(b["buf"])
     if collective == "all_gather":
         return lambda: dist.all_gather_into_tensor(b["out"], b["send"])
+    if collective == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(b["out"], b["send"])
     return lambda: dist.broadcast(b["buf"], src=0)
 
 
@@ -115,6 +119,8 @@ def native_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
         return lambda: comm.Allreduce(MPI.IN_PLACE, b["buf"], op=MPI.SUM)
     if collective == "all_gather":
         return lambda: comm.Allgather(b["send"], b["out"])
+    if collective == "reduce_scatter":
+        return lambda: comm.Reduce_scatter_block(b["send"], b["out"], op=MPI.SUM)
     return lambda: comm.Bcast(b["buf"], root=0)
 
 
@@ -158,6 +164,15 @@ def exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     return exchange
 
 
+def reduce_scatter_block(rank: int, block: int, n: int) -> Any:
+    """The ``block``-th of the p blocks of ``n`` float32 that ``rank`` puts into a checked
+    reduce-scatter: (rank + 1) * (block + 1) + position % 1024, so that a missing rank, a block
+    summed into the wrong rank or an element moved within its block changes the sum (integers
+    below 2^24 for any p the benchmark runs: exact in float32, in any order of summation)."""
+    import numpy as np
+    return ((rank + 1) * (block + 1) + np.arange(n, dtype=np.int32) % 1024).astype(np.float32)
+
+
 def check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int,
            p: int, average: bool = False) -> None:
     """One call on known inputs must give the known result; then every buffer is zeroed, so
@@ -174,12 +189,19 @@ def check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int
         b["send"][...] = rank + 1
         got = b["out"]
         expected = np.repeat(np.arange(1, p + 1, dtype=np.float32), b["send"].size)
+    elif collective == "reduce_scatter":
+        n = b["out"].size
+        b["send"][...] = np.concatenate([reduce_scatter_block(rank, k, n) for k in range(p)])
+        got = b["out"]
+        expected = np.sum([reduce_scatter_block(r, rank, n) for r in range(p)], axis=0,
+                          dtype=np.float32)
     else:
         b["buf"][...] = 7.0 if rank == 0 else -1.0
         got, expected = b["buf"], np.float32(7.0)
     call()
     if not np.array_equal(got, np.broadcast_to(expected, got.shape)):
-        raise RuntimeError(f"{collective} of {got.nbytes} B on rank {rank} of {p} gave "
+        nbytes = max(array.nbytes for array in b.values())  # the size the tables name
+        raise RuntimeError(f"{collective} of {nbytes} B on rank {rank} of {p} gave "
                            f"{got[:4]}..., expected {np.ravel(expected)[:4]}...")
     for array in b.values():
         array[...] = 0

@@ -14,7 +14,8 @@ import bench_common as common
 from collectives_goals import (AVERAGE, BARRIER, LOOP, NATIVE, earlier_goals,  # noqa: F401
                                goals, goals_table, size_goals)
 
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast")  # the collectives with a message size
+# the collectives with a message size (reduce_scatter: timed only when asked for)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 STREAM = "buffer stream"
 EXCHANGE = "copy exchange"
 FRESH = " fresh data"  # a broadcast row whose root rewrote its buffer before every call
@@ -40,7 +41,8 @@ EARLIER_GOALS_HEADING = "### Earlier goals (large all-reduces, the 4-byte all-re
 
 
 def bus_factor(collective: str, p: int) -> float:
-    return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p, "broadcast": 1.0}[collective]
+    return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
+            "reduce_scatter": (p - 1) / p, "broadcast": 1.0}[collective]
 
 
 def median_over_runs(rows: Sequence[dict]) -> List[dict]:
@@ -184,7 +186,7 @@ def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
             ax.grid(True, which="both", alpha=0.3)
         ax_row[0].set_ylabel(y_label)
     for ax in axes[-1]:
-        ax.set_xlabel("message size (all_gather: gathered output)")
+        ax.set_xlabel("message size (all_gather: gathered output; reduce_scatter: input)")
     fig.suptitle(title)
     columns = min(len(handles), 2 * len(collectives) + 1)  # fits the figure's width
     legend_rows = -(-len(handles) // columns)
@@ -203,9 +205,10 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "calls, each batch started right after a barrier; the slowest rank's median; the "
         "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
         "Sizes as in nccl-tests: an all_gather's size is its gathered output (each rank "
-        "sends size / p; at least one float32 per rank). "
+        "sends size / p; at least one float32 per rank), a reduce_scatter's its input (each rank "
+        "receives size / p; at least one float32 per rank). "
         "algbw = bytes / time; busbw = algbw x 2(p-1)/p (all_reduce), x (p-1)/p "
-        "(all_gather), x 1 (broadcast). Speed vs MPI native = MPI "
+        "(all_gather, reduce_scatter), x 1 (broadcast). Speed vs MPI native = MPI "
         "time / our time (> 1: ours is faster). GB/s = 10^9 B/s. Buffer stream (shm jobs, "
         "all_reduce from 1 MiB): every rank reads and writes its own buffer once through a "
         "1 MiB scratch, all ranks at once, timed like an all-reduce and shown with its "

@@ -1,15 +1,39 @@
 """``bench_collectives.py`` runs end to end with tiny sizes and reports consistent numbers: every
 bandwidth, ratio and goal line is recomputed from the printed times (none judges speed), a goal
-nothing measured reads "not measured", and a job past its time limit is reported."""
+nothing measured reads "not measured", and a job past its time limit is reported. The check a
+job makes of its reduce-scatters is tried on ranks as threads, with right and wrong sums."""
 from __future__ import annotations
 
+import os
 import re
+import sys
+import threading
 
+import numpy as np
 import pytest
 
-from test_benchmarks_smoke import _SIZE, BACKENDS, _ratio_shown, _run, _tables
+from test_benchmarks_smoke import _ROW, _SIZE, BACKENDS, _ratio_shown, _run
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+import collective_calls  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
+_HEADING = re.compile(r"^### (all_reduce|all_gather|reduce_scatter|broadcast), p = (\d+)$",
+                      re.MULTILINE)
+
+
+def _tables(text: str) -> dict:
+    """{(collective, p): [(bytes, backend, algorithm, us, algbw, busbw, ratio or None)]}."""
+    headings = list(_HEADING.finditer(text))
+    tables = {}
+    for heading, stop in zip(headings, [h.start() for h in headings[1:]] + [len(text)]):
+        tables[(heading.group(1), int(heading.group(2)))] = [
+            (int(size.split()[0]) * _SIZE[size.split()[1]], backend, algorithm, float(us),
+             float(algbw), float(busbw), float(ratio[:-1]) if ratio else None)
+            for size, backend, algorithm, us, algbw, busbw, ratio in
+            _ROW.findall(text[heading.end():stop])]
+    return tables
 
 
 @pytest.mark.slow
@@ -20,6 +44,7 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
                       "<!-- bench_collectives:end -->\n")
     result = _run("bench_collectives.py",
                   ["--backends", ",".join(BACKENDS), "--world-sizes", "2", "--sizes", "4,4K,1M",
+                   "--collectives", "all_reduce,all_gather,broadcast,barrier,reduce_scatter",
                    "--iters", "2", "--repeats", "1", "--output", str(output), "--plot",
                    str(figure)])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -31,11 +56,12 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
     assert re.search(r"Machine: .+; \d+ cores; Python 3[.\d]+; NumPy [.\d]+; ", text)
     tables = _tables(text)
     expected_backends = set(BACKENDS) | ({"MPI native"} if "mpi" in BACKENDS else set())
-    # p = 2: busbw/algbw is 2(p-1)/p = 1 for all_reduce, (p-1)/p = 1/2 for all_gather, 1 else;
-    # all_gather of "4 B" still sends one float32 per rank.
+    # p = 2: busbw/algbw is 2(p-1)/p = 1 for all_reduce, (p-1)/p = 1/2 for all_gather and
+    # reduce_scatter, 1 else; all_gather of "4 B" still sends one float32 per rank, and
+    # reduce_scatter of "4 B" still gives each rank one.
     mib = 1 << 20
     expected = {"all_reduce": ((4, 4096, mib), 1.0), "all_gather": ((8, 4096, mib), 0.5),
-                "broadcast": ((4, 4096, mib), 1.0)}
+                "reduce_scatter": ((8, 4096, mib), 0.5), "broadcast": ((4, 4096, mib), 1.0)}
     # the shm jobs also time the buffer stream and the copy exchange for all-reduces from
     # 1 MiB, and our all-reduce with AVERAGE and in a plain loop at every size
     references = ("buffer stream", "copy exchange")
@@ -52,6 +78,9 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
         assert sorted((n, b) for n, b, *_ in rows) == sorted(
             {(n, b) for n in sizes for b in expected_backends} | extra.get(collective, set()))
         native = {(n, b): us for n, b, _, us, *_ in rows if b.startswith("MPI native")}
+        if collective == "reduce_scatter":  # MPI's own call is named in the algorithm column
+            assert {a for _, b, a, *_ in rows if b == "MPI native"} == \
+                ({"MPI_Reduce_scatter_block"} if "mpi" in BACKENDS else set())
         for nbytes, backend, _, us, algbw, busbw, ratio in rows:
             # times print to 0.1 us, bandwidths to 3 significant digits, ratios to 0.01
             assert _ratio_shown(algbw, nbytes / 1e3, us, 1, 0.0051 * algbw, 0.05, 0.0)
@@ -162,3 +191,53 @@ def test_bench_collectives_reports_a_job_past_its_time_limit(tmp_path):
     for backend in backends:
         assert f"Failed job: bench_collectives.py job on backend '{backend}' with 2 ranks ran " \
                f"past its time limit" in result.stdout, (failures, result.stderr[-3000:])
+
+
+def _sum_blocks(sends, rank, n, shift=0, ranks=None):
+    """Rank ``rank``'s reduce-scatter of the ranks' ``sends`` (block ``rank + shift``, summed
+    over ``ranks``, all by default): a right one, or one of the faults the check must see."""
+    block = (rank + shift) % len(sends)
+    return np.sum([sends[r][block * n:(block + 1) * n] for r in ranks or range(len(sends))],
+                  axis=0)
+
+
+_RESULTS = {  # a right reduce-scatter, and the faults its check must see
+    None: lambda sends, rank, n: _sum_blocks(sends, rank, n),
+    "another rank's block": lambda sends, rank, n: _sum_blocks(sends, rank, n, shift=1),
+    "a rank left out": lambda sends, rank, n: _sum_blocks(sends, rank, n, ranks=[0, 1]),
+    "elements moved": lambda sends, rank, n: _sum_blocks(sends, rank, n)[::-1]}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fault", list(_RESULTS))
+def test_the_reduce_scatter_check_compares_each_rank_with_numpy(fault):
+    """The check each job makes of its reduce-scatters, on three ranks as threads sharing their
+    inputs: a right result passes on every rank, each fault raises naming the operation."""
+    p, n = 3, 5
+    barrier, sends, errors = threading.Barrier(p, timeout=10), [None] * p, [None] * p
+
+    def rank_main(rank: int) -> None:
+        b = collective_calls.buffers("reduce_scatter", p * n, p)
+        sends[rank] = b["send"]
+
+        def call() -> None:
+            barrier.wait()  # every rank's input is filled
+            b["out"][...] = _RESULTS[fault](sends, rank, n)
+            barrier.wait()  # read before any rank's check zeroes its input
+        try:
+            collective_calls.check("reduce_scatter", b, call, rank, p)
+        except Exception as exc:  # noqa: BLE001 - each rank's, judged below
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(p)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+    if fault is None:
+        assert errors == [None] * p
+    else:
+        assert all(type(error) is RuntimeError and str(error).startswith(
+            f"reduce_scatter of 60 B on rank {rank} of 3 gave") for rank, error in
+            enumerate(errors)), errors

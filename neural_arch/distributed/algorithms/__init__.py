@@ -23,7 +23,9 @@ caller turns AVERAGE into SUM and divides after.
 
 The rooted collectives that run on the binomial trees (``broadcast``, ``reduce``, ``gather``,
 ``scatter``) first make sure that every rank passed the same root (``agreement``); a native
-broadcast checks that itself.
+broadcast checks that itself. At two ranks, up to ``PAIR_ROOTED_MAX_BYTES``, the root check
+rides in front of the data in one exchange instead (``transports.base.pair_broadcast``,
+``pair``).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import numpy as np
 
 from ..reduce_ops import ReduceOp, divide_by_count
 from ..transports.base import Fingerprint, Transport, pair_broadcast
-from . import dissemination, recursive_doubling, ring, tree
+from . import dissemination, pair, recursive_doubling, ring, tree
 from .agreement import agree_on_root
 
 ENV_ALLREDUCE_ALGO = "NEURAL_ARCH_ALLREDUCE_ALGO"
@@ -226,20 +228,23 @@ def barrier(t: Transport, fp: Fingerprint, algorithm: Optional[str] = None) -> s
 
 
 def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerprint) -> None:
-    agree_on_root(t, root, fp)
-    tree.reduce(t, buf, root, op, fp)
+    if not pair.reduce(t, buf, root, op, fp):
+        agree_on_root(t, root, fp)
+        tree.reduce(t, buf, root, op, fp)
 
 
 def gather(t: Transport, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], root: int,
            fp: Fingerprint) -> None:
-    agree_on_root(t, root, fp)
-    tree.gather(t, sendbuf, recvbuf, root, fp)
+    if not pair.gather(t, sendbuf, recvbuf, root, fp):
+        agree_on_root(t, root, fp)
+        tree.gather(t, sendbuf, recvbuf, root, fp)
 
 
 def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, root: int,
             fp: Fingerprint) -> None:
-    agree_on_root(t, root, fp)
-    tree.scatter(t, sendbuf, recvbuf, root, fp)
+    if not pair.scatter(t, sendbuf, recvbuf, root, fp):
+        agree_on_root(t, root, fp)
+        tree.scatter(t, sendbuf, recvbuf, root, fp)
 
 
 __all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "agree_on_root",

@@ -103,44 +103,56 @@ def check_roots(roots: Sequence[int], fp: Fingerprint, t: "Transport") -> None:
             rank=t.global_rank(t.rank), op=fp.op, seq=fp.seq)
 
 
-# A two-rank broadcast of at most this many bytes goes in one exchange with its root check
-# (``pair_broadcast``): at 4 B, 4 KiB and 16 KiB the other rank's zeros cost less than the
-# round trip saved on the mpi and tcp transports (``benchmarks/RESULTS.md``), though at 16 KiB
-# the gain had shrunk on mpi (60-64 us to 52).
-PAIR_BROADCAST_MAX_BYTES = 16 << 10
+# A two-rank rooted collective of at most this many bytes goes in one exchange with its root
+# check (``swap_with_root``): at 4 B, 4 KiB and 16 KiB the other rank's unneeded payload cost
+# less than the round trip saved on the mpi and tcp transports (broadcast measured,
+# ``benchmarks/RESULTS.md``), though at 16 KiB the gain had shrunk on mpi (60-64 us to 52).
+PAIR_ROOTED_MAX_BYTES = 16 << 10
 _CLAIM = 8  # the root a rank passed, as one int64 in front of the payload
 
 
-def pair_broadcast(t: "Transport", buf: np.ndarray, root: int, fp: Fingerprint) -> bool:
-    """Broadcast ``buf`` (1-D, contiguous; writable on the rank that is not the root) between
-    two ranks in one exchange with the root check, and return True; False (nothing sent) at
-    another world size or above ``PAIR_BROADCAST_MAX_BYTES``.
+def swap_with_root(t: "Transport", root: int, fp: Fingerprint, payload: Optional[np.ndarray],
+                   nbytes: int) -> np.ndarray:
+    """Two ranks: send the root this rank passed followed by ``payload``'s ``nbytes`` bytes
+    (zeros when None), receive the peer's, and return the peer's payload (uint8) once both
+    passed the same root; otherwise raise the same ``CollectiveMismatchError`` on both,
+    naming both roots (``check_roots``).
 
-    The portable form first agrees on the root (``algorithms.agreement``: an exchange of roots)
-    and then moves the data: two round trips. Here each rank sends the root it passed and a
-    payload of the broadcast's size (the root its data, the other rank zeros) and receives the
-    peer's: both then know both roots, ranks that passed different ones raise the same
-    ``CollectiveMismatchError`` naming them (``check_roots``), and since each received the one
-    message it expected, nothing is left in flight and the group stays usable. The exchange is
-    labelled with the fingerprint without its root, as the agreement's is, so a peer in another
-    call altogether is still named by the transport's header check."""
-    if t.world_size != 2 or buf.nbytes > PAIR_BROADCAST_MAX_BYTES:
-        return False
-    data = buf.view(np.uint8)
+    The portable rooted collectives first agree on the root (``algorithms.agreement``: an
+    exchange of roots) and then move the data: two round trips. At two ranks the root claim
+    rides in front of the data instead, the rank with nothing to send sending zeros of the
+    same size so that both messages match; since each rank received the one message it
+    expected, a mismatch leaves nothing in flight and the group usable. The exchange is
+    labelled with the fingerprint without its root, as the agreement's is, so a peer in
+    another call altogether is still named by the transport's header check. With ``nbytes``
+    0 it is the agreement alone."""
     if not 0 <= root < 2:
         raise ValueError(f"root rank {root} is out of range for world size 2")
     rank = t.rank
     name, named = split_root(fp.op)
-    out = np.zeros(_CLAIM + data.nbytes, np.uint8)
+    out = np.zeros(_CLAIM + nbytes, np.uint8) if payload is None else \
+        np.empty(_CLAIM + nbytes, np.uint8)
     out[:_CLAIM].view(np.int64)[0] = root
-    if rank == root:
-        out[_CLAIM:] = data
+    if payload is not None:
+        out[_CLAIM:] = payload.view(np.uint8)
     got = np.empty_like(out)
     t.sendrecv(out, 1 - rank, got, 1 - rank, fp if named is None else fp._replace(op=name))
     theirs = int(got[:_CLAIM].view(np.int64)[0])
     check_roots([root, theirs] if rank == 0 else [theirs, root], fp, t)
-    if rank != root:
-        data[:] = got[_CLAIM:]
+    return got[_CLAIM:]
+
+
+def pair_broadcast(t: "Transport", buf: np.ndarray, root: int, fp: Fingerprint) -> bool:
+    """Broadcast ``buf`` (1-D, contiguous; writable on the rank that is not the root) between
+    two ranks in one exchange with the root check (``swap_with_root``: the root sends its
+    data, the other rank zeros), and return True; False (nothing sent) at another world size
+    or above ``PAIR_ROOTED_MAX_BYTES``."""
+    if t.world_size != 2 or buf.nbytes > PAIR_ROOTED_MAX_BYTES:
+        return False
+    data = buf.view(np.uint8)
+    got = swap_with_root(t, root, fp, data if t.rank == root else None, data.nbytes)
+    if t.rank != root:
+        data[:] = got
     return True
 
 

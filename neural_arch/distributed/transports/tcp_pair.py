@@ -24,7 +24,7 @@ import numpy as np
 
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from ..reductions.kernels import pair_mean_half
-from .base import Fingerprint, Message, check_roots, pair_broadcast, split_root
+from .base import Fingerprint, Message, pair_broadcast, swap_with_root
 
 if TYPE_CHECKING:  # tcp imports this module to return PairCollectives
     from .tcp import TcpTransport
@@ -134,20 +134,11 @@ class PairCollectives:
 
     def broadcast(self, buf: np.ndarray, root: int, fp: Fingerprint) -> np.ndarray:
         """The root check and a small payload in one exchange (``base.pair_broadcast``); above its
-        limit the root check of ``algorithms.agreement`` (one exchange of roots), then the
+        limit the root check alone (an exchange of roots, ``base.swap_with_root``), then the
         root's pieces to the other rank."""
-        if not 0 <= root < 2:
-            raise ValueError(f"root rank {root} is out of range for world size 2")
         if pair_broadcast(self._t, buf, root, fp):
             return buf
-        name, named = split_root(fp.op)
-        known = np.full(2, -1, dtype=np.int64)
-        known[self._t.rank] = root
-        heard = np.empty(2, dtype=np.int64)
-        self._t.sendrecv(known, self._peer, heard, self._peer,
-                         fp if named is None else fp._replace(op=name))
-        np.copyto(known, heard, where=known < 0)
-        check_roots(known.tolist(), fp, self._t)
+        swap_with_root(self._t, root, fp, None, 0)
         if buf.size:
             self._move(buf if self._t.rank == root else None,
                        None if self._t.rank == root else buf, fp)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from dist_harness import installed_backends, run_ranks
-from neural_arch.distributed.transports.base import PAIR_BROADCAST_MAX_BYTES
+from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
 
 pytestmark = pytest.mark.timeout(90)
 BACKENDS = [b for b in installed_backends() if b in ("mpi", "tcp")]
-LIMIT = PAIR_BROADCAST_MAX_BYTES
+LIMIT = PAIR_ROOTED_MAX_BYTES
 
 
 def _job(rank: int, world: int) -> dict:

@@ -1,0 +1,115 @@
+"""Two-rank reduce, gather and scatter in one exchange with their root check
+(``algorithms.pair``), on every transport: NumPy's results from either root at sizes 0, 1, odd
+and at the form's limit, the tree just above it, ranks that pass different roots named on both
+with the group usable after, and ranks on either side of the limit failing with both calls
+named."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dist_harness import installed_backends, run_ranks
+from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
+
+pytestmark = pytest.mark.timeout(90)
+LIMIT = PAIR_ROOTED_MAX_BYTES
+CASES = [(0, np.float32), (1, np.float64), (7, np.int32), (LIMIT // 4, np.float32),
+         (LIMIT // 4 + 1, np.float32)]
+
+
+def _values(rank: int, n: int, dtype) -> np.ndarray:
+    return ((np.arange(n) * 3 + 100 * rank + 1) % 1000).astype(dtype)
+
+
+def _job(rank: int, world: int) -> dict:
+    from neural_arch import distributed as dist
+    from neural_arch.distributed.algorithms import pair
+    forms = {name: getattr(pair, name) for name in ("reduce", "gather", "scatter")}
+    used = {name: [] for name in forms}
+
+    def counting(name):
+        def counted(*args):
+            done = forms[name](*args)
+            used[name].append(done)
+            return done
+        return counted
+    for name in forms:
+        setattr(pair, name, counting(name))
+    report = {"wrong": [], "mismatch": [], "after": None}
+    try:
+        for n, dtype in CASES:
+            for root in (0, 1):
+                mine = _values(rank, n, dtype)
+                both = [_values(r, n, dtype) for r in (0, 1)]
+                x = mine.copy()
+                dist.reduce(x, dst=root, op=dist.ReduceOp.MAX)
+                want = np.maximum(*both) if rank == root else mine
+                if x.tobytes() != want.tobytes():
+                    report["wrong"].append(("reduce", n, root))
+                gathered = [np.empty(n, dtype) for _ in range(2)] if rank == root else None
+                dist.gather(mine, gathered, dst=root)
+                if rank == root and any(g.tobytes() != b.tobytes()
+                                        for g, b in zip(gathered, both)):
+                    report["wrong"].append(("gather", n, root))
+                got = np.full(n, -1, dtype)
+                blocks = [_values(root, n, dtype) + k for k in (0, 1)]
+                dist.scatter(got, blocks if rank == root else None, src=root)
+                if got.tobytes() != blocks[rank].tobytes():
+                    report["wrong"].append(("scatter", n, root))
+        report["used"] = {name: flags[:] for name, flags in used.items()}
+        for roots in ((0, 1), (1, 0)):  # both the root, then neither
+            try:
+                dist.reduce(np.ones(4, np.float32), dst=roots[rank])
+                report["mismatch"].append("returned")
+            except dist.CollectiveMismatchError as e:
+                report["mismatch"].append(str(e))
+        report["after"] = dist.all_reduce(np.ones(3)).tolist()
+        try:  # one rank at the form's limit, the other an element above it (the tree)
+            dist.reduce(np.zeros(LIMIT // 4 + rank, np.float32), dst=0)
+            report["across"] = ("returned", "")
+        except dist.DistributedError as e:
+            report["across"] = (type(e).__name__, str(e))
+    finally:
+        for name, form in forms.items():
+            setattr(pair, name, form)
+    return report
+
+
+@pytest.fixture(scope="module", params=installed_backends())
+def reports(request):
+    return request.param, run_ranks(_job, 2, request.param, timeout=60,
+                                    init_kwargs={"timeout": 10})
+
+
+def test_results_are_numpys_from_either_root(reports):
+    _, per_rank = reports
+    assert [r["wrong"] for r in per_rank] == [[], []]
+
+
+def test_the_form_runs_up_to_its_limit_and_the_tree_above(reports):
+    _, per_rank = reports
+    # every case from both roots: four up to the limit in one exchange, the last above it
+    for r in per_rank:
+        for name in ("reduce", "gather", "scatter"):
+            assert r["used"][name] == [True] * 8 + [False] * 2, (name, r["used"][name])
+
+
+def test_different_roots_are_named_on_both_ranks_and_the_group_stays_usable(reports):
+    _, per_rank = reports
+    for r in per_rank:
+        both, neither = r["mismatch"]
+        assert "rank 0 passed root 0; rank 1 passed root 1" in both, both
+        assert "rank 0 passed root 1; rank 1 passed root 0" in neither, neither
+        assert r["after"] == [2.0, 2.0, 2.0]
+
+
+def test_a_reduce_at_the_limit_against_one_an_element_above_fails_naming_both(reports):
+    # as for the broadcast (test_pair_broadcast): the peer of the rank that names both calls
+    # may find the connection gone first (tcp)
+    _, per_rank = reports
+    kinds = [r["across"][0] for r in per_rank]
+    assert all(kind in ("CollectiveMismatchError", "PeerFailureError") for kind in kinds), kinds
+    n = LIMIT // 4
+    assert any(kind == "CollectiveMismatchError" and f"{n} x float32" in message
+               and f"{n + 1} x float32" in message for kind, message in
+               (r["across"] for r in per_rank)), per_rank
