@@ -7,11 +7,14 @@ rank's. The whole set of jobs runs ``--repeats`` times, interleaved, and each po
 median over those runs: on a shared machine a job's speed drifts over minutes, and one run of
 ours against one of MPI's would compare moments rather than implementations. Every collective
 runs 4 B to 256 MiB by 4x unless ``--sizes`` says otherwise. Sizes and bandwidths follow
-nccl-tests: an all-gather's size is its gathered output (each rank sends size / p), a
-reduce-scatter's its input (each rank receives size / p); algbw = bytes / time; busbw = algbw *
-2(p-1)/p for all-reduce, * (p-1)/p for all-gather and reduce-scatter, * 1 for broadcast. The
-reduce-scatter (``dist.reduce_scatter_tensor``, SUM) is timed only when ``--collectives`` names
-it. Under mpiexec, mpi4py's ``Allreduce``/``Allgather``/``Reduce_scatter_block``/``Bcast`` run
+nccl-tests: an all-gather's or gather's size is its gathered output (each rank sends size / p),
+a reduce-scatter's or scatter's its input (each rank receives size / p); algbw = bytes / time;
+busbw = algbw * 2(p-1)/p for all-reduce, * (p-1)/p for all-gather, reduce-scatter, gather and
+scatter, * 1 for broadcast and reduce. The reduce-scatter (``dist.reduce_scatter_tensor``, SUM)
+and the rooted reduce (SUM), gather and scatter (root: rank 0; the root's lists p reused arrays)
+are timed only when ``--collectives`` names them; the rooted ones' algorithm column names what
+runs (``rooted_algorithm``). Under mpiexec, mpi4py's ``Allreduce``/``Allgather``/
+``Reduce_scatter_block``/``Bcast``/``Reduce`` (in place on the root)/``Gather``/``Scatter`` run
 on the same reused buffers. In the shm jobs a ``buffer stream`` row bounds all-reduces from
 1 MiB: every rank reads and writes its own buffer once through a cache-sized scratch, all at
 once, which no all-reduce that leaves its result in the caller's buffer can beat on the same
@@ -29,7 +32,8 @@ in the reader's cache, which a training step's freshly computed data would not b
 goal lines (``collectives_goals``) are printed again at the end of the run.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
-        [--collectives all_reduce,all_gather,broadcast,barrier,reduce_scatter]
+        [--collectives all_reduce,all_gather,broadcast,barrier,reduce_scatter,reduce,gather,
+                       scatter]
         [--no-fresh-broadcast]
         [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
         [--output benchmarks/RESULTS.md]
@@ -64,13 +68,17 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple  # noqa:
 
 # 4 B .. 256 MiB by 4x for every collective; an all-gather's size is its gathered output, as in
 # nccl-tests (each rank sends size / p), so 256 MiB is 256 MiB out and 256 / p MiB in per rank;
-# a reduce-scatter's is its input (256 MiB in, 256 / p MiB out per rank)
+# a reduce-scatter's is its input (256 MiB in, 256 / p MiB out per rank); a gather's and a
+# scatter's likewise (the root's whole output or input)
 DEFAULT_SIZES = {c: [4 ** k for k in range(1, 15)] for c in COLLECTIVES}
 CHOICES = COLLECTIVES + (BARRIER,)  # --collectives; a barrier is timed without a message
 DEFAULT_COLLECTIVES = ("all_reduce", "all_gather", "broadcast", BARRIER)
-SPLIT_OVER_RANKS = ("all_gather", "reduce_scatter")  # a message of p equal blocks
+# a message of p equal blocks
+SPLIT_OVER_RANKS = ("all_gather", "reduce_scatter", "gather", "scatter")
+ROOTED = ("reduce", "gather", "scatter")  # no algorithms.select entry: see rooted_algorithm
 NATIVE_NAMES = {"all_reduce": "MPI_Allreduce", "all_gather": "MPI_Allgather",
                 "reduce_scatter": "MPI_Reduce_scatter_block", "broadcast": "MPI_Bcast",
+                "reduce": "MPI_Reduce", "gather": "MPI_Gather", "scatter": "MPI_Scatter",
                 BARRIER: "MPI_Barrier"}
 BATCH_BYTES = 1 << 20      # small messages run in batches of calls up to about this many bytes
 MAX_CALLS_PER_BATCH = 50
@@ -85,8 +93,8 @@ SCRIPT = os.path.abspath(__file__)
 
 
 def element_count(collective: str, nbytes: int, p: int) -> int:
-    """float32 elements of the message (for all-gather: of the gathered total, for
-    reduce-scatter: of the input, each a multiple of p; for a barrier: none)."""
+    """float32 elements of the message (for all-gather and gather: of the gathered total, for
+    reduce-scatter and scatter: of the input, each a multiple of p; for a barrier: none)."""
     if collective == BARRIER:
         return 0
     unit = ITEMSIZE * (p if collective in SPLIT_OVER_RANKS else 1)
@@ -94,10 +102,22 @@ def element_count(collective: str, nbytes: int, p: int) -> int:
 
 
 def message_counts(collective: str, sizes: Sequence[int], p: int) -> List[int]:
-    """The distinct element counts of ``sizes`` (tiny all-gathers and reduce-scatters round up
+    """The distinct element counts of ``sizes`` (tiny messages split over the ranks round up
     to one float32 per rank, so e.g. 4 B and 16 B are the same 16-byte message at p = 4:
     timed once)."""
     return sorted({element_count(collective, nbytes, p) for nbytes in sizes})
+
+
+def rooted_algorithm(collective: str, p: int, nbytes: int) -> str:
+    """What runs a reduce, gather or scatter of ``nbytes`` (the table's size) at ``p`` ranks:
+    ``pair`` (one exchange with the root check) at two ranks while each rank's part (a
+    reduce's whole buffer, a gather's or scatter's block) is at most PAIR_ROOTED_MAX_BYTES,
+    else the binomial ``tree``, on every transport."""
+    from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
+    if collective not in ROOTED:
+        raise ValueError(f"rooted_algorithm takes one of {ROOTED}, got {collective!r}")
+    part = nbytes if collective == "reduce" else nbytes // p
+    return "pair" if p == 2 and part <= PAIR_ROOTED_MAX_BYTES else "tree"
 
 
 def schedule(nbytes: int, iters: int) -> Tuple[int, int]:
@@ -170,8 +190,9 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                 seconds = common.slowest_median(dist.all_gather_object(times))
                 native = NATIVE_NAMES[collective]
                 algorithm = {NATIVE: native, fresh(NATIVE): native, STREAM: "read_write_once",
-                             EXCHANGE: "copy_in_copy_out"}.get(
-                    label) or algorithms.select(collective, transport, nbytes)
+                             EXCHANGE: "copy_in_copy_out"}.get(label) or (
+                    rooted_algorithm(collective, p, nbytes) if collective in ROOTED
+                    else algorithms.select(collective, transport, nbytes))
                 rows.append(dict(collective=collective, world_size=p, backend=label,
                                  bytes=nbytes, seconds=seconds, algorithm=algorithm,
                                  calls_per_batch=calls, batches=batches))
@@ -215,8 +236,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--collectives", default=",".join(DEFAULT_COLLECTIVES),
                         help=f"comma-separated, of {','.join(CHOICES)}; default: %(default)s")
     parser.add_argument("--sizes", help="message sizes for every collective, e.g. 4,1K,16M "
-                        "(default: 4 B..256 MiB by 4x; all_gather: the gathered output; "
-                        "reduce_scatter: the input)")
+                        "(default: 4 B..256 MiB by 4x; all_gather, gather: the gathered "
+                        "output; reduce_scatter, scatter: the input)")
     parser.add_argument("--max-size", default="256M", help="drop sizes above this")
     parser.add_argument("--iters", type=int, default=20,
                         help="timed batches per point (large messages: fewer, at least 5)")

@@ -4,7 +4,9 @@ Each ``*_call(collective, buffers)`` returns a function of no arguments that mak
 the reused buffers: ours through the public ``neural_arch.distributed`` API, MPI's own through
 mpi4py (under mpiexec), the AVERAGE variant of our all-reduce, and the two shm references
 (buffer stream, copy exchange). ``rewriting_root`` turns a broadcast's maker into one whose root
-rewrites its buffer before every call. A barrier has no buffers.
+rewrites its buffer before every call. A barrier has no buffers. The rooted collectives
+(reduce, gather, scatter) have rank 0 as their root; every rank holds the same buffers, the
+root's per-rank lists being views of its whole output (gather) or input (scatter).
 """
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ def buffers(collective: str, count: int, p: int) -> Dict[str, Any]:
     import numpy as np
     if collective == BARRIER:
         return {}
-    if collective == "all_gather":
+    if collective in ("all_gather", "gather"):  # ``count``: the gathered output's
         return {"send": np.zeros(count // p, np.float32), "out": np.zeros(count, np.float32)}
-    if collective == "reduce_scatter":  # ``count`` is the input's, as in nccl-tests
+    if collective in ("reduce_scatter", "scatter"):  # ``count``: the input's, as in nccl-tests
         return {"send": np.zeros(count, np.float32), "out": np.zeros(count // p, np.float32)}
     return {"buf": np.zeros(count, np.float32)}
 
@@ -39,6 +41,15 @@ def our_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
         return lambda: dist.all_gather_into_tensor(b["out"], b["send"])
     if collective == "reduce_scatter":
         return lambda: dist.reduce_scatter_tensor(b["out"], b["send"])
+    if collective == "reduce":
+        return lambda: dist.reduce(b["buf"], dst=0)
+    root, p = dist.get_rank() == 0, dist.get_world_size()
+    if collective == "gather":  # the root's gather_list: p reused arrays, None elsewhere
+        send, gather_list = b["send"], list(b["out"].reshape(p, -1)) if root else None
+        return lambda: dist.gather(send, gather_list, dst=0)
+    if collective == "scatter":
+        out, scatter_list = b["out"], list(b["send"].reshape(p, -1)) if root else None
+        return lambda: dist.scatter(out, scatter_list, src=0)
     return lambda: dist.broadcast(b["buf"], src=0)
 
 
@@ -121,6 +132,18 @@ def native_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
         return lambda: comm.Allgather(b["send"], b["out"])
     if collective == "reduce_scatter":
         return lambda: comm.Reduce_scatter_block(b["send"], b["out"], op=MPI.SUM)
+    root = comm.Get_rank() == 0
+    if collective == "reduce":  # in place on the root, as ours; the others' buffers unchanged
+        buf = b["buf"]
+        if root:
+            return lambda: comm.Reduce(MPI.IN_PLACE, buf, op=MPI.SUM, root=0)
+        return lambda: comm.Reduce(buf, None, op=MPI.SUM, root=0)
+    if collective == "gather":
+        send, out = b["send"], b["out"] if root else None
+        return lambda: comm.Gather(send, out, root=0)
+    if collective == "scatter":
+        send, out = b["send"] if root else None, b["out"]
+        return lambda: comm.Scatter(send, out, root=0)
     return lambda: comm.Bcast(b["buf"], root=0)
 
 
@@ -164,11 +187,12 @@ def exchange_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     return exchange
 
 
-def reduce_scatter_block(rank: int, block: int, n: int) -> Any:
-    """The ``block``-th of the p blocks of ``n`` float32 that ``rank`` puts into a checked
-    reduce-scatter: (rank + 1) * (block + 1) + position % 1024, so that a missing rank, a block
-    summed into the wrong rank or an element moved within its block changes the sum (integers
-    below 2^24 for any p the benchmark runs: exact in float32, in any order of summation)."""
+def known_block(rank: int, block: int, n: int) -> Any:
+    """The ``block``-th block of ``n`` float32 that ``rank`` puts into a checked reduce-scatter,
+    reduce (block 0), gather (block 0) or scatter (the root's, rank 0): (rank + 1) * (block + 1)
+    + position % 1024, so that a missing rank, a block summed into or sent to the wrong rank or
+    an element moved within its block changes the result (integers below 2^24 for any p the
+    benchmark runs: exact in float32, in any order of summation)."""
     import numpy as np
     return ((rank + 1) * (block + 1) + np.arange(n, dtype=np.int32) % 1024).astype(np.float32)
 
@@ -191,10 +215,28 @@ def check(collective: str, b: Dict[str, Any], call: Callable[[], Any], rank: int
         expected = np.repeat(np.arange(1, p + 1, dtype=np.float32), b["send"].size)
     elif collective == "reduce_scatter":
         n = b["out"].size
-        b["send"][...] = np.concatenate([reduce_scatter_block(rank, k, n) for k in range(p)])
+        b["send"][...] = np.concatenate([known_block(rank, k, n) for k in range(p)])
         got = b["out"]
-        expected = np.sum([reduce_scatter_block(r, rank, n) for r in range(p)], axis=0,
+        expected = np.sum([known_block(r, rank, n) for r in range(p)], axis=0,
                           dtype=np.float32)
+    elif collective == "reduce":  # into the root; the others' buffers unchanged
+        n = b["buf"].size
+        b["buf"][...] = known_block(rank, 0, n)
+        got = b["buf"]
+        expected = np.sum([known_block(r, 0, n) for r in range(p)], axis=0, dtype=np.float32) \
+            if rank == 0 else known_block(rank, 0, n)
+    elif collective == "gather":  # the root's output in rank order; the others send only
+        n = b["send"].size
+        b["send"][...] = known_block(rank, 0, n)
+        b["out"][...] = -1.0  # a block the root never wrote shows
+        got = b["out"] if rank == 0 else b["send"]
+        expected = np.concatenate([known_block(r, 0, n) for r in range(p)]) if rank == 0 \
+            else known_block(rank, 0, n)
+    elif collective == "scatter":  # block ``rank`` of the root's input; the others' unread
+        n = b["out"].size
+        b["send"][...] = np.concatenate([known_block(0, k, n) for k in range(p)]) \
+            if rank == 0 else -1.0
+        got, expected = b["out"], known_block(0, rank, n)
     else:
         b["buf"][...] = 7.0 if rank == 0 else -1.0
         got, expected = b["buf"], np.float32(7.0)

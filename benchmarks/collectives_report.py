@@ -14,8 +14,10 @@ import bench_common as common
 from collectives_goals import (AVERAGE, BARRIER, LOOP, NATIVE, earlier_goals,  # noqa: F401
                                goals, goals_table, size_goals)
 
-# the collectives with a message size (reduce_scatter: timed only when asked for)
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+# the collectives with a message size (reduce_scatter and the rooted reduce, gather and
+# scatter: timed only when asked for)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather",
+               "scatter")
 STREAM = "buffer stream"
 EXCHANGE = "copy exchange"
 FRESH = " fresh data"  # a broadcast row whose root rewrote its buffer before every call
@@ -41,8 +43,10 @@ EARLIER_GOALS_HEADING = "### Earlier goals (large all-reduces, the 4-byte all-re
 
 
 def bus_factor(collective: str, p: int) -> float:
+    """algbw to busbw, as in nccl-tests (its reduce, gather and scatter tests too)."""
     return {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
-            "reduce_scatter": (p - 1) / p, "broadcast": 1.0}[collective]
+            "reduce_scatter": (p - 1) / p, "broadcast": 1.0, "reduce": 1.0,
+            "gather": (p - 1) / p, "scatter": (p - 1) / p}[collective]
 
 
 def median_over_runs(rows: Sequence[dict]) -> List[dict]:
@@ -186,7 +190,8 @@ def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
             ax.grid(True, which="both", alpha=0.3)
         ax_row[0].set_ylabel(y_label)
     for ax in axes[-1]:
-        ax.set_xlabel("message size (all_gather: gathered output; reduce_scatter: input)")
+        ax.set_xlabel("message size (all_gather, gather: gathered output; reduce_scatter, "
+                      "scatter: input)")
     fig.suptitle(title)
     columns = min(len(handles), 2 * len(collectives) + 1)  # fits the figure's width
     legend_rows = -(-len(handles) // columns)
@@ -199,16 +204,24 @@ def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
 
 
 def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine: str) -> str:
+    from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
     lines = common.section_head(
         "Collectives by backend (`benchmarks/bench_collectives.py`)", command, machine,
         "float32 buffers reused by every call. Time: median per-call time over batches of "
         "calls, each batch started right after a barrier; the slowest rank's median; the "
         "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
-        "Sizes as in nccl-tests: an all_gather's size is its gathered output (each rank "
-        "sends size / p; at least one float32 per rank), a reduce_scatter's its input (each rank "
-        "receives size / p; at least one float32 per rank). "
+        "Sizes as in nccl-tests: an all_gather's or gather's size is its gathered output (each "
+        "rank sends size / p; at least one float32 per rank), a reduce_scatter's or scatter's "
+        "its input (each rank receives size / p; at least one float32 per rank). "
         "algbw = bytes / time; busbw = algbw x 2(p-1)/p (all_reduce), x (p-1)/p "
-        "(all_gather, reduce_scatter), x 1 (broadcast). Speed vs MPI native = MPI "
+        "(all_gather, reduce_scatter, gather, scatter), x 1 (broadcast, reduce), the factors "
+        "of nccl-tests' own tests of each. Reduce (SUM), gather and scatter: root rank 0, "
+        "the root's gather_list or scatter_list p reused arrays; MPI_Reduce in place on the "
+        "root; the algorithm column names what runs: pair (one exchange with the root check) "
+        "at p = 2 while each rank's part (a reduce's buffer, a gather's or scatter's block) "
+        f"is at most {common.format_size(PAIR_ROOTED_MAX_BYTES)} "
+        "(transports.base.PAIR_ROOTED_MAX_BYTES), else the binomial tree. "
+        "Speed vs MPI native = MPI "
         "time / our time (> 1: ours is faster). GB/s = 10^9 B/s. Buffer stream (shm jobs, "
         "all_reduce from 1 MiB): every rank reads and writes its own buffer once through a "
         "1 MiB scratch, all ranks at once, timed like an all-reduce and shown with its "

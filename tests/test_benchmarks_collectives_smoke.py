@@ -1,7 +1,8 @@
 """``bench_collectives.py`` runs end to end with tiny sizes and reports consistent numbers: every
 bandwidth, ratio and goal line is recomputed from the printed times (none judges speed), a goal
-nothing measured reads "not measured", and a job past its time limit is reported. The check a
-job makes of its reduce-scatters is tried on ranks as threads, with right and wrong sums."""
+nothing measured reads "not measured", and a job past its time limit is reported. The checks a
+job makes of its reduce-scatters, reduces, gathers and scatters are tried on ranks as threads,
+with right and wrong results."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 
+from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
 from test_benchmarks_smoke import _ROW, _SIZE, BACKENDS, _ratio_shown, _run
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -19,8 +21,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import collective_calls  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-_HEADING = re.compile(r"^### (all_reduce|all_gather|reduce_scatter|broadcast), p = (\d+)$",
-                      re.MULTILINE)
+_HEADING = re.compile(r"^### (all_reduce|all_gather|reduce_scatter|broadcast|reduce|gather|"
+                      r"scatter), p = (\d+)$", re.MULTILINE)
+# the collectives timed only when named, each with MPI's own call in its algorithm column
+_OPT_IN_NATIVE = {"reduce_scatter": "MPI_Reduce_scatter_block", "reduce": "MPI_Reduce",
+                  "gather": "MPI_Gather", "scatter": "MPI_Scatter"}
 
 
 def _tables(text: str) -> dict:
@@ -44,7 +49,8 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
                       "<!-- bench_collectives:end -->\n")
     result = _run("bench_collectives.py",
                   ["--backends", ",".join(BACKENDS), "--world-sizes", "2", "--sizes", "4,4K,1M",
-                   "--collectives", "all_reduce,all_gather,broadcast,barrier,reduce_scatter",
+                   "--collectives", "all_reduce,all_gather,broadcast,barrier,reduce_scatter,"
+                   "reduce,gather,scatter",
                    "--iters", "2", "--repeats", "1", "--output", str(output), "--plot",
                    str(figure)])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -56,12 +62,14 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
     assert re.search(r"Machine: .+; \d+ cores; Python 3[.\d]+; NumPy [.\d]+; ", text)
     tables = _tables(text)
     expected_backends = set(BACKENDS) | ({"MPI native"} if "mpi" in BACKENDS else set())
-    # p = 2: busbw/algbw is 2(p-1)/p = 1 for all_reduce, (p-1)/p = 1/2 for all_gather and
-    # reduce_scatter, 1 else; all_gather of "4 B" still sends one float32 per rank, and
-    # reduce_scatter of "4 B" still gives each rank one.
+    # p = 2: busbw/algbw is 2(p-1)/p = 1 for all_reduce, (p-1)/p = 1/2 for all_gather,
+    # reduce_scatter, gather and scatter, 1 else; all_gather and gather of "4 B" still send
+    # one float32 per rank, and reduce_scatter and scatter of "4 B" still give each rank one.
     mib = 1 << 20
     expected = {"all_reduce": ((4, 4096, mib), 1.0), "all_gather": ((8, 4096, mib), 0.5),
-                "reduce_scatter": ((8, 4096, mib), 0.5), "broadcast": ((4, 4096, mib), 1.0)}
+                "reduce_scatter": ((8, 4096, mib), 0.5), "broadcast": ((4, 4096, mib), 1.0),
+                "reduce": ((4, 4096, mib), 1.0), "gather": ((8, 4096, mib), 0.5),
+                "scatter": ((8, 4096, mib), 0.5)}
     # the shm jobs also time the buffer stream and the copy exchange for all-reduces from
     # 1 MiB, and our all-reduce with AVERAGE and in a plain loop at every size
     references = ("buffer stream", "copy exchange")
@@ -78,9 +86,16 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
         assert sorted((n, b) for n, b, *_ in rows) == sorted(
             {(n, b) for n in sizes for b in expected_backends} | extra.get(collective, set()))
         native = {(n, b): us for n, b, _, us, *_ in rows if b.startswith("MPI native")}
-        if collective == "reduce_scatter":  # MPI's own call is named in the algorithm column
+        if collective in _OPT_IN_NATIVE:
             assert {a for _, b, a, *_ in rows if b == "MPI native"} == \
-                ({"MPI_Reduce_scatter_block"} if "mpi" in BACKENDS else set())
+                ({_OPT_IN_NATIVE[collective]} if "mpi" in BACKENDS else set())
+        if collective in ("reduce", "gather", "scatter"):  # every rank's part: pair or tree
+            part = {n: n if collective == "reduce" else n // 2 for n in sizes}
+            assert sorted((n, b, a) for n, b, a, *_ in rows if b in BACKENDS) == sorted(
+                (n, b, "pair" if part[n] <= PAIR_ROOTED_MAX_BYTES else "tree")
+                for n in sizes for b in BACKENDS)
+            # the sizes straddle the limit
+            assert {a for _, b, a, *_ in rows if b in BACKENDS} == {"pair", "tree"}
         for nbytes, backend, _, us, algbw, busbw, ratio in rows:
             # times print to 0.1 us, bandwidths to 3 significant digits, ratios to 0.01
             assert _ratio_shown(algbw, nbytes / 1e3, us, 1, 0.0051 * algbw, 0.05, 0.0)
@@ -193,51 +208,104 @@ def test_bench_collectives_reports_a_job_past_its_time_limit(tmp_path):
                f"past its time limit" in result.stdout, (failures, result.stderr[-3000:])
 
 
-def _sum_blocks(sends, rank, n, shift=0, ranks=None):
+_P, _N = 3, 5  # ranks as threads; float32 in each rank's part of a message
+
+
+def _inputs(bufs, name):
+    """Every rank's ``name`` buffer, copied: a call's result is made from these before any
+    rank writes its own (a reduce writes in place)."""
+    return [b[name].copy() for b in bufs]
+
+
+def _sum_blocks(sends, rank, shift=0, ranks=None):
     """Rank ``rank``'s reduce-scatter of the ranks' ``sends`` (block ``rank + shift``, summed
     over ``ranks``, all by default): a right one, or one of the faults the check must see."""
-    block = (rank + shift) % len(sends)
-    return np.sum([sends[r][block * n:(block + 1) * n] for r in ranks or range(len(sends))],
-                  axis=0)
+    block = (rank + shift) % _P
+    return np.sum([sends[r][block * _N:(block + 1) * _N] for r in ranks or range(_P)], axis=0)
 
 
-_RESULTS = {  # a right reduce-scatter, and the faults its check must see
-    None: lambda sends, rank, n: _sum_blocks(sends, rank, n),
-    "another rank's block": lambda sends, rank, n: _sum_blocks(sends, rank, n, shift=1),
-    "a rank left out": lambda sends, rank, n: _sum_blocks(sends, rank, n, ranks=[0, 1]),
-    "elements moved": lambda sends, rank, n: _sum_blocks(sends, rank, n)[::-1]}
+def _block(whole, k):
+    return whole[k % _P * _N:(k % _P + 1) * _N]
+
+
+def _on_root(rank, name, value):
+    """What a rooted call leaves: ``value`` in the root's ``name``, nothing elsewhere."""
+    return {name: value} if rank == 0 else {}
+
+
+_ALL = tuple(range(_P))
+_RESULTS = {  # (collective, fault): (each rank's result {buffer: value}, the ranks that raise)
+    ("reduce_scatter", None): (
+        lambda bufs, rank: {"out": _sum_blocks(_inputs(bufs, "send"), rank)}, ()),
+    ("reduce_scatter", "another rank's block"): (
+        lambda bufs, rank: {"out": _sum_blocks(_inputs(bufs, "send"), rank, shift=1)}, _ALL),
+    ("reduce_scatter", "a rank left out"): (
+        lambda bufs, rank: {"out": _sum_blocks(_inputs(bufs, "send"), rank, ranks=[0, 1])},
+        _ALL),
+    ("reduce_scatter", "elements moved"): (
+        lambda bufs, rank: {"out": _sum_blocks(_inputs(bufs, "send"), rank)[::-1]}, _ALL),
+    ("reduce", None): (
+        lambda bufs, rank: _on_root(rank, "buf", np.sum(_inputs(bufs, "buf"), axis=0)), ()),
+    ("reduce", "a rank left out"): (
+        lambda bufs, rank: _on_root(rank, "buf", np.sum(_inputs(bufs, "buf")[:2], axis=0)),
+        (0,)),
+    ("reduce", "elements moved"): (
+        lambda bufs, rank: _on_root(rank, "buf", np.sum(_inputs(bufs, "buf"), axis=0)[::-1]),
+        (0,)),
+    ("reduce", "the others' buffers changed"): (
+        lambda bufs, rank: {"buf": np.sum(_inputs(bufs, "buf"), axis=0)}, (1, 2)),
+    ("gather", None): (
+        lambda bufs, rank: _on_root(rank, "out", np.concatenate(_inputs(bufs, "send"))), ()),
+    ("gather", "blocks out of rank order"): (
+        lambda bufs, rank: _on_root(rank, "out", np.concatenate(_inputs(bufs, "send")[::-1])),
+        (0,)),
+    ("gather", "a block left unwritten"): (
+        lambda bufs, rank: _on_root(rank, "out", np.concatenate(
+            _inputs(bufs, "send")[:-1] + [_block(bufs[0]["out"], -1)])), (0,)),
+    ("gather", "elements moved"): (
+        lambda bufs, rank: _on_root(rank, "out", np.concatenate(
+            [send[::-1] for send in _inputs(bufs, "send")])), (0,)),
+    ("scatter", None): (
+        lambda bufs, rank: {"out": _block(bufs[0]["send"], rank).copy()}, ()),
+    ("scatter", "another rank's block"): (
+        lambda bufs, rank: {"out": _block(bufs[0]["send"], rank + 1).copy()}, _ALL),
+    ("scatter", "a rank's own input read"): (
+        lambda bufs, rank: {"out": _block(bufs[rank]["send"], rank).copy()}, (1, 2)),
+    ("scatter", "elements moved"): (
+        lambda bufs, rank: {"out": _block(bufs[0]["send"], rank)[::-1].copy()}, _ALL)}
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("fault", list(_RESULTS))
-def test_the_reduce_scatter_check_compares_each_rank_with_numpy(fault):
-    """The check each job makes of its reduce-scatters, on three ranks as threads sharing their
-    inputs: a right result passes on every rank, each fault raises naming the operation."""
-    p, n = 3, 5
-    barrier, sends, errors = threading.Barrier(p, timeout=10), [None] * p, [None] * p
+@pytest.mark.parametrize("collective, fault", list(_RESULTS))
+def test_each_check_compares_its_ranks_with_numpy(collective, fault):
+    """The check each job makes of its reduce-scatters, reduces (root 0), gathers and scatters,
+    on three ranks as threads sharing their buffers: a right result passes on every rank, each
+    fault raises on the ranks it wrongs, naming the operation, its size and the rank."""
+    count = _N if collective == "reduce" else _P * _N
+    result, raising = _RESULTS[(collective, fault)]
+    barrier, bufs, errors = threading.Barrier(_P, timeout=10), [None] * _P, [None] * _P
 
     def rank_main(rank: int) -> None:
-        b = collective_calls.buffers("reduce_scatter", p * n, p)
-        sends[rank] = b["send"]
+        b = bufs[rank] = collective_calls.buffers(collective, count, _P)
 
         def call() -> None:
             barrier.wait()  # every rank's input is filled
-            b["out"][...] = _RESULTS[fault](sends, rank, n)
-            barrier.wait()  # read before any rank's check zeroes its input
+            written = result(bufs, rank)
+            barrier.wait()  # every rank read the inputs before any is written or zeroed
+            for name, value in written.items():
+                b[name][...] = value
         try:
-            collective_calls.check("reduce_scatter", b, call, rank, p)
+            collective_calls.check(collective, b, call, rank, _P)
         except Exception as exc:  # noqa: BLE001 - each rank's, judged below
             errors[rank] = exc
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(p)]
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(_P)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(20)
     assert not any(thread.is_alive() for thread in threads)
-    if fault is None:
-        assert errors == [None] * p
-    else:
-        assert all(type(error) is RuntimeError and str(error).startswith(
-            f"reduce_scatter of 60 B on rank {rank} of 3 gave") for rank, error in
-            enumerate(errors)), errors
+    assert [r for r, error in enumerate(errors) if error is not None] == list(raising), errors
+    for rank in raising:
+        assert type(errors[rank]) is RuntimeError and str(errors[rank]).startswith(
+            f"{collective} of {count * 4} B on rank {rank} of {_P} gave"), errors[rank]

@@ -111,6 +111,10 @@ class PairCollectives:
         seg = max(1, SEGMENT_BYTES // sendbuf.itemsize)
         combine = combiner(ReduceOp.SUM if op is ReduceOp.AVERAGE else op, sendbuf.dtype)
         incoming = self._incoming(sendbuf.dtype, min(seg, m))
+        if m <= seg:  # one piece each way: the same message as a chained one, fewer steps
+            self._t.sendrecv(theirs, peer, incoming, peer, fp)
+            _then_reduce(combine, op, incoming, mine, recvbuf)()
+            return recvbuf
         recvs: List[ChainedRecv] = []
         for part in _segments(m, seg):
             got = incoming[:part.stop - part.start]
