@@ -111,13 +111,13 @@ def message_counts(collective: str, sizes: Sequence[int], p: int) -> List[int]:
 def rooted_algorithm(collective: str, p: int, nbytes: int) -> str:
     """What runs a reduce, gather or scatter of ``nbytes`` (the table's size) at ``p`` ranks:
     ``pair`` (one exchange with the root check) at two ranks while each rank's part (a
-    reduce's whole buffer, a gather's or scatter's block) is at most PAIR_ROOTED_MAX_BYTES,
+    reduce's whole buffer, a gather's or scatter's block) takes it (``algorithms.pair``),
     else the binomial ``tree``, on every transport."""
-    from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
+    from neural_arch.distributed.algorithms import pair
     if collective not in ROOTED:
         raise ValueError(f"rooted_algorithm takes one of {ROOTED}, got {collective!r}")
     part = nbytes if collective == "reduce" else nbytes // p
-    return "pair" if p == 2 and part <= PAIR_ROOTED_MAX_BYTES else "tree"
+    return "pair" if pair.applies(p, part) else "tree"
 
 
 def schedule(nbytes: int, iters: int) -> Tuple[int, int]:

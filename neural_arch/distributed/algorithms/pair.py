@@ -23,13 +23,14 @@ from ..reduce_ops import ReduceOp, combiner
 from ..transports.base import PAIR_ROOTED_MAX_BYTES, Fingerprint, Transport, swap_with_root
 
 
-def _applies(t: Transport, nbytes: int) -> bool:
-    return t.world_size == 2 and nbytes <= PAIR_ROOTED_MAX_BYTES
+def applies(world_size: int, nbytes: int) -> bool:
+    """Whether a rooted collective whose rank's part is ``nbytes`` takes this form."""
+    return world_size == 2 and nbytes <= PAIR_ROOTED_MAX_BYTES
 
 
 def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerprint) -> bool:
     """``buf`` of ``root`` becomes the reduction of both ranks' ``buf`` (the other's unchanged)."""
-    if not _applies(t, buf.nbytes):
+    if not applies(t.world_size, buf.nbytes):
         return False
     mine = t.rank == root
     got = swap_with_root(t, root, fp, None if mine else buf, buf.nbytes)
@@ -41,7 +42,7 @@ def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerpri
 def gather(t: Transport, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], root: int,
            fp: Fingerprint) -> bool:
     """``recvbuf`` (2 m elements) of ``root`` gets both ranks' ``sendbuf`` (m) in rank order."""
-    if not _applies(t, sendbuf.nbytes):
+    if not applies(t.world_size, sendbuf.nbytes):
         return False
     got = swap_with_root(t, root, fp, sendbuf, sendbuf.nbytes)
     if t.rank == root:
@@ -56,7 +57,7 @@ def gather(t: Transport, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], roo
 def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, root: int,
             fp: Fingerprint) -> bool:
     """``recvbuf`` (m elements) gets block ``rank`` of ``root``'s ``sendbuf`` (2 m elements)."""
-    if not _applies(t, recvbuf.nbytes):
+    if not applies(t.world_size, recvbuf.nbytes):
         return False
     m = recvbuf.size
     if t.rank != root:
