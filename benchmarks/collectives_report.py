@@ -204,7 +204,10 @@ def plot(rows: Sequence[dict], path: str, metric: str = "busbw") -> List[str]:
 
 
 def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine: str) -> str:
-    from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
+    try:
+        from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
+    except ImportError:  # a tree of the package older than the pair form: the tree only
+        PAIR_ROOTED_MAX_BYTES = 0
     lines = common.section_head(
         "Collectives by backend (`benchmarks/bench_collectives.py`)", command, machine,
         "float32 buffers reused by every call. Time: median per-call time over batches of "

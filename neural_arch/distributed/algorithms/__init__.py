@@ -71,16 +71,15 @@ def environment_choice() -> Optional[str]:
 
 
 def environment_meaning() -> str:
-    """What the variable, as last read, makes every all-reduce do: ``"auto"`` (unset, empty or
-    auto), the canonical name of the algorithm it forces (``rd`` and ``recursive-doubling``
+    """What the variable, as last read, names, read as ``select`` reads it: ``"auto"`` (unset,
+    empty or auto), the canonical name of an algorithm (``rd`` and ``recursive-doubling``
     alike), or the text itself where it names none (every all-reduce then raises). Ranks
-    whose meanings differ would run different algorithms on one call; ``init_process_group``
-    compares them."""
+    whose readings differ may run different algorithms on one call; ``init_process_group``
+    compares them (a name that falls back to the automatic choice on this transport still
+    counts as named)."""
     raw = _env_all_reduce
-    if raw is None or not raw.strip():
-        return "auto"
     try:
-        return normalize("all_reduce", raw)
+        return normalize("all_reduce", raw or "auto")
     except ValueError:
         return raw
 

@@ -11,13 +11,15 @@ data moves; every message of the exchange has been received, so the group stays 
 
 The exchange carries the collective's fingerprint without the root, so a rank that called
 another collective altogether is still named by the header check, and costs ceil(log2 n)
-small messages per rank, once per rooted collective.
+small messages per rank, once per rooted collective. At two ranks it is one exchange of the
+roots (``transports.base.swap_with_root`` with no payload), the message the tcp transport's
+own two-rank broadcast sends before a large payload too.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..transports.base import Fingerprint, Transport, check_roots, split_root
+from ..transports.base import Fingerprint, Transport, check_roots, split_root, swap_with_root
 
 
 def agree_on_root(t: Transport, root: int, fp: Fingerprint) -> None:
@@ -27,6 +29,9 @@ def agree_on_root(t: Transport, root: int, fp: Fingerprint) -> None:
     if not 0 <= root < n:
         raise ValueError(f"root rank {root} is out of range for world size {n}")
     if n == 1:
+        return
+    if n == 2:  # the claim alone, as the two-rank forms send it in front of their data
+        swap_with_root(t, root, fp, None, 0)
         return
     name, named = split_root(fp.op)
     exchange = fp if named is None else fp._replace(op=name)

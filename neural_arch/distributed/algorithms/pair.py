@@ -44,7 +44,7 @@ def gather(t: Transport, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], roo
     """``recvbuf`` (2 m elements) of ``root`` gets both ranks' ``sendbuf`` (m) in rank order."""
     if not applies(t.world_size, sendbuf.nbytes):
         return False
-    got = swap_with_root(t, root, fp, sendbuf, sendbuf.nbytes)
+    got = swap_with_root(t, root, fp, None if t.rank == root else sendbuf, sendbuf.nbytes)
     if t.rank == root:
         m = sendbuf.size
         _check_whole(recvbuf, m, "gather root needs an output")

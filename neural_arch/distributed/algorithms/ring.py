@@ -143,8 +143,10 @@ def all_gather_plan(t: Transport, m: int, itemsize: int
         theirs = slice(peer * m, (peer + 1) * m)
 
         def pair(sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:
+            # sent from its place in the output, as the steps send it: an input that is a
+            # view of the output never overlaps the block being received
             np.copyto(recvbuf[mine], sendbuf)
-            t.sendrecv(sendbuf, peer, recvbuf[theirs], peer, fp)
+            t.sendrecv(recvbuf[mine], peer, recvbuf[theirs], peer, fp)
         return pair
     bounds = [(i * m, (i + 1) * m) for i in range(n)]
 

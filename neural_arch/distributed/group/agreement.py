@@ -19,7 +19,7 @@ from .process_group import ProcessGroup
 # A rank's setting in the all-gather of ``check_environment_agrees``: a CRC of the whole text,
 # whether the text is longer than the bytes shown, then its first bytes, which the error shows
 _SHOWN_BYTES = 40
-_TEXT = 5
+_CUT_AT, _TEXT_AT = 4, 5
 
 
 def check_same_everywhere(pg: ProcessGroup, op: str, values: Sequence[int], what: str) -> None:
@@ -45,19 +45,21 @@ def check_environment_agrees(t: Transport) -> None:
     that differ where the operand order shows (a zero's sign, a NaN's payload)."""
     meaning = algorithms.environment_meaning()
     text = meaning.encode(errors="replace")
-    mine = np.zeros(_TEXT + _SHOWN_BYTES, np.uint8)
-    mine[:4].view("<u4")[0] = zlib.crc32(text)
-    mine[4] = len(text) > _SHOWN_BYTES
+    mine = np.zeros(_TEXT_AT + _SHOWN_BYTES, np.uint8)
+    mine[:_CUT_AT].view("<u4")[0] = zlib.crc32(text)
+    mine[_CUT_AT] = len(text) > _SHOWN_BYTES
     shown = text[:_SHOWN_BYTES]
-    mine[_TEXT:_TEXT + len(shown)] = np.frombuffer(shown, np.uint8)
+    mine[_TEXT_AT:_TEXT_AT + len(shown)] = np.frombuffer(shown, np.uint8)
     rows = np.empty((t.world_size, mine.size), np.uint8)
     algorithms.all_gather(t, mine, rows.reshape(-1),
                           Fingerprint("init_agreement", 0, "uint8", mine.size, 0), "auto")
     if (rows == rows[0]).all():
         return
-    values = [row[_TEXT:].tobytes().rstrip(b"\0").decode(errors="replace")
-              + ("..." if row[4] else "") for row in rows]
+    # a cut text names its CRC too: two long ones alike in their first bytes stay apart
+    values = [row[_TEXT_AT:].tobytes().rstrip(b"\0").decode(errors="replace")
+              + (f"... (CRC {row[:_CUT_AT].view('<u4')[0]:08x})" if row[_CUT_AT] else "")
+              for row in rows]
     raise ValueError(
         f"{algorithms.ENV_ALLREDUCE_ALGO} must mean the same on every rank: "
         f"{who_chose(values, 'read it as {!r}')} (unset, empty and 'auto' alike mean 'auto'); "
-        "ranks forcing different all-reduce algorithms would end with different bits")
+        "set it alike on every rank, or on none")

@@ -1,8 +1,9 @@
 """Two-rank reduce, gather and scatter in one exchange with their root check
 (``algorithms.pair``), on every transport: NumPy's results from either root at sizes 0, 1, odd
-and at the form's limit, the tree just above it, ranks that pass different roots named on both
-with the group usable after, and ranks on either side of the limit failing with both calls
-named."""
+and at the form's limit, the tree just above it, the reduce's operand order (the root's first),
+ranks that pass different roots named on both with the group usable after, and ranks on either
+side of the limit failing with both calls named. Also the two-rank all-gather and
+reduce-scatter (one exchange each) with the input a view inside the output."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ def _job(rank: int, world: int) -> dict:
         return counted
     for name in forms:
         setattr(pair, name, counting(name))
-    report = {"wrong": [], "mismatch": [], "after": None}
+    report = {"wrong": [], "mismatch": [], "after": None, "in place": []}
     try:
         for n, dtype in CASES:
             for root in (0, 1):
@@ -56,7 +57,30 @@ def _job(rank: int, world: int) -> dict:
                 dist.scatter(got, blocks if rank == root else None, src=root)
                 if got.tobytes() != blocks[rank].tobytes():
                     report["wrong"].append(("scatter", n, root))
+        # MAX of signed zeros shows the operand order: the root's first, as the tree folds
+        for root in (0, 1):
+            zeros = np.array([-0.0, 0.0, -0.0] if rank == root else [0.0, -0.0, 0.0],
+                             np.float32)
+            theirs = np.array([0.0, -0.0, 0.0] if rank == root else [-0.0, 0.0, -0.0],
+                              np.float32)
+            want = np.maximum(zeros, theirs) if rank == root else zeros.copy()
+            dist.reduce(zeros, dst=root, op=dist.ReduceOp.MAX)
+            if zeros.tobytes() != want.tobytes():
+                report["wrong"].append(("reduce order", root))
         report["used"] = {name: flags[:] for name, flags in used.items()}
+        # the two-rank all-gather and reduce-scatter with an input inside the output
+        for n in (1, 5, LIMIT // 4):
+            out = np.full((2, n), -1.0)
+            out[rank] = _values(rank, n, np.float64)
+            dist.all_gather_into_tensor(out, out[rank])
+            report["in place"].append(out.tobytes() == np.stack(
+                [_values(r, n, np.float64) for r in (0, 1)]).tobytes())
+            whole = np.concatenate([_values(rank, n, np.float64), _values(rank + 2, n,
+                                                                          np.float64)])
+            dist.reduce_scatter_tensor(whole[rank * n:(rank + 1) * n], whole)
+            want = sum(np.concatenate([_values(r, n, np.float64), _values(r + 2, n, np.float64)])
+                       for r in (0, 1))[rank * n:(rank + 1) * n]
+            report["in place"].append(whole[rank * n:(rank + 1) * n].tobytes() == want.tobytes())
         for roots in ((0, 1), (1, 0)):  # both the root, then neither
             try:
                 dist.reduce(np.ones(4, np.float32), dst=roots[rank])
@@ -90,8 +114,14 @@ def test_the_form_runs_up_to_its_limit_and_the_tree_above(reports):
     _, per_rank = reports
     # every case from both roots: four up to the limit in one exchange, the last above it
     for r in per_rank:
-        for name in ("reduce", "gather", "scatter"):
+        for name in ("gather", "scatter"):
             assert r["used"][name] == [True] * 8 + [False] * 2, (name, r["used"][name])
+        assert r["used"]["reduce"] == [True] * 8 + [False] * 2 + [True] * 2, r["used"]
+
+
+def test_all_gather_and_reduce_scatter_with_the_input_inside_the_output(reports):
+    _, per_rank = reports
+    assert [r["in place"] for r in per_rank] == [[True] * 6] * 2
 
 
 def test_different_roots_are_named_on_both_ranks_and_the_group_stays_usable(reports):

@@ -214,13 +214,18 @@ def test_ranks_must_read_the_forced_all_reduce_algorithm_alike(backend):
     """Ranks that force different all-reduce algorithms through the environment (one unset,
     one another name) fail at init naming every rank's reading; aliases of one algorithm, and
     unset against 'auto', agree and train on."""
+    long = "x" * 50
     settings = [(None, "rd"), ("recursive-doubling", "rd"), ("ring", "RING ALGO"),
-                ("auto", None)]
+                ("auto", None), ("", "auto"), (" ", None), (long + "a", long + "b")]
     for rank, outcomes in enumerate(run_ranks(forced_algorithms, 2, backend, timeout=90,
                                              args=(settings,), init_kwargs=SHORT)):
-        unset, aliases, unknown, auto = outcomes
+        unset, aliases, unknown, auto, empty, blank, cut = outcomes
         assert unset[0] == "ValueError", unset
         assert ("NEURAL_ARCH_ALLREDUCE_ALGO must mean the same on every rank: rank 0 read it "
                 "as 'auto'; rank 1 read it as 'recursive_doubling'") in unset[1], unset
-        assert aliases == [3.0] * 5 and auto == [3.0] * 5
+        assert aliases == auto == empty == [3.0] * 5
         assert unknown[0] == "ValueError" and "'RING ALGO'" in unknown[1], unknown
+        # a blank value names no algorithm (every all-reduce would raise), unlike unset
+        assert blank[0] == "ValueError" and "rank 0 read it as ' '" in blank[1], blank
+        # two long values alike in the bytes shown are told apart by their CRC
+        assert cut[0] == "ValueError" and cut[1].count("x" * 40 + "... (CRC ") == 2, cut
