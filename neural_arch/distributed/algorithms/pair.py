@@ -21,6 +21,7 @@ import numpy as np
 
 from ..reduce_ops import ReduceOp, combiner
 from ..transports.base import PAIR_ROOTED_MAX_BYTES, Fingerprint, Transport, swap_with_root
+from .tree import check_whole
 
 
 def applies(world_size: int, nbytes: int) -> bool:
@@ -47,7 +48,7 @@ def gather(t: Transport, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], roo
     got = swap_with_root(t, root, fp, None if t.rank == root else sendbuf, sendbuf.nbytes)
     if t.rank == root:
         m = sendbuf.size
-        _check_whole(recvbuf, m, "gather root needs an output")
+        check_whole(recvbuf, 2, m, "gather root needs an output")
         peer = 1 - root
         np.copyto(recvbuf[root * m:(root + 1) * m], sendbuf)
         recvbuf[peer * m:(peer + 1) * m].view(np.uint8)[:] = got
@@ -63,14 +64,8 @@ def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, ro
     if t.rank != root:
         recvbuf.view(np.uint8)[:] = swap_with_root(t, root, fp, None, recvbuf.nbytes)
         return True
-    _check_whole(sendbuf, m, "scatter root needs an input")
+    check_whole(sendbuf, 2, m, "scatter root needs an input")
     peer = 1 - root
     swap_with_root(t, root, fp, sendbuf[peer * m:(peer + 1) * m], recvbuf.nbytes)
     np.copyto(recvbuf, sendbuf[root * m:(root + 1) * m])
     return True
-
-
-def _check_whole(whole: Optional[np.ndarray], m: int, need: str) -> None:
-    if whole is None or whole.size != 2 * m:
-        got = None if whole is None else whole.size
-        raise ValueError(f"{need} of 2 x {m} = {2 * m} elements, got {got}")

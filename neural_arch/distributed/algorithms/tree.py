@@ -43,10 +43,17 @@ def _root_relative_rank(t: Transport, root: int, whole: np.ndarray | None, m: in
     _check_root(t, root)
     n = t.world_size
     vrank = (t.rank - root) % n
-    if vrank == 0 and (whole is None or whole.size != n * m):
+    if vrank == 0:
+        check_whole(whole, n, m, need)
+    return vrank
+
+
+def check_whole(whole: np.ndarray | None, n: int, m: int, need: str) -> None:
+    """ValueError unless the root's ``whole`` holds ``n`` x ``m`` elements (``need``: what
+    the message says is needed, e.g. "gather root needs an output")."""
+    if whole is None or whole.size != n * m:
         got = None if whole is None else whole.size
         raise ValueError(f"{need} of {n} x {m} = {n * m} elements, got {got}")
-    return vrank
 
 
 def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint) -> None:
