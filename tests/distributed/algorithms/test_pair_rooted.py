@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dist_harness import installed_backends, run_ranks
+from pair_form_checks import check_limit_mismatch_named, check_roots_named_and_group_usable
 from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
 
 pytestmark = pytest.mark.timeout(90)
@@ -125,21 +126,8 @@ def test_all_gather_and_reduce_scatter_with_the_input_inside_the_output(reports)
 
 
 def test_different_roots_are_named_on_both_ranks_and_the_group_stays_usable(reports):
-    _, per_rank = reports
-    for r in per_rank:
-        both, neither = r["mismatch"]
-        assert "rank 0 passed root 0; rank 1 passed root 1" in both, both
-        assert "rank 0 passed root 1; rank 1 passed root 0" in neither, neither
-        assert r["after"] == [2.0, 2.0, 2.0]
+    check_roots_named_and_group_usable(reports[1])
 
 
 def test_a_reduce_at_the_limit_against_one_an_element_above_fails_naming_both(reports):
-    # as for the broadcast (test_pair_broadcast): the peer of the rank that names both calls
-    # may find the connection gone first (tcp)
-    _, per_rank = reports
-    kinds = [r["across"][0] for r in per_rank]
-    assert all(kind in ("CollectiveMismatchError", "PeerFailureError") for kind in kinds), kinds
-    n = LIMIT // 4
-    assert any(kind == "CollectiveMismatchError" and f"{n} x float32" in message
-               and f"{n + 1} x float32" in message for kind, message in
-               (r["across"] for r in per_rank)), per_rank
+    check_limit_mismatch_named(reports[1], LIMIT // 4)
