@@ -16,8 +16,8 @@ general path makes, waits for queued async work and takes the queue's lock
 (``CommQueue.run_sync``, inlined), then runs the algorithm: for an all-reduce or all-gather the
 plan ``algorithms.all_reduce_plan`` or ``all_gather_plan`` chose once for the shape, as the
 general path chooses per call; a broadcast or barrier calls ``algorithms.broadcast`` or
-``barrier``, whose choice costs little beside the rooted checks they make. Every message still carries the
-fingerprint, every wait its timeout.
+``barrier``, whose choice costs little beside the rooted checks they make. Every message still
+carries the fingerprint, every wait its timeout.
 
 ``world`` makes one ``ShortCalls`` per default group and forgets its entries when the group is
 destroyed, so none outlives the transport it runs on.
