@@ -14,31 +14,16 @@ import numpy as np
 import pytest
 
 from neural_arch.distributed.transports.base import PAIR_ROOTED_MAX_BYTES
-from test_benchmarks_smoke import _ROW, _SIZE, BACKENDS, _ratio_shown, _run
+from test_benchmarks_smoke import _SIZE, BACKENDS, _ratio_shown, _run, _tables
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "benchmarks"))
 import collective_calls  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
-_HEADING = re.compile(r"^### (all_reduce|all_gather|reduce_scatter|broadcast|reduce|gather|"
-                      r"scatter), p = (\d+)$", re.MULTILINE)
 # the collectives timed only when named, each with MPI's own call in its algorithm column
 _OPT_IN_NATIVE = {"reduce_scatter": "MPI_Reduce_scatter_block", "reduce": "MPI_Reduce",
                   "gather": "MPI_Gather", "scatter": "MPI_Scatter"}
-
-
-def _tables(text: str) -> dict:
-    """{(collective, p): [(bytes, backend, algorithm, us, algbw, busbw, ratio or None)]}."""
-    headings = list(_HEADING.finditer(text))
-    tables = {}
-    for heading, stop in zip(headings, [h.start() for h in headings[1:]] + [len(text)]):
-        tables[(heading.group(1), int(heading.group(2)))] = [
-            (int(size.split()[0]) * _SIZE[size.split()[1]], backend, algorithm, float(us),
-             float(algbw), float(busbw), float(ratio[:-1]) if ratio else None)
-            for size, backend, algorithm, us, algbw, busbw, ratio in
-            _ROW.findall(text[heading.end():stop])]
-    return tables
 
 
 @pytest.mark.slow

@@ -28,7 +28,8 @@ BACKENDS = installed_backends()
 _MARKER = "NF_BENCH_SMOKE"
 _ROW = re.compile(r"^\| (\d+ (?:B|KiB|MiB)) \| ([\w ]+?) \| (\w+) \| ([0-9.]+) \| ([0-9.e+-]+) \| "
                   r"([0-9.e+-]+) \| ([0-9.]+x)? \|$", re.MULTILINE)
-_HEADING = re.compile(r"^#+ (all_reduce|all_gather|broadcast), p = (\d+)$", re.MULTILINE)
+_HEADING = re.compile(r"^#+ (all_reduce|all_gather|reduce_scatter|broadcast|reduce|gather|"
+                      r"scatter), p = (\d+)$", re.MULTILINE)
 _SIZE = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
 
 
