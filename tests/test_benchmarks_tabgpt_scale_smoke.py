@@ -3,6 +3,7 @@ the launcher, and reports rows/s, efficiencies, memory and losses that follow fr
 numbers: DDP and ZeRO-2 give the same losses, which fall."""
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -29,7 +30,7 @@ def test_tabgpt_scale_benchmark_reports_consistent_numbers(tmp_path):
     assert "a generated table of 3,000 rows" in text and "64 rows per rank" in text
     rows = {(int(r[0]), r[1]): r for r in _ROW.findall(text)}
     assert sorted(rows) == [(1, "ddp"), (1, "zero2"), (2, "ddp"), (2, "zero2")], text
-    misses = []
+    misses, borderline = [], []
     for (p, name), r in rows.items():
         rate, step_ms, efficiency, peak = float(r[2]), float(r[3]), float(r[4]), float(r[5])
         first, last = float(r[6]), float(r[7])
@@ -44,10 +45,19 @@ def test_tabgpt_scale_benchmark_reports_consistent_numbers(tmp_path):
         else:  # ZeRO-2 gives DDP's losses, step by step
             assert float(r[9]) <= 1e-5 and r[10] == "PASS"
             assert r[6:8] == rows[(p, "ddp")][6:8]
-        if p == 2 and efficiency < 90.0:
+        # the verdict is judged on the unrounded efficiency: a printed 90.0 may be a miss
+        if p == 2 and abs(efficiency - 90.0) <= 0.05:
+            borderline.append(f"p = 2 {name}")
+        elif p == 2 and efficiency < 90.0:
             misses.append(f"p = 2 {name}")
     goal = "goal: weak-scaling efficiency >= 90 % at every p > 1; "
-    assert goal + (f"missed by {', '.join(misses)}." if misses else "met.") in text
+    order = [f"p = {p} {name}" for p, name in rows]  # the report's row order
+    verdicts = []
+    for chosen in itertools.product((False, True), repeat=len(borderline)):
+        missed = misses + [b for b, c in zip(borderline, chosen) if c]
+        missed.sort(key=order.index)
+        verdicts.append(goal + (f"missed by {', '.join(missed)}." if missed else "met."))
+    assert any(v in text for v in verdicts), (verdicts, text)
 
 
 def _scale_module(monkeypatch):
