@@ -111,10 +111,39 @@ def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: R
         t.sendrecv(sendbuf[peer * m:(peer + 1) * m], peer, got, peer, fp)
         combiner(op, sendbuf.dtype)(got, sendbuf[r * m:(r + 1) * m], out=recvbuf)
         return
-    work = sendbuf.copy()  # the ring overwrites partial chunks; the caller's input stays intact
-    bounds = [(i * m, (i + 1) * m) for i in range(n)]
-    _reduce_scatter_inplace(t, work, bounds, op, fp)
-    np.copyto(recvbuf, work[t.rank * m:(t.rank + 1) * m])
+    if np.may_share_memory(sendbuf, recvbuf):
+        # partials carried in the output would overwrite input not yet read: the ring runs in
+        # place on a copy (the caller's input stays intact)
+        work = sendbuf.copy()
+        bounds = [(i * m, (i + 1) * m) for i in range(n)]
+        _reduce_scatter_inplace(t, work, bounds, op, fp)
+        np.copyto(recvbuf, work[t.rank * m:(t.rank + 1) * m])
+        return
+    _reduce_scatter_into(t, sendbuf, recvbuf, op, fp)
+
+
+def _reduce_scatter_into(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
+                         fp: Fingerprint) -> None:
+    """``_reduce_scatter_inplace``'s messages and operand order with ``recvbuf`` (apart from
+    ``sendbuf``) carrying the partial result from step to step: the chunk that arrives at a
+    step, folded with this rank's input for it, is the chunk sent at the next, and the last
+    step's is this rank's own. The input is read only, so nothing copies it: the copy it needed
+    was a second input-sized buffer on every call (a ZeRO or FSDP step's whole gradient)."""
+    n, r, m = t.world_size, t.rank, recvbuf.size
+    right, left = (r + 1) % n, (r - 1) % n
+    combine = combiner(op, sendbuf.dtype)
+    window = segment_elems(sendbuf.itemsize) * WINDOW_SEGMENTS
+    incoming = thread_scratch(min(window, m) * sendbuf.itemsize, sendbuf.dtype)
+    blocks = sendbuf.reshape(n, m)
+    outgoing = blocks[(r - 1) % n]  # the first step sends this rank's input as it is
+    for step in range(n - 1):
+        mine = blocks[(r - step - 2) % n]  # the chunk arriving now: its own at the last step
+        for part, _ in segment_pairs(m, m, window):
+            got = incoming[:part.stop - part.start]
+            # the window goes out (from recvbuf after the first step) before it is overwritten
+            _move(t, outgoing[part], right, got, left, fp)
+            combine(got, mine[part], out=recvbuf[part])
+        outgoing = recvbuf
 
 
 def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..reduce_ops import ReduceOp, combiner
+from ..scratch import thread_scratch
 from ..transports.base import Fingerprint, Transport
 from .exchange import recv, segment_elems, send
 
@@ -85,18 +86,25 @@ def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerpri
     vrank = (t.rank - root) % n
     combine = combiner(op, buf.dtype)
     has_children = vrank % 2 == 0 and vrank + 1 < n
-    acc = buf if vrank == 0 or not has_children else buf.copy()
     seg = segment_elems(buf.itemsize)
-    incoming = np.empty(min(seg, buf.size), dtype=buf.dtype) if has_children else None
+    span = min(seg, buf.size)
+    # A rank with children receives a segment at a time into this thread's scratch, and one
+    # that is not the root folds them into a copy of its own segment there (its buffer stays
+    # as it was): two segments of memory kept between calls, where a fresh receive buffer and
+    # a copy of the whole vector were made on every call.
+    scratch = thread_scratch(2 * span * buf.itemsize, buf.dtype) if has_children else None
     for lo in range(0, buf.size, seg):
-        part = acc[lo:lo + seg]
+        part = buf[lo:lo + seg]
+        if has_children and vrank != 0:
+            part = scratch[span:span + part.size]
+            np.copyto(part, buf[lo:lo + seg])
         mask = 1
         while mask < n:
             if vrank & mask:
                 send(t, part, _real(vrank - mask, root, n), fp)
                 break
             if vrank + mask < n:
-                got = incoming[:part.size]
+                got = scratch[:part.size]
                 recv(t, got, _real(vrank + mask, root, n), fp)
                 combine(part, got, out=part)  # the lower vranks' partial result goes first
             mask <<= 1

@@ -1,0 +1,80 @@
+"""The collectives allocate no copy of their payload per call, on real processes.
+
+Once a shape's buffers exist (two calls of it first), a public all-reduce, broadcast, reduce,
+all-gather into a tensor and reduce-scatter of a tensor, 256 KiB on each rank (so that an mpi
+all-reduce at two ranks is one swap, ``mpi_wire.SWAP_MAX_BYTES``), must allocate less than an
+eighth of that during the call (tracemalloc's peak, which counts NumPy's arrays and Python's
+bytes): what they need between calls is kept (the transports' message buffers,
+``scratch.thread_scratch``), never made anew. Each result is also checked against NumPy.
+Copies this caught: the mpi transport's swap packing its payload through a temporary, the
+ring's reduce-scatter copying its whole input, the tree's reduce making a receive buffer and,
+below the root, a copy of the vector on every call.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dist_harness import mpi_available, run_ranks
+
+pytestmark = pytest.mark.timeout(120)
+
+NBYTES = 256 << 10
+
+
+def _peaks_job(rank: int, world: int) -> dict:
+    import tracemalloc
+    from neural_arch import distributed as dist
+    m = NBYTES // 4 // world  # a reduce-scatter's output: the input is world x m float32
+    n = m * world
+    everyone = [np.arange(n, dtype=np.float32) % 1000 * (r + 1) for r in range(world)]
+    total = sum(everyone)
+    out = {"all_reduce": np.empty(n, np.float32), "broadcast": np.empty(n, np.float32),
+           "reduce": np.empty(n, np.float32), "all_gather": np.empty(world * m, np.float32),
+           "reduce_scatter": np.empty(m, np.float32)}
+
+    def call(name: str) -> np.ndarray:
+        buf = out[name]
+        if name in ("all_reduce", "broadcast", "reduce"):
+            np.copyto(buf, everyone[rank])
+        if name == "all_reduce":
+            dist.all_reduce(buf)
+        elif name == "broadcast":
+            dist.broadcast(buf, world - 1)
+        elif name == "reduce":
+            dist.reduce(buf, 0)
+        elif name == "all_gather":
+            dist.all_gather_into_tensor(buf, everyone[rank][:m])
+        else:
+            dist.reduce_scatter_tensor(buf, everyone[rank])
+        return buf
+
+    want = {"all_reduce": total, "broadcast": everyone[world - 1],
+            "reduce": total if rank == 0 else everyone[rank],
+            "all_gather": np.concatenate([x[:m] for x in everyone]),
+            "reduce_scatter": total[rank * m:(rank + 1) * m]}
+    report = {}
+    for name in out:
+        call(name)
+        call(name)
+        tracemalloc.start()
+        try:
+            got = call(name)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        report[name] = (peak, bool(np.array_equal(got, want[name])))
+    return report
+
+
+CASES = [("shm", 3), ("tcp", 2), ("tcp", 3)] + (
+    [("mpi", 2), ("mpi", 3)] if mpi_available() else [])
+
+
+@pytest.mark.parametrize("backend,world", CASES, ids=[f"{b}-p{w}" for b, w in CASES])
+def test_collectives_allocate_no_copy_of_their_payload(backend, world):
+    per_rank = run_ranks(_peaks_job, world, backend, timeout=90, init_kwargs={"timeout": 30})
+    for rank, report in enumerate(per_rank):
+        assert all(right for _, right in report.values()), (rank, report)
+        copied = {name: peak for name, (peak, _) in report.items() if peak >= NBYTES // 8}
+        assert not copied, (rank, copied)
