@@ -120,8 +120,13 @@ def gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray | None, root: 
             np.copyto(recvbuf, sendbuf)
         return
     span = _span(vrank, n)
+    if span == 1:  # a leaf: its block goes up as it is
+        send(t, sendbuf, _real(vrank - _lowbit(vrank), root, n), fp)
+        return
     # The root's subtree is every vrank; with root 0 vrank order is rank order, so no staging.
-    stage = recvbuf if vrank == 0 and root == 0 else np.empty(span * m, dtype=sendbuf.dtype)
+    # Other subtrees are staged in this thread's scratch, kept between calls.
+    stage = recvbuf if vrank == 0 and root == 0 else \
+        thread_scratch(span * m * sendbuf.itemsize, sendbuf.dtype)
     np.copyto(stage[:m], sendbuf)
     mask = 1
     while mask < n:
@@ -150,12 +155,19 @@ def scatter(t: Transport, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root:
             np.copyto(recvbuf, sendbuf)
         return
     if vrank == 0:
-        # put the blocks in vrank order: vrank v is real rank (v + root) % n
-        stage = sendbuf if root == 0 else np.concatenate((sendbuf[root * m:], sendbuf[:root * m]))
         top = _top_mask(n)
+        stage = sendbuf
+        if root:  # put the blocks in vrank order: vrank v is real rank (v + root) % n
+            stage = thread_scratch(n * m * sendbuf.itemsize, sendbuf.dtype)
+            head = (n - root) * m
+            np.copyto(stage[:head], sendbuf[root * m:])
+            np.copyto(stage[head:], sendbuf[:root * m])
     else:
         top = _lowbit(vrank)
-        stage = np.empty(_span(vrank, n) * m, dtype=recvbuf.dtype)
+        span = _span(vrank, n)
+        # a leaf receives its block in place; a subtree's blocks land in this thread's scratch
+        stage = recvbuf if span == 1 else \
+            thread_scratch(span * m * recvbuf.itemsize, recvbuf.dtype)
         recv(t, stage, _real(vrank - top, root, n), fp)
     mask = top >> 1
     while mask:
@@ -164,4 +176,5 @@ def scatter(t: Transport, sendbuf: np.ndarray | None, recvbuf: np.ndarray, root:
             child_span = min(mask, n - child)
             send(t, stage[mask * m:(mask + child_span) * m], _real(child, root, n), fp)
         mask >>= 1
-    np.copyto(recvbuf, stage[:m])
+    if stage is not recvbuf:
+        np.copyto(recvbuf, stage[:m])
