@@ -102,6 +102,17 @@ class ThreadedTransport(Transport):
         self.fabric.kill(self.rank)
 
 
+def batched_send_recv_many(self: ThreadedTransport, sends, recvs) -> None:
+    """A ``send_recv_many`` for ``ThreadedTransport`` (which has none of its own, so the ring
+    keeps to one piece a call): every send posted before the receives, as a transport that
+    batches does; patch it in to run the ring's windows of pieces."""
+    posted = [(self._post(buf, dst, f), dst, f) for buf, dst, f in sends]
+    for buf, src, f in recvs:
+        self.recv(buf, src, f)
+    for taken, dst, f in posted:
+        self._await(taken, dst, f)
+
+
 def run_threads(world_size: int, fn: Callable[[Transport], Any], timeout: float = 30.0,
                 fabric: Fabric | None = None) -> list[Any]:
     """Run ``fn(transport)`` on one thread per rank; results in rank order, first error raised."""

@@ -2,9 +2,9 @@
 
 A fresh buffer of several MiB costs a page fault per 4 KiB page on every call, about as long as
 receiving into it; one kept per thread is grown when a call needs more and never shrunk. The
-ring (``algorithms.ring``), the tree's reduce (``algorithms.tree``) and the mpi transport's
-two-rank all-reduce (``transports.mpi_pair``) share it: a call uses it only until it returns,
-and none runs inside another.
+ring (``algorithms.ring``), the tree's reduce, gather and scatter (``algorithms.tree``) and
+the mpi transport's two-rank all-reduce (``transports.mpi_pair``) share it: a call uses it only
+until it returns, and none runs inside another.
 """
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ all-reduce at two ranks is one swap, ``mpi_wire.SWAP_MAX_BYTES``), must allocate
 eighth of that during the call (tracemalloc's peak, which counts NumPy's arrays and Python's
 bytes): what they need between calls is kept (the transports' message buffers,
 ``scratch.thread_scratch``), never made anew. Each result is also checked against NumPy.
-Copies this caught: the mpi transport's swap packing its payload through a temporary, the
-ring's reduce-scatter copying its whole input, the tree's reduce making a receive buffer and,
-below the root, a copy of the vector on every call.
+The copies it guards against: the mpi swap packing its payload through a temporary bytearray,
+the ring's reduce-scatter working on a copy of its input, the tree's reduce receiving into a
+new buffer and, below the root, folding into a copy of the vector.
 """
 from __future__ import annotations
 

@@ -127,8 +127,8 @@ def _reduce_scatter_into(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray,
     """``_reduce_scatter_inplace``'s messages and operand order with ``recvbuf`` (apart from
     ``sendbuf``) carrying the partial result from step to step: the chunk that arrives at a
     step, folded with this rank's input for it, is the chunk sent at the next, and the last
-    step's is this rank's own. The input is read only, so nothing copies it: the copy it needed
-    was a second input-sized buffer on every call (a ZeRO or FSDP step's whole gradient)."""
+    step's is this rank's own. The input is only read, so it needs no copy: a copy would be a
+    second input-sized buffer on every call (a ZeRO or FSDP step's whole gradient)."""
     n, r, m = t.world_size, t.rank, recvbuf.size
     right, left = (r + 1) % n, (r - 1) % n
     combine = combiner(op, sendbuf.dtype)

@@ -89,10 +89,11 @@ def reduce(t: Transport, buf: np.ndarray, root: int, op: ReduceOp, fp: Fingerpri
     seg = segment_elems(buf.itemsize)
     span = min(seg, buf.size)
     # A rank with children receives a segment at a time into this thread's scratch, and one
-    # that is not the root folds them into a copy of its own segment there (its buffer stays
-    # as it was): two segments of memory kept between calls, where a fresh receive buffer and
-    # a copy of the whole vector were made on every call.
-    scratch = thread_scratch(2 * span * buf.itemsize, buf.dtype) if has_children else None
+    # that is not the root folds them into a copy of its own segment there, so its buffer
+    # stays as it was: at most two segments, kept between calls (a new buffer of several MiB
+    # costs a page fault per 4 KiB on every call, ``scratch``).
+    scratch = None if not has_children else \
+        thread_scratch((2 if vrank else 1) * span * buf.itemsize, buf.dtype)
     for lo in range(0, buf.size, seg):
         part = buf[lo:lo + seg]
         if has_children and vrank != 0:

@@ -59,8 +59,8 @@ def swap(t: MpiTransport, sendbuf: np.ndarray, out: memoryview, peer: int, fp: F
             posted.append(comm.Irecv([first, MPI.BYTE], peer, TAG))  # first: the peer's finds it
             packed[:HEADER_SIZE] = header
             # through a memoryview: a bytearray's own slice assignment first copies a value
-            # that is not a bytearray into a new one, a second copy of the payload (512 KiB
-            # alone: 26.6 us against 11.2 here)
+            # that is not a bytearray into a new one, a second copy of the payload
+            # (``tests/distributed/test_collective_copies.py`` sees it)
             memoryview(packed)[HEADER_SIZE:HEADER_SIZE + nbytes] = out
             posted.append(comm.Isend([packed, HEADER_SIZE + nbytes, MPI.BYTE], peer, TAG))
             sending = posted[1:]

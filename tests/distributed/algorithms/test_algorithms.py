@@ -14,7 +14,7 @@ from neural_arch.distributed.algorithms import (dissemination, exchange, recursi
                                                 ring, tree)
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports.base import Fingerprint
-from threaded_transport import Fabric, ThreadedTransport, run_threads
+from threaded_transport import Fabric, ThreadedTransport, batched_send_recv_many, run_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -200,44 +200,6 @@ def test_ring_all_gather_and_reduce_scatter(n):
             np.testing.assert_array_equal(part, total[rank * m:(rank + 1) * m])
 
 
-@pytest.mark.parametrize("n", [2, 3, 5])
-def test_ring_reduce_scatter_reads_its_input_only_with_the_bits_of_the_ring_on_a_copy(
-        n, monkeypatch):
-    """The reduce-scatter carries each step's partial result in its output, over windows of
-    small pieces (the last short), with the bits of the ring run in place on a copy of the
-    input (the sum's order; MAX's choice between signed zeros shows the operands' order); an
-    output inside the input (this rank's block) still gets them."""
-    monkeypatch.setattr(exchange, "SEGMENT_BYTES", 96)  # 12 float64 a piece, 8 a window
-    m = 1009
-    rng = np.random.default_rng(n)
-    inputs = [rng.standard_normal(n * m) * 10.0 ** rng.integers(-6, 6, n * m)
-              for _ in range(n)]
-    for r, x in enumerate(inputs):
-        x[::7] = 0.0 if r % 2 else -0.0
-    bounds = [(i * m, (i + 1) * m) for i in range(n)]
-
-    def body(t):
-        r, found = t.rank, []
-        for op in (ReduceOp.SUM, ReduceOp.MAX):
-            src = inputs[r].copy()
-            apart = np.empty(m)
-            ring.reduce_scatter(t, src, apart, op, fp(n * m))
-            assert np.array_equal(src, inputs[r])
-            work = inputs[r].copy()
-            ring._reduce_scatter_inplace(t, work, bounds, op, fp(n * m))
-            inside = inputs[r].copy()
-            ring.reduce_scatter(t, inside, inside[r * m:(r + 1) * m], op, fp(n * m))
-            found.append((apart, work[r * m:(r + 1) * m], inside[r * m:(r + 1) * m]))
-        return found
-
-    for rank, found in enumerate(run_threads(n, body)):
-        for op, (apart, copied, inside) in zip(("SUM", "MAX"), found):
-            assert apart.tobytes() == copied.tobytes() == inside.tobytes(), (rank, op)
-            want = (np.sum if op == "SUM" else np.max)(np.stack(inputs), axis=0)
-            np.testing.assert_allclose(apart, want[rank * m:(rank + 1) * m], rtol=1e-9,
-                                       atol=1e-6)
-
-
 @pytest.mark.parametrize("n", range(1, 9))
 def test_dissemination_barrier_waits_for_the_last_rank(n):
     arrived = []
@@ -290,13 +252,7 @@ def test_ring_posts_the_pieces_of_a_window_together(monkeypatch):
     fabric = Fabric(n)
     calls = []
 
-    def batched(self, sends, recvs):  # every send posted before the receives
-        posted = [(self._post(buf, dst, f), dst, f) for buf, dst, f in sends]
-        for buf, src, f in recvs:
-            self.recv(buf, src, f)
-        for taken, dst, f in posted:
-            self._await(taken, dst, f)
-    monkeypatch.setattr(ThreadedTransport, "send_recv_many", batched)
+    monkeypatch.setattr(ThreadedTransport, "send_recv_many", batched_send_recv_many)
 
     def body(t):
         note_calls(monkeypatch, t, ("send", "recv", "sendrecv", "send_recv_many"),
