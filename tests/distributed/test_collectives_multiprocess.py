@@ -161,6 +161,11 @@ def gather_suite(rank: int, ws: int) -> list[str]:
             flat = np.empty((ws,) + shape, dtype)
             assert dist.all_gather_into_tensor(flat, mine) is flat
             np.testing.assert_array_equal(flat, np.stack(want))
+            # in place: the input is this rank's block of the output (ZeRO's parameter gather)
+            flat[...] = -1
+            flat[rank] = mine
+            assert dist.all_gather_into_tensor(flat, flat[rank]) is flat
+            np.testing.assert_array_equal(flat, np.stack(want))
         for op in ops_for(dtype):
             full = [inputs_of(r, ws * 6, dtype, op).reshape(ws * 3, 2) for r in range(ws)]
             reduced = expected_reduction(ws, ws * 6, dtype, op).reshape(ws * 3, 2)
@@ -178,9 +183,13 @@ def gather_suite(rank: int, ws: int) -> list[str]:
     choices = FORCED_OTHERS[dist.get_backend()]
     # all-gather of a million elements per rank, under each algorithm
     mine = np.arange(LARGE, dtype=np.int32) * (rank + 1) - rank
-    for choice in choices:
+    for choice in choices + ["in place"]:
         flat_big = np.empty(ws * LARGE, np.int32)
-        dist.all_gather_into_tensor(flat_big, mine, algorithm=forced("all_gather", choice))
+        if choice == "in place":  # the input is this rank's block of the output
+            flat_big[rank * LARGE:(rank + 1) * LARGE] = mine
+            dist.all_gather_into_tensor(flat_big, flat_big[rank * LARGE:(rank + 1) * LARGE])
+        else:
+            dist.all_gather_into_tensor(flat_big, mine, algorithm=forced("all_gather", choice))
         for r in range(ws):
             np.testing.assert_array_equal(flat_big[r * LARGE:(r + 1) * LARGE],
                                           np.arange(LARGE, dtype=np.int32) * (r + 1) - r,

@@ -86,7 +86,8 @@ class FlatShards:
         """Every rank's updated shard into every rank's parameters."""
         self.reattach()
         lo, hi = self.bounds(self.rank)
-        collectives.all_gather_into_tensor(self.values, self.values[lo:hi].copy(), group=group)
+        # in place, as torch's: the input is this rank's block of the output
+        collectives.all_gather_into_tensor(self.values, self.values[lo:hi], group=group)
         for p in self.params:
             p.mark_modified_in_place()  # every parameter is a view of the buffer just written
 
