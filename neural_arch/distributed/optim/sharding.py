@@ -94,12 +94,12 @@ class ShardExchange:
         dtype, all ranks in the same order). A bucket-view parameter whose ``.array`` was
         rebound is pointed back at its view, which the all-gather has just filled."""
         for slot in self.slots:
-            # Made for each exchange: between steps a rank holds no second copy of its share.
-            send = np.zeros(slot.piece, dtype=slot.dtype)
+            # This rank's piece of the gathered buffer is what it sends (an in-place
+            # all-gather, as torch's): a parameter that is a view of it is there already.
+            lo = self.rank * slot.piece
+            send = slot.gathered[lo:lo + slot.piece]
             for param, start, stop, view in slot.mine:
-                if view is not None and param.array is view:
-                    send[start:stop] = view.reshape(-1)
-                else:
+                if view is None or param.array is not view:
                     copy_into_host(send[start:stop], param.array)
             collectives.all_gather_into_tensor(slot.gathered, send, group=self.group)
             for param, _, _, view in slot.mine:
