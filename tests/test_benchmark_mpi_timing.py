@@ -1,7 +1,8 @@
 """The mpi benchmarks' shared timing (``bench_common.mpi_medians_in_turns``) with a fake
 communicator and a fake clock, and the benchmarks calling the package by its public names only:
 a benchmark that reaches into a module's private function breaks, unseen, when that module is
-reworked (``mpi_layers.py`` and ``mpi_pair_forms.py`` run under mpiexec, in no test)."""
+reworked (``mpi_layers.py``, ``mpi_pair_forms.py`` and ``mpi_fresh_inputs.py`` run under
+mpiexec, in no test)."""
 from __future__ import annotations
 
 import ast
