@@ -13,15 +13,11 @@ import pytest
 
 from neural_arch.distributed.algorithms import exchange, ring, tree
 from neural_arch.distributed.reduce_ops import ReduceOp
-from neural_arch.distributed.transports.base import Fingerprint
+from test_algorithms import fp
 from threaded_transport import ThreadedTransport, batched_send_recv_many, run_threads
 
 PIECE_BYTES = 96  # 12 float64 a piece, 8 pieces a ring window
 M = 1009  # elements a block: several windows, the last one short
-
-
-def fp(count: int) -> Fingerprint:
-    return Fingerprint("test", 1, "float64", count)
 
 
 def _signed_inputs(n: int) -> list[np.ndarray]:
