@@ -36,7 +36,7 @@ from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import Notices
 from .mpi_waiting import RequestWaiting
 from .mpi_wire import DONE, FirstBuffers, Incoming, first_max_bytes, post_send, swap_max_bytes
-from . import mpi_pair, mpi_swap
+from . import mpi_compiled_swap, mpi_pair, mpi_swap
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
@@ -100,6 +100,7 @@ class MpiTransport(RequestWaiting, Transport):
         self.first_buffers = FirstBuffers(first_bytes)  # the wire's first messages, per peer
         self.send_buffers = FirstBuffers(first_bytes)  # what ``swap`` packs into, per peer
         self.status = MPI.Status()  # read at once after each Test that fills it (lock held)
+        self._compiled = mpi_compiled_swap.CompiledSwaps(self)  # swaps in one call, once hot
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
         # watched as closely as one long wait.
@@ -185,11 +186,15 @@ class MpiTransport(RequestWaiting, Transport):
              use: Callable[[np.ndarray], None]) -> None:
         """Two ranks exchange vectors of the same size and dtype, up to
         ``mpi_wire.SWAP_MAX_BYTES``, one message each way; ``use(received)`` reads the peer's
-        where it landed, before that buffer is reused (``mpi_swap``)."""
-        out = _byte_view(sendbuf, False, "send")
+        where it landed, before that buffer is reused (``mpi_swap``, or in one compiled call
+        once hot: ``mpi_compiled_swap``)."""
+        plain = type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous
         with self._lock:
             self.check_peer(peer, fp)
-            mpi_swap.swap(self, sendbuf, out, peer, fp, use)
+            if plain and self._compiled.takes(self, sendbuf.nbytes):
+                self._compiled.swap(self, sendbuf, peer, fp, use)
+            else:
+                mpi_swap.swap(self, sendbuf, _byte_view(sendbuf, False, "send"), peer, fp, use)
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
         """Receive ``incoming`` while ``sends`` progress, in one poll over both. On failure
@@ -241,10 +246,10 @@ class MpiTransport(RequestWaiting, Transport):
     def exchange_reduce(self, buf: np.ndarray, peer: int, fp: Fingerprint,
                         combine: Callable, theirs_first: bool) -> bool:
         """A round of recursive doubling as a ``swap`` up to the swap's limit
-        (the fold and why: ``mpi_swap.folder``)."""
+        (the fold and why: ``mpi_swap.Fold``)."""
         if buf.nbytes > swap_max_bytes(self.world_size):
             return False
-        self.swap(buf, peer, fp, mpi_swap.folder(buf, combine, theirs_first))
+        self.swap(buf, peer, fp, mpi_swap.Fold(buf, combine, buf.size, theirs_first, False))
         return True
 
     def check_peer(self, peer: int, fp: Fingerprint) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from ..scratch import thread_scratch
 from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from .base import Fingerprint, Message
+from .mpi_swap import Fold
 from .mpi_wire import SWAP_MAX_BYTES
 
 if TYPE_CHECKING:
@@ -133,17 +134,9 @@ def exchange_all_reduce(t: MpiTransport, buf: np.ndarray, half: int, op: ReduceO
     one): the owner's peer's operand first. Up to the wire's ``SWAP_MAX_BYTES`` the exchange is
     the transport's ``swap`` (one message each way, reduced where it landed), above it
     (``EXCHANGE_MAX_BYTES`` raised) a ``sendrecv``."""
-    combine, rank = combiner(op, buf.dtype), t.rank
-
-    def reduce(got: np.ndarray) -> None:
-        first, second = (got[:half], buf[:half]) if rank == 0 else (buf[:half], got[:half])
-        combine(first, second, out=buf[:half])  # chunk 0, rank 0's: rank 1's operand first
-        if half < buf.size:
-            first, second = (buf[half:], got[half:]) if rank == 0 else (got[half:], buf[half:])
-            combine(first, second, out=buf[half:])  # chunk 1, rank 1's: rank 0's operand first
-        if mean:
-            divide_by_count(buf, mean)
-
+    rank = t.rank
+    # chunk 0 is rank 0's: rank 1's operand first; chunk 1 rank 1's: rank 0's operand first
+    reduce = Fold(buf, combiner(op, buf.dtype), half, rank == 0, rank == 1, mean)
     if buf.nbytes <= SWAP_MAX_BYTES:
         t.swap(buf, 1 - rank, fp, reduce)
         return

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ..reduce_ops import divide_by_count
 from .base import HEADER_SIZE, Fingerprint, pack_header
 from .mpi_wire import TAG, check_first, swap_max_bytes
 
@@ -81,23 +82,43 @@ def swap(t: MpiTransport, sendbuf: np.ndarray, out: memoryview, peer: int, fp: F
     t.send_buffers.give(peer, packed)
 
 
-def folder(buf: np.ndarray, combine: Callable, theirs_first: bool
-           ) -> Callable[[np.ndarray], None]:
-    """``use`` for a ``swap`` that is a round of recursive doubling
-    (``MpiTransport.exchange_reduce``): ``buf`` = the peer's vector ``combine`` ``buf``'s (the
-    peer's operand first when ``theirs_first``), the sendrecv form's bits. The swap sends a copy,
+class Fold:
+    """``use`` for a swap that reduces: ``buf`` = the peer's vector ``combine`` ``buf``'s, the
+    peer's operand first below ``split`` where ``low`` and from ``split`` on where ``high``,
+    then divided by ``mean`` where it is not 0. What it does is in its fields, so that the
+    compiled swap (``mpi_compiled_swap``) can do the same in its own call.
+
+    A round of recursive doubling (``MpiTransport.exchange_reduce``) folds the whole vector in
+    one order (``split`` = the vector's size), the sendrecv form's bits. The swap sends a copy,
     so the fold writes no memory the peer's single-copy transfer has just read, which a
     ``sendrecv`` of ``buf`` itself makes it do (see the module docstring). Measured at p = 2 on
     two cores (``benchmarks/mpi_layers.py``'s public row, two runs of each tree in turns, us):
     16 KiB 49.5-57.8 as a sendrecv against 25.7-26.1 swapped, 32 KiB 44.0-72.5 against
     34.6-35.4; 4 B and 4 KiB (packed either way) within the runs' spread.
 
-    Its messages are those of the two-rank ring's exchange (``mpi_pair``), which folds in
-    another operand order: ranks that force the two algorithms differently per call are not told
-    apart, and end with the same values, their bits differing only where the order shows (the
-    sign of a zero from MAX or MIN, a NaN's payload). Below the wire's packed 8 KiB a
-    ``sendrecv`` of that size was such a message already. (Ranks forcing them differently
-    through the environment are stopped at ``init_process_group``.)"""
-    if theirs_first:
-        return lambda got: combine(got, buf, out=buf)
-    return lambda got: combine(buf, got, out=buf)
+    Its messages are those of the two-rank ring's exchange (``mpi_pair``), which folds each
+    half in the order of the rank that owns it in the ring: ranks that force the two
+    algorithms differently per call are not told apart, and end with the same values, their
+    bits differing only where the order shows (the sign of a zero from MAX or MIN, a NaN's
+    payload). Below the wire's packed 8 KiB a ``sendrecv`` of that size was such a message
+    already. (Ranks forcing them differently through the environment are stopped at
+    ``init_process_group``.)"""
+
+    __slots__ = ("buf", "combine", "split", "low", "high", "mean")
+
+    def __init__(self, buf: np.ndarray, combine: Callable, split: int, low: bool, high: bool,
+                 mean: int = 0) -> None:
+        self.buf, self.combine, self.split = buf, combine, split
+        self.low, self.high, self.mean = low, high, mean
+
+    def __call__(self, got: np.ndarray) -> None:
+        buf, combine, split = self.buf, self.combine, self.split
+        if split == buf.size:
+            combine(*((got, buf) if self.low else (buf, got)), out=buf)
+        else:
+            mine, theirs = buf[:split], got[:split]
+            combine(*((theirs, mine) if self.low else (mine, theirs)), out=mine)
+            mine, theirs = buf[split:], got[split:]
+            combine(*((theirs, mine) if self.high else (mine, theirs)), out=mine)
+        if self.mean:
+            divide_by_count(buf, self.mean)

@@ -1,0 +1,235 @@
+"""The mpi transport's compiled swaps (``transports.mpi_compiled_swap``, ``mpi_kernels``): the
+bits of the mpi4py form, ranks on either form pairing up, the message on the wire, a late peer
+waited for, mismatches named, a missing peer timed out.
+
+Each rank opens three transports: one compiling its swaps from the first (``compiled``), one
+never (``python``), and one compiling on even ranks only (``mixed``), and runs the same
+all-reduces on each: recursive doubling below 64 KiB (each round a swap, up to 8 KiB beyond two
+ranks), the two-rank ring's whole-vector swap up to 512 KiB."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from dist_harness import mpi_available, run_ranks
+from neural_arch.distributed.transports import mpi_compiled_swap
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpiexec")]
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+
+# elements: one (a rank's half empty), two, odd, past the wire's packed 8 KiB, and the swap's
+# largest (512 KiB of float32)
+SIZES_P2 = (1, 2, 7, 1001, 4099, 131072)
+SIZES_P4 = (1, 3, 1001)  # beyond two ranks a swap carries at most 8 KiB
+DTYPES = (np.float32, np.float64, np.int32, np.float16)
+
+
+def _values(rank: int, size: int, dtype) -> np.ndarray:
+    """Random values with what tells operand orders and roundings apart: signed zeros,
+    infinities, magnitudes that cancel."""
+    rng = np.random.default_rng([rank, size, np.dtype(dtype).num])
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-50, 50, size).astype(dtype)
+    x = (rng.standard_normal(size) * 10.0 ** rng.integers(-3, 3, size)).astype(dtype)
+    head = np.array([0.0, -0.0, np.inf, 3e3, -0.0], dtype)[:size]
+    x[:head.size] = head if rank == 0 else -head[::-1]
+    return x
+
+
+def _transports(rank: int) -> dict:
+    from neural_arch.distributed.transports import mpi
+    made = {}
+    for name, mode in (("compiled", "compiled"), ("python", "python"),
+                       ("mixed", "compiled" if rank % 2 == 0 else "python")):
+        os.environ[mpi_compiled_swap.ENV_CHOICE] = mode  # read as the transport is made
+        made[name] = mpi.create(timeout=20)
+    os.environ.pop(mpi_compiled_swap.ENV_CHOICE)
+    return made
+
+
+def _bits_job(rank: int, world: int) -> dict:
+    from neural_arch.distributed import algorithms
+    from neural_arch.distributed.reduce_ops import ReduceOp
+    from neural_arch.distributed.transports import mpi_kernels
+    from neural_arch.distributed.transports.base import Fingerprint
+    from mpi4py import MPI
+    made = _transports(rank)
+    mpi_compiled_swap.kernels(MPI)  # loaded (and checked) before its calls are counted
+    kernel_calls = []
+    for name in ("swap", "swap_sum"):  # counted: the compiled form must be the one that ran
+        kernel = getattr(mpi_kernels, name)
+        setattr(mpi_kernels, name,
+                lambda *a, kernel=kernel, name=name: kernel_calls.append(name) or kernel(*a))
+    np.seterr(over="ignore", invalid="ignore")
+    report = {"why": mpi_compiled_swap.why_not_compiled(), "differ": [], "wrong": [],
+              "kernels": {}}
+    seq = 0
+    for size in SIZES_P2 if world == 2 else SIZES_P4:
+        for dtype in DTYPES:
+            everyone = [_values(r, size, dtype) for r in range(world)]
+            for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX):
+                if op is ReduceOp.AVERAGE and np.dtype(dtype).kind != "f":
+                    continue
+                seq += 1
+                results = {}
+                for name, t in made.items():
+                    before = len(kernel_calls)
+                    buf = everyone[rank].copy()
+                    algorithms.all_reduce(t, buf, op,
+                                          Fingerprint("all_reduce", seq, buf.dtype.name, size))
+                    results[name] = buf
+                    counted = report["kernels"].setdefault(name, {"swap": 0, "swap_sum": 0})
+                    for call in kernel_calls[before:]:
+                        counted[call] += 1
+                case = f"{size} x {np.dtype(dtype).name} {op.name}"
+                if len({buf.tobytes() for buf in results.values()}) != 1:
+                    report["differ"].append(case)
+                wide = np.stack(everyone).astype(np.float64)
+                reference = {"SUM": np.sum, "AVERAGE": np.mean, "MAX": np.max}[op.name](wide, 0)
+                tolerance = 1e-2 if dtype == np.float16 else 1e-5
+                if not np.allclose(results["compiled"].astype(np.float64), reference,
+                                   rtol=tolerance, atol=tolerance * 1e3, equal_nan=True):
+                    report["wrong"].append(case)
+    for each in made.values():
+        each.close()
+    return report
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["p2", "p4"])
+def bits(request):
+    return request.param, run_ranks(_bits_job, request.param, "mpi", timeout=90,
+                                    init_kwargs={"timeout": 20})
+
+
+def test_compiled_swaps_keep_the_bits_of_mpi4pys_and_numpys_values(bits):
+    world, per_rank = bits
+    assert [(r["differ"], r["wrong"]) for r in per_rank] == [([], [])] * world
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled swaps need Numba (the 'fast' extra)")
+def test_the_compiled_form_ran_where_asked_and_folded_float_sums_itself(bits):
+    world, per_rank = bits
+    expected = _kernel_calls(world)
+    for rank, r in enumerate(per_rank):
+        assert r["why"] == "", r["why"]
+        assert r["kernels"]["python"] == {"swap": 0, "swap_sum": 0}, r["kernels"]
+        assert r["kernels"]["compiled"] == expected, (r["kernels"]["compiled"], expected)
+        mixed = expected if rank % 2 == 0 else {"swap": 0, "swap_sum": 0}
+        assert r["kernels"]["mixed"] == mixed, r["kernels"]["mixed"]
+
+
+def _kernel_calls(world: int) -> dict:
+    """The kernel calls of a rank's ``_bits_job`` on a compiled transport: a swap per round (one
+    at p = 2, two at p = 4) of every all-reduce of at most the swap's limit (512 KiB at p = 2,
+    8 KiB beyond), ``swap_sum`` for float32 and float64 SUM and AVERAGE (folded in the
+    kernel), ``swap`` for the rest (folded after it)."""
+    calls = {"swap": 0, "swap_sum": 0}
+    limit, rounds = (512 << 10, 1) if world == 2 else (8 << 10, 2)
+    for size in SIZES_P2 if world == 2 else SIZES_P4:
+        for dtype in DTYPES:
+            for op in ("SUM", "AVERAGE", "MAX"):
+                if (op == "AVERAGE" and np.dtype(dtype).kind != "f"
+                        or size * np.dtype(dtype).itemsize > limit):
+                    continue
+                summed = dtype in (np.float32, np.float64) and op != "MAX"
+                calls["swap_sum" if summed else "swap"] += rounds
+    return calls
+
+
+def _wire_job(rank: int, world: int) -> dict:
+    """The compiled form's message on the wire, a late peer, mismatches, a timeout."""
+    import time
+    from mpi4py import MPI
+    from neural_arch.distributed import algorithms
+    from neural_arch.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError
+    from neural_arch.distributed.reduce_ops import ReduceOp
+    from neural_arch.distributed.transports import mpi, mpi_wire
+    from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, \
+        pack_header, unpack_header
+    os.environ[mpi_compiled_swap.ENV_CHOICE] = "compiled"
+    t, other, alone = mpi.create(timeout=20), mpi.create(timeout=20), mpi.create(timeout=20)
+    found, peer = {"late": [], "errors": []}, 1 - rank
+    fp = Fingerprint("all_reduce", 3, "float32", 16384)
+    mine = _values(rank, 16384, np.float32)
+    # a peer arriving late, either one: the kernel stops polling and the wait finishes the swap
+    for seq, (late, size) in enumerate(((0, 1), (1, 1), (0, 16384), (1, 16384))):
+        buf = mine[:size].copy()
+        if rank == late:
+            time.sleep(0.05)
+        algorithms.all_reduce(t, buf, ReduceOp.SUM, Fingerprint("all_reduce", seq, "float32",
+                                                                size))
+        expected = _values(0, 16384, np.float32)[:size] + _values(1, 16384, np.float32)[:size]
+        found["late"].append(bool(np.array_equal(buf, expected, equal_nan=True)))
+    # the message: header and payload in one MPI message, as mpi4py's form sends it
+    if rank == 0:
+        t.swap(mine, 1, fp, lambda theirs: None)
+    else:
+        raw = bytearray(HEADER_SIZE + mine.nbytes)
+        t.comm.Recv([raw, MPI.BYTE], 0, mpi_wire.TAG)
+        found["wire"] = (unpack_header(bytes(raw[:HEADER_SIZE])) == (fp, mine.nbytes) and
+                         raw[HEADER_SIZE:] == _values(0, 16384, np.float32).tobytes())
+        t.comm.Send([bytearray(pack_header(fp, mine.nbytes)) + mine.tobytes(), MPI.BYTE], 0,
+                    mpi_wire.TAG)
+    # another size on each rank (both named), and a header alone where a swap was expected
+    try:
+        algorithms.all_reduce(other, np.ones(1000 + rank, np.float32), ReduceOp.SUM,
+                              Fingerprint("all_reduce", 9, "float32", 1000 + rank))
+    except CollectiveMismatchError as e:
+        found["errors"].append(str(e))
+    if rank == 0:
+        try:
+            alone.swap(mine, 1, fp, lambda theirs: None)
+        except CollectiveMismatchError as e:
+            found["errors"].append(str(e))
+    else:
+        alone.comm.Send([bytearray(pack_header(fp, mine.nbytes)), MPI.BYTE], 0, mpi_wire.TAG)
+        raw = bytearray(HEADER_SIZE + mine.nbytes)
+        alone.comm.Recv([raw, MPI.BYTE], 0, mpi_wire.TAG)  # rank 0's swap, for no one
+    # a peer that never comes: the timeout names it
+    timed_out = mpi.create(timeout=0.5)
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            timed_out.swap(mine[:4].copy(), 1, Fingerprint("reduce", 5, "float32", 4),
+                           lambda theirs: None)
+        except CollectiveTimeoutError as e:
+            found["timeout"] = (e.peer, e.op, e.seq, time.monotonic() - start)
+    t.native_collectives().barrier()
+    if rank == 1:  # the stray message, if MPI did not cancel its send
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if timed_out.comm.Iprobe(0, mpi_wire.TAG):
+                timed_out.comm.Recv([bytearray(HEADER_SIZE + 16), MPI.BYTE], 0, mpi_wire.TAG)
+                break
+            time.sleep(0.01)
+    for each in (t, other, alone, timed_out):
+        each.close()
+    return found
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled swaps need Numba (the 'fast' extra)")
+def test_the_compiled_form_on_the_wire_late_peers_mismatches_and_timeouts():
+    per_rank = run_ranks(_wire_job, 2, "mpi", timeout=90, init_kwargs={"timeout": 20})
+    for rank, found in enumerate(per_rank):
+        assert found["late"] == [True] * 4, found
+        sizes = sorted(str(e) for e in found["errors"])
+        assert any("1000 x float32" in e and "1001 x float32" in e for e in sizes), sizes
+    assert per_rank[1]["wire"] is True
+    assert any("sent a header alone for all_reduce #3" in e and
+               "where a packed swap of 65536 bytes was expected" in e
+               for e in per_rank[0]["errors"]), per_rank[0]["errors"]
+    peer, op, seq, seconds = per_rank[0]["timeout"]
+    assert (peer, op, seq) == (1, "reduce", 5) and 0.5 <= seconds < 5, per_rank[0]
+
+
+def test_the_choice_of_form_is_checked(monkeypatch):
+    monkeypatch.setenv(mpi_compiled_swap.ENV_CHOICE, "fastest")
+    with pytest.raises(ValueError, match="NEURAL_ARCH_MPI_SWAP='fastest'; use one of auto"):
+        mpi_compiled_swap.choice()
+    for value, expected in (("", "auto"), (" Compiled ", "compiled"), ("python", "python")):
+        monkeypatch.setenv(mpi_compiled_swap.ENV_CHOICE, value)
+        assert mpi_compiled_swap.choice() == expected
