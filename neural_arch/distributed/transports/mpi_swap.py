@@ -14,6 +14,9 @@ first message of the wire, so a mismatched call (another size, op or collective)
 whole and named by its header, never an MPI truncation error. Above ``SWAP_MAX_BYTES`` the copy
 costs more than it saves (bare, 1 MiB: 364-398 us against 252-316 without it; the sizes are
 ``mpi_pair``'s).
+
+This is the swap's mpi4py form; once hot, the transport runs the same messages in one compiled
+call (``mpi_compiled_swap``), which reads a ``Fold``'s fields to fold a float sum itself.
 """
 from __future__ import annotations
 

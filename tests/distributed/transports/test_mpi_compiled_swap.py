@@ -152,7 +152,7 @@ def _wire_job(rank: int, world: int) -> dict:
         pack_header, unpack_header
     os.environ[mpi_compiled_swap.ENV_CHOICE] = "compiled"
     t, other, alone = mpi.create(timeout=20), mpi.create(timeout=20), mpi.create(timeout=20)
-    found, peer = {"late": [], "errors": []}, 1 - rank
+    found = {"late": [], "errors": []}
     fp = Fingerprint("all_reduce", 3, "float32", 16384)
     mine = _values(rank, 16384, np.float32)
     # a peer arriving late, either one: the kernel stops polling and the wait finishes the swap
