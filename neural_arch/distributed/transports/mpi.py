@@ -35,8 +35,9 @@ from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import Notices
 from .mpi_waiting import RequestWaiting
-from .mpi_wire import DONE, FirstBuffers, Incoming, first_max_bytes, post_send, swap_max_bytes
-from . import mpi_compiled_swap, mpi_pair, mpi_swap
+from .mpi_wire import (CHUNK, DONE, FirstBuffers, Incoming, first_max_bytes, post_send,
+                       swap_max_bytes)
+from . import mpi_compiled, mpi_pair, mpi_swap
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
@@ -100,7 +101,8 @@ class MpiTransport(RequestWaiting, Transport):
         self.first_buffers = FirstBuffers(first_bytes)  # the wire's first messages, per peer
         self.send_buffers = FirstBuffers(first_bytes)  # what ``swap`` packs into, per peer
         self.status = MPI.Status()  # read at once after each Test that fills it (lock held)
-        self._compiled = mpi_compiled_swap.CompiledSwaps(self)  # swaps in one call, once hot
+        # swaps and sendrecvs in one compiled call each, once hot
+        self._compiled = mpi_compiled.CompiledExchanges(self)
         self._local_peers: dict[int, tuple[int, int]] = {}  # known after the exchange below
         # The next liveness look (``_look``), shared by every wait: a run of short waits is
         # watched as closely as one long wait.
@@ -170,6 +172,10 @@ class MpiTransport(RequestWaiting, Transport):
             self.check_peer(dst, fp)
             if src != dst:
                 self.check_peer(src, fp)
+            if (not (sendbuf.dtype.hasobject or recvbuf.dtype.hasobject)
+                    and self._compiled.takes(self, max(out.nbytes, into.nbytes), CHUNK)):
+                self._compiled.sendrecv(self, sendbuf, dst, recvbuf, src, fp)
+                return
             header = pack_header(fp, out.nbytes)  # a symmetric exchange expects the same
             incoming = Incoming(self, into, src, fp, header if into.nbytes == out.nbytes
                                 else None)
@@ -187,7 +193,7 @@ class MpiTransport(RequestWaiting, Transport):
         """Two ranks exchange vectors of the same size and dtype, up to
         ``mpi_wire.SWAP_MAX_BYTES``, one message each way; ``use(received)`` reads the peer's
         where it landed, before that buffer is reused (``mpi_swap``, or in one compiled call
-        once hot: ``mpi_compiled_swap``)."""
+        once hot: ``mpi_compiled``)."""
         plain = type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous
         with self._lock:
             self.check_peer(peer, fp)
@@ -195,6 +201,24 @@ class MpiTransport(RequestWaiting, Transport):
                 self._compiled.swap(self, sendbuf, peer, fp, use)
             else:
                 mpi_swap.swap(self, sendbuf, _byte_view(sendbuf, False, "send"), peer, fp, use)
+
+    def ring_steps(self, mine: np.ndarray, theirs: np.ndarray, got: np.ndarray,
+                   fp: Fingerprint, fold: Callable[[np.ndarray], None]) -> None:
+        """The two-rank ring's two steps (``mpi_pair``): ``theirs`` to the peer while the
+        peer's part of ``mine`` lands in ``got``, ``fold(got)`` into ``mine``, then ``mine``
+        to the peer while the peer's part of ``theirs`` lands there: two ``sendrecv``s, or,
+        once hot, for a float sum, one compiled call (``mpi_compiled``), the same
+        messages."""
+        peer = 1 - self.rank
+        with self._lock:
+            self.check_peer(peer, fp)
+            if (mpi_compiled.folds_sum(fold, mine) and theirs.dtype == mine.dtype == got.dtype
+                    and self._compiled.takes(self, max(mine.nbytes, theirs.nbytes), CHUNK)):
+                self._compiled.ring_steps(self, mine, theirs, got, fp, fold)
+                return
+        self.sendrecv(theirs, peer, got, peer, fp)
+        fold(got)
+        self.sendrecv(mine, peer, theirs, peer, fp)
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
         """Receive ``incoming`` while ``sends`` progress, in one poll over both. On failure

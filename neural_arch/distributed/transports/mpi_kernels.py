@@ -1,29 +1,33 @@
-"""The mpi transport's two-rank swap (``mpi_swap``) as one compiled call into the MPI library.
+"""The mpi transport's exchanges (``mpi_compiled``) as compiled calls into the MPI library.
 
 ``swap`` takes the steps ``mpi_swap.swap`` takes through mpi4py, on the same messages: the
 header copied in front of the payload into this rank's send buffer, the receive of the peer's
-first message posted, then the send, both on the transport's tag; then it polls the two
-requests with ``MPI_Test`` and, once both are complete, judges what arrived (its length and its
-header). Ranks on this form and on mpi4py's therefore exchange the same bytes and pair up.
-``swap_sum`` is a swap that then adds the peer's vector into this rank's (the fold a sum's swap
-runs, ``mpi_swap.Fold``), each part in its operand order, and divides a mean, in the
-vector's own float type: the bits of NumPy's ``add`` and ``divide`` (but for a NaN made of two
-NaNs with different payloads, of which NumPy's loops keep either).
+first message posted, then the send, both on the transport's tag; then it polls the requests
+with ``MPI_Test`` and, once both are complete, judges what arrived (its length and its
+header). ``sendrecv`` is the wire's ``sendrecv`` (``mpi_wire``): a payload of up to the
+PACKED_MAX word's size packed behind its header, a larger one as a message of its own after
+it, received only once its header was judged. Ranks on these forms and on mpi4py's exchange
+the same bytes and pair up. ``swap_sum`` is a swap that then adds the peer's vector into this
+rank's (the fold of a sum's swap, ``mpi_swap.Fold``), each part in its operand order, and
+divides a mean; ``ring_steps`` is the two-rank ring's two ``sendrecv``s with that fold
+between. Both compute in the vector's own float type: the bits of NumPy's ``add`` and
+``divide`` (but for a NaN made of two NaNs with different payloads, of which NumPy's loops keep
+either).
 
 It calls the MPI functions of the library mpi4py loaded, by name (``MPI_Irecv``, ``MPI_Isend``,
 ``MPI_Test``, ``MPI_Get_count``), with the handles mpi4py holds (``MPI._handleof``): where
-those are pointers, as in Open MPI, they pass as 64-bit words. ``mpi_compiled_swap`` loads the
+those are pointers, as in Open MPI, they pass as 64-bit words. ``mpi_compiled`` loads the
 library before this module's first kernel compiles or is read from Numba's cache, so that the
 symbols resolve, and only for an MPI whose handles are pointers.
 
-It hands back to Python what is rare: PENDING, the requests are not complete within the
-``SPIN_NS`` word's nanoseconds (the caller waits for them with the timeout and the liveness
-checks); MISMATCH, the message is not the one expected (the caller names the peer's call); a
-negative value, the MPI error code of a call that failed (the caller turns it into the
-transport's error). A swap that does not end DONE has not folded. ``state`` holds what a
-peer's swaps share (the peer, the tag, the communicator's and MPI_BYTE's handles, the spin) and
-what one swap leaves: the two requests, the flags of their completion, the received length, how
-many requests were posted, a clock reading and a status.
+It hands back to Python what is rare: PENDING, the requests are not complete within the spin
+(the caller waits for them with the timeout and the liveness checks, polling with ``poll`` or
+``poll_sendrecv``); MISMATCH, a first message that is not the one expected (the caller names
+the peer's call); a negative value, the MPI error code of a call that failed (the caller turns
+it into the transport's error). A call that does not end DONE has not folded (``ring_steps``:
+its STEP word says which step stopped). ``state`` holds what the calls share (the swap's peer,
+the tag, the communicator's and MPI_BYTE's handles, the spin, the packed size) and what one
+call leaves (see the word names below).
 
 Importing this module imports Numba.
 """
@@ -33,11 +37,14 @@ import numpy as np
 from numba import njit, types
 
 DONE, PENDING, MISMATCH = 0, 1, 2
-# the words of ``state``: set once per peer, then the receive's and the send's requests, their
-# two int32 completion flags, the received length (int32), the requests posted, a timespec
-# (two words), then an MPI_Status
-PEER, TAG, COMM, BYTE, SPIN_NS, RECV, SEND, FLAGS, COUNT, POSTED, CLOCK = range(11)
-STATUS = CLOCK + 2
+# the words of ``state``: set once (the swap's peer, the tag, the communicator's and MPI_BYTE's
+# handles, the spin, the largest packed payload), then what one call leaves: four requests
+# (the first message's receive, the first message's send, a payload's send, a payload's
+# receive), their int32 completion flags (two words), the received length (int32), a bit per
+# request posted, the step ``ring_steps`` is at, a timespec (two words), then an MPI_Status
+PEER, TAG, COMM, BYTE, SPIN_NS, PACKED_MAX, REQS, FLAGS = 0, 1, 2, 3, 4, 5, 6, 10
+COUNT, POSTED, STEP, CLOCK, STATUS = 12, 13, 14, 15, 17
+FIRST_IN, FIRST_OUT, PAYLOAD_OUT, PAYLOAD_IN = range(4)  # the requests, in REQS and FLAGS
 STATUS_WORDS = 8  # room for an MPI_Status of up to 64 bytes (Open MPI's: 24)
 STATE_WORDS = STATUS + STATUS_WORDS
 POLLS_PER_CLOCK = 16  # tests between two readings of the clock
@@ -46,7 +53,7 @@ _post = types.int32(types.uintp, types.int32, types.uintp, types.int32, types.in
                     types.uintp, types.uintp)
 _irecv = types.ExternalFunction("MPI_Irecv", _post)
 _isend = types.ExternalFunction("MPI_Isend", _post)
-_test = types.ExternalFunction("MPI_Test", types.int32(types.uintp, types.uintp, types.uintp))
+_mpi_test = types.ExternalFunction("MPI_Test", types.int32(types.uintp, types.uintp, types.uintp))
 _get_count = types.ExternalFunction("MPI_Get_count",
                                     types.int32(types.uintp, types.uintp, types.uintp))
 _clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.uintp))
@@ -64,20 +71,14 @@ def swap(payload, header, packed, first, state):  # pragma: no cover
     for i in range(h):
         packed[i] = header[i]
     _memcpy(packed.ctypes.data + h, payload.ctypes.data, n)
-    where = state.ctypes.data
-    peer, tag, comm, byte = state[PEER], state[TAG], state[COMM], state[BYTE]
-    state[POSTED] = 0
-    state[FLAGS] = 0
-    state[COUNT] = 0
-    error = _irecv(first.ctypes.data, first.size, byte, peer, tag, comm, where + 8 * RECV)
+    peer = state[PEER]
+    _reset(state)
+    error = _post_receive(first, first.size, peer, state, FIRST_IN)
+    if error == 0:
+        error = _post_send(packed, h + n, peer, state, FIRST_OUT)
     if error != 0:
         return -error
-    state[POSTED] = 1
-    error = _isend(packed.ctypes.data, h + n, byte, peer, tag, comm, where + 8 * SEND)
-    if error != 0:
-        return -error
-    state[POSTED] = 2
-    return poll(header, first, n, state)
+    return poll(header, first, n, state, state[SPIN_NS])
 
 
 @njit(cache=True, nogil=True)
@@ -116,38 +117,159 @@ def _add_into(acc, got, theirs_first, mean):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def poll(header, first, n, state):  # pragma: no cover
-    """Test the requests of ``swap`` for up to the SPIN_NS word's nanoseconds (at least once);
-    once both are complete, DONE when ``first`` holds ``header`` and ``n`` payload bytes, else
+def poll(header, first, n, state, spin_ns):  # pragma: no cover
+    """Test the requests of ``swap`` for up to ``spin_ns`` nanoseconds (at least once); once
+    both are complete, DONE when ``first`` holds ``header`` and ``n`` payload bytes, else
     MISMATCH; PENDING if not yet."""
-    where = state.ctypes.data
-    flags = state.view(np.int32)  # int32 words: 2 * FLAGS the receive's, + 1 the send's
-    status, byte = where + 8 * STATUS, state[BYTE]
-    deadline = _now(state) + state[SPIN_NS]
+    flags = state.view(np.int32)
+    deadline = _now(state) + spin_ns
     polls = 0
     while polls % POLLS_PER_CLOCK != 0 or polls == 0 or _now(state) < deadline:
         polls += 1
-        if flags[2 * FLAGS] == 0:
-            error = _test(where + 8 * RECV, where + 8 * FLAGS, status)
+        error = _test(state, FIRST_IN)
+        if error == 0:
+            error = _test(state, FIRST_OUT)
+        if error != 0:
+            return -error
+        if flags[2 * FLAGS + FIRST_IN] != 0 and flags[2 * FLAGS + FIRST_OUT] != 0:
+            return DONE if _is_expected(first, flags[2 * COUNT], header, n) else MISMATCH
+    return PENDING
+
+
+@njit(cache=True, nogil=True)
+def sendrecv(send, header, packed, dst, recv, expected, first, src, state):  # pragma: no cover
+    """The wire's ``sendrecv``: ``send`` (bytes) to ``dst`` with ``header``, packed behind it
+    into ``packed`` up to the PACKED_MAX word's size, else as a message of its own after the
+    header; ``recv`` (bytes) from ``src``, whose first message lands in ``first`` and must be
+    ``expected`` (with the payload behind it when packed) before the payload's own receive is
+    posted. DONE, PENDING (take it up with ``poll_sendrecv``), MISMATCH or -(MPI error
+    code)."""
+    h, n = len(header), send.size
+    for i in range(h):
+        packed[i] = header[i]
+    alone = n > state[PACKED_MAX]
+    if not alone:
+        _memcpy(packed.ctypes.data + h, send.ctypes.data, n)
+    _reset(state)
+    error = _post_receive(first, first.size, src, state, FIRST_IN)
+    if error == 0:
+        error = _post_send(packed, h if alone else h + n, dst, state, FIRST_OUT)
+    if error == 0 and alone:
+        error = _post_send(send, n, dst, state, PAYLOAD_OUT)
+    if error != 0:
+        return -error
+    return poll_sendrecv(expected, first, recv, src, state, state[SPIN_NS])
+
+
+@njit(cache=True, nogil=True)
+def poll_sendrecv(expected, first, recv, src, state, spin_ns):  # pragma: no cover
+    """Move ``sendrecv`` on for up to ``spin_ns`` nanoseconds (at least one poll): once the
+    first message is here and expected, copy a packed payload out of it or post the payload's
+    receive; DONE once every request posted is complete, MISMATCH at once for a first message
+    that is not the one expected (sends may still be in flight), else PENDING."""
+    flags = state.view(np.int32)
+    n, h = recv.size, len(expected)
+    alone = n > state[PACKED_MAX]
+    deadline = _now(state) + spin_ns
+    polls = 0
+    while polls % POLLS_PER_CLOCK != 0 or polls == 0 or _now(state) < deadline:
+        polls += 1
+        if flags[2 * FLAGS + FIRST_IN] == 0:
+            error = _test(state, FIRST_IN)
             if error != 0:
                 return -error
-            if flags[2 * FLAGS] != 0:
-                error = _get_count(status, byte, where + 8 * COUNT)
-                if error != 0:
-                    return -error
-        if flags[2 * FLAGS + 1] == 0:
-            error = _test(where + 8 * SEND, where + 8 * FLAGS + 4, status)
-            if error != 0:
-                return -error
-        if flags[2 * FLAGS] != 0 and flags[2 * FLAGS + 1] != 0:
-            h = len(header)
-            if flags[2 * COUNT] != h + n:
-                return MISMATCH
-            for i in range(h):
-                if first[i] != header[i]:
+            if flags[2 * FLAGS + FIRST_IN] != 0:
+                if not _is_expected(first, flags[2 * COUNT], expected, 0 if alone else n):
                     return MISMATCH
+                if alone:
+                    error = _post_receive(recv, n, src, state, PAYLOAD_IN)
+                    if error != 0:
+                        return -error
+                else:
+                    _memcpy(recv.ctypes.data, first.ctypes.data + h, n)
+        done = flags[2 * FLAGS + FIRST_IN] != 0  # and judged, above
+        for request in range(FIRST_OUT, PAYLOAD_IN + 1):
+            error = _test(state, request)
+            if error != 0:
+                return -error
+            done = done and (state[POSTED] >> request & 1 == 0
+                             or flags[2 * FLAGS + request] != 0)
+        if done:
             return DONE
     return PENDING
+
+
+@njit(cache=True, nogil=True)
+def ring_steps(mine, theirs, got, to_peer, from_peer, packed, first, peer, state,
+               mean):  # pragma: no cover
+    """The two-rank ring's two steps (``mpi_pair.halves_all_reduce``) as two ``sendrecv``s
+    with a sum between: ``theirs`` to the peer with header ``to_peer`` while the peer's part
+    of ``mine`` lands in ``got`` (header ``from_peer``); ``mine`` = ``got`` + ``mine`` (the
+    peer's operand first), divided by ``mean`` unless 0; then ``mine`` to the peer while the
+    peer's reduced part lands in ``theirs``. The STEP word says which step a code other than
+    DONE comes from (1: nothing folded yet, 2: folded)."""
+    state[STEP] = 1
+    code = sendrecv(theirs.view(np.uint8), to_peer, packed, peer, got.view(np.uint8),
+                    from_peer, first, peer, state)
+    if code != DONE:
+        return code
+    _add_into(mine, got, True, mean)
+    state[STEP] = 2
+    return sendrecv(mine.view(np.uint8), from_peer, packed, peer, theirs.view(np.uint8),
+                    to_peer, first, peer, state)
+
+
+@njit(cache=True, nogil=True)
+def _reset(state):  # pragma: no cover
+    state[FLAGS] = 0
+    state[FLAGS + 1] = 0
+    state[COUNT] = 0
+    state[POSTED] = 0
+
+
+@njit(cache=True, nogil=True)
+def _post_receive(buf, nbytes, src, state, request):  # pragma: no cover
+    error = _irecv(buf.ctypes.data, nbytes, state[BYTE], src, state[TAG], state[COMM],
+                   state.ctypes.data + 8 * (REQS + request))
+    if error == 0:
+        state[POSTED] |= 1 << request
+    return error
+
+
+@njit(cache=True, nogil=True)
+def _post_send(buf, nbytes, dst, state, request):  # pragma: no cover
+    error = _isend(buf.ctypes.data, nbytes, state[BYTE], dst, state[TAG], state[COMM],
+                   state.ctypes.data + 8 * (REQS + request))
+    if error == 0:
+        state[POSTED] |= 1 << request
+    return error
+
+
+@njit(cache=True, nogil=True)
+def _test(state, request):  # pragma: no cover
+    """MPI_Test of a posted request not yet complete; the first message's length read at
+    once."""
+    flags = state.view(np.int32)
+    if state[POSTED] >> request & 1 == 0 or flags[2 * FLAGS + request] != 0:
+        return 0
+    where = state.ctypes.data
+    error = _mpi_test(where + 8 * (REQS + request), where + 8 * FLAGS + 4 * request,
+                      where + 8 * STATUS)
+    if error == 0 and request == FIRST_IN and flags[2 * FLAGS + FIRST_IN] != 0:
+        error = _get_count(where + 8 * STATUS, state[BYTE], where + 8 * COUNT)
+    return error
+
+
+@njit(cache=True, nogil=True)
+def _is_expected(first, count, header, n):  # pragma: no cover
+    """Whether the ``count`` bytes in ``first`` are ``header`` and ``n`` payload bytes."""
+    h = len(header)
+    if count != h + n:
+        return False
+    for i in range(h):
+        if first[i] != header[i]:
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)

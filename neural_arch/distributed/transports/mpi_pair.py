@@ -6,10 +6,11 @@ than the ring's two steps. The exchange is the transport's ``swap`` (``mpi_swap`
 copy with its header in front, reduced where it landed. Above it the ring's two steps run as
 two exchanges of whole halves (``halves_all_reduce``): this rank's half of the peer's vector
 arrives in scratch while the peer's half of this one goes out, is folded in, and the reduced
-half goes back while the peer's lands in place. The portable ring (``algorithms.ring``) cuts
-each half into 1 MiB segments sent in batches; at two ranks one message a half (up to
-HALF_PIECE_BYTES, which bounds the scratch) measured faster above 512 KiB (1-16 MiB measured,
-``benchmarks/mpi_pair_forms.py``).
+half goes back while the peer's lands in place; once hot, for a float sum, both steps and the
+fold run in one compiled call (``MpiTransport.ring_steps``). The portable ring
+(``algorithms.ring``) cuts each half into 1 MiB segments sent in batches; at two ranks one
+message a half (up to HALF_PIECE_BYTES, which bounds the scratch) measured faster above 512
+KiB (1-16 MiB measured, ``benchmarks/mpi_pair_forms.py``).
 
 The pipeline below (from ``PIPELINE_MIN_BYTES``, which no vector reaches unless it is lowered)
 is the same two steps as one ``send_recv_chained`` call (``mpi_chained``): the peer's half goes
@@ -42,9 +43,12 @@ if TYPE_CHECKING:
 # 2-core machine, us): 256 KiB 119-561 against 169-936 (swap faster in every run; quietest
 # 119/130 against 169/200), 384 KiB 470-938 against 545-1230, 512 KiB 248-1162 against
 # 252-1322 (even), 1 MiB 515 against 361 (the ring faster); one quiet run: 64 KiB 57.0 against
-# 114.0, 256 KiB 127.6 against 189.2, 1 MiB 410.4 against 359.4. The swap's own limit, which sizes
-# the receive buffers kept per peer; a larger one (``benchmarks/mpi_pair_forms.py``'s "swap"
-# form) exchanges with a ``sendrecv`` above it.
+# 114.0, 256 KiB 127.6 against 189.2, 1 MiB 410.4 against 359.4. Both forms compiled
+# (``mpi_compiled``: the swap, and the two steps as one call), two runs in turns, us: 128 KiB
+# 50.9-52.6 against 63.2-66.0, 256 KiB 88.0-89.1 against 95.4-100.5, 384 KiB 135.8-136.2
+# against 126.0-129.3, 512 KiB 192.8-207.1 against 157.3-158.2: the halves from above 256 KiB.
+# The swap's own limit, which sizes the receive buffers kept per peer; a larger one
+# (``benchmarks/mpi_pair_forms.py``'s "swap" form) exchanges with a ``sendrecv`` above it.
 EXCHANGE_MAX_BYTES = SWAP_MAX_BYTES
 # The pipeline's threshold, out of reach by default: measured in turns at p = 2 on two cores
 # (``benchmarks/mpi_pair_forms.py``, two runs, us), the halves took 2739-2975 at 16 MiB against
@@ -87,10 +91,11 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
         exchange_all_reduce(t, buf, half, op, fp, mean)
         return
     mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
-    fold = _folder(combiner(op, buf.dtype), mean)
+    combine = combiner(op, buf.dtype)
     if buf.nbytes < PIPELINE_MIN_BYTES:
-        halves_all_reduce(t, mine, theirs, fold, fp)
+        halves_all_reduce(t, mine, theirs, combine, mean, fp)
         return
+    fold = _folder(combine, mean)
     piece = piece_elems(half, buf.itemsize)
     slots = thread_scratch(min(WINDOW_PIECES * piece, mine.size) * buf.itemsize, buf.dtype)
     recvs = []
@@ -105,18 +110,25 @@ def all_reduce(t: MpiTransport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                         recvs)
 
 
-def halves_all_reduce(t: MpiTransport, mine: np.ndarray, theirs: np.ndarray, fold,
-                      fp: Fingerprint) -> None:
+def halves_all_reduce(t: MpiTransport, mine: np.ndarray, theirs: np.ndarray, combine,
+                      mean: int, fp: Fingerprint) -> None:
     """The ring's two steps, each one exchange of a whole half (of pieces of at most
     HALF_PIECE_BYTES, both ranks cutting the same): ``theirs`` goes to the peer while the
-    peer's part of ``mine`` arrives in scratch and is folded into ``mine``; then ``mine``,
-    reduced, goes back while the peer's reduced half lands in ``theirs``. Both ranks count
-    the pieces of the larger half (the peer's ``theirs`` is this rank's ``mine``), so a piece
-    of the smaller one may be empty."""
+    peer's part of ``mine`` arrives in scratch and is folded into ``mine`` (``acc = got
+    combine acc``, then divided by ``mean`` unless 0); then ``mine``, reduced, goes back while
+    the peer's reduced half lands in ``theirs``. Halves of one piece take both steps in one
+    transport call (``ring_steps``: compiled for a float sum). Both ranks count the pieces of
+    the larger half (the peer's ``theirs`` is this rank's ``mine``), so a piece of the smaller
+    one may be empty."""
     peer, itemsize = 1 - t.rank, mine.itemsize
     step = max(1, HALF_PIECE_BYTES // itemsize)
     longer = max(mine.size, theirs.size)
     got = thread_scratch(min(step, longer) * itemsize, mine.dtype)
+    if longer <= step:
+        t.ring_steps(mine, theirs, got[:mine.size], fp,
+                     Fold(mine, combine, mine.size, True, False, mean))
+        return
+    fold = _folder(combine, mean)
     for lo in range(0, longer, step):
         part = slice(lo, lo + step)
         acc = mine[part]

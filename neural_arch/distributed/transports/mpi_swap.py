@@ -16,7 +16,7 @@ costs more than it saves (bare, 1 MiB: 364-398 us against 252-316 without it; th
 ``mpi_pair``'s).
 
 This is the swap's mpi4py form; once hot, the transport runs the same messages in one compiled
-call (``mpi_compiled_swap``), which reads a ``Fold``'s fields to fold a float sum itself.
+call (``mpi_compiled``), which reads a ``Fold``'s fields to fold a float sum itself.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Fold:
     """``use`` for a swap that reduces: ``buf`` = the peer's vector ``combine`` ``buf``'s, the
     peer's operand first below ``split`` where ``low`` and from ``split`` on where ``high``,
     then divided by ``mean`` where it is not 0. What it does is in its fields, so that the
-    compiled swap (``mpi_compiled_swap``) can do the same in its own call.
+    compiled swap (``mpi_compiled``) can do the same in its own call.
 
     A round of recursive doubling (``MpiTransport.exchange_reduce``) folds the whole vector in
     one order (``split`` = the vector's size), the sendrecv form's bits. The swap sends a copy,

@@ -32,7 +32,7 @@ from .base import HEADER_SIZE, Fingerprint, check_header, pack_header, unpack_he
 TAG = 0x4E46
 CHUNK = 1 << 30  # MPI counts are C ints
 PACKED_MAX_BYTES = 8 << 10
-SWAP_MAX_BYTES = 512 << 10  # ``mpi_swap`` packs payloads up to this size (``mpi_pair`` sizes)
+SWAP_MAX_BYTES = 256 << 10  # ``mpi_swap`` packs payloads up to this size (``mpi_pair`` sizes)
 
 
 def swap_max_bytes(world_size: int) -> int:

@@ -1,11 +1,11 @@
-"""The mpi transport's compiled swaps (``transports.mpi_compiled_swap``, ``mpi_kernels``): the
+"""The mpi transport's compiled swaps (``transports.mpi_compiled``, ``mpi_kernels``): the
 bits of the mpi4py form, ranks on either form pairing up, the message on the wire, a late peer
 waited for, mismatches named, a missing peer timed out.
 
 Each rank opens three transports: one compiling its swaps from the first (``compiled``), one
 never (``python``), and one compiling on even ranks only (``mixed``), and runs the same
 all-reduces on each: recursive doubling below 64 KiB (each round a swap, up to 8 KiB beyond two
-ranks), the two-rank ring's whole-vector swap up to 512 KiB."""
+ranks), the two-rank ring's whole-vector swap up to 256 KiB, its two steps above."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,17 +15,18 @@ import numpy as np
 import pytest
 
 from dist_harness import mpi_available, run_ranks
-from neural_arch.distributed.transports import mpi_compiled_swap
+from neural_arch.distributed.transports import mpi_compiled
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not mpi_available(), reason="needs mpi4py and mpiexec")]
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
 # elements: one (a rank's half empty), two, odd, past the wire's packed 8 KiB, and the swap's
-# largest (512 KiB of float32)
-SIZES_P2 = (1, 2, 7, 1001, 4099, 131072)
+# largest (256 KiB of float32), and above it (512 KiB: the two steps)
+SIZES_P2 = (1, 2, 7, 1001, 4099, 65536, 131072)
 SIZES_P4 = (1, 3, 1001)  # beyond two ranks a swap carries at most 8 KiB
 DTYPES = (np.float32, np.float64, np.int32, np.float16)
+KERNELS = ("swap", "swap_sum", "sendrecv", "ring_steps")  # the calls into ``mpi_kernels``
 
 
 def _values(rank: int, size: int, dtype) -> np.ndarray:
@@ -45,9 +46,9 @@ def _transports(rank: int) -> dict:
     made = {}
     for name, mode in (("compiled", "compiled"), ("python", "python"),
                        ("mixed", "compiled" if rank % 2 == 0 else "python")):
-        os.environ[mpi_compiled_swap.ENV_CHOICE] = mode  # read as the transport is made
+        os.environ[mpi_compiled.ENV_CHOICE] = mode  # read as the transport is made
         made[name] = mpi.create(timeout=20)
-    os.environ.pop(mpi_compiled_swap.ENV_CHOICE)
+    os.environ.pop(mpi_compiled.ENV_CHOICE)
     return made
 
 
@@ -58,14 +59,14 @@ def _bits_job(rank: int, world: int) -> dict:
     from neural_arch.distributed.transports.base import Fingerprint
     from mpi4py import MPI
     made = _transports(rank)
-    mpi_compiled_swap.kernels(MPI)  # loaded (and checked) before its calls are counted
+    mpi_compiled.kernels(MPI)  # loaded (and checked) before its calls are counted
     kernel_calls = []
-    for name in ("swap", "swap_sum"):  # counted: the compiled form must be the one that ran
+    for name in KERNELS:  # counted: the compiled form must be the one that ran
         kernel = getattr(mpi_kernels, name)
         setattr(mpi_kernels, name,
                 lambda *a, kernel=kernel, name=name: kernel_calls.append(name) or kernel(*a))
     np.seterr(over="ignore", invalid="ignore")
-    report = {"why": mpi_compiled_swap.why_not_compiled(), "differ": [], "wrong": [],
+    report = {"why": mpi_compiled.why_not_compiled(), "differ": [], "wrong": [],
               "kernels": {}}
     seq = 0
     for size in SIZES_P2 if world == 2 else SIZES_P4:
@@ -82,7 +83,7 @@ def _bits_job(rank: int, world: int) -> dict:
                     algorithms.all_reduce(t, buf, op,
                                           Fingerprint("all_reduce", seq, buf.dtype.name, size))
                     results[name] = buf
-                    counted = report["kernels"].setdefault(name, {"swap": 0, "swap_sum": 0})
+                    counted = report["kernels"].setdefault(name, dict.fromkeys(KERNELS, 0))
                     for call in kernel_calls[before:]:
                         counted[call] += 1
                 case = f"{size} x {np.dtype(dtype).name} {op.name}"
@@ -116,27 +117,38 @@ def test_the_compiled_form_ran_where_asked_and_folded_float_sums_itself(bits):
     expected = _kernel_calls(world)
     for rank, r in enumerate(per_rank):
         assert r["why"] == "", r["why"]
-        assert r["kernels"]["python"] == {"swap": 0, "swap_sum": 0}, r["kernels"]
-        assert r["kernels"]["compiled"] == expected, (r["kernels"]["compiled"], expected)
-        mixed = expected if rank % 2 == 0 else {"swap": 0, "swap_sum": 0}
-        assert r["kernels"]["mixed"] == mixed, r["kernels"]["mixed"]
+        assert r["kernels"]["python"] == dict.fromkeys(KERNELS, 0), r["kernels"]
+        for form in ("compiled", "mixed") if rank % 2 == 0 else ("compiled",):
+            got = dict(r["kernels"][form])
+            # a ``ring_steps`` whose first step waited for a late peer sends its second as a
+            # ``sendrecv``
+            late = got["sendrecv"] - expected["sendrecv"]
+            assert 0 <= late <= expected["ring_steps"], (form, got, expected)
+            assert {**got, "sendrecv": expected["sendrecv"]} == expected, (form, got, expected)
+        if rank % 2:
+            assert r["kernels"]["mixed"] == dict.fromkeys(KERNELS, 0), r["kernels"]["mixed"]
 
 
 def _kernel_calls(world: int) -> dict:
-    """The kernel calls of a rank's ``_bits_job`` on a compiled transport: a swap per round (one
-    at p = 2, two at p = 4) of every all-reduce of at most the swap's limit (512 KiB at p = 2,
-    8 KiB beyond), ``swap_sum`` for float32 and float64 SUM and AVERAGE (folded in the
-    kernel), ``swap`` for the rest (folded after it)."""
-    calls = {"swap": 0, "swap_sum": 0}
-    limit, rounds = (512 << 10, 1) if world == 2 else (8 << 10, 2)
+    """The kernel calls of a rank's ``_bits_job`` on a compiled transport. Up to the swap's
+    limit (256 KiB at p = 2, 8 KiB beyond) a swap per round (one at p = 2, two at p = 4):
+    ``swap_sum`` for float32 and float64 SUM and AVERAGE (folded in the kernel), ``swap`` for
+    the rest (folded after it). Above it (p = 2) the ring's two steps: ``ring_steps`` for a
+    float sum, else two ``sendrecv`` calls with the fold between."""
+    calls = dict.fromkeys(KERNELS, 0)
+    limit, rounds = (256 << 10, 1) if world == 2 else (8 << 10, 2)
     for size in SIZES_P2 if world == 2 else SIZES_P4:
         for dtype in DTYPES:
             for op in ("SUM", "AVERAGE", "MAX"):
-                if (op == "AVERAGE" and np.dtype(dtype).kind != "f"
-                        or size * np.dtype(dtype).itemsize > limit):
+                if op == "AVERAGE" and np.dtype(dtype).kind != "f":
                     continue
                 summed = dtype in (np.float32, np.float64) and op != "MAX"
-                calls["swap_sum" if summed else "swap"] += rounds
+                if size * np.dtype(dtype).itemsize <= limit:
+                    calls["swap_sum" if summed else "swap"] += rounds
+                elif summed:
+                    calls["ring_steps"] += 1
+                else:
+                    calls["sendrecv"] += 2
     return calls
 
 
@@ -150,7 +162,7 @@ def _wire_job(rank: int, world: int) -> dict:
     from neural_arch.distributed.transports import mpi, mpi_wire
     from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint, \
         pack_header, unpack_header
-    os.environ[mpi_compiled_swap.ENV_CHOICE] = "compiled"
+    os.environ[mpi_compiled.ENV_CHOICE] = "compiled"
     t, other, alone = mpi.create(timeout=20), mpi.create(timeout=20), mpi.create(timeout=20)
     found = {"late": [], "errors": []}
     fp = Fingerprint("all_reduce", 3, "float32", 16384)
@@ -227,9 +239,85 @@ def test_the_compiled_form_on_the_wire_late_peers_mismatches_and_timeouts():
 
 
 def test_the_choice_of_form_is_checked(monkeypatch):
-    monkeypatch.setenv(mpi_compiled_swap.ENV_CHOICE, "fastest")
-    with pytest.raises(ValueError, match="NEURAL_ARCH_MPI_SWAP='fastest'; use one of auto"):
-        mpi_compiled_swap.choice()
+    monkeypatch.setenv(mpi_compiled.ENV_CHOICE, "fastest")
+    with pytest.raises(ValueError, match="NEURAL_ARCH_MPI_COMPILED='fastest'; use one of auto"):
+        mpi_compiled.choice()
     for value, expected in (("", "auto"), (" Compiled ", "compiled"), ("python", "python")):
-        monkeypatch.setenv(mpi_compiled_swap.ENV_CHOICE, value)
-        assert mpi_compiled_swap.choice() == expected
+        monkeypatch.setenv(mpi_compiled.ENV_CHOICE, value)
+        assert mpi_compiled.choice() == expected
+
+
+def _sendrecv_job(rank: int, world: int) -> dict:
+    """Sendrecvs around the ring (to the right, from the left), packed (up to 8 KiB) and not,
+    on every pair of forms; a late sender; sizes that differ, in either form; a timeout."""
+    import time
+    from neural_arch.distributed.errors import CollectiveMismatchError, CollectiveTimeoutError
+    from neural_arch.distributed.transports import mpi_kernels
+    from mpi4py import MPI
+    from neural_arch.distributed.transports.base import HEADER_SIZE, Fingerprint
+    made = _transports(rank)
+    mpi_compiled.kernels(MPI)  # loaded (and checked) before its calls are counted
+    calls = []
+    kernel = mpi_kernels.sendrecv
+    mpi_kernels.sendrecv = lambda *a: calls.append(1) or kernel(*a)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    found = {"wrong": [], "calls": {}, "errors": []}
+    seq = 0
+    for size, dtype in ((0, np.float64), (1, np.float32), (7, np.int32), (2048, np.float32),
+                        (2049, np.float32), (4099, np.float64), (70001, np.float16)):
+        for name, t in made.items():
+            seq += 1
+            before = len(calls)
+            got = np.full(size, 99, dtype)
+            if rank == 0 and seq % 3 == 0:
+                time.sleep(0.02)  # a late sender: its peer's kernel hands over to the wait
+            t.sendrecv(_values(rank, size, dtype), right, got, left,
+                       Fingerprint("ring", seq, np.dtype(dtype).name, size))
+            if got.tobytes() != _values(left, size, dtype).tobytes():
+                found["wrong"].append(f"{name}: {size} x {np.dtype(dtype).name}")
+            found["calls"][name] = found["calls"].get(name, 0) + len(calls) - before
+    # each rank sends and expects its own size, so that what comes from the left is another
+    # size on every rank: packed (1000 + rank float32) and not (10000 + rank)
+    from neural_arch.distributed.transports import mpi, mpi_wire
+    os.environ[mpi_compiled.ENV_CHOICE] = "compiled"
+    fresh = [mpi.create(timeout=20) for _ in range(2)]  # a mismatch leaves a peer unusable
+    timed_out = mpi.create(timeout=0.5)
+    os.environ.pop(mpi_compiled.ENV_CHOICE)
+    for size, t in zip((1000, 10000), fresh):
+        seq += 1
+        try:
+            t.sendrecv(np.zeros(size + rank, np.float32), right,
+                       np.zeros(size + rank, np.float32), left,
+                       Fingerprint("ring", seq, "float32", size + rank))
+        except CollectiveMismatchError as e:
+            found["errors"].append((size, str(e)))
+        if size * 4 > mpi_wire.PACKED_MAX_BYTES:  # the left's payload, after its header
+            t.comm.Recv([np.empty(size + left, np.float32), MPI.BYTE], left, mpi_wire.TAG)
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            timed_out.sendrecv(np.zeros(3), 1, np.zeros(3), 1,
+                               Fingerprint("ring", 1, "float64", 3))
+        except CollectiveTimeoutError as e:
+            found["timeout"] = (e.peer, e.op, time.monotonic() - start)
+    made["python"].native_collectives().barrier()
+    if rank == 1:  # rank 0's packed message, for no one
+        timed_out.comm.Recv([bytearray(HEADER_SIZE + 24), MPI.BYTE], 0, mpi_wire.TAG)
+    for each in (*made.values(), *fresh, timed_out):
+        each.close()
+    return found
+
+
+@pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled sendrecvs need Numba (the 'fast' extra)")
+@pytest.mark.parametrize("world", [2, 3])
+def test_compiled_sendrecvs_around_the_ring(world):
+    per_rank = run_ranks(_sendrecv_job, world, "mpi", timeout=90, init_kwargs={"timeout": 20})
+    for rank, found in enumerate(per_rank):
+        assert found["wrong"] == [], found
+        assert found["calls"] == {"compiled": 7, "python": 0, "mixed": 7 * (rank % 2 == 0)}, found
+        left = (rank - 1) % world
+        assert [size for size, _ in found["errors"]] == [1000, 10000], found
+        for size, e in found["errors"]:
+            assert f"{size + rank} x float32" in e and f"{size + left} x float32" in e, e
+    assert per_rank[0]["timeout"][:2] == (1, "ring") and \
+        0.5 <= per_rank[0]["timeout"][2] < 5, per_rank[0]

@@ -1,0 +1,302 @@
+"""The mpi transport's exchanges in one compiled call each (``mpi_kernels``), from the first
+byte posted to the message judged: the two-rank swap, a ``sendrecv``, and the two-rank ring's
+two steps, a float sum folded in.
+
+Through mpi4py every step of an exchange is a Python call (the header packed into a bytearray,
+each request a Python object, every ``Test`` and ``Get_count`` a call, the buffers lent and
+given back), about ten microseconds around MPI's own two or three for a swap
+(``benchmarks/mpi_layers.py``), and the fold that follows is a NumPy call per part. The kernels
+take the same steps on the same messages, in one call that releases the GIL; a sum of float32
+or float64 (a ``mpi_swap.Fold`` of ``np.add``: the two-rank all-reduce, a round of recursive
+doubling, AVERAGE included) is folded in the same call, any other fold runs after it in
+Python. The ring's two steps as one call matter beyond the Python they save: with a NumPy fold
+between two compiled ``sendrecv``s the two-rank all-reduce of 512 KiB took 224-236 us, with the
+fold inside the call 121 (ad hoc, in turns on two cores; ``benchmarks/mpi_pair_forms.py``'s
+``halves`` row measures the shipped form). Each rank keeps, per pair of peers, its own send and
+first-message buffers as NumPy arrays, the first one sized for any first message of the wire,
+as ``FirstBuffers``' are.
+
+What is rare goes back to Python: requests not complete within ``SPIN_NS`` are handed to the
+transport's wait (wrapped with ``Request.fromhandle``), with its timeout and liveness checks,
+each of its polls one more pass of the kernel's poll, and the fold runs in Python after it; a
+message that is not the one expected is named by ``mpi_wire.check_first``; an MPI error becomes
+the transport's error. A call given up leaves its buffers in ``abandoned``, never reused: a
+receive cancelled may still land.
+
+Compiled where Numba is installed and MPI's handles are pointers (Open MPI); elsewhere the
+exchanges stay in mpi4py. Both forms send the same messages, so ranks on either pair up.
+``NEURAL_ARCH_MPI_COMPILED`` = ``python`` never compiles, ``compiled`` loads the kernels at the
+first exchange, ``auto`` (the default) after ``HOT_CALLS`` exchanges, so that a job making few
+never imports Numba for them (importing it and loading the cached kernels take about 0.7 s).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+
+import numpy as np
+
+from .base import HEADER_SIZE, Fingerprint, pack_header
+from .mpi_swap import Fold
+from .mpi_waiting import YIELD_AFTER_S
+from .mpi_wire import PACKED_MAX_BYTES, TAG, check_first, first_max_bytes, swap_max_bytes
+from .shm import compiled
+
+if TYPE_CHECKING:
+    from .mpi import MpiTransport
+
+ENV_CHOICE = "NEURAL_ARCH_MPI_COMPILED"
+HOT_CALLS = compiled.HOT_CALLS
+# How long the kernel polls before the wait takes over: the wait's own first stretch before it
+# starts yielding the core (``mpi_waiting.YIELD_AFTER_S``), in which a swap of up to 256 KiB
+# with a peer that is not late completes
+SPIN_NS = int(YIELD_AFTER_S * 1e9)
+# The vectors whose sums the kernel folds itself (a 1-D array of another dtype, or another
+# reduction, is folded by ``use`` in Python after the kernel's swap)
+SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+_built: Dict[str, Any] = {}  # "module": ``mpi_kernels`` or None, "why"
+
+
+def choice() -> str:
+    """``auto``, ``python`` or ``compiled``: ``NEURAL_ARCH_MPI_COMPILED``."""
+    return compiled.choice(ENV_CHOICE)
+
+
+def why_not_compiled() -> str:
+    """Why the small swaps stay in mpi4py ('' when they are compiled or not tried yet)."""
+    return _built.get("why", "")
+
+
+def kernels(MPI: Any) -> Optional[Any]:
+    """``mpi_kernels``, loaded and checked once, or None (``why_not_compiled()`` says why)."""
+    if "module" not in _built:
+        try:
+            sizes = {kind: MPI._sizeof(getattr(MPI, kind))
+                     for kind in ("Comm", "Datatype", "Request", "Status")}
+        except AttributeError as exc:  # a stand-in for mpi4py
+            sizes = {"unknown": repr(exc)}
+        if not compiled.allowed():
+            _built.update(module=None, why="Numba is not installed or switched off")
+        elif [sizes.get(kind) for kind in ("Comm", "Datatype", "Request")] != [8] * 3 \
+                or sizes["Status"] > 64:  # mpi_kernels.STATUS_WORDS
+            _built.update(module=None, why=f"MPI's handles are not pointers ({sizes})")
+        else:
+            try:
+                import llvmlite.binding
+                llvmlite.binding.load_library_permanently(MPI.__file__)  # its MPI symbols
+                from . import mpi_kernels
+                _check(mpi_kernels, MPI)
+                _built.update(module=mpi_kernels, why="")
+            except Exception as exc:  # an LLVM, Numba or MPI that cannot run it
+                _built.update(module=None, why=f"the compiled exchanges failed: {exc!r}")
+                warnings.warn(f"{_built['why']}; the mpi transport's exchanges stay in mpi4py",
+                              RuntimeWarning)
+    return _built["module"]
+
+
+def _check(k: Any, MPI: Any) -> None:
+    """Compile (or load from Numba's cache) the kernels and run them with this process itself
+    on a private communicator: a swap and a sendrecv, packed and not, must come back whole and
+    DONE (a sum folded in each order, and a mean); another header, MISMATCH."""
+    comm = MPI.COMM_SELF.Dup()
+    try:
+        packed, first = np.zeros(HEADER_SIZE + 64, np.uint8), np.zeros(HEADER_SIZE + 64, np.uint8)
+        state = _state(k, 0, MPI._handleof(comm), MPI._handleof(MPI.BYTE))
+        payload, header = np.arange(5, dtype=np.uint8), bytes(range(HEADER_SIZE))
+        code = k.swap(payload, header, packed, first, state)
+        sent = header + payload.tobytes()
+        if (code, first[:len(sent)].tobytes()) != (k.DONE, sent):
+            raise RuntimeError(f"a swap with itself gave {code} and {first[:len(sent)]}")
+        if k.poll(header[::-1], first, 5, state, 0) != k.MISMATCH:
+            raise RuntimeError("a swap with itself did not see another header")
+        for dtype in SUM_DTYPES:
+            buf = np.array([1.5, -2.0, 3.0], dtype)
+            for mean, expected in ((0, [3.0, -4.0, 6.0]), (2, [1.5, -2.0, 3.0])):
+                code = k.swap_sum(buf, header, packed, first, state, 1, True, False, mean)
+                if (code, buf.tolist()) != (k.DONE, expected):
+                    raise RuntimeError(f"a {dtype.name} sum with itself (mean {mean}) gave "
+                                       f"{code} and {buf.tolist()}")
+                buf[:] = [1.5, -2.0, 3.0]
+        for packed_max in (0, 64):  # the payload after the header, then behind it
+            state[k.PACKED_MAX] = packed_max
+            got = np.zeros(5, np.uint8)
+            code = k.sendrecv(payload, header, packed, 0, got, header, first, 0, state)
+            if (code, got.tolist()) != (k.DONE, payload.tolist()):
+                raise RuntimeError(f"a sendrecv with itself gave {code} and {got.tolist()}")
+        code = k.sendrecv(payload, header, packed, 0, got, header[::-1], first, 0, state)
+        if code != k.MISMATCH:
+            raise RuntimeError(f"a sendrecv with itself gave {code} for another header")
+        k.poll_sendrecv(header, first, got, 0, state, 1 << 30)  # its send, completed
+        for dtype in SUM_DTYPES:  # the ring's two steps with itself: both halves a + b
+            buf = np.array([1.5, -2.0], dtype)
+            for mean, expected in ((0, [-0.5, -0.5]), (2, [-0.25, -0.25])):
+                code = k.ring_steps(buf[:1], buf[1:], np.zeros(1, dtype), header, header,
+                                    packed, first, 0, state, mean)
+                if (code, buf.tolist()) != (k.DONE, expected):
+                    raise RuntimeError(f"the ring's steps with itself ({dtype.name}, mean "
+                                       f"{mean}) gave {code} and {buf.tolist()}")
+                buf[:] = [1.5, -2.0]
+    finally:
+        comm.Free()
+
+
+def _state(k: Any, peer: int, comm: int, byte: int) -> np.ndarray:
+    """The kernels' state for calls with ``peer`` on the communicator with handle ``comm``."""
+    state = np.zeros(k.STATE_WORDS, np.int64)
+    state[[k.PEER, k.TAG, k.COMM, k.BYTE, k.SPIN_NS, k.PACKED_MAX]] = (
+        peer, TAG, comm, byte, SPIN_NS, PACKED_MAX_BYTES)
+    return state
+
+
+def folds_sum(fold: Any, buf: np.ndarray) -> bool:
+    """Whether ``fold`` is a sum into ``buf`` that the kernels fold themselves: a
+    ``mpi_swap.Fold`` of ``np.add`` on float32 or float64."""
+    return (type(fold) is Fold and fold.combine is np.add and fold.buf is buf
+            and buf.dtype in SUM_DTYPES)
+
+
+class CompiledExchanges:
+    """The compiled swaps and sendrecvs of one transport: its kernels once hot, its buffers
+    per pair of peers (where to, where from)."""
+
+    def __init__(self, t: MpiTransport) -> None:
+        self._mode = choice()
+        self._kernels: Optional[Any] = None
+        self._calls = 0
+        self._free: Dict[tuple, tuple] = {}  # (dst, src) -> (packed, first, state), lent
+        self._limit = swap_max_bytes(t.world_size)
+        self._first_bytes = first_max_bytes(t.world_size)
+        self._handles = (0, 0)  # the communicator's and MPI_BYTE's, once the kernels load
+
+    def takes(self, t: MpiTransport, nbytes: int, limit: int = 0) -> bool:
+        """Whether a swap of ``nbytes`` (a sendrecv: with ``limit`` = CHUNK) on ``t`` runs
+        compiled, counting it towards HOT_CALLS; the transport's lock is held."""
+        if nbytes > (limit or self._limit):
+            return False
+        if self._kernels is None:
+            if self._mode == "python":
+                return False
+            self._calls += 1
+            if self._mode == "auto" and self._calls < HOT_CALLS:
+                return False
+            MPI = t.mpi
+            # (a stand-in for mpi4py, as tests use, has no handles to pass)
+            self._kernels = kernels(MPI) if hasattr(MPI, "_handleof") else None
+            if self._kernels is None:
+                self._mode = "python"  # not asked again
+                return False
+            self._handles = (MPI._handleof(t.comm), MPI._handleof(MPI.BYTE))
+        return True
+
+    def _buffers(self, dst: int, src: int) -> tuple:
+        bufs = self._free.pop((dst, src), None)
+        if bufs is None:
+            bufs = (np.empty(HEADER_SIZE + self._limit, np.uint8),
+                    np.empty(self._first_bytes, np.uint8),
+                    _state(self._kernels, dst, *self._handles))
+        return bufs
+
+    def swap(self, t: MpiTransport, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
+             use: Callable[[np.ndarray], None]) -> None:
+        """``MpiTransport.swap`` of a contiguous ``sendbuf`` that ``takes`` accepted; the
+        transport's lock is held. A sum's fold (``mpi_swap.Fold`` of ``np.add`` on float32 or
+        float64) runs in the kernel, any other ``use`` after it."""
+        k, nbytes = self._kernels, sendbuf.nbytes
+        header = pack_header(fp, nbytes)
+        bufs = self._buffers(peer, peer)
+        packed, first, state = bufs
+        folded = folds_sum(use, sendbuf)
+        if folded:
+            code = k.swap_sum(sendbuf, header, packed, first, state, use.split, use.low,
+                              use.high, use.mean)
+        else:
+            code = k.swap(sendbuf.reshape(-1).view(np.uint8), header, packed, first, state)
+        if code != k.DONE:
+            self._finish(t, code, bufs, (), fp, peer, nbytes, True,
+                         lambda spin: k.poll(header, first, nbytes, state, spin))
+            folded = False  # the kernel folds only what it finished
+        elif t.look_due():  # the liveness look a wait takes every half second
+            t.wait_requests([], fp, (peer,))
+        if not folded:
+            use(first[HEADER_SIZE:HEADER_SIZE + nbytes].view(sendbuf.dtype))
+        self._free[(peer, peer)] = bufs
+
+    def sendrecv(self, t: MpiTransport, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray,
+                 src: int, fp: Fingerprint) -> None:
+        """``MpiTransport.sendrecv`` of contiguous arrays that ``takes`` accepted (checked
+        peers); the transport's lock is held."""
+        k = self._kernels
+        send, recv = sendbuf.reshape(-1).view(np.uint8), recvbuf.reshape(-1).view(np.uint8)
+        header = pack_header(fp, send.size)
+        expected = header if recv.size == send.size else pack_header(fp, recv.size)
+        bufs = self._buffers(dst, src)
+        packed, first, state = bufs
+        code = k.sendrecv(send, header, packed, dst, recv, expected, first, src, state)
+        if code != k.DONE:
+            self._finish(t, code, bufs, (send, recv), fp, src, recv.size,
+                         recv.size <= PACKED_MAX_BYTES,
+                         lambda spin: k.poll_sendrecv(expected, first, recv, src, state, spin))
+        elif t.look_due():
+            t.wait_requests([], fp, (src,))
+        self._free[(dst, src)] = bufs
+
+    def ring_steps(self, t: MpiTransport, mine: np.ndarray, theirs: np.ndarray,
+                   got: np.ndarray, fp: Fingerprint, fold: Fold) -> None:
+        """``MpiTransport.ring_steps`` with a float sum's ``fold`` (``folds_sum``) that
+        ``takes`` accepted; the transport's lock is held."""
+        k, peer = self._kernels, 1 - t.rank
+        to_peer, from_peer = pack_header(fp, theirs.nbytes), pack_header(fp, mine.nbytes)
+        bufs = self._buffers(peer, peer)
+        packed, first, state = bufs
+        code = k.ring_steps(mine, theirs, got, to_peer, from_peer, packed, first, peer, state,
+                            fold.mean)
+        if code != k.DONE and state[k.STEP] == 1:  # the first step, not folded
+            recv = got.view(np.uint8)
+            self._finish(t, code, bufs, (theirs, got), fp, peer, mine.nbytes,
+                         mine.nbytes <= PACKED_MAX_BYTES,
+                         lambda spin: k.poll_sendrecv(from_peer, first, recv, peer, state,
+                                                      spin))
+            fold(got)
+            self._free[(peer, peer)] = bufs
+            self.sendrecv(t, mine, peer, theirs, peer, fp)
+            return
+        if code != k.DONE:
+            recv = theirs.view(np.uint8)
+            self._finish(t, code, bufs, (mine, theirs), fp, peer, theirs.nbytes,
+                         theirs.nbytes <= PACKED_MAX_BYTES,
+                         lambda spin: k.poll_sendrecv(to_peer, first, recv, peer, state, spin))
+        elif t.look_due():
+            t.wait_requests([], fp, (peer,))
+        self._free[(peer, peer)] = bufs
+
+    def _finish(self, t: MpiTransport, code: int, bufs: tuple, arrays: tuple,
+                fp: Fingerprint, src: int, nbytes: int, packed: bool,
+                poll: Callable[[int], int]) -> None:
+        """Finish a call the kernel did not: wait for it (PENDING, each poll one ``poll(0)``),
+        raise an MPI error (negative), or name a first message from ``src`` that is not the
+        ``nbytes`` one expected (MISMATCH). On any failure the buffers and ``arrays`` stay in
+        ``abandoned``: MPI may still use them."""
+        k, MPI, state = self._kernels, t.mpi, bufs[2]
+        flags = state.view(np.int32)
+
+        def outstanding() -> list:
+            posted = int(state[k.POSTED])
+            return [MPI.Request.fromhandle(int(state[k.REQS + r])) for r in range(4)
+                    if posted >> r & 1 and not flags[2 * k.FLAGS + r]]
+        last = [code]
+
+        def advance():
+            last[0] = poll(0)
+            return outstanding() if last[0] == k.PENDING else None
+        try:
+            if code == k.PENDING:
+                t.wait_requests(outstanding(), fp, (src,), advance)
+            if last[0] < 0:
+                t.raise_mpi_error(outstanding(), fp, (src,), MPI.Exception(-last[0]))
+            if last[0] == k.MISMATCH:
+                check_first(t, bufs[1], int(flags[2 * k.COUNT]), src, fp, nbytes, packed)
+                raise AssertionError("check_first passed a message the kernel refused")
+        except BaseException:
+            t.abandoned.append(bufs + arrays)  # MPI may still use them
+            raise
