@@ -14,8 +14,8 @@ Sendrecv, the sum into the receive buffer), ``bare in place`` (the same, the sum
 the sent buffer, as an all-reduce must), ``bare copy in place`` (a copy sent instead: what
 ``mpi_swap`` does) and ``MPI`` (``MPI_Allreduce``).
 
-The swaps run in one compiled call once hot (``transports.mpi_compiled_swap``);
-``NEURAL_ARCH_MPI_SWAP=python`` times their mpi4py form instead.
+The swaps run in one compiled call once hot (``transports.mpi_compiled``);
+``NEURAL_ARCH_MPI_COMPILED=python`` times their mpi4py form instead.
 
     mpiexec -n 2 python benchmarks/mpi_layers.py      (env SIZES=4,65536,1048576 ROUNDS=9)
 """
