@@ -38,7 +38,7 @@ import numpy as np
 
 from .base import HEADER_SIZE, Fingerprint, pack_header
 from .mpi_swap import Fold
-from .mpi_waiting import YIELD_AFTER_S
+from .mpi_waiting import SPIN_S, YIELD_AFTER_S
 from .mpi_wire import PACKED_MAX_BYTES, TAG, check_first, first_max_bytes, swap_max_bytes
 from .shm import compiled
 
@@ -47,10 +47,11 @@ if TYPE_CHECKING:
 
 ENV_CHOICE = "NEURAL_ARCH_MPI_COMPILED"
 HOT_CALLS = compiled.HOT_CALLS
-# How long the kernel polls before the wait takes over: the wait's own first stretch before it
-# starts yielding the core (``mpi_waiting.YIELD_AFTER_S``), in which a swap of up to 256 KiB
-# with a peer that is not late completes
-SPIN_NS = int(YIELD_AFTER_S * 1e9)
+# How long a kernel polls before the transport's wait takes over, and after how long each of its
+# polls yields the core first: the wait's own stretches before it naps and before it yields
+# (``mpi_waiting``), so that a call polls alike in either; in 2 ms a two-rank ring step of 16
+# MiB completes on two cores, and the wait's liveness looks come every half second
+SPIN_NS, YIELD_NS = int(SPIN_S * 1e9), int(YIELD_AFTER_S * 1e9)
 # The vectors whose sums the kernel folds itself (a 1-D array of another dtype, or another
 # reduction, is folded by ``use`` in Python after the kernel's swap)
 SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -144,8 +145,8 @@ def _check(k: Any, MPI: Any) -> None:
 def _state(k: Any, peer: int, comm: int, byte: int) -> np.ndarray:
     """The kernels' state for calls with ``peer`` on the communicator with handle ``comm``."""
     state = np.zeros(k.STATE_WORDS, np.int64)
-    state[[k.PEER, k.TAG, k.COMM, k.BYTE, k.SPIN_NS, k.PACKED_MAX]] = (
-        peer, TAG, comm, byte, SPIN_NS, PACKED_MAX_BYTES)
+    state[[k.PEER, k.TAG, k.COMM, k.BYTE, k.SPIN_NS, k.YIELD_NS, k.PACKED_MAX]] = (
+        peer, TAG, comm, byte, SPIN_NS, YIELD_NS, PACKED_MAX_BYTES)
     return state
 
 

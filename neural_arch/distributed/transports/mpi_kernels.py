@@ -38,12 +38,13 @@ from numba import njit, types
 
 DONE, PENDING, MISMATCH = 0, 1, 2
 # the words of ``state``: set once (the swap's peer, the tag, the communicator's and MPI_BYTE's
-# handles, the spin, the largest packed payload), then what one call leaves: four requests
+# handles, how long a call polls and after how long each poll yields the core, the largest
+# packed payload), then what one call leaves: four requests
 # (the first message's receive, the first message's send, a payload's send, a payload's
 # receive), their int32 completion flags (two words), the received length (int32), a bit per
 # request posted, the step ``ring_steps`` is at, a timespec (two words), then an MPI_Status
-PEER, TAG, COMM, BYTE, SPIN_NS, PACKED_MAX, REQS, FLAGS = 0, 1, 2, 3, 4, 5, 6, 10
-COUNT, POSTED, STEP, CLOCK, STATUS = 12, 13, 14, 15, 17
+PEER, TAG, COMM, BYTE, SPIN_NS, YIELD_NS, PACKED_MAX, REQS, FLAGS = 0, 1, 2, 3, 4, 5, 6, 7, 11
+COUNT, POSTED, STEP, CLOCK, STATUS = 13, 14, 15, 16, 18
 FIRST_IN, FIRST_OUT, PAYLOAD_OUT, PAYLOAD_IN = range(4)  # the requests, in REQS and FLAGS
 STATUS_WORDS = 8  # room for an MPI_Status of up to 64 bytes (Open MPI's: 24)
 STATE_WORDS = STATUS + STATUS_WORDS
@@ -57,6 +58,7 @@ _mpi_test = types.ExternalFunction("MPI_Test", types.int32(types.uintp, types.ui
 _get_count = types.ExternalFunction("MPI_Get_count",
                                     types.int32(types.uintp, types.uintp, types.uintp))
 _clock_gettime = types.ExternalFunction("clock_gettime", types.int32(types.int32, types.uintp))
+_sched_yield = types.ExternalFunction("sched_yield", types.int32())
 CLOCK_MONOTONIC = 1  # Linux's
 # C's own: Numba's slice assignment between two arrays took half again as long at 64 KiB
 _memcpy = types.ExternalFunction("memcpy", types.uintp(types.uintp, types.uintp, types.uintp))
@@ -118,14 +120,13 @@ def _add_into(acc, got, theirs_first, mean):  # pragma: no cover
 
 @njit(cache=True, nogil=True)
 def poll(header, first, n, state, spin_ns):  # pragma: no cover
-    """Test the requests of ``swap`` for up to ``spin_ns`` nanoseconds (at least once); once
+    """Test the requests of ``swap`` for up to ``spin_ns`` nanoseconds (at least once,
+    yielding the core before each test past the YIELD_NS word's nanoseconds); once
     both are complete, DONE when ``first`` holds ``header`` and ``n`` payload bytes, else
     MISMATCH; PENDING if not yet."""
     flags = state.view(np.int32)
-    deadline = _now(state) + spin_ns
-    polls = 0
-    while polls % POLLS_PER_CLOCK != 0 or polls == 0 or _now(state) < deadline:
-        polls += 1
+    start, polls, yielding = _now(state), 0, False
+    while True:
         error = _test(state, FIRST_IN)
         if error == 0:
             error = _test(state, FIRST_OUT)
@@ -133,7 +134,14 @@ def poll(header, first, n, state, spin_ns):  # pragma: no cover
             return -error
         if flags[2 * FLAGS + FIRST_IN] != 0 and flags[2 * FLAGS + FIRST_OUT] != 0:
             return DONE if _is_expected(first, flags[2 * COUNT], header, n) else MISMATCH
-    return PENDING
+        polls += 1
+        if polls % POLLS_PER_CLOCK == 0 or spin_ns == 0:
+            waited = _now(state) - start
+            if waited >= spin_ns:
+                return PENDING
+            yielding = waited >= state[YIELD_NS]
+        if yielding:
+            _sched_yield()
 
 
 @njit(cache=True, nogil=True)
@@ -163,17 +171,16 @@ def sendrecv(send, header, packed, dst, recv, expected, first, src, state):  # p
 
 @njit(cache=True, nogil=True)
 def poll_sendrecv(expected, first, recv, src, state, spin_ns):  # pragma: no cover
-    """Move ``sendrecv`` on for up to ``spin_ns`` nanoseconds (at least one poll): once the
+    """Move ``sendrecv`` on for up to ``spin_ns`` nanoseconds (at least one poll, as ``poll``
+    yields): once the
     first message is here and expected, copy a packed payload out of it or post the payload's
     receive; DONE once every request posted is complete, MISMATCH at once for a first message
     that is not the one expected (sends may still be in flight), else PENDING."""
     flags = state.view(np.int32)
     n, h = recv.size, len(expected)
     alone = n > state[PACKED_MAX]
-    deadline = _now(state) + spin_ns
-    polls = 0
-    while polls % POLLS_PER_CLOCK != 0 or polls == 0 or _now(state) < deadline:
-        polls += 1
+    start, polls, yielding = _now(state), 0, False
+    while True:
         if flags[2 * FLAGS + FIRST_IN] == 0:
             error = _test(state, FIRST_IN)
             if error != 0:
@@ -196,7 +203,14 @@ def poll_sendrecv(expected, first, recv, src, state, spin_ns):  # pragma: no cov
                              or flags[2 * FLAGS + request] != 0)
         if done:
             return DONE
-    return PENDING
+        polls += 1
+        if polls % POLLS_PER_CLOCK == 0 or spin_ns == 0:
+            waited = _now(state) - start
+            if waited >= spin_ns:
+                return PENDING
+            yielding = waited >= state[YIELD_NS]
+        if yielding:
+            _sched_yield()
 
 
 @njit(cache=True, nogil=True)
