@@ -5,9 +5,11 @@ whole vector up to EXCHANGE_MAX_BYTES, two exchanges of whole halves above it), 
 exchange of the whole vector at every size: the transport's packed ``swap`` up to
 ``mpi_wire.SWAP_MAX_BYTES``, a ``sendrecv`` above), ``halves`` (the two exchanges of halves at
 every size), ``pipeline`` (the pipeline at every size, PIECES_PER_HALF pieces a half),
-``pipeline8`` (8 pieces a half), ``ring`` (the portable ring over the same transport) and
-``bare ring`` (the halves' two steps in bare mpi4py: what the transport's messages add). Every
-form and MPI_Allreduce run a batch of calls in turn, ``ROUNDS`` times after one warm-up batch;
+``pipeline8`` (8 pieces a half), ``ring`` (the portable ring over the same transport),
+``steps apart`` (the halves' two exchanges with the fold between them in NumPy, where
+``halves`` folds inside the compiled call once hot) and ``bare ring`` (the halves' two steps
+in bare mpi4py: what the transport's messages add). Every form and MPI_Allreduce run a batch
+of calls in turn, ``ROUNDS`` times after one warm-up batch;
 printed: the median per-call time of each (slowest rank) and MPI's time over each form's. The
 thresholds in ``mpi_pair`` come from this table.
 
@@ -24,6 +26,7 @@ from bench_common import mpi_medians_in_turns
 from neural_arch import distributed as dist
 from neural_arch.distributed.group.world import resolve_group
 from neural_arch.distributed.transports import mpi_pair
+from neural_arch.distributed.transports.base import Fingerprint
 
 SIZES = [int(s) for s in os.environ.get("SIZES", "65536,262144,1048576,4194304,16777216")
          .split(",")]
@@ -58,6 +61,18 @@ def portable_ring(buf: np.ndarray, transport):
     return call
 
 
+def steps_apart(buf: np.ndarray, transport):
+    """The halves' two steps as the transport's two ``sendrecv``s with a NumPy fold between
+    (``ring_steps`` given a fold the kernels do not take): against ``halves``, what keeping the
+    fold inside one compiled call is worth."""
+    rank, peer, half = transport.rank, 1 - transport.rank, -(-buf.size // 2)
+    mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
+    got = np.empty_like(mine)
+    fp = Fingerprint("steps apart", 0, buf.dtype.name, buf.size)
+    return lambda: transport.ring_steps(mine, theirs, got, fp,
+                                        lambda got: np.add(got, mine, out=mine))
+
+
 def bare_ring(buf: np.ndarray, comm):
     """The halves' two steps in bare mpi4py, the ring's operand order: what the transport's
     messages (header, checks, the poll) add to the same algorithm."""
@@ -86,6 +101,7 @@ def main() -> None:
         buf = np.zeros(max(1, nbytes // 4), np.float32)
         calls = {name: with_settings(buf, settings) for name, settings in FORMS.items()}
         calls["ring"] = portable_ring(buf, transport)
+        calls["steps apart"] = steps_apart(buf, transport)
         calls["bare ring"] = bare_ring(buf, bare)
         calls["MPI"] = lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
         median = mpi_medians_in_turns(comm, calls, nbytes, ROUNDS, MOST_CALLS)

@@ -12,10 +12,14 @@ new buffer and, below the root, folding into a copy of the vector.
 """
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
 from dist_harness import mpi_available, run_ranks
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,7 +68,8 @@ def _peaks_job(rank: int, world: int) -> dict:
         finally:
             tracemalloc.stop()
         report[name] = (peak, bool(np.array_equal(got, want[name])))
-    return report
+    from neural_arch.distributed.transports import mpi_compiled
+    return report, mpi_compiled.loaded()
 
 
 # the mpi transport's exchanges in each form (``transports.mpi_compiled``), the form fixed from
@@ -80,7 +85,8 @@ def test_collectives_allocate_no_copy_of_their_payload(backend, world, form):
     env = {"NEURAL_ARCH_MPI_COMPILED": form} if form else {}
     per_rank = run_ranks(_peaks_job, world, backend, timeout=90, init_kwargs={"timeout": 30},
                          env=env)
-    for rank, report in enumerate(per_rank):
+    for rank, (report, compiled) in enumerate(per_rank):
+        assert compiled == (form == "compiled" and HAVE_NUMBA), (rank, form)
         assert all(right for _, right in report.values()), (rank, report)
         copied = {name: peak for name, (peak, _) in report.items() if peak >= NBYTES // 8}
         assert not copied, (rank, copied)

@@ -70,6 +70,14 @@ def _byte_view(buf: np.ndarray, writable: bool, what: str) -> memoryview:
         return memoryview(buf.reshape(-1).view(np.uint8))
 
 
+def _compilable(buf) -> bool:
+    """Whether the compiled exchanges (``mpi_compiled``) may take ``buf`` as it is: a
+    contiguous, writable array of plain values (a read-only one would compile another form of
+    the kernels in the middle of a call; anything else goes where it is checked)."""
+    return (type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable
+            and not buf.dtype.hasobject)
+
+
 def create(rank: Optional[int] = None, world_size: Optional[int] = None, store=None,
            timeout: float = 1800.0, comm=None) -> "MpiTransport":
     return MpiTransport(rank, world_size, store, timeout, comm)
@@ -172,7 +180,7 @@ class MpiTransport(RequestWaiting, Transport):
             self.check_peer(dst, fp)
             if src != dst:
                 self.check_peer(src, fp)
-            if (not (sendbuf.dtype.hasobject or recvbuf.dtype.hasobject)
+            if (_compilable(sendbuf) and not recvbuf.dtype.hasobject
                     and self._compiled.takes(self, max(out.nbytes, into.nbytes), CHUNK)):
                 self._compiled.sendrecv(self, sendbuf, dst, recvbuf, src, fp)
                 return
@@ -194,7 +202,7 @@ class MpiTransport(RequestWaiting, Transport):
         ``mpi_wire.SWAP_MAX_BYTES``, one message each way; ``use(received)`` reads the peer's
         where it landed, before that buffer is reused (``mpi_swap``, or in one compiled call
         once hot: ``mpi_compiled``)."""
-        plain = type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous
+        plain = _compilable(sendbuf)
         with self._lock:
             self.check_peer(peer, fp)
             if plain and self._compiled.takes(self, sendbuf.nbytes):
@@ -213,6 +221,7 @@ class MpiTransport(RequestWaiting, Transport):
         with self._lock:
             self.check_peer(peer, fp)
             if (mpi_compiled.folds_sum(fold, mine) and theirs.dtype == mine.dtype == got.dtype
+                    and all(_compilable(a) and a.ndim == 1 for a in (mine, theirs, got))
                     and self._compiled.takes(self, max(mine.nbytes, theirs.nbytes), CHUNK)):
                 self._compiled.ring_steps(self, mine, theirs, got, fp, fold)
                 return

@@ -17,8 +17,10 @@ first-message buffers as NumPy arrays, the first one sized for any first message
 as ``FirstBuffers``' are.
 
 What is rare goes back to Python: requests not complete within ``SPIN_NS`` are handed to the
-transport's wait (wrapped with ``Request.fromhandle``), with its timeout and liveness checks,
-each of its polls one more pass of the kernel's poll, and the fold runs in Python after it; a
+transport's wait, with its timeout and liveness checks, each of its polls one more pass of the
+kernel's poll, and the fold runs in Python after it (the kernels post into the handles of
+``MPI.Request`` objects kept with the buffers, so what MPI completes and frees those objects
+see, and a cancel never reaches a request reused since); a
 message that is not the one expected is named by ``mpi_wire.check_first``; an MPI error becomes
 the transport's error. A call given up leaves its buffers in ``abandoned``, never reused: a
 receive cancelled may still land.
@@ -27,7 +29,7 @@ Compiled where Numba is installed and MPI's handles are pointers (Open MPI); els
 exchanges stay in mpi4py. Both forms send the same messages, so ranks on either pair up.
 ``NEURAL_ARCH_MPI_COMPILED`` = ``python`` never compiles, ``compiled`` loads the kernels at the
 first exchange, ``auto`` (the default) after ``HOT_CALLS`` exchanges, so that a job making few
-never imports Numba for them (importing it and loading the cached kernels take about 0.7 s).
+never imports Numba for them (which costs more than a few exchanges save).
 """
 from __future__ import annotations
 
@@ -47,10 +49,10 @@ if TYPE_CHECKING:
 
 ENV_CHOICE = "NEURAL_ARCH_MPI_COMPILED"
 HOT_CALLS = compiled.HOT_CALLS
-# How long a kernel polls before the transport's wait takes over, and after how long each of its
-# polls yields the core first: the wait's own stretches before it naps and before it yields
-# (``mpi_waiting``), so that a call polls alike in either; in 2 ms a two-rank ring step of 16
-# MiB completes on two cores, and the wait's liveness looks come every half second
+# How long a kernel polls before the transport's wait takes over (which then polls as long
+# again before it naps), and after how long each of its polls yields the core first: the
+# wait's own stretches (``mpi_waiting``); in 2 ms a two-rank ring step of 16 MiB completes on
+# two cores, and the wait's liveness looks come every half second
 SPIN_NS, YIELD_NS = int(SPIN_S * 1e9), int(YIELD_AFTER_S * 1e9)
 # The vectors whose sums the kernel folds itself (a 1-D array of another dtype, or another
 # reduction, is folded by ``use`` in Python after the kernel's swap)
@@ -65,8 +67,13 @@ def choice() -> str:
 
 
 def why_not_compiled() -> str:
-    """Why the small swaps stay in mpi4py ('' when they are compiled or not tried yet)."""
+    """Why the mpi exchanges stay in mpi4py ('' when they are compiled or not tried yet)."""
     return _built.get("why", "")
+
+
+def loaded() -> bool:
+    """Whether this process runs the compiled exchanges (their kernels loaded and checked)."""
+    return _built.get("module") is not None
 
 
 def kernels(MPI: Any) -> Optional[Any]:
@@ -103,7 +110,8 @@ def _check(k: Any, MPI: Any) -> None:
     comm = MPI.COMM_SELF.Dup()
     try:
         packed, first = np.zeros(HEADER_SIZE + 64, np.uint8), np.zeros(HEADER_SIZE + 64, np.uint8)
-        state = _state(k, 0, MPI._handleof(comm), MPI._handleof(MPI.BYTE))
+        requests = [MPI.Request() for _ in range(4)]
+        state = _state(k, MPI, 0, MPI._handleof(comm), requests)
         payload, header = np.arange(5, dtype=np.uint8), bytes(range(HEADER_SIZE))
         code = k.swap(payload, header, packed, first, state)
         sent = header + payload.tobytes()
@@ -142,11 +150,13 @@ def _check(k: Any, MPI: Any) -> None:
         comm.Free()
 
 
-def _state(k: Any, peer: int, comm: int, byte: int) -> np.ndarray:
-    """The kernels' state for calls with ``peer`` on the communicator with handle ``comm``."""
+def _state(k: Any, MPI: Any, peer: int, comm: int, requests: list) -> np.ndarray:
+    """The kernels' state for calls with ``peer`` on the communicator with handle ``comm``,
+    posting into the handles of ``requests`` (four ``MPI.Request``, kept alive beside it)."""
     state = np.zeros(k.STATE_WORDS, np.int64)
     state[[k.PEER, k.TAG, k.COMM, k.BYTE, k.SPIN_NS, k.YIELD_NS, k.PACKED_MAX]] = (
-        peer, TAG, comm, byte, SPIN_NS, YIELD_NS, PACKED_MAX_BYTES)
+        peer, TAG, comm, MPI._handleof(MPI.BYTE), SPIN_NS, YIELD_NS, PACKED_MAX_BYTES)
+    state[k.REQS:k.REQS + 4] = [MPI._addressof(request) for request in requests]
     return state
 
 
@@ -165,10 +175,11 @@ class CompiledExchanges:
         self._mode = choice()
         self._kernels: Optional[Any] = None
         self._calls = 0
-        self._free: Dict[tuple, tuple] = {}  # (dst, src) -> (packed, first, state), lent
+        # (dst, src) -> (packed, first, state, requests), lent to one call at a time
+        self._free: Dict[tuple, tuple] = {}
         self._limit = swap_max_bytes(t.world_size)
         self._first_bytes = first_max_bytes(t.world_size)
-        self._handles = (0, 0)  # the communicator's and MPI_BYTE's, once the kernels load
+        self._comm = 0  # the communicator's handle, once the kernels load
 
     def takes(self, t: MpiTransport, nbytes: int, limit: int = 0) -> bool:
         """Whether a swap of ``nbytes`` (a sendrecv: with ``limit`` = CHUNK) on ``t`` runs
@@ -187,15 +198,16 @@ class CompiledExchanges:
             if self._kernels is None:
                 self._mode = "python"  # not asked again
                 return False
-            self._handles = (MPI._handleof(t.comm), MPI._handleof(MPI.BYTE))
+            self._comm = MPI._handleof(t.comm)
         return True
 
-    def _buffers(self, dst: int, src: int) -> tuple:
+    def _buffers(self, t: MpiTransport, dst: int, src: int) -> tuple:
         bufs = self._free.pop((dst, src), None)
         if bufs is None:
+            requests = [t.mpi.Request() for _ in range(4)]
             bufs = (np.empty(HEADER_SIZE + self._limit, np.uint8),
                     np.empty(self._first_bytes, np.uint8),
-                    _state(self._kernels, dst, *self._handles))
+                    _state(self._kernels, t.mpi, dst, self._comm, requests), requests)
         return bufs
 
     def swap(self, t: MpiTransport, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
@@ -205,8 +217,8 @@ class CompiledExchanges:
         float64) runs in the kernel, any other ``use`` after it."""
         k, nbytes = self._kernels, sendbuf.nbytes
         header = pack_header(fp, nbytes)
-        bufs = self._buffers(peer, peer)
-        packed, first, state = bufs
+        bufs = self._buffers(t, peer, peer)
+        packed, first, state, _ = bufs
         folded = folds_sum(use, sendbuf)
         if folded:
             code = k.swap_sum(sendbuf, header, packed, first, state, use.split, use.low,
@@ -231,8 +243,8 @@ class CompiledExchanges:
         send, recv = sendbuf.reshape(-1).view(np.uint8), recvbuf.reshape(-1).view(np.uint8)
         header = pack_header(fp, send.size)
         expected = header if recv.size == send.size else pack_header(fp, recv.size)
-        bufs = self._buffers(dst, src)
-        packed, first, state = bufs
+        bufs = self._buffers(t, dst, src)
+        packed, first, state, _ = bufs
         code = k.sendrecv(send, header, packed, dst, recv, expected, first, src, state)
         if code != k.DONE:
             self._finish(t, code, bufs, (send, recv), fp, src, recv.size,
@@ -248,8 +260,8 @@ class CompiledExchanges:
         ``takes`` accepted; the transport's lock is held."""
         k, peer = self._kernels, 1 - t.rank
         to_peer, from_peer = pack_header(fp, theirs.nbytes), pack_header(fp, mine.nbytes)
-        bufs = self._buffers(peer, peer)
-        packed, first, state = bufs
+        bufs = self._buffers(t, peer, peer)
+        packed, first, state, _ = bufs
         code = k.ring_steps(mine, theirs, got, to_peer, from_peer, packed, first, peer, state,
                             fold.mean)
         if code != k.DONE and state[k.STEP] == 1:  # the first step, not folded
@@ -278,17 +290,20 @@ class CompiledExchanges:
         raise an MPI error (negative), or name a first message from ``src`` that is not the
         ``nbytes`` one expected (MISMATCH). On any failure the buffers and ``arrays`` stay in
         ``abandoned``: MPI may still use them."""
-        k, MPI, state = self._kernels, t.mpi, bufs[2]
+        k, MPI, state, requests = self._kernels, t.mpi, bufs[2], bufs[3]
         flags = state.view(np.int32)
 
         def outstanding() -> list:
+            # the kernel posts into these objects' handles, and MPI nulls a handle it
+            # completes: a cancel never reaches a request freed and reused since
             posted = int(state[k.POSTED])
-            return [MPI.Request.fromhandle(int(state[k.REQS + r])) for r in range(4)
+            return [requests[r] for r in range(4)
                     if posted >> r & 1 and not flags[2 * k.FLAGS + r]]
         last = [code]
 
         def advance():
-            last[0] = poll(0)
+            if last[0] == k.PENDING:  # a wait may poll again after it was told "done"
+                last[0] = poll(0)
             return outstanding() if last[0] == k.PENDING else None
         try:
             if code == k.PENDING:

@@ -39,9 +39,10 @@ from numba import njit, types
 DONE, PENDING, MISMATCH = 0, 1, 2
 # the words of ``state``: set once (the swap's peer, the tag, the communicator's and MPI_BYTE's
 # handles, how long a call polls and after how long each poll yields the core, the largest
-# packed payload), then what one call leaves: four requests
-# (the first message's receive, the first message's send, a payload's send, a payload's
-# receive), their int32 completion flags (two words), the received length (int32), a bit per
+# packed payload, where four requests live: the handles inside four ``MPI.Request`` objects,
+# so that what MPI completes and frees is seen by those objects too), then what one call
+# leaves: the requests (the first message's receive, the first message's send, a payload's
+# send, a payload's receive), their int32 completion flags (two words), the received length (int32), a bit per
 # request posted, the step ``ring_steps`` is at, a timespec (two words), then an MPI_Status
 PEER, TAG, COMM, BYTE, SPIN_NS, YIELD_NS, PACKED_MAX, REQS, FLAGS = 0, 1, 2, 3, 4, 5, 6, 7, 11
 COUNT, POSTED, STEP, CLOCK, STATUS = 13, 14, 15, 16, 18
@@ -244,7 +245,7 @@ def _reset(state):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def _post_receive(buf, nbytes, src, state, request):  # pragma: no cover
     error = _irecv(buf.ctypes.data, nbytes, state[BYTE], src, state[TAG], state[COMM],
-                   state.ctypes.data + 8 * (REQS + request))
+                   state[REQS + request])
     if error == 0:
         state[POSTED] |= 1 << request
     return error
@@ -253,7 +254,7 @@ def _post_receive(buf, nbytes, src, state, request):  # pragma: no cover
 @njit(cache=True, nogil=True)
 def _post_send(buf, nbytes, dst, state, request):  # pragma: no cover
     error = _isend(buf.ctypes.data, nbytes, state[BYTE], dst, state[TAG], state[COMM],
-                   state.ctypes.data + 8 * (REQS + request))
+                   state[REQS + request])
     if error == 0:
         state[POSTED] |= 1 << request
     return error
@@ -267,7 +268,7 @@ def _test(state, request):  # pragma: no cover
     if state[POSTED] >> request & 1 == 0 or flags[2 * FLAGS + request] != 0:
         return 0
     where = state.ctypes.data
-    error = _mpi_test(where + 8 * (REQS + request), where + 8 * FLAGS + 4 * request,
+    error = _mpi_test(state[REQS + request], where + 8 * FLAGS + 4 * request,
                       where + 8 * STATUS)
     if error == 0 and request == FIRST_IN and flags[2 * FLAGS + FIRST_IN] != 0:
         error = _get_count(where + 8 * STATUS, state[BYTE], where + 8 * COUNT)

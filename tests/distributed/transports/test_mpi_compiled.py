@@ -41,6 +41,19 @@ def _values(rank: int, size: int, dtype) -> np.ndarray:
     return x
 
 
+def _drain(t, src: int, nbytes: int) -> None:
+    """Receive the message ``src`` sent ``t`` for no one (if MPI did not cancel its send)."""
+    import time
+    from mpi4py import MPI
+    from neural_arch.distributed.transports import mpi_wire
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        if t.comm.Iprobe(src, mpi_wire.TAG):
+            t.comm.Recv([bytearray(nbytes), MPI.BYTE], src, mpi_wire.TAG)
+            return
+        time.sleep(0.01)
+
+
 def _transports(rank: int) -> dict:
     from neural_arch.distributed.transports import mpi
     made = {}
@@ -168,13 +181,16 @@ def _wire_job(rank: int, world: int) -> dict:
     fp = Fingerprint("all_reduce", 3, "float32", 16384)
     mine = _values(rank, 16384, np.float32)
     # a peer arriving late, either one: the kernel stops polling and the wait finishes the swap
-    for seq, (late, size) in enumerate(((0, 1), (1, 1), (0, 16384), (1, 16384))):
-        buf = mine[:size].copy()
+    # (1 and 16384 elements), or the ring's first step, then folds and sends the second (131072
+    # elements, 512 KiB)
+    for seq, (late, size) in enumerate(((0, 1), (1, 1), (0, 16384), (1, 16384), (0, 131072),
+                                        (1, 131072))):
+        buf = _values(rank, 131072, np.float32)[:size]
         if rank == late:
             time.sleep(0.05)
         algorithms.all_reduce(t, buf, ReduceOp.SUM, Fingerprint("all_reduce", seq, "float32",
                                                                 size))
-        expected = _values(0, 16384, np.float32)[:size] + _values(1, 16384, np.float32)[:size]
+        expected = _values(0, 131072, np.float32)[:size] + _values(1, 131072, np.float32)[:size]
         found["late"].append(bool(np.array_equal(buf, expected, equal_nan=True)))
     # the message: header and payload in one MPI message, as mpi4py's form sends it
     if rank == 0:
@@ -204,20 +220,14 @@ def _wire_job(rank: int, world: int) -> dict:
     # a peer that never comes: the timeout names it
     timed_out = mpi.create(timeout=0.5)
     if rank == 0:
-        start = time.monotonic()
         try:
             timed_out.swap(mine[:4].copy(), 1, Fingerprint("reduce", 5, "float32", 4),
                            lambda theirs: None)
         except CollectiveTimeoutError as e:
-            found["timeout"] = (e.peer, e.op, e.seq, time.monotonic() - start)
+            found["timeout"] = (e.peer, e.op, e.seq, str(e))
     t.native_collectives().barrier()
-    if rank == 1:  # the stray message, if MPI did not cancel its send
-        deadline = time.monotonic() + 2
-        while time.monotonic() < deadline:
-            if timed_out.comm.Iprobe(0, mpi_wire.TAG):
-                timed_out.comm.Recv([bytearray(HEADER_SIZE + 16), MPI.BYTE], 0, mpi_wire.TAG)
-                break
-            time.sleep(0.01)
+    if rank == 1:
+        _drain(timed_out, 0, HEADER_SIZE + 16)
     for each in (t, other, alone, timed_out):
         each.close()
     return found
@@ -227,15 +237,15 @@ def _wire_job(rank: int, world: int) -> dict:
 def test_the_compiled_form_on_the_wire_late_peers_mismatches_and_timeouts():
     per_rank = run_ranks(_wire_job, 2, "mpi", timeout=90, init_kwargs={"timeout": 20})
     for rank, found in enumerate(per_rank):
-        assert found["late"] == [True] * 4, found
+        assert found["late"] == [True] * 6, found
         sizes = sorted(str(e) for e in found["errors"])
         assert any("1000 x float32" in e and "1001 x float32" in e for e in sizes), sizes
     assert per_rank[1]["wire"] is True
     assert any("sent a header alone for all_reduce #3" in e and
                "where a packed swap of 65536 bytes was expected" in e
                for e in per_rank[0]["errors"]), per_rank[0]["errors"]
-    peer, op, seq, seconds = per_rank[0]["timeout"]
-    assert (peer, op, seq) == (1, "reduce", 5) and 0.5 <= seconds < 5, per_rank[0]
+    peer, op, seq, message = per_rank[0]["timeout"]
+    assert (peer, op, seq) == (1, "reduce", 5) and "within 0.5 s" in message, per_rank[0]
 
 
 def test_the_choice_of_form_is_checked(monkeypatch):
@@ -294,15 +304,14 @@ def _sendrecv_job(rank: int, world: int) -> dict:
         if size * 4 > mpi_wire.PACKED_MAX_BYTES:  # the left's payload, after its header
             t.comm.Recv([np.empty(size + left, np.float32), MPI.BYTE], left, mpi_wire.TAG)
     if rank == 0:
-        start = time.monotonic()
         try:
             timed_out.sendrecv(np.zeros(3), 1, np.zeros(3), 1,
                                Fingerprint("ring", 1, "float64", 3))
         except CollectiveTimeoutError as e:
-            found["timeout"] = (e.peer, e.op, time.monotonic() - start)
+            found["timeout"] = (e.peer, e.op, str(e))
     made["python"].native_collectives().barrier()
-    if rank == 1:  # rank 0's packed message, for no one
-        timed_out.comm.Recv([bytearray(HEADER_SIZE + 24), MPI.BYTE], 0, mpi_wire.TAG)
+    if rank == 1:
+        _drain(timed_out, 0, HEADER_SIZE + 24)
     for each in (*made.values(), *fresh, timed_out):
         each.close()
     return found
@@ -319,5 +328,5 @@ def test_compiled_sendrecvs_around_the_ring(world):
         assert [size for size, _ in found["errors"]] == [1000, 10000], found
         for size, e in found["errors"]:
             assert f"{size + rank} x float32" in e and f"{size + left} x float32" in e, e
-    assert per_rank[0]["timeout"][:2] == (1, "ring") and \
-        0.5 <= per_rank[0]["timeout"][2] < 5, per_rank[0]
+    peer, op, message = per_rank[0]["timeout"]
+    assert (peer, op) == (1, "ring") and "within 0.5 s" in message, per_rank[0]
