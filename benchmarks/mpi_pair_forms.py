@@ -65,7 +65,7 @@ def steps_apart(buf: np.ndarray, transport):
     """The halves' two steps as the transport's two ``sendrecv``s with a NumPy fold between
     (``ring_steps`` given a fold the kernels do not take): against ``halves``, what keeping the
     fold inside one compiled call is worth."""
-    rank, peer, half = transport.rank, 1 - transport.rank, -(-buf.size // 2)
+    rank, half = transport.rank, -(-buf.size // 2)
     mine, theirs = (buf[:half], buf[half:]) if rank == 0 else (buf[half:], buf[:half])
     got = np.empty_like(mine)
     fp = Fingerprint("steps apart", 0, buf.dtype.name, buf.size)

@@ -42,8 +42,9 @@ DONE, PENDING, MISMATCH = 0, 1, 2
 # packed payload, where four requests live: the handles inside four ``MPI.Request`` objects,
 # so that what MPI completes and frees is seen by those objects too), then what one call
 # leaves: the requests (the first message's receive, the first message's send, a payload's
-# send, a payload's receive), their int32 completion flags (two words), the received length (int32), a bit per
-# request posted, the step ``ring_steps`` is at, a timespec (two words), then an MPI_Status
+# send, a payload's receive), their int32 completion flags (two words), the received length
+# (int32), a bit per request posted, the step ``ring_steps`` is at, a timespec (two words),
+# then an MPI_Status
 PEER, TAG, COMM, BYTE, SPIN_NS, YIELD_NS, PACKED_MAX, REQS, FLAGS = 0, 1, 2, 3, 4, 5, 6, 7, 11
 COUNT, POSTED, STEP, CLOCK, STATUS = 13, 14, 15, 16, 18
 FIRST_IN, FIRST_OUT, PAYLOAD_OUT, PAYLOAD_IN = range(4)  # the requests, in REQS and FLAGS
