@@ -10,11 +10,12 @@ take the same steps on the same messages, in one call that releases the GIL; a s
 or float64 (a ``mpi_swap.Fold`` of ``np.add``: the two-rank all-reduce, a round of recursive
 doubling, AVERAGE included) is folded in the same call, any other fold runs after it in
 Python. The ring's two steps as one call matter beyond the Python they save: with a NumPy fold
-between two compiled ``sendrecv``s the two-rank all-reduce of 512 KiB took 224-236 us, with the
-fold inside the call 121 (ad hoc, in turns on two cores; ``benchmarks/mpi_pair_forms.py``'s
-``halves`` row measures the shipped form). Each rank keeps, per pair of peers, its own send and
-first-message buffers as NumPy arrays, the first one sized for any first message of the wire,
-as ``FirstBuffers``' are.
+between two compiled ``sendrecv``s the two-rank all-reduce took 236-258 us at 512 KiB, 361-394
+at 1 MiB and 950-1013 at 4 MiB, with the fold inside the call 163, 316-346 and 829-881
+(``benchmarks/mpi_pair_forms.py``'s ``steps apart`` and ``halves`` rows, two runs in turns on
+two cores; not explained). Each rank keeps, per pair of peers, its own send and first-message
+buffers as NumPy arrays, the first one sized for any first message of the wire, as
+``FirstBuffers``' are.
 
 What is rare goes back to Python: requests not complete within ``SPIN_NS`` are handed to the
 transport's wait, with its timeout and liveness checks, each of its polls one more pass of the
