@@ -127,7 +127,7 @@ def poll(header, first, n, state, spin_ns):  # pragma: no cover
     both are complete, DONE when ``first`` holds ``header`` and ``n`` payload bytes, else
     MISMATCH; PENDING if not yet."""
     flags = state.view(np.int32)
-    start, polls, yielding = _now(state), 0, False
+    start, polls, yielding = _now(state), 0, 0
     while True:
         error = _test(state, FIRST_IN)
         if error == 0:
@@ -137,13 +137,9 @@ def poll(header, first, n, state, spin_ns):  # pragma: no cover
         if flags[2 * FLAGS + FIRST_IN] != 0 and flags[2 * FLAGS + FIRST_OUT] != 0:
             return DONE if _is_expected(first, flags[2 * COUNT], header, n) else MISMATCH
         polls += 1
-        if polls % POLLS_PER_CLOCK == 0 or spin_ns == 0:
-            waited = _now(state) - start
-            if waited >= spin_ns:
-                return PENDING
-            yielding = waited >= state[YIELD_NS]
-        if yielding:
-            _sched_yield()
+        yielding = _pace(state, start, polls, spin_ns, yielding)
+        if yielding < 0:
+            return PENDING
 
 
 @njit(cache=True, nogil=True)
@@ -181,7 +177,7 @@ def poll_sendrecv(expected, first, recv, src, state, spin_ns):  # pragma: no cov
     flags = state.view(np.int32)
     n, h = recv.size, len(expected)
     alone = n > state[PACKED_MAX]
-    start, polls, yielding = _now(state), 0, False
+    start, polls, yielding = _now(state), 0, 0
     while True:
         if flags[2 * FLAGS + FIRST_IN] == 0:
             error = _test(state, FIRST_IN)
@@ -206,13 +202,9 @@ def poll_sendrecv(expected, first, recv, src, state, spin_ns):  # pragma: no cov
         if done:
             return DONE
         polls += 1
-        if polls % POLLS_PER_CLOCK == 0 or spin_ns == 0:
-            waited = _now(state) - start
-            if waited >= spin_ns:
-                return PENDING
-            yielding = waited >= state[YIELD_NS]
-        if yielding:
-            _sched_yield()
+        yielding = _pace(state, start, polls, spin_ns, yielding)
+        if yielding < 0:
+            return PENDING
 
 
 @njit(cache=True, nogil=True)
@@ -286,6 +278,22 @@ def _is_expected(first, count, header, n):  # pragma: no cover
         if first[i] != header[i]:
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def _pace(state, start, polls, spin_ns, yielding):  # pragma: no cover
+    """After ``polls`` polls of a loop begun at ``start``: -1 once ``spin_ns`` nanoseconds
+    have passed (the clock read every POLLS_PER_CLOCK polls, or after a single one when
+    ``spin_ns`` is 0), else whether the loop yields the core before each poll from now on (past
+    the YIELD_NS word's nanoseconds; it yields here, before the next poll)."""
+    if polls % POLLS_PER_CLOCK == 0 or spin_ns == 0:
+        waited = _now(state) - start
+        if waited >= spin_ns:
+            return -1
+        yielding = 1 if waited >= state[YIELD_NS] else 0
+    if yielding:
+        _sched_yield()
+    return yielding
 
 
 @njit(cache=True, nogil=True)
