@@ -106,8 +106,9 @@ def kernels(MPI: Any) -> Optional[Any]:
 
 def _check(k: Any, MPI: Any) -> None:
     """Compile (or load from Numba's cache) the kernels and run them with this process itself
-    on a private communicator: a swap and a sendrecv, packed and not, must come back whole and
-    DONE (a sum folded in each order, and a mean); another header, MISMATCH."""
+    on a private communicator: a swap, a sendrecv (packed and not) and the ring's two steps
+    must come back whole and DONE (a sum folded in each order, and a mean); another header,
+    MISMATCH."""
     comm = MPI.COMM_SELF.Dup()
     try:
         packed, first = np.zeros(HEADER_SIZE + 64, np.uint8), np.zeros(HEADER_SIZE + 64, np.uint8)
