@@ -227,12 +227,10 @@ class CompiledExchanges:
                               use.high, use.mean)
         else:
             code = k.swap(sendbuf.reshape(-1).view(np.uint8), header, packed, first, state)
-        if code != k.DONE:
+        if not self._done(t, code, fp, peer):
             self._finish(t, code, bufs, (), fp, peer, nbytes, True,
                          lambda spin: k.poll(header, first, nbytes, state, spin))
             folded = False  # the kernel folds only what it finished
-        elif t.look_due():  # the liveness look a wait takes every half second
-            t.wait_requests([], fp, (peer,))
         if not folded:
             use(first[HEADER_SIZE:HEADER_SIZE + nbytes].view(sendbuf.dtype))
         self._free[(peer, peer)] = bufs
@@ -248,12 +246,7 @@ class CompiledExchanges:
         bufs = self._buffers(t, dst, src)
         packed, first, state, _ = bufs
         code = k.sendrecv(send, header, packed, dst, recv, expected, first, src, state)
-        if code != k.DONE:
-            self._finish(t, code, bufs, (send, recv), fp, src, recv.size,
-                         recv.size <= PACKED_MAX_BYTES,
-                         lambda spin: k.poll_sendrecv(expected, first, recv, src, state, spin))
-        elif t.look_due():
-            t.wait_requests([], fp, (src,))
+        self._finish_sendrecv(t, code, bufs, (send, recv), fp, src, expected, recv)
         self._free[(dst, src)] = bufs
 
     def ring_steps(self, t: MpiTransport, mine: np.ndarray, theirs: np.ndarray,
@@ -267,23 +260,34 @@ class CompiledExchanges:
         code = k.ring_steps(mine, theirs, got, to_peer, from_peer, packed, first, peer, state,
                             fold.mean)
         if code != k.DONE and state[k.STEP] == 1:  # the first step, not folded
-            recv = got.view(np.uint8)
-            self._finish(t, code, bufs, (theirs, got), fp, peer, mine.nbytes,
-                         mine.nbytes <= PACKED_MAX_BYTES,
-                         lambda spin: k.poll_sendrecv(from_peer, first, recv, peer, state,
-                                                      spin))
+            self._finish_sendrecv(t, code, bufs, (theirs, got), fp, peer, from_peer,
+                                  got.view(np.uint8))
             fold(got)
             self._free[(peer, peer)] = bufs
             self.sendrecv(t, mine, peer, theirs, peer, fp)
             return
-        if code != k.DONE:
-            recv = theirs.view(np.uint8)
-            self._finish(t, code, bufs, (mine, theirs), fp, peer, theirs.nbytes,
-                         theirs.nbytes <= PACKED_MAX_BYTES,
-                         lambda spin: k.poll_sendrecv(to_peer, first, recv, peer, state, spin))
-        elif t.look_due():
-            t.wait_requests([], fp, (peer,))
+        self._finish_sendrecv(t, code, bufs, (mine, theirs), fp, peer, to_peer,
+                              theirs.view(np.uint8))
         self._free[(peer, peer)] = bufs
+
+    def _finish_sendrecv(self, t: MpiTransport, code: int, bufs: tuple, arrays: tuple,
+                         fp: Fingerprint, src: int, expected: bytes, recv: np.ndarray) -> None:
+        """``_finish`` of a kernel's ``sendrecv`` from ``src`` into ``recv`` (bytes), whose
+        first message must be ``expected``."""
+        if self._done(t, code, fp, src):
+            return
+        k, first, state = self._kernels, bufs[1], bufs[2]
+        self._finish(t, code, bufs, arrays, fp, src, recv.size, recv.size <= PACKED_MAX_BYTES,
+                     lambda spin: k.poll_sendrecv(expected, first, recv, src, state, spin))
+
+    def _done(self, t: MpiTransport, code: int, fp: Fingerprint, src: int) -> bool:
+        """Whether the kernel finished the call (DONE), then with the liveness look a wait
+        takes every half second, when due."""
+        if code != self._kernels.DONE:
+            return False
+        if t.look_due():
+            t.wait_requests([], fp, (src,))
+        return True
 
     def _finish(self, t: MpiTransport, code: int, bufs: tuple, arrays: tuple,
                 fp: Fingerprint, src: int, nbytes: int, packed: bool,
