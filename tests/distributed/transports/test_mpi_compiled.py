@@ -1,6 +1,6 @@
-"""The mpi transport's compiled swaps (``transports.mpi_compiled``, ``mpi_kernels``): the
-bits of the mpi4py form, ranks on either form pairing up, the message on the wire, a late peer
-waited for, mismatches named, a missing peer timed out.
+"""The mpi transport's compiled exchanges (``transports.mpi_compiled``, ``mpi_kernels``): the
+bits of the mpi4py forms, ranks on either form pairing up, the message on the wire, a late
+peer waited for, mismatches named, a missing peer timed out.
 
 Each rank opens three transports: one compiling its swaps from the first (``compiled``), one
 never (``python``), and one compiling on even ranks only (``mixed``), and runs the same
