@@ -4,7 +4,10 @@ Rows, each timed in batches after a barrier, in turns with every other row, ``RO
 (median per call, slowest rank): ``public`` (``dist.all_reduce``, which after a shape's first
 call runs that shape's short entry, ``group.short_calls``), ``portable`` (the algorithm the
 public call chooses, ``algorithms.all_reduce``, without the layers above it: recursive
-doubling below 64 KiB, so that the gap to ``public`` is what those layers cost), ``algorithm``
+doubling below 64 KiB, so that the gap to ``public`` is what those layers cost), ``planned``
+(the plan the public call's entry runs for the shape, ``algorithms.all_reduce_plan``: below
+64 KiB the round of recursive doubling prepared once, ``MpiTransport.exchange_reduce_plan``,
+so that the gap to ``public`` is what the entry costs), ``algorithm``
 (the transport's two-rank all-reduce, ``ring_all_reduce``, without the layers above it),
 ``swap`` (its whole-vector exchange at every size), ``sendrecv``
 (the transport's exchange alone, no reduction), then bare mpi4py: ``bare wire`` (the messages
@@ -73,8 +76,10 @@ def rows(comm, bare, transport, buf: np.ndarray) -> dict:
         bare.Sendrecv(copy, peer, 8, got, peer, 8)
         np.add(got, buf, out=buf)
 
+    plan = algorithms.all_reduce_plan(transport, buf.dtype, buf.nbytes, ReduceOp.SUM)
     return {"public": lambda: dist.all_reduce(buf),
             "portable": lambda: algorithms.all_reduce(transport, buf, ReduceOp.SUM, fp),
+            "planned": lambda: plan(buf, fp),
             "algorithm": lambda: transport.ring_all_reduce(buf, ReduceOp.SUM, fp),
             "swap": lambda: mpi_pair.exchange_all_reduce(transport, buf, -(-buf.size // 2),
                                                          ReduceOp.SUM, fp, 0),

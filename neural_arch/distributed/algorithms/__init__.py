@@ -151,7 +151,9 @@ def all_reduce_plan(t: Transport, dtype: np.dtype, nbytes: int, op: ReduceOp
     the transport and the environment read at ``init_process_group``. Recursive doubling's
     own plan also takes once what its calls of the shape share."""
     name = select("all_reduce", t, nbytes)
-    if name == "recursive_doubling" and op is not ReduceOp.AVERAGE:
+    if name == "recursive_doubling":
+        if op is ReduceOp.AVERAGE:
+            return recursive_doubling.plan(t, ReduceOp.SUM, dtype, nbytes, t.world_size)
         return recursive_doubling.plan(t, op, dtype, nbytes)
     return lambda buf, fp: _run_all_reduce(name, t, buf, op, fp)
 

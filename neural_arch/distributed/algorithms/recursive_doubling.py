@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..reduce_ops import ReduceOp, combiner
+from ..reduce_ops import ReduceOp, combiner, divide_by_count
 from ..transports.base import Fingerprint, Transport
 from . import exchange
 
@@ -83,14 +83,39 @@ def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint) -> 
     _runner(buf.nbytes)(t, buf, combiner(op, buf.dtype), fp)
 
 
-def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int
+def plan(t: Transport, op: ReduceOp, dtype: np.dtype, nbytes: int, mean: int = 0
          ) -> Callable[[np.ndarray, Fingerprint], None]:
-    """``all_reduce`` of every buffer of ``dtype`` and ``nbytes`` bytes on ``t``, what their
-    calls share (the combine, whether it is one piece) taken once."""
+    """``all_reduce`` of every buffer of ``dtype`` and ``nbytes`` bytes on ``t``, then divided
+    by ``mean`` unless 0 (AVERAGE's sum), what their calls share (the combine, whether it is
+    one piece) taken once. Where the transport prepares every round of this rank itself
+    (``Transport.exchange_reduce_plan``; a vector of one piece, a rank that only doubles), the
+    plan runs those, the division in the last: they send the messages a round sends here and
+    fold with its bits, so ranks on either form pair up."""
     if t.world_size == 1 or nbytes == 0:
         return lambda buf, fp: None
     run, combine = _runner(nbytes), combiner(op, dtype)
-    return lambda buf, fp: run(t, buf, combine, fp)
+    role, rounds = _schedule(t.world_size, t.rank)
+    if run is _one_piece and role == _DOUBLES:
+        count, last = nbytes // np.dtype(dtype).itemsize, len(rounds) - 1
+        steps = [t.exchange_reduce_plan(peer, dtype, count, combine, theirs_first,
+                                        mean if i == last else 0)
+                 for i, (peer, theirs_first) in enumerate(rounds)]
+        if all(steps):
+            return steps[0] if len(steps) == 1 else _in_turn(steps)
+    if not mean:
+        return lambda buf, fp: run(t, buf, combine, fp)
+
+    def run_mean(buf: np.ndarray, fp: Fingerprint) -> None:
+        run(t, buf, combine, fp)
+        divide_by_count(buf, mean)
+    return run_mean
+
+
+def _in_turn(steps: list) -> Callable[[np.ndarray, Fingerprint], None]:
+    def run(buf: np.ndarray, fp: Fingerprint) -> None:
+        for step in steps:
+            step(buf, fp)
+    return run
 
 
 def _runner(nbytes: int) -> Callable[..., None]:

@@ -25,6 +25,7 @@ _MAGIC = b"NFv1"
 # magic, op name (24 bytes, NUL padded), group id, seq, dtype str (8 bytes), count, payload bytes
 _HEADER = struct.Struct("<4s24sIQ8sQQ")
 HEADER_SIZE = _HEADER.size
+SEQ_OFFSET = struct.calcsize("<4s24sI")  # where the seq lies in a header (8 bytes, little-endian)
 
 
 class Fingerprint(NamedTuple):
@@ -244,6 +245,15 @@ class Transport(ABC):
         ``buf`` with ``combine``, the peer's operand first when ``theirs_first``, and return
         True; False (the default): the round runs as a ``sendrecv`` and a combine."""
         return False
+
+    def exchange_reduce_plan(self, peer: int, dtype: np.dtype, count: int,
+                             combine: Callable[..., Any], theirs_first: bool, mean: int = 0
+                             ) -> Optional[Callable[[np.ndarray, Fingerprint], None]]:
+        """``run(buf, fp)``: ``exchange_reduce`` of every buffer of ``count`` elements of
+        ``dtype`` with ``peer``, then divided by ``mean`` unless 0, what its calls share taken
+        once (a plan of ``algorithms.recursive_doubling``); None (the default) where this
+        transport has no such form of its own."""
+        return None
 
     def check_peer_rank(self, peer, fp: Fingerprint) -> None:
         """ValueError unless ``peer`` is another rank of this job."""

@@ -285,6 +285,30 @@ class MpiTransport(RequestWaiting, Transport):
         self.swap(buf, peer, fp, mpi_swap.Fold(buf, combine, buf.size, theirs_first, False))
         return True
 
+    def exchange_reduce_plan(self, peer: int, dtype: np.dtype, count: int, combine: Callable,
+                             theirs_first: bool, mean: int = 0) -> Optional[Callable]:
+        """A float sum's round up to the swap's limit, in one compiled call from here once the
+        kernels are loaded (``mpi_compiled.CompiledExchanges.round_plan``), else the swap; None
+        for other folds and sizes, or where the exchanges stay in mpi4py."""
+        dtype = np.dtype(dtype)
+        if (combine is not np.add or dtype not in mpi_compiled.SUM_DTYPES
+                or count * dtype.itemsize > swap_max_bytes(self.world_size)):
+            return None
+        compiled = self._compiled.round_plan(self, peer, dtype, count, theirs_first, mean)
+        if compiled is None:
+            return None
+        lock, unusable = self._lock, self._unusable
+
+        def run(buf: np.ndarray, fp: Fingerprint) -> None:
+            with lock:
+                if self._comm is None or peer in unusable:
+                    self.check_peer(peer, fp)  # raises
+                if compiled(buf, fp):
+                    return
+            self.swap(buf, peer, fp, mpi_swap.Fold(buf, np.add, buf.size, theirs_first, False,
+                                                   mean))
+        return run
+
     def check_peer(self, peer: int, fp: Fingerprint) -> None:
         """Raise before a message with ``peer``: not a peer, transport closed, or the peer's
         stream unusable after an earlier failure."""

@@ -39,11 +39,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import numpy as np
 
-from .base import HEADER_SIZE, Fingerprint, pack_header
+from .base import HEADER_SIZE, SEQ_OFFSET, Fingerprint, pack_header
 from .mpi_swap import Fold
 from .mpi_waiting import SPIN_S, YIELD_AFTER_S
 from .mpi_wire import PACKED_MAX_BYTES, TAG, check_first, first_max_bytes, swap_max_bytes
 from .shm import compiled
+from .short_entries import USABLE
 
 if TYPE_CHECKING:
     from .mpi import MpiTransport
@@ -106,9 +107,9 @@ def kernels(MPI: Any) -> Optional[Any]:
 
 def _check(k: Any, MPI: Any) -> None:
     """Compile (or load from Numba's cache) the kernels and run them with this process itself
-    on a private communicator: a swap, a sendrecv (packed and not) and the ring's two steps
-    must come back whole and DONE (a sum folded in each order, and a mean); another header,
-    MISMATCH."""
+    on a private communicator: a swap, a round of recursive doubling, a sendrecv (packed and
+    not) and the ring's two steps must come back whole and DONE (a sum folded in each order,
+    and a mean; the round's seq in its header); another header, MISMATCH."""
     comm = MPI.COMM_SELF.Dup()
     try:
         packed, first = np.zeros(HEADER_SIZE + 64, np.uint8), np.zeros(HEADER_SIZE + 64, np.uint8)
@@ -129,6 +130,12 @@ def _check(k: Any, MPI: Any) -> None:
                     raise RuntimeError(f"a {dtype.name} sum with itself (mean {mean}) gave "
                                        f"{code} and {buf.tolist()}")
                 buf[:] = [1.5, -2.0, 3.0]
+            made = np.frombuffer(header, np.uint8).copy()  # a round's header, its seq written
+            code = k.round_sum(buf, made, 7, packed, first, state, True, 2)
+            if (code, buf.tolist(), made[SEQ_OFFSET:SEQ_OFFSET + 8].tobytes()) != (
+                    k.DONE, [1.5, -2.0, 3.0], (7).to_bytes(8, "little")):
+                raise RuntimeError(f"a {dtype.name} round with itself gave {code}, "
+                                   f"{buf.tolist()} and header {made.tobytes()!r}")
         for packed_max in (0, 64):  # the payload after the header, then behind it
             state[k.PACKED_MAX] = packed_max
             got = np.zeros(5, np.uint8)
@@ -234,6 +241,58 @@ class CompiledExchanges:
         if not folded:
             use(first[HEADER_SIZE:HEADER_SIZE + nbytes].view(sendbuf.dtype))
         self._free[(peer, peer)] = bufs
+
+    def round_plan(self, t: MpiTransport, peer: int, dtype: np.dtype, count: int,
+                   theirs_first: bool, mean: int) -> Optional[Callable[..., bool]]:
+        """``go(buf, fp)``: the swap and float sum of a round of recursive doubling with
+        ``peer`` (``MpiTransport.exchange_reduce_plan``) for every ``buf`` of ``count``
+        elements of ``dtype`` (in SUM_DTYPES), divided by ``mean`` unless 0, in one compiled
+        call (``mpi_kernels.round_sum``) with what the calls share made once: the header (but
+        its seq, which the kernel writes), the kernel's machine-code entry (no type lookup per
+        call: ``buf`` is checked to be of the type it was made for). True once run; False,
+        nothing sent, while the kernels are not loaded or for a ``buf`` of another type: the
+        caller runs ``swap`` instead. None where the exchanges stay in mpi4py. Called with the
+        transport's lock held and ``peer`` checked."""
+        if self._mode == "python":
+            return None
+        shape, nbytes, low = (count,), count * dtype.itemsize, bool(theirs_first)
+        free, key, look_due = self._free, (peer, peer), t.look_due
+        made: list = [None, None]  # the fingerprint's fixed words, the header
+        entry: Any = None
+
+        def go(buf: np.ndarray, fp: Fingerprint) -> bool:
+            nonlocal entry
+            k = self._kernels
+            if (k is None or type(buf) is not np.ndarray or buf.dtype is not dtype
+                    or buf.shape != shape or buf.flags.num & USABLE != USABLE):
+                return False
+            fixed, header = made
+            if fixed != (fp[0], fp[2], fp[3], fp[4]):  # another caller's names: a new header
+                header = np.frombuffer(pack_header(fp, nbytes), np.uint8).copy()
+                made[:] = (fp[0], fp[2], fp[3], fp[4]), header
+            bufs = free.pop(key, None) or self._buffers(t, peer, peer)
+            packed, first, state, _ = bufs
+            if entry is None:
+                entry = compiled.fast_entry(k.round_sum, buf, header, fp[1], packed, first,
+                                            state, low, mean)
+            code = entry(buf, header, fp[1], packed, first, state, low, mean)
+            if code != k.DONE or look_due():
+                self._settle(t, code, bufs, fp, peer, bytes(header),
+                             Fold(buf, np.add, count, low, False, mean))
+            free[key] = bufs
+            return True
+        return go
+
+    def _settle(self, t: MpiTransport, code: int, bufs: tuple, fp: Fingerprint, peer: int,
+                header: bytes, fold: Fold) -> None:
+        """After a kernel's swap that folds (``round_plan``): the liveness look when due
+        (DONE), else finish the swap and run ``fold`` in Python."""
+        if self._done(t, code, fp, peer):
+            return
+        k, first, state, nbytes = self._kernels, bufs[1], bufs[2], fold.buf.nbytes
+        self._finish(t, code, bufs, (), fp, peer, nbytes, True,
+                     lambda spin: k.poll(header, first, nbytes, state, spin))
+        fold(first[HEADER_SIZE:HEADER_SIZE + nbytes].view(fold.buf.dtype))
 
     def sendrecv(self, t: MpiTransport, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray,
                  src: int, fp: Fingerprint) -> None:

@@ -9,8 +9,8 @@ PACKED_MAX word's size packed behind its header, a larger one as a message of it
 it, received only once its header was judged. Ranks on these forms and on mpi4py's exchange
 the same bytes and pair up. ``swap_sum`` is a swap that then adds the peer's vector into this
 rank's (the fold of a sum's swap, ``mpi_swap.Fold``), each part in its operand order, and
-divides a mean; ``ring_steps`` is the two-rank ring's two ``sendrecv``s with that fold
-between. Both compute in the vector's own float type: the bits of NumPy's ``add`` and
+divides a mean; ``round_sum`` is one on a header made once, its seq written in;
+``ring_steps`` is the two-rank ring's two ``sendrecv``s with that fold between. Both compute in the vector's own float type: the bits of NumPy's ``add`` and
 ``divide`` (but for a NaN made of two NaNs with different payloads, of which NumPy's loops keep
 either).
 
@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
+
+from .base import SEQ_OFFSET
 
 DONE, PENDING, MISMATCH = 0, 1, 2
 # the words of ``state``: set once (the swap's peer, the tag, the communicator's and MPI_BYTE's
@@ -97,6 +99,16 @@ def swap_sum(buf, header, packed, first, state, split, low, high, mean):  # prag
         _add_into(buf[:split], got[:split], low, mean)
         _add_into(buf[split:], got[split:], high, mean)
     return code
+
+
+@njit(cache=True, nogil=True)
+def round_sum(buf, header, seq, packed, first, state, low, mean):  # pragma: no cover
+    """``swap_sum`` of the whole of ``buf`` (the peer's operand first where ``low``) with
+    ``header``'s seq set to ``seq`` first: a round of recursive doubling whose header is made
+    once per shape (``mpi_compiled.CompiledExchanges.round_plan``)."""
+    for i in range(8):
+        header[SEQ_OFFSET + i] = (seq >> (8 * i)) & 0xFF
+    return swap_sum(buf, header, packed, first, state, buf.size, low, False, mean)
 
 
 @njit(cache=True, nogil=True)

@@ -44,20 +44,6 @@ def _reducible(dtype: np.dtype, op: Any) -> bool:
     return True
 
 
-def _fast_kernel(kernel: Any, *args: Any) -> Callable[..., int]:
-    """``kernel``'s compiled machine-code entry for the types of ``args`` (compiled or loaded
-    from the cache now, not run): Numba's dispatcher without its type lookup, about 0.1 us less
-    a call. The entry trusts the types of its arguments: callers pass only arrays they checked
-    to be of the sample's type (dtype, 1-D, C-contiguous, aligned, writable). Where Numba does
-    not expose it, the dispatcher itself."""
-    try:
-        signature = tuple(kernel.typeof_pyval(a) for a in args)
-        kernel.compile(signature)
-        return kernel.overloads[signature].entry_point
-    except (AttributeError, KeyError, TypeError):
-        return kernel
-
-
 class ShortCalls(EntryTables):
     """The entries of one ``ShmCollectives``, for its default group ``pg`` (``bind``)."""
 
@@ -207,7 +193,7 @@ class ShortCalls(EntryTables):
                 raise
 
         if like is None:  # the barrier
-            kernel = _fast_kernel(prepared.kernel, address, 0, 1)
+            kernel = compiled.fast_entry(prepared.kernel, address, 0, 1)
 
             def barrier() -> bool:
                 seq = next_seq()
@@ -226,8 +212,8 @@ class ShortCalls(EntryTables):
         # Numba has no float16 arrays, nor other byte orders: a broadcast takes their bytes
         as_bytes = like.dtype.type is np.float16 or not like.dtype.isnative
         sample = np.zeros(like.size, like.dtype)
-        kernel = _fast_kernel(prepared.kernel, sample.view(np.uint8) if as_bytes else sample,
-                              address, 0, 1)
+        kernel = compiled.fast_entry(prepared.kernel,
+                                     sample.view(np.uint8) if as_bytes else sample, address, 0, 1)
 
         def call(tensor: np.ndarray) -> bool:
             if tensor.flags.num & _USABLE != _USABLE:
