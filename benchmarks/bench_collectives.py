@@ -24,18 +24,21 @@ neighbour's copy back, a round at a time, so it shows how fast data moves betwee
 that job. Two more shm rows at every all-reduce size show what users see: ``shm AVERAGE`` (the
 op DDP uses) and ``shm plain loop`` (calls timed one by one in a plain loop, no barrier between
 them). The ``barrier`` (no message) is timed like the collectives: ``dist.barrier`` in every
-job, ``MPI_Barrier`` beside it under mpiexec. Every broadcast is timed again, ours and
-``MPI_Bcast`` alike, with the root filling its buffer with the call's index before each call
-(``<backend> fresh data`` rows; ``--no-fresh-broadcast`` leaves them out): with an unchanged
-buffer, as osu_bcast and nccl-tests time it, a single-copy ``MPI_Bcast`` reads lines that stay
-in the reader's cache, which a training step's freshly computed data would not be. The report's
-goal lines (``collectives_goals``) are printed again at the end of the run.
+job, ``MPI_Barrier`` beside it under mpiexec. Every broadcast, all-gather and reduce-scatter
+is timed again, ours and MPI's alike, with its inputs written inside each timed call
+(``<backend> fresh data`` rows, ``fresh_calls``; ``--no-fresh`` leaves them out): the
+broadcast's root fills its buffer with the call's index, in an all-gather or reduce-scatter
+every rank fills its input with a value of the call's index and its rank. With unchanged
+inputs, as osu_bcast, osu_allgather and nccl-tests time them, a single-copy MPI call reads lines
+that stay in the peer's cache, which a training step's freshly computed data would not be:
+MPI_Allgather of 256 KiB at p = 2 took 12-13 us on an unchanged input and 56-60 us on one
+written before every call, ours 49-57 either way (``mpiexec -n 2 python
+benchmarks/mpi_fresh_inputs.py``). The goal lines are printed again at the end of the run.
 
     python benchmarks/bench_collectives.py [--backends shm,tcp,mpi] [--world-sizes 2,4]
         [--collectives all_reduce,all_gather,broadcast,barrier,reduce_scatter,reduce,gather,
                        scatter]
-        [--no-fresh-broadcast]
-        [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
+        [--no-fresh] [--sizes 4,1K,16M] [--max-size 256M] [--iters 20] [--repeats 3]
         [--output benchmarks/RESULTS.md]
         [--plot docs/collectives_bandwidth.png] [--latency-plot docs/collectives_latency.png]
 
@@ -54,6 +57,7 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
 
 import bench_common as common  # noqa: E402
 import collective_calls as rank_calls  # noqa: E402
+import fresh_calls  # noqa: E402
 from collective_calls import ITEMSIZE, time_plain_loop  # noqa: E402,F401
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
 from collectives_report import (AVERAGE, BARRIER, COLLECTIVES, EXCHANGE, FRESH,  # noqa: E402,F401
@@ -135,13 +139,13 @@ def schedule(nbytes: int, iters: int) -> Tuple[int, int]:
 def _times_point(label: str, collective: str, nbytes: int, variants_from: int) -> bool:
     """Whether ``label``'s row is measured at this point: the references only for all-reduces
     from STREAM_MIN_BYTES, the AVERAGE and plain-loop variants for all-reduces from
-    ``variants_from``, the fresh-data rows only for broadcasts."""
+    ``variants_from``, the fresh-data rows for the collectives ``fresh_calls`` rewrites."""
     if label in REFERENCES:
         return collective == "all_reduce" and nbytes >= STREAM_MIN_BYTES
     if label in VARIANTS:
         return collective == "all_reduce" and nbytes >= variants_from
     if label.endswith(FRESH):
-        return collective == "broadcast"
+        return collective in fresh_calls.FRESH_COLLECTIVES
     return True
 
 
@@ -161,8 +165,8 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                   (LOOP, rank_calls.our_call, None),
                   (STREAM, rank_calls.stream_call, dist.barrier),
                   (EXCHANGE, rank_calls.exchange_call, dist.barrier)]
-    if job.get("fresh_broadcast") and "broadcast" in job["collectives"]:
-        impls += [(fresh(label), rank_calls.rewriting_root(make, rank), barrier)
+    if job.get("fresh") and set(job["collectives"]) & set(fresh_calls.FRESH_COLLECTIVES):
+        impls += [(fresh(label), fresh_calls.rewriting(make, rank, p), barrier)
                   for label, make, barrier in impls if label in (backend, NATIVE)]
     variants_from = job.get("variants_from", STREAM_MIN_BYTES)
     rows = []
@@ -177,8 +181,8 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                 call = make(collective, buffers)
                 checked, average = label not in REFERENCES, label == AVERAGE
                 rewritten = label.endswith(FRESH)
-                if rewritten:  # the readers get the root's data, rewritten for each call
-                    rank_calls.check_rewritten(buffers, rank, p, call)
+                if rewritten:  # the outputs follow from the inputs rewritten for each call
+                    fresh_calls.check_rewritten(collective, buffers, rank, p, call)
                 elif checked:
                     rank_calls.check(collective, buffers, call, rank, p, average)
                 if label == LOOP:
@@ -187,7 +191,7 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                 else:
                     times = common.time_batches(call, barrier, calls, batches)
                 if rewritten:  # as the last timed call left them
-                    rank_calls.check_rewritten(buffers, rank, p)
+                    fresh_calls.check_rewritten(collective, buffers, rank, p)
                 elif checked:  # still right after the timed calls
                     rank_calls.check(collective, buffers, call, rank, p, average)
                 seconds = common.slowest_median(dist.all_gather_object(times))
@@ -216,14 +220,14 @@ def _print_point(collective: str, p: int, label: str, nbytes: int, seconds: floa
 # ----- the driver ------------------------------------------------------------------------------
 def measure(backends: Sequence[str], world_sizes: Sequence[int], sizes: Dict[str, List[int]],
             iters: int, timeout: float, repeats: int = 1, variants_from: int = STREAM_MIN_BYTES,
-            fresh_broadcast: bool = False) -> Tuple[List[dict], List[str]]:
+            fresh: bool = False) -> Tuple[List[dict], List[str]]:
     """Rows of every job that ran (each point the median over ``repeats`` runs), and a message
     for every job that failed. ``sizes`` maps each collective to its message sizes (a
     barrier's: ``[0]``); the shm AVERAGE and plain-loop rows are timed from ``variants_from``
-    bytes; with ``fresh_broadcast``, every broadcast again with the root rewriting its buffer
-    before each call (``fresh(backend)`` rows, MPI_Bcast's too)."""
+    bytes; with ``fresh``, every broadcast, all-gather and reduce-scatter again with its
+    inputs rewritten before each call (``fresh(backend)`` rows, MPI's too)."""
     job = {"collectives": [c for c in CHOICES if sizes.get(c)], "sizes": sizes,
-           "iters": iters, "variants_from": variants_from, "fresh_broadcast": fresh_broadcast}
+           "iters": iters, "variants_from": variants_from, "fresh": fresh}
     plan = [(f"{backend}, {p} ranks, run {run} of {repeats}", backend, p)
             for run in range(1, repeats + 1) for p in world_sizes for backend in backends]
     results, failures = common.run_jobs(SCRIPT, plan, job, timeout)
@@ -246,9 +250,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="timed batches per point (large messages: fewer, at least 5)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of every job, interleaved; each point is their median")
-    parser.add_argument("--fresh-broadcast", action=argparse.BooleanOptionalAction,
-                        default=True, help="time every broadcast again with the root "
-                        "rewriting its buffer before each call, MPI_Bcast's too (default: on)")
+    parser.add_argument("--fresh", "--fresh-broadcast", action=argparse.BooleanOptionalAction,
+                        default=True, help="time every broadcast, all_gather and "
+                        "reduce_scatter again with its inputs rewritten before each call, "
+                        "MPI's too (default: on)")
     parser.add_argument("--job-timeout", type=float, default=900.0, help="seconds per job")
     parser.add_argument("--output", action="append", default=[],
                         help="write the results section into this file (repeatable)")
@@ -282,7 +287,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     rows, failures = measure(args.backends, args.world_sizes, args.size_plan, args.iters,
                              args.job_timeout, args.repeats, VARIANTS_FROM_BYTES,
-                             args.fresh_broadcast)
+                             args.fresh)
     common.publish(report(rows, failures, command, machine), args.output, SECTION)
     if args.plot:
         plot(rows, args.plot)

@@ -3,21 +3,20 @@
 Each ``*_call(collective, buffers)`` returns a function of no arguments that makes one call on
 the reused buffers: ours through the public ``neural_arch.distributed`` API, MPI's own through
 mpi4py (under mpiexec), the AVERAGE variant of our all-reduce, and the two shm references
-(buffer stream, copy exchange). ``rewriting_root`` turns a broadcast's maker into one whose root
-rewrites its buffer before every call. A barrier has no buffers. The rooted collectives
+(buffer stream, copy exchange); ``fresh_calls`` makes the fresh-data variants of ours and MPI's,
+their inputs written before every call. A barrier has no buffers. The rooted collectives
 (reduce, gather, scatter) have rank 0 as their root; every rank holds the same buffers, the
 root's per-rank lists being views of its whole output (gather) or input (scatter).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List
 
 from collectives_goals import BARRIER
 
 ITEMSIZE = 4  # float32
 STREAM_STEP_BYTES = 1 << 20  # the stream's scratch and the exchange's round: stay in cache
 LOOP_WARMUP_CALLS = 10
-FILL_INDEX_PERIOD = 1 << 24  # a rewriting root's call indices: 1 .. this, each exact in float32
 
 
 def buffers(collective: str, count: int, p: int) -> Dict[str, Any]:
@@ -57,54 +56,6 @@ def average_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     from neural_arch import distributed as dist
     op = dist.ReduceOp.AVERAGE  # looked up once, as SUM is (the default argument): two
     return lambda: dist.all_reduce(b["buf"], op)  # attribute lookups a call are 0.1-0.2 us
-
-
-def rewriting_root(make: Callable[[str, Dict[str, Any]], Callable[[], Any]],
-                   rank: int) -> Callable[[str, Dict[str, Any]], Callable[[], Any]]:
-    """``make`` for a broadcast whose root (rank 0) fills its whole buffer with the call's index
-    before every call, as a training step's freshly computed data would be, so that no reader
-    still holds the buffer's lines in its cache; the readers' calls are ``make``'s own."""
-    def make_rewriting(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
-        call = make(collective, b)
-        if rank != 0:
-            return call
-        buf, index = b["buf"], [0]
-
-        def rewrite_then_call() -> Any:
-            index[0] = index[0] % FILL_INDEX_PERIOD + 1  # float32 holds these exactly
-            buf.fill(index[0])
-            return call()
-        return rewrite_then_call
-    return make_rewriting
-
-
-def check_rewritten(b: Dict[str, Any], rank: int, p: int,
-                    call: Optional[Callable[[], Any]] = None) -> None:
-    """Every reader's buffer must equal the root's, as the timed calls left them, or after
-    ``call`` when given (a call of ``rewriting_root``'s, the readers' buffers spoiled first,
-    so that a copy that never reached them shows)."""
-    from neural_arch import distributed as dist
-    buf = b["buf"]
-    if call is not None:
-        if rank != 0:
-            buf[...] = -1.0
-        call()
-    check_copies_of_root(dist.all_gather_object((float(buf.min()), float(buf.max()))),
-                         buf.nbytes)
-
-
-def check_copies_of_root(seen: Sequence[Tuple[float, float]], nbytes: int) -> None:
-    """``seen[r]`` is rank r's (least, greatest) element: the root's must be one index it wrote
-    (at least 1) and every reader's the same."""
-    low, high = seen[0]
-    if low != high or low < 1:
-        raise RuntimeError(f"broadcast of {nbytes} B with a rewritten root: the root's buffer "
-                           f"held {low} - {high}, expected one call index >= 1")
-    wrong = [f"rank {r} held {lo} - {hi}" for r, (lo, hi) in enumerate(seen)
-             if (lo, hi) != (low, high)]
-    if wrong:
-        raise RuntimeError(f"broadcast of {nbytes} B with a rewritten root: " + ", ".join(wrong)
-                           + f", the root's {low}")
 
 
 def time_plain_loop(call: Callable[[], Any], calls: int) -> List[float]:

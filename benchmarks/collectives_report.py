@@ -1,8 +1,9 @@
 """The tables, goals and plot of ``bench_collectives.py``, from the rows its jobs measured.
 
 A row is one point: collective, world size, backend (``shm``/``tcp``/``mpi``, ``MPI native``,
-the ``buffer stream`` and ``copy exchange`` references, or ``<backend> fresh data``: a broadcast
-whose root rewrote its buffer before every call), message bytes (0 for a barrier),
+the ``buffer stream`` and ``copy exchange`` references, or ``<backend> fresh data``: a broadcast,
+all-gather or reduce-scatter whose inputs were rewritten before every call), message bytes (0
+for a barrier),
 algorithm and the median seconds per call. The goals are computed in ``collectives_goals``.
 """
 from __future__ import annotations
@@ -20,11 +21,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
                "scatter")
 STREAM = "buffer stream"
 EXCHANGE = "copy exchange"
-FRESH = " fresh data"  # a broadcast row whose root rewrote its buffer before every call
+FRESH = " fresh data"  # a row whose inputs were rewritten before every call
 
 
 def fresh(backend: str) -> str:
-    """The label of ``backend``'s broadcast timed with the root rewriting its buffer."""
+    """The label of ``backend``'s calls timed with their inputs rewritten before each."""
     return backend + FRESH
 
 
@@ -77,7 +78,7 @@ def bandwidths(row: dict) -> Tuple[float, float]:
 
 def speed_vs_native(rows: Sequence[dict], row: dict) -> Optional[float]:
     """How many times faster than MPI native on the same collective, size and world size (a
-    fresh-data row: than MPI native rewriting its root's buffer the same way)."""
+    fresh-data row: than MPI native rewriting its inputs the same way)."""
     peer = fresh(NATIVE) if row["backend"].endswith(FRESH) else NATIVE
     native = _lookup(rows, row["collective"], row["world_size"], peer, row["bytes"])
     return None if native is None else native["seconds"] / row["seconds"]
@@ -236,13 +237,15 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "jobs, every all_reduce size): the all-reduce with ReduceOp.AVERAGE, as DDP calls "
         "it. Shm plain loop (the same): the SUM all-reduce called in a plain loop with no "
         "barriers, each call timed on its own, the median after 10 untimed calls: what a "
-        "user timing their own loop sees. Fresh data (broadcast, on by default; "
-        "--no-fresh-broadcast): every backend's broadcast and MPI_Bcast again, the root "
-        "filling its whole buffer with the call's index (NumPy, inside the timed call) before "
-        "every call, the readers doing nothing more; its ratio is against MPI's fresh-data "
-        "row. The plain rows reuse an unchanged buffer, as osu_bcast and nccl-tests do, which "
-        "lets a single-copy MPI_Bcast (Open MPI's CMA) read lines that stay in the reader's "
-        "cache; a training step broadcasts freshly computed data. Barrier: dist.barrier, and "
+        "user timing their own loop sees. Fresh data (broadcast, all_gather and "
+        "reduce_scatter, on by default; --no-fresh): every backend's call and MPI's again, "
+        "the inputs written before every call (NumPy, inside the timed call): the broadcast's "
+        "root fills its whole buffer with the call's index, the readers doing nothing more; "
+        "in an all_gather or reduce_scatter every rank fills its whole input with call index "
+        "x p + rank; its ratio is against MPI's fresh-data row. The plain rows reuse "
+        "unchanged inputs, as osu_bcast, osu_allgather and nccl-tests do, which lets a "
+        "single-copy MPI call (Open MPI's CMA) read lines that stay in the peer's cache; a "
+        "training step sends freshly computed data. Barrier: dist.barrier, and "
         "MPI_Barrier under mpiexec, timed in batches of calls like the collectives.")
     lines += [SIZE_GOALS_HEADING, "", SIZE_GOALS_NOTE, "", goals_table(size_goals(rows)), "",
               EARLIER_GOALS_HEADING, "", goals_table(earlier_goals(rows)), "",

@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_collectives  # noqa: E402
 import bench_common  # noqa: E402
-import collective_calls  # noqa: E402
 import collectives_report  # noqa: E402
 import distributed_training_benchmark as training  # noqa: E402
+import fresh_calls  # noqa: E402
 
 
 def test_size_parsing_and_formatting():
@@ -82,13 +82,13 @@ def test_fresh_broadcast_rows_are_compared_with_mpi_rewriting_its_buffer_too():
         ("shm", "10.0", "0.50x"), ("MPI native", "5.0", ""),
         ("shm fresh data", "8.0", "1.50x"), ("MPI native fresh data", "12.0", "")]
     text = collectives_report.report(rows, [], "python benchmarks/bench_collectives.py", "m")
-    assert "Fresh data (broadcast, on by default" in text
+    assert "Fresh data (broadcast, all_gather and reduce_scatter, on by default" in text
     goals = {goal: measured for goal, measured, _ in collectives_report.size_goals(rows)}
     assert goals["shm broadcast 4 B - 1 KiB <= MPI native + 1 us, p=2"] == \
         "worst 4 B: 3.00 vs 2.00 us (+1.00 us); 1 size, 4 B"  # the plain rows only
-    assert bench_collectives.parse_args(["--backends", "shm"]).fresh_broadcast is True
-    assert bench_collectives.parse_args(
-        ["--backends", "shm", "--no-fresh-broadcast"]).fresh_broadcast is False
+    assert bench_collectives.parse_args(["--backends", "shm"]).fresh is True
+    for flag in ("--no-fresh", "--no-fresh-broadcast"):  # the broadcast-only name still works
+        assert bench_collectives.parse_args(["--backends", "shm", flag]).fresh is False
 
 
 def test_the_root_rewrites_its_buffer_before_each_call_and_readers_must_match_it():
@@ -97,17 +97,50 @@ def test_the_root_rewrites_its_buffer_before_each_call_and_readers_must_match_it
 
     def make(collective, b):  # a stand-in for a broadcast: what the call is handed
         return lambda: seen.append(b["buf"].tolist())
-    root_call = collective_calls.rewriting_root(make, 0)("broadcast",
+    root_call = fresh_calls.rewriting_root(make, 0)("broadcast",
                                                          {"buf": np.zeros(3, np.float32)})
-    reader_call = collective_calls.rewriting_root(make, 1)("broadcast",
+    reader_call = fresh_calls.rewriting_root(make, 1)("broadcast",
                                                            {"buf": np.zeros(3, np.float32)})
     root_call(), reader_call(), root_call()
     assert seen == [[1.0] * 3, [0.0] * 3, [2.0] * 3]  # readers write nothing
-    collective_calls.check_copies_of_root([(2.0, 2.0), (2.0, 2.0), (2.0, 2.0)], 12)
+    fresh_calls.check_copies_of_root([(2.0, 2.0), (2.0, 2.0), (2.0, 2.0)], 12)
     with pytest.raises(RuntimeError, match=r"12 B.* rank 2 held 1.0 - 2.0, the root's 2.0"):
-        collective_calls.check_copies_of_root([(2.0, 2.0), (2.0, 2.0), (1.0, 2.0)], 12)
+        fresh_calls.check_copies_of_root([(2.0, 2.0), (2.0, 2.0), (1.0, 2.0)], 12)
     with pytest.raises(RuntimeError, match="root's buffer held 0.0 - 0.0"):
-        collective_calls.check_copies_of_root([(0.0, 0.0), (0.0, 0.0)], 12)
+        fresh_calls.check_copies_of_root([(0.0, 0.0), (0.0, 0.0)], 12)
+
+
+def test_every_rank_rewrites_its_input_before_each_call_and_outputs_must_follow():
+    import numpy as np
+    p, n, seen = 3, 2, []
+
+    def make(collective, b):  # a stand-in for an all-gather: what the call is handed
+        return lambda: seen.append(b["send"].tolist())
+    calls = [fresh_calls.rewriting(make, rank, p)("all_gather", {"send": np.zeros(n, np.float32)})
+             for rank in range(p)]
+    for call in calls + calls:
+        call()
+    assert seen == [[v] * n for v in (3, 4, 5, 6, 7, 8)]  # call index x p + rank
+    with pytest.raises(ValueError, match="'all_reduce'"):
+        fresh_calls.rewriting(make, 0, p)("all_reduce", {"buf": np.zeros(n, np.float32)})
+    for size in (2, 3, 4, 8):  # the largest reduce-scatter sum is exact in float32
+        assert size * size * (fresh_calls.index_period(size) + 1) <= 1 << 24
+    with pytest.raises(ValueError, match="p = 5000"):
+        fresh_calls.index_period(5000)
+    inputs = [(6.0, 6.0), (7.0, 7.0), (8.0, 8.0)]  # call 2 on each rank
+    gathered = np.repeat(np.float32([6, 7, 8]), n)
+    fresh_calls.check_fresh_result("all_gather", inputs, gathered, 1, p)
+    fresh_calls.check_fresh_result("reduce_scatter", inputs, np.full(n, 21, np.float32), 1, p)
+    with pytest.raises(RuntimeError, match=r"^all_gather of 24 B .*: rank 1 of 3 held 6.0 at "
+                                           r"element 2 \(2 of 6 wrong\), expected 7.0$"):
+        fresh_calls.check_fresh_result("all_gather", inputs, np.repeat(np.float32([6, 6, 8]), n),
+                                       1, p)
+    with pytest.raises(RuntimeError, match=r"^reduce_scatter of 24 B .* held -1.0 at element 0"):
+        fresh_calls.check_fresh_result("reduce_scatter", inputs, np.full(n, -1, np.float32), 0, p)
+    with pytest.raises(RuntimeError, match=r"written by calls \[1, 2\]"):
+        fresh_calls.check_fresh_result("all_gather", [(3.0, 3.0)] + inputs[1:], gathered, 0, p)
+    with pytest.raises(RuntimeError, match=r"rank 2's input held 7.0 - 8.0"):
+        fresh_calls.check_fresh_result("all_gather", inputs[:2] + [(7.0, 8.0)], gathered, 0, p)
 
 
 def test_repeated_runs_report_the_median_of_each_point():

@@ -61,10 +61,11 @@ def test_bench_collectives_reports_consistent_numbers(tmp_path):
     variants = ("shm AVERAGE", "shm plain loop")
     stream = ({(mib, r) for r in references} | {(n, v) for n in (4, 4096, mib) for v in variants}
               if "shm" in BACKENDS else set())
-    # every broadcast is timed again with the root rewriting its buffer before each call,
-    # ours and MPI's alike, each compared with MPI's rewritten one
-    fresh = {(n, f"{b} fresh data") for n in (4, 4096, mib) for b in expected_backends}
-    extra = {"all_reduce": stream, "broadcast": fresh}
+    # every broadcast, all-gather and reduce-scatter is timed again with its inputs rewritten
+    # before each call, ours and MPI's alike, each compared with MPI's rewritten one
+    fresh = {c: {(n, f"{b} fresh data") for n in expected[c][0] for b in expected_backends}
+             for c in ("all_gather", "reduce_scatter", "broadcast")}
+    extra = {"all_reduce": stream, **fresh}
     assert set(tables) == {(c, 2) for c in expected}
     for collective, (sizes, bus_over_alg) in expected.items():
         rows = tables[(collective, 2)]
