@@ -105,8 +105,9 @@ def mpi_medians_in_turns(comm, calls: Dict[str, Callable[[], Any]], nbytes: int,
     that machine noise hits them alike: one untimed batch each, then ``rounds`` rounds of one
     batch each, each round in another order (the same on every rank). A fixed order, even
     rotated, keeps each call right after the same other one, and what a call leaves can cost
-    the next: at 16 MiB on two ranks the call timed right after MPI_Allreduce took 0.4-0.6 ms
-    (about 20 %) longer than the same call elsewhere in the round (``mpi_layers.py``)."""
+    the next: at 16 MiB on two ranks the row timed right after MPI_Allreduce read slower, which
+    showed as a gap between ``mpi_layers.py``'s public call and its algorithm
+    (``benchmarks/RESULTS.md``)."""
     for call in calls.values():
         mpi_batch_seconds(comm, call, nbytes, most_calls)
     names, times = list(calls), {name: [] for name in calls}

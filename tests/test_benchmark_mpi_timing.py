@@ -6,6 +6,7 @@ mpiexec, in no test)."""
 from __future__ import annotations
 
 import ast
+import random
 import sys
 from types import SimpleNamespace
 
@@ -61,8 +62,17 @@ def test_rows_are_timed_in_turns_after_a_barrier_and_give_the_slowest_ranks_medi
     medians = bench_common.mpi_medians_in_turns(TwoRankComm(log), calls, nbytes=16 << 20,
                                                 rounds=3, most_calls=1000)
     assert medians == pytest.approx({"ours": 6.0, "theirs": 40.0})
-    # 32 MiB a batch: two calls of 16 MiB, each row's batch after a barrier, in turns
-    assert log == ["barrier", "ours", "ours", "barrier", "theirs", "theirs"] * 4
+    # 32 MiB a batch: two calls of 16 MiB, each row's batch after a barrier, in turns: the
+    # untimed batches in the rows' order, then each round in its own order, the same on every
+    # rank (seeded by the round), so that no row always follows the same other one
+    rounds = [["ours", "theirs"]]
+    for turn in range(3):
+        order = ["ours", "theirs"]
+        random.Random(turn).shuffle(order)
+        rounds.append(order)
+    assert len({tuple(order) for order in rounds[1:]}) == 2, rounds
+    assert log == [entry for order in rounds for name in order
+                   for entry in ("barrier", name, name)]
 
 
 @pytest.mark.parametrize("nbytes,most_calls,expected", [(4, 1000, 1000), (4, 2000, 2000),

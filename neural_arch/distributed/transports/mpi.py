@@ -34,10 +34,10 @@ from .mpi_chained import run_chained
 from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
 from .mpi_notices import Notices
+from .mpi_exchanges import PairExchanges, byte_view, compilable
 from .mpi_waiting import RequestWaiting
-from .mpi_wire import (CHUNK, DONE, FirstBuffers, Incoming, first_max_bytes, post_send,
-                       swap_max_bytes)
-from . import mpi_compiled, mpi_pair, mpi_swap
+from .mpi_wire import CHUNK, DONE, FirstBuffers, Incoming, first_max_bytes, post_send
+from . import mpi_compiled
 
 _IDENTITY = struct.Struct("<16sQQ")  # host key, pid, process start time
 
@@ -57,33 +57,12 @@ def _host_key() -> bytes:
     return hashlib.sha256(host_identity("pid").encode()).digest()[:16]
 
 
-def _byte_view(buf: np.ndarray, writable: bool, what: str) -> memoryview:
-    if not isinstance(buf, np.ndarray):
-        raise TypeError(f"{what} buffer must be a numpy array, got {type(buf).__name__}")
-    flags = buf.flags
-    if not flags.c_contiguous or (writable and not flags.writeable):
-        raise ValueError(f"{what} buffer must be C-contiguous{' and writable' if writable else ''}"
-                         f"; got shape {buf.shape}, strides {buf.strides}")
-    try:
-        return memoryview(buf).cast("B")
-    except (TypeError, ValueError):  # a dtype the buffer protocol cannot describe
-        return memoryview(buf.reshape(-1).view(np.uint8))
-
-
-def _compilable(buf) -> bool:
-    """Whether the compiled exchanges (``mpi_compiled``) may take ``buf`` as it is: a
-    contiguous, writable array of plain values (a read-only one would compile another form of
-    the kernels in the middle of a call; anything else goes where it is checked)."""
-    return (type(buf) is np.ndarray and buf.flags.c_contiguous and buf.flags.writeable
-            and not buf.dtype.hasobject)
-
-
 def create(rank: Optional[int] = None, world_size: Optional[int] = None, store=None,
            timeout: float = 1800.0, comm=None) -> "MpiTransport":
     return MpiTransport(rank, world_size, store, timeout, comm)
 
 
-class MpiTransport(RequestWaiting, Transport):
+class MpiTransport(PairExchanges, RequestWaiting, Transport):
     name = "mpi"
 
     def __init__(self, rank: Optional[int] = None, world_size: Optional[int] = None, store=None,
@@ -153,7 +132,7 @@ class MpiTransport(RequestWaiting, Transport):
 
     # ---- point to point ----------------------------------------------------------------------
     def send(self, buf: np.ndarray, dst: int, fp: Fingerprint) -> None:
-        payload = _byte_view(buf, False, "send")
+        payload = byte_view(buf, False, "send")
         with self._lock:
             self.check_peer(dst, fp)
             posted: list = []
@@ -168,19 +147,19 @@ class MpiTransport(RequestWaiting, Transport):
                 raise
 
     def recv(self, buf: np.ndarray, src: int, fp: Fingerprint) -> None:
-        payload = _byte_view(buf, True, "recv")
+        payload = byte_view(buf, True, "recv")
         with self._lock:
             self.check_peer(src, fp)
             self._receive_while([], Incoming(self, payload, src, fp))
 
     def sendrecv(self, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray, src: int,
                  fp: Fingerprint) -> None:
-        out, into = _byte_view(sendbuf, False, "send"), _byte_view(recvbuf, True, "recv")
+        out, into = byte_view(sendbuf, False, "send"), byte_view(recvbuf, True, "recv")
         with self._lock:
             self.check_peer(dst, fp)
             if src != dst:
                 self.check_peer(src, fp)
-            if (_compilable(sendbuf) and not recvbuf.dtype.hasobject
+            if (compilable(sendbuf) and not recvbuf.dtype.hasobject
                     and self._compiled.takes(self, max(out.nbytes, into.nbytes), CHUNK)):
                 self._compiled.sendrecv(self, sendbuf, dst, recvbuf, src, fp)
                 return
@@ -195,39 +174,6 @@ class MpiTransport(RequestWaiting, Transport):
                 self.abandoned += [incoming, sends]  # its receive may still land
                 self._mpi_error(incoming.reqs + sends, [src, dst], fp, e)
             self._receive_while(sends, incoming)
-
-    def swap(self, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
-             use: Callable[[np.ndarray], None]) -> None:
-        """Two ranks exchange vectors of the same size and dtype, up to
-        ``mpi_wire.SWAP_MAX_BYTES``, one message each way; ``use(received)`` reads the peer's
-        where it landed, before that buffer is reused (``mpi_swap``, or in one compiled call
-        once hot: ``mpi_compiled``)."""
-        plain = _compilable(sendbuf)
-        with self._lock:
-            self.check_peer(peer, fp)
-            if plain and self._compiled.takes(self, sendbuf.nbytes):
-                self._compiled.swap(self, sendbuf, peer, fp, use)
-            else:
-                mpi_swap.swap(self, sendbuf, _byte_view(sendbuf, False, "send"), peer, fp, use)
-
-    def ring_steps(self, mine: np.ndarray, theirs: np.ndarray, got: np.ndarray,
-                   fp: Fingerprint, fold: Callable[[np.ndarray], None]) -> None:
-        """The two-rank ring's two steps (``mpi_pair``): ``theirs`` to the peer while the
-        peer's part of ``mine`` lands in ``got``, ``fold(got)`` into ``mine``, then ``mine``
-        to the peer while the peer's part of ``theirs`` lands there: two ``sendrecv``s, or,
-        once hot, for a float sum, one compiled call (``mpi_compiled``), the same
-        messages."""
-        peer = 1 - self.rank
-        with self._lock:
-            self.check_peer(peer, fp)
-            if (mpi_compiled.folds_sum(fold, mine) and theirs.dtype == mine.dtype == got.dtype
-                    and all(_compilable(a) and a.ndim == 1 for a in (mine, theirs, got))
-                    and self._compiled.takes(self, max(mine.nbytes, theirs.nbytes), CHUNK)):
-                self._compiled.ring_steps(self, mine, theirs, got, fp, fold)
-                return
-        self.sendrecv(theirs, peer, got, peer, fp)
-        fold(got)
-        self.sendrecv(mine, peer, theirs, peer, fp)
 
     def _receive_while(self, sends: list, incoming: Incoming) -> None:
         """Receive ``incoming`` while ``sends`` progress, in one poll over both. On failure
@@ -257,7 +203,7 @@ class MpiTransport(RequestWaiting, Transport):
         """A batch: every send posted at once, and every receive moved on in one poll over the
         batch (``mpi_batch``)."""
         with self._lock:
-            run_batch(self, sends, recvs, _byte_view)
+            run_batch(self, sends, recvs, byte_view)
 
     def send_recv_chained(self, sends, recvs) -> None:
         """``send_recv_many`` whose receives may each carry a follow-up: ``recvs`` are
@@ -265,49 +211,7 @@ class MpiTransport(RequestWaiting, Transport):
         and returns messages to send at once. Every message of a call belongs to the same
         collective, whose fingerprint fixes every size on both sides (``mpi_chained``)."""
         with self._lock:
-            run_chained(self, sends, recvs, _byte_view)
-
-    def ring_all_reduce(self, buf: np.ndarray, op, fp: Fingerprint, mean: int = 0) -> bool:
-        """The ring all-reduce (``algorithms.ring``) run here, with its bits, when this
-        transport has a faster way: two ranks swap small vectors whole and exchange large
-        ones by whole halves (``mpi_pair``). False: not here."""
-        if self.world_size != 2:
-            return False
-        mpi_pair.all_reduce(self, buf, op, fp, mean)
-        return True
-
-    def exchange_reduce(self, buf: np.ndarray, peer: int, fp: Fingerprint,
-                        combine: Callable, theirs_first: bool) -> bool:
-        """A round of recursive doubling as a ``swap`` up to the swap's limit
-        (the fold and why: ``mpi_swap.Fold``)."""
-        if buf.nbytes > swap_max_bytes(self.world_size):
-            return False
-        self.swap(buf, peer, fp, mpi_swap.Fold(buf, combine, buf.size, theirs_first, False))
-        return True
-
-    def exchange_reduce_plan(self, peer: int, dtype: np.dtype, count: int, combine: Callable,
-                             theirs_first: bool, mean: int = 0) -> Optional[Callable]:
-        """A float sum's round up to the swap's limit, in one compiled call from here once the
-        kernels are loaded (``mpi_compiled.CompiledExchanges.round_plan``), else the swap; None
-        for other folds and sizes, or where the exchanges stay in mpi4py."""
-        dtype = np.dtype(dtype)
-        if (combine is not np.add or dtype not in mpi_compiled.SUM_DTYPES
-                or count * dtype.itemsize > swap_max_bytes(self.world_size)):
-            return None
-        compiled = self._compiled.round_plan(self, peer, dtype, count, theirs_first, mean)
-        if compiled is None:
-            return None
-        lock, unusable = self._lock, self._unusable
-
-        def run(buf: np.ndarray, fp: Fingerprint) -> None:
-            with lock:
-                if self._comm is None or peer in unusable:
-                    self.check_peer(peer, fp)  # raises
-                if compiled(buf, fp):
-                    return
-            self.swap(buf, peer, fp, mpi_swap.Fold(buf, np.add, buf.size, theirs_first, False,
-                                                   mean))
-        return run
+            run_chained(self, sends, recvs, byte_view)
 
     def check_peer(self, peer: int, fp: Fingerprint) -> None:
         """Raise before a message with ``peer``: not a peer, transport closed, or the peer's

@@ -17,13 +17,18 @@ two cores; not explained). Each rank keeps, per pair of peers, its own send and 
 buffers as NumPy arrays, the first one sized for any first message of the wire, as
 ``FirstBuffers``' are.
 
-What is rare goes back to Python: requests not complete within ``SPIN_NS`` are handed to the
-transport's wait, with its timeout and liveness checks, each of its polls one more pass of the
-kernel's poll, and the fold runs in Python after it (the kernels post into the handles of
-``MPI.Request`` objects kept with the buffers, so what MPI completes and frees those objects
-see, and a cancel never reaches a request reused since); a
-message that is not the one expected is named by ``mpi_wire.check_first``; an MPI error becomes
-the transport's error. A call given up leaves its buffers in ``abandoned``, never reused: a
+A round of recursive doubling that the public all-reduce runs many times on one shape is also
+prepared once (``round_plan``, for ``MpiTransport.exchange_reduce_plan``): its header made
+once, the kernel writing each call's seq into it (``mpi_kernels.round_sum``), the kernel's
+machine code called without Numba's type lookup; a 4-byte public all-reduce at p = 2 went from
+6.3-6.5 to 3.9 us (``benchmarks/mpi_layers.py``, ``benchmarks/RESULTS.md``).
+
+What is rare goes back to Python: requests not complete within ``mpi_kernel_setup.SPIN_NS`` are
+handed to the transport's wait, with its timeout and liveness checks, each of its polls one
+more pass of the kernel's poll, and the fold runs in Python after it (the kernels post into the
+handles of ``MPI.Request`` objects kept with the buffers, so what MPI completes and frees those
+objects see, and a cancel never reaches a request reused since); a message that is not the one
+expected is named by ``mpi_wire.check_first``; an MPI error becomes the transport's error. A call given up leaves its buffers in ``abandoned``, never reused: a
 receive cancelled may still land.
 
 Compiled where Numba is installed and MPI's handles are pointers (Open MPI); elsewhere the
@@ -39,10 +44,11 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import numpy as np
 
-from .base import HEADER_SIZE, SEQ_OFFSET, Fingerprint, pack_header
+from ...backends import numba_backend
+from .base import HEADER_SIZE, Fingerprint, pack_header
+from .mpi_kernel_setup import SUM_DTYPES, check, kernel_state
 from .mpi_swap import Fold
-from .mpi_waiting import SPIN_S, YIELD_AFTER_S
-from .mpi_wire import PACKED_MAX_BYTES, TAG, check_first, first_max_bytes, swap_max_bytes
+from .mpi_wire import PACKED_MAX_BYTES, check_first, first_max_bytes, swap_max_bytes
 from .shm import compiled
 from .short_entries import USABLE
 
@@ -51,15 +57,6 @@ if TYPE_CHECKING:
 
 ENV_CHOICE = "NEURAL_ARCH_MPI_COMPILED"
 HOT_CALLS = compiled.HOT_CALLS
-# How long a kernel polls before the transport's wait takes over (which then polls as long
-# again before it naps), and after how long each of its polls yields the core first: the
-# wait's own stretches (``mpi_waiting``); in 2 ms a two-rank ring step of 16 MiB completes on
-# two cores, and the wait's liveness looks come every half second
-SPIN_NS, YIELD_NS = int(SPIN_S * 1e9), int(YIELD_AFTER_S * 1e9)
-# The vectors whose sums the kernel folds itself (a 1-D array of another dtype, or another
-# reduction, is folded by ``use`` in Python after the kernel's swap)
-SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 _built: Dict[str, Any] = {}  # "module": ``mpi_kernels`` or None, "why"
 
 
@@ -96,7 +93,7 @@ def kernels(MPI: Any) -> Optional[Any]:
                 import llvmlite.binding
                 llvmlite.binding.load_library_permanently(MPI.__file__)  # its MPI symbols
                 from . import mpi_kernels
-                _check(mpi_kernels, MPI)
+                check(mpi_kernels, MPI)
                 _built.update(module=mpi_kernels, why="")
             except Exception as exc:  # an LLVM, Numba or MPI that cannot run it
                 _built.update(module=None, why=f"the compiled exchanges failed: {exc!r}")
@@ -105,80 +102,16 @@ def kernels(MPI: Any) -> Optional[Any]:
     return _built["module"]
 
 
-def _check(k: Any, MPI: Any) -> None:
-    """Compile (or load from Numba's cache) the kernels and run them with this process itself
-    on a private communicator: a swap, a round of recursive doubling, a sendrecv (packed and
-    not) and the ring's two steps must come back whole and DONE (a sum folded in each order,
-    and a mean; the round's seq in its header); another header, MISMATCH."""
-    comm = MPI.COMM_SELF.Dup()
-    try:
-        packed, first = np.zeros(HEADER_SIZE + 64, np.uint8), np.zeros(HEADER_SIZE + 64, np.uint8)
-        requests = [MPI.Request() for _ in range(4)]
-        state = _state(k, MPI, 0, MPI._handleof(comm), requests)
-        payload, header = np.arange(5, dtype=np.uint8), bytes(range(HEADER_SIZE))
-        code = k.swap(payload, header, packed, first, state)
-        sent = header + payload.tobytes()
-        if (code, first[:len(sent)].tobytes()) != (k.DONE, sent):
-            raise RuntimeError(f"a swap with itself gave {code} and {first[:len(sent)]}")
-        if k.poll(header[::-1], first, 5, state, 0) != k.MISMATCH:
-            raise RuntimeError("a swap with itself did not see another header")
-        for dtype in SUM_DTYPES:
-            buf = np.array([1.5, -2.0, 3.0], dtype)
-            for mean, expected in ((0, [3.0, -4.0, 6.0]), (2, [1.5, -2.0, 3.0])):
-                code = k.swap_sum(buf, header, packed, first, state, 1, True, False, mean)
-                if (code, buf.tolist()) != (k.DONE, expected):
-                    raise RuntimeError(f"a {dtype.name} sum with itself (mean {mean}) gave "
-                                       f"{code} and {buf.tolist()}")
-                buf[:] = [1.5, -2.0, 3.0]
-            made = np.frombuffer(header, np.uint8).copy()  # a round's header, its seq written
-            code = k.round_sum(buf, made, 7, packed, first, state, True, 2)
-            if (code, buf.tolist(), made[SEQ_OFFSET:SEQ_OFFSET + 8].tobytes()) != (
-                    k.DONE, [1.5, -2.0, 3.0], (7).to_bytes(8, "little")):
-                raise RuntimeError(f"a {dtype.name} round with itself gave {code}, "
-                                   f"{buf.tolist()} and header {made.tobytes()!r}")
-        for packed_max in (0, 64):  # the payload after the header, then behind it
-            state[k.PACKED_MAX] = packed_max
-            got = np.zeros(5, np.uint8)
-            code = k.sendrecv(payload, header, packed, 0, got, header, first, 0, state)
-            if (code, got.tolist()) != (k.DONE, payload.tolist()):
-                raise RuntimeError(f"a sendrecv with itself gave {code} and {got.tolist()}")
-        code = k.sendrecv(payload, header, packed, 0, got, header[::-1], first, 0, state)
-        if code != k.MISMATCH:
-            raise RuntimeError(f"a sendrecv with itself gave {code} for another header")
-        k.poll_sendrecv(header, first, got, 0, state, 1 << 30)  # its send, completed
-        for dtype in SUM_DTYPES:  # the ring's two steps with itself: both halves a + b
-            buf = np.array([1.5, -2.0], dtype)
-            for mean, expected in ((0, [-0.5, -0.5]), (2, [-0.25, -0.25])):
-                code = k.ring_steps(buf[:1], buf[1:], np.zeros(1, dtype), header, header,
-                                    packed, first, 0, state, mean)
-                if (code, buf.tolist()) != (k.DONE, expected):
-                    raise RuntimeError(f"the ring's steps with itself ({dtype.name}, mean "
-                                       f"{mean}) gave {code} and {buf.tolist()}")
-                buf[:] = [1.5, -2.0]
-    finally:
-        comm.Free()
-
-
-def _state(k: Any, MPI: Any, peer: int, comm: int, requests: list) -> np.ndarray:
-    """The kernels' state for calls with ``peer`` on the communicator with handle ``comm``,
-    posting into the handles of ``requests`` (four ``MPI.Request``, kept alive beside it)."""
-    state = np.zeros(k.STATE_WORDS, np.int64)
-    state[[k.PEER, k.TAG, k.COMM, k.BYTE, k.SPIN_NS, k.YIELD_NS, k.PACKED_MAX]] = (
-        peer, TAG, comm, MPI._handleof(MPI.BYTE), SPIN_NS, YIELD_NS, PACKED_MAX_BYTES)
-    state[k.REQS:k.REQS + 4] = [MPI._addressof(request) for request in requests]
-    return state
-
-
 def folds_sum(fold: Any, buf: np.ndarray) -> bool:
     """Whether ``fold`` is a sum into ``buf`` that the kernels fold themselves: a
-    ``mpi_swap.Fold`` of ``np.add`` on float32 or float64."""
+    ``mpi_swap.Fold`` of ``np.add`` on a vector of float32 or float64."""
     return (type(fold) is Fold and fold.combine is np.add and fold.buf is buf
-            and buf.dtype in SUM_DTYPES)
+            and buf.ndim == 1 and buf.dtype in SUM_DTYPES)
 
 
 class CompiledExchanges:
-    """The compiled swaps and sendrecvs of one transport: its kernels once hot, its buffers
-    per pair of peers (where to, where from)."""
+    """The compiled swaps, sendrecvs and prepared rounds of one transport: its kernels once
+    hot, its buffers per pair of peers (where to, where from)."""
 
     def __init__(self, t: MpiTransport) -> None:
         self._mode = choice()
@@ -216,7 +149,7 @@ class CompiledExchanges:
             requests = [t.mpi.Request() for _ in range(4)]
             bufs = (np.empty(HEADER_SIZE + self._limit, np.uint8),
                     np.empty(self._first_bytes, np.uint8),
-                    _state(self._kernels, t.mpi, dst, self._comm, requests), requests)
+                    kernel_state(self._kernels, t.mpi, dst, self._comm, requests), requests)
         return bufs
 
     def swap(self, t: MpiTransport, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
@@ -234,12 +167,7 @@ class CompiledExchanges:
                               use.high, use.mean)
         else:
             code = k.swap(sendbuf.reshape(-1).view(np.uint8), header, packed, first, state)
-        if not self._done(t, code, fp, peer):
-            self._finish(t, code, bufs, (), fp, peer, nbytes, True,
-                         lambda spin: k.poll(header, first, nbytes, state, spin))
-            folded = False  # the kernel folds only what it finished
-        if not folded:
-            use(first[HEADER_SIZE:HEADER_SIZE + nbytes].view(sendbuf.dtype))
+        self._settle(t, code, bufs, fp, peer, header, nbytes, sendbuf.dtype, use, folded)
         self._free[(peer, peer)] = bufs
 
     def round_plan(self, t: MpiTransport, peer: int, dtype: np.dtype, count: int,
@@ -255,6 +183,9 @@ class CompiledExchanges:
         transport's lock held and ``peer`` checked."""
         if self._mode == "python":
             return None
+        # the dtype object arrays of this type usually carry (one made by unpickling or with
+        # metadata is another object, equal: checked by value, a little slower)
+        dtype = next(d for d in SUM_DTYPES if d == dtype)
         shape, nbytes, low = (count,), count * dtype.itemsize, bool(theirs_first)
         free, key, look_due = self._free, (peer, peer), t.look_due
         made: list = [None, None]  # the fingerprint's fixed words, the header
@@ -263,8 +194,9 @@ class CompiledExchanges:
         def go(buf: np.ndarray, fp: Fingerprint) -> bool:
             nonlocal entry
             k = self._kernels
-            if (k is None or type(buf) is not np.ndarray or buf.dtype is not dtype
-                    or buf.shape != shape or buf.flags.num & USABLE != USABLE):
+            if (k is None or type(buf) is not np.ndarray or buf.shape != shape
+                    or buf.flags.num & USABLE != USABLE
+                    or (buf.dtype is not dtype and buf.dtype != dtype)):
                 return False
             fixed, header = made
             if fixed != (fp[0], fp[2], fp[3], fp[4]):  # another caller's names: a new header
@@ -273,26 +205,29 @@ class CompiledExchanges:
             bufs = free.pop(key, None) or self._buffers(t, peer, peer)
             packed, first, state, _ = bufs
             if entry is None:
-                entry = compiled.fast_entry(k.round_sum, buf, header, fp[1], packed, first,
-                                            state, low, mean)
+                entry = numba_backend.fast_entry(k.round_sum, buf, header, fp[1], packed,
+                                                 first, state, low, mean)
             code = entry(buf, header, fp[1], packed, first, state, low, mean)
-            if code != k.DONE or look_due():
-                self._settle(t, code, bufs, fp, peer, bytes(header),
-                             Fold(buf, np.add, count, low, False, mean))
+            if code != k.DONE or look_due():  # with this call's seq, as the kernel sent it
+                self._settle(t, code, bufs, fp, peer, bytes(header), nbytes, dtype,
+                             Fold(buf, np.add, count, low, False, mean), True)
             free[key] = bufs
             return True
         return go
 
     def _settle(self, t: MpiTransport, code: int, bufs: tuple, fp: Fingerprint, peer: int,
-                header: bytes, fold: Fold) -> None:
-        """After a kernel's swap that folds (``round_plan``): the liveness look when due
-        (DONE), else finish the swap and run ``fold`` in Python."""
-        if self._done(t, code, fp, peer):
-            return
-        k, first, state, nbytes = self._kernels, bufs[1], bufs[2], fold.buf.nbytes
-        self._finish(t, code, bufs, (), fp, peer, nbytes, True,
-                     lambda spin: k.poll(header, first, nbytes, state, spin))
-        fold(first[HEADER_SIZE:HEADER_SIZE + nbytes].view(fold.buf.dtype))
+                header: bytes, nbytes: int, dtype: np.dtype, use: Callable[[np.ndarray], None],
+                folded: bool) -> None:
+        """After a kernel's swap of ``nbytes`` with ``header``: the liveness look when due
+        (DONE), else finish the swap; then ``use`` the peer's vector (of ``dtype``) unless the
+        kernel ``folded`` it (it folds only what it finished)."""
+        if not self._done(t, code, fp, peer):
+            k, first, state = self._kernels, bufs[1], bufs[2]
+            self._finish(t, code, bufs, (), fp, peer, nbytes, True,
+                         lambda spin: k.poll(header, first, nbytes, state, spin))
+            folded = False
+        if not folded:
+            use(bufs[1][HEADER_SIZE:HEADER_SIZE + nbytes].view(dtype))
 
     def sendrecv(self, t: MpiTransport, sendbuf: np.ndarray, dst: int, recvbuf: np.ndarray,
                  src: int, fp: Fingerprint) -> None:

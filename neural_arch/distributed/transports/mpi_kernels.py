@@ -10,9 +10,9 @@ it, received only once its header was judged. Ranks on these forms and on mpi4py
 the same bytes and pair up. ``swap_sum`` is a swap that then adds the peer's vector into this
 rank's (the fold of a sum's swap, ``mpi_swap.Fold``), each part in its operand order, and
 divides a mean; ``round_sum`` is one on a header made once, its seq written in;
-``ring_steps`` is the two-rank ring's two ``sendrecv``s with that fold between. Both compute in the vector's own float type: the bits of NumPy's ``add`` and
-``divide`` (but for a NaN made of two NaNs with different payloads, of which NumPy's loops keep
-either).
+``ring_steps`` is the two-rank ring's two ``sendrecv``s with that fold between. All three
+compute in the vector's own float type: the bits of NumPy's ``add`` and ``divide`` (but for a
+NaN made of two NaNs with different payloads, of which NumPy's loops keep either).
 
 It calls the MPI functions of the library mpi4py loaded, by name (``MPI_Irecv``, ``MPI_Isend``,
 ``MPI_Test``, ``MPI_Get_count``), with the handles mpi4py holds (``MPI._handleof``): where
@@ -36,8 +36,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, types
 
-from .base import SEQ_OFFSET
-
 DONE, PENDING, MISMATCH = 0, 1, 2
 # the words of ``state``: set once (the swap's peer, the tag, the communicator's and MPI_BYTE's
 # handles, how long a call polls and after how long each poll yields the core, the largest
@@ -46,12 +44,14 @@ DONE, PENDING, MISMATCH = 0, 1, 2
 # leaves: the requests (the first message's receive, the first message's send, a payload's
 # send, a payload's receive), their int32 completion flags (two words), the received length
 # (int32), a bit per request posted, the step ``ring_steps`` is at, a timespec (two words),
-# then an MPI_Status
+# then an MPI_Status; last, set once too, where a header's seq lies (``base.SEQ_OFFSET``: a word
+# here rather than a constant, so that no other module's value is frozen into the cached code)
 PEER, TAG, COMM, BYTE, SPIN_NS, YIELD_NS, PACKED_MAX, REQS, FLAGS = 0, 1, 2, 3, 4, 5, 6, 7, 11
 COUNT, POSTED, STEP, CLOCK, STATUS = 13, 14, 15, 16, 18
 FIRST_IN, FIRST_OUT, PAYLOAD_OUT, PAYLOAD_IN = range(4)  # the requests, in REQS and FLAGS
 STATUS_WORDS = 8  # room for an MPI_Status of up to 64 bytes (Open MPI's: 24)
-STATE_WORDS = STATUS + STATUS_WORDS
+SEQ_AT = STATUS + STATUS_WORDS
+STATE_WORDS = SEQ_AT + 1
 POLLS_PER_CLOCK = 16  # tests between two readings of the clock
 
 _post = types.int32(types.uintp, types.int32, types.uintp, types.int32, types.int32,
@@ -104,10 +104,12 @@ def swap_sum(buf, header, packed, first, state, split, low, high, mean):  # prag
 @njit(cache=True, nogil=True)
 def round_sum(buf, header, seq, packed, first, state, low, mean):  # pragma: no cover
     """``swap_sum`` of the whole of ``buf`` (the peer's operand first where ``low``) with
-    ``header``'s seq set to ``seq`` first: a round of recursive doubling whose header is made
-    once per shape (``mpi_compiled.CompiledExchanges.round_plan``)."""
+    ``header``'s seq (8 bytes, little-endian, at the SEQ_AT word's offset) set to ``seq``
+    first: a round of recursive doubling whose header is made once per shape
+    (``mpi_compiled.CompiledExchanges.round_plan``)."""
+    at = state[SEQ_AT]
     for i in range(8):
-        header[SEQ_OFFSET + i] = (seq >> (8 * i)) & 0xFF
+        header[at + i] = (seq >> (8 * i)) & 0xFF
     return swap_sum(buf, header, packed, first, state, buf.size, low, False, mean)
 
 

@@ -1,9 +1,10 @@
 """The public all-reduce's rounds of recursive doubling on the mpi transport, each one compiled
 call made once per shape (``MpiTransport.exchange_reduce_plan``, ``mpi_compiled``'s
-``round_plan``, ``mpi_kernels.round_sum``): the bits of the rounds' operand order, on ranks
-that run the compiled rounds and ranks that do not (a rank that folds in or hands over at
-p = 3, one in the mpi4py form); the calls counted; a late peer, another fingerprint, another
-size named.
+``round_plan``, ``mpi_kernels.round_sum``): the bits of the rounds' grouping of the sums, on
+ranks that run the compiled rounds and ranks that do not (a rank that folds in or hands over at
+p = 3, one in the mpi4py form); the swaps counted (a round the plan's compiled call runs is
+none); a late peer, a plan made before the kernels load, another fingerprint, another size
+named.
 
 Each rank re-joins the default group with its own ``NEURAL_ARCH_MPI_COMPILED`` (read as the
 transport is made), then calls ``dist.all_reduce`` twice per case (a plan is made at a shape's
@@ -32,7 +33,7 @@ OPS = ("SUM", "AVERAGE", "MAX")
 
 
 def _values(rank: int, size: int, dtype) -> np.ndarray:
-    """Values whose sums round differently in another order: mixed magnitudes, signed zeros."""
+    """Values whose sums round differently grouped otherwise: mixed magnitudes, signed zeros."""
     rng = np.random.default_rng([rank, size, np.dtype(dtype).num])
     if np.dtype(dtype).kind == "i":
         return rng.integers(-50, 50, size).astype(dtype)
@@ -57,27 +58,28 @@ def _expected(world: int, size: int, dtype, op: str) -> np.ndarray:
 
 def _job(rank: int, world: int, forms: str) -> dict:
     import time
-    from mpi4py import MPI
     from neural_arch import distributed as dist
+    from neural_arch.distributed import algorithms
     from neural_arch.distributed.errors import CollectiveMismatchError
-    from neural_arch.distributed.transports import mpi_kernels
+    from neural_arch.distributed.group.world import resolve_group
+    from neural_arch.distributed.reduce_ops import ReduceOp
+    from neural_arch.distributed.transports import mpi
+    from neural_arch.distributed.transports.base import Fingerprint
     dist.destroy_process_group()
     os.environ[mpi_compiled.ENV_CHOICE] = "compiled" if forms[rank] == "c" else "python"
     dist.init_process_group("mpi", timeout=20)
-    report = {"why": "", "wrong": [], "rounds": 0, "errors": []}
-    if forms[rank] == "c":
-        mpi_compiled.kernels(MPI)  # loaded and checked before its calls are counted
-        report["why"] = mpi_compiled.why_not_compiled()
-        kernel = mpi_kernels.round_sum
-        counted = []  # a plain function has no machine-code entry: the plan calls it as is
-        mpi_kernels.round_sum = lambda *a: counted.append(1) or kernel(*a)
+    t = resolve_group(None).transport
+    dist.all_reduce(np.ones(3, np.int32))  # a swap: the compiled form loads (forms "c")
+    report = {"why": mpi_compiled.why_not_compiled(), "wrong": [], "swaps": 0, "errors": []}
+    swap, swaps = t.swap, []  # counted: a round run by the plan's compiled call is no swap
+    t.swap = lambda *a: swaps.append(1) or swap(*a)
     np.seterr(over="ignore", invalid="ignore")
     for size in SIZES[world]:
         for dtype in DTYPES:
             for op in OPS:
                 if op == "AVERAGE" and np.dtype(dtype).kind != "f":
                     continue
-                expected = _expected(world, size, dtype, op)
+                expected, before = _expected(world, size, dtype, op), len(swaps)
                 for _ in range(2):  # the first call of a shape makes its plan
                     buf = _values(rank, size, dtype)
                     dist.all_reduce(buf, getattr(dist.ReduceOp, op))
@@ -86,7 +88,8 @@ def _job(rank: int, world: int, forms: str) -> dict:
                     if (buf.tobytes() != expected.tobytes() if op != "MAX"
                             else not np.array_equal(buf, expected)):
                         report["wrong"].append(f"{size} x {np.dtype(dtype).name} {op}")
-    report["rounds"] = len(counted) if forms[rank] == "c" else 0
+                if _planned_case(world, size, dtype, op):
+                    report["swaps"] += len(swaps) - before
     if world == 2:
         # a late peer, either one: the kernel hands the round to the wait, the fold runs after
         for late in (0, 1):
@@ -96,14 +99,17 @@ def _job(rank: int, world: int, forms: str) -> dict:
             dist.all_reduce(buf, dist.ReduceOp.AVERAGE)
             report["late"] = report.get("late", []) + [
                 buf.tobytes() == _expected(2, 7, np.float32, "AVERAGE").tobytes()]
+        # a plan made before the kernels load runs its rounds as swaps, a mean divided too
+        os.environ[mpi_compiled.ENV_CHOICE] = "auto"
+        cold = mpi.create(timeout=20)
+        buf = _values(rank, 7, np.float32)
+        algorithms.all_reduce_plan(cold, buf.dtype, buf.nbytes, ReduceOp.AVERAGE)(
+            buf, Fingerprint("all_reduce:avg", 1, "float32", 7))
+        report["cold"] = buf.tobytes() == _expected(2, 7, np.float32, "AVERAGE").tobytes()
+        cold.close()
         # a plan run with another caller's names sends them (the rank in the mpi4py form
         # packs its header from the fingerprint), and each call's seq
-        from neural_arch.distributed import algorithms
-        from neural_arch.distributed.group.world import resolve_group
-        from neural_arch.distributed.reduce_ops import ReduceOp
-        from neural_arch.distributed.transports.base import Fingerprint
-        plan = algorithms.all_reduce_plan(resolve_group(None).transport, np.dtype(np.float64),
-                                          24, ReduceOp.SUM)
+        plan = algorithms.all_reduce_plan(t, np.dtype(np.float64), 24, ReduceOp.SUM)
         calls = [("first", 100), ("second", 101)] + ([("second", 102 + rank)]
                                                      if forms == "cc" else [])
         try:
@@ -118,16 +124,26 @@ def _job(rank: int, world: int, forms: str) -> dict:
     return report
 
 
-def _rounds(world: int, rank: int) -> int:
-    """The compiled rounds a rank of ``_job`` runs: one per round of recursive doubling (one at
-    p = 2, two at p = 4, one for p = 3's rank 2, none for its ranks that fold in or hand over)
-    for a float SUM or AVERAGE below 64 KiB and within a round's swap (8 KiB beyond two
-    ranks), on both calls of a case."""
-    rounds = {2: 1, 4: 2}.get(world, 1 if rank == 2 else 0)
+def _planned_case(world: int, size: int, dtype, op: str) -> bool:
+    """Whether ``_job``'s case runs recursive doubling with rounds a transport may prepare: a
+    float SUM or AVERAGE below 64 KiB, within a round's swap (8 KiB beyond two ranks)."""
     limit = 64 << 10 if world == 2 else 8 << 10
-    cases = sum(1 for size in SIZES[world] for dtype in (np.float32, np.float64)
-                if size * np.dtype(dtype).itemsize < limit)
-    return 2 * 2 * rounds * cases  # SUM and AVERAGE, two calls each
+    return (np.dtype(dtype).kind == "f" and op != "MAX"
+            and size * np.dtype(dtype).itemsize < limit)
+
+
+def _swaps(forms: str, rank: int) -> int:
+    """The swaps a rank of ``_job`` makes in the planned cases: none where its rounds run as
+    the plan's compiled calls (a compiled rank that only doubles); else one per round of
+    recursive doubling (one at p = 2, two at p = 4; at p = 3 rank 0 hands its vector over,
+    rank 1 folds it in and doubles with rank 2), on both calls of SUM and AVERAGE."""
+    world = len(forms)
+    if forms[rank] == "c" and not (world == 3 and rank < 2):
+        return 0
+    rounds = {2: 1, 4: 2}.get(world, 0 if rank == 0 else 1)
+    cases = sum(_planned_case(world, size, dtype, "SUM") for size in SIZES[world]
+                for dtype in DTYPES)
+    return rounds * 2 * 2 * cases
 
 
 @pytest.mark.skipif(not HAVE_NUMBA, reason="the compiled rounds need Numba (the 'fast' extra)")
@@ -138,9 +154,9 @@ def test_public_all_reduce_rounds_keep_their_bits_on_either_form(forms):
                          init_kwargs={"timeout": 20})
     for rank, r in enumerate(per_rank):
         assert (r["why"], r["wrong"]) == ("", []), (rank, r)
-        assert r["rounds"] == (_rounds(world, rank) if forms[rank] == "c" else 0), (rank, r)
+        assert r["swaps"] == _swaps(forms, rank), (rank, r)
     for r in per_rank if world == 2 else ():
-        assert r["late"] == [True, True], r
+        assert (r["late"], r["cold"]) == ([True, True], True), r
         assert r["named"] == [[2.0, 2.0, 2.0]] * 2, r
         named = ("second #102", "second #103") if forms == "cc" else ("5 x float32",
                                                                        "6 x float32")

@@ -59,20 +59,6 @@ def choice(env: str = ENV_CHOICE) -> str:
     return value
 
 
-def fast_entry(kernel: Any, *args: Any) -> Callable[..., int]:
-    """``kernel``'s compiled machine-code entry for the types of ``args`` (compiled or loaded
-    from the cache now, not run): Numba's dispatcher without its type lookup, about 0.1 us less
-    a call. The entry trusts the types of its arguments: callers pass only arrays they checked
-    to be of the sample's type (dtype, 1-D, C-contiguous, aligned, writable). Where Numba does
-    not expose it, the dispatcher itself."""
-    try:
-        signature = tuple(kernel.typeof_pyval(a) for a in args)
-        kernel.compile(signature)
-        return kernel.overloads[signature].entry_point
-    except (AttributeError, KeyError, TypeError):
-        return kernel
-
-
 def why_not_compiled() -> str:
     """Why prepared collectives stay in Python ('' when they are compiled or not tried yet)."""
     return _built.get("why", "")

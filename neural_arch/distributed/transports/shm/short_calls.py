@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from ....backends import numba_backend
 from ...errors import PeerFailureError
 from ...health import heartbeat
 from ...reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
@@ -193,7 +194,7 @@ class ShortCalls(EntryTables):
                 raise
 
         if like is None:  # the barrier
-            kernel = compiled.fast_entry(prepared.kernel, address, 0, 1)
+            kernel = numba_backend.fast_entry(prepared.kernel, address, 0, 1)
 
             def barrier() -> bool:
                 seq = next_seq()
@@ -212,7 +213,7 @@ class ShortCalls(EntryTables):
         # Numba has no float16 arrays, nor other byte orders: a broadcast takes their bytes
         as_bytes = like.dtype.type is np.float16 or not like.dtype.isnative
         sample = np.zeros(like.size, like.dtype)
-        kernel = compiled.fast_entry(prepared.kernel,
+        kernel = numba_backend.fast_entry(prepared.kernel,
                                      sample.view(np.uint8) if as_bytes else sample, address, 0, 1)
 
         def call(tensor: np.ndarray) -> bool:
