@@ -16,7 +16,8 @@ makes of what the shape tells (dtype, op, root), and runs through it the algorit
 path would choose. Either uses the sequence number and fingerprint the general path would use
 and runs after any queued async work. A synchronous
 all-gather into a tensor runs its shape's plan directly on shared memory, and its entry in the
-general short calls on another transport. On a 4-byte vector the checks and
+general short calls on another transport; a reduce-scatter of a tensor its entry on either (the
+transport's own collective on shared memory). On a 4-byte vector the checks and
 layers of the general path cost several times the collective itself. Every other call, and
 every one with arguments the general path must check, goes the general way.
 """
@@ -36,7 +37,8 @@ from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 
 # The short calls of the default group's transport, once a call found them (see
 # ``_short_calls``): starts empty, and is emptied when that transport closes.
-_short: Any = SimpleNamespace(all_reduce={}, broadcast={}, all_gather={}, barrier=None)
+_short: Any = SimpleNamespace(all_reduce={}, broadcast={}, all_gather={}, reduce_scatter={},
+                              barrier=None)
 
 
 def _planned() -> Optional[tuple]:
@@ -223,6 +225,15 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,
                           group: Optional[ProcessGroup] = None, async_op: bool = False,
                           algorithm: Optional[str] = None):
     """PyTorch's tensor form: ``input`` holds group size x ``output`` elements."""
+    if (group is None and not async_op and algorithm is None and type(input) is np.ndarray
+            and type(output) is np.ndarray and type(op) is ReduceOp
+            and profiler.TRACER is None):
+        entry = _short.reduce_scatter.get((input.dtype, input.size, op))
+        if entry is None and world.has_short_calls():
+            short = _short_calls()
+            entry = short and short.reduce_scatter_entry(input, op, OP_CODE[op])
+        if entry and entry(input, output):
+            return output
     pg = usable_group(group, "reduce_scatter")
     op = as_reduce_op(op)
     out = checked_array(output, "reduce_scatter_tensor output", op, writable=True)

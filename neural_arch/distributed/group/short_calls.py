@@ -33,13 +33,11 @@ from ..errors import PeerFailureError
 from ..health import heartbeat
 from ..reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
 from ..transports.base import Fingerprint
-from ..transports.short_entries import USABLE as _USABLE, EntryTables
+from ..transports.short_entries import READABLE as _READABLE, USABLE as _USABLE, EntryTables
 from .process_group import ProcessGroup
 
 # ``Fingerprint(...)`` at C speed, as ``ProcessGroup.fingerprint`` makes it
 _new_fingerprint = tuple.__new__
-# what an array only read from must be (``_USABLE`` less writable): C-contiguous and aligned
-_READABLE = 0x0001 | 0x0100
 
 
 class ShortCalls(EntryTables):
@@ -104,6 +102,35 @@ class ShortCalls(EntryTables):
                 else out.reshape(-1))
             return True
         self.all_gather[(dtype, n)] = entry
+        return entry
+
+    def reduce_scatter_entry(self, src: np.ndarray, op: Any, op_code: str
+                             ) -> Optional[Callable]:
+        """The entry of a reduce-scatter of a tensor whose input has ``src``'s shape, with
+        ``op``, called as ``entry(src, out)``; None where the general path must raise or has
+        nothing to send (a dtype or op collectives do not take, an input that does not split
+        evenly over the group, an empty one)."""
+        dtype, n, size = src.dtype, src.size, self.pg.size
+        if dtype.type not in SUPPORTED_DTYPES or n == 0 or n % size:
+            return None
+        try:
+            check_dtype_for_op(dtype, op)
+        except TypeError:
+            return None
+        self.make_room(self.reduce_scatter)
+        t, part = self.pg.transport, n // size
+        run = self._synced(lambda s, o, fp: algorithms.reduce_scatter(t, s, o, op, fp),
+                           "reduce_scatter", f"reduce_scatter:{op_code}", dtype, n)
+
+        def entry(src: np.ndarray, out: np.ndarray) -> bool:
+            # declined where the general path must stage, refuse or raise naming the shapes
+            if (src.flags.num & _READABLE != _READABLE or out.flags.num & _USABLE != _USABLE
+                    or out.dtype != dtype or out.size != part):
+                return False
+            run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
+                else out.reshape(-1))
+            return True
+        self.reduce_scatter[(dtype, n, op)] = entry
         return entry
 
     def barrier_entry(self) -> Callable[[], bool]:

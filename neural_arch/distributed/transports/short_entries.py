@@ -15,13 +15,15 @@ MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
 # NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
 # instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
 USABLE = 0x0001 | 0x0100 | 0x0400
+READABLE = 0x0001 | 0x0100  # what an array only read from must be: USABLE less writable
 
 
 class EntryTables:
     """The entries by collective: ``all_reduce`` by (dtype, count, op), ``broadcast`` by
-    (dtype, count, root), ``all_gather`` by (dtype, count sent), and the one ``barrier``. The
-    two kinds of short calls extend it with what the public calls ask of them: ``bind(pg)``
-    (whether the entries serve that group), and ``all_reduce_entry``, ``broadcast_entry`` and
+    (dtype, count, root), ``all_gather`` by (dtype, count sent), ``reduce_scatter`` by (dtype,
+    count of the input, op), and the one ``barrier``. The two kinds of short calls extend it
+    with what the public calls ask of them: ``bind(pg)`` (whether the entries serve that
+    group), and ``all_reduce_entry``, ``broadcast_entry``, ``reduce_scatter_entry`` and
     ``barrier_entry``, which make an entry on a miss; the general kind also
     ``all_gather_entry`` (shared memory's all-gathers run the plans of its collectives)."""
 
@@ -33,6 +35,7 @@ class EntryTables:
         self.all_reduce: dict = {}
         self.broadcast: dict = {}
         self.all_gather: dict = {}
+        self.reduce_scatter: dict = {}
         self.barrier: Optional[Callable[[], bool]] = None
 
     @staticmethod

@@ -33,7 +33,7 @@ from ...errors import PeerFailureError
 from ...health import heartbeat
 from ...reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
 from ..base import Fingerprint
-from ..short_entries import USABLE as _USABLE, EntryTables
+from ..short_entries import READABLE as _READABLE, USABLE as _USABLE, EntryTables
 from . import compiled
 
 
@@ -100,6 +100,31 @@ class ShortCalls(EntryTables):
         entry = self.broadcast[key] = self._entry(run, plan_key, key, fp, tensor, "broadcast")
         return entry
 
+    def reduce_scatter_entry(self, src: np.ndarray, op: Any, op_code: str
+                             ) -> Optional[Callable]:
+        """The entry of a reduce-scatter of a tensor whose input has ``src``'s shape, with
+        ``op``, called as ``entry(src, out)``: the transport's own collective
+        (``ShmCollectives.reduce_scatter``), as the general path ends in it. None where the
+        general path must raise or has nothing to send (a dtype or op collectives do not take,
+        an input that does not split evenly over the group, an empty one)."""
+        dtype, n, size = src.dtype, src.size, self.pg.size
+        if dtype.type not in SUPPORTED_DTYPES or n == 0 or n % size or not _reducible(dtype, op):
+            return None
+        self.make_room(self.reduce_scatter)
+        fp = Fingerprint(f"reduce_scatter:{op_code}", 0, dtype.name, n, self.pg.group_id)
+        run, part = self._synced(self.c.reduce_scatter, op, fp), n // size
+
+        def entry(src: np.ndarray, out: np.ndarray) -> bool:
+            # declined where the general path must stage, refuse or raise naming the shapes
+            if (src.flags.num & _READABLE != _READABLE or out.flags.num & _USABLE != _USABLE
+                    or out.dtype != dtype or out.size != part):
+                return False
+            run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
+                else out.reshape(-1))
+            return True
+        self.reduce_scatter[(dtype, n, op)] = entry
+        return entry
+
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
         """The compiled barrier's entry once HOT_CALLS barriers asked (at once when compiling
         is forced), else None (also where it cannot be compiled)."""
@@ -130,26 +155,34 @@ class ShortCalls(EntryTables):
         (``ShmCollectives.all_reduce`` or ``broadcast``, with ``how``: the op or the root), as
         the general path ends in it, without the layers above (about 7 us a call at 1 MiB:
         4-5% of its time)."""
-        pg, op = self.pg, fp.op.split(":")[0]
-        next_seq, queue = pg.next_seq, pg.queue
-        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
+        run = self._synced(collective, how, fp)
 
         def call(tensor: np.ndarray) -> bool:
             if tensor.flags.num & _USABLE != _USABLE:
                 return False
-            buf = tensor if tensor.ndim == 1 else tensor.reshape(-1)
+            run(tensor if tensor.ndim == 1 else tensor.reshape(-1))
+            return True
+        return call
+
+    def _synced(self, collective: Callable, how: Any, fp: Fingerprint) -> Callable[..., None]:
+        """``go(*bufs)``: ``collective(*bufs, how, fingerprint)`` with the group's next
+        sequence number, as ``ProcessGroup.run_now`` runs the general path's call."""
+        pg, op = self.pg, fp.op.split(":")[0]
+        next_seq, queue = pg.next_seq, pg.queue
+        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
+
+        def go(*bufs: np.ndarray) -> None:
             seq = next_seq()
             queue.drain(op, seq)  # CommQueue.run_sync, inlined, as below
             acquire()
             try:
-                collective(buf, how, fp._replace(seq=seq))
+                collective(*bufs, how, fp._replace(seq=seq))
             except PeerFailureError as exc:  # as ProcessGroup.run_now: peers name the culprit
                 heartbeat.report(exc)
                 raise
             finally:
                 release()
-            return True
-        return call
+        return go
 
     def _python(self, plan_key: tuple, key: tuple, fp: Fingerprint,
                 op: str) -> Callable[[np.ndarray], bool]:
