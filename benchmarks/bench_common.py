@@ -103,7 +103,7 @@ def mpi_medians_in_turns(comm, calls: Dict[str, Callable[[], Any]], nbytes: int,
                          most_calls: int) -> Dict[str, float]:
     """Median seconds per call of each of ``calls`` (``mpi_batch_seconds``), timed in turns so
     that machine noise hits them alike: one untimed batch each, then ``rounds`` rounds of one
-    batch each, each round in another order (the same on every rank). A fixed order, even
+    batch each, each round's order shuffled (the same on every rank). A fixed order, even
     rotated, keeps each call right after the same other one, and what a call leaves can cost
     the next: at 16 MiB on two ranks the row timed right after MPI_Allreduce read slower, which
     showed as a gap between ``mpi_layers.py``'s public call and its algorithm

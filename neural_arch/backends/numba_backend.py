@@ -188,25 +188,11 @@ def helper(fn: Optional[Callable] = None, **options: Any) -> Any:
     return wrap(fn) if fn is not None else wrap
 
 
-def fast_entry(kernel: Any, *args: Any) -> Callable[..., int]:
-    """``kernel``'s compiled machine-code entry for the types of ``args`` (compiled or loaded
-    from the cache now, not run): Numba's dispatcher without its type lookup, about 0.1 us less
-    a call. The entry trusts the types of its arguments: callers pass only arrays they checked
-    to be of the sample's type (dtype, 1-D, C-contiguous, aligned, writable). Where Numba does
-    not expose it, the dispatcher itself."""
-    try:
-        signature = tuple(kernel.typeof_pyval(a) for a in args)
-        kernel.compile(signature)
-        return kernel.overloads[signature].entry_point
-    except (AttributeError, KeyError, TypeError):
-        return kernel
-
-
 def reset() -> None:
     """Forget the availability check (tests flip ``NEURAL_ARCH_NUMBA`` and re-import)."""
     _state.clear()
 
 
-__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "fast_entry",
-           "gelu", "helper", "inlined", "is_available", "layer_norm", "layer_norm_backward",
-           "name", "reset", "softmax", "softmax_backward", "to_numpy", "unavailable_reason", "xp"]
+__all__ = ["ENV_SWITCH", "array_type", "asarray", "compiled", "device", "erf", "gelu", "helper",
+           "inlined", "is_available", "layer_norm", "layer_norm_backward", "name", "reset",
+           "softmax", "softmax_backward", "to_numpy", "unavailable_reason", "xp"]

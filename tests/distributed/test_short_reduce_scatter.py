@@ -1,7 +1,7 @@
 """The short path of ``reduce_scatter_tensor`` (NumPy arrays, default group, synchronous, no
 profiler): every dtype, op and shape against NumPy on real processes, its entry made at a
 shape's first call (no call of the general path after it), and the calls it must leave to the
-general path still working or refused as before."""
+general path still working or refused as before; at p = 2 and 3 on every installed backend."""
 from __future__ import annotations
 
 from collections import Counter
@@ -15,7 +15,6 @@ from neural_arch import distributed as dist
 from neural_arch.distributed.collectives import tensors
 
 pytestmark = pytest.mark.timeout(120)
-WS = 3
 
 
 def _job(rank: int, ws: int) -> dict:
@@ -55,10 +54,16 @@ def _job(rank: int, ws: int) -> dict:
     report["left"].append(got.tolist())
     frozen = np.zeros(2)
     frozen.flags.writeable = False
-    for bad_out, exc_type in ((np.zeros(3), ValueError), (np.zeros(2, np.float32), ValueError),
-                              (frozen, ValueError)):
+    cases = [(np.zeros(3), np.zeros(2 * ws), dist.ReduceOp.SUM, ValueError),
+             (np.zeros(2, np.float32), np.zeros(2 * ws), dist.ReduceOp.SUM, ValueError),
+             (frozen, np.zeros(2 * ws), dist.ReduceOp.SUM, ValueError),
+             # no entry is made for these: an integer mean, an input that does not split evenly
+             (np.zeros(2, np.int32), np.zeros(2 * ws, np.int32), dist.ReduceOp.AVERAGE,
+              TypeError),
+             (np.zeros(2), np.zeros(2 * ws + 1), dist.ReduceOp.SUM, ValueError)]
+    for bad_out, bad_in, op, exc_type in cases:
         try:
-            dist.reduce_scatter_tensor(bad_out, np.zeros(2 * ws))
+            dist.reduce_scatter_tensor(bad_out, bad_in, op)
             report["left"].append("no error")
         except exc_type as exc:
             report["left"].append(type(exc).__name__)
@@ -67,13 +72,14 @@ def _job(rank: int, ws: int) -> dict:
 
 
 @pytest.mark.parametrize("backend", installed_backends())
-def test_reduce_scatter_tensor_entries_match_numpy_and_leave_the_rest_alone(backend):
-    total = float(sum(range(1, WS + 1)))
-    for rank, report in enumerate(run_ranks(_job, WS, backend, timeout=90)):
+@pytest.mark.parametrize("ws", [2, 3])
+def test_reduce_scatter_tensor_entries_match_numpy_and_leave_the_rest_alone(backend, ws):
+    total = float(sum(range(1, ws + 1)))
+    for rank, report in enumerate(run_ranks(_job, ws, backend, timeout=90)):
         assert report["wrong"] == [], report
         # every shape's first call made its entry and ran through it, as every later one did
         assert report["general"] == [0, 0], report
         assert report["left"] == [[total, total], [total, total], "ValueError", "ValueError",
-                                  "ValueError"], report
-        # the empty input, the strided output, the three refused; and rank 0's Tensor
-        assert report["left_general"] == (6 if rank == 0 else 5), report
+                                  "ValueError", "TypeError", "ValueError"], report
+        # the empty input, the strided output, the five refused; and rank 0's Tensor
+        assert report["left_general"] == (8 if rank == 0 else 7), report

@@ -1,7 +1,7 @@
 """The public calls' short path on a default group whose transport has none of its own (mpi,
-tcp): one entry per shape of a synchronous all-reduce, broadcast or all-gather into a tensor of
-NumPy arrays, and one for the barrier, each running the algorithm the general path would run,
-without the layers above it.
+tcp): one entry per shape of a synchronous all-reduce, broadcast, all-gather into a tensor or
+reduce-scatter of a tensor of NumPy arrays, and one for the barrier, each running the algorithm
+the general path would run, without the layers above it.
 
 On a 4-byte all-reduce over MPI the layers between ``dist.all_reduce`` and its algorithm (the
 group's lookup and checks, the argument checks, the fingerprint, the choice of algorithm, the
@@ -10,14 +10,14 @@ profiler hook, the queue) cost about as much as the algorithm's own Python. The 
 (dtype, element count and op, or root; the group is the default one), made once a first call
 of that shape passed the checks the general path makes of what the shape tells (dtype, op,
 root). A call of an entry checks what only the arrays can tell (contiguous, aligned, writable;
-for an all-gather the output's dtype and size; otherwise it declines and the general path runs,
-raising where it must), takes the group's next sequence number, makes the same fingerprint the
-general path makes, waits for queued async work and takes the queue's lock
+for an all-gather or reduce-scatter the output's dtype and size; otherwise it declines and the
+general path runs, raising where it must), takes the group's next sequence number, makes the
+same fingerprint the general path makes, waits for queued async work and takes the queue's lock
 (``CommQueue.run_sync``, inlined), then runs the algorithm: for an all-reduce or all-gather the
 plan ``algorithms.all_reduce_plan`` or ``all_gather_plan`` chose once for the shape, as the
-general path chooses per call; a broadcast or barrier calls ``algorithms.broadcast`` or
-``barrier``, whose choice costs little beside the rooted checks they make. Every message still
-carries the fingerprint, every wait its timeout.
+general path chooses per call; a broadcast, reduce-scatter or barrier calls
+``algorithms.broadcast``, ``reduce_scatter`` or ``barrier``, whose choice costs little beside
+the checks they make. Every message still carries the fingerprint, every wait its timeout.
 
 ``world`` makes one ``ShortCalls`` per default group and forgets its entries when the group is
 destroyed, so none outlives the transport it runs on.
@@ -33,7 +33,7 @@ from ..errors import PeerFailureError
 from ..health import heartbeat
 from ..reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
 from ..transports.base import Fingerprint
-from ..transports.short_entries import READABLE as _READABLE, USABLE as _USABLE, EntryTables
+from ..transports.short_entries import USABLE as _USABLE, EntryTables, two_arrays
 from .process_group import ProcessGroup
 
 # ``Fingerprint(...)`` at C speed, as ``ProcessGroup.fingerprint`` makes it
@@ -91,17 +91,7 @@ class ShortCalls(EntryTables):
         self.make_room(self.all_gather)
         plan = algorithms.all_gather_plan(self.pg.transport, dtype, n)
         run = self._synced(plan, "all_gather_into_tensor", "all_gather", dtype, n)
-        total = n * self.pg.size
-
-        def entry(src: np.ndarray, out: np.ndarray) -> bool:
-            # declined where the general path must stage, refuse or raise naming the shapes
-            if (src.flags.num & _READABLE != _READABLE or out.flags.num & _USABLE != _USABLE
-                    or out.dtype != dtype or out.size != total):
-                return False
-            run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
-                else out.reshape(-1))
-            return True
-        self.all_gather[(dtype, n)] = entry
+        entry = self.all_gather[(dtype, n)] = two_arrays(run, dtype, n * self.pg.size)
         return entry
 
     def reduce_scatter_entry(self, src: np.ndarray, op: Any, op_code: str
@@ -121,16 +111,7 @@ class ShortCalls(EntryTables):
         t, part = self.pg.transport, n // size
         run = self._synced(lambda s, o, fp: algorithms.reduce_scatter(t, s, o, op, fp),
                            "reduce_scatter", f"reduce_scatter:{op_code}", dtype, n)
-
-        def entry(src: np.ndarray, out: np.ndarray) -> bool:
-            # declined where the general path must stage, refuse or raise naming the shapes
-            if (src.flags.num & _READABLE != _READABLE or out.flags.num & _USABLE != _USABLE
-                    or out.dtype != dtype or out.size != part):
-                return False
-            run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
-                else out.reshape(-1))
-            return True
-        self.reduce_scatter[(dtype, n, op)] = entry
+        entry = self.reduce_scatter[(dtype, n, op)] = two_arrays(run, dtype, part)
         return entry
 
     def barrier_entry(self) -> Callable[[], bool]:

@@ -33,8 +33,8 @@ from .mpi_batch import run_batch
 from .mpi_chained import run_chained
 from .mpi_collectives import MpiCollectives
 from .mpi_exit import at_process_exit  # noqa: F401 (transports reach it here)
-from .mpi_notices import Notices
 from .mpi_exchanges import PairExchanges, byte_view, compilable
+from .mpi_notices import Notices
 from .mpi_waiting import RequestWaiting
 from .mpi_wire import CHUNK, DONE, FirstBuffers, Incoming, first_max_bytes, post_send
 from . import mpi_compiled

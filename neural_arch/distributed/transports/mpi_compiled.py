@@ -28,8 +28,9 @@ handed to the transport's wait, with its timeout and liveness checks, each of it
 more pass of the kernel's poll, and the fold runs in Python after it (the kernels post into the
 handles of ``MPI.Request`` objects kept with the buffers, so what MPI completes and frees those
 objects see, and a cancel never reaches a request reused since); a message that is not the one
-expected is named by ``mpi_wire.check_first``; an MPI error becomes the transport's error. A call given up leaves its buffers in ``abandoned``, never reused: a
-receive cancelled may still land.
+expected is named by ``mpi_wire.check_first``; an MPI error becomes the transport's error. A
+call given up leaves its buffers in ``abandoned``, never reused: a receive cancelled may still
+land.
 
 Compiled where Numba is installed and MPI's handles are pointers (Open MPI); elsewhere the
 exchanges stay in mpi4py. Both forms send the same messages, so ranks on either pair up.
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 import numpy as np
 
-from ...backends import numba_backend
+from ...backends.numba_entry import fast_entry
 from .base import HEADER_SIZE, Fingerprint, pack_header
 from .mpi_kernel_setup import SUM_DTYPES, check, kernel_state
 from .mpi_swap import Fold
@@ -205,8 +206,8 @@ class CompiledExchanges:
             bufs = free.pop(key, None) or self._buffers(t, peer, peer)
             packed, first, state, _ = bufs
             if entry is None:
-                entry = numba_backend.fast_entry(k.round_sum, buf, header, fp[1], packed,
-                                                 first, state, low, mean)
+                entry = fast_entry(k.round_sum, buf, header, fp[1], packed, first, state,
+                                   low, mean)
             code = entry(buf, header, fp[1], packed, first, state, low, mean)
             if code != k.DONE or look_due():  # with this call's seq, as the kernel sent it
                 self._settle(t, code, bufs, fp, peer, bytes(header), nbytes, dtype,

@@ -39,8 +39,10 @@ def compilable(buf) -> bool:
 
 
 class PairExchanges:
-    """The exchanges of ``MpiTransport`` between two ranks, on what the transport holds: its
-    lock (``_lock``), the compiled forms (``_compiled``), ``check_peer`` and ``sendrecv``."""
+    """The exchanges of ``MpiTransport`` between two ranks, a part of that class: they use
+    its lock (``_lock``), compiled forms (``_compiled``), communicator (``_comm``), peers
+    marked unusable (``_unusable``), ``rank``, ``world_size``, ``check_peer`` and
+    ``sendrecv``."""
 
     def swap(self, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
              use: Callable[[np.ndarray], None]) -> None:

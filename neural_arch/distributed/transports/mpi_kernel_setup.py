@@ -88,13 +88,3 @@ def check(k: Any, MPI: Any) -> None:
                 buf[:] = [1.5, -2.0]
     finally:
         comm.Free()
-
-
-def _state(k: Any, MPI: Any, peer: int, comm: int, requests: list) -> np.ndarray:
-    """The kernels' state for calls with ``peer`` on the communicator with handle ``comm``,
-    posting into the handles of ``requests`` (four ``MPI.Request``, kept alive beside it)."""
-    state = np.zeros(k.STATE_WORDS, np.int64)
-    state[[k.PEER, k.TAG, k.COMM, k.BYTE, k.SPIN_NS, k.YIELD_NS, k.PACKED_MAX]] = (
-        peer, TAG, comm, MPI._handleof(MPI.BYTE), SPIN_NS, YIELD_NS, PACKED_MAX_BYTES)
-    state[k.REQS:k.REQS + 4] = [MPI._addressof(request) for request in requests]
-    return state

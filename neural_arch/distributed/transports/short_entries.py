@@ -9,13 +9,29 @@ and make entries their own way.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
 # NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
 # instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
 USABLE = 0x0001 | 0x0100 | 0x0400
 READABLE = 0x0001 | 0x0100  # what an array only read from must be: USABLE less writable
+
+
+def two_arrays(run: Callable[..., None], dtype: Any, out_count: int) -> Callable[..., bool]:
+    """``entry(src, out)`` of a collective from one array into another (an all-gather or a
+    reduce-scatter into a tensor): ``run(src, out)`` on both as vectors, or False, nothing run,
+    for what the general path must stage, refuse or raise naming the shapes: ``src`` not
+    C-contiguous and aligned, ``out`` not also writable or not ``out_count`` elements of
+    ``dtype``."""
+    def entry(src: Any, out: Any) -> bool:
+        if (src.flags.num & READABLE != READABLE or out.flags.num & USABLE != USABLE
+                or out.dtype != dtype or out.size != out_count):
+            return False
+        run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
+            else out.reshape(-1))
+        return True
+    return entry
 
 
 class EntryTables:

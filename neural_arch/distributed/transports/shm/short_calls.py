@@ -1,5 +1,6 @@
 """The public calls' short path on shared memory: one prepared call per shape of the default
-group's synchronous all-reduce and broadcast of a NumPy array, and of its barrier.
+group's synchronous all-reduce and broadcast of a NumPy array, and of its barrier; and an entry
+per shape and op of its reduce-scatter of a tensor.
 
 A 4-byte ``dist.all_reduce`` used to cost several times its barrier, nearly all of it in
 Python around the compiled plan: checking the arguments, making a fingerprint, taking the
@@ -19,7 +20,8 @@ off), its entry runs the Python form with a fingerprint, and changes to the comp
 the plan has. The barrier has no Python plan: the general path serves it until HOT_CALLS
 barriers were made, then the compiled barrier does. A shape too large for any plan gets an
 entry too, which calls the transport's collective the general path would end in, without the
-layers above it. Entries are dropped when the transport
+layers above it; a reduce-scatter's entry always does (it has no plan), once it found the
+output of the input's dtype holding its part. Entries are dropped when the transport
 closes (``ShmCollectives.close``), so none outlives the mapping its addresses point into.
 """
 from __future__ import annotations
@@ -28,12 +30,12 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ....backends import numba_backend
+from ....backends.numba_entry import fast_entry
 from ...errors import PeerFailureError
 from ...health import heartbeat
 from ...reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
 from ..base import Fingerprint
-from ..short_entries import READABLE as _READABLE, USABLE as _USABLE, EntryTables
+from ..short_entries import USABLE as _USABLE, EntryTables, two_arrays
 from . import compiled
 
 
@@ -112,17 +114,8 @@ class ShortCalls(EntryTables):
             return None
         self.make_room(self.reduce_scatter)
         fp = Fingerprint(f"reduce_scatter:{op_code}", 0, dtype.name, n, self.pg.group_id)
-        run, part = self._synced(self.c.reduce_scatter, op, fp), n // size
-
-        def entry(src: np.ndarray, out: np.ndarray) -> bool:
-            # declined where the general path must stage, refuse or raise naming the shapes
-            if (src.flags.num & _READABLE != _READABLE or out.flags.num & _USABLE != _USABLE
-                    or out.dtype != dtype or out.size != part):
-                return False
-            run(src if src.ndim == 1 else src.reshape(-1), out if out.ndim == 1
-                else out.reshape(-1))
-            return True
-        self.reduce_scatter[(dtype, n, op)] = entry
+        run = self._synced(self.c.reduce_scatter, op, fp)
+        entry = self.reduce_scatter[(dtype, n, op)] = two_arrays(run, dtype, n // size)
         return entry
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
@@ -227,7 +220,7 @@ class ShortCalls(EntryTables):
                 raise
 
         if like is None:  # the barrier
-            kernel = numba_backend.fast_entry(prepared.kernel, address, 0, 1)
+            kernel = fast_entry(prepared.kernel, address, 0, 1)
 
             def barrier() -> bool:
                 seq = next_seq()
@@ -246,8 +239,8 @@ class ShortCalls(EntryTables):
         # Numba has no float16 arrays, nor other byte orders: a broadcast takes their bytes
         as_bytes = like.dtype.type is np.float16 or not like.dtype.isnative
         sample = np.zeros(like.size, like.dtype)
-        kernel = numba_backend.fast_entry(prepared.kernel,
-                                     sample.view(np.uint8) if as_bytes else sample, address, 0, 1)
+        kernel = fast_entry(prepared.kernel, sample.view(np.uint8) if as_bytes else sample,
+                            address, 0, 1)
 
         def call(tensor: np.ndarray) -> bool:
             if tensor.flags.num & _USABLE != _USABLE:
