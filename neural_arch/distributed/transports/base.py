@@ -22,10 +22,12 @@ import numpy as np
 from ..errors import CollectiveMismatchError
 
 _MAGIC = b"NFv1"
-# magic, op name (24 bytes, NUL padded), group id, seq, dtype str (8 bytes), count, payload bytes
-_HEADER = struct.Struct("<4s24sIQ8sQQ")
+# magic, op name (24 bytes, NUL padded), group id; then seq, dtype str (8 bytes), count,
+# payload bytes
+_BEFORE_SEQ = "<4s24sI"
+_HEADER = struct.Struct(_BEFORE_SEQ + "Q8sQQ")
 HEADER_SIZE = _HEADER.size
-SEQ_OFFSET = struct.calcsize("<4s24sI")  # where the seq lies in a header (8 bytes, little-endian)
+SEQ_OFFSET = struct.calcsize(_BEFORE_SEQ)  # where a header's seq lies (8 bytes, little-endian)
 
 
 class Fingerprint(NamedTuple):

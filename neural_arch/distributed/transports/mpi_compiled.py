@@ -211,7 +211,7 @@ class CompiledExchanges:
             code = entry(buf, header, fp[1], packed, first, state, low, mean)
             if code != k.DONE or look_due():  # with this call's seq, as the kernel sent it
                 self._settle(t, code, bufs, fp, peer, bytes(header), nbytes, dtype,
-                             Fold(buf, np.add, count, low, False, mean), True)
+                             Fold.of_round(buf, np.add, low, mean), True)
             free[key] = bufs
             return True
         return go

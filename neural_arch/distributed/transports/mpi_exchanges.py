@@ -92,7 +92,7 @@ class PairExchanges:
         (the fold and why: ``mpi_swap.Fold``)."""
         if buf.nbytes > swap_max_bytes(self.world_size):
             return False
-        self.swap(buf, peer, fp, mpi_swap.Fold(buf, combine, buf.size, theirs_first, False))
+        self.swap(buf, peer, fp, mpi_swap.Fold.of_round(buf, combine, theirs_first))
         return True
 
     def exchange_reduce_plan(self, peer: int, dtype: np.dtype, count: int, combine: Callable,
@@ -115,6 +115,5 @@ class PairExchanges:
                     self.check_peer(peer, fp)  # raises
                 if compiled(buf, fp):
                     return
-            self.swap(buf, peer, fp, mpi_swap.Fold(buf, np.add, buf.size, theirs_first, False,
-                                                   mean))
+            self.swap(buf, peer, fp, mpi_swap.Fold.of_round(buf, np.add, theirs_first, mean))
         return run

@@ -114,6 +114,12 @@ class Fold:
         self.buf, self.combine, self.split = buf, combine, split
         self.low, self.high, self.mean = low, high, mean
 
+    @classmethod
+    def of_round(cls, buf: np.ndarray, combine: Callable, theirs_first: bool,
+                 mean: int = 0) -> "Fold":
+        """The fold of a round of recursive doubling: the whole vector in one order."""
+        return cls(buf, combine, buf.size, theirs_first, False, mean)
+
     def __call__(self, got: np.ndarray) -> None:
         buf, combine, split = self.buf, self.combine, self.split
         if split == buf.size:
