@@ -186,10 +186,12 @@ class PyTorchDDPTrainer:
             return
         self._announced = True
         from ..backends import cupy_backend
-        if not cupy_backend.is_available():
-            print(f"{OWNER}: no GPU here: num_gpus={self.num_processes} starts "
-                  f"{self.num_processes} processes on the CPU ({self.backend} backend)",
-                  flush=True)
+        # Said with a GPU too: this trainer keeps the model on the CPU, which a user asking
+        # for num_gpus would not expect.
+        where = ("a GPU is here, but this trainer runs its processes on the CPU"
+                 if cupy_backend.is_available() else "no GPU here")
+        print(f"{OWNER}: {where}: num_gpus={self.num_processes} starts "
+              f"{self.num_processes} processes on the CPU ({self.backend} backend)", flush=True)
 
 
 def per_process_loader(data: Any, batch_size: Optional[int], owner: str) -> Any:

@@ -20,6 +20,7 @@ from neural_arch.training import Trainer
 from neural_arch.training.ddp_trainer import PyTorchDDPTrainer
 from neural_arch.training.launching import fit, fit_in_processes, under_launcher
 
+from gpu_testing import GPUS
 from launcher_support import LAUNCHER
 from leftovers import Leftovers
 
@@ -59,7 +60,9 @@ def run_seed(*prefix, out, tmp_path, script=os.path.join(HERE, "self_launch_seed
 def test_the_seed_example_as_a_plain_script_trains_in_two_processes(tmp_path):
     alone = run_seed(sys.executable, out=tmp_path / "self.json", tmp_path=tmp_path)
     assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-3000:]
-    assert alone.stdout.count("no GPU here: num_gpus=2 starts 2 processes on the CPU") == 1
+    assert alone.stdout.count("num_gpus=2 starts 2 processes on the CPU") == 1
+    assert alone.stdout.count("no GPU here: num_gpus=2" if GPUS == 0 else
+                              "a GPU is here, but this trainer runs its processes on the CPU") == 1
     assert "Final accuracy: " in alone.stdout
     result = json.loads((tmp_path / "self.json").read_text())
     assert result["total_time"] > 0 and 0.0 <= result["best_accuracy"] <= 1.0
