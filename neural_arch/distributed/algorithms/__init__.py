@@ -36,7 +36,7 @@ import numpy as np
 
 from ..reduce_ops import ReduceOp, divide_by_count
 from ..transports.base import Fingerprint, Transport, pair_broadcast
-from . import dissemination, pair, recursive_doubling, ring, tree
+from . import dissemination, pair, recursive_doubling, ring, summed, tree
 from .agreement import agree_on_root
 
 ENV_ALLREDUCE_ALGO = "NEURAL_ARCH_ALLREDUCE_ALGO"
@@ -44,9 +44,9 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("auto", "ring", "recursive_doubling", "shm_direct", "native"),
-    "broadcast": ("auto", "tree", "shm_direct", "native"),
-    "all_gather": ("auto", "ring", "shm_direct", "native"),
-    "reduce_scatter": ("auto", "ring", "shm_direct", "native"),
+    "broadcast": ("auto", "tree", "recursive_doubling", "shm_direct", "native"),
+    "all_gather": ("auto", "ring", "recursive_doubling", "shm_direct", "native"),
+    "reduce_scatter": ("auto", "ring", "recursive_doubling", "shm_direct", "native"),
     "barrier": ("auto", "dissemination", "shm_direct", "native"),
 }
 _ALIASES = {"rd": "recursive_doubling", "recursive-doubling": "recursive_doubling",
@@ -130,6 +130,8 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
             return native.name
     if collective == "all_reduce":
         return "recursive_doubling" if nbytes < SMALL_MESSAGE_BYTES else "ring"
+    if collective in summed.MAX_BYTES and summed.takes(collective, t, nbytes):
+        return "recursive_doubling"  # as one all-reduce
     return {"broadcast": "tree", "all_gather": "ring", "reduce_scatter": "ring",
             "barrier": "dissemination"}[collective]
 
@@ -177,10 +179,23 @@ def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
     name = select("broadcast", t, buf.nbytes, algorithm)
     if name in _NATIVE:
         t.native_collectives().broadcast(buf, root, fp)  # checks the root itself
+    elif name == "recursive_doubling":
+        summed.broadcast(t, buf, root, fp)  # checks the root itself
     elif not pair_broadcast(t, buf, root, fp):
         agree_on_root(t, root, fp)
         tree.broadcast(t, buf, root, fp)
     return name
+
+
+def broadcast_plan(t: Transport, dtype: np.dtype, count: int, root: int
+                   ) -> Callable[[np.ndarray, Fingerprint], None]:
+    """``run(buf, fp)``: ``broadcast`` from ``root`` of every buffer of ``count`` elements of
+    ``dtype`` with the automatic choice, chosen once (for the public call's short entry; the
+    root already checked to be in the group)."""
+    nbytes = count * np.dtype(dtype).itemsize
+    if select("broadcast", t, nbytes) == "recursive_doubling":
+        return summed.broadcast_plan(t, nbytes, root)
+    return lambda buf, fp: broadcast(t, buf, root, fp)
 
 
 def all_gather_plan(t: Transport, dtype: np.dtype, count: int
@@ -193,6 +208,8 @@ def all_gather_plan(t: Transport, dtype: np.dtype, count: int
     name = select("all_gather", t, count * t.world_size * itemsize)
     if name in _NATIVE:
         return t.native_collectives().all_gather
+    if name == "recursive_doubling":
+        return summed.all_gather_plan(t, count, itemsize)
     return ring.all_gather_plan(t, count, itemsize)
 
 
@@ -201,6 +218,8 @@ def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Finge
     name = select("all_gather", t, recvbuf.nbytes, algorithm)
     if name in _NATIVE:
         t.native_collectives().all_gather(sendbuf, recvbuf, fp)
+    elif name == "recursive_doubling":
+        summed.all_gather(t, sendbuf, recvbuf, fp)
     else:
         ring.all_gather(t, sendbuf, recvbuf, fp)
     return name
@@ -212,11 +231,23 @@ def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: R
     if name in _NATIVE:
         t.native_collectives().reduce_scatter(sendbuf, recvbuf, op, fp)
         return name
+    if name == "recursive_doubling":
+        summed.reduce_scatter(t, sendbuf, recvbuf, op, fp)
+        return name
     ring.reduce_scatter(t, sendbuf, recvbuf, ReduceOp.SUM if op is ReduceOp.AVERAGE else op,
                         fp)
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(recvbuf, t.world_size)
     return name
+
+
+def reduce_scatter_plan(t: Transport, dtype: np.dtype, count: int, op: ReduceOp
+                        ) -> Callable[[np.ndarray, np.ndarray, Fingerprint], None]:
+    """``run(sendbuf, recvbuf, fp)``: ``reduce_scatter`` of every input of ``count`` elements
+    of ``dtype`` with ``op`` and the automatic choice, chosen once (the short entry's)."""
+    if select("reduce_scatter", t, count * np.dtype(dtype).itemsize) == "recursive_doubling":
+        return summed.reduce_scatter_plan(t, dtype, count, op)
+    return lambda sendbuf, recvbuf, fp: reduce_scatter(t, sendbuf, recvbuf, op, fp)
 
 
 def barrier(t: Transport, fp: Fingerprint, algorithm: Optional[str] = None) -> str:
@@ -250,5 +281,6 @@ def scatter(t: Transport, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, ro
 
 __all__ = ["ALGORITHMS", "ENV_ALLREDUCE_ALGO", "SMALL_MESSAGE_BYTES", "agree_on_root",
            "all_gather", "all_gather_plan", "all_reduce", "all_reduce_plan", "barrier",
-           "broadcast", "environment_choice", "environment_meaning", "gather", "normalize",
-           "read_environment", "reduce", "reduce_scatter", "scatter", "select"]
+           "broadcast", "broadcast_plan", "environment_choice", "environment_meaning", "gather",
+           "normalize", "read_environment", "reduce", "reduce_scatter", "reduce_scatter_plan",
+           "scatter", "select"]

@@ -14,10 +14,9 @@ for an all-gather or reduce-scatter the output's dtype and size; otherwise it de
 general path runs, raising where it must), takes the group's next sequence number, makes the
 same fingerprint the general path makes, waits for queued async work and takes the queue's lock
 (``CommQueue.run_sync``, inlined), then runs the algorithm: for an all-reduce or all-gather the
-plan ``algorithms.all_reduce_plan`` or ``all_gather_plan`` chose once for the shape, as the
-general path chooses per call; a broadcast, reduce-scatter or barrier calls
-``algorithms.broadcast``, ``reduce_scatter`` or ``barrier``, whose choice costs little beside
-the checks they make. Every message still carries the fingerprint, every wait its timeout.
+plan ``algorithms.all_reduce_plan``, ``broadcast_plan``, ``all_gather_plan`` or
+``reduce_scatter_plan`` chose once for the shape, as the general path chooses per call; a
+barrier calls ``algorithms.barrier``, whose choice costs little beside the checks it makes. Every message still carries the fingerprint, every wait its timeout.
 
 ``world`` makes one ``ShortCalls`` per default group and forgets its entries when the group is
 destroyed, so none outlives the transport it runs on.
@@ -76,10 +75,9 @@ class ShortCalls(EntryTables):
         if not 0 <= root < self.pg.size or dtype.type not in SUPPORTED_DTYPES:
             return None
         self.make_room(self.broadcast)
-        t = self.pg.transport
+        plan = algorithms.broadcast_plan(self.pg.transport, dtype, n, root)
         entry = self.broadcast[(dtype, n, root)] = self._entry(
-            lambda buf, fp: algorithms.broadcast(t, buf, root, fp), "broadcast",
-            f"broadcast:{root}", dtype, n)
+            plan, "broadcast", f"broadcast:{root}", dtype, n)
         return entry
 
     def all_gather_entry(self, src: np.ndarray) -> Optional[Callable]:
@@ -108,10 +106,9 @@ class ShortCalls(EntryTables):
         except TypeError:
             return None
         self.make_room(self.reduce_scatter)
-        t, part = self.pg.transport, n // size
-        run = self._synced(lambda s, o, fp: algorithms.reduce_scatter(t, s, o, op, fp),
-                           "reduce_scatter", f"reduce_scatter:{op_code}", dtype, n)
-        entry = self.reduce_scatter[(dtype, n, op)] = two_arrays(run, dtype, part)
+        plan = algorithms.reduce_scatter_plan(self.pg.transport, dtype, n, op)
+        run = self._synced(plan, "reduce_scatter", f"reduce_scatter:{op_code}", dtype, n)
+        entry = self.reduce_scatter[(dtype, n, op)] = two_arrays(run, dtype, n // size)
         return entry
 
     def barrier_entry(self) -> Callable[[], bool]:

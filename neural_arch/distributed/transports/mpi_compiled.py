@@ -1,6 +1,6 @@
 """The mpi transport's exchanges in one compiled call each (``mpi_kernels``), from the first
 byte posted to the message judged: the two-rank swap, a ``sendrecv``, and the two-rank ring's
-two steps, a float sum folded in.
+two steps, a sum folded in (float32, float64 or int64: ``SUM_DTYPES``).
 
 Through mpi4py every step of an exchange is a Python call (the header packed into a bytearray,
 each request a Python object, every ``Test`` and ``Get_count`` a call, the buffers lent and
@@ -105,7 +105,7 @@ def kernels(MPI: Any) -> Optional[Any]:
 
 def folds_sum(fold: Any, buf: np.ndarray) -> bool:
     """Whether ``fold`` is a sum into ``buf`` that the kernels fold themselves: a
-    ``mpi_swap.Fold`` of ``np.add`` on a vector of float32 or float64."""
+    ``mpi_swap.Fold`` of ``np.add`` on a vector of a dtype in SUM_DTYPES."""
     return (type(fold) is Fold and fold.combine is np.add and fold.buf is buf
             and buf.ndim == 1 and buf.dtype in SUM_DTYPES)
 
@@ -173,7 +173,7 @@ class CompiledExchanges:
 
     def round_plan(self, t: MpiTransport, peer: int, dtype: np.dtype, count: int,
                    theirs_first: bool, mean: int) -> Optional[Callable[..., bool]]:
-        """``go(buf, fp)``: the swap and float sum of a round of recursive doubling with
+        """``go(buf, fp)``: the swap and sum of a round of recursive doubling with
         ``peer`` (``MpiTransport.exchange_reduce_plan``) for every ``buf`` of ``count``
         elements of ``dtype`` (in SUM_DTYPES), divided by ``mean`` unless 0, in one compiled
         call (``mpi_kernels.round_sum``) with what the calls share made once: the header (but
@@ -246,7 +246,7 @@ class CompiledExchanges:
 
     def ring_steps(self, t: MpiTransport, mine: np.ndarray, theirs: np.ndarray,
                    got: np.ndarray, fp: Fingerprint, fold: Fold) -> None:
-        """``MpiTransport.ring_steps`` with a float sum's ``fold`` (``folds_sum``) that
+        """``MpiTransport.ring_steps`` with a sum's ``fold`` (``folds_sum``) that
         ``takes`` accepted; the transport's lock is held."""
         k, peer = self._kernels, 1 - t.rank
         to_peer, from_peer = pack_header(fp, theirs.nbytes), pack_header(fp, mine.nbytes)

@@ -63,7 +63,7 @@ class PairExchanges:
         """The two-rank ring's two steps (``mpi_pair``): ``theirs`` to the peer while the
         peer's part of ``mine`` lands in ``got``, ``fold(got)`` into ``mine``, then ``mine``
         to the peer while the peer's part of ``theirs`` lands there: two ``sendrecv``s, or,
-        once hot, for a float sum, one compiled call (``mpi_compiled``), the same
+        once hot, for a sum (SUM_DTYPES), one compiled call (``mpi_compiled``), the same
         messages."""
         peer = 1 - self.rank
         with self._lock:
@@ -97,9 +97,9 @@ class PairExchanges:
 
     def exchange_reduce_plan(self, peer: int, dtype: np.dtype, count: int, combine: Callable,
                              theirs_first: bool, mean: int = 0) -> Optional[Callable]:
-        """A float sum's round up to the swap's limit, in one compiled call from here once the
-        kernels are loaded (``mpi_compiled.CompiledExchanges.round_plan``), else the swap; None
-        for other folds and sizes, or where the exchanges stay in mpi4py."""
+        """A sum's round (``mpi_compiled.SUM_DTYPES``) up to the swap's limit, in one compiled
+        call from here once the kernels are loaded (``CompiledExchanges.round_plan``), else
+        the swap; None for other folds and sizes, or where the exchanges stay in mpi4py."""
         dtype = np.dtype(dtype)
         if (combine is not np.add or dtype not in mpi_compiled.SUM_DTYPES
                 or count * dtype.itemsize > swap_max_bytes(self.world_size)):

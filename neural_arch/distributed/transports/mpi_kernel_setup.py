@@ -21,8 +21,9 @@ from .mpi_wire import PACKED_MAX_BYTES, TAG
 # two cores, and the wait's liveness looks come every half second
 SPIN_NS, YIELD_NS = int(SPIN_S * 1e9), int(YIELD_AFTER_S * 1e9)
 # The vectors whose sums the kernel folds itself (a 1-D array of another dtype, or another
-# reduction, is folded by ``use`` in Python after the kernel's swap)
-SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# reduction, is folded by ``use`` in Python after the kernel's swap); int64 for the words of
+# the collectives that run as one all-reduce (``algorithms.summed``)
+SUM_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64))
 
 
 def kernel_state(k: Any, MPI: Any, peer: int, comm: int, requests: list) -> np.ndarray:
@@ -53,18 +54,18 @@ def check(k: Any, MPI: Any) -> None:
             raise RuntimeError(f"a swap with itself gave {code} and {first[:len(sent)]}")
         if k.poll(header[::-1], first, 5, state, 0) != k.MISMATCH:
             raise RuntimeError("a swap with itself did not see another header")
-        for dtype in SUM_DTYPES:
-            buf = np.array([1.5, -2.0, 3.0], dtype)
-            for mean, expected in ((0, [3.0, -4.0, 6.0]), (2, [1.5, -2.0, 3.0])):
+        for dtype in SUM_DTYPES:  # values whose sums and halves are exact in every one
+            buf = np.array([3, -2, 5], dtype)
+            for mean, expected in ((0, [6, -4, 10]), (2, [3, -2, 5])):
                 code = k.swap_sum(buf, header, packed, first, state, 1, True, False, mean)
                 if (code, buf.tolist()) != (k.DONE, expected):
                     raise RuntimeError(f"a {dtype.name} sum with itself (mean {mean}) gave "
                                        f"{code} and {buf.tolist()}")
-                buf[:] = [1.5, -2.0, 3.0]
+                buf[:] = [3, -2, 5]
             made = np.frombuffer(header, np.uint8).copy()  # a round's header, its seq written
             code = k.round_sum(buf, made, 7, packed, first, state, True, 0)
             if (code, buf.tolist(), made[SEQ_OFFSET:SEQ_OFFSET + 8].tobytes()) != (
-                    k.DONE, [3.0, -4.0, 6.0], (7).to_bytes(8, "little")):
+                    k.DONE, [6, -4, 10], (7).to_bytes(8, "little")):
                 raise RuntimeError(f"a {dtype.name} round with itself gave {code}, "
                                    f"{buf.tolist()} and header {made.tobytes()!r}")
         for packed_max in (0, 64):  # the payload after the header, then behind it
@@ -78,13 +79,13 @@ def check(k: Any, MPI: Any) -> None:
             raise RuntimeError(f"a sendrecv with itself gave {code} for another header")
         k.poll_sendrecv(header, first, got, 0, state, 1 << 30)  # its send, completed
         for dtype in SUM_DTYPES:  # the ring's two steps with itself: both halves a + b
-            buf = np.array([1.5, -2.0], dtype)
-            for mean, expected in ((0, [-0.5, -0.5]), (2, [-0.25, -0.25])):
+            buf = np.array([7, -3], dtype)
+            for mean, expected in ((0, [4, 4]), (2, [2, 2])):
                 code = k.ring_steps(buf[:1], buf[1:], np.zeros(1, dtype), header, header,
                                     packed, first, 0, state, mean)
                 if (code, buf.tolist()) != (k.DONE, expected):
                     raise RuntimeError(f"the ring's steps with itself ({dtype.name}, mean "
                                        f"{mean}) gave {code} and {buf.tolist()}")
-                buf[:] = [1.5, -2.0]
+                buf[:] = [7, -3]
     finally:
         comm.Free()

@@ -25,6 +25,11 @@ from .short_calls import ShortCalls
 from .writer import AreaWriter
 
 MAX_SIGNATURES = 4096
+# A reduce-scatter of at most this many input bytes runs as the all-reduce of a copy of its
+# input (a prepared plan), this rank keeping its part: on a few bytes the plan's one generation
+# costs less than the reduce-scatter's rounds through Python (benchmarks/RESULTS.md, "Small
+# collectives as one all-reduce").
+SUMMED_REDUCE_SCATTER_BYTES = 16 << 10
 STREAMING, NOT_STREAMING = 2, 1  # a rank's STORES word (0: not published yet)
 
 
@@ -139,6 +144,11 @@ class ShmCollectives:
         check_dtype_for_op(sendbuf.dtype, op)
         if self.world_size == 1:
             recvbuf[:] = sendbuf
+        elif sendbuf.nbytes <= min(SUMMED_REDUCE_SCATTER_BYTES, self.small_bytes()):
+            whole = sendbuf.copy()
+            self.all_reduce(whole, op, fp)
+            n = recvbuf.size
+            recvbuf[:] = whole[self.rank * n:(self.rank + 1) * n]
         else:
             direct.reduce_scatter(self, sendbuf, recvbuf, op, fp)
 
