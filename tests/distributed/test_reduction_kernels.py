@@ -152,9 +152,10 @@ def test_float16_pair_mean_is_the_rounded_sum_then_the_rounded_half(form):
         rk.divide_halves(want, 2, want)
         got = x.copy()
         rk.pair_mean_half(got, y, 0.5, acc_first)
-        # Two NaNs: which payload survives is the compiler's choice here (LLVM may commute a
-        # float add, and did on one AMD EPYC), so those two only have to stay NaN; every rank
-        # of a pair runs the same kernel, so their bits still agree.
+        # Two NaNs: which payload survives is the compiler's choice (LLVM may commute a float
+        # add). On one AMD EPYC the compiled add_halves of the reference kept the second
+        # operand's payload where pair_mean_half and NumPy keep the first, so those two only
+        # have to stay NaN here.
         assert np.isnan(got[30:32]).all() and np.isnan(want[30:32]).all()
         got[30:32] = want[30:32] = 0
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))

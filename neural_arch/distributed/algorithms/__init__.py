@@ -3,13 +3,16 @@
 A collective runs the transport's own (``native_collectives()``) when the transport prefers
 them (shared memory's direct collectives through its workspace, named ``shm_direct``);
 otherwise ``all_reduce`` takes recursive doubling below ``SMALL_MESSAGE_BYTES`` and the ring
-above, ``broadcast`` a tree, and so on. ``algorithm=`` (per call) or the
-``NEURAL_ARCH_ALLREDUCE_ALGO`` environment variable forces one of ``ALGORITHMS["all_reduce"]``;
-``"native"`` runs the transport's own collective whatever it is (MPI's ``Allreduce``), and
-``"shm_direct"`` only where that is the shared-memory one. A name that cannot run on the
-transport raises ValueError when passed per call; from the environment it falls back to the
-automatic choice, so one exported setting does not break every backend that lacks it. The variable is read when the package is imported and
-again by ``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
+above, ``broadcast`` a tree, ``all_gather`` and ``reduce_scatter`` the ring, except that at
+more than two ranks a small broadcast, all-gather or reduce-scatter runs as one
+recursive-doubling all-reduce (``summed``, named ``recursive_doubling``). ``algorithm=``
+(per call) or the ``NEURAL_ARCH_ALLREDUCE_ALGO`` environment variable forces one of
+``ALGORITHMS["all_reduce"]``; ``"native"`` runs the transport's own collective whatever it is
+(MPI's ``Allreduce``), and ``"shm_direct"`` only where that is the shared-memory one. A name
+that cannot run on the transport raises ValueError when passed per call; from the environment
+it falls back to the automatic choice, so one exported setting does not break every backend
+that lacks it. The variable is read when the package is imported and again by
+``init_process_group`` (``read_environment``), not on every call: a lookup of an unset
 variable costs about as much as a whole small shared-memory all-reduce. ``init_process_group``
 also compares what it means on every rank (``environment_meaning``) and raises where ranks
 differ: ranks forcing different algorithms may exchange messages that look alike and end with
@@ -23,7 +26,8 @@ caller turns AVERAGE into SUM and divides after.
 
 The rooted collectives that run on the binomial trees (``broadcast``, ``reduce``, ``gather``,
 ``scatter``) first make sure that every rank passed the same root (``agreement``); a native
-broadcast checks that itself. At two ranks, up to ``PAIR_ROOTED_MAX_BYTES``, the root check
+broadcast checks that itself, and so does the summed one (every rank's root rides in the
+all-reduce beside the data). At two ranks, up to ``PAIR_ROOTED_MAX_BYTES``, the root check
 rides in front of the data in one exchange instead (``transports.base.pair_broadcast``,
 ``pair``).
 """

@@ -32,10 +32,11 @@ from ..transports.base import Fingerprint, Transport, check_roots, split_root
 from . import recursive_doubling
 
 # Up to these many bytes (a broadcast's buffer, an all-gather's output, a reduce-scatter's
-# input) the summed form runs. Measured at p = 4 on 16 cores against the tree and the ring
-# (benchmarks/RESULTS.md, "Small collectives as one all-reduce"): the summed broadcast was still
-# ahead at 32 KiB on tcp and at 64 KiB on mpi, the all-gather at 32 KiB on both and even at
-# 64 KiB, the reduce-scatter (all of its input moving every round) only up to about 32 KiB.
+# input) the summed form runs. Measured at p = 4 on 16 cores (benchmarks/RESULTS.md, "Small
+# collectives as one all-reduce"): at 32 KiB the summed broadcast and all-gather took less time
+# on tcp and mpi than the tree and the ring at 16 KiB; at 64 KiB the ring's all-gather tied or
+# won, and on tcp the tree's broadcast won. The summed reduce-scatter (all of its input moving
+# every round) at 32 KiB only tied the ring's at 16 KiB on mpi.
 MAX_BYTES = {"broadcast": 32 << 10, "all_gather": 32 << 10, "reduce_scatter": 16 << 10}
 _WORD = np.dtype(np.int64)
 

@@ -13,10 +13,11 @@ root). A call of an entry checks what only the arrays can tell (contiguous, alig
 for an all-gather or reduce-scatter the output's dtype and size; otherwise it declines and the
 general path runs, raising where it must), takes the group's next sequence number, makes the
 same fingerprint the general path makes, waits for queued async work and takes the queue's lock
-(``CommQueue.run_sync``, inlined), then runs the algorithm: for an all-reduce or all-gather the
-plan ``algorithms.all_reduce_plan``, ``broadcast_plan``, ``all_gather_plan`` or
+(``CommQueue.run_sync``, inlined), then runs the algorithm: the plan
+``algorithms.all_reduce_plan``, ``broadcast_plan``, ``all_gather_plan`` or
 ``reduce_scatter_plan`` chose once for the shape, as the general path chooses per call; a
-barrier calls ``algorithms.barrier``, whose choice costs little beside the checks it makes. Every message still carries the fingerprint, every wait its timeout.
+barrier calls ``algorithms.barrier``, whose choice costs little beside the checks it makes.
+Every message still carries the fingerprint, every wait its timeout.
 
 ``world`` makes one ``ShortCalls`` per default group and forgets its entries when the group is
 destroyed, so none outlives the transport it runs on.

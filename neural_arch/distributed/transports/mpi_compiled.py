@@ -6,8 +6,8 @@ Through mpi4py every step of an exchange is a Python call (the header packed int
 each request a Python object, every ``Test`` and ``Get_count`` a call, the buffers lent and
 given back), about ten microseconds around MPI's own two or three for a swap
 (``benchmarks/mpi_layers.py``), and the fold that follows is a NumPy call per part. The kernels
-take the same steps on the same messages, in one call that releases the GIL; a sum of float32
-or float64 (a ``mpi_swap.Fold`` of ``np.add``: the two-rank all-reduce, a round of recursive
+take the same steps on the same messages, in one call that releases the GIL; a sum of float32,
+float64 or int64 (a ``mpi_swap.Fold`` of ``np.add``: the two-rank all-reduce, a round of recursive
 doubling, AVERAGE included) is folded in the same call, any other fold runs after it in
 Python. The ring's two steps as one call matter beyond the Python they save: with a NumPy fold
 between two compiled ``sendrecv``s the two-rank all-reduce took 236-258 us at 512 KiB, 361-394
@@ -156,8 +156,8 @@ class CompiledExchanges:
     def swap(self, t: MpiTransport, sendbuf: np.ndarray, peer: int, fp: Fingerprint,
              use: Callable[[np.ndarray], None]) -> None:
         """``MpiTransport.swap`` of a contiguous ``sendbuf`` that ``takes`` accepted; the
-        transport's lock is held. A sum's fold (``mpi_swap.Fold`` of ``np.add`` on float32 or
-        float64) runs in the kernel, any other ``use`` after it."""
+        transport's lock is held. A sum's fold (``mpi_swap.Fold`` of ``np.add`` on a dtype in
+        ``SUM_DTYPES``) runs in the kernel, any other ``use`` after it."""
         k, nbytes = self._kernels, sendbuf.nbytes
         header = pack_header(fp, nbytes)
         bufs = self._buffers(t, peer, peer)

@@ -54,18 +54,20 @@ def check(k: Any, MPI: Any) -> None:
             raise RuntimeError(f"a swap with itself gave {code} and {first[:len(sent)]}")
         if k.poll(header[::-1], first, 5, state, 0) != k.MISMATCH:
             raise RuntimeError("a swap with itself did not see another header")
-        for dtype in SUM_DTYPES:  # values whose sums and halves are exact in every one
-            buf = np.array([3, -2, 5], dtype)
-            for mean, expected in ((0, [6, -4, 10]), (2, [3, -2, 5])):
+        for dtype in SUM_DTYPES:  # a float's halves not whole (a truncating fold fails)
+            start = [1.5, -2.0, 3.0] if dtype.kind == "f" else [3, -2, 5]
+            twice = [2 * v for v in start]
+            buf = np.array(start, dtype)
+            for mean, expected in ((0, twice), (2, start)):
                 code = k.swap_sum(buf, header, packed, first, state, 1, True, False, mean)
                 if (code, buf.tolist()) != (k.DONE, expected):
                     raise RuntimeError(f"a {dtype.name} sum with itself (mean {mean}) gave "
                                        f"{code} and {buf.tolist()}")
-                buf[:] = [3, -2, 5]
+                buf[:] = start
             made = np.frombuffer(header, np.uint8).copy()  # a round's header, its seq written
             code = k.round_sum(buf, made, 7, packed, first, state, True, 0)
             if (code, buf.tolist(), made[SEQ_OFFSET:SEQ_OFFSET + 8].tobytes()) != (
-                    k.DONE, [6, -4, 10], (7).to_bytes(8, "little")):
+                    k.DONE, twice, (7).to_bytes(8, "little")):
                 raise RuntimeError(f"a {dtype.name} round with itself gave {code}, "
                                    f"{buf.tolist()} and header {made.tobytes()!r}")
         for packed_max in (0, 64):  # the payload after the header, then behind it
@@ -79,13 +81,15 @@ def check(k: Any, MPI: Any) -> None:
             raise RuntimeError(f"a sendrecv with itself gave {code} for another header")
         k.poll_sendrecv(header, first, got, 0, state, 1 << 30)  # its send, completed
         for dtype in SUM_DTYPES:  # the ring's two steps with itself: both halves a + b
-            buf = np.array([7, -3], dtype)
-            for mean, expected in ((0, [4, 4]), (2, [2, 2])):
+            start = [1.5, -2.0] if dtype.kind == "f" else [7, -3]
+            buf = np.array(start, dtype)
+            whole = start[0] + start[1]
+            for mean, expected in ((0, [whole] * 2), (2, [whole / 2] * 2)):
                 code = k.ring_steps(buf[:1], buf[1:], np.zeros(1, dtype), header, header,
                                     packed, first, 0, state, mean)
                 if (code, buf.tolist()) != (k.DONE, expected):
                     raise RuntimeError(f"the ring's steps with itself ({dtype.name}, mean "
                                        f"{mean}) gave {code} and {buf.tolist()}")
-                buf[:] = [7, -3]
+                buf[:] = start
     finally:
         comm.Free()

@@ -16,7 +16,8 @@ costs more than it saves (bare, 1 MiB: 364-398 us against 252-316 without it; th
 ``mpi_pair``'s).
 
 This is the swap's mpi4py form; once hot, the transport runs the same messages in one compiled
-call (``mpi_compiled``), which reads a ``Fold``'s fields to fold a float sum itself.
+call (``mpi_compiled``), which reads a ``Fold``'s fields to fold a sum (float32, float64,
+int64) itself.
 """
 from __future__ import annotations
 

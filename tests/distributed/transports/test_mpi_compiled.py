@@ -25,7 +25,7 @@ HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 # largest (256 KiB of float32), and above it (512 KiB: the two steps)
 SIZES_P2 = (1, 2, 7, 1001, 4099, 65536, 131072)
 SIZES_P4 = (1, 3, 1001)  # beyond two ranks a swap carries at most 8 KiB
-DTYPES = (np.float32, np.float64, np.int32, np.float16)
+DTYPES = (np.float32, np.float64, np.int64, np.int32, np.float16)
 KERNELS = ("swap", "swap_sum", "sendrecv", "ring_steps")  # the calls into ``mpi_kernels``
 
 
@@ -145,9 +145,9 @@ def test_the_compiled_form_ran_where_asked_and_folded_float_sums_itself(bits):
 def _kernel_calls(world: int) -> dict:
     """The kernel calls of a rank's ``_bits_job`` on a compiled transport. Up to the swap's
     limit (256 KiB at p = 2, 8 KiB beyond) a swap per round (one at p = 2, two at p = 4):
-    ``swap_sum`` for float32 and float64 SUM and AVERAGE (folded in the kernel), ``swap`` for
-    the rest (folded after it). Above it (p = 2) the ring's two steps: ``ring_steps`` for a
-    float sum, else two ``sendrecv`` calls with the fold between."""
+    ``swap_sum`` for float32, float64 and int64 SUM and AVERAGE (folded in the kernel),
+    ``swap`` for the rest (folded after it). Above it (p = 2) the ring's two steps:
+    ``ring_steps`` for such a sum, else two ``sendrecv`` calls with the fold between."""
     calls = dict.fromkeys(KERNELS, 0)
     limit, rounds = (256 << 10, 1) if world == 2 else (8 << 10, 2)
     for size in SIZES_P2 if world == 2 else SIZES_P4:
@@ -155,7 +155,7 @@ def _kernel_calls(world: int) -> dict:
             for op in ("SUM", "AVERAGE", "MAX"):
                 if op == "AVERAGE" and np.dtype(dtype).kind != "f":
                     continue
-                summed = dtype in (np.float32, np.float64) and op != "MAX"
+                summed = dtype in (np.float32, np.float64, np.int64) and op != "MAX"
                 if size * np.dtype(dtype).itemsize <= limit:
                     calls["swap_sum" if summed else "swap"] += rounds
                 elif summed:
