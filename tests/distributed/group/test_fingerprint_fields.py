@@ -41,7 +41,8 @@ def test_a_short_entrys_fingerprint_holds_every_field_by_name(monkeypatch):
     made = []
     monkeypatch.setattr(algorithms, "all_reduce_plan",
                         lambda t, dtype, nbytes, op: lambda buf, fp: made.append(fp))
-    monkeypatch.setattr(algorithms, "broadcast", lambda t, buf, root, fp: made.append(fp))
+    monkeypatch.setattr(algorithms, "broadcast_plan",
+                        lambda t, dtype, count, root: lambda buf, fp: made.append(fp))
     monkeypatch.setattr(algorithms, "barrier", lambda t, fp: made.append(fp))
     group = _group()
     short = ShortCalls(group)
