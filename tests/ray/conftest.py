@@ -76,6 +76,10 @@ def ray_client_cluster():
     saved = dict(os.environ)
     os.environ.pop("RAY_ADDRESS", None)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # A connection whose server child dies at start (ensure_ray's retry) is refused only after
+    # the proxy has waited this long for the child's channel; Ray's default is 30 s, and a
+    # healthy child answers within about 2 s here.
+    os.environ["RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S"] = "10"
     try:
         cluster = Cluster(initialize_head=True, head_node_args=dict(
             NODE, include_dashboard=False, ray_client_server_port=port))

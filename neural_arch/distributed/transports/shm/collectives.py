@@ -144,7 +144,7 @@ class ShmCollectives:
         check_dtype_for_op(sendbuf.dtype, op)
         if self.world_size == 1:
             recvbuf[:] = sendbuf
-        elif sendbuf.nbytes <= min(SUMMED_REDUCE_SCATTER_BYTES, self.small_bytes()):
+        elif sendbuf.nbytes <= self.summed_reduce_scatter_bytes():
             whole = sendbuf.copy()
             self.all_reduce(whole, op, fp)
             n = recvbuf.size
@@ -182,6 +182,10 @@ class ShmCollectives:
         self.broadcast_plan_bytes = plans.broadcast_plan_bytes(
             self.world_size, self.small_bytes(), self.layout.workspace_bytes,
             least if self.t.peer_reads.usable else None, streamed)
+
+    def summed_reduce_scatter_bytes(self) -> int:
+        """The largest reduce-scatter input (bytes) run as the all-reduce of its copy."""
+        return min(SUMMED_REDUCE_SCATTER_BYTES, self.small_bytes())
 
     def small_bytes(self) -> int:
         """The largest vector (bytes) an all-reduce or all-gather plan takes, and a broadcast

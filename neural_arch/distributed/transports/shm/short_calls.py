@@ -20,8 +20,10 @@ off), its entry runs the Python form with a fingerprint, and changes to the comp
 the plan has. The barrier has no Python plan: the general path serves it until HOT_CALLS
 barriers were made, then the compiled barrier does. A shape too large for any plan gets an
 entry too, which calls the transport's collective the general path would end in, without the
-layers above it; a reduce-scatter's entry always does (it has no plan), once it found the
-output of the input's dtype holding its part. Entries are dropped when the transport
+layers above it; a reduce-scatter's entry does too (it has no plan of its own), once it
+found the output of the input's dtype holding its part, except for a small input, which the
+transport runs as the all-reduce of a copy: once that all-reduce's plan is compiled, the entry
+makes the plan's compiled call on a copy of its own. Entries are dropped when the transport
 closes (``ShmCollectives.close``), so none outlives the mapping its addresses point into.
 """
 from __future__ import annotations
@@ -106,7 +108,8 @@ class ShortCalls(EntryTables):
                              ) -> Optional[Callable]:
         """The entry of a reduce-scatter of a tensor whose input has ``src``'s shape, with
         ``op``, called as ``entry(src, out)``: the transport's own collective
-        (``ShmCollectives.reduce_scatter``), as the general path ends in it. None where the
+        (``ShmCollectives.reduce_scatter``), as the general path ends in it (a small input:
+        ``_summed``). None where the
         general path must raise or has nothing to send (a dtype or op collectives do not take,
         an input that does not split evenly over the group, an empty one)."""
         dtype, n, size = src.dtype, src.size, self.pg.size
@@ -115,7 +118,10 @@ class ShortCalls(EntryTables):
         self.make_room(self.reduce_scatter)
         fp = Fingerprint(f"reduce_scatter:{op_code}", 0, dtype.name, n, self.pg.group_id)
         run = self._synced(self.c.reduce_scatter, op, fp)
-        entry = self.reduce_scatter[(dtype, n, op)] = two_arrays(run, dtype, n // size)
+        key = (dtype, n, op)
+        if src.nbytes <= self.c.summed_reduce_scatter_bytes():
+            run = self._summed(run, key, fp)
+        entry = self.reduce_scatter[key] = two_arrays(run, dtype, n // size)
         return entry
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
@@ -176,6 +182,33 @@ class ShortCalls(EntryTables):
             finally:
                 release()
         return go
+
+    def _summed(self, general: Callable, key: tuple, fp: Fingerprint) -> Callable[..., None]:
+        """``run(src, out)`` of a reduce-scatter the transport runs as the all-reduce of a copy
+        of its input (``ShmCollectives.reduce_scatter``): the general path's call while that
+        all-reduce's plan is in Python, then the compiled entry of that plan with the
+        reduce-scatter's fingerprint, on a copy kept by the entry; this rank keeps its part.
+        The same generation, fingerprint and bits as the general path, without its checks,
+        its copy per call and the plan's Python around the kernel."""
+        dtype, n, op = key
+        plan_key, m = ("all_reduce", dtype, n, op), n // self.pg.size
+        plans, lo = self.c.plans, self.pg.rank * m
+
+        def run(src: np.ndarray, out: np.ndarray) -> None:
+            prepared = getattr(plans.get(plan_key), "prepared", None)
+            if prepared is None:  # not compiled yet: the general path runs (and heats) it
+                general(src, out)
+                return
+            whole = np.empty(n, dtype)
+            reduce = self._compiled(prepared, fp, whole, "reduce_scatter")
+
+            def compiled_run(src: np.ndarray, out: np.ndarray) -> None:
+                whole[:] = src
+                reduce(whole)
+                out[:] = whole[lo:lo + m]
+            self.reduce_scatter[key] = two_arrays(compiled_run, dtype, m)
+            compiled_run(src, out)
+        return run
 
     def _python(self, plan_key: tuple, key: tuple, fp: Fingerprint,
                 op: str) -> Callable[[np.ndarray], bool]:
