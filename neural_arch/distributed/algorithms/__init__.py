@@ -134,7 +134,7 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
             return native.name
     if collective == "all_reduce":
         return "recursive_doubling" if nbytes < SMALL_MESSAGE_BYTES else "ring"
-    if collective in summed.MAX_BYTES and summed.takes(collective, t, nbytes):
+    if summed.takes(collective, t, nbytes):
         return "recursive_doubling"  # as one all-reduce
     return {"broadcast": "tree", "all_gather": "ring", "reduce_scatter": "ring",
             "barrier": "dissemination"}[collective]
@@ -169,11 +169,11 @@ def _run_all_reduce(name: str, t: Transport, buf: np.ndarray, op: ReduceOp,
     if name in _NATIVE:
         t.native_collectives().all_reduce(buf, op, fp)
         return
-    summed = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
+    folded = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
     if name == "ring":  # divides each finished piece while it is in cache
-        ring.all_reduce(t, buf, summed, fp, t.world_size if op is ReduceOp.AVERAGE else 0)
+        ring.all_reduce(t, buf, folded, fp, t.world_size if op is ReduceOp.AVERAGE else 0)
         return
-    recursive_doubling.all_reduce(t, buf, summed, fp)
+    recursive_doubling.all_reduce(t, buf, folded, fp)
     if op is ReduceOp.AVERAGE and t.world_size > 1:
         divide_by_count(buf, t.world_size)
 

@@ -47,8 +47,9 @@ def _words(nbytes: int) -> int:
 
 def takes(collective: str, t: Transport, nbytes: int) -> bool:
     """Whether ``collective`` of a vector of ``nbytes`` (see ``MAX_BYTES``) runs summed on
-    ``t``. Two ranks keep their one exchange (``pair_broadcast``, the ring's one step)."""
-    return t.world_size > 2 and nbytes <= MAX_BYTES[collective]
+    ``t``; never one ``MAX_BYTES`` does not name. Two ranks keep their one exchange
+    (``pair_broadcast``, the ring's one step)."""
+    return t.world_size > 2 and nbytes <= MAX_BYTES.get(collective, -1)
 
 
 def _sum_words(t: Transport) -> Callable[[np.ndarray, Fingerprint], None]:
