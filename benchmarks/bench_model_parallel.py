@@ -142,6 +142,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--pictures", default=None,
                         help="folder for the schedule pictures and the 1F1B trace")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per job")
+    parser.add_argument("--forward-ms", type=float, default=FORWARD_S * 1e3,
+                        help="the bubble jobs' forward wait per micro-batch and stage, in ms "
+                             "(backward twice as long; default %(default)g)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -150,9 +153,10 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
     size = QUICK if args.quick else FULL
     picture_p, picture_m = size["ps"][-1], size["ms"][-1] if args.quick else 8
     bubble_rows, timelines = [], {}
+    forward_s = args.forward_ms / 1e3
     for p in size["ps"]:
         result = common.run_job(SCRIPT, args.backend, p, dict(
-            kind="bubble", ms=list(size["ms"]), steps=size["steps"],
+            kind="bubble", ms=list(size["ms"]), steps=size["steps"], forward_s=forward_s,
             picture_m=picture_m if p == picture_p else -1), args.timeout)
         bubble_rows += result["rows"]
         timelines.update(result["timelines"] if p == picture_p else {})
@@ -174,7 +178,7 @@ def drive(args: argparse.Namespace, command: str, machine: str) -> int:
         "Model parallelism (`benchmarks/bench_model_parallel.py`)", command, machine,
         f"Backend {args.backend}. Bubble: idle fraction of the measured timeline (median of "
         f"{size['steps']} steps after a first), stage work a fixed wait of "
-        f"{FORWARD_S * 1e3:.0f} ms forward and {2 * FORWARD_S * 1e3:.0f} ms backward per "
+        f"{forward_s * 1e3:.0f} ms forward and {2 * forward_s * 1e3:.0f} ms backward per "
         "micro-batch and rank (halved per chunk for the interleaved schedule, v = 2), so "
         "that p stages never share a core; formula (p-1)/(m + p - 1), interleaved "
         "(p-1)/(v m + p - 1) for m >= p and 1 - v m/(m + p v - 1) for m < p. Speed: GPT "

@@ -80,7 +80,7 @@ def bubble_job(job: Dict[str, Any]) -> Dict[str, Any]:
     rows, timelines = [], {}
     for name in SCHEDULES:
         v = 2 if name == "interleaved" else 1
-        layers = [_timed_layer(FORWARD_S / v) for _ in range(p * v)]
+        layers = [_timed_layer(job.get("forward_s", FORWARD_S) / v) for _ in range(p * v)]
         pieces = pp.pipeline_split(Sequential(*layers), p * v)
         stages = [pp.PipelineStage(pieces[rank + c * p], rank + c * p, p * v)
                   for c in range(v)]

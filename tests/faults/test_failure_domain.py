@@ -21,14 +21,18 @@ import pytest
 
 from neural_arch.distributed.errors import DistributedError
 from neural_arch.distributed.health import heartbeat
-from neural_arch.distributed.health.heartbeat import DEFAULT_TIMEOUT_S, HeartbeatConfig
+from neural_arch.distributed.health.heartbeat import TIMEOUT_ENV, HeartbeatConfig
 from neural_arch.distributed.rendezvous.store import TCPStore
 
 from dist_harness import RankFailed, mpi_available, run_ranks
 from fault_injector import FaultOutcome, run_fault
 
 pytestmark = pytest.mark.timeout(150)
-DETECT_LIMIT_S = 20.0  # how long the survivors are given; detection takes 0.1 s to 7 s
+DETECT_LIMIT_S = 20.0  # how long the survivors are given; detection takes 0.1 s to 4 s
+# The jobs' heartbeat timeout: shorter than the 6 s default, so that a hung rank is declared
+# sooner, and still many intervals (0.5 s) long, so that a healthy rank never looks silent.
+HEARTBEAT_TIMEOUT_S = 3.0
+JOB_ENV = {TIMEOUT_ENV: str(HEARTBEAT_TIMEOUT_S)}
 # A verdict's silence is the heartbeat timeout plus scheduling; connection attempts that each
 # wait their own timeout would make it about twice the timeout.
 SILENCE_LIMIT = 1.5
@@ -36,7 +40,7 @@ _SILENCE = re.compile(r"(?:has not answered|no heartbeat) for ([0-9.]+) s")
 
 
 def reported_silence(message: str) -> float:
-    """The silence a heartbeat verdict states ("... for 6.0 s ...")."""
+    """The silence a heartbeat verdict states ("... for 3.0 s ...")."""
     found = _SILENCE.search(message)
     assert found, message
     return float(found.group(1))
@@ -69,7 +73,7 @@ OUTSIDE = [(3, [0, 1], 2), (4, [0, 1, 2], 3), (3, [1, 2], 0)]
 def test_a_rank_outside_the_subgroup_that_dies_fails_every_survivor(backend, world_size, group,
                                                                      victim, tmp_path):
     outcome = run_fault("kill", backend, world_size, victim, tmp_path,
-                        detect_limit=DETECT_LIMIT_S, group=group)
+                        detect_limit=DETECT_LIMIT_S, group=group, env=JOB_ENV)
     assert outcome.exit_codes[victim] == -9
     assert_every_survivor_named(outcome)
 
@@ -77,7 +81,7 @@ def test_a_rank_outside_the_subgroup_that_dies_fails_every_survivor(backend, wor
 @pytest.mark.parametrize("backend", ["shm", "tcp"])
 def test_a_rank_outside_the_subgroup_that_hangs_fails_every_survivor(backend, tmp_path):
     outcome = run_fault("stop", backend, 3, 2, tmp_path, detect_limit=DETECT_LIMIT_S,
-                        group=[0, 1])
+                        group=[0, 1], env=JOB_ENV)
     assert_every_survivor_named(outcome)
     for rank in outcome.survivors:
         assert "heartbeat: peer rank 2 failed" in outcome.errors[rank]["message"]
@@ -116,7 +120,7 @@ def test_mpi_a_rank_outside_the_subgroup_fails_every_survivor(fault, tmp_path):
     # --enable-recovery (what may_die asks for) the survivors go on and must find it.
     try:
         run_ranks(_loop_in_subgroup_under_mpi, 3, "mpi", args=(fault, str(tmp_path)),
-                  may_die=[2] if fault == "kill" else (), timeout=90,
+                  may_die=[2] if fault == "kill" else (), timeout=90, env=JOB_ENV,
                   init_kwargs={"timeout": 60})
     except RankFailed:
         pass  # killing the stopped rank under plain mpiexec ends the job: the files remain
@@ -131,13 +135,14 @@ def test_mpi_a_rank_outside_the_subgroup_fails_every_survivor(fault, tmp_path):
 @pytest.mark.parametrize("victim", [0, 2], ids=["store-host", "last"])
 def test_a_rank_stopped_right_after_init_is_named_at_the_heartbeat_timeout(backend, victim,
                                                                            tmp_path):
-    outcome = run_fault("stop_early", backend, 3, victim, tmp_path, detect_limit=DETECT_LIMIT_S)
+    outcome = run_fault("stop_early", backend, 3, victim, tmp_path, detect_limit=DETECT_LIMIT_S,
+                        env=JOB_ENV)
     assert_every_survivor_named(outcome)
     for rank in outcome.survivors:
         error = outcome.errors[rank]
         assert error["seq"] == 1, error  # the first collective never completed
         assert f"heartbeat: peer rank {victim} failed" in error["message"], error
-        assert reported_silence(error["message"]) < SILENCE_LIMIT * DEFAULT_TIMEOUT_S, error
+        assert reported_silence(error["message"]) < SILENCE_LIMIT * HEARTBEAT_TIMEOUT_S, error
 
 
 STORE_SERVER = """

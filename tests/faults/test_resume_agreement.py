@@ -10,6 +10,7 @@ processes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -22,10 +23,14 @@ from repo_paths import TESTS_DIR
 from resume_agreement_job import BAD_FILE, column_dir, damage, step_dir, train_columns
 
 sys.path.insert(0, str(TESTS_DIR / "training"))
-from train_gpt_support import MODEL, losses, run, write_text  # noqa: E402
+import train_gpt_support  # noqa: E402
+from train_gpt_support import MODEL, losses, write_text  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 SHORT = {"timeout": 30}  # a rank left waiting by a disagreement fails fast
+# train_gpt's runs are checked by their output and metrics.jsonl: without tensorboardX (and the
+# torch it imports, seconds of rank 0's start-up)
+run = functools.partial(train_gpt_support.run, tensorboard=False)
 WORLD, COLUMNS = 4, 2
 
 

@@ -30,10 +30,14 @@ END_SLACK_S = 8.0  # start-up, and the last connection attempt, past the rendezv
 FROZEN_S = 6.0  # how long the ending first job holds a connection without answering it
 HELLO_BYTES = 4 + 32  # the handshake's magic and the client's nonce
 # Where the default schedule (first message after 5 s) or the frozen connection (FROZEN_S)
-# is not part of the case, a shorter rendezvous timeout still leaves at least two report
-# intervals (REPORT_S, 2 s) after the last message the case looks for.
-THREE_MESSAGES_TIMEOUT_S = 5 * REPORT_S  # messages at 2, 4 and 6 s
-ONE_MESSAGE_TIMEOUT_S = 4 * REPORT_S  # the first message at 2 s after the wait starts
+# is not part of the case, a shorter report interval (REPORT_S / 2, 1 s) and rendezvous
+# timeout still leave at least two report intervals after the last message the case looks for.
+SHORT_REPORT_S = REPORT_S / 2
+THREE_MESSAGES_TIMEOUT_S = 5 * SHORT_REPORT_S  # messages at 1, 2 and 3 s
+ONE_MESSAGE_TIMEOUT_S = 4 * SHORT_REPORT_S  # the first message at 1 s after the wait starts
+# The frozen case: the rank outwaits the first job's silent connection (FROZEN_S), then
+# finds nobody and waits, saying so, until this timeout
+FROZEN_TIMEOUT_S = FROZEN_S + 3.0
 
 
 def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float) -> None:
@@ -48,7 +52,7 @@ def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float) -> Non
 def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store(init):
     port = free_port()
     timeout_s = TIMEOUT_S if init == "tcp" else THREE_MESSAGES_TIMEOUT_S
-    env = job_env(2, port, timeout_s=timeout_s)
+    env = job_env(2, port, timeout_s=timeout_s, report_s=SHORT_REPORT_S)
     args = (f"tcp://127.0.0.1:{port}", "1", "2") if init == "tcp" else ()
     if init == "tcp":
         del env["NEURAL_ARCH_RENDEZVOUS_REPORT"]  # the default schedule: first within 10 s
@@ -58,7 +62,7 @@ def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store
         assert first and first[0] <= FIRST_MESSAGE_S, rank.text()
         assert f"127.0.0.1:{port}" in first[1] and "rank 1" in first[1], first
         _end_with_store_error(rank, port, timeout_s)
-        if init == "env":  # every 2 s after the first
+        if init == "env":  # every SHORT_REPORT_S (1 s) after the first
             assert len([line for _, line in rank.lines if "is waiting" in line]) >= 3
     finally:
         rank.stop()
@@ -66,7 +70,7 @@ def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store
 
 def test_ranks_waiting_for_a_peer_that_never_comes_name_it():
     port = free_port()
-    env = job_env(3, port, timeout_s=ONE_MESSAGE_TIMEOUT_S)
+    env = job_env(3, port, timeout_s=ONE_MESSAGE_TIMEOUT_S, report_s=SHORT_REPORT_S)
     ranks = [WaitingRank(env, r) for r in (0, 1)]  # rank 2 never starts
     try:
         for rank in ranks:
@@ -138,10 +142,11 @@ def test_a_rank_whose_first_job_ends_during_its_rendezvous_never_hangs(ends_afte
     port = free_port()
     first = _EndingFirstJob(port, ends_after)
     # a secret of its own; only a rank left with nobody waits the timeout out, and the frozen
-    # case keeps the long one (the rank outwaits FROZEN_S), as does the rank whose rank 0 starts
+    # case keeps a longer one (the rank outwaits FROZEN_S), as does the rank whose rank 0 starts
     short = then == "nobody" and ends_after != "frozen"
-    timeout_s = ONE_MESSAGE_TIMEOUT_S if short else TIMEOUT_S
-    env = job_env(2, port, timeout_s=timeout_s)
+    timeout_s = (ONE_MESSAGE_TIMEOUT_S if short else FROZEN_TIMEOUT_S if ends_after == "frozen"
+                 else TIMEOUT_S)
+    env = job_env(2, port, timeout_s=timeout_s, report_s=SHORT_REPORT_S if short else REPORT_S)
     second = [WaitingRank(env, 1)]
     try:
         assert first.ended.wait(FROZEN_S + 10), second[0].text()

@@ -3,6 +3,7 @@ seed-style (one command per rank), resume, --sample, --tp 2, and bad flags.
 
 All runs train the same tiny GPT on the same generated text for a few steps with the same
 global batch (8 windows of 16 characters), so their per-step losses must agree."""
+import functools
 import os
 import subprocess
 import sys
@@ -15,9 +16,13 @@ from gpu_testing import GPUS
 from launcher_support import free_port
 from mpiexec_launch import run_until_launched
 from repo_paths import REPO_ROOT
-from train_gpt_support import FIELDS, MODEL, command, losses, records, run, write_text
+import train_gpt_support
+from train_gpt_support import FIELDS, MODEL, command, losses, records, write_text
 
 pytestmark = pytest.mark.timeout(300)
+# The runs are checked by their metrics.jsonl and output: without tensorboardX (and the torch
+# it imports), but for the reference, the standalone run that keeps the TensorBoard writer.
+run = functools.partial(train_gpt_support.run, tensorboard=False)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +34,8 @@ def text(tmp_path_factory):
 def reference(text, tmp_path_factory):
     """Six steps in one process, batch 8."""
     out = tmp_path_factory.mktemp("runs") / "reference"
-    result = run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6, "--out-dir", out)
+    result = train_gpt_support.run("--data", text, *MODEL, "--batch-size", 8, "--max-steps", 6,
+                                   "--out-dir", out)
     return str(out), result
 
 

@@ -4,6 +4,7 @@ the backend ``--backend gloo`` stands for, and ``--world-size N`` without ``--ra
 its own N ranks through the launcher.
 
 The runs train the tiny GPT of ``train_gpt_support`` on its generated text for a few steps."""
+import functools
 import os
 import re
 
@@ -11,9 +12,13 @@ import numpy as np
 import pytest
 
 from leftovers_fixture import leftovers  # noqa: F401 - nothing outlives a test
-from train_gpt_support import MODEL, losses, records, run, write_text
+import train_gpt_support
+from train_gpt_support import MODEL, losses, records, write_text
 
 pytestmark = pytest.mark.timeout(120)
+# The runs are checked by their output and metrics.jsonl: without tensorboardX (and the torch
+# it imports, seconds of rank 0's start-up)
+run = functools.partial(train_gpt_support.run, tensorboard=False)
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,18 @@ def command(*args, launcher=0):
     return [sys.executable, "-m", "neural_arch.train_gpt", *map(str, args)]
 
 
-def run(*args, launcher=0, expect=0, timeout=240):
+# tensorboardX imports torch, seconds of rank 0's start-up: a test that reads metrics.jsonl only
+# may run without it (TensorBoard's own output is tested in test_plot_metrics)
+WITHOUT_TENSORBOARD = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "without_tensorboardx")
+
+
+def run(*args, launcher=0, expect=0, timeout=240, tensorboard=True):
+    """Run the program; ``tensorboard=False``: as where tensorboardX is not installed."""
+    path = [str(REPO_ROOT)] if tensorboard else [WITHOUT_TENSORBOARD, str(REPO_ROOT)]
     result = subprocess.run(command(*args, launcher=launcher), capture_output=True, text=True,
                             timeout=timeout, cwd=REPO_ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)))
     assert result.returncode == expect, result.stdout[-2000:] + result.stderr[-2000:]
     return result
 
