@@ -200,12 +200,12 @@ class ShortCalls(EntryTables):
                 general(src, out)
                 return
             whole = np.empty(n, dtype)
-            reduce = self._compiled(prepared, fp, whole, "reduce_scatter")
+            part, reduce = whole[lo:lo + m], self._compiled(prepared, fp, whole, "reduce_scatter")
 
             def compiled_run(src: np.ndarray, out: np.ndarray) -> None:
                 whole[:] = src
                 reduce(whole)
-                out[:] = whole[lo:lo + m]
+                out[:] = part
             self.reduce_scatter[key] = two_arrays(compiled_run, dtype, m)
             compiled_run(src, out)
         return run
