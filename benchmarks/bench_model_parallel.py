@@ -146,7 +146,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="the bubble jobs' forward wait per micro-batch and stage, in ms "
                              "(backward twice as long; default %(default)g)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 < args.forward_ms < float("inf"):
+        parser.error(f"--forward-ms must be a positive number of milliseconds, got "
+                     f"{args.forward_ms}")
+    return args
 
 
 def drive(args: argparse.Namespace, command: str, machine: str) -> int:

@@ -36,6 +36,9 @@ JOB_ENV = {TIMEOUT_ENV: str(HEARTBEAT_TIMEOUT_S)}
 # A verdict's silence is the heartbeat timeout plus scheduling; connection attempts that each
 # wait their own timeout would make it about twice the timeout.
 SILENCE_LIMIT = 1.5
+# The jobs' verdicts: their timeout plus at most this much scheduling on a busy machine (the
+# twice-the-timeout failure would add a whole 3 s)
+SCHEDULING_SLACK_S = 2.0
 _SILENCE = re.compile(r"(?:has not answered|no heartbeat) for ([0-9.]+) s")
 
 
@@ -142,7 +145,8 @@ def test_a_rank_stopped_right_after_init_is_named_at_the_heartbeat_timeout(backe
         error = outcome.errors[rank]
         assert error["seq"] == 1, error  # the first collective never completed
         assert f"heartbeat: peer rank {victim} failed" in error["message"], error
-        assert reported_silence(error["message"]) < SILENCE_LIMIT * HEARTBEAT_TIMEOUT_S, error
+        assert reported_silence(error["message"]) < HEARTBEAT_TIMEOUT_S + SCHEDULING_SLACK_S, \
+            error
 
 
 STORE_SERVER = """

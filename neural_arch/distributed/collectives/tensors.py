@@ -16,8 +16,9 @@ makes of what the shape tells (dtype, op, root), and runs through it the algorit
 path would choose. Either uses the sequence number and fingerprint the general path would use
 and runs after any queued async work. A synchronous
 all-gather into a tensor runs its shape's plan directly on shared memory, and its entry in the
-general short calls on another transport; a reduce-scatter of a tensor its entry on either (the
-transport's own collective on shared memory). On a 4-byte vector the checks and
+general short calls on another transport; a reduce-scatter of a tensor its entry on either (on
+shared memory the transport's own collective, or for a small input the compiled call of the
+all-reduce plan that collective runs on a copy). On a 4-byte vector the checks and
 layers of the general path cost several times the collective itself. Every other call, and
 every one with arguments the general path must check, goes the general way.
 """

@@ -23,7 +23,8 @@ entry too, which calls the transport's collective the general path would end in,
 layers above it; a reduce-scatter's entry does too (it has no plan of its own), once it
 found the output of the input's dtype holding its part, except for a small input, which the
 transport runs as the all-reduce of a copy: once that all-reduce's plan is compiled, the entry
-makes the plan's compiled call on a copy of its own. Entries are dropped when the transport
+makes the plan's compiled call on a copy of its own, taken after queued async work finished
+and under the queue's lock. Entries are dropped when the transport
 closes (``ShmCollectives.close``), so none outlives the mapping its addresses point into.
 """
 from __future__ import annotations
@@ -186,28 +187,23 @@ class ShortCalls(EntryTables):
     def _summed(self, general: Callable, key: tuple, fp: Fingerprint) -> Callable[..., None]:
         """``run(src, out)`` of a reduce-scatter the transport runs as the all-reduce of a copy
         of its input (``ShmCollectives.reduce_scatter``): the general path's call while that
-        all-reduce's plan is in Python, then the compiled entry of that plan with the
-        reduce-scatter's fingerprint, on a copy kept by the entry; this rank keeps its part.
-        The same generation, fingerprint and bits as the general path, without its checks,
-        its copy per call and the plan's Python around the kernel."""
+        all-reduce's plan is in Python, then the plan's compiled call with the reduce-scatter's
+        fingerprint (``_compiled_copy``). The same generation, fingerprint and bits as the
+        general path, without its checks, its copy per call and the plan's Python."""
         dtype, n, op = key
-        plan_key, m = ("all_reduce", dtype, n, op), n // self.pg.size
-        plans, lo = self.c.plans, self.pg.rank * m
+        plan_key, table, plans = ("all_reduce", dtype, n, op), self.reduce_scatter, self.c.plans
+        if not dtype.isnative or dtype.type not in compiled.COMPILED_DTYPES:
+            return general  # no compiled plan takes these (float16, other byte orders)
 
         def run(src: np.ndarray, out: np.ndarray) -> None:
             prepared = getattr(plans.get(plan_key), "prepared", None)
-            if prepared is None:  # not compiled yet: the general path runs (and heats) it
+            if prepared is None or self.c.closed:  # the general path runs (and heats) the plan
                 general(src, out)
                 return
-            whole = np.empty(n, dtype)
-            part, reduce = whole[lo:lo + m], self._compiled(prepared, fp, whole, "reduce_scatter")
-
-            def compiled_run(src: np.ndarray, out: np.ndarray) -> None:
-                whole[:] = src
-                reduce(whole)
-                out[:] = part
-            self.reduce_scatter[key] = two_arrays(compiled_run, dtype, m)
-            compiled_run(src, out)
+            go = self._compiled_copy(prepared, fp, dtype, n)
+            # into the table this entry came from: a table cleared since keeps nothing of it
+            table[key] = two_arrays(go, dtype, n // self.pg.size)
+            go(src, out)
         return run
 
     def _python(self, plan_key: tuple, key: tuple, fp: Fingerprint,
@@ -235,15 +231,14 @@ class ShortCalls(EntryTables):
             return True
         return call
 
-    def _compiled(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray],
-                  op: str) -> Callable[..., bool]:
-        """An entry making one compiled call (see the module docstring)."""
-        c, pg = self.c, self.pg
+    def _kernel(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray]) -> tuple:
+        """(kernel, plan words, their address, finish): the compiled call of ``prepared``
+        with ``fp``'s signature, taking an array of ``like``'s type (None: no array, the
+        barrier); ``finish(status, args, seq)`` settles a status the kernel returned."""
+        c = self.c
         sig = c.signature(fp, prepared.nbytes)
         plan = prepared.words(sig)
         address, settle = plan.ctypes.data, prepared.settle
-        next_seq, queue, watch = pg.next_seq, pg.queue, c.t.watch
-        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
 
         def finish(status: int, args: tuple, seq: int) -> None:
             try:
@@ -252,8 +247,47 @@ class ShortCalls(EntryTables):
                 heartbeat.report(exc)
                 raise
 
+        arrays = () if like is None else (like,)
+        return fast_entry(prepared.kernel, *arrays, address, 0, 1), plan, address, finish
+
+    def _compiled_copy(self, prepared: Any, fp: Fingerprint, dtype: np.dtype,
+                       n: int) -> Callable[[np.ndarray, np.ndarray], None]:
+        """``go(src, out)``: a reduce-scatter as the compiled all-reduce ``prepared`` of a copy
+        of ``src`` this entry keeps, ``out`` receiving this rank's part. The copy is taken
+        after queued async work finished and under the queue's lock, as the general path
+        takes it (an async collective may still be writing ``src``)."""
+        pg, watch = self.pg, self.c.t.watch
+        whole = np.empty(n, dtype)
+        m = n // pg.size
+        part = whole[pg.rank * m:(pg.rank + 1) * m]
+        kernel, plan, address, finish = self._kernel(prepared, fp, whole)
+        next_seq, queue = pg.next_seq, pg.queue
+        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
+
+        def go(src: np.ndarray, out: np.ndarray) -> None:
+            seq = next_seq()
+            queue.drain("reduce_scatter", seq)
+            acquire()
+            try:
+                whole[:] = src
+                status = kernel(whole, address, seq, watch.spin_polls)
+                if status:
+                    finish(status, (whole,), seq)
+                out[:] = part
+            finally:
+                release()
+        go.plan = plan  # the plan words live as long as the entry
+        return go
+
+    def _compiled(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray],
+                  op: str) -> Callable[..., bool]:
+        """An entry making one compiled call (see the module docstring)."""
+        pg, watch = self.pg, self.c.t.watch
+        next_seq, queue = pg.next_seq, pg.queue
+        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
+
         if like is None:  # the barrier
-            kernel = fast_entry(prepared.kernel, address, 0, 1)
+            kernel, plan, address, finish = self._kernel(prepared, fp, None)
 
             def barrier() -> bool:
                 seq = next_seq()
@@ -272,8 +306,8 @@ class ShortCalls(EntryTables):
         # Numba has no float16 arrays, nor other byte orders: a broadcast takes their bytes
         as_bytes = like.dtype.type is np.float16 or not like.dtype.isnative
         sample = np.zeros(like.size, like.dtype)
-        kernel = fast_entry(prepared.kernel, sample.view(np.uint8) if as_bytes else sample,
-                            address, 0, 1)
+        kernel, plan, address, finish = self._kernel(
+            prepared, fp, sample.view(np.uint8) if as_bytes else sample)
 
         def call(tensor: np.ndarray) -> bool:
             if tensor.flags.num & _USABLE != _USABLE:
