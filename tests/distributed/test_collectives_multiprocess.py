@@ -1,13 +1,14 @@
 """Every public collective on real processes, for every installed backend and world sizes 1-4.
 
-Each (backend, world size) pair starts its processes once per suite and runs many checks in
-them; inputs are small integers (exact in every dtype), so each rank compares its results with
-a closed-form or NumPy reference computed from every rank's inputs. Float results on random
-data are hashed and compared across ranks in the parent: they must be bit-identical; for every
-op they must also have the exact bits of the reduction order the algorithm documents (ring,
-recursive doubling, shm_direct), or be close to a float64 reference where none is documented.
-Messages of a million elements and more run through every collective. The other algorithms
-of the non-all-reduce collectives, async order and subgroups: ``test_collectives_groups``.
+Each (backend, world size) pair starts its processes once for all three suites and runs many
+checks in them; inputs are small integers (exact in every dtype), so each rank compares its
+results with a closed-form or NumPy reference computed from every rank's inputs. Float results
+on random data are hashed and compared across ranks in the parent: they must be bit-identical;
+for every op they must also have the exact bits of the reduction order the algorithm documents
+(ring, recursive doubling, shm_direct), or be close to a float64 reference where none is
+documented. Messages of a million elements and more run through every collective. The other
+algorithms of the non-all-reduce collectives, async order and subgroups:
+``test_collectives_groups``.
 """
 from __future__ import annotations
 
@@ -240,22 +241,53 @@ def gather_suite(rank: int, ws: int) -> list[str]:
     return hashes
 
 
+def every_suite(rank: int, ws: int, algorithms: list) -> dict:
+    """The three suites above in turn, in one job: {suite name: its result on this rank}."""
+    out = {}
+    for name, suite, args in (("all_reduce", all_reduce_suite, (algorithms,)),
+                              ("rooted", rooted_suite, ()), ("gathers", gather_suite, ())):
+        try:
+            out[name] = suite(rank, ws, *args)
+        except BaseException as exc:
+            where = f"in {suite.__name__} (backend {dist.get_backend()}, world size {ws})"
+            getattr(exc, "add_note", print)(where)  # Python < 3.11: printed instead
+            raise
+    return out
+
+
+# Each (backend, world size) starts its processes once: the first of the three tests below to
+# run starts a job that runs all three suites, and each test checks its own suite's results.
+_JOBS: dict = {}
+
+
+def suite_results(backend: str, world_size: int, name: str) -> list:
+    """Every rank's result of suite ``name`` at (``backend``, ``world_size``)."""
+    key = (backend, world_size)
+    if key not in _JOBS:
+        try:
+            _JOBS[key] = run_ranks(every_suite, world_size, backend, timeout=280,
+                                   args=(FORCED[backend],), init_kwargs=INIT)
+        except Exception as exc:  # each of the three tests fails, naming the error
+            _JOBS[key] = exc
+    if isinstance(_JOBS[key], Exception):
+        raise _JOBS[key]
+    return [by_suite[name] for by_suite in _JOBS[key]]
+
+
 # ----- tests -------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_all_reduce_every_algorithm_size_op_and_dtype(backend, world_size):
-    hashes = run_ranks(all_reduce_suite, world_size, backend, timeout=280,
-                       args=(FORCED[backend],), init_kwargs=INIT)
+    hashes = suite_results(backend, world_size, "all_reduce")
     for rank in range(1, world_size):
         assert hashes[rank] == hashes[0], f"rank {rank} differs from rank 0"
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_rooted_collectives_for_every_root(backend, world_size):
-    assert run_ranks(rooted_suite, world_size, backend, timeout=280,
-                     init_kwargs=INIT) == [True] * world_size
+    assert suite_results(backend, world_size, "rooted") == [True] * world_size
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_gathers_scatters_point_to_point_and_objects(backend, world_size):
-    hashes = run_ranks(gather_suite, world_size, backend, timeout=280, init_kwargs=INIT)
+    hashes = suite_results(backend, world_size, "gathers")
     assert all(h == hashes[0] for h in hashes)

@@ -28,19 +28,25 @@ pytestmark = pytest.mark.timeout(120)
 TINY = ["--hidden-size", "32", "--layers", "1", "--attention-heads", "2", "--max-seq-length",
         "8", "--batch-size", "2", "--no-progress", "--log-interval", "1"]
 ENV = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+# A run that must train and is then read by its exit code, metrics.jsonl and checkpoints only
+# starts as where tensorboardX is not installed (tests/training/without_tensorboardx): its
+# torch import was seconds of every such run. Refused runs keep tensorboardX importable, so
+# that nothing it would write can slip past the check that --out-dir is left as it was.
+LEAN_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [str(REPO_ROOT / "tests" / "training" / "without_tensorboardx"), str(REPO_ROOT)]))
 LOCK_FILE = "train.lock"  # docs/training.md: what a running run holds in --out-dir
 CHECKPOINT = "ckpt-e000000-s00000002"
 STEPS = 2000  # of the run that holds --out-dir while another tries it: several seconds
 
 
-def run(*args, timeout=60, launcher=0):
+def run(*args, timeout=60, launcher=0, tensorboard=True):
     prefix = [sys.executable, "-m", "neural_arch.train_gpt"]
     if launcher:
         prefix = [sys.executable, "-m", "neural_arch.distributed.launcher",
                   f"--nproc_per_node={launcher}", f"--master_port={free_port()}", "-m",
                   "neural_arch.train_gpt"]
     return subprocess.run(prefix + [str(a) for a in args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO_ROOT, env=ENV)
+                          timeout=timeout, cwd=REPO_ROOT, env=ENV if tensorboard else LEAN_ENV)
 
 
 def snapshot(path) -> object:
@@ -89,7 +95,7 @@ def text(tmp_path_factory) -> str:
 def trained(text, tmp_path_factory) -> Path:
     """A finished two-step run of the tiny model (width 32) with one checkpoint."""
     out = tmp_path_factory.mktemp("runs") / "trained"
-    result = run("--data", text, *TINY, "--max-steps", 2, "--out-dir", out)
+    result = run("--data", text, *TINY, "--max-steps", 2, "--out-dir", out, tensorboard=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "checkpoints" / CHECKPOINT).is_dir()
     return out
@@ -159,7 +165,7 @@ def test_resume_with_a_checkpoint_of_another_width(text, copy, run_file):
 def test_pipeline_resume_with_a_checkpoint_of_another_width(text, tmp_path):
     out = tmp_path / "pp2"
     flags = ["--data", text, *TINY, "--layers", 2, "--pp", 2, "--out-dir", out]
-    trained = run(*flags, "--max-steps", 2, launcher=2)
+    trained = run(*flags, "--max-steps", 2, launcher=2, tensorboard=False)
     assert trained.returncode == 0, trained.stderr[-3000:]
     (out / "run.json").unlink()
     refused([*flags, "--hidden-size", 64, "--max-steps", 3, "--resume"], out, "--resume",
@@ -173,7 +179,8 @@ def test_sample_with_a_checkpoint_of_another_width(copy):
 
 def test_resume_without_a_checkpoint_warns_once_and_trains(text, tmp_path):
     out = tmp_path / "fresh"
-    result = run("--data", text, *TINY, "--max-steps", 1, "--out-dir", out, "--resume")
+    result = run("--data", text, *TINY, "--max-steps", 1, "--out-dir", out, "--resume",
+                 tensorboard=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
         f"python -m neural_arch.train_gpt: warning: --resume: no checkpoint in "
@@ -243,7 +250,7 @@ def test_a_held_out_dir_refuses_a_second_run_until_its_holder_dies(text, trained
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
     assert (out / LOCK_FILE).exists()  # the dead holder's lock file stays behind ...
-    result = run(*flags)  # ... and does not block
+    result = run(*flags, tensorboard=False)  # ... and does not block
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"step": 3' in (out / "metrics.jsonl").read_text()
     assert not (out / LOCK_FILE).exists()
@@ -257,7 +264,7 @@ def test_two_runs_at_once_one_is_refused_the_other_finishes_whole(text, tmp_path
              "--max-steps", STEPS]
     first = subprocess.Popen([sys.executable, "-m", "neural_arch.train_gpt", *map(str, flags)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             cwd=REPO_ROOT, env=ENV)
+                             cwd=REPO_ROOT, env=LEAN_ENV)
     try:
         deadline = time.monotonic() + 60
         while first.poll() is None and time.monotonic() < deadline and not (

@@ -34,18 +34,55 @@ def hooked_worker(rank: int, world_size: int, kind: str, auto_sync: bool, micro:
     return train_ddp(model, opt, rank, world_size, micro, sync=not auto_sync)
 
 
+def hooked_cases(rank: int, world_size: int, cases):
+    """``hooked_worker`` for each (kind, auto_sync, micro) of ``cases`` in turn, each with a
+    DDP model and optimizer of its own, in one job: {case: its result}."""
+    out = {}
+    for case in cases:
+        try:
+            out[case] = hooked_worker(rank, world_size, *case)
+        except BaseException as exc:
+            getattr(exc, "add_note", print)(f"in the case (kind, auto_sync, micro) = {case}")
+            raise
+    return out
+
+
+# Every case of a test below on one backend runs in one job (the first test of that backend
+# starts it, the others read its result): the same trainings, without a process start-up
+# (seconds under mpiexec) per case. Each test still checks its own case alone.
+ALLREDUCE_CASES = [("allreduce", auto_sync, micro) for auto_sync in (True, False)
+                   for micro in (1, 3)]
+COMPRESSING_CASES = [(kind, auto_sync, micro) for kind in ("powersgd", "topk")
+                     for micro in (1, 3) for auto_sync in (True, False)]
+_JOBS: dict = {}
+
+
+def hooked_results(backend: str, world_size: int, cases: list, case: tuple) -> list:
+    """Every rank's result of ``case``, from the one job that ran ``cases`` on ``backend``."""
+    key = (backend, world_size, tuple(cases))
+    if key not in _JOBS:
+        try:
+            _JOBS[key] = run_ranks(hooked_cases, world_size, backend, args=(cases,),
+                                   timeout=200)
+        except Exception as exc:  # every test of this job fails, each naming the error
+            _JOBS[key] = exc
+    if isinstance(_JOBS[key], Exception):
+        raise _JOBS[key]
+    return [by_case[case] for by_case in _JOBS[key]]
+
+
 @pytest.mark.parametrize("auto_sync", [True, False])
 @pytest.mark.parametrize("micro", [1, 3])
 def test_allreduce_hook_trains_like_one_process(backend, auto_sync, micro):
-    results = run_ranks(hooked_worker, 2, backend, args=("allreduce", auto_sync, micro))
+    results = hooked_results(backend, 2, ALLREDUCE_CASES, ("allreduce", auto_sync, micro))
     check_against_reference(results, train_reference(2, "sgd", micro=micro))
 
 
 @pytest.mark.parametrize("kind", ["powersgd", "topk"])
 @pytest.mark.parametrize("micro", [1, 3])
 def test_compressing_hooks_agree_in_automatic_and_explicit_mode(backend, kind, micro):
-    auto = run_ranks(hooked_worker, 3, backend, args=(kind, True, micro))
-    explicit = run_ranks(hooked_worker, 3, backend, args=(kind, False, micro))
+    auto = hooked_results(backend, 3, COMPRESSING_CASES, (kind, True, micro))
+    explicit = hooked_results(backend, 3, COMPRESSING_CASES, (kind, False, micro))
     exact = train_reference(3, "sgd", micro=micro)
     for (a, buckets), (e, _) in zip(auto, explicit):
         assert buckets > 1

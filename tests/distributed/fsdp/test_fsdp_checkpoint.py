@@ -4,6 +4,8 @@ the uninterrupted run did; a damaged shard is named."""
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,9 +71,26 @@ def _check_equal(results, reference):
                                        err_msg=key)
 
 
+def _saved_at_four(directory, strategy):
+    """The uninterrupted run at 4 ranks, saving into ``directory``: its final full state."""
+    return run_ranks(_uninterrupted, 4, "shm", args=(str(directory), strategy))[0]
+
+
+@pytest.fixture(scope="module")
+def saved_full_shard(tmp_path_factory):
+    """``_saved_at_four`` under FULL_SHARD, run once for the two tests that start from it:
+    (its checkpoint folder, the final full state). Each test works on a copy of the folder."""
+    directory = tmp_path_factory.mktemp("saved_full_shard")
+    return directory, _saved_at_four(directory, "FULL_SHARD")
+
+
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP"])
-def test_saved_at_four_resumes_at_four_two_and_one(tmp_path, strategy):
-    reference = run_ranks(_uninterrupted, 4, "shm", args=(str(tmp_path), strategy))[0]
+def test_saved_at_four_resumes_at_four_two_and_one(tmp_path, strategy, request):
+    if strategy == "FULL_SHARD":
+        saved, reference = request.getfixturevalue("saved_full_shard")
+        tmp_path = Path(shutil.copytree(saved, tmp_path / "saved"))
+    else:
+        reference = _saved_at_four(tmp_path, strategy)
     [path] = [os.path.join(tmp_path, d) for d in os.listdir(tmp_path)]
     assert {f"model.shard{r}.safetensors" for r in range(4)} <= set(os.listdir(path))
     for world_size, backend in ((4, "tcp"), (2, "shm"), (1, "shm")):
@@ -101,8 +120,8 @@ def _resumed_without_checkpoint(rank, world_size, directory):
     return model.full_state_dict()
 
 
-def test_damaged_shard_is_named(tmp_path):
-    run_ranks(_uninterrupted, 4, "shm", args=(str(tmp_path), "FULL_SHARD"))
+def test_damaged_shard_is_named(tmp_path, saved_full_shard):
+    tmp_path = Path(shutil.copytree(saved_full_shard[0], tmp_path / "saved"))
     [path] = [os.path.join(tmp_path, d) for d in os.listdir(tmp_path)]
     with open(os.path.join(path, "optimizer.shard3.safetensors"), "r+b") as f:
         f.seek(100)

@@ -147,19 +147,26 @@ def test_killed_peer_makes_survivors_raise_naming_it(backend, world_size):
     assert any(f"peer rank {world_size - 1}" in msg for _, msg in survivors), survivors
 
 
-def late_peer(rank: int, ws: int):
+def late_peer(rank: int, ws: int, done: str):
     if rank == 1:
-        time.sleep(6)
+        # silent until rank 0 is done waiting (it touches ``done``; it would time out after
+        # 3 s): never part of its all-reduce, and no longer asleep than that needs
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return None
     try:
         dist.all_reduce(np.ones(10))
     except dist.DistributedError as exc:
         return describe(exc)
+    finally:
+        open(done, "w").close()
     return None
 
 
-def test_a_silent_peer_times_out(backend):
-    results = run_ranks(late_peer, 2, backend, timeout=60, init_kwargs={"timeout": 3})
+def test_a_silent_peer_times_out(backend, tmp_path):
+    results = run_ranks(late_peer, 2, backend, timeout=60, args=(str(tmp_path / "done"),),
+                        init_kwargs={"timeout": 3})
     name, message = results[0]
     assert name == "CollectiveTimeoutError", results[0]
     assert "all_reduce" in message and "rank 0" in message

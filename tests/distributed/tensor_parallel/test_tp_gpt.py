@@ -30,10 +30,40 @@ def test_sequence_parallel_block_matches_dense(tp):
     assert results == [(12, forward, backward)] * tp
 
 
+def gpt_both_layouts(rank, size, steps):
+    """``gpt_case`` without and with sequence parallelism, in one job: {sequence_parallel:
+    its result}. Each builds its models afresh from the same seeds."""
+    out = {}
+    for sequence_parallel in (False, True):
+        try:
+            out[sequence_parallel] = gpt_case(rank, size, steps, sequence_parallel)
+        except BaseException as exc:
+            getattr(exc, "add_note", print)(f"in gpt_case(sequence_parallel={sequence_parallel})")
+            raise
+    return out
+
+
+# One job per (backend, tp) runs both layouts (the first of their two tests starts it, the
+# other reads its result): a process start-up less per pair, seconds under mpiexec.
+_GPT_JOBS: dict = {}
+
+
+def gpt_results(backend: str, tp: int, sequence_parallel: bool) -> list:
+    key = (backend, tp)
+    if key not in _GPT_JOBS:
+        try:
+            _GPT_JOBS[key] = run_ranks(gpt_both_layouts, tp, backend, timeout=200, args=(3,))
+        except Exception as exc:  # both tests of this pair fail, each naming the error
+            _GPT_JOBS[key] = exc
+    if isinstance(_GPT_JOBS[key], Exception):
+        raise _GPT_JOBS[key]
+    return [by_layout[sequence_parallel] for by_layout in _GPT_JOBS[key]]
+
+
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 @pytest.mark.parametrize("tp", [2, 4])
 def test_gpt_trains_as_dense_on_every_transport(backend, tp, sequence_parallel):
-    results = run_ranks(gpt_case, tp, backend, timeout=120, args=(3, sequence_parallel))
+    results = gpt_results(backend, tp, sequence_parallel)
     replicated, state, losses = results[0]
     assert replicated and all(np.all(np.isfinite(g)) for g in replicated.values())
     for other, other_state, other_losses in results[1:]:
