@@ -105,6 +105,34 @@ def _context():
     return _CONTEXT
 
 
+def each_case(run_case: Callable[[Any], Any], cases: Sequence[Any], what: str) -> dict:
+    """On a rank of a job that runs several cases in turn: {case: ``run_case(case)``}. An error
+    is noted with its case (``what`` names the case's fields), so that each test reading the
+    job's results is told which case failed."""
+    out = {}
+    for case in cases:
+        try:
+            out[case] = run_case(case)
+        except BaseException as exc:
+            getattr(exc, "add_note", print)(f"in {what} = {case!r}")  # Python < 3.11: printed
+            raise
+    return out
+
+
+def job_once(jobs: dict, key: Any, start: Callable[[], list]) -> list:
+    """Every rank's result of the job ``start()``, started once per ``key`` (``jobs``: a
+    module's own cache): the first test asking starts it, later tests read it. A job that
+    failed fails every test that asks, each with its error."""
+    if key not in jobs:
+        try:
+            jobs[key] = start()
+        except Exception as exc:
+            jobs[key] = exc
+    if isinstance(jobs[key], Exception):
+        raise jobs[key]
+    return jobs[key]
+
+
 def run_ranks(fn: Callable, world_size: int, backend: str, timeout: float = 60.0,
               args: Sequence[Any] = (), env: Optional[dict] = None,
               init_kwargs: Optional[dict] = None, may_die: Sequence[int] = ()) -> list[Any]:

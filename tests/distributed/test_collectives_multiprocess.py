@@ -18,7 +18,7 @@ import pytest
 from collective_references import (DTYPES, FLOAT_OPS, FORCED, FORCED_OTHERS, INIT, LARGE,
                                    WORLD_SIZES, check_float_reduction, digest,
                                    expected_reduction, forced, inputs_of, ops_for, random_of)
-from dist_harness import run_ranks
+from dist_harness import each_case, job_once, run_ranks
 from neural_arch import distributed as dist
 from neural_arch.core.tensor import Tensor
 from neural_arch.distributed import algorithms as algos
@@ -243,16 +243,9 @@ def gather_suite(rank: int, ws: int) -> list[str]:
 
 def every_suite(rank: int, ws: int, algorithms: list) -> dict:
     """The three suites above in turn, in one job: {suite name: its result on this rank}."""
-    out = {}
-    for name, suite, args in (("all_reduce", all_reduce_suite, (algorithms,)),
-                              ("rooted", rooted_suite, ()), ("gathers", gather_suite, ())):
-        try:
-            out[name] = suite(rank, ws, *args)
-        except BaseException as exc:
-            where = f"in {suite.__name__} (backend {dist.get_backend()}, world size {ws})"
-            getattr(exc, "add_note", print)(where)  # Python < 3.11: printed instead
-            raise
-    return out
+    suites = {"all_reduce": lambda: all_reduce_suite(rank, ws, algorithms),
+              "rooted": lambda: rooted_suite(rank, ws), "gathers": lambda: gather_suite(rank, ws)}
+    return each_case(lambda name: suites[name](), list(suites), "suite")
 
 
 # Each (backend, world size) starts its processes once: the first of the three tests below to
@@ -262,16 +255,10 @@ _JOBS: dict = {}
 
 def suite_results(backend: str, world_size: int, name: str) -> list:
     """Every rank's result of suite ``name`` at (``backend``, ``world_size``)."""
-    key = (backend, world_size)
-    if key not in _JOBS:
-        try:
-            _JOBS[key] = run_ranks(every_suite, world_size, backend, timeout=280,
-                                   args=(FORCED[backend],), init_kwargs=INIT)
-        except Exception as exc:  # each of the three tests fails, naming the error
-            _JOBS[key] = exc
-    if isinstance(_JOBS[key], Exception):
-        raise _JOBS[key]
-    return [by_suite[name] for by_suite in _JOBS[key]]
+    job = job_once(_JOBS, (backend, world_size), lambda: run_ranks(
+        every_suite, world_size, backend, timeout=280, args=(FORCED[backend],),
+        init_kwargs=INIT))
+    return [by_suite[name] for by_suite in job]
 
 
 # ----- tests -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ddp_cases import check_against_reference, train_ddp, train_reference, two_heads
-from dist_harness import RankFailed, run_ranks
+from dist_harness import RankFailed, each_case, job_once, run_ranks
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -37,14 +37,8 @@ def hooked_worker(rank: int, world_size: int, kind: str, auto_sync: bool, micro:
 def hooked_cases(rank: int, world_size: int, cases):
     """``hooked_worker`` for each (kind, auto_sync, micro) of ``cases`` in turn, each with a
     DDP model and optimizer of its own, in one job: {case: its result}."""
-    out = {}
-    for case in cases:
-        try:
-            out[case] = hooked_worker(rank, world_size, *case)
-        except BaseException as exc:
-            getattr(exc, "add_note", print)(f"in the case (kind, auto_sync, micro) = {case}")
-            raise
-    return out
+    return each_case(lambda case: hooked_worker(rank, world_size, *case), cases,
+                     "the case (kind, auto_sync, micro)")
 
 
 # Every case of a test below on one backend runs in one job (the first test of that backend
@@ -59,16 +53,9 @@ _JOBS: dict = {}
 
 def hooked_results(backend: str, world_size: int, cases: list, case: tuple) -> list:
     """Every rank's result of ``case``, from the one job that ran ``cases`` on ``backend``."""
-    key = (backend, world_size, tuple(cases))
-    if key not in _JOBS:
-        try:
-            _JOBS[key] = run_ranks(hooked_cases, world_size, backend, args=(cases,),
-                                   timeout=200)
-        except Exception as exc:  # every test of this job fails, each naming the error
-            _JOBS[key] = exc
-    if isinstance(_JOBS[key], Exception):
-        raise _JOBS[key]
-    return [by_case[case] for by_case in _JOBS[key]]
+    job = job_once(_JOBS, (backend, world_size, tuple(cases)), lambda: run_ranks(
+        hooked_cases, world_size, backend, args=(cases,), timeout=200))
+    return [by_case[case] for by_case in job]
 
 
 @pytest.mark.parametrize("auto_sync", [True, False])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dist_harness import run_ranks
+from dist_harness import each_case, job_once, run_ranks
 from tp_gpt_cases import (block_case, gpt_case, gpt_checkpointing_and_generate_case,
                            gpt_subgroups_case)
 
@@ -33,14 +33,8 @@ def test_sequence_parallel_block_matches_dense(tp):
 def gpt_both_layouts(rank, size, steps):
     """``gpt_case`` without and with sequence parallelism, in one job: {sequence_parallel:
     its result}. Each builds its models afresh from the same seeds."""
-    out = {}
-    for sequence_parallel in (False, True):
-        try:
-            out[sequence_parallel] = gpt_case(rank, size, steps, sequence_parallel)
-        except BaseException as exc:
-            getattr(exc, "add_note", print)(f"in gpt_case(sequence_parallel={sequence_parallel})")
-            raise
-    return out
+    return each_case(lambda sp: gpt_case(rank, size, steps, sp), (False, True),
+                     "gpt_case(sequence_parallel)")
 
 
 # One job per (backend, tp) runs both layouts (the first of their two tests starts it, the
@@ -49,15 +43,9 @@ _GPT_JOBS: dict = {}
 
 
 def gpt_results(backend: str, tp: int, sequence_parallel: bool) -> list:
-    key = (backend, tp)
-    if key not in _GPT_JOBS:
-        try:
-            _GPT_JOBS[key] = run_ranks(gpt_both_layouts, tp, backend, timeout=200, args=(3,))
-        except Exception as exc:  # both tests of this pair fail, each naming the error
-            _GPT_JOBS[key] = exc
-    if isinstance(_GPT_JOBS[key], Exception):
-        raise _GPT_JOBS[key]
-    return [by_layout[sequence_parallel] for by_layout in _GPT_JOBS[key]]
+    job = job_once(_GPT_JOBS, (backend, tp), lambda: run_ranks(
+        gpt_both_layouts, tp, backend, timeout=200, args=(3,)))
+    return [by_layout[sequence_parallel] for by_layout in job]
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
