@@ -165,7 +165,8 @@ def report(results: Sequence[dict], failures: Sequence[str], command: str, machi
         "slowest rank's median `sync_gradients()` (started right after a barrier; the hooks' "
         "models take turns step by step) after the first tenth of the steps. "
         "Accuracy: test set (360 images) after the last epoch; change: against no hook in the "
-        "same job. none uses DDP's default storage (shared buckets on shm).")
+        "same job. none and fp16 use DDP's default storage (shared buckets on shm, holding "
+        "float16 under the fp16 hook); the other hooks private buckets.")
     body, goals = [], []
     for result in results:
         backend, p = result["backend"], result["world_size"]

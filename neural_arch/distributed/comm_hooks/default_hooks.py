@@ -53,8 +53,13 @@ class CommHookState:
 
     def maybe_increase_iter(self, bucket: GradBucket) -> None:
         if bucket.is_last():
-            self.iter += 1
-            self.last_step_bytes, self._step_bytes = self._step_bytes, 0
+            self.finish_step()
+
+    def finish_step(self) -> None:
+        """Every bucket of a step went through the hook (or through shared buckets standing
+        in for it)."""
+        self.iter += 1
+        self.last_step_bytes, self._step_bytes = self._step_bytes, 0
 
 
 def hook_group(state: Any) -> ProcessGroup:

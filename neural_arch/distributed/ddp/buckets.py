@@ -4,7 +4,7 @@
 ``PrivateBuckets``). By default they are private arrays and each bucket is averaged by
 ``collectives.all_reduce``. When the group is the whole world of an ``shm`` transport, a
 ``shared_buckets.SharedBucketArena`` serves instead, averaging the buckets in place in one
-shared segment.
+shared segment (holding float16 copies of wider buckets under ``fp16_compress_hook``).
 """
 from __future__ import annotations
 
@@ -173,14 +173,17 @@ def shared_bucket_obstacle(pg: ProcessGroup, specs: Sequence[Spec],
 
 def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
                    shared: Optional[bool] = None, comm_hook: Optional[str] = None,
-                   grads_as_views: bool = False):
+                   grads_as_views: bool = False,
+                   wires: Optional[Sequence[Optional[np.dtype]]] = None):
     """The flat arrays of DDP's buckets: a ``SharedBucketArena`` or ``PrivateBuckets``.
 
     ``shared``: None picks shared buckets whenever they can serve (falling back to private
     ones when the segment cannot be set up), True insists (ValueError naming the obstacle),
     False never uses them; ``comm_hook`` (the name of a hook that will average the buckets)
-    and ``grads_as_views`` (gradients that are views of private buckets) rule them out. Every
-    rank must pass the same value and bucket layout.
+    and ``grads_as_views`` (gradients that are views of private buckets) rule them out.
+    ``wires[i]``, where not None, is the narrower dtype shared bucket ``i`` holds (private
+    buckets take theirs from ``use_comm_hook``). Every rank must pass the same value and
+    bucket layout.
     """
     if shared is not None and not isinstance(shared, bool):
         raise TypeError(f"shared_buckets must be None, True or False, got {shared!r}")
@@ -195,11 +198,13 @@ def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
                              "True: the averaged gradients of shared buckets lie in every "
                              "rank's copy, so they cannot be one view each")
         shared = False
-    layout = zlib.crc32(repr([(n, dt.str) for n, dt in specs]).encode())
+    wires = [None if w is None else np.dtype(w) for w in (wires or [None] * len(specs))]
+    held = [(n, dt if w is None else w) for (n, dt), w in zip(specs, wires)]
+    layout = zlib.crc32(repr([(n, dt.str) for n, dt in held]).encode())
     object_collectives.check_same_everywhere(
         pg, "ddp_bucket_layout", [{None: 0, False: 1, True: 2}[shared], layout],
         f"DistributedDataParallel buckets (shared_buckets={shared}, {len(specs)} buckets)")
-    obstacle = shared_bucket_obstacle(pg, specs, comm_hook)
+    obstacle = shared_bucket_obstacle(pg, held, comm_hook)
     if obstacle is not None:
         if shared:
             raise ValueError(f"shared_buckets=True cannot be used: {obstacle}")
@@ -207,7 +212,7 @@ def bucket_storage(group: Optional[ProcessGroup], specs: Sequence[Spec],
     if shared is False:
         return PrivateBuckets(pg, specs, grads_as_views)
     try:
-        return SharedBucketArena.open(pg, specs)
+        return SharedBucketArena.open(pg, held, [dt for _, dt in specs])
     except SharedBucketsUnavailable:
         if shared:
             raise

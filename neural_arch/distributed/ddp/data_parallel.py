@@ -28,11 +28,12 @@ and nothing is copied in or out of a workspace.
 top-k). The hook plugs into the storage's ``all_reduce``/``unpack``, so the buckets are packed,
 launched during backward and unpacked exactly as without one; only private buckets can host
 a hook that runs collectives of its own, so shared ones are given up for it. Shared buckets
-stand in for ``allreduce_hook`` (their average is its, bit for bit) and for the ZeRO hooks
-around it, whose updated parameters pass through the shared segment (``hook_plan``).
-``gradient_compression=True`` registers ``fp16_compress_hook``; under it a float32 bucket is
-packed straight into float16 and unpacked from it (``hook_plan``, ``wire``), with the hook's
-bits and no casting passes of its own.
+stand in for ``allreduce_hook`` and ``fp16_compress_hook`` (their average is the hook's, bit
+for bit) and for the ZeRO hooks around ``allreduce_hook``, whose updated parameters pass
+through the shared segment (``hook_plan``). ``gradient_compression=True`` registers
+``fp16_compress_hook``; under it a float32 bucket is packed straight into float16 and
+unpacked from it (``hook_plan``, ``wire``), private or shared, with the hook's bits and no
+casting passes of its own.
 
 ``naive.py`` holds the idea in its simplest form (one all-reduce per parameter).
 """
@@ -44,6 +45,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ...nn import Module
 from ..collectives import objects as object_collectives
+import numpy as np
+
 from ..comm_hooks.default_hooks import fp16_compress_hook
 from ..group.world import get_world_size, is_initialized, resolve_group
 from ..replicas import broadcast_module_state, check_replicas_agree
@@ -51,9 +54,7 @@ from .bucket import Bucket
 from .buckets import bucket_storage, group_parameters
 from .hook_plan import HookPlan, on_shared_buckets
 from .step_sync import StepSync
-
-
-_FP16 = "gradient_compression=True (the float16 communication hook)"
+from .wire import narrower_wire
 
 
 class DistributedDataParallel(StepSync, Module):
@@ -122,9 +123,10 @@ class DistributedDataParallel(StepSync, Module):
     def _build_buckets(self, cap_bytes: int, shared: Optional[bool]) -> List[Bucket]:
         groups = group_parameters(self._params, cap_bytes)
         self._specs = [(sum(p.array.size for p in params), dt) for params, dt in groups]
-        hook = _FP16 if self.gradient_compression else None
-        self._storage = bucket_storage(self._group, self._specs, shared, hook,
-                                       self.gradient_as_bucket_view)
+        # shared buckets are made in float16 at once for the hook registered next
+        wires = self._wires(np.float16) if self.gradient_compression else None
+        self._storage = bucket_storage(self._group, self._specs, shared, None,
+                                       self.gradient_as_bucket_view, wires)
         return [Bucket(i, params, flat)
                 for i, ((params, _), flat) in enumerate(zip(groups, self._storage.flats))]
 
@@ -158,17 +160,24 @@ class DistributedDataParallel(StepSync, Module):
         object_collectives.check_same_everywhere(
             resolve_group(self._group), "ddp_comm_hook", [zlib.crc32(name.encode())],
             f"DistributedDataParallel.register_comm_hook({name})")
+        stand_in = on_shared_buckets(hook, state, self._group) if self._storage.shared else None
+        if stand_in is not None:
+            wires = self._wires(stand_in.wire)
+            if wires != self._storage.wires:  # (an unavailable segment: private buckets then)
+                self._use_storage(bucket_storage(self._group, self._specs, self._shared_request,
+                                                 None, False, wires))
+        if stand_in is not None and self._storage.shared:  # the hook's average, bit for bit
+            self._hook_name = name
+            self._after_shared_average = stand_in.after
+            return
         if self._storage.shared:
-            after = on_shared_buckets(hook, state, self._group)
-            if after is not None:  # the shared average is the hook's, bit for bit
-                self._hook_name = name
-                self._after_shared_average = after
-                return
             if self._shared_request:
                 raise ValueError(f"register_comm_hook({name}): shared_buckets=True was asked "
                                  "for, but this hook runs its own collectives on private "
-                                 "buckets (shared ones serve allreduce_hook and the ZeRO hooks "
-                                 "around it); leave shared_buckets at None")
+                                 "buckets (shared ones serve allreduce_hook, "
+                                 "fp16_compress_hook and the ZeRO hooks around allreduce_hook, "
+                                 "with a process group or a CommHookState as the state); leave "
+                                 "shared_buckets at None")
             self._use_storage(bucket_storage(self._group, self._specs, False, name,
                                              self.gradient_as_bucket_view))
         elif self._world == 1:  # the hook runs on one rank too: buckets with room for it
@@ -178,6 +187,10 @@ class DistributedDataParallel(StepSync, Module):
         plan = HookPlan(state, hook, self._buckets, self.gradient_as_bucket_view)
         self._storage.use_comm_hook(plan, plan.wires)
         self._use_storage(self._storage)  # the buckets' flats may be float16 copies now
+
+    def _wires(self, wire) -> list:
+        """The dtype each bucket travels in under a hook averaging ``wire`` copies."""
+        return [narrower_wire(dt, wire) for _, dt in self._specs]
 
     def _use_storage(self, storage) -> None:
         self._storage = storage

@@ -9,19 +9,21 @@ and the hook's packed form, which only averages, runs on it. The buckets are lau
 for and unpacked by the same code either way.
 
 Shared buckets (``shared_buckets``) average without any hook: ``on_shared_buckets`` tells
-which hooks they can stand in for, bit for bit: ``allreduce_hook`` over DDP's own group, and
-a hook that wraps it and names what to run once the averages are in place
-(``after_shared_average``: ZeRO's step, ``comm_hooks.ddp_zero_hook``). Any other hook runs its
-own collectives, on private buckets.
+which hooks they can stand in for, bit for bit: ``allreduce_hook`` and ``fp16_compress_hook``
+over DDP's own group (the latter on shared buckets that hold the float16 copies, packed and
+unpacked as private ones would be, and summed as the shared-memory all-reduce sums float16),
+and a hook that wraps ``allreduce_hook`` and names what to run once the averages are in place
+(``after_shared_average``: ZeRO's step, ``comm_hooks.ddp_zero_hook``). A ``CommHookState``
+still counts the steps and bytes. Any other hook runs its own collectives, on private buckets.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from ..comm_hooks.bucket import GradBucket
-from ..comm_hooks.default_hooks import allreduce_hook, packed_form
+from ..comm_hooks.default_hooks import CommHookState, allreduce_hook, packed_form
 from ..group.process_group import ProcessGroup
 from ..group.world import resolve_group
 from .bucket import Bucket
@@ -55,20 +57,45 @@ class HookPlan:
 AfterSharedAverage = Callable[[Any, List[list]], None]
 
 
+class SharedStandIn(NamedTuple):
+    """How shared buckets stand in for a hook: ``wire``, the dtype a bucket of wider floats
+    holds (None: the parameters' own), and ``after``, what runs once the averages are in place
+    and unpacked."""
+    wire: Optional[np.dtype]
+    after: AfterSharedAverage
+
+
 def _after_nothing(arena: Any, params_per_bucket: List[list]) -> None:
     """``allreduce_hook``: the averages are all it asks for."""
 
 
-def on_shared_buckets(hook: Callable, state: Any, group: Any) -> Optional[AfterSharedAverage]:
-    """What DDP runs once its shared buckets are averaged and unpacked, in place of ``hook``
-    (registered with ``state`` on a DDP over ``group``); None where the hook needs private
-    buckets. A hook built around another names it ``averaging_hook`` and what it does after
-    the average ``after_shared_average``."""
-    averaging = getattr(hook, "averaging_hook", hook)
+def _counting(state: CommHookState) -> AfterSharedAverage:
+    """Count a sync of the shared buckets on ``state`` as the hook would have: each bucket's
+    bytes as it travels (its float16 copy under ``fp16_compress_hook``), one step."""
+    def after(arena: Any, params_per_bucket: List[list]) -> None:
+        for flat in arena.flats:
+            state.record(flat.nbytes)
+        state.finish_step()
+    return after
+
+
+def on_shared_buckets(hook: Callable, state: Any, group: Any) -> Optional[SharedStandIn]:
+    """How DDP's shared buckets stand in for ``hook`` (registered with ``state`` on a DDP over
+    ``group``); None where the hook needs private buckets. A hook built around another names
+    it ``averaging_hook`` and what it does after the average ``after_shared_average``; such a
+    hook may write into the segment after the average (ZeRO's updated parameters), so it gets
+    buckets of the parameters' dtype and a group as its state."""
+    packed = packed_form(hook)
+    wire, averaging = packed if packed is not None else (None, hook)
+    if getattr(hook, "averaging_hook", None) is not None:
+        wire, averaging = None, hook.averaging_hook
     if averaging is not allreduce_hook:
         return None
-    if state is not None and not isinstance(state, ProcessGroup):
-        return None  # a state that counts what the hook sends (CommHookState) sees collectives
+    after = getattr(hook, "after_shared_average", _after_nothing)
+    if type(state) is CommHookState and after is _after_nothing:
+        after, state = _counting(state), state.process_group
+    elif state is not None and not isinstance(state, ProcessGroup):
+        return None  # a state of another kind may watch the hook's collectives
     if resolve_group(state).group_id != resolve_group(group).group_id:
         return None
-    return getattr(hook, "after_shared_average", _after_nothing)
+    return SharedStandIn(wire, after)

@@ -12,6 +12,12 @@ bucket copies nothing in or out of a workspace:
    every rank has arrived at the next bucket's barrier, so only the last bucket of a sync ends
    with a barrier of its own.
 
+A bucket may hold a narrower float than its parameters (``wire``: the float16 copies of
+``fp16_compress_hook``): packing rounds each gradient into it, step 2 adds the p float16
+values in float32 and rounds the mean once (``reductions.kernels.sum_halves``, as the direct
+all-reduce of float16 does), and unpacking widens. Buckets of float16 parameters sum the same
+way.
+
 A bucket that DDP's hooks launch during backward (``all_reduce(index, bucket)``) holds final
 gradients, so the queue's thread packs it before step 1 and unpacks it once its slices are
 final (right after the next bucket's reduction, or after the last barrier): backward's thread
@@ -42,6 +48,7 @@ from ..buffers import copy_from_host
 from ..errors import CollectiveMismatchError, DistributedError
 from ..group.process_group import ProcessGroup
 from ..reduce_ops import averager
+from ..reductions.kernels import sum_halves, to_float32
 from ..transports.shm import Generation
 from ..transports.shm.layout import LINE_WORDS, SPARE
 from ..transports.shm.waiting import wait_ge
@@ -62,7 +69,8 @@ class SharedBucketArena:
     shared = True
     copies_on_queue = True  # all_reduce(index, bucket): see the module docstring
 
-    def __init__(self, pg: ProcessGroup, specs: Sequence[Spec], mm, name: str) -> None:
+    def __init__(self, pg: ProcessGroup, specs: Sequence[Spec], mm, name: str,
+                 dtypes: Optional[Sequence[np.dtype]] = None) -> None:
         self._pg, self._t, self._mm = pg, pg.transport, mm
         self.segment_name = name
         p, rank = pg.size, pg.rank
@@ -75,6 +83,10 @@ class SharedBucketArena:
         self._views = [[raw[layout.bucket(q, i):layout.bucket(q, i) + n * np.dtype(dt).itemsize]
                         .view(dt) for i, (n, dt) in enumerate(specs)] for q in range(p)]
         self.flats = self._views[rank]  # this rank's buckets: DDP packs gradients into them
+        # the parameters' dtype of each bucket; ``wires[i]`` the narrower one it holds, or None
+        self._dtypes = [np.dtype(d) for d in (dtypes or [dt for _, dt in specs])]
+        self.wires = [None if np.dtype(dt) == d else np.dtype(dt)
+                      for (_, dt), d in zip(specs, self._dtypes)]
         self._bounds = [slices(n, p, np.dtype(dt).itemsize) for n, dt in specs]
         labels = [f"bucket {i} ({n} x {np.dtype(dt).name})" for i, (n, dt) in enumerate(specs)]
         self._sigs = [self._signature(label) for label in labels]
@@ -117,8 +129,9 @@ class SharedBucketArena:
 
     def unpack(self, index: int, params: Sequence, offsets: Sequence[int],
                keep: Optional[np.ndarray] = None) -> None:
-        """Copy the averaged bucket into ``params[j].grad`` (None where ``keep[j]`` is False)."""
-        dtype = self.flats[index].dtype
+        """Copy the averaged bucket into ``params[j].grad`` (None where ``keep[j]`` is False),
+        widened to the parameters' dtype where the bucket holds a narrower one."""
+        dtype = self._dtypes[index]
         for j, param in enumerate(params):
             if keep is not None and not keep[j]:
                 param.grad = None
@@ -146,11 +159,12 @@ class SharedBucketArena:
     # ----- reading the result --------------------------------------------------------------
     def gather(self, index: int, lo: int, hi: int, out: np.ndarray) -> None:
         """Elements ``lo:hi`` of averaged bucket ``index`` into ``out``, each slice read from
-        the rank that reduced it."""
+        the rank that reduced it (widened where ``out`` is wider: float16 through the compiled
+        cast)."""
         for q, (start, stop) in enumerate(self._bounds[index]):
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                out[a - lo:b - lo] = self._views[q][index][a:b]
+                to_float32(self._views[q][index][a:b], out[a - lo:b - lo])
 
     # ----- passing values on after a sync (ZeRO's updated parameters) ---------------------
     def copy_of(self, rank: int, index: int) -> np.ndarray:
@@ -215,8 +229,13 @@ class SharedBucketArena:
         copies = [self._views[q][index] for q in range(self._size)]
         mine = copies[self._rank]
         dtype = mine.dtype
-        scale, factor = averager(dtype, self._size)
         step = max(1, CHUNK_BYTES // dtype.itemsize)
+        if dtype == np.float16:  # all p added in float32, the mean rounded once; in place
+            for a in range(lo, hi, step):
+                b = min(a + step, hi)
+                sum_halves(mine[a:b], [c[a:b] for c in copies], self._size)
+            return
+        scale, factor = averager(dtype, self._size)
         # Ranks 0 and 1 may sum into their own copy (each element is read before it is
         # written); a later rank's own addend would be overwritten first, so it sums aside.
         scratch = None
@@ -252,7 +271,9 @@ class SharedBucketArena:
 
     # ----- setting up ----------------------------------------------------------------------
     @classmethod
-    def open(cls, pg: ProcessGroup, specs: Sequence[Spec]) -> "SharedBucketArena":
-        """Group rank 0 creates the segment, every rank maps it, then its name is unlinked."""
+    def open(cls, pg: ProcessGroup, specs: Sequence[Spec],
+             dtypes: Optional[Sequence[np.dtype]] = None) -> "SharedBucketArena":
+        """Group rank 0 creates the segment, every rank maps it, then its name is unlinked.
+        ``specs`` give what each bucket holds; ``dtypes`` its parameters' dtypes, where wider."""
         name, mm = open_segment(pg, SegmentLayout(pg.size, specs).total_bytes, OP)
-        return cls(pg, specs, mm, name)
+        return cls(pg, specs, mm, name, dtypes)

@@ -92,7 +92,7 @@ def probe_worker(rank: int, world_size: int):
             [p.array.copy() for p in model.parameters()],
             {k: v.numpy().copy() for k, v in model.state_dict().items()},
             model.get_statistics()["communication"]["gradient_sync"]["total_bytes"],
-            wire.get_statistics()["all_reduce"])
+            wire.get_statistics())
 
 
 def test_model_computes_in_float16_and_masters_stay_float32():
@@ -110,9 +110,12 @@ def test_model_computes_in_float16_and_masters_stay_float32():
         assert value.dtype == np.float32
         np.testing.assert_array_equal(value, master)
     # 3 syncs of the 2x3 + 2 gradients, sent as float16: half the bytes of float32; on the
-    # wire each step is one float16 bucket and the int32 overflow flag
+    # wire each step is one float16 bucket (averaged in DDP's shared buckets on shm) and the
+    # int32 overflow flag
     assert sync_bytes == 3 * 8 * 2
-    assert wire["count"] == 3 * 2 and wire["total_bytes"] == 3 * (8 * 2 + 4)
+    buckets, flags = wire["shared_bucket_all_reduce"], wire["all_reduce"]
+    assert buckets["count"] == 3 and buckets["total_bytes"] == 3 * 8 * 2
+    assert flags["count"] == 3 and flags["total_bytes"] == 3 * 4
     for other in results[1:]:
         for a, b in zip(other[3], masters):
             assert a.tobytes() == b.tobytes()

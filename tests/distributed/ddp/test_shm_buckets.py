@@ -187,16 +187,17 @@ def choice_worker(rank: int, world_size: int, shared, compression: bool = False)
 def test_automatic_choice_follows_the_backend():
     assert run_ranks(choice_worker, 2, "shm", args=(None,)) == [True, True]
     assert run_ranks(choice_worker, 2, "tcp", args=(None,)) == [False, False]
-    assert run_ranks(choice_worker, 2, "shm", args=(None, True)) == [False, False]
+    # the float16 hook's buckets are shared too (in float16): asked for or chosen
+    assert run_ranks(choice_worker, 2, "shm", args=(None, True)) == [True, True]
+    assert run_ranks(choice_worker, 2, "shm", args=(True, True)) == [True, True]
+    assert run_ranks(choice_worker, 2, "tcp", args=(None, True)) == [False, False]
 
 
-@pytest.mark.parametrize("backend, compression, match", [
-    ("tcp", False, r"shared_buckets=True cannot be used: .*not the whole world of an shm"),
-    ("shm", True, r"shared_buckets=True cannot be used: gradient_compression=True"),
-])
-def test_insisting_where_it_cannot_work_raises(backend, compression, match):
-    with pytest.raises(RankFailed, match=match):
-        run_ranks(choice_worker, 2, backend, args=(True, compression), timeout=60)
+@pytest.mark.parametrize("compression", [False, True])
+def test_insisting_where_it_cannot_work_raises(compression):
+    with pytest.raises(RankFailed, match=r"shared_buckets=True cannot be used: .*not the whole "
+                                         r"world of an shm"):
+        run_ranks(choice_worker, 2, "tcp", args=(True, compression), timeout=60)
 
 
 def test_ranks_disagreeing_on_the_flag_are_rejected():
@@ -237,6 +238,32 @@ def test_segment_that_cannot_be_made_falls_back_or_raises_on_every_rank():
     assert run_ranks(no_room_worker, 3, "shm", args=(None,)) == [False, False, False]
     with pytest.raises(RankFailed, match=r"SharedBucketsUnavailable: .*no room \(test\)"):
         run_ranks(no_room_worker, 2, "shm", args=(True,), timeout=60)
+
+
+def fp16_no_room_worker(rank: int, world_size: int):
+    from neural_arch.distributed import DistributedDataParallel
+    from neural_arch.distributed.comm_hooks import fp16_compress_hook
+    from neural_arch.distributed.ddp import shared_segment
+    from neural_arch.models import MLP
+    model = DistributedDataParallel(MLP([4, 6, 2]))
+    before = model.shared_buckets
+    if rank == 0:  # the float16 segment the hook asks for cannot be made
+        shared_segment.create_reserved = lambda name, size: (None, "/dev/shm has no room (test)")
+    model.register_comm_hook(None, fp16_compress_hook)
+    for p in model.parameters():
+        p.grad = np.full(p.array.shape, 1.0 + rank / 3, np.float32)
+    model.sync_gradients()
+    return (before, model.shared_buckets, sorted({b.flat.dtype.name for b in model._buckets}),
+            [p.grad.array.copy() for p in model.parameters()])
+
+
+def test_float16_segment_that_cannot_be_made_falls_back_to_private_float16_buckets():
+    for before, after, wires, grads in run_ranks(fp16_no_room_worker, 2, "shm", timeout=60):
+        assert before and not after and wires == ["float16"]
+        want = np.float32(np.float16((np.float32(np.float16(1.0)) + np.float32(np.float16(4 / 3)))
+                                     / np.float32(2)))
+        for g in grads:
+            assert g.dtype == np.float32 and (g == want).all(), (g, want)
 
 
 def skipped_seq_worker(rank: int, world_size: int):
