@@ -16,7 +16,10 @@ that lacks it. The variable is read when the package is imported and again by
 variable costs about as much as a whole small shared-memory all-reduce. ``init_process_group``
 also compares what it means on every rank (``environment_meaning``) and raises where ranks
 differ: ranks forcing different algorithms may exchange messages that look alike and end with
-results whose bits differ.
+results whose bits differ. For the same reason a call's ``algorithm=`` is part of its
+fingerprint (every rank must pass the same), and a forced algorithm that exchanges messages
+first meets the others in shared memory's barrier where shared memory's own collectives
+would otherwise run (``_chosen``).
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
 is (the shared-memory ones divide in the pass that adds, or as they copy out), the ring
@@ -140,11 +143,29 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
             "barrier": "dissemination"}[collective]
 
 
+def _chosen(collective: str, t: Transport, nbytes: int, algorithm: Optional[str],
+            fp: Fingerprint) -> str:
+    """``select``'s choice for a collective about to run. Where a call forces an algorithm
+    that exchanges messages on a transport whose preferred own collectives meet elsewhere
+    (shared memory's, on its control lines), the ranks first meet in that barrier with the
+    call's fingerprint, which names the forced algorithm (``collectives.args.check_algorithm``):
+    a rank that runs the transport's own collective instead meets it there, and both raise the
+    mismatch at once rather than wait, until the group's timeout, for messages that never
+    come. (Elsewhere the fingerprints meet in the messages themselves.)"""
+    name = select(collective, t, nbytes, algorithm)
+    if algorithm is not None and name not in _NATIVE and t.world_size > 1:
+        native = t.native_collectives()
+        if native is not None and native.preferred and getattr(native, "separate_channel",
+                                                               False):
+            native.barrier(fp)
+    return name
+
+
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
                algorithm: Optional[str] = None) -> str:
     """In-place all-reduce of a 1-D contiguous buffer (AVERAGE included); returns the
     algorithm used."""
-    name = select("all_reduce", t, buf.nbytes, algorithm)
+    name = _chosen("all_reduce", t, buf.nbytes, algorithm, fp)
     _run_all_reduce(name, t, buf, op, fp)
     return name
 
@@ -180,7 +201,7 @@ def _run_all_reduce(name: str, t: Transport, buf: np.ndarray, op: ReduceOp,
 
 def broadcast(t: Transport, buf: np.ndarray, root: int, fp: Fingerprint,
               algorithm: Optional[str] = None) -> str:
-    name = select("broadcast", t, buf.nbytes, algorithm)
+    name = _chosen("broadcast", t, buf.nbytes, algorithm, fp)
     if name in _NATIVE:
         t.native_collectives().broadcast(buf, root, fp)  # checks the root itself
     elif name == "recursive_doubling":
@@ -219,7 +240,7 @@ def all_gather_plan(t: Transport, dtype: np.dtype, count: int
 
 def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Fingerprint,
                algorithm: Optional[str] = None) -> str:
-    name = select("all_gather", t, recvbuf.nbytes, algorithm)
+    name = _chosen("all_gather", t, recvbuf.nbytes, algorithm, fp)
     if name in _NATIVE:
         t.native_collectives().all_gather(sendbuf, recvbuf, fp)
     elif name == "recursive_doubling":
@@ -231,7 +252,7 @@ def all_gather(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, fp: Finge
 
 def reduce_scatter(t: Transport, sendbuf: np.ndarray, recvbuf: np.ndarray, op: ReduceOp,
                    fp: Fingerprint, algorithm: Optional[str] = None) -> str:
-    name = select("reduce_scatter", t, sendbuf.nbytes, algorithm)
+    name = _chosen("reduce_scatter", t, sendbuf.nbytes, algorithm, fp)
     if name in _NATIVE:
         t.native_collectives().reduce_scatter(sendbuf, recvbuf, op, fp)
         return name
@@ -255,7 +276,7 @@ def reduce_scatter_plan(t: Transport, dtype: np.dtype, count: int, op: ReduceOp
 
 
 def barrier(t: Transport, fp: Fingerprint, algorithm: Optional[str] = None) -> str:
-    name = select("barrier", t, 0, algorithm)
+    name = _chosen("barrier", t, 0, algorithm, fp)
     if name in _NATIVE:
         t.native_collectives().barrier(fp)
     else:

@@ -22,10 +22,24 @@ def usable_group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
     return pg
 
 
-def check_algorithm(collective: str, algorithm: Optional[str]) -> None:
-    """Reject an unknown algorithm name now, on the caller's thread, not inside async work."""
-    if algorithm is not None:
-        algorithms.normalize(collective, algorithm)
+# how a forced algorithm marks a collective's fingerprint (kept short: a message header holds
+# 24 bytes of the operation's name, "reduce_scatter@ring:prod" at most)
+_TAGS = {"ring": "@ring", "recursive_doubling": "@rd", "shm_direct": "@shm", "native": "@nat",
+         "tree": "@tree", "dissemination": "@dis", "auto": ""}
+
+
+def check_algorithm(collective: str, algorithm: Optional[str]) -> str:
+    """Reject an unknown algorithm name now, on the caller's thread, not inside async work.
+    Returns the mark a forced algorithm puts after the collective's name in its fingerprint
+    (``"all_reduce@ring:sum"``; ``""`` for None and ``"auto"``): ranks that force different
+    algorithms, or one and not the others, then disagree on the fingerprint and raise
+    ``CollectiveMismatchError`` where their messages meet, instead of exchanging messages that
+    look alike and ending with different results. (Two algorithms that never meet, such as
+    shared memory's direct collective and the ring's messages, wait until the group's timeout
+    and raise there.)"""
+    if algorithm is None:
+        return ""
+    return _TAGS[algorithms.normalize(collective, algorithm)]
 
 
 def tensor_list(items: Any, what: str, ref: np.ndarray, size: int,

@@ -7,7 +7,7 @@ peers are not authenticated members of the job (``TransportSpec.trusted``).
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 

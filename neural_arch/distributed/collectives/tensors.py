@@ -79,8 +79,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     pg = usable_group(group, "all_reduce")
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
-    check_algorithm("all_reduce", algorithm)
-    fp = pg.fingerprint(f"all_reduce:{OP_CODE[op]}", arr.dtype, arr.size)
+    tag = check_algorithm("all_reduce", algorithm)
+    fp = pg.fingerprint(f"all_reduce{tag}:{OP_CODE[op]}", arr.dtype, arr.size)
 
     def run():
         flat = Flat(arr)
@@ -104,8 +104,8 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     pg = usable_group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
     arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)
-    check_algorithm("broadcast", algorithm)
-    fp = pg.fingerprint(f"broadcast:{root}", arr.dtype, arr.size)
+    tag = check_algorithm("broadcast", algorithm)
+    fp = pg.fingerprint(f"broadcast{tag}:{root}", arr.dtype, arr.size)
 
     def run():
         flat = Flat(arr)
@@ -131,8 +131,8 @@ def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
     arr = checked_array(source, "all_gather tensor")
     if tensor is not None:
         outputs = tensor_list(tensor_list_or_tensor, "all_gather tensor_list", arr, pg.size)
-    check_algorithm("all_gather", algorithm)
-    fp = pg.fingerprint("all_gather", arr.dtype, arr.size)
+    tag = check_algorithm("all_gather", algorithm)
+    fp = pg.fingerprint(f"all_gather{tag}", arr.dtype, arr.size)
 
     def run():
         gathered = np.empty(pg.size * arr.size, dtype=arr.dtype)
@@ -174,8 +174,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
     if out.dtype != src.dtype or out.size != pg.size * src.size:
         raise ValueError(f"all_gather_into_tensor output must hold {pg.size} x {src.size} "
                          f"elements of {src.dtype}, got shape {out.shape} of {out.dtype}")
-    check_algorithm("all_gather", algorithm)
-    fp = pg.fingerprint("all_gather", src.dtype, src.size)
+    tag = check_algorithm("all_gather", algorithm)
+    fp = pg.fingerprint(f"all_gather{tag}", src.dtype, src.size)
 
     def run():
         flat = Flat(out)
@@ -187,8 +187,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
 
 def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.ndarray,
                          op: ReduceOp, async_op: bool, result: Any, algorithm: Optional[str]):
-    check_algorithm("reduce_scatter", algorithm)
-    fp = pg.fingerprint(f"reduce_scatter:{OP_CODE[op]}", out.dtype, sum(a.size for a in inputs))
+    tag = check_algorithm("reduce_scatter", algorithm)
+    fp = pg.fingerprint(f"reduce_scatter{tag}:{OP_CODE[op]}", out.dtype,
+                        sum(a.size for a in inputs))
 
     def run():
         flat = Flat(out)
@@ -257,8 +258,8 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
             entry()
             return None
     pg = usable_group(group, "barrier")
-    check_algorithm("barrier", algorithm)
-    fp = pg.fingerprint("barrier", np.uint8, 0)
+    tag = check_algorithm("barrier", algorithm)
+    fp = pg.fingerprint(f"barrier{tag}", np.uint8, 0)
 
     def run() -> None:
         algorithms.barrier(pg.transport, fp, algorithm)

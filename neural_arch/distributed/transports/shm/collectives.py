@@ -50,6 +50,9 @@ class ShmCollectives:
 
     name = "shm_direct"  # the algorithm name callers see (and may force)
     preferred = True     # chosen over ring and tree whenever it can run
+    # they meet on the segment's control lines, never in the transport's messages, where a
+    # forced ring or tree runs (``algorithms._chosen``)
+    separate_channel = True
 
     def __init__(self, transport: Any) -> None:
         self.t, self.layout, self.generation = transport, transport.layout, transport.generation
