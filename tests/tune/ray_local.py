@@ -1,7 +1,7 @@
 """A small Ray on this machine for the tuner's Ray tests: two CPUs, no dashboard, an 80 MB
 object store, on 127.0.0.1. Its processes find the tests' modules (the trials import their
-train functions by name), and it is shut down when the test ends, so that nothing of it
-outlives the test (the ``leftovers`` fixture checks)."""
+train functions by name), and it is shut down when its ``with`` block ends (a test's, or a
+module's), so that nothing of it outlives that (the ``leftovers`` fixture checks each test)."""
 from __future__ import annotations
 
 import contextlib
