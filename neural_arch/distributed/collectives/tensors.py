@@ -15,10 +15,9 @@ that shape made its plan, and runs the call in one compiled step; on another tra
 makes of what the shape tells (dtype, op, root), and runs through it the algorithm the general
 path would choose. Either uses the sequence number and fingerprint the general path would use
 and runs after any queued async work. A synchronous
-all-gather into a tensor runs its shape's plan directly on shared memory, and its entry in the
-general short calls on another transport; a reduce-scatter of a tensor its entry on either (on
-shared memory the transport's own collective, or for a small input the compiled call of the
-all-reduce plan that collective runs on a copy). On a 4-byte vector the checks and
+all-gather into a tensor and a reduce-scatter of a tensor look up their entries the same way
+(on shared memory, ``two_array_calls``: a small all-gather's compiled plan in one call, a small
+reduce-scatter the compiled call of the all-reduce plan the transport runs on a copy). On a 4-byte vector the checks and
 layers of the general path cost several times the collective itself. Every other call, and
 every one with arguments the general path must check, goes the general way.
 """
@@ -40,13 +39,6 @@ from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 # ``_short_calls``): starts empty, and is emptied when that transport closes.
 _short: Any = SimpleNamespace(all_reduce={}, broadcast={}, all_gather={}, reduce_scatter={},
                               barrier=None)
-
-
-def _planned() -> Optional[tuple]:
-    """(default group, its transport's plans) when a plan may run a call on the default group
-    now: the group has plans and no profiler wants to see every call. Else None."""
-    planned = world.planned()
-    return None if planned is None or profiler.current_tracer() is not None else planned
 
 
 def _short_calls() -> Any:
@@ -147,27 +139,14 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
                            algorithm: Optional[str] = None):
     """``output_tensor`` (group size x input elements) gets every rank's input in rank order."""
     if (type(output_tensor) is np.ndarray and type(input_tensor) is np.ndarray and group is None
-            and not async_op and algorithm is None):
+            and not async_op and algorithm is None and profiler.TRACER is None):
         out, src = output_tensor, input_tensor
-        planned = _planned()
-        if planned is not None:  # shared memory: the plan of its collectives for the shape
-            run = planned[1].get(("all_gather", src.dtype, src.size))
-            if (run and out.dtype == src.dtype and out.size == planned[0].size * src.size
-                    and src.flags.c_contiguous and out.flags.c_contiguous
-                    and out.flags.writeable):
-                pg = planned[0]
-                fp = pg.fingerprint("all_gather", src.dtype, src.size)
-                pg.run_now(run, "all_gather_into_tensor", fp.seq, src.reshape(-1),
-                           out.reshape(-1), fp)
-                return out
-        elif profiler.TRACER is None:
-            entry = _short.all_gather.get((src.dtype, src.size))
-            if (entry is None and world.has_short_calls()
-                    and src.dtype.type in SUPPORTED_DTYPES):
-                short = _short_calls()
-                entry = short and short.all_gather_entry(src)
-            if entry and entry(src, out):
-                return out
+        entry = _short.all_gather.get((src.dtype, src.size))
+        if entry is None and world.has_short_calls() and src.dtype.type in SUPPORTED_DTYPES:
+            short = _short_calls()
+            entry = short and short.all_gather_entry(src)
+        if entry and entry(src, out):
+            return out
     pg = usable_group(group, "all_gather_into_tensor")
     src = checked_array(input_tensor, "all_gather_into_tensor input")
     out = checked_array(output_tensor, "all_gather_into_tensor output", writable=True)

@@ -37,7 +37,7 @@ class _World:
                                     backend, timeout, trusted)
         self.groups = [self.default]
         # The small-collective plans of the transport's own collectives, when those serve the
-        # default group (see ``planned``).
+        # default group: its short calls (shared memory's) run them (see ``short_calls``).
         native = transport.native_collectives() if transport is not None else None
         self.planned = None
         if native is not None and native.preferred and getattr(native, "plans", None) is not None:
@@ -177,16 +177,6 @@ def world() -> _World:
         raise RuntimeError("the default process group is not initialized; call "
                            "init_process_group() first")
     return _WORLD
-
-
-def planned() -> Optional[tuple]:
-    """(the default group, the plans of its transport's collectives), or None when calls on the
-    default group have no plans to run (not initialised, one rank, a transport without them).
-    The plans map ``("all_reduce", dtype, n, op)``, ``("broadcast", nbytes, root)`` and
-    ``("all_gather", dtype, n)`` to a callable made once that shape was first run; the public
-    collectives call it directly for NumPy arrays (see ``collectives``)."""
-    w = _WORLD
-    return None if w is None else w.planned
 
 
 def has_short_calls() -> bool:

@@ -16,7 +16,8 @@ Read in this order:
   all-reduce and broadcast by peer reads.
 - ``plans``, ``compiled``, ``kernels`` and ``entry_kernels``: small collectives prepared once
   per shape, in Python and as Numba kernels taking the same steps.
-- ``short_calls``: the public calls' short path, one compiled call per hot shape.
+- ``short_calls`` (and ``two_array_calls``): the public calls' short path, one compiled call per
+  hot shape.
 - ``writer`` and ``stream``: large copies into the workspace, plain or with streaming stores.
 
 Nothing outside this folder needs more than ``create`` (through ``transports.create_transport``),

@@ -1,6 +1,6 @@
 """The public calls' short path on shared memory: one prepared call per shape of the default
 group's synchronous all-reduce and broadcast of a NumPy array, and of its barrier; and an entry
-per shape and op of its reduce-scatter of a tensor.
+per shape of its all-gather and reduce-scatter into a tensor (``two_array_calls``).
 
 A 4-byte ``dist.all_reduce`` used to cost several times its barrier, nearly all of it in
 Python around the compiled plan: checking the arguments, making a fingerprint, taking the
@@ -20,12 +20,8 @@ off), its entry runs the Python form with a fingerprint, and changes to the comp
 the plan has. The barrier has no Python plan: the general path serves it until HOT_CALLS
 barriers were made, then the compiled barrier does. A shape too large for any plan gets an
 entry too, which calls the transport's collective the general path would end in, without the
-layers above it; a reduce-scatter's entry does too (it has no plan of its own), once it
-found the output of the input's dtype holding its part, except for a small input, which the
-transport runs as the all-reduce of a copy: once that all-reduce's plan is compiled, the entry
-makes the plan's compiled call on a copy of its own, taken after queued async work finished
-and under the queue's lock. Entries are dropped when the transport
-closes (``ShmCollectives.close``), so none outlives the mapping its addresses point into.
+layers above it. Entries are dropped when the transport closes (``ShmCollectives.close``), so
+none outlives the mapping its addresses point into.
 """
 from __future__ import annotations
 
@@ -36,22 +32,16 @@ import numpy as np
 from ....backends.numba_entry import fast_entry
 from ...errors import PeerFailureError
 from ...health import heartbeat
-from ...reduce_ops import SUPPORTED_DTYPES, check_dtype_for_op
+from ...reduce_ops import SUPPORTED_DTYPES
 from ..base import Fingerprint
-from ..short_entries import USABLE as _USABLE, EntryTables, two_arrays
+from ..short_entries import USABLE as _USABLE, EntryTables
 from . import compiled
+from .two_array_calls import TwoArrayCalls, reducible
 
 
-def _reducible(dtype: np.dtype, op: Any) -> bool:
-    try:
-        check_dtype_for_op(dtype, op)
-    except TypeError:
-        return False
-    return True
-
-
-class ShortCalls(EntryTables):
-    """The entries of one ``ShmCollectives``, for its default group ``pg`` (``bind``)."""
+class ShortCalls(TwoArrayCalls, EntryTables):
+    """The entries of one ``ShmCollectives``, for its default group ``pg`` (``bind``); those
+    of the all-gather and reduce-scatter into a tensor are ``TwoArrayCalls``'."""
 
     def __init__(self, c: Any) -> None:
         self.c = c
@@ -77,7 +67,7 @@ class ShortCalls(EntryTables):
         run = self.c.plans.get(plan_key)
         self.make_room(self.all_reduce)
         if run is None:
-            if tensor.nbytes <= self.c.small_bytes() or not _reducible(dtype, op):
+            if tensor.nbytes <= self.c.small_bytes() or not reducible(dtype, op):
                 return None  # a plan may come; an error is the general path's to raise
             fp = Fingerprint(f"all_reduce:{op_code}", 0, dtype.name, n, self.pg.group_id)
             entry = self.all_reduce[(dtype, n, op)] = self._general(self.c.all_reduce, op, fp)
@@ -103,26 +93,6 @@ class ShortCalls(EntryTables):
         fp = Fingerprint(f"broadcast:{root}", 0, dtype.name, n, self.pg.group_id)
         key = (dtype, n, root)
         entry = self.broadcast[key] = self._entry(run, plan_key, key, fp, tensor, "broadcast")
-        return entry
-
-    def reduce_scatter_entry(self, src: np.ndarray, op: Any, op_code: str
-                             ) -> Optional[Callable]:
-        """The entry of a reduce-scatter of a tensor whose input has ``src``'s shape, with
-        ``op``, called as ``entry(src, out)``: the transport's own collective
-        (``ShmCollectives.reduce_scatter``), as the general path ends in it (a small input:
-        ``_summed``). None where the
-        general path must raise or has nothing to send (a dtype or op collectives do not take,
-        an input that does not split evenly over the group, an empty one)."""
-        dtype, n, size = src.dtype, src.size, self.pg.size
-        if dtype.type not in SUPPORTED_DTYPES or n == 0 or n % size or not _reducible(dtype, op):
-            return None
-        self.make_room(self.reduce_scatter)
-        fp = Fingerprint(f"reduce_scatter:{op_code}", 0, dtype.name, n, self.pg.group_id)
-        run = self._synced(self.c.reduce_scatter, op, fp)
-        key = (dtype, n, op)
-        if src.nbytes <= self.c.summed_reduce_scatter_bytes():
-            run = self._summed(run, key, fp)
-        entry = self.reduce_scatter[key] = two_arrays(run, dtype, n // size)
         return entry
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
@@ -184,28 +154,6 @@ class ShortCalls(EntryTables):
                 release()
         return go
 
-    def _summed(self, general: Callable, key: tuple, fp: Fingerprint) -> Callable[..., None]:
-        """``run(src, out)`` of a reduce-scatter the transport runs as the all-reduce of a copy
-        of its input (``ShmCollectives.reduce_scatter``): the general path's call while that
-        all-reduce's plan is in Python, then the plan's compiled call with the reduce-scatter's
-        fingerprint (``_compiled_copy``). The same generation, fingerprint and bits as the
-        general path, without its checks, its copy per call and the plan's Python."""
-        dtype, n, op = key
-        plan_key, table, plans = ("all_reduce", dtype, n, op), self.reduce_scatter, self.c.plans
-        if not dtype.isnative or dtype.type not in compiled.COMPILED_DTYPES:
-            return general  # no compiled plan takes these (float16, other byte orders)
-
-        def run(src: np.ndarray, out: np.ndarray) -> None:
-            prepared = getattr(plans.get(plan_key), "prepared", None)
-            if prepared is None or self.c.closed:  # the general path runs (and heats) the plan
-                general(src, out)
-                return
-            go = self._compiled_copy(prepared, fp, dtype, n)
-            # into the table this entry came from: a table cleared since keeps nothing of it
-            table[key] = two_arrays(go, dtype, n // self.pg.size)
-            go(src, out)
-        return run
-
     def _python(self, plan_key: tuple, key: tuple, fp: Fingerprint,
                 op: str) -> Callable[[np.ndarray], bool]:
         """An entry running the plan's Python form; it hands over to the compiled entry (under
@@ -231,9 +179,9 @@ class ShortCalls(EntryTables):
             return True
         return call
 
-    def _kernel(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray]) -> tuple:
+    def _kernel(self, prepared: Any, fp: Fingerprint, arrays: tuple) -> tuple:
         """(kernel, plan words, their address, finish): the compiled call of ``prepared``
-        with ``fp``'s signature, taking an array of ``like``'s type (None: no array, the
+        with ``fp``'s signature, taking arrays of the types of ``arrays`` (none: the
         barrier); ``finish(status, args, seq)`` settles a status the kernel returned."""
         c = self.c
         sig = c.signature(fp, prepared.nbytes)
@@ -247,37 +195,7 @@ class ShortCalls(EntryTables):
                 heartbeat.report(exc)
                 raise
 
-        arrays = () if like is None else (like,)
         return fast_entry(prepared.kernel, *arrays, address, 0, 1), plan, address, finish
-
-    def _compiled_copy(self, prepared: Any, fp: Fingerprint, dtype: np.dtype,
-                       n: int) -> Callable[[np.ndarray, np.ndarray], None]:
-        """``go(src, out)``: a reduce-scatter as the compiled all-reduce ``prepared`` of a copy
-        of ``src`` this entry keeps, ``out`` receiving this rank's part. The copy is taken
-        after queued async work finished and under the queue's lock, as the general path
-        takes it (an async collective may still be writing ``src``)."""
-        pg, watch = self.pg, self.c.t.watch
-        whole = np.empty(n, dtype)
-        m = n // pg.size
-        part = whole[pg.rank * m:(pg.rank + 1) * m]
-        kernel, plan, address, finish = self._kernel(prepared, fp, whole)
-        next_seq, queue = pg.next_seq, pg.queue
-        acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
-
-        def go(src: np.ndarray, out: np.ndarray) -> None:
-            seq = next_seq()
-            queue.drain("reduce_scatter", seq)
-            acquire()
-            try:
-                whole[:] = src
-                status = kernel(whole, address, seq, watch.spin_polls)
-                if status:
-                    finish(status, (whole,), seq)
-                out[:] = part
-            finally:
-                release()
-        go.plan = plan  # the plan words live as long as the entry
-        return go
 
     def _compiled(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray],
                   op: str) -> Callable[..., bool]:
@@ -287,7 +205,7 @@ class ShortCalls(EntryTables):
         acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
 
         if like is None:  # the barrier
-            kernel, plan, address, finish = self._kernel(prepared, fp, None)
+            kernel, plan, address, finish = self._kernel(prepared, fp, ())
 
             def barrier() -> bool:
                 seq = next_seq()
@@ -307,7 +225,7 @@ class ShortCalls(EntryTables):
         as_bytes = like.dtype.type is np.float16 or not like.dtype.isnative
         sample = np.zeros(like.size, like.dtype)
         kernel, plan, address, finish = self._kernel(
-            prepared, fp, sample.view(np.uint8) if as_bytes else sample)
+            prepared, fp, (sample.view(np.uint8) if as_bytes else sample,))
 
         def call(tensor: np.ndarray) -> bool:
             if tensor.flags.num & _USABLE != _USABLE:
