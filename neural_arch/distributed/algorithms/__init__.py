@@ -16,10 +16,11 @@ that lacks it. The variable is read when the package is imported and again by
 variable costs about as much as a whole small shared-memory all-reduce. ``init_process_group``
 also compares what it means on every rank (``environment_meaning``) and raises where ranks
 differ: ranks forcing different algorithms may exchange messages that look alike and end with
-results whose bits differ. For the same reason a call's ``algorithm=`` is part of its
-fingerprint (every rank must pass the same), and a forced algorithm that exchanges messages
-first meets the others in shared memory's barrier where shared memory's own collectives
-would otherwise run (``_chosen``).
+results whose bits differ. For the same reason what a call forces (``forced``: its
+``algorithm=``, or the variable for an all-reduce without one) is part of its fingerprint, so
+every rank must force the same; and a forced algorithm that exchanges messages first meets the
+others in shared memory's barrier where shared memory's own collectives would otherwise run
+(``_chosen``).
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
 is (the shared-memory ones divide in the pass that adds, or as they copy out), the ring
@@ -117,20 +118,31 @@ def _runnable(name: str, t: Transport) -> Optional[str]:
     return None
 
 
-def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] = None) -> str:
-    """The algorithm ``collective`` will use for a message of ``nbytes`` bytes on ``t``."""
+def forced(collective: str, t: Optional[Transport], algorithm: Optional[str] = None
+           ) -> Optional[str]:
+    """The algorithm a call of ``collective`` on ``t`` forces, by its ``algorithm=`` or, for an
+    all-reduce without one, through ``NEURAL_ARCH_ALLREDUCE_ALGO``; None where the choice is
+    automatic (nothing forced, ``"auto"``, one rank, or a name from the environment that
+    cannot run on ``t``). ValueError for a per-call name that cannot run on ``t``."""
     explicit = algorithm is not None
     if not explicit and collective == "all_reduce":
         algorithm = _env_all_reduce
     name = "auto" if algorithm is None else normalize(collective, algorithm or "auto")
-    if t.world_size == 1:
-        name = "auto"  # nothing to communicate: every algorithm gives the same result
-    elif name != "auto":
-        reason = _runnable(name, t)
-        if reason is None:
-            return name
-        if explicit:
-            raise ValueError(f"{collective} algorithm {name!r} cannot run here: {reason}")
+    if name == "auto" or t is None or t.world_size == 1:
+        return None  # one rank: nothing to communicate, every algorithm gives the same result
+    reason = _runnable(name, t)
+    if reason is None:
+        return name
+    if explicit:
+        raise ValueError(f"{collective} algorithm {name!r} cannot run here: {reason}")
+    return None  # from the environment: the automatic choice
+
+
+def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] = None) -> str:
+    """The algorithm ``collective`` will use for a message of ``nbytes`` bytes on ``t``."""
+    name = forced(collective, t, algorithm)
+    if name is not None:
+        return name
     if t.world_size > 1:
         native = t.native_collectives()
         if native is not None and native.preferred:
@@ -145,15 +157,16 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
 
 def _chosen(collective: str, t: Transport, nbytes: int, algorithm: Optional[str],
             fp: Fingerprint) -> str:
-    """``select``'s choice for a collective about to run. Where a call forces an algorithm
-    that exchanges messages on a transport whose preferred own collectives meet elsewhere
-    (shared memory's, on its control lines), the ranks first meet in that barrier with the
-    call's fingerprint, which names the forced algorithm (``collectives.args.check_algorithm``):
-    a rank that runs the transport's own collective instead meets it there, and both raise the
-    mismatch at once rather than wait, until the group's timeout, for messages that never
-    come. (Elsewhere the fingerprints meet in the messages themselves.)"""
+    """``select``'s choice for a collective about to run. Where the transport's own
+    collectives are preferred but meet elsewhere than its messages (shared memory's, on its
+    control lines), a call that exchanges messages instead was forced to (per call or through
+    the environment): the ranks first meet in that barrier with the call's fingerprint, which
+    names what was forced (``collectives.args.check_algorithm``). A rank that runs the
+    transport's own collective instead meets it there, and both raise the mismatch at once
+    rather than wait, until the group's timeout, for messages that never come. (Elsewhere the
+    fingerprints meet in the messages themselves.)"""
     name = select(collective, t, nbytes, algorithm)
-    if algorithm is not None and name not in _NATIVE and t.world_size > 1:
+    if name not in _NATIVE and t.world_size > 1:
         native = t.native_collectives()
         if native is not None and native.preferred and getattr(native, "separate_channel",
                                                                False):

@@ -25,21 +25,25 @@ def usable_group(group: Optional[ProcessGroup], op: str) -> ProcessGroup:
 # how a forced algorithm marks a collective's fingerprint (kept short: a message header holds
 # 24 bytes of the operation's name, "reduce_scatter@ring:prod" at most)
 _TAGS = {"ring": "@ring", "recursive_doubling": "@rd", "shm_direct": "@shm", "native": "@nat",
-         "tree": "@tree", "dissemination": "@dis", "auto": ""}
+         "tree": "@tree", "dissemination": "@dis"}
 
 
-def check_algorithm(collective: str, algorithm: Optional[str]) -> str:
-    """Reject an unknown algorithm name now, on the caller's thread, not inside async work.
-    Returns the mark a forced algorithm puts after the collective's name in its fingerprint
-    (``"all_reduce@ring:sum"``; ``""`` for None and ``"auto"``): ranks that force different
-    algorithms, or one and not the others, then disagree on the fingerprint and raise
-    ``CollectiveMismatchError`` where their messages meet, instead of exchanging messages that
-    look alike and ending with different results. (Two algorithms that never meet, such as
-    shared memory's direct collective and the ring's messages, wait until the group's timeout
-    and raise there.)"""
-    if algorithm is None:
-        return ""
-    return _TAGS[algorithms.normalize(collective, algorithm)]
+def check_algorithm(collective: str, algorithm: Optional[str], pg: ProcessGroup) -> str:
+    """Reject an unknown algorithm name, or one that cannot run on ``pg``'s transport, now, on
+    the caller's thread, not inside async work. Returns the mark of what the call forces
+    (``algorithms.forced``: its ``algorithm=``, or ``NEURAL_ARCH_ALLREDUCE_ALGO`` for an
+    all-reduce without one) after the collective's name in its fingerprint
+    (``"all_reduce@ring:sum"``; ``""`` where the choice is automatic): ranks that force
+    different algorithms, or one and not the others, then disagree on the fingerprint and
+    raise ``CollectiveMismatchError`` where their messages meet (on shared memory, in the
+    barrier a forced algorithm first takes: ``algorithms._chosen``), instead of exchanging
+    messages that look alike and ending with different results. Where a rank forces the
+    transport's own collectives of MPI or NCCL and another does not, the two never meet: they
+    wait until the group's timeout and raise there."""
+    if algorithm is not None:
+        algorithms.normalize(collective, algorithm)  # the unknown name's error, on any group
+    name = algorithms.forced(collective, pg.transport, algorithm)
+    return "" if name is None else _TAGS[name]
 
 
 def tensor_list(items: Any, what: str, ref: np.ndarray, size: int,

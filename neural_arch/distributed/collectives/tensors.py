@@ -71,7 +71,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
     pg = usable_group(group, "all_reduce")
     op = as_reduce_op(op)
     arr = checked_array(tensor, "all_reduce tensor", op, writable=True)
-    tag = check_algorithm("all_reduce", algorithm)
+    tag = check_algorithm("all_reduce", algorithm, pg)
     fp = pg.fingerprint(f"all_reduce{tag}:{OP_CODE[op]}", arr.dtype, arr.size)
 
     def run():
@@ -96,7 +96,7 @@ def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
     pg = usable_group(group, "broadcast")
     root = pg.group_rank_of(src, "src")
     arr = checked_array(tensor, "broadcast tensor", writable=pg.rank != root)
-    tag = check_algorithm("broadcast", algorithm)
+    tag = check_algorithm("broadcast", algorithm, pg)
     fp = pg.fingerprint(f"broadcast{tag}:{root}", arr.dtype, arr.size)
 
     def run():
@@ -123,7 +123,7 @@ def all_gather(tensor_list_or_tensor: Any, tensor: Any = None,
     arr = checked_array(source, "all_gather tensor")
     if tensor is not None:
         outputs = tensor_list(tensor_list_or_tensor, "all_gather tensor_list", arr, pg.size)
-    tag = check_algorithm("all_gather", algorithm)
+    tag = check_algorithm("all_gather", algorithm, pg)
     fp = pg.fingerprint(f"all_gather{tag}", arr.dtype, arr.size)
 
     def run():
@@ -153,7 +153,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
     if out.dtype != src.dtype or out.size != pg.size * src.size:
         raise ValueError(f"all_gather_into_tensor output must hold {pg.size} x {src.size} "
                          f"elements of {src.dtype}, got shape {out.shape} of {out.dtype}")
-    tag = check_algorithm("all_gather", algorithm)
+    tag = check_algorithm("all_gather", algorithm, pg)
     fp = pg.fingerprint(f"all_gather{tag}", src.dtype, src.size)
 
     def run():
@@ -166,7 +166,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any,
 
 def _reduce_scatter_flat(pg: ProcessGroup, inputs: list[np.ndarray], out: np.ndarray,
                          op: ReduceOp, async_op: bool, result: Any, algorithm: Optional[str]):
-    tag = check_algorithm("reduce_scatter", algorithm)
+    tag = check_algorithm("reduce_scatter", algorithm, pg)
     fp = pg.fingerprint(f"reduce_scatter{tag}:{OP_CODE[op]}", out.dtype,
                         sum(a.size for a in inputs))
 
@@ -237,7 +237,7 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
             entry()
             return None
     pg = usable_group(group, "barrier")
-    tag = check_algorithm("barrier", algorithm)
+    tag = check_algorithm("barrier", algorithm, pg)
     fp = pg.fingerprint(f"barrier{tag}", np.uint8, 0)
 
     def run() -> None:

@@ -61,8 +61,9 @@ class DistributedDataParallel(StepSync, Module):
     """Data-parallel wrapper; see the module docstring. ``.module`` is the wrapped model.
 
     ``shared_buckets``: None (default) keeps the buckets in shared memory whenever the group
-    is the whole world of an ``shm`` transport and no communication hook but ``allreduce_hook``
-    (or a ZeRO hook around it) is registered; True
+    is the whole world of an ``shm`` transport and no communication hook but ``allreduce_hook``,
+    ``fp16_compress_hook`` (their buckets then hold float16) or a ZeRO hook around
+    ``allreduce_hook`` is registered; True
     requires it (ValueError where it cannot work; a single process has nothing to share);
     False never does. ``.shared_buckets`` tells whether they are in use.
 

@@ -159,12 +159,15 @@ class SharedBucketArena:
     # ----- reading the result --------------------------------------------------------------
     def gather(self, index: int, lo: int, hi: int, out: np.ndarray) -> None:
         """Elements ``lo:hi`` of averaged bucket ``index`` into ``out``, each slice read from
-        the rank that reduced it (widened where ``out`` is wider: float16 through the compiled
-        cast)."""
+        the rank that reduced it (a float16 bucket widened into float32 by the compiled cast)."""
+        widen = self.flats[index].dtype == np.float16 and out.dtype == np.float32
         for q, (start, stop) in enumerate(self._bounds[index]):
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                to_float32(self._views[q][index][a:b], out[a - lo:b - lo])
+                if widen:
+                    to_float32(self._views[q][index][a:b], out[a - lo:b - lo])
+                else:
+                    out[a - lo:b - lo] = self._views[q][index][a:b]
 
     # ----- passing values on after a sync (ZeRO's updated parameters) ---------------------
     def copy_of(self, rank: int, index: int) -> np.ndarray:

@@ -4,8 +4,11 @@ CollectiveMismatchError, on every transport, instead of exchanging messages that
 and returning different results (two tcp ranks, one forcing the ring on a 1-element
 all-reduce, once ended with 3 on one rank and 5 on the other). On shared memory a forced
 ring meets the others in shared memory's barrier first, so a rank running the direct
-collective meets it there and both raise at once, not at the group's timeout. Ranks that force
-the same algorithm (under any of its names) get NumPy's result.
+collective meets it there and both raise at once, not at the group's timeout. What
+``NEURAL_ARCH_ALLREDUCE_ALGO`` forces counts for an all-reduce without ``algorithm=``: under
+it, ``algorithm="auto"`` on one rank and nothing on another disagree, and ``"ring"`` on one
+and nothing on another agree. Ranks that force the same algorithm (under any of its names)
+get NumPy's result.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from dist_harness import installed_backends, run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 GROUP_TIMEOUT_S = 20.0  # far beyond a prompt mismatch; what a rank left waiting would take
+RING = {"NEURAL_ARCH_ALLREDUCE_ALGO": "ring"}  # read at init_process_group, on every rank
 
 
 def _call(collective: str, n: int, rank: int, world_size: int, algorithm):
@@ -61,21 +65,24 @@ def forcing_worker(rank: int, world_size: int, collective: str, n: int, choices:
         return type(exc).__name__, str(exc)
 
 
-DISAGREE = [  # (backend, world size, collective, elements, each rank's algorithm=)
-    ("shm", 2, "all_reduce", 1, ("ring", None)),
-    ("shm", 3, "broadcast", 5, (None, "tree", None)),
-    ("shm", 2, "reduce_scatter", 1000, ("shm_direct", "ring")),
-    ("tcp", 2, "all_reduce", 1, ("ring", None)),
-    ("tcp", 3, "all_gather", 3, ("ring", "recursive_doubling", "ring")),
-    ("tcp", 3, "reduce_scatter", 7, ("recursive_doubling", "ring", "ring")),
-    ("tcp", 2, "barrier", 0, ("dissemination", None)),
-] + [("mpi", 2, "all_reduce", 1, ("ring", None))] * ("mpi" in installed_backends())
+DISAGREE = [  # (backend, world size, collective, elements, each rank's algorithm=, env)
+    ("shm", 2, "all_reduce", 1, ("ring", None), {}),
+    ("shm", 3, "broadcast", 5, (None, "tree", None), {}),
+    ("shm", 2, "reduce_scatter", 1000, ("shm_direct", "ring"), {}),
+    ("shm", 2, "all_reduce", 1, ("auto", None), RING),
+    ("tcp", 2, "all_reduce", 1, ("ring", None), {}),
+    ("tcp", 2, "all_reduce", 1, ("auto", None), RING),
+    ("tcp", 3, "all_gather", 3, ("ring", "recursive_doubling", "ring"), {}),
+    ("tcp", 3, "reduce_scatter", 7, ("recursive_doubling", "ring", "ring"), {}),
+    ("tcp", 2, "barrier", 0, ("dissemination", None), {}),
+] + [("mpi", 2, "all_reduce", 1, ("ring", None), {})] * ("mpi" in installed_backends())
 
 
-@pytest.mark.parametrize("backend, world_size, collective, n, choices", DISAGREE)
-def test_ranks_forcing_different_algorithms_raise(backend, world_size, collective, n, choices):
+@pytest.mark.parametrize("backend, world_size, collective, n, choices, env", DISAGREE)
+def test_ranks_forcing_different_algorithms_raise(backend, world_size, collective, n, choices,
+                                                  env):
     results = run_ranks(forcing_worker, world_size, backend, timeout=60,
-                        args=(collective, n, choices),
+                        args=(collective, n, choices), env=env,
                         init_kwargs={"timeout": GROUP_TIMEOUT_S})
     kinds = [kind for kind, _ in results]
     assert "returned" not in kinds, results  # no rank may go on with a result
@@ -89,18 +96,20 @@ def test_ranks_forcing_different_algorithms_raise(backend, world_size, collectiv
 
 
 AGREE = [
-    ("shm", 2, "all_reduce", 1000, ("ring", "ring")),
-    ("shm", 3, "all_gather", 5, ("rd", "recursive_doubling", "recursive-doubling")),
-    ("tcp", 3, "all_reduce", 1, ("rd", "recursive_doubling", "rd")),
-    ("tcp", 2, "broadcast", 9, ("tree", "tree")),
+    ("shm", 2, "all_reduce", 1000, ("ring", "ring"), {}),
+    ("shm", 2, "all_reduce", 7, ("ring", None), RING),
+    ("shm", 3, "all_gather", 5, ("rd", "recursive_doubling", "recursive-doubling"), {}),
+    ("tcp", 3, "all_reduce", 1, ("rd", "recursive_doubling", "rd"), {}),
+    ("tcp", 2, "all_reduce", 1, ("ring", None), RING),
+    ("tcp", 2, "broadcast", 9, ("tree", "tree"), {}),
 ]
 
 
-@pytest.mark.parametrize("backend, world_size, collective, n, choices", AGREE)
+@pytest.mark.parametrize("backend, world_size, collective, n, choices, env", AGREE)
 def test_ranks_forcing_the_same_algorithm_get_numpys_result(backend, world_size, collective, n,
-                                                            choices):
+                                                            choices, env):
     results = run_ranks(forcing_worker, world_size, backend, timeout=60,
-                        args=(collective, n, choices),
+                        args=(collective, n, choices), env=env,
                         init_kwargs={"timeout": GROUP_TIMEOUT_S})
     for rank, (kind, got) in enumerate(results):
         assert kind == "returned", results

@@ -251,7 +251,10 @@ class ShmCollectives:
         if sig is None:
             if len(self._sigs) >= MAX_SIGNATURES:
                 self._sigs.clear()
-            sig = self._sigs[key] = zlib.crc32(pack_header(fp._replace(seq=0), nbytes)) + 1
+            # the whole op name too: the header holds its first 24 bytes only, and a forced
+            # algorithm's mark with a tuning choice's suffix may run longer
+            sig = self._sigs[key] = zlib.crc32(pack_header(fp._replace(seq=0), nbytes)
+                                               + fp.op.encode()) + 1
         return sig
 
     def publish_header(self, gen: int, fp: Fingerprint, nbytes: int, sig: int) -> None:
