@@ -14,12 +14,12 @@ that shape made its plan, and runs the call in one compiled step; on another tra
 (``group.short_calls``) the first call of a shape makes it, after the checks the general path
 makes of what the shape tells (dtype, op, root), and runs through it the algorithm the general
 path would choose. Either uses the sequence number and fingerprint the general path would use
-and runs after any queued async work. A synchronous
-all-gather into a tensor and a reduce-scatter of a tensor look up their entries the same way
-(on shared memory, ``two_array_calls``: a small all-gather's compiled plan in one call, a small
-reduce-scatter the compiled call of the all-reduce plan the transport runs on a copy). On a 4-byte vector the checks and
-layers of the general path cost several times the collective itself. Every other call, and
-every one with arguments the general path must check, goes the general way.
+and runs after any queued async work. A synchronous all-gather into a tensor and a
+reduce-scatter of a tensor look up their entries the same way (on shared memory,
+``two_array_calls``: a small all-gather's compiled plan in one call, a small reduce-scatter
+the compiled call of the all-reduce plan the transport runs on a copy). On a 4-byte vector
+the checks and layers of the general path cost several times the collective itself. Every
+other call, and every one with arguments the general path must check, goes the general way.
 """
 from __future__ import annotations
 

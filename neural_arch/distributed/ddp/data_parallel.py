@@ -43,10 +43,10 @@ import contextlib
 import zlib
 from typing import Any, Callable, Dict, List, Optional
 
-from ...nn import Module
-from ..collectives import objects as object_collectives
 import numpy as np
 
+from ...nn import Module
+from ..collectives import objects as object_collectives
 from ..comm_hooks.default_hooks import fp16_compress_hook
 from ..group.world import get_world_size, is_initialized, resolve_group
 from ..replicas import broadcast_module_state, check_replicas_agree
