@@ -5,9 +5,9 @@ all-gather into a tensor and the reduce-scatter of a tensor, each called as
 **All-gather.** A small all-gather has a plan of its own (``plans``, one generation). While the
 plan is in Python its entry runs it, as the general path's last layer would; once the plan is
 compiled, the entry makes the plan's compiled call itself (``entry_kernels.planned_all_gather``
-on the two arrays' bytes), with the all-gather's fingerprint: the checks, the fingerprint, the
-queue's layers and the plan's Python are gone from every call. A larger one calls the
-transport's all-gather, as the general path ends in it.
+on the two arrays, whose bytes it moves), with the all-gather's fingerprint: the checks, the
+fingerprint, the queue's layers and the plan's Python are gone from every call. A larger one
+calls the transport's all-gather, as the general path ends in it.
 
 **Reduce-scatter.** It has no plan of its own: its entry calls the transport's reduce-scatter
 once it found the output of the input's dtype holding its part, except for a small input,
