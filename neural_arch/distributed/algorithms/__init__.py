@@ -18,9 +18,9 @@ also compares what it means on every rank (``environment_meaning``) and raises w
 differ: ranks forcing different algorithms may exchange messages that look alike and end with
 results whose bits differ. For the same reason what a call forces (``forced``: its
 ``algorithm=``, or the variable for an all-reduce without one) is part of its fingerprint, so
-every rank must force the same; and a forced algorithm that exchanges messages first meets the
-others in shared memory's barrier where shared memory's own collectives would otherwise run
-(``_chosen``).
+every rank must force the same; and a forced algorithm that runs elsewhere than the automatic
+choice would first meets the others where that one runs (``_chosen``): a forced ring in shared
+memory's barrier, a forced ``native`` (MPI's, NCCL's) in the dissemination barrier's messages.
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
 is (the shared-memory ones divide in the pass that adds, or as they copy out), the ring
@@ -157,19 +157,28 @@ def select(collective: str, t: Transport, nbytes: int, algorithm: Optional[str] 
 
 def _chosen(collective: str, t: Transport, nbytes: int, algorithm: Optional[str],
             fp: Fingerprint) -> str:
-    """``select``'s choice for a collective about to run. Where the transport's own
-    collectives are preferred but meet elsewhere than its messages (shared memory's, on its
-    control lines), a call that exchanges messages instead was forced to (per call or through
-    the environment): the ranks first meet in that barrier with the call's fingerprint, which
-    names what was forced (``collectives.args.check_algorithm``). A rank that runs the
-    transport's own collective instead meets it there, and both raise the mismatch at once
-    rather than wait, until the group's timeout, for messages that never come. (Elsewhere the
-    fingerprints meet in the messages themselves.)"""
+    """``select``'s choice for a collective about to run. A forced choice (per call or through
+    the environment) may run where the automatic one does not meet: shared memory's own
+    collectives meet on the segment's control lines, the message-exchanging algorithms in
+    their messages, MPI's and NCCL's own collectives inside those libraries. Such a call first
+    meets the others where the automatic choice would, with its fingerprint, which names what
+    was forced (``collectives.args.check_algorithm``): a forced ring or tree on shared memory
+    in that transport's barrier, a forced ``native`` where the messages are the default in the
+    dissemination barrier's messages. A rank that runs the automatic choice instead meets it
+    there, and both raise the mismatch at once rather than wait, until the group's timeout, on
+    channels the other never uses. The meet is one barrier per forced call, never on the
+    automatic path."""
     name = select(collective, t, nbytes, algorithm)
-    if name not in _NATIVE and t.world_size > 1:
+    if t.world_size > 1:
         native = t.native_collectives()
-        if native is not None and native.preferred and getattr(native, "separate_channel",
-                                                               False):
+        if native is None:
+            return name  # messages only: the fingerprints meet in them
+        if collective == "broadcast":  # met without the root: what follows names each rank's
+            fp = fp._replace(op=fp.op.split(":")[0])
+        if name in _NATIVE and not native.preferred:
+            dissemination.barrier(t, fp)
+        elif (name not in _NATIVE and native.preferred
+              and getattr(native, "separate_channel", False)):
             native.barrier(fp)
     return name
 

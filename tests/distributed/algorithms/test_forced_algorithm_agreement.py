@@ -4,7 +4,9 @@ CollectiveMismatchError, on every transport, instead of exchanging messages that
 and returning different results (two tcp ranks, one forcing the ring on a 1-element
 all-reduce, once ended with 3 on one rank and 5 on the other). On shared memory a forced
 ring meets the others in shared memory's barrier first, so a rank running the direct
-collective meets it there and both raise at once, not at the group's timeout. What
+collective meets it there and both raise at once, not at the group's timeout; on the mpi
+transport a forced ``native`` (MPI's own collective) meets them in the dissemination
+barrier's messages, where our algorithms' messages run into it. What
 ``NEURAL_ARCH_ALLREDUCE_ALGO`` forces counts for an all-reduce without ``algorithm=``: under
 it, ``algorithm="auto"`` on one rank and nothing on another disagree, and ``"ring"`` on one
 and nothing on another agree. Ranks that force the same algorithm (under any of its names)
@@ -75,7 +77,14 @@ DISAGREE = [  # (backend, world size, collective, elements, each rank's algorith
     ("tcp", 3, "all_gather", 3, ("ring", "recursive_doubling", "ring"), {}),
     ("tcp", 3, "reduce_scatter", 7, ("recursive_doubling", "ring", "ring"), {}),
     ("tcp", 2, "barrier", 0, ("dissemination", None), {}),
-] + [("mpi", 2, "all_reduce", 1, ("ring", None), {})] * ("mpi" in installed_backends())
+] + [  # a forced MPI collective first meets the others in the dissemination barrier
+    ("mpi", 2, "all_reduce", 1, ("ring", None), {}),
+    ("mpi", 2, "all_reduce", 1, ("native", None), {}),
+    ("mpi", 2, "barrier", 0, (None, "native"), {}),
+    ("mpi", 2, "all_gather", 3, ("native", "ring"), {}),
+    ("mpi", 3, "all_reduce", 5, ("native", None, None), {}),
+    ("mpi", 3, "broadcast", 5, (None, "native", "native"), {}),
+] * ("mpi" in installed_backends())
 
 
 @pytest.mark.parametrize("backend, world_size, collective, n, choices, env", DISAGREE)
@@ -102,7 +111,11 @@ AGREE = [
     ("tcp", 3, "all_reduce", 1, ("rd", "recursive_doubling", "rd"), {}),
     ("tcp", 2, "all_reduce", 1, ("ring", None), RING),
     ("tcp", 2, "broadcast", 9, ("tree", "tree"), {}),
-]
+] + [
+    ("mpi", 2, "all_reduce", 3, ("native", "mpi"), {}),
+    ("mpi", 3, "broadcast", 4, ("native", "native", "native"), {}),
+    ("mpi", 2, "reduce_scatter", 6, ("native", "native"), {}),
+] * ("mpi" in installed_backends())
 
 
 @pytest.mark.parametrize("backend, world_size, collective, n, choices, env", AGREE)
