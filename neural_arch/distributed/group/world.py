@@ -36,16 +36,14 @@ class _World:
         self.default = ProcessGroup(0, range(info.world_size), info.rank, transport, self.queue,
                                     backend, timeout, trusted)
         self.groups = [self.default]
-        # The small-collective plans of the transport's own collectives, when those serve the
-        # default group: its short calls (shared memory's) run them (see ``short_calls``).
+        # The public calls' short entries (see ``short_calls``): those of the transport's own
+        # collectives when those serve the default group and run small calls from plans
+        # (shared memory's), else the general ones.
         native = transport.native_collectives() if transport is not None else None
-        self.planned = None
-        if native is not None and native.preferred and getattr(native, "plans", None) is not None:
-            self.planned = (self.default, native.plans)
-        # The public calls' short entries where the transport has none of its own (see
-        # ``short_calls``); shared memory's come with its collectives' plans.
+        self.transport_short = (getattr(native, "short_calls", None)
+                                if native is not None and native.preferred else None)
         self.general_short = (ShortCalls(self.default) if transport is not None
-                              and self.planned is None else None)
+                              and self.transport_short is None else None)
 
 
 _WORLD: Optional[_World] = None
@@ -183,7 +181,7 @@ def has_short_calls() -> bool:
     """Whether calls on the default group may have short entries (``short_calls``): asked when
     a call found none, so that a group without them costs one question, not a lookup."""
     w = _WORLD
-    return w is not None and (w.planned is not None or w.general_short is not None)
+    return w is not None and (w.transport_short is not None or w.general_short is not None)
 
 
 def short_calls() -> Optional[Any]:
@@ -193,9 +191,7 @@ def short_calls() -> Optional[Any]:
     w = _WORLD
     if w is None:
         return None
-    short = w.general_short
-    if short is None and w.planned is not None:
-        short = getattr(w.transport.native_collectives(), "short_calls", None)
+    short = w.general_short or w.transport_short
     return short if short is not None and short.bind(w.default) else None
 
 
