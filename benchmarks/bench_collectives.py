@@ -3,9 +3,11 @@
 For each backend (shm, tcp, mpi) and world size, every rank is a real process (our launcher
 for shm/tcp, mpiexec for mpi). Each point is timed in batches of calls, each batch right after a
 barrier; a rank's time is the median per-call time over batches, the reported time the slowest
-rank's. The whole set of jobs runs ``--repeats`` times, interleaved, and each point reports the
-median over those runs: on a shared machine a job's speed drifts over minutes, and one run of
-ours against one of MPI's would compare moments rather than implementations. Every collective
+rank's. Up to ``TURNS_MAX_BYTES`` the rows of a size (ours, MPI's, AVERAGE, the plain loop, the
+references) are timed in turns, a batch of each per round (``_in_turns``). The whole set of
+jobs runs ``--repeats`` times, interleaved, and each point reports the median over those runs:
+on a shared machine a job's speed drifts over minutes, and one run of ours against one of
+MPI's would compare moments rather than implementations. Every collective
 runs 4 B to 256 MiB by 4x unless ``--sizes`` says otherwise. Sizes and bandwidths follow
 nccl-tests: an all-gather's or gather's size is its gathered output (each rank sends size / p),
 a reduce-scatter's or scatter's its input (each rank receives size / p); algbw = bytes / time;
@@ -61,8 +63,9 @@ import fresh_calls  # noqa: E402
 from collective_calls import ITEMSIZE, time_plain_loop  # noqa: E402,F401
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
 from collectives_report import (AVERAGE, BARRIER, COLLECTIVES, EXCHANGE, FRESH,  # noqa: E402,F401
-                                LOOP, NATIVE, STREAM, bandwidths, bus_factor, earlier_goals,
-                                fresh, goals, median_over_runs, plot, report, size_goals, tables)
+                                LOOP, NATIVE, STREAM, TURNS_MAX_BYTES, bandwidths, bus_factor,
+                                earlier_goals, fresh, goals, median_over_runs, plot, report,
+                                size_goals, tables)
 from collectives_goals import summary  # noqa: E402
 
 common.one_thread_per_rank()
@@ -174,39 +177,84 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
         for count in message_counts(collective, job["sizes"][collective], p):
             nbytes = count * ITEMSIZE
             calls, batches = schedule(nbytes, job["iters"])
-            for label, make, barrier in impls:  # ours and the peers alternate, size by size
-                if not _times_point(label, collective, nbytes, variants_from):
-                    continue
-                buffers = rank_calls.buffers(collective, count, p)
-                call = make(collective, buffers)
-                checked, average = label not in REFERENCES, label == AVERAGE
-                rewritten = label.endswith(FRESH)
-                if rewritten:  # the outputs follow from the inputs rewritten for each call
-                    fresh_calls.check_rewritten(collective, buffers, rank, p, call)
-                elif checked:
-                    rank_calls.check(collective, buffers, call, rank, p, average)
-                if label == LOOP:
-                    dist.barrier()
-                    times = time_plain_loop(call, calls * batches)
-                else:
-                    times = common.time_batches(call, barrier, calls, batches)
-                if rewritten:  # as the last timed call left them
-                    fresh_calls.check_rewritten(collective, buffers, rank, p)
-                elif checked:  # still right after the timed calls
-                    rank_calls.check(collective, buffers, call, rank, p, average)
-                seconds = common.slowest_median(dist.all_gather_object(times))
-                native = NATIVE_NAMES[collective]
-                algorithm = {NATIVE: native, fresh(NATIVE): native, STREAM: "read_write_once",
-                             EXCHANGE: "copy_in_copy_out"}.get(label) or (
-                    rooted_algorithm(collective, p, nbytes) if collective in ROOTED
-                    else algorithms.select(collective, transport, nbytes))
-                rows.append(dict(collective=collective, world_size=p, backend=label,
-                                 bytes=nbytes, seconds=seconds, algorithm=algorithm,
-                                 calls_per_batch=calls, batches=batches))
-                del buffers, call  # before the next buffers: 256 MiB messages, p ranks
-                if rank == 0:
-                    _print_point(collective, p, label, nbytes, seconds)
+            todo = [impl for impl in impls if _times_point(impl[0], collective, nbytes,
+                                                            variants_from)]
+            # ours and the peers alternate, size by size; up to TURNS_MAX_BYTES batch by batch
+            groups = [todo] if nbytes <= TURNS_MAX_BYTES else [[impl] for impl in todo]
+            for group in groups:
+                timed = [_Timed(collective, label, make, barrier, count, rank, p)
+                         for label, make, barrier in group]
+                for row, t in zip(_in_turns(timed, calls, batches), timed):
+                    t.check_after()
+                    seconds = common.slowest_median(dist.all_gather_object(row))
+                    label = t.label
+                    native = NATIVE_NAMES[collective]
+                    algorithm = {NATIVE: native, fresh(NATIVE): native,
+                                 STREAM: "read_write_once",
+                                 EXCHANGE: "copy_in_copy_out"}.get(label) or (
+                        rooted_algorithm(collective, p, nbytes) if collective in ROOTED
+                        else algorithms.select(collective, transport, nbytes))
+                    rows.append(dict(collective=collective, world_size=p, backend=label,
+                                     bytes=nbytes, seconds=seconds, algorithm=algorithm,
+                                     calls_per_batch=calls, batches=batches))
+                    if rank == 0:
+                        _print_point(collective, p, label, nbytes, seconds)
+                del timed  # before the next buffers: 256 MiB messages, p ranks
     return {"rows": rows}
+
+
+class _Timed:
+    """One row of a point: its buffers and call, checked against NumPy before the timed calls
+    (``check_after``: and after them)."""
+
+    def __init__(self, collective: str, label: str, make: Callable, barrier: Optional[Callable],
+                 count: int, rank: int, p: int) -> None:
+        self.collective, self.label, self.barrier, self.rank, self.p = \
+            collective, label, barrier, rank, p
+        self.buffers = rank_calls.buffers(collective, count, p)
+        self.call = make(collective, self.buffers)
+        self.checked, self.average = label not in REFERENCES, label == AVERAGE
+        self.rewritten = label.endswith(FRESH)
+        if self.rewritten:  # the outputs follow from the inputs rewritten for each call
+            fresh_calls.check_rewritten(collective, self.buffers, rank, p, self.call)
+        elif self.checked:
+            rank_calls.check(collective, self.buffers, self.call, rank, p, self.average)
+
+    def batch(self, calls: int) -> List[float]:
+        """Seconds per call: of one batch of ``calls`` right after the row's barrier, or, for
+        the plain loop, of each of ``calls`` calls timed one by one after a barrier."""
+        if self.label == LOOP:
+            from neural_arch import distributed as dist
+            dist.barrier()
+            return time_plain_loop(self.call, calls)
+        return common.time_batches(self.call, self.barrier, calls, 1, warmup_batches=0)
+
+    def check_after(self) -> None:
+        if self.rewritten:  # as the last timed call left them
+            fresh_calls.check_rewritten(self.collective, self.buffers, self.rank, self.p)
+        elif self.checked:  # still right after the timed calls
+            rank_calls.check(self.collective, self.buffers, self.call, self.rank, self.p,
+                             self.average)
+
+
+def _in_turns(timed: Sequence[_Timed], calls: int, batches: int) -> List[List[float]]:
+    """Each row's seconds per call, its batches timed in turns with the other rows': one
+    untimed batch each, then ``batches`` rounds of one batch each, each round's order
+    shuffled the same way on every rank. Timing one row's batches after another's compares
+    moments of a drifting machine rather than the calls: with another job busy on both cores
+    of the 2-core machine (shm, p = 2, all-reduce at 4 B - 4 MiB, four runs of each form in
+    turns), AVERAGE read within 7 % of SUM at 17 of 24 sizes and runs timed in turns, at 13 of
+    24 timed one after the other (a busy machine: outliers either way in both forms)."""
+    import random
+    times: List[List[float]] = [[] for _ in timed]
+    order = list(range(len(timed)))
+    for round_index in range(batches + 1):
+        random.Random(round_index).shuffle(order)
+        for i in order:
+            got = timed[i].batch(calls)
+            if round_index:
+                times[i] += got
+    return times
 
 
 def _print_point(collective: str, p: int, label: str, nbytes: int, seconds: float) -> None:

@@ -22,6 +22,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
 STREAM = "buffer stream"
 EXCHANGE = "copy exchange"
 FRESH = " fresh data"  # a row whose inputs were rewritten before every call
+TURNS_MAX_BYTES = 16 << 20  # the rows of a size up to this are timed in turns, a batch each
+# per round (``bench_collectives._in_turns``); larger ones one after another, holding one
+# row's buffers at a time
 
 
 def fresh(backend: str) -> str:
@@ -214,6 +217,9 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "float32 buffers reused by every call. Time: median per-call time over batches of "
         "calls, each batch started right after a barrier; the slowest rank's median; the "
         "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
+        f"Up to {common.format_size(TURNS_MAX_BYTES)} the rows of a size (ours, MPI's, the "
+        "variants and references) are timed in turns, a batch of each per round, each round "
+        "in a shuffled order; larger sizes one row after another. "
         "Sizes as in nccl-tests: an all_gather's or gather's size is its gathered output (each "
         "rank sends size / p; at least one float32 per rank), a reduce_scatter's or scatter's "
         "its input (each rank receives size / p; at least one float32 per rank). "

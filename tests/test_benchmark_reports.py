@@ -296,3 +296,29 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
     text = path.read_text()
     assert text == ("# Results\n\n<!-- other:start -->\nkeep me\n<!-- other:end -->\n\n"
                     "<!-- mine:start -->\nsecond\n<!-- mine:end -->\n")
+
+
+class _Row:
+    """A stand-in for ``bench_collectives._Timed`` that logs when each of its batches ran."""
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def batch(self, calls: int) -> list:
+        self.log.append(self.name)
+        return [float(len(self.log))] * calls  # the batch's place in the log, once per call
+
+
+def test_rows_of_a_size_are_timed_in_turns_after_one_untimed_round():
+    log: list = []
+    rows = [_Row(name, log) for name in "abc"]
+    times = bench_collectives._in_turns(rows, calls=2, batches=4)
+    rounds = [log[i:i + 3] for i in range(0, len(log), 3)]
+    assert len(rounds) == 5 and all(sorted(r) == ["a", "b", "c"] for r in rounds), log
+    assert len({tuple(r) for r in rounds}) > 1, log  # the order changes from round to round
+    for name, got in zip("abc", times):  # each row's timed batches: rounds 1-4, not round 0
+        places = [i + 1 for i, ran in enumerate(log) if ran == name][1:]
+        assert got == [float(p) for p in places for _ in range(2)], (name, got, log)
+    again: list = []  # every rank shuffles alike: the same order in a second run
+    bench_collectives._in_turns([_Row(name, again) for name in "abc"], calls=2, batches=4)
+    assert again == log
