@@ -62,37 +62,36 @@ class ShortCalls(TwoArrayCalls, EntryTables):
     # ----- making entries ----------------------------------------------------------------
     def all_reduce_entry(self, tensor: np.ndarray, op: Any, op_code: str) -> Optional[Callable]:
         """The entry of ``tensor``'s shape and ``op`` once its plan exists, else None."""
-        dtype, n = tensor.dtype, tensor.size
-        plan_key = ("all_reduce", dtype, n, op)
-        run = self.c.plans.get(plan_key)
-        self.make_room(self.all_reduce)
-        if run is None:
-            if tensor.nbytes <= self.c.small_bytes() or not reducible(dtype, op):
-                return None  # a plan may come; an error is the general path's to raise
-            fp = Fingerprint(f"all_reduce:{op_code}", 0, dtype.name, n, self.pg.group_id)
-            entry = self.all_reduce[(dtype, n, op)] = self._general(self.c.all_reduce, op, fp)
-            return entry
-        fp = Fingerprint(f"all_reduce:{op_code}", 0, dtype.name, n, self.pg.group_id)
-        key = (dtype, n, op)
-        entry = self.all_reduce[key] = self._entry(run, plan_key, key, fp, tensor, "all_reduce")
-        return entry
+        dtype = tensor.dtype
+        general = tensor.nbytes > self.c.small_bytes() and reducible(dtype, op)
+        return self._made("all_reduce", ("all_reduce", dtype, tensor.size, op), op,
+                          f"all_reduce:{op_code}", tensor, general)
 
     def broadcast_entry(self, tensor: np.ndarray, root: int) -> Optional[Callable]:
         """The entry of ``tensor``'s shape from ``root`` once its plan exists, else None."""
-        plan_key = ("broadcast", tensor.nbytes, root)
+        general = (tensor.nbytes > self.c.broadcast_plan_bytes
+                   and tensor.dtype.type in SUPPORTED_DTYPES)
+        return self._made("broadcast", ("broadcast", tensor.nbytes, root), root,
+                          f"broadcast:{root}", tensor, general)
+
+    def _made(self, op: str, plan_key: tuple, how: Any, name: str, tensor: np.ndarray,
+              general: bool) -> Optional[Callable]:
+        """The entry of ``op`` (all_reduce or broadcast) for ``tensor``'s shape and ``how`` (the
+        op or the root), kept in that table: from its plan where there is one, else the
+        transport's collective where ``general`` (a shape too large for any plan, which the
+        collectives take), else None (a plan may come; an error is the general path's)."""
         run = self.c.plans.get(plan_key)
-        self.make_room(self.broadcast)
+        table = getattr(self, op)
+        self.make_room(table)
+        if run is None and not general:
+            return None
         dtype, n = tensor.dtype, tensor.size
+        fp = Fingerprint(name, 0, dtype.name, n, self.pg.group_id)
+        key = (dtype, n, how)
         if run is None:
-            if (tensor.nbytes <= self.c.broadcast_plan_bytes
-                    or dtype.type not in SUPPORTED_DTYPES):
-                return None
-            fp = Fingerprint(f"broadcast:{root}", 0, dtype.name, n, self.pg.group_id)
-            entry = self.broadcast[(dtype, n, root)] = self._general(self.c.broadcast, root, fp)
-            return entry
-        fp = Fingerprint(f"broadcast:{root}", 0, dtype.name, n, self.pg.group_id)
-        key = (dtype, n, root)
-        entry = self.broadcast[key] = self._entry(run, plan_key, key, fp, tensor, "broadcast")
+            entry = table[key] = self._general(getattr(self.c, op), how, fp)
+        else:
+            entry = table[key] = self._entry(run, plan_key, key, fp, tensor, op)
         return entry
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
