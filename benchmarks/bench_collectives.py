@@ -25,7 +25,8 @@ without its sums: every rank copies its buffer into its area of the shared works
 neighbour's copy back, a round at a time, so it shows how fast data moves between the cores in
 that job. Two more shm rows at every all-reduce size show what users see: ``shm AVERAGE`` (the
 op DDP uses) and ``shm plain loop`` (calls timed one by one in a plain loop, no barrier between
-them). The ``barrier`` (no message) is timed like the collectives: ``dist.barrier`` in every
+them; in the turns a round of at least ``LOOP_TURN_CALLS`` of them after a barrier). The
+``barrier`` (no message) is timed like the collectives: ``dist.barrier`` in every
 job, ``MPI_Barrier`` beside it under mpiexec. Every broadcast, all-gather and reduce-scatter
 is timed again, ours and MPI's alike, with its inputs written inside each timed call
 (``<backend> fresh data`` rows, ``fresh_calls``; ``--no-fresh`` leaves them out): the
@@ -63,7 +64,8 @@ import fresh_calls  # noqa: E402
 from collective_calls import ITEMSIZE, time_plain_loop  # noqa: E402,F401
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
 from collectives_report import (AVERAGE, BARRIER, COLLECTIVES, EXCHANGE, FRESH,  # noqa: E402,F401
-                                LOOP, NATIVE, STREAM, TURNS_MAX_BYTES, bandwidths, bus_factor,
+                                LOOP, LOOP_TURN_CALLS, NATIVE, STREAM, TURNS_MAX_BYTES,
+                                bandwidths, bus_factor,
                                 earlier_goals, fresh, goals, median_over_runs, plot, report,
                                 size_goals, tables)
 from collectives_goals import summary  # noqa: E402
@@ -180,14 +182,18 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
             todo = [impl for impl in impls if _times_point(impl[0], collective, nbytes,
                                                             variants_from)]
             # ours and the peers alternate, size by size; up to TURNS_MAX_BYTES batch by batch
+            # in turns, larger sizes one row after another (one row's buffers at a time)
             groups = [todo] if nbytes <= TURNS_MAX_BYTES else [[impl] for impl in todo]
             for group in groups:
                 timed = [_Timed(collective, label, make, barrier, count, rank, p)
                          for label, make, barrier in group]
-                for row, t in zip(_in_turns(timed, calls, batches), timed):
-                    t.check_after()
+                if len(timed) == 1 and nbytes > TURNS_MAX_BYTES:
+                    times = [timed[0].alone(calls, batches)]
+                else:
+                    times = _in_turns(timed, calls, batches)
+                for row, label in zip(times, [t.label for t in timed]):
+                    timed.pop(0).check_after()  # and its buffers go with it
                     seconds = common.slowest_median(dist.all_gather_object(row))
-                    label = t.label
                     native = NATIVE_NAMES[collective]
                     algorithm = {NATIVE: native, fresh(NATIVE): native,
                                  STREAM: "read_write_once",
@@ -199,7 +205,6 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                                      calls_per_batch=calls, batches=batches))
                     if rank == 0:
                         _print_point(collective, p, label, nbytes, seconds)
-                del timed  # before the next buffers: 256 MiB messages, p ranks
     return {"rows": rows}
 
 
@@ -221,13 +226,26 @@ class _Timed:
             rank_calls.check(collective, self.buffers, self.call, rank, p, self.average)
 
     def batch(self, calls: int) -> List[float]:
-        """Seconds per call: of one batch of ``calls`` right after the row's barrier, or, for
-        the plain loop, of each of ``calls`` calls timed one by one after a barrier."""
+        """Seconds per call of one batch of ``calls`` right after the row's barrier (one round
+        of ``_in_turns``). The plain loop's batch: at least LOOP_TURN_CALLS calls after a
+        barrier, each timed on its own with none between them (its warm-up is the untimed
+        first round), so that most of its calls start where the last one left the ranks, as in
+        a user's loop, also where a batch of the others holds one call."""
         if self.label == LOOP:
             from neural_arch import distributed as dist
             dist.barrier()
-            return time_plain_loop(self.call, calls)
+            return time_plain_loop(self.call, max(calls, LOOP_TURN_CALLS), warmup=0)
         return common.time_batches(self.call, self.barrier, calls, 1, warmup_batches=0)
+
+    def alone(self, calls: int, batches: int) -> List[float]:
+        """Seconds per call of ``batches`` batches of ``calls`` after an untimed one, each right
+        after the row's barrier; the plain loop's ``calls x batches`` calls, each timed on its
+        own, in one loop after a barrier."""
+        if self.label == LOOP:
+            from neural_arch import distributed as dist
+            dist.barrier()
+            return time_plain_loop(self.call, calls * batches)
+        return common.time_batches(self.call, self.barrier, calls, batches)
 
     def check_after(self) -> None:
         if self.rewritten:  # as the last timed call left them

@@ -58,11 +58,12 @@ def average_call(collective: str, b: Dict[str, Any]) -> Callable[[], Any]:
     return lambda: dist.all_reduce(b["buf"], op)  # attribute lookups a call are 0.1-0.2 us
 
 
-def time_plain_loop(call: Callable[[], Any], calls: int) -> List[float]:
-    """Seconds of each of ``calls`` calls made back to back (after LOOP_WARMUP_CALLS untimed
-    ones), with no barrier in between: a user's own timing loop."""
+def time_plain_loop(call: Callable[[], Any], calls: int,
+                    warmup: int = LOOP_WARMUP_CALLS) -> List[float]:
+    """Seconds of each of ``calls`` calls made back to back (after ``warmup`` untimed ones),
+    with no barrier in between: a user's own timing loop."""
     import time
-    for _ in range(LOOP_WARMUP_CALLS):
+    for _ in range(warmup):
         call()
     times = []
     for _ in range(calls):

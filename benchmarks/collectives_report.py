@@ -25,6 +25,7 @@ FRESH = " fresh data"  # a row whose inputs were rewritten before every call
 TURNS_MAX_BYTES = 16 << 20  # the rows of a size up to this are timed in turns, a batch each
 # per round (``bench_collectives._in_turns``); larger ones one after another, holding one
 # row's buffers at a time
+LOOP_TURN_CALLS = 5  # the plain loop's calls per round of the turns, at least
 
 
 def fresh(backend: str) -> str:
@@ -218,8 +219,9 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "calls, each batch started right after a barrier; the slowest rank's median; the "
         "median of that over the runs of the job (--repeats, interleaved with the other jobs). "
         f"Up to {common.format_size(TURNS_MAX_BYTES)} the rows of a size (ours, MPI's, the "
-        "variants and references) are timed in turns, a batch of each per round, each round "
-        "in a shuffled order; larger sizes one row after another. "
+        "variants, the fresh-data rows and the references) are timed in turns, an untimed "
+        "round first, then a batch of each per round, each round in a shuffled order; larger "
+        "sizes one row after another. "
         "Sizes as in nccl-tests: an all_gather's or gather's size is its gathered output (each "
         "rank sends size / p; at least one float32 per rank), a reduce_scatter's or scatter's "
         "its input (each rank receives size / p; at least one float32 per rank). "
@@ -242,8 +244,10 @@ def report(rows: Sequence[dict], failures: Sequence[str], command: str, machine:
         "copies the direct all-reduce makes at p = 2, without its sums. Shm AVERAGE (shm "
         "jobs, every all_reduce size): the all-reduce with ReduceOp.AVERAGE, as DDP calls "
         "it. Shm plain loop (the same): the SUM all-reduce called in a plain loop with no "
-        "barriers, each call timed on its own, the median after 10 untimed calls: what a "
-        "user timing their own loop sees. Fresh data (broadcast, all_gather and "
+        "barriers, each call timed on its own: what a user timing their own loop sees; in "
+        f"the turns, at least {LOOP_TURN_CALLS} such calls a round after a barrier (the "
+        "untimed first round its warm-up), above them one loop of all its calls after 10 "
+        "untimed ones. Fresh data (broadcast, all_gather and "
         "reduce_scatter, on by default; --no-fresh): every backend's call and MPI's again, "
         "the inputs written before every call (NumPy, inside the timed call): the broadcast's "
         "root fills its whole buffer with the call's index, the readers doing nothing more; "

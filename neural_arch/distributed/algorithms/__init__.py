@@ -19,8 +19,9 @@ differ: ranks forcing different algorithms may exchange messages that look alike
 results whose bits differ. For the same reason what a call forces (``forced``: its
 ``algorithm=``, or the variable for an all-reduce without one) is part of its fingerprint, so
 every rank must force the same; and a forced algorithm that runs elsewhere than the automatic
-choice would first meets the others where that one runs (``_chosen``): a forced ring in shared
-memory's barrier, a forced ``native`` (MPI's, NCCL's) in the dissemination barrier's messages.
+choice would first meets the others where that one runs (``_chosen``): a forced message
+algorithm in shared memory's barrier, a forced ``native`` (MPI's, NCCL's) in the dissemination
+barrier's messages.
 
 ``all_reduce`` and ``reduce_scatter`` take AVERAGE as well: native collectives take it as it
 is (the shared-memory ones divide in the pass that adds, or as they copy out), the ring
@@ -162,9 +163,9 @@ def _chosen(collective: str, t: Transport, nbytes: int, algorithm: Optional[str]
     collectives meet on the segment's control lines, the message-exchanging algorithms in
     their messages, MPI's and NCCL's own collectives inside those libraries. Such a call first
     meets the others where the automatic choice would, with its fingerprint, which names what
-    was forced (``collectives.args.check_algorithm``): a forced ring or tree on shared memory
-    in that transport's barrier, a forced ``native`` where the messages are the default in the
-    dissemination barrier's messages. A rank that runs the automatic choice instead meets it
+    was forced (``collectives.args.check_algorithm``): a forced message algorithm on shared
+    memory in that transport's barrier, a forced ``native`` where the messages are the default
+    in the dissemination barrier's messages. A rank that runs the automatic choice instead meets it
     there, and both raise the mismatch at once rather than wait, until the group's timeout, on
     channels the other never uses. The meet is one barrier per forced call, never on the
     automatic path."""
@@ -173,14 +174,18 @@ def _chosen(collective: str, t: Transport, nbytes: int, algorithm: Optional[str]
         native = t.native_collectives()
         if native is None:
             return name  # messages only: the fingerprints meet in them
-        if collective == "broadcast":  # met without the root: what follows names each rank's
-            fp = fp._replace(op=fp.op.split(":")[0])
         if name in _NATIVE and not native.preferred:
-            dissemination.barrier(t, fp)
+            dissemination.barrier(t, _meeting(collective, fp))
         elif (name not in _NATIVE and native.preferred
               and getattr(native, "separate_channel", False)):
-            native.barrier(fp)
+            native.barrier(_meeting(collective, fp))
     return name
+
+
+def _meeting(collective: str, fp: Fingerprint) -> Fingerprint:
+    """The fingerprint a forced call meets the others with: a broadcast's without its root, so
+    that ranks passing different roots are told each rank's by the algorithm that follows."""
+    return fp._replace(op=fp.op.split(":")[0]) if collective == "broadcast" else fp
 
 
 def all_reduce(t: Transport, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,

@@ -35,11 +35,11 @@ def check_algorithm(collective: str, algorithm: Optional[str], pg: ProcessGroup)
     all-reduce without one) after the collective's name in its fingerprint
     (``"all_reduce@ring:sum"``; ``""`` where the choice is automatic): ranks that force
     different algorithms, or one and not the others, then disagree on the fingerprint and
-    raise ``CollectiveMismatchError`` where their messages meet (on shared memory, in the
-    barrier a forced algorithm first takes: ``algorithms._chosen``), instead of exchanging
-    messages that look alike and ending with different results. Where a rank forces the
-    transport's own collectives of MPI or NCCL and another does not, the two never meet: they
-    wait until the group's timeout and raise there."""
+    raise ``CollectiveMismatchError`` where their messages meet, or in the barrier a forced
+    algorithm first takes where it runs elsewhere than the automatic choice (a message
+    algorithm on shared memory, MPI's or NCCL's own collectives: ``algorithms._chosen``),
+    instead of exchanging messages that look alike and ending with different results, or
+    waiting on channels the others never use until the group's timeout."""
     if algorithm is not None:
         algorithms.normalize(collective, algorithm)  # the unknown name's error, on any group
     name = algorithms.forced(collective, pg.transport, algorithm)

@@ -191,7 +191,7 @@ def short_calls() -> Optional[Any]:
     w = _WORLD
     if w is None:
         return None
-    short = w.general_short or w.transport_short
+    short = w.general_short if w.general_short is not None else w.transport_short
     return short if short is not None and short.bind(w.default) else None
 
 

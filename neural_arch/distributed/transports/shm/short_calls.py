@@ -74,14 +74,15 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         return self._made("broadcast", ("broadcast", tensor.nbytes, root), root,
                           f"broadcast:{root}", tensor, general)
 
-    def _made(self, op: str, plan_key: tuple, how: Any, name: str, tensor: np.ndarray,
+    def _made(self, collective: str, plan_key: tuple, how: Any, name: str, tensor: np.ndarray,
               general: bool) -> Optional[Callable]:
-        """The entry of ``op`` (all_reduce or broadcast) for ``tensor``'s shape and ``how`` (the
-        op or the root), kept in that table: from its plan where there is one, else the
-        transport's collective where ``general`` (a shape too large for any plan, which the
-        collectives take), else None (a plan may come; an error is the general path's)."""
+        """The entry of ``collective`` (all_reduce or broadcast) for ``tensor``'s shape and
+        ``how`` (the op or the root), kept in that table: from its plan where there is one,
+        else the transport's collective where ``general`` (a shape too large for any plan,
+        which the collectives take), else None (a plan may come; an error is the general
+        path's)."""
         run = self.c.plans.get(plan_key)
-        table = getattr(self, op)
+        table = getattr(self, collective)
         self.make_room(table)
         if run is None and not general:
             return None
@@ -89,9 +90,9 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         fp = Fingerprint(name, 0, dtype.name, n, self.pg.group_id)
         key = (dtype, n, how)
         if run is None:
-            entry = table[key] = self._general(getattr(self.c, op), how, fp)
+            entry = table[key] = self._general(getattr(self.c, collective), how, fp)
         else:
-            entry = table[key] = self._entry(run, plan_key, key, fp, tensor, op)
+            entry = table[key] = self._entry(run, plan_key, key, fp, tensor, collective)
         return entry
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
