@@ -4,7 +4,7 @@ For each backend (shm, tcp, mpi) and world size, every rank is a real process (o
 for shm/tcp, mpiexec for mpi). Each point is timed in batches of calls, each batch right after a
 barrier; a rank's time is the median per-call time over batches, the reported time the slowest
 rank's. Up to ``TURNS_MAX_BYTES`` the rows of a size (ours, MPI's, AVERAGE, the plain loop, the
-references) are timed in turns, a batch of each per round (``_in_turns``). The whole set of
+references) are timed in turns, a batch of each per round (``timed_rows``). The whole set of
 jobs runs ``--repeats`` times, interleaved, and each point reports the median over those runs:
 on a shared machine a job's speed drifts over minutes, and one run of ours against one of
 MPI's would compare moments rather than implementations. Every collective
@@ -61,10 +61,11 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
 import bench_common as common  # noqa: E402
 import collective_calls as rank_calls  # noqa: E402
 import fresh_calls  # noqa: E402
+from timed_rows import TimedRow, in_turns  # noqa: E402
 from collective_calls import ITEMSIZE, time_plain_loop  # noqa: E402,F401
 # the report's names are also used as bench_collectives.<name> by other scripts and tests
 from collectives_report import (AVERAGE, BARRIER, COLLECTIVES, EXCHANGE, FRESH,  # noqa: E402,F401
-                                LOOP, LOOP_TURN_CALLS, NATIVE, STREAM, TURNS_MAX_BYTES,
+                                LOOP, NATIVE, REFERENCES, STREAM, TURNS_MAX_BYTES,
                                 bandwidths, bus_factor,
                                 earlier_goals, fresh, goals, median_over_runs, plot, report,
                                 size_goals, tables)
@@ -94,7 +95,6 @@ MAX_CALLS_PER_BATCH = 50
 REPEAT_BYTES = 1 << 30     # large messages: fewer batches, about this many bytes in all
 MIN_BATCHES = 5
 STREAM_MIN_BYTES = 1 << 20  # the buffer stream and copy exchange: all-reduces this large
-REFERENCES = (STREAM, EXCHANGE)
 VARIANTS = (AVERAGE, LOOP)   # our all-reduce as users call it, beside the batched SUM
 VARIANTS_FROM_BYTES = 4      # this script times them at every size (the AVERAGE goals)
 SECTION = "bench_collectives"
@@ -185,12 +185,12 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
             # in turns, larger sizes one row after another (one row's buffers at a time)
             groups = [todo] if nbytes <= TURNS_MAX_BYTES else [[impl] for impl in todo]
             for group in groups:
-                timed = [_Timed(collective, label, make, barrier, count, rank, p)
+                timed = [TimedRow(collective, label, make, barrier, count, rank, p)
                          for label, make, barrier in group]
                 if len(timed) == 1 and nbytes > TURNS_MAX_BYTES:
                     times = [timed[0].alone(calls, batches)]
                 else:
-                    times = _in_turns(timed, calls, batches)
+                    times = in_turns(timed, calls, batches)
                 for row, label in zip(times, [t.label for t in timed]):
                     timed.pop(0).check_after()  # and its buffers go with it
                     seconds = common.slowest_median(dist.all_gather_object(row))
@@ -206,73 +206,6 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
                     if rank == 0:
                         _print_point(collective, p, label, nbytes, seconds)
     return {"rows": rows}
-
-
-class _Timed:
-    """One row of a point: its buffers and call, checked against NumPy before the timed calls
-    (``check_after``: and after them)."""
-
-    def __init__(self, collective: str, label: str, make: Callable, barrier: Optional[Callable],
-                 count: int, rank: int, p: int) -> None:
-        self.collective, self.label, self.barrier, self.rank, self.p = \
-            collective, label, barrier, rank, p
-        self.buffers = rank_calls.buffers(collective, count, p)
-        self.call = make(collective, self.buffers)
-        self.checked, self.average = label not in REFERENCES, label == AVERAGE
-        self.rewritten = label.endswith(FRESH)
-        if self.rewritten:  # the outputs follow from the inputs rewritten for each call
-            fresh_calls.check_rewritten(collective, self.buffers, rank, p, self.call)
-        elif self.checked:
-            rank_calls.check(collective, self.buffers, self.call, rank, p, self.average)
-
-    def batch(self, calls: int) -> List[float]:
-        """Seconds per call of one batch of ``calls`` right after the row's barrier (one round
-        of ``_in_turns``). The plain loop's batch: at least LOOP_TURN_CALLS calls after a
-        barrier, each timed on its own with none between them (its warm-up is the untimed
-        first round), so that most of its calls start where the last one left the ranks, as in
-        a user's loop, also where a batch of the others holds one call."""
-        if self.label == LOOP:
-            from neural_arch import distributed as dist
-            dist.barrier()
-            return time_plain_loop(self.call, max(calls, LOOP_TURN_CALLS), warmup=0)
-        return common.time_batches(self.call, self.barrier, calls, 1, warmup_batches=0)
-
-    def alone(self, calls: int, batches: int) -> List[float]:
-        """Seconds per call of ``batches`` batches of ``calls`` after an untimed one, each right
-        after the row's barrier; the plain loop's ``calls x batches`` calls, each timed on its
-        own, in one loop after a barrier."""
-        if self.label == LOOP:
-            from neural_arch import distributed as dist
-            dist.barrier()
-            return time_plain_loop(self.call, calls * batches)
-        return common.time_batches(self.call, self.barrier, calls, batches)
-
-    def check_after(self) -> None:
-        if self.rewritten:  # as the last timed call left them
-            fresh_calls.check_rewritten(self.collective, self.buffers, self.rank, self.p)
-        elif self.checked:  # still right after the timed calls
-            rank_calls.check(self.collective, self.buffers, self.call, self.rank, self.p,
-                             self.average)
-
-
-def _in_turns(timed: Sequence[_Timed], calls: int, batches: int) -> List[List[float]]:
-    """Each row's seconds per call, its batches timed in turns with the other rows': one
-    untimed batch each, then ``batches`` rounds of one batch each, each round's order
-    shuffled the same way on every rank. Timing one row's batches after another's compares
-    moments of a drifting machine rather than the calls: with another job busy on both cores
-    of the 2-core machine (shm, p = 2, all-reduce at 4 B - 4 MiB, four runs of each form in
-    turns), AVERAGE read within 7 % of SUM at 17 of 24 sizes and runs timed in turns, at 13 of
-    24 timed one after the other (a busy machine: outliers either way in both forms)."""
-    import random
-    times: List[List[float]] = [[] for _ in timed]
-    order = list(range(len(timed)))
-    for round_index in range(batches + 1):
-        random.Random(round_index).shuffle(order)
-        for i in order:
-            got = timed[i].batch(calls)
-            if round_index:
-                times[i] += got
-    return times
 
 
 def _print_point(collective: str, p: int, label: str, nbytes: int, seconds: float) -> None:

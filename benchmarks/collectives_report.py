@@ -26,6 +26,7 @@ TURNS_MAX_BYTES = 16 << 20  # the rows of a size up to this are timed in turns, 
 # per round (``bench_collectives._in_turns``); larger ones one after another, holding one
 # row's buffers at a time
 LOOP_TURN_CALLS = 5  # the plain loop's calls per round of the turns, at least
+REFERENCES = (STREAM, EXCHANGE)  # rows that time something else than a collective: unchecked
 
 
 def fresh(backend: str) -> str:

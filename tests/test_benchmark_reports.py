@@ -17,6 +17,7 @@ import bench_common  # noqa: E402
 import collectives_report  # noqa: E402
 import distributed_training_benchmark as training  # noqa: E402
 import fresh_calls  # noqa: E402
+import timed_rows  # noqa: E402
 
 
 def test_size_parsing_and_formatting():
@@ -299,7 +300,7 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
 
 
 class _Row:
-    """A stand-in for ``bench_collectives._Timed`` that logs when each of its batches ran."""
+    """A stand-in for ``timed_rows.TimedRow`` that logs when each of its batches ran."""
 
     def __init__(self, name: str, log: list) -> None:
         self.name, self.log = name, log
@@ -312,7 +313,7 @@ class _Row:
 def test_rows_of_a_size_are_timed_in_turns_after_one_untimed_round():
     log: list = []
     rows = [_Row(name, log) for name in "abc"]
-    times = bench_collectives._in_turns(rows, calls=2, batches=4)
+    times = timed_rows.in_turns(rows, calls=2, batches=4)
     rounds = [log[i:i + 3] for i in range(0, len(log), 3)]
     assert len(rounds) == 5 and all(sorted(r) == ["a", "b", "c"] for r in rounds), log
     assert len({tuple(r) for r in rounds}) > 1, log  # the order changes from round to round
@@ -320,5 +321,5 @@ def test_rows_of_a_size_are_timed_in_turns_after_one_untimed_round():
         places = [i + 1 for i, ran in enumerate(log) if ran == name][1:]
         assert got == [float(p) for p in places for _ in range(2)], (name, got, log)
     again: list = []  # every rank shuffles alike: the same order in a second run
-    bench_collectives._in_turns([_Row(name, again) for name in "abc"], calls=2, batches=4)
+    timed_rows.in_turns([_Row(name, again) for name in "abc"], calls=2, batches=4)
     assert again == log
