@@ -195,6 +195,38 @@ def test_load_digits_split():
         load_digits(test_fraction=1.5)
 
 
+def test_digits_are_scikit_learns_without_importing_it():
+    import subprocess
+    import sys
+    probe = ("import sys; from neural_arch.data.digits import digits_table; t = digits_table(); "
+             "print(t.shape, 'sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["(1797,", "65)", "False"], out.stdout + out.stderr
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from neural_arch.data import digits
+    reference = sklearn_digits()
+    table = digits.digits_table()
+    np.testing.assert_array_equal(table[:, :-1], reference.data)  # the same bits
+    np.testing.assert_array_equal(table[:, -1].astype(np.int64), reference.target)
+    train, test = load_digits(seed=4)  # as the loader made them from scikit-learn's arrays
+    order, n_test = np.random.default_rng(4).permutation(1797), round(1797 * 0.2)
+    np.testing.assert_array_equal(train.arrays[0],
+                                  (reference.data[order[n_test:]] / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(test.arrays[1], reference.target[order[:n_test]])
+
+
+def test_digits_fall_back_to_scikit_learns_loader(monkeypatch):
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from neural_arch.data import digits
+    monkeypatch.setattr(digits, "_BUNDLED", ("no", "such", "file.csv.gz"))
+    reference = sklearn_digits()
+    np.testing.assert_array_equal(digits.digits_table(),
+                                  np.column_stack([reference.data, reference.target]))
+
+
 def test_char_dataset_through_loader_matches_items():
     ds = CharDataset("hello world, hello there", block_size=5)
     loader = DataLoader(ds, batch_size=4, shuffle=True, seed=0)
