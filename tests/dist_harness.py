@@ -1,13 +1,14 @@
 """Run a function on N real processes joined by ``init_process_group``; collect each result.
 
 ``run_ranks(fn, world_size, backend)`` starts one process per rank (forked from a forkserver
-that has NumPy and ``neural_arch.distributed`` preloaded, so starting is cheap), gives each the
-launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, a free MASTER_PORT, a fresh
-NEURAL_ARCH_SECRET), calls ``init_process_group(backend)`` and then ``fn(rank, world_size,
-*args)``. It returns the results in rank order, or raises ``RankFailed`` carrying the first
-failing rank and its traceback. For ``mpi`` the ranks run under ``mpiexec`` instead, with this
-file as the runner and results passed back through files. Every child is killed in ``finally``
-and the whole run is bounded by ``timeout``. ``fn`` must be a module-level function.
+that has NumPy, ``neural_arch.distributed`` and Numba's CPU target preloaded, so starting is
+cheap), gives each the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, a free
+MASTER_PORT, a fresh NEURAL_ARCH_SECRET), calls ``init_process_group(backend)`` and then
+``fn(rank, world_size, *args)``. It returns the results in rank order, or raises
+``RankFailed`` carrying the first failing rank and its traceback. For ``mpi`` the ranks run
+under ``mpiexec`` instead, with this file as the runner and results passed back through files.
+Every child is killed in ``finally`` and the whole run is bounded by ``timeout``. ``fn`` must
+be a module-level function.
 """
 from __future__ import annotations
 
@@ -101,7 +102,9 @@ def _context():
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["numpy", "neural_arch.distributed"])
+        # forkserver_preload: Numba's CPU target, which each rank would otherwise load anew
+        _CONTEXT.set_forkserver_preload(["numpy", "neural_arch.distributed",
+                                         "forkserver_preload"])
     return _CONTEXT
 
 

@@ -38,6 +38,9 @@ ONE_MESSAGE_TIMEOUT_S = 4 * SHORT_REPORT_S  # the first message at 1 s after the
 # The frozen case: the rank outwaits the first job's silent connection (FROZEN_S), then
 # finds nobody and waits, saying so, until this timeout
 FROZEN_TIMEOUT_S = FROZEN_S + 3.0
+# The default schedule's case: its first message comes 5 s into the wait (FIRST_MESSAGE_S
+# allows 10 s from the start), and the rendezvous timeout leaves 4 s past that message
+DEFAULT_SCHEDULE_TIMEOUT_S = 9.0
 
 
 def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float) -> None:
@@ -51,7 +54,7 @@ def _end_with_store_error(rank: WaitingRank, port: int, timeout_s: float) -> Non
 @pytest.mark.parametrize("init", ["tcp", "env"])
 def test_a_rank_nobody_serves_says_what_it_waits_for_then_fails_naming_the_store(init):
     port = free_port()
-    timeout_s = TIMEOUT_S if init == "tcp" else THREE_MESSAGES_TIMEOUT_S
+    timeout_s = DEFAULT_SCHEDULE_TIMEOUT_S if init == "tcp" else THREE_MESSAGES_TIMEOUT_S
     env = job_env(2, port, timeout_s=timeout_s, report_s=SHORT_REPORT_S)
     args = (f"tcp://127.0.0.1:{port}", "1", "2") if init == "tcp" else ()
     if init == "tcp":

@@ -16,17 +16,24 @@ BACKEND = "shm" if "shm" in installed_backends() else "tcp"
 GLOBAL_BATCH, TRAIN_ROWS, VAL_ROWS = 16, 256, 64
 
 
-def train(rank, world_size, strategy, zero_stage):
+def digits_rows():
+    """The training and validation rows every run uses, as arrays. Loaded once, here, and
+    passed to each rank: importing scikit-learn for ``load_digits`` takes about 2 s a process."""
+    from neural_arch.data import load_digits
+    train_set, val_set = load_digits(seed=0)
+    return (tuple(a[:TRAIN_ROWS] for a in train_set.arrays),
+            tuple(a[:VAL_ROWS] for a in val_set.arrays))
+
+
+def train(rank, world_size, strategy, zero_stage, rows):
     """(the epochs' records, the final weights by name, the strategy's class name)."""
     import neural_arch.functional as F
     from neural_arch.core import manual_seed
-    from neural_arch.data import DataLoader, TensorDataset, load_digits
+    from neural_arch.data import DataLoader, TensorDataset
     from neural_arch.models import MLP
     from neural_arch.optim import SGD
     from neural_arch.training import Trainer, TrainingConfig
-    train_set, val_set = load_digits(seed=0)
-    train_set = TensorDataset(*(a[:TRAIN_ROWS] for a in train_set.arrays))
-    val_set = TensorDataset(*(a[:VAL_ROWS] for a in val_set.arrays))
+    train_set, val_set = (TensorDataset(*arrays) for arrays in rows)
     manual_seed(0)
     model = MLP([64, 32, 10])
     config = TrainingConfig(epochs=2, seed=3, zero_stage=zero_stage, max_grad_norm=1.0,
@@ -45,8 +52,14 @@ def train(rank, world_size, strategy, zero_stage):
 
 
 @pytest.fixture(scope="module")
-def one_process():
-    epochs, weights, name = run_ranks(train, 1, BACKEND, timeout=120, args=("single", 0))[0]
+def rows():
+    return digits_rows()
+
+
+@pytest.fixture(scope="module")
+def one_process(rows):
+    epochs, weights, name = run_ranks(train, 1, BACKEND, timeout=120,
+                                      args=("single", 0, rows))[0]
     assert name == "SingleProcess" and len(epochs) == 2
     assert 0.3 < epochs[-1]["val_accuracy"] <= 1  # it learns: the comparison means something
     return epochs, weights
@@ -58,9 +71,10 @@ def one_process():
     ("fsdp", 2, "FullyShardedDataParallel"), ("fsdp", 3, "FullyShardedDataParallel"),
     ("horovod", 0, "HorovodStrategy"),
 ])
-def test_two_processes_train_the_one_process_model(one_process, strategy, zero_stage, expected):
+def test_two_processes_train_the_one_process_model(one_process, rows, strategy, zero_stage,
+                                                  expected):
     ref_epochs, ref_weights = one_process
-    results = run_ranks(train, 2, BACKEND, timeout=120, args=(strategy, zero_stage))
+    results = run_ranks(train, 2, BACKEND, timeout=120, args=(strategy, zero_stage, rows))
     for rank, (epochs, weights, name) in enumerate(results):
         assert name == expected
         for key in ("train_loss", "val_loss"):

@@ -1,6 +1,8 @@
 """Mixed precision: float16 model and communication, float32 master weights, loss scaling."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -9,17 +11,24 @@ from dist_harness import run_ranks
 pytestmark = pytest.mark.timeout(240)
 
 
-def digits_worker(rank: int, world_size: int, epochs: int):
+@functools.lru_cache(maxsize=None)
+def digits_arrays():
+    """``load_digits()``'s (train, test) arrays, loaded once here and passed to the ranks:
+    importing scikit-learn takes about 2 s a process."""
+    from neural_arch.data import load_digits
+    train, test = load_digits()
+    return train.arrays, test.arrays
+
+
+def digits_worker(rank: int, world_size: int, epochs: int, digits):
     """Test accuracy of the same training run in float32 and in mixed precision."""
     import neural_arch.functional as F
     from neural_arch.core import Tensor, manual_seed, no_grad
-    from neural_arch.data import load_digits
     from neural_arch.distributed.advanced import (AdvancedDistributedDataParallel,
                                                   DistributedTrainingConfig)
     from neural_arch.models import MLP
     from neural_arch.optim import SGD
-    train, test = load_digits()
-    (x_train, y_train), (x_test, y_test) = train.arrays, test.arrays
+    (x_train, y_train), (x_test, y_test) = digits
     accuracy, dtypes = {}, {}
     for mixed in (False, True):
         manual_seed(0)
@@ -44,7 +53,8 @@ def digits_worker(rank: int, world_size: int, epochs: int):
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_float16_training_on_digits_matches_float32_accuracy(world_size):
-    results = run_ranks(digits_worker, world_size, "shm", args=(8,), timeout=200)
+    results = run_ranks(digits_worker, world_size, "shm", args=(8, digits_arrays()),
+                        timeout=200)
     accuracy, dtypes = results[0]
     assert accuracy[False] > 0.9, "the float32 run itself must learn to classify digits"
     assert abs(accuracy[True] - accuracy[False]) <= 0.01

@@ -287,7 +287,12 @@ DEATH = textwrap.dedent("""
         t.recv(np.zeros(8), world - 1, Fingerprint("broadcast", 3, "float64", 8))
     except PeerFailureError as e:
         print(f"DEATH-SEEN rank {rank} peer {e.peer} op {e.op} seq {e.seq}", flush=True)
-    time.sleep(2)  # stay until every survivor has reported
+    # stay until every survivor has reported (each leaves a file in the job's folder)
+    open(f"reported{rank}", "w").close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(
+            os.path.exists(f"reported{r}") for r in range(world - 1)):
+        time.sleep(0.02)
     # MPI_Finalize with a dead peer may wait on it for ever, even under --enable-recovery.
     os._exit(0)
 """)

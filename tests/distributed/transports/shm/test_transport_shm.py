@@ -123,9 +123,12 @@ def recv_never_sent(rank, p, store):
     t.timeout = 0.5  # after the rendezvous, which may be slow on a loaded machine
     try:
         if rank == 1:
-            t.recv(np.empty(3, np.float32), 0, Fingerprint("recv_test", 11, "float32", 3))
+            try:
+                t.recv(np.empty(3, np.float32), 0, Fingerprint("recv_test", 11, "float32", 3))
+            finally:
+                store.set("recv_ended", b"1")
             return "received"
-        time.sleep(3.0)  # alive, never sends
+        store.get("recv_ended", timeout=30.0)  # alive, never sends, until rank 1's recv ended
         return "idle"
     finally:
         t.close()
@@ -148,12 +151,16 @@ def ring_then_die(rank, p, store, victim_closes):
         if rank == 2:
             if victim_closes:
                 t.close()
-                time.sleep(5.0)
+                for survivor in (0, 1):  # alive, closed, until both survivors' calls ended
+                    store.get(f"ended{survivor}", timeout=30.0)
                 return "closed"
             kill_self()
         # a big message cannot fit the ring, so the sender to rank 2 blocks as well
         big = np.ones(5_000_000, np.float32)
-        t.sendrecv(big, nxt, np.empty_like(big), prv, Fingerprint("ring", 1, "f", big.size))
+        try:
+            t.sendrecv(big, nxt, np.empty_like(big), prv, Fingerprint("ring", 1, "f", big.size))
+        finally:
+            store.set(f"ended{rank}", b"1")
         return "no error"
     finally:
         t.close()
