@@ -35,10 +35,13 @@ def _written_through_fifo(tmp_path, write) -> bytes:
     try:
         write(fifo)
     finally:
-        if reader.is_alive():  # a write that never opened the FIFO: release the reader
-            with open(fifo, "wb"):
-                pass
+        # A write that opened the FIFO and closed it lets the reader end; a loaded machine may
+        # take a while to run it (checking ``is_alive`` at once and then opening the FIFO to
+        # write, as this did, waited for ever for a reader that had already read and gone).
         reader.join(10)
+        if reader.is_alive():  # a write that never opened the FIFO: release the reader, which
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # waits in open() for a writer
+            reader.join(10)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO was replaced by a regular file"
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp") or ".tmp" in n]
     return received[0]
