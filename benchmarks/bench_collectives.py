@@ -187,12 +187,13 @@ def worker(job: Dict[str, Any]) -> Dict[str, Any]:
             for group in groups:
                 timed = [TimedRow(collective, label, make, barrier, count, rank, p)
                          for label, make, barrier in group]
-                if len(timed) == 1 and nbytes > TURNS_MAX_BYTES:
-                    times = [timed[0].alone(calls, batches)]
-                else:
-                    times = in_turns(timed, calls, batches)
-                for row, label in zip(times, [t.label for t in timed]):
-                    timed.pop(0).check_after()  # and its buffers go with it
+                times = (in_turns(timed, calls, batches) if nbytes <= TURNS_MAX_BYTES
+                         else [timed[0].alone(calls, batches)])
+                for row in times:
+                    row_timed = timed.pop(0)  # the list lets go of its buffers
+                    row_timed.check_after()
+                    label = row_timed.label
+                    del row_timed
                     seconds = common.slowest_median(dist.all_gather_object(row))
                     native = NATIVE_NAMES[collective]
                     algorithm = {NATIVE: native, fresh(NATIVE): native,
