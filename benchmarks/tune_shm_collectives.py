@@ -6,8 +6,10 @@ vectors take the prepared small path, which has no choices) every candidate, eac
 memory) with each round size (for ``peer_read``: bytes per read), runs batches of SUM
 all-reduces in one job, the candidates in a rotating order so that the machine's drift hits them alike; a
 candidate's time is the median over its batches on the slowest rank. The fastest per size
-becomes the table's row when it beats the built-in choice by MARGIN
-(``neural_arch.distributed.transports.shm.tuning`` reads the table):
+becomes the table's row when it beats the built-in choice by MARGIN. The rows are this
+machine's table (``tuning_file.machine()``: CPU model and count) in the output file, which
+keeps the tables of other machines (``neural_arch.distributed.transports.shm.tuning`` reads
+the one of the machine it runs on):
 
     python benchmarks/tune_shm_collectives.py [--world-sizes 2] [--sizes 256K,1M,4M]
         [--rounds 128K,256K,512K,1M,2M] [--repeats 15]
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
             p, int(size), data["peer_reads"]))) for size, times in data["times"].items()]
     table = tuning.write(args.output, chosen, measured, writes)
     print(json.dumps(table["all_reduce"], indent=1))
-    print(f"wrote {args.output}")
+    print(f"wrote the table of {table['machine']!r} into {args.output}")
     return 0
 
 

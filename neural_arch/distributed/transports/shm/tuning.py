@@ -14,34 +14,35 @@ NCCL's tuning are:
 ``benchmarks/tune_shm_collectives.py`` times every candidate per world size and message size on
 this machine and writes the table this module reads.
 
-The table is JSON: ``{"format": 1, "all_reduce": {"<world size>": [{"up_to_bytes": B,
-"algorithm": "whole" | "split" | "peer_read", "round_bytes": R}, ...]}}``, the rows of a world
-size by increasing ``up_to_bytes``; a message takes the first row whose ``up_to_bytes`` it does
-not exceed, or the last row. An optional ``"peer_writes": true`` says the table's ``peer_read``
-rows were measured with the owners writing their reduced chunks into the peers
+A table maps each world size to rows ``{"up_to_bytes": B, "algorithm": "whole" | "split" |
+"peer_read", "round_bytes": R}`` by increasing ``up_to_bytes``; a message takes the first row
+whose ``up_to_bytes`` it does not exceed, or the last row. Its ``"peer_writes": true`` says its
+``peer_read`` rows were measured with the owners writing their reduced chunks into the peers
 (``single_copy``): they then count only where the ranks agreed on peer writes too, since the
-form that reads the owners' slices instead is slower at the smaller sizes. It is read once per
-process from ``NEURAL_ARCH_SHM_TUNING`` (a
-path) when set, else from ``tuning_table.json`` beside this file; without either, for a world
-size the table does not name, or for a ``peer_read`` row in a job whose ranks cannot read each
-other, the built-in choice stands: ``peer_read`` in chunks of PEER_READ_CHUNK_BYTES from
-PEER_READ_MIN_BYTES on (two ranks) where the ranks can, else ``whole`` for two ranks and
-``split`` for more, 1 MiB rounds. Every choice gives the same bits (each element is reduced in rank order either
-way), so a table changes only the time. Ranks that were given different tables and choose
-differently are told so by the collective's fingerprint check (``tagged``), never left to mix
-two algorithms' steps; the ranks always agree on whether they can read each other.
+form that reads the owners' slices instead is slower at the smaller sizes. A file holds a table
+per machine (``tuning_file``: two machines of one kind can want opposite choices), and a
+process reads, once, this machine's table from the file ``NEURAL_ARCH_SHM_TUNING`` names when
+set, else from ``tuning_table.json`` beside this file. Where neither has a table for this
+machine, for a world size its table does not name, or for a ``peer_read`` row in a job whose
+ranks cannot read each other, the built-in choice stands: ``peer_read`` in chunks of
+PEER_READ_CHUNK_BYTES from PEER_READ_MIN_BYTES on (two ranks) where the ranks can, else
+``whole`` for two ranks and ``split`` for more, 1 MiB rounds. Every choice gives the same bits
+(each element is reduced in rank order either way), so a table changes only the time. Ranks
+that were given different tables and choose differently are told so by the collective's
+fingerprint check (``tagged``), never left to mix two algorithms' steps; the ranks always
+agree on whether they can read each other.
 """
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from . import tuning_file
+from .tuning_file import PEER_WRITES
+
 ENV_TABLE = "NEURAL_ARCH_SHM_TUNING"
-PEER_WRITES = "peer_writes"  # the table's field: its peer_read rows were measured with writes
 TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_table.json")
-FORMAT = 1
 ALGORITHMS = ("whole", "split", "peer_read")
 DEFAULT_ROUND_BYTES = 1 << 20  # rounds of 1 MiB keep large vectors in cache on two cores
 MIN_ROUND_BYTES = 4096
@@ -94,13 +95,9 @@ def default_choice(world_size: int, nbytes: int = 0, peer_reads: int = NO_PEER_M
     return Choice("whole" if world_size == 2 else "split", DEFAULT_ROUND_BYTES)
 
 
-def parse(table: Any, source: str) -> Dict[int, Rows]:
-    """The rows per world size of a decoded table; ValueError naming ``source`` and the field."""
-    if not isinstance(table, dict) or table.get("format") != FORMAT:
-        raise ValueError(f"{source}: a tuning table is a JSON object with \"format\": {FORMAT}, "
-                         f"got format {table.get('format') if isinstance(table, dict) else table!r}")
-    needs_writes(table, source)
-    sizes = table.get("all_reduce", {})
+def parse_rows(sizes: Any, source: str) -> Dict[int, Rows]:
+    """The rows per world size of one table's ``all_reduce`` field; ValueError naming
+    ``source`` and the field."""
     if not isinstance(sizes, dict):
         raise ValueError(f"{source}: \"all_reduce\" must map world sizes to rows, got {sizes!r}")
     parsed: Dict[int, Rows] = {}
@@ -129,53 +126,50 @@ def parse(table: Any, source: str) -> Dict[int, Rows]:
     return parsed
 
 
-def needs_writes(table: Any, source: str) -> bool:
-    """Whether a decoded table's peer_read rows need peer writes (``"peer_writes"``)."""
-    flag = table.get(PEER_WRITES, False)
-    if not isinstance(flag, bool):
-        raise ValueError(f"{source}: \"{PEER_WRITES}\" must be true or false, got {flag!r}")
-    return flag
+def tables(decoded: Any, source: str) -> List[tuning_file.Table]:
+    """Every table of a decoded file (``tuning_file``), each checked."""
+    return tuning_file.tables(decoded, source, parse_rows)
 
 
-def _read(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read the shared-memory tuning table {path}: {exc}") from None
-
-
-def load(path: str) -> Tuple[Dict[int, Rows], bool]:
-    """The rows of the table at ``path`` and whether its peer_read rows need peer writes
-    (``needs_writes``); ValueError when it is unreadable or malformed."""
-    decoded = _read(path)
-    return parse(decoded, path), needs_writes(decoded, path)
+def load(path: str, machine: Optional[str] = None) -> Optional[tuning_file.Table]:
+    """The table at ``path`` for ``machine`` (this one by default), or None where the file
+    has none for it; ValueError when the file is unreadable or malformed."""
+    found = tables(tuning_file.read(path), path)
+    return tuning_file.for_machine(found, machine or tuning_file.machine())
 
 
 def table() -> Dict[int, Rows]:
-    """The rows in force, read once: the file ``NEURAL_ARCH_SHM_TUNING`` names (an error if it
-    is unusable: it was asked for), else the package's table (a warning and the built-in
-    choice if it is unusable), else none."""
+    """The rows in force, read once: this machine's table (``tuning_file.machine``) in the
+    file ``NEURAL_ARCH_SHM_TUNING`` names (an error if the file is unusable: it was asked for;
+    a warning if it has no table for this machine), else in the package's file (a warning if
+    that is unusable), else none: the built-in choices."""
     if "rows" not in _loaded:
         path = os.environ.get(ENV_TABLE, "").strip()
-        writes = False
+        here = tuning_file.machine()
+        found = None
         if path:
-            rows, writes = load(path)
+            found = load(path, here)
+            if found is None:
+                warnings.warn(f"{ENV_TABLE}={path} has no table for this machine ({here!r}); "
+                              f"the built-in choices stand: run benchmarks/"
+                              f"tune_shm_collectives.py here", RuntimeWarning)
         elif os.path.exists(TABLE_FILE):
             path = TABLE_FILE
             try:
-                rows, writes = load(path)
+                found = load(path, here)
             except ValueError as exc:
                 warnings.warn(f"{exc}; the built-in choices stand", RuntimeWarning)
-                rows, path = {}, ""
+        if found is None:
+            _loaded.update(rows={}, source="", writes=False)
         else:
-            rows = {}
-        _loaded.update(rows=rows, source=path, writes=writes)
+            _loaded.update(rows=found.rows, writes=found.peer_writes,
+                           source=path if found.machine is None else f"{path} ({found.machine})")
     return _loaded["rows"]
 
 
 def source() -> str:
-    """The file the table in force came from ('' for the built-in choices)."""
+    """Where the table in force came from: the file, and the machine its table names ('' for
+    the built-in choices)."""
     table()
     return _loaded["source"]
 
@@ -253,15 +247,13 @@ def rows_for_json(choices: List[Tuple[int, Choice]]) -> List[dict]:
 
 
 def write(path: str, per_world_size: Dict[int, List[Tuple[int, Choice]]],
-          measured: Optional[dict] = None, peer_writes: bool = False) -> dict:
-    """Write a table of the best choice per world size and message size; returns it.
-    ``peer_writes``: its peer_read rows were measured with peer writes."""
-    out = {"format": FORMAT, "measured": measured or {}, PEER_WRITES: peer_writes,
-           "all_reduce": {str(p): rows_for_json(c) for p, c in sorted(per_world_size.items())}}
-    parse(out, path)  # never write a table this module would refuse
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
-    return out
+          measured: Optional[dict] = None, peer_writes: bool = False,
+          machine: Optional[str] = None) -> dict:
+    """Write the best choice per world size and message size as ``machine``'s table (this
+    machine's by default) into the file at ``path``, keeping other machines' tables; returns
+    the table. ``peer_writes``: its peer_read rows were measured with peer writes."""
+    entry = {tuning_file.MACHINE: machine or tuning_file.machine(), "measured": measured or {},
+             PEER_WRITES: peer_writes,
+             "all_reduce": {str(p): rows_for_json(c) for p, c in sorted(per_world_size.items())}}
+    tuning_file.write(path, entry, tables)
+    return entry

@@ -59,6 +59,19 @@ needs_peer_reads = pytest.mark.skipif(not _probe_works(),
                                       reason="this machine refuses cross-memory reads")
 
 
+@pytest.fixture(autouse=True)
+def built_in_choices(tmp_path, monkeypatch):
+    """The ranks (forked from this process) follow the built-in choice, which takes peer reads
+    from PEER_READ_MIN_BYTES at two ranks: the package's table for this machine may prefer the
+    workspace there. An empty table for any machine leaves every size to the built-in choice."""
+    path = tmp_path / "built_in.json"
+    path.write_text('{"format": 1, "all_reduce": {}}')
+    monkeypatch.setenv(tuning.ENV_TABLE, str(path))
+    tuning.forget()
+    yield
+    tuning.forget()
+
+
 def _inputs(p: int, n: int, dtype, op: ReduceOp) -> list:
     rngs = [np.random.default_rng([r, n, np.dtype(dtype).num, ord(op.name[0])]) for r in range(p)]
     if np.dtype(dtype).kind == "i":

@@ -11,7 +11,7 @@ import pytest
 from neural_arch.distributed.errors import CollectiveMismatchError
 from neural_arch.distributed.reduce_ops import ReduceOp
 from neural_arch.distributed.transports import shm
-from neural_arch.distributed.transports.shm import direct, tuning
+from neural_arch.distributed.transports.shm import direct, tuning, tuning_file
 from neural_arch.distributed.transports.shm.tuning import Choice
 from shm_cases import Calls, rank_order_reduction
 from shm_testing import run_ranks, shm_names_of
@@ -102,11 +102,65 @@ def test_written_rows_merge_neighbours_and_read_back(tmp_path):
     measured = [(256 << 10, Choice("split", 64 << 10)), (1 << 20, Choice("split", 64 << 10)),
                 (4 << 20, Choice("whole", 1 << 20))]
     tuning.write(path, {2: measured}, {"cpus": 2})
-    rows, writes = tuning.load(path)
-    assert rows[2] == [(1 << 20, Choice("split", 64 << 10)), (4 << 20, Choice("whole", 1 << 20))]
-    assert writes is False
+    found = tuning.load(path)
+    assert found.machine == tuning_file.machine()
+    assert found.rows[2] == [(1 << 20, Choice("split", 64 << 10)),
+                             (4 << 20, Choice("whole", 1 << 20))]
+    assert found.peer_writes is False
     tuning.write(path, {2: measured}, {"cpus": 2}, peer_writes=True)
-    assert tuning.load(path) == (rows, True)
+    assert tuning.load(path) == found._replace(peer_writes=True)
+
+
+def test_a_file_keeps_a_table_per_machine_and_a_machine_reads_its_own(tmp_path, table_file):
+    path = str(tmp_path / "t.json")
+    here, there = tuning_file.machine(), "Some Other CPU, 64 CPUs"
+    tuning.write(path, {2: [(1 << 20, Choice("split", 64 << 10))]}, machine=there)
+    tuning.write(path, {2: [(1 << 20, Choice("whole", 128 << 10))]})
+    tuning.write(path, {2: [(1 << 20, Choice("split", 256 << 10))]}, machine=there)  # replaced
+    with open(path) as f:
+        written = json.load(f)
+    assert written["format"] == 2
+    assert sorted(t["machine"] for t in written["machines"]) == sorted([here, there])
+    assert tuning.load(path).rows[2] == [(1 << 20, Choice("whole", 128 << 10))]
+    assert tuning.load(path, there).rows[2] == [(1 << 20, Choice("split", 256 << 10))]
+    assert tuning.load(path, "Yet Another CPU, 1 CPUs") is None
+    table_file(written)  # through the variable: this machine's rows are the ones in force
+    assert tuning.all_reduce_choice(2, 1 << 20, 2 << 20) == Choice("whole", 128 << 10)
+    assert here in tuning.source()
+
+
+def test_another_machines_table_leaves_the_built_in_choice(tmp_path, table_file, monkeypatch):
+    elsewhere = {"format": 2, "machines": [dict(TABLE, machine="Some Other CPU, 64 CPUs")]}
+    del elsewhere["machines"][0]["format"]
+    table_file(elsewhere)  # named by the variable: a warning says there is nothing for here
+    with pytest.warns(RuntimeWarning, match="no table for this machine"):
+        assert tuning.all_reduce_choice(2, 200 << 10, 2 << 20) == tuning.default_choice(2)
+    assert tuning.source() == ""
+    package = tmp_path / "package.json"  # the package's file: the built-in choice, silently
+    package.write_text(json.dumps(elsewhere))
+    monkeypatch.delenv(tuning.ENV_TABLE)
+    monkeypatch.setattr(tuning, "TABLE_FILE", str(package))
+    tuning.forget()
+    assert tuning.all_reduce_choice(2, 200 << 10, 2 << 20) == tuning.default_choice(2)
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"format": 3, "all_reduce": {}}, "format\" 1 or 2"),
+    ({"format": 2, "machines": {}}, "must be a list of tables"),
+    ({"format": 2, "machines": [{"all_reduce": {}}]}, "machines\\[0\\]: \"machine\" must name"),
+    ({"format": 2, "machines": [{"machine": "A, 1 CPUs"}, {"machine": "A, 1 CPUs"}]},
+     "more than one table"),
+])
+def test_a_malformed_file_is_refused_naming_the_field(table_file, table, message):
+    path = table_file(table)
+    with pytest.raises(ValueError, match=message) as info:
+        tuning.table()
+    assert path in str(info.value)
+
+
+def test_the_package_file_holds_tables_for_named_machines():
+    found = tuning.tables(tuning_file.read(tuning.TABLE_FILE), tuning.TABLE_FILE)
+    assert found and all(t.machine and 2 in t.rows for t in found)
 
 
 # ----- real ranks -----------------------------------------------------------------------------
