@@ -99,6 +99,7 @@ def worker(sizes, rounds, repeats, result_path):
         with open(result_path, "w") as f:
             json.dump({"candidates": [list(cand) for cand in candidates],
                        "peer_reads": tuning.peer_level(peer_reads, c.t.peer_reads.writable),
+                       "reads_pay": c.t.peer_reads.pays,
                        "times": {str(k): v for k, v in out.items()}}, f)
     dist.destroy_process_group()
 
@@ -133,6 +134,14 @@ def main(argv=None) -> int:
     chosen, measured = {}, {"cpus": os.cpu_count(), "repeats": args.repeats,
                             "command": "python benchmarks/tune_shm_collectives.py "
                                        + " ".join(argv if argv is not None else sys.argv[1:])}
+    from neural_arch.distributed.transports.shm.cross_memory import PeerReads
+    probe = PeerReads(0, 1)
+    try:  # what decides the built-in choice on a machine without a table (``reads_pay``)
+        ratio = probe.read_cost_ratio()
+    finally:
+        probe.close()
+    measured["read_cost_ratio"] = None if ratio is None else round(ratio, 2)
+    print(f"a read through the kernel costs {ratio and round(ratio, 2)} copies of its bytes")
     for p in (int(x) for x in args.world_sizes.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             result = os.path.join(tmp, "times.json")
@@ -147,7 +156,8 @@ def main(argv=None) -> int:
         writes = writes or data["peer_reads"] == tuning.READ_WRITE
         by_tag = {tuning.Choice(a, r).tag: tuning.Choice(a, r) for a, r in data["candidates"]}
         chosen[p] = [(int(size), best(times, by_tag, tuning.default_choice(
-            p, int(size), data["peer_reads"]))) for size, times in data["times"].items()]
+            p, int(size), data["peer_reads"], data["reads_pay"])))
+            for size, times in data["times"].items()]
     table = tuning.write(args.output, chosen, measured, writes)
     print(json.dumps(table["all_reduce"], indent=1))
     print(f"wrote the table of {table['machine']!r} into {args.output}")

@@ -31,6 +31,7 @@ import errno
 import os
 import secrets
 import sys
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -43,19 +44,36 @@ PR_SET_PTRACER = 0x59616D61
 PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 MAX_READ_BYTES = 1 << 30  # one process_vm_readv moves at most ~2 GiB: larger reads in pieces
-# A rank's verdict word: 0 while undecided, then DECIDED with READS and WRITES where it can.
-DECIDED, READS, WRITES = 1, 2, 4
+# A rank's verdict word: 0 while undecided, then DECIDED with READS and WRITES where it can,
+# and PAYS where a read through the kernel costs little more than a copy (``reads_pay``).
+DECIDED, READS, WRITES, PAYS = 1, 2, 4, 8
 ENV_SWITCH = "NEURAL_ARCH_SHM_PEER_READ"
-# What each value of the switch lets this rank do to its peers' memory
-SWITCH_VALUES = {"auto": READS | WRITES, "1": READS | WRITES, "on": READS | WRITES,
-                 "read": READS, "0": 0, "off": 0}
+# What each value of the switch lets this rank do to its peers' memory; PAYS: taken as paying
+# without timing it (auto times it)
+SWITCH_VALUES = {"auto": READS | WRITES, "1": READS | WRITES | PAYS,
+                 "on": READS | WRITES | PAYS, "read": READS | PAYS, "0": 0, "off": 0}
+# ``reads_pay``: a read of PAY_PROBE_BYTES through ``process_vm_readv`` against a NumPy copy of
+# the same bytes, each the best of PAY_PROBE_TRIES tries in each of PAY_PROBE_BUFFERS pairs of
+# fresh buffers (on a virtual machine some allocations were 8x slower to copy, reads too, for
+# every try: the best over several allocations is the machine's). Peer reads replace the
+# all-reduce's two copies through the workspace by one read through the kernel: they win while
+# a read costs less than about 1.75 copies of the same bytes (one copy in, reading both operands
+# and writing the sum, against one read and half the sum's traffic), and they lost by more than
+# that estimate says. Measured: a 2-core AMD EPYC machine read at 3.3-4.1x a copy's time and its
+# peer-read all-reduce took 1.3-4.2x the workspace's; a 2-core Xeon's took 0.60-0.82x (by the
+# estimate, reads there cost about one copy).
+PAY_PROBE_BYTES = 256 << 10
+PAY_PROBE_TRIES = 3
+PAY_PROBE_BUFFERS = 3
+PAYS_MAX_RATIO = 2.0
 
 
 def switched_on() -> int:
-    """``NEURAL_ARCH_SHM_PEER_READ``: auto (default), 1 or on: read and write peers' memory
-    where every rank can; read: read only (every rank then reads the owners' slices itself);
-    0 or off: never. Returns READS and WRITES as allowed. Any other value is a ValueError
-    naming the variable and value."""
+    """``NEURAL_ARCH_SHM_PEER_READ``: auto (default): read and write peers' memory where every
+    rank can, the built-in choices taking reads where they were timed to pay (``reads_pay``);
+    1 or on: the same, taking reads as paying untimed; read: read only (every rank then reads
+    the owners' slices itself), taken as paying; 0 or off: never. Returns READS, WRITES and
+    PAYS as allowed. Any other value is a ValueError naming the variable and value."""
     value = os.environ.get(ENV_SWITCH, "auto").strip().lower() or "auto"
     if value not in SWITCH_VALUES:
         raise ValueError(f"{ENV_SWITCH}={value!r}; use one of {', '.join(SWITCH_VALUES)}")
@@ -112,17 +130,18 @@ class PeerReads:
     seq)`` copies ``out.nbytes`` bytes at ``address``
     in ``peer``'s memory into ``out`` (a C-contiguous array) or raises PeerFailureError.
     ``writable``: every rank can also write every peer, with ``write(peer, address, data, op,
-    seq)``.
+    seq)``. ``pays``: every rank found a read through the kernel cheap (``reads_pay``), or
+    was told to take it as cheap; the built-in choices (``tuning``) take peer reads only then.
     """
 
     def __init__(self, rank: int, world_size: int, enabled: int = READS | WRITES) -> None:
         self.rank, self.world_size = rank, world_size
-        self.usable = self.writable = False
+        self.usable = self.writable = self.pays = False
         if isinstance(enabled, (bool, np.bool_)):
             enabled = (READS | WRITES) if enabled else 0
-        if enabled not in (0, READS, READS | WRITES):
+        if enabled & ~PAYS not in (0, READS, READS | WRITES):
             raise ValueError(f"enabled must be a bool, 0, READS ({READS}) or READS | WRITES "
-                             f"({READS | WRITES}), got {enabled!r}")
+                             f"({READS | WRITES}), with PAYS ({PAYS}) or not, got {enabled!r}")
         self._allowed = int(enabled)
         self.pids = [0] * world_size
         self._libc = _libc_reader() if enabled else None
@@ -161,13 +180,15 @@ class PeerReads:
         when all can also write."""
         ctrl, layout, p = t.ctrl, t.layout, self.world_size
         self.pids = list(pids)
-        verdict = self._allowed
+        verdict = self._allowed & (READS | WRITES)
         for q in range(p):
             if q != self.rank:
                 verdict &= self.probe_peer(pids[q], ctrl[layout.rank_word(q, PROBE_TOKEN)],
                                            ctrl[layout.rank_word(q, PROBE_ADDRESS)])
         if not verdict & READS:
             verdict = 0  # writes alone are never used
+        elif self._allowed & PAYS or self.reads_pay():
+            verdict |= PAYS
         ctrl[layout.rank_word(self.rank, PEER_READ)] = DECIDED | verdict
         words = [layout.rank_word(q, PEER_READ) for q in range(p)]
         backoff = Backoff(t.watch, t.timeout, "shm_rendezvous", None,
@@ -177,11 +198,12 @@ class PeerReads:
             if not missing:
                 break
             backoff.pause(missing)
-        agreed = READS | WRITES
+        agreed = READS | WRITES | PAYS
         for w in words:
             agreed &= int(ctrl[w])
         self.usable = bool(agreed & READS)
         self.writable = bool(agreed & WRITES)
+        self.pays = bool(agreed & PAYS)
         self.buffer_words = tuple(layout.rank_word(q, BUFFER) for q in range(p))
         if not self.usable:
             self.close()
@@ -194,7 +216,7 @@ class PeerReads:
     def close(self) -> None:
         """Peer reads are over (the transport closed, or the job cannot use them): undo what
         ``allow_peer_readers`` opened."""
-        self.usable = self.writable = False
+        self.usable = self.writable = self.pays = False
         if self._opened:
             self._opened = False
             forbid_peer_readers(self._libc)
@@ -216,6 +238,35 @@ class PeerReads:
         if not wrote or self._raw(self._call, pid, slot, got.ctypes.data, 8) != 8:
             return READS
         return READS | (WRITES if int(got[0]) == int(mine[0]) else 0)
+
+    def reads_pay(self) -> bool:
+        """Whether a read through the kernel costs at most PAYS_MAX_RATIO copies
+        (``read_cost_ratio``): under a millisecond or a few, once per job."""
+        ratio = self.read_cost_ratio()
+        return ratio is not None and ratio <= PAYS_MAX_RATIO
+
+    def read_cost_ratio(self) -> Optional[float]:
+        """This process's read of PAY_PROBE_BYTES of its own memory through the kernel (the
+        path and page pinning of a peer's read) over a NumPy copy of them (see
+        PAY_PROBE_BYTES); None where a read fails or this machine has no such read."""
+        if self._call is None:
+            return None
+        read = copy = float("inf")
+        for _ in range(PAY_PROBE_BUFFERS):
+            source = np.ones(PAY_PROBE_BYTES, np.uint8)
+            target = np.ones_like(source)
+            for timed in range(PAY_PROBE_TRIES + 1):  # the first untimed: pins, faults, caches
+                start = time.perf_counter()
+                moved = self._raw(self._call, os.getpid(), source.ctypes.data,
+                                  target.ctypes.data, source.nbytes)
+                middle = time.perf_counter()
+                np.copyto(target, source)
+                if moved != source.nbytes:
+                    return None
+                if timed:
+                    read = min(read, middle - start)
+                    copy = min(copy, time.perf_counter() - middle)
+        return read / max(copy, 1e-9)
 
     def _raw(self, call: Any, pid: int, remote: int, local: int, nbytes: int) -> int:
         self._local.base, self._local.len = local, nbytes

@@ -84,7 +84,8 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
     reads = c.t.peer_reads
     peer_reads = tuning.peer_level(reads.usable, reads.writable)
     if choice is None:
-        choice, suffix = tuning.decide(c.world_size, buf.nbytes, workspace, peer_reads)
+        choice, suffix = tuning.decide(c.world_size, buf.nbytes, workspace, peer_reads,
+                                       reads.pays)
         if suffix:  # ranks that chose differently meet different signatures: a mismatch
             fp = fp._replace(op=fp.op + suffix)
     else:
@@ -94,7 +95,8 @@ def all_reduce(c: Any, buf: np.ndarray, op: ReduceOp, fp: Fingerprint,
             raise ValueError("the 'peer_read' all-reduce needs every rank to read its peers' "
                              "memory, which this job's ranks cannot (or "
                              f"{PEER_READ_SWITCH} turned off)")
-        fp = tuning.tagged(fp, choice, c.world_size, workspace, buf.nbytes, peer_reads)
+        fp = tuning.tagged(fp, choice, c.world_size, workspace, buf.nbytes, peer_reads,
+                           reads.pays)
     if choice.algorithm == "peer_read":
         single_copy.all_reduce(c, buf, op, fp, choice.round_bytes)
         return

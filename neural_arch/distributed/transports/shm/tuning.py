@@ -25,12 +25,13 @@ process reads, once, this machine's table from the file ``NEURAL_ARCH_SHM_TUNING
 set, else from ``tuning_table.json`` beside this file. Where neither has a table for this
 machine, for a world size its table does not name, or for a ``peer_read`` row in a job whose
 ranks cannot read each other, the built-in choice stands: ``peer_read`` in chunks of
-PEER_READ_CHUNK_BYTES from PEER_READ_MIN_BYTES on (two ranks) where the ranks can, else
+PEER_READ_CHUNK_BYTES from PEER_READ_MIN_BYTES on (two ranks) where the ranks can and found
+a read through the kernel cheap (``cross_memory.PeerReads.reads_pay``), else
 ``whole`` for two ranks and ``split`` for more, 1 MiB rounds. Every choice gives the same bits
 (each element is reduced in rank order either way), so a table changes only the time. Ranks
 that were given different tables and choose differently are told so by the collective's
 fingerprint check (``tagged``), never left to mix two algorithms' steps; the ranks always
-agree on whether they can read each other.
+agree on whether they can read each other, and on whether reads pay.
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class Choice(NamedTuple):
 
 Rows = List[Tuple[int, Choice]]
 _loaded: Dict[str, Any] = {}  # "rows": {world size: rows}, "source": where they came from
-_decided: Dict[Tuple[int, int, int, int], Tuple[Choice, str]] = {}  # see ``decide``
+_decided: Dict[Tuple[int, int, int, int, bool], Tuple[Choice, str]] = {}  # see ``decide``
 MAX_DECIDED = 4096
 
 
@@ -86,10 +87,12 @@ def peer_level(usable: bool, writable: bool) -> int:
     return (READ_WRITE if writable else READ) if usable else NO_PEER_MEMORY
 
 
-def default_choice(world_size: int, nbytes: int = 0, peer_reads: int = NO_PEER_MEMORY) -> Choice:
+def default_choice(world_size: int, nbytes: int = 0, peer_reads: int = NO_PEER_MEMORY,
+                   reads_pay: bool = True) -> Choice:
     """The choice without a table; ``peer_reads``: what the job's ranks agreed they can do to
-    each other's memory (``peer_level``)."""
-    if peer_reads and world_size in PEER_READ_MIN_BYTES \
+    each other's memory (``peer_level``); ``reads_pay``: whether they found a read through the
+    kernel cheap enough for peer reads to pay (``cross_memory.PeerReads.pays``)."""
+    if peer_reads and reads_pay and world_size in PEER_READ_MIN_BYTES \
             and nbytes >= PEER_READ_MIN_BYTES[world_size]:
         return Choice("peer_read", PEER_READ_CHUNK_BYTES)
     return Choice("whole" if world_size == 2 else "split", DEFAULT_ROUND_BYTES)
@@ -188,13 +191,14 @@ def _clamped(choice: Choice, workspace_bytes: int) -> Choice:
 
 
 def all_reduce_choice(world_size: int, nbytes: int, workspace_bytes: int,
-                      peer_reads: int = NO_PEER_MEMORY) -> Choice:
+                      peer_reads: int = NO_PEER_MEMORY, reads_pay: bool = True) -> Choice:
     """How an all-reduce of ``nbytes`` runs on ``world_size`` ranks: the table's row for that
     size, its rounds at most ``workspace_bytes`` (an input area's size). A row naming
     peer_read counts only where ``peer_reads`` says the ranks can read each other (and write,
-    where the table says its rows need it); elsewhere the built-in choice stands."""
+    where the table says its rows need it); elsewhere the built-in choice stands
+    (``default_choice``, with ``reads_pay``)."""
     rows = table().get(world_size)
-    choice = default_choice(world_size, nbytes, peer_reads)
+    choice = default_choice(world_size, nbytes, peer_reads, reads_pay)
     if rows:
         listed = next((c for up_to, c in rows if nbytes <= up_to), rows[-1][1])
         needed = READ_WRITE if _loaded["writes"] else READ
@@ -204,31 +208,33 @@ def all_reduce_choice(world_size: int, nbytes: int, workspace_bytes: int,
 
 
 def _is_default(choice: Choice, world_size: int, workspace_bytes: int, nbytes: int,
-                peer_reads: int) -> bool:
-    return choice == _clamped(default_choice(world_size, nbytes, peer_reads), workspace_bytes)
+                peer_reads: int, reads_pay: bool) -> bool:
+    return choice == _clamped(default_choice(world_size, nbytes, peer_reads, reads_pay),
+                              workspace_bytes)
 
 
 def tagged(fp: Any, choice: Choice, world_size: int, workspace_bytes: int, nbytes: int = 0,
-           peer_reads: int = NO_PEER_MEMORY) -> Any:
+           peer_reads: int = NO_PEER_MEMORY, reads_pay: bool = True) -> Any:
     """``fp`` with the choice appended to its op when it is not the built-in one, so that ranks
     choosing differently fail the fingerprint check (naming both choices) instead of running
     different steps; the built-in choice leaves ``fp`` as it is."""
-    if _is_default(choice, world_size, workspace_bytes, nbytes, peer_reads):
+    if _is_default(choice, world_size, workspace_bytes, nbytes, peer_reads, reads_pay):
         return fp
     return fp._replace(op=f"{fp.op}/{choice.tag}")
 
 
 def decide(world_size: int, nbytes: int, workspace_bytes: int,
-           peer_reads: int = NO_PEER_MEMORY) -> Tuple[Choice, str]:
+           peer_reads: int = NO_PEER_MEMORY, reads_pay: bool = True) -> Tuple[Choice, str]:
     """(``all_reduce_choice``, the suffix ``tagged`` appends to the op: '' for the built-in
     choice), remembered per size: a large all-reduce pays a dictionary lookup for it."""
-    key = (world_size, nbytes, workspace_bytes, peer_reads)
+    key = (world_size, nbytes, workspace_bytes, peer_reads, reads_pay)
     found = _decided.get(key)
     if found is None:
         if len(_decided) >= MAX_DECIDED:
             _decided.clear()
-        choice = all_reduce_choice(world_size, nbytes, workspace_bytes, peer_reads)
-        default = _is_default(choice, world_size, workspace_bytes, nbytes, peer_reads)
+        choice = all_reduce_choice(world_size, nbytes, workspace_bytes, peer_reads, reads_pay)
+        default = _is_default(choice, world_size, workspace_bytes, nbytes, peer_reads,
+                              reads_pay)
         found = _decided[key] = (choice, "" if default else f"/{choice.tag}")
     return found
 
