@@ -17,28 +17,42 @@ Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast`` and ``dist.all_
 through ``direct.all_reduce`` with that choice, at any size (below ``direct.SMALL_BYTES`` it
 stands against the one-generation plan that ``dist.all_reduce`` runs there). A ``whole`` tag
 may name the form of its rounds after a colon, ``whole@256K:python`` or
-``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job. The job runs
-``--world-size`` ranks (default 2; ``whole`` runs on two only):
+``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job; ``barrier``
+sets ``dist.barrier`` against ``MPI_Barrier``. A batch holds ``--calls`` calls, fewer of a
+large message (about BATCH_BYTES a batch, two at least). The job runs ``--world-size`` ranks
+(default 2; ``whole`` runs on two only). At the end the goals of ``bench_collectives.py``
+that these pairs measure (``collectives_goals``: latency at 4 B - 1 KiB, the all-reduce's
+busbw at 4 KiB - 4 MiB) are judged from the contenders' medians, and ``--output FILE`` writes
+the pairs and those goals into FILE's ``pair_shm_mpi`` section:
 
     python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
         [--choices whole@256K:python,whole@256K:compiled] [--calls 200] [--turns 60]
-        [--against whole@256K:python] [--world-size 2]
+        [--against whole@256K:python] [--world-size 2] [--output FILE]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]
 
+import bench_common as common  # noqa: E402
 from bench_common import format_size, one_thread_per_rank, parse_size  # noqa: E402
 
 one_thread_per_rank()
+
+SECTION = "pair_shm_mpi"
+BATCH_BYTES = 32 << 20  # a batch of a large message: about this many bytes, 2 calls at least
+OURS = {"all_reduce": "dist.all_reduce", "broadcast": "dist.broadcast",
+        "barrier": "dist.barrier"}
+PEERS = {"all_reduce": "MPI_Allreduce", "broadcast": "MPI_Bcast", "barrier": "MPI_Barrier"}
 
 
 def _choice(tag: str):
@@ -54,6 +68,8 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
     from neural_arch.distributed.group.world import resolve_group
     n = max(1, nbytes // 4)
     bufs = {}
+    if collective == "barrier":
+        return {OURS[collective]: dist.barrier, PEERS[collective]: comm.Barrier}
 
     def buf(name):  # zeros: repeated in-place sums stay finite
         bufs[name] = np.zeros(n, np.float32)
@@ -100,10 +116,14 @@ def worker(args) -> None:
     dist.init_process_group("shm")
     c = resolve_group(None).transport.collectives
     choices = [t for t in args.choices.split(",") if t]
+    rows = []  # rank 0: one per contender and size, as ``collectives_goals`` reads rows
     for collective in args.collectives.split(","):
-        for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
+        sizes = [0] if collective == "barrier" else [parse_size(s) for s in
+                                                     args.sizes.split(",")]
+        for nbytes in sizes:
             calls = contenders(collective, nbytes, choices, comm, dist, c, np)
             names = list(calls)
+            per_batch = max(2, min(args.calls, BATCH_BYTES // max(nbytes, 1)))
             for name in names:  # warm: plans, compiled entries, page faults
                 for _ in range(64):
                     calls[name]()
@@ -115,23 +135,65 @@ def worker(args) -> None:
                     comm.Barrier()
                     dist.barrier()
                     start = time.perf_counter()
-                    for _ in range(args.calls):
+                    for _ in range(per_batch):
                         call()
-                    mine = (time.perf_counter() - start) / args.calls
+                    mine = (time.perf_counter() - start) / per_batch
                     times[name].append(comm.allreduce(mine, op=MPI.MAX))
             if rank == 0:
-                peer = "MPI_Bcast" if collective == "broadcast" else "MPI_Allreduce"
+                rows += _rows(collective, nbytes, size, times, np)
+                peer = PEERS[collective]
                 if args.against and f"shm {args.against}" in times:
                     peer = f"shm {args.against}"
                 med = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
-                line = [f"{collective} {format_size(nbytes)}:"]
+                line = [f"{collective}" + (f" {format_size(nbytes)}:" if nbytes else ":")]
                 for name in names:
                     ratio = np.median(np.array(times[name]) / np.array(times[peer]))
                     line.append(f"{name} {med[name]:.2f} us" + (
                         "" if name == peer else f" ({ratio:.3f}x {peer}, diff "
                         f"{med[name] - med[peer]:+.2f} us)"))
                 print(" | ".join(line), flush=True)
+    if rank == 0 and args.result:
+        with open(args.result, "w") as f:
+            json.dump(rows, f)
     dist.destroy_process_group()
+
+
+def _rows(collective: str, nbytes: int, p: int, times: dict, np) -> list:
+    """Our public call's row and MPI's at one size: each contender's median batch time (the
+    slowest rank's), and on ours the median of the per-turn ratios to MPI's."""
+    ours, theirs = np.array(times[OURS[collective]]), np.array(times[PEERS[collective]])
+    base = {"collective": collective, "world_size": p, "bytes": nbytes}
+    return [dict(base, backend="shm", seconds=float(np.median(ours)),
+                 ratio=float(np.median(ours / theirs))),
+            dict(base, backend="MPI native", seconds=float(np.median(theirs)))]
+
+
+def report(rows: list, command: str) -> str:
+    """The pairs and the goals they measure, as a markdown section."""
+    import collectives_goals as goals
+    method = ("Ours and MPI's own collective in the same processes under mpiexec, batch by "
+              "batch in turns (a rotating order), each batch right after both barriers; a "
+              "batch's time is its slowest rank's per-call time. Ours and MPI: each "
+              "contender's median batch time; ratio: the median of the per-turn ratios of "
+              "our time to MPI's (below 1: ours is faster). Goals: those of "
+              "bench_collectives.py that these pairs measure, judged from the medians.")
+    lines = common.section_head(f"Ours and MPI's collectives in turns (`{SECTION}.py`)",
+                                command, common.machine_info(), method)
+    table = []
+    for ours in (r for r in rows if r["backend"] == "shm"):
+        mpi = next(r for r in rows if r["backend"] == "MPI native" and all(
+            r[k] == ours[k] for k in ("collective", "world_size", "bytes")))
+        table.append([ours["collective"], ours["world_size"],
+                      format_size(ours["bytes"]) if ours["collective"] != "barrier" else "-",
+                      f"{ours['seconds'] * 1e6:.2f}", f"{mpi['seconds'] * 1e6:.2f}",
+                      f"{ours['ratio']:.3f}x",
+                      f"{(ours['seconds'] - mpi['seconds']) * 1e6:+.2f}"])
+    lines += [common.markdown_table(["collective", "p", "size", "ours (us)", "MPI (us)",
+                                     "ratio", "ours - MPI (us)"], table, "lrrrrrr"), ""]
+    measured = [g for g in goals.size_goals(rows) if g[2] is not None]
+    if measured:
+        lines += [goals.goals_table(measured), ""]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -144,7 +206,10 @@ def main(argv=None) -> int:
     ap.add_argument("--against", default="", help="a --choices tag the ratios are taken "
                     "against instead of MPI's call (medians of the per-turn ratios)")
     ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--output", action="append", default=[],
+                    help="write the pairs and goals into this file's section (repeatable)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.world_size < 2:
         ap.error(f"--world-size must be at least 2, got {args.world_size}")
@@ -155,12 +220,22 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args)
         return 0
+    given = list(argv if argv is not None else sys.argv[1:])
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONUNBUFFERED="1")
-    cmd = ["mpiexec", "-n", str(args.world_size), "--oversubscribe", "--bind-to", "none",
-           sys.executable, "-u", os.path.abspath(__file__), "--worker"] + (
-               argv if argv is not None else sys.argv[1:])
-    return subprocess.run(cmd, env=env, timeout=1800).returncode
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "rows.json")
+        cmd = ["mpiexec", "-n", str(args.world_size), "--oversubscribe", "--bind-to", "none",
+               sys.executable, "-u", os.path.abspath(__file__), "--worker",
+               "--result", result] + given
+        code = subprocess.run(cmd, env=env, timeout=1800).returncode
+        if code or not os.path.exists(result):
+            return code or 1
+        with open(result) as f:
+            rows = json.load(f)
+    text = report(rows, common.command_line("benchmarks/pair_shm_mpi.py", given))
+    common.publish(text, args.output, SECTION)
+    return 0
 
 
 if __name__ == "__main__":

@@ -295,3 +295,43 @@ def test_each_check_compares_its_ranks_with_numpy(collective, fault):
     for rank in raising:
         assert type(errors[rank]) is RuntimeError and str(errors[rank]).startswith(
             f"{collective} of {count * 4} B on rank {rank} of {_P} gave"), errors[rank]
+
+
+def test_pair_shm_mpi_judges_the_latency_goals_from_its_pairs():
+    import pair_shm_mpi
+    rows = []
+    for collective, nbytes, ours_us, mpi_us in (("all_reduce", 4, 2.5, 2.0),
+                                                ("all_reduce", 1024, 3.5, 2.0),
+                                                ("broadcast", 4, 1.8, 1.0),
+                                                ("barrier", 0, 1.0, 0.5)):
+        base = {"collective": collective, "world_size": 2, "bytes": nbytes}
+        rows += [dict(base, backend="shm", seconds=ours_us * 1e-6, ratio=ours_us / mpi_us),
+                 dict(base, backend="MPI native", seconds=mpi_us * 1e-6)]
+    text = pair_shm_mpi.report(rows, "python benchmarks/pair_shm_mpi.py")
+    assert "| all_reduce | 2 | 1 KiB | 3.50 | 2.00 | 1.750x | +1.50 |" in text
+    assert "| barrier | 2 | - | 1.00 | 0.50 | 2.000x | +0.50 |" in text
+    verdicts = dict(re.findall(r"^\| (shm \w+ .*?) \| .*? \| (PASS|MISS) \|$", text, re.M))
+    assert verdicts == {  # the all-reduce judged at its worst size, 1 KiB (+1.5 us)
+        "shm all_reduce 4 B - 1 KiB <= MPI native + 1 us, p=2": "MISS",
+        "shm broadcast 4 B - 1 KiB <= MPI native + 1 us, p=2": "PASS",
+        "shm barrier <= MPI native + 1 us, p=2": "PASS"}, verdicts
+
+
+@pytest.mark.skipif("mpi" not in BACKENDS, reason="needs mpi4py and mpiexec")
+def test_pair_shm_mpi_runs_ours_and_mpis_in_turns_and_writes_its_section(tmp_path):
+    out = tmp_path / "pairs.md"
+    result = _run("pair_shm_mpi.py", ["--sizes", "4,4K", "--collectives",
+                                      "all_reduce,broadcast,barrier", "--turns", "2",
+                                      "--calls", "3", "--output", str(out)], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = out.read_text()
+    assert "<!-- pair_shm_mpi:start -->" in text and "<!-- pair_shm_mpi:end -->" in text
+    pairs = re.findall(r"^\| (all_reduce|broadcast|barrier) \| 2 \| (\S+(?: \S+)?) \| "
+                       r"([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)x \| ([+-][0-9.]+) \|$", text, re.M)
+    assert [(c, s) for c, s, *_ in pairs] == [("all_reduce", "4 B"), ("all_reduce", "4 KiB"),
+                                             ("broadcast", "4 B"), ("broadcast", "4 KiB"),
+                                             ("barrier", "-")], pairs
+    for _, _, ours, mpi, _, diff in pairs:  # the difference is that of the two times shown
+        assert abs(float(ours) - float(mpi) - float(diff)) <= 0.011, (ours, mpi, diff)
+    goals = re.findall(r"^\| (shm .*?) \| .*? \| (PASS|MISS) \|$", text, re.M)
+    assert len(goals) == 4, goals  # three latency goals and the 4 KiB all-reduce's busbw
