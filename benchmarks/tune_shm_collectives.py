@@ -7,9 +7,10 @@ memory) with each round size (for ``peer_read``: bytes per read), runs batches o
 all-reduces in one job, the candidates in a rotating order so that the machine's drift hits them alike; a
 candidate's time is the median over its batches on the slowest rank. The fastest per size
 becomes the table's row when it beats the built-in choice by MARGIN. The rows are this
-machine's table (``tuning_file.machine()``: CPU model and count) in the output file, which
-keeps the tables of other machines (``neural_arch.distributed.transports.shm.tuning`` reads
-the one of the machine it runs on):
+machine's table (``tuning_file.machine()``: CPU model and count) in the output file,
+replacing that machine's whole table (measure every world size it needs in one run) and
+keeping the tables of other machines (``neural_arch.distributed.transports.shm.tuning``
+reads the one of the machine it runs on):
 
     python benchmarks/tune_shm_collectives.py [--world-sizes 2] [--sizes 256K,1M,4M]
         [--rounds 128K,256K,512K,1M,2M] [--repeats 15]
@@ -127,6 +128,9 @@ def main(argv=None) -> int:
                [parse_size(s) for s in rounds.split(",")], int(repeats), result)
         return 0
     from neural_arch.distributed.transports.shm import tuning
+    from neural_arch.distributed.transports.shm import tuning_file
+    # the file the table goes into, checked before anything is measured: a run is long
+    tuning_file.existing(args.output, tuning.tables)
     # whether any world size's peer_read candidates ran with peer writes: one flag for the
     # table, so a world size measured without them is flagged too (its rows then need writes,
     # the safe side: without them the built-in choice runs)

@@ -31,12 +31,12 @@ import errno
 import os
 import secrets
 import sys
-import time
 from typing import Any, Optional
 
 import numpy as np
 
 from ...errors import PeerFailureError
+from . import read_cost
 from .layout import BUFFER, PEER_READ, PROBE_ADDRESS, PROBE_TOKEN
 from .waiting import Backoff
 
@@ -45,35 +45,23 @@ PR_SET_PTRACER_ANY = ctypes.c_ulong(-1)
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 MAX_READ_BYTES = 1 << 30  # one process_vm_readv moves at most ~2 GiB: larger reads in pieces
 # A rank's verdict word: 0 while undecided, then DECIDED with READS and WRITES where it can,
-# and PAYS where a read through the kernel costs little more than a copy (``reads_pay``).
+# and PAYS where a read through the kernel costs little more than a copy (``read_cost``).
 DECIDED, READS, WRITES, PAYS = 1, 2, 4, 8
 ENV_SWITCH = "NEURAL_ARCH_SHM_PEER_READ"
 # What each value of the switch lets this rank do to its peers' memory; PAYS: taken as paying
 # without timing it (auto times it)
 SWITCH_VALUES = {"auto": READS | WRITES, "1": READS | WRITES | PAYS,
-                 "on": READS | WRITES | PAYS, "read": READS | PAYS, "0": 0, "off": 0}
-# ``reads_pay``: a read of PAY_PROBE_BYTES through ``process_vm_readv`` against a NumPy copy of
-# the same bytes, each the best of PAY_PROBE_TRIES tries in each of PAY_PROBE_BUFFERS pairs of
-# fresh buffers (on a virtual machine some allocations were 8x slower to copy, reads too, for
-# every try: the best over several allocations is the machine's). Peer reads replace the
-# all-reduce's two copies through the workspace by one read through the kernel: they win while
-# a read costs less than about 1.75 copies of the same bytes (one copy in, reading both operands
-# and writing the sum, against one read and half the sum's traffic), and they lost by more than
-# that estimate says. Measured: a 2-core AMD EPYC machine read at 3.3-4.1x a copy's time and its
-# peer-read all-reduce took 1.3-4.2x the workspace's; a 2-core Xeon's took 0.60-0.82x (by the
-# estimate, reads there cost about one copy).
-PAY_PROBE_BYTES = 256 << 10
-PAY_PROBE_TRIES = 3
-PAY_PROBE_BUFFERS = 3
-PAYS_MAX_RATIO = 2.0
+                 "on": READS | WRITES | PAYS, "read": READS, "0": 0, "off": 0}
+ENABLED_VALUES = (0, READS, READS | WRITES, READS | PAYS, READS | WRITES | PAYS)
 
 
 def switched_on() -> int:
     """``NEURAL_ARCH_SHM_PEER_READ``: auto (default): read and write peers' memory where every
-    rank can, the built-in choices taking reads where they were timed to pay (``reads_pay``);
-    1 or on: the same, taking reads as paying untimed; read: read only (every rank then reads
-    the owners' slices itself), taken as paying; 0 or off: never. Returns READS, WRITES and
-    PAYS as allowed. Any other value is a ValueError naming the variable and value."""
+    rank can, the built-in choices taking reads only where they were timed to pay
+    (``read_cost``); 1 or on: the same, reads taken as paying untimed; read: read only (every
+    rank then reads the owners' slices itself), timed as auto; 0 or off: never. Returns READS,
+    WRITES and PAYS as allowed. Any other value is a ValueError naming the variable and
+    value."""
     value = os.environ.get(ENV_SWITCH, "auto").strip().lower() or "auto"
     if value not in SWITCH_VALUES:
         raise ValueError(f"{ENV_SWITCH}={value!r}; use one of {', '.join(SWITCH_VALUES)}")
@@ -124,8 +112,9 @@ def forbid_peer_readers(libc: Any) -> None:
 class PeerReads:
     """One rank's reader (and writer) of its peers' memory, and the job's agreement on using it.
 
-    ``enabled``: ``switched_on()`` as the caller read it (READS and WRITES as allowed; True:
-    both; False or 0: this rank says no at ``agree``). ``usable`` is False until ``agree``
+    ``enabled``: ``switched_on()`` as the caller read it (READS and WRITES as allowed, PAYS
+    where reads are taken as paying untimed; True: reads and writes; False or 0: this rank
+    says no at ``agree``). ``usable`` is False until ``agree``
     found that every rank can read every peer; afterwards ``read(peer, address, out, op,
     seq)`` copies ``out.nbytes`` bytes at ``address``
     in ``peer``'s memory into ``out`` (a C-contiguous array) or raises PeerFailureError.
@@ -139,12 +128,13 @@ class PeerReads:
         self.usable = self.writable = self.pays = False
         if isinstance(enabled, (bool, np.bool_)):
             enabled = (READS | WRITES) if enabled else 0
-        if enabled & ~PAYS not in (0, READS, READS | WRITES):
+        if not isinstance(enabled, (int, np.integer)) or enabled not in ENABLED_VALUES:
             raise ValueError(f"enabled must be a bool, 0, READS ({READS}) or READS | WRITES "
-                             f"({READS | WRITES}), with PAYS ({PAYS}) or not, got {enabled!r}")
+                             f"({READS | WRITES}), those two with PAYS ({PAYS}) or not, got "
+                             f"{enabled!r}")
         self._allowed = int(enabled)
         self.pids = [0] * world_size
-        self._libc = _libc_reader() if enabled else None
+        self._libc = _libc_reader() if enabled & READS else None
         self._call = self._libc.process_vm_readv if self._libc is not None else None
         self._write_call = getattr(self._libc, "process_vm_writev", None)
         self._local, self._remote = _IoVec(), _IoVec()
@@ -240,33 +230,17 @@ class PeerReads:
         return READS | (WRITES if int(got[0]) == int(mine[0]) else 0)
 
     def reads_pay(self) -> bool:
-        """Whether a read through the kernel costs at most PAYS_MAX_RATIO copies
-        (``read_cost_ratio``): under a millisecond or a few, once per job."""
-        ratio = self.read_cost_ratio()
-        return ratio is not None and ratio <= PAYS_MAX_RATIO
+        """Whether a read through the kernel costs little enough here for peer reads to pay
+        (``read_cost.pays``): a few milliseconds at most, once per job."""
+        return self._call is not None and read_cost.pays(self._read_raw)
 
     def read_cost_ratio(self) -> Optional[float]:
-        """This process's read of PAY_PROBE_BYTES of its own memory through the kernel (the
-        path and page pinning of a peer's read) over a NumPy copy of them (see
-        PAY_PROBE_BYTES); None where a read fails or this machine has no such read."""
-        if self._call is None:
-            return None
-        read = copy = float("inf")
-        for _ in range(PAY_PROBE_BUFFERS):
-            source = np.ones(PAY_PROBE_BYTES, np.uint8)
-            target = np.ones_like(source)
-            for timed in range(PAY_PROBE_TRIES + 1):  # the first untimed: pins, faults, caches
-                start = time.perf_counter()
-                moved = self._raw(self._call, os.getpid(), source.ctypes.data,
-                                  target.ctypes.data, source.nbytes)
-                middle = time.perf_counter()
-                np.copyto(target, source)
-                if moved != source.nbytes:
-                    return None
-                if timed:
-                    read = min(read, middle - start)
-                    copy = min(copy, time.perf_counter() - middle)
-        return read / max(copy, 1e-9)
+        """A read through the kernel over a copy of the same bytes (``read_cost.ratio``);
+        None where this machine has no such read or it fails."""
+        return None if self._call is None else read_cost.ratio(self._read_raw)
+
+    def _read_raw(self, pid: int, remote: int, local: int, nbytes: int) -> int:
+        return self._raw(self._call, pid, remote, local, nbytes)
 
     def _raw(self, call: Any, pid: int, remote: int, local: int, nbytes: int) -> int:
         self._local.base, self._local.len = local, nbytes

@@ -30,7 +30,7 @@ import numpy as np
 from ...errors import CollectiveMismatchError, DistributedError, RendezvousError
 from ..base import Fingerprint, Transport, check_job
 from .collectives import ShmCollectives
-from .cross_memory import PeerReads, switched_on
+from .cross_memory import READS, WRITES, PeerReads, switched_on
 from .generation import Generation
 from .layout import CLOSED, PID, PROBE_ADDRESS, PROBE_TOKEN, ShmLayout
 from .rings import RingMessages
@@ -48,7 +48,7 @@ class ShmTransport(RingMessages, Transport):
     name = "shm"
 
     def __init__(self, rank: int, world_size: int, timeout: float, mm, layout: ShmLayout,
-                 segment_name: str, peer_reads: bool = True) -> None:
+                 segment_name: str, peer_reads: int = READS | WRITES) -> None:
         super().__init__(rank, world_size, timeout)
         self.layout = layout
         self.segment_name = segment_name

@@ -20,11 +20,12 @@ whose ``up_to_bytes`` it does not exceed, or the last row. Its ``"peer_writes": 
 ``peer_read`` rows were measured with the owners writing their reduced chunks into the peers
 (``single_copy``): they then count only where the ranks agreed on peer writes too, since the
 form that reads the owners' slices instead is slower at the smaller sizes. A file holds a table
-per machine (``tuning_file``: two machines of one kind can want opposite choices), and a
-process reads, once, this machine's table from the file ``NEURAL_ARCH_SHM_TUNING`` names when
-set, else from ``tuning_table.json`` beside this file. Where neither has a table for this
-machine, for a world size its table does not name, or for a ``peer_read`` row in a job whose
-ranks cannot read each other, the built-in choice stands: ``peer_read`` in chunks of
+per machine (``tuning_file``: two 2-core machines with different CPUs wanted opposite
+choices), and a process reads, once, this machine's table from the file
+``NEURAL_ARCH_SHM_TUNING`` names when set, else from ``tuning_table.json`` beside this file.
+Where the file in force has no table for this machine (the package's file is not consulted
+after the variable's), for a world size its table does not name, or for a ``peer_read`` row
+in a job whose ranks cannot read each other, the built-in choice stands: ``peer_read`` in chunks of
 PEER_READ_CHUNK_BYTES from PEER_READ_MIN_BYTES on (two ranks) where the ranks can and found
 a read through the kernel cheap (``cross_memory.PeerReads.reads_pay``), else
 ``whole`` for two ranks and ``split`` for more, 1 MiB rounds. Every choice gives the same bits
@@ -143,9 +144,9 @@ def load(path: str, machine: Optional[str] = None) -> Optional[tuning_file.Table
 
 def table() -> Dict[int, Rows]:
     """The rows in force, read once: this machine's table (``tuning_file.machine``) in the
-    file ``NEURAL_ARCH_SHM_TUNING`` names (an error if the file is unusable: it was asked for;
-    a warning if it has no table for this machine), else in the package's file (a warning if
-    that is unusable), else none: the built-in choices."""
+    file ``NEURAL_ARCH_SHM_TUNING`` names when set (an error if the file is unusable: it was
+    asked for; a warning and none if it has no table for this machine), else in the package's
+    file (a warning and none if that is unusable); none: the built-in choices."""
     if "rows" not in _loaded:
         path = os.environ.get(ENV_TABLE, "").strip()
         here = tuning_file.machine()

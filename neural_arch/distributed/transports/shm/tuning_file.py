@@ -1,23 +1,26 @@
 """The shared-memory tuning table on disk: one table per machine it was measured on.
 
 Which large all-reduce is fastest depends on the machine: its caches, its cores, and what the
-kernel charges for reading another process's memory (``cross_memory``). Two 2-core machines of
-the same suite disagree completely: on one, peer reads took 0.60-0.82x the time of the best
-workspace algorithm from 224 KiB; on the other, a ``process_vm_readv`` moves 10 GB/s against
-a local copy's 30, and peer reads took 1.6-2x the time of ``whole`` at every size. So a table
-names the machine it was measured on, and a machine uses only its own.
+kernel charges for reading another process's memory (``cross_memory``). Two 2-core machines
+with different CPUs disagree completely: on one, peer reads were fastest from 224 KiB (0.60-0.82x
+the time of the best workspace algorithm from 256 KiB); on the other, a ``process_vm_readv``
+moves 10 GB/s against a local copy's 30, and peer reads took 1.3-4.2x the time of ``whole``
+at every size. So a table names the machine it was measured on, and a machine uses only its
+own.
 
 A file is JSON in one of two forms:
 
 * ``{"format": 2, "machines": [TABLE, ...]}``: a table per machine, each ``TABLE`` an object
   ``{"machine": "<signature>", "measured": {...}, "peer_writes": bool, "all_reduce": {...}}``
   (``tuning`` says what the rows mean). ``tune_shm_collectives.py`` writes this form, replacing
-  the table of the machine it ran on and keeping the others.
+  the whole table of the machine it ran on (every world size it measured in that run) and
+  keeping the others'.
 * ``{"format": 1, "peer_writes": bool, "all_reduce": {...}}``: one table, for whatever machine
-  reads it (a ``"machine"`` field, if present, limits it to that machine).
+  reads it (a ``"machine"`` field, if present, limits it to that machine). Written over by the
+  tuner only when it names its machine: a table for any machine is never dropped unasked.
 
-``machine()`` is the signature: the CPU's model name and the number of CPUs, the cheapest
-description that tells those machines apart.
+``machine()`` is the signature: the CPU's model name and the number of CPUs this process may
+run on, the cheapest description that tells those machines apart.
 """
 from __future__ import annotations
 
@@ -25,12 +28,14 @@ import json
 import os
 import platform
 import re
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 READ_FORMATS = (1, 2)
 FORMAT = 2  # what ``write`` writes
 PEER_WRITES = "peer_writes"  # a table's field: its peer_read rows were measured with writes
 MACHINE = "machine"
+ParseRows = Callable[[Any, str], Dict[int, list]]  # one table's all_reduce field, checked
+TablesOf = Callable[[Any, str], list]  # every table of a decoded file, checked
 
 
 class Table(NamedTuple):
@@ -49,7 +54,11 @@ def machine() -> str:
     except OSError:
         pass
     model = model or platform.processor() or platform.machine() or "unknown CPU"
-    return f"{model}, {os.cpu_count() or 1} CPUs"
+    try:
+        cpus = len(os.sched_getaffinity(0))  # a container's share, not its host's count
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return f"{model}, {cpus} CPUs"
 
 
 def read(path: str) -> Any:
@@ -61,11 +70,11 @@ def read(path: str) -> Any:
         raise ValueError(f"cannot read the shared-memory tuning table {path}: {exc}") from None
 
 
-def tables(decoded: Any, source: str, parse_rows: Any) -> List[Table]:
+def tables(decoded: Any, source: str, parse_rows: ParseRows) -> List[Table]:
     """Every table of a decoded file; ``parse_rows(rows, where)`` checks one table's
     ``all_reduce`` field. ValueError naming ``source`` and the field at fault."""
     form = decoded.get("format") if isinstance(decoded, dict) else None
-    if form not in READ_FORMATS:
+    if type(form) is not int or form not in READ_FORMATS:  # not True, which equals 1
         raise ValueError(f"{source}: a tuning table is a JSON object with \"format\" 1 or 2, "
                          f"got format {form if isinstance(decoded, dict) else decoded!r}")
     if form == 1:
@@ -81,7 +90,7 @@ def tables(decoded: Any, source: str, parse_rows: Any) -> List[Table]:
     return out
 
 
-def _table(entry: Any, where: str, parse_rows: Any, needs_machine: bool = False) -> Table:
+def _table(entry: Any, where: str, parse_rows: ParseRows, needs_machine: bool = False) -> Table:
     if not isinstance(entry, dict):
         raise ValueError(f"{where} must be an object, got {entry!r}")
     name = entry.get(MACHINE)
@@ -101,22 +110,29 @@ def for_machine(found: List[Table], name: str) -> Optional[Table]:
     return (mine or anywhere or [None])[0]
 
 
-def write(path: str, entry: Dict[str, Any], tables_of: Any) -> Dict[str, Any]:
+def existing(path: str, tables_of: TablesOf) -> List[Dict[str, Any]]:
+    """The tables already in the file at ``path`` (none if there is no file), as written;
+    ValueError if it is unreadable or holds a table for any machine (format 1 without a
+    ``"machine"``), which writing a machine's table into it would have to drop."""
+    if not os.path.exists(path):
+        return []
+    decoded = read(path)
+    tables_of(decoded, path)
+    if decoded["format"] == 2:
+        return list(decoded["machines"])
+    if decoded.get(MACHINE) is None:
+        raise ValueError(f"{path} holds one table for any machine (format 1 without "
+                         f"\"{MACHINE}\"): name its machine in it, or write elsewhere")
+    return [decoded]
+
+
+def write(path: str, entry: Dict[str, Any], tables_of: TablesOf) -> Dict[str, Any]:
     """Write ``entry`` (a table with its ``"machine"``) into the file at ``path``, replacing
     that machine's table and keeping the others'; returns the whole file's object.
     ``tables_of(decoded, source)`` checks what is written. An unreadable file already there
     is a ValueError, not overwritten."""
-    kept: List[Dict[str, Any]] = []
-    if os.path.exists(path):
-        decoded = read(path)
-        tables_of(decoded, path)
-        if decoded["format"] == 1:
-            if decoded.get(MACHINE) is not None:  # a format-1 table without one is the
-                kept = [decoded]                  # machine's own, measured before: replaced
-        else:
-            kept = list(decoded["machines"])
-        kept = [{k: v for k, v in t.items() if k != "format"} for t in kept
-                if t.get(MACHINE) != entry[MACHINE]]
+    kept = [{k: v for k, v in t.items() if k != "format"} for t in existing(path, tables_of)
+            if t[MACHINE] != entry[MACHINE]]
     out = {"format": FORMAT, "machines": sorted(kept + [entry], key=lambda t: t[MACHINE])}
     tables_of(out, path)  # never write a file the reader would refuse
     tmp = f"{path}.tmp{os.getpid()}"

@@ -112,7 +112,8 @@ def peer_read_bits(rank, p, store, writes):
             fast, old = inputs[rank].copy(), inputs[rank].copy()
             if p == 2 and fast.nbytes >= tuning.PEER_READ_MIN_BYTES[2]:  # the public call
                 level = tuning.peer_level(t.peer_reads.usable, t.peer_reads.writable)
-                chosen = tuning.decide(p, fast.nbytes, c.layout.workspace_bytes, level)[0]
+                chosen = tuning.decide(p, fast.nbytes, c.layout.workspace_bytes, level,
+                                       t.peer_reads.pays)[0]
                 assert chosen.algorithm == "peer_read", chosen  # else it tests nothing new
                 c.all_reduce(fast, op, calls.fp("all_reduce", fast))
             else:
@@ -210,70 +211,6 @@ def test_switched_off_on_any_rank_every_rank_takes_the_workspace_path(tmp_path, 
         usable, same, explicit = r.value
         assert usable is False and same is True, r.value
         assert cross_memory.ENV_SWITCH in explicit, explicit
-
-
-def paying(rank, p, store, pays_on):
-    """``NEURAL_ARCH_SHM_PEER_READ=auto``; ``reads_pay`` answers yes on the ranks in
-    ``pays_on`` (None: the real timing, every rank). Returns whether peer reads were agreed
-    and pay, the built-in choice for a vector above PEER_READ_MIN_BYTES, whether its public
-    all-reduce has the reference's bits, and what moved through the kernel."""
-    os.environ[cross_memory.ENV_SWITCH] = "auto"
-    if pays_on is not None:
-        cross_memory.PeerReads.reads_pay = lambda self: rank in pays_on
-    t = shm.create(rank, p, store, 30.0)
-    moved, real_read = [], t.peer_reads.read
-    t.peer_reads.read = lambda *args: moved.append("read") or real_read(*args)
-    try:
-        inputs = _inputs(p, PAIR_N, np.float32, ReduceOp.SUM)
-        buf = inputs[rank].copy()
-        level = tuning.peer_level(t.peer_reads.usable, t.peer_reads.writable)
-        chosen = tuning.decide(p, buf.nbytes, t.layout.workspace_bytes, level,
-                               t.peer_reads.pays)[0]
-        t.collectives.all_reduce(buf, ReduceOp.SUM, Calls().fp("all_reduce", buf))
-        same = buf.tobytes() == rank_order_reduction(inputs, ReduceOp.SUM).tobytes()
-        return t.peer_reads.usable, t.peer_reads.pays, chosen.algorithm, same, sorted(set(moved))
-    finally:
-        t.close()
-
-
-@needs_peer_reads
-@pytest.mark.parametrize("pays_on", [(0, 1), (1,), ()])
-def test_the_built_in_choice_takes_peer_reads_only_where_every_rank_found_them_paying(
-        tmp_path, pays_on):
-    results = run_ranks(2, paying, pays_on, store_dir=str(tmp_path), timeout=50)
-    assert all(r.ok for r in results), results
-    pays = len(pays_on) == 2
-    for r in results:
-        usable, agreed, algorithm, same, moved = r.value
-        assert usable is True and agreed is pays and same is True, r.value
-        assert algorithm == ("peer_read" if pays else "whole"), r.value
-        assert moved == (["read"] if pays else []), r.value
-
-
-@needs_peer_reads
-def test_the_ranks_agree_on_whether_reads_pay_when_they_time_them(tmp_path):
-    results = run_ranks(2, paying, None, store_dir=str(tmp_path), timeout=50)
-    assert all(r.ok for r in results), results
-    assert results[0].value == results[1].value, [r.value for r in results]
-    usable, pays, algorithm, same, _ = results[0].value
-    assert usable is True and same is True
-    assert algorithm == ("peer_read" if pays else "whole")
-
-
-def test_reads_pay_compares_a_read_through_the_kernel_with_a_copy(monkeypatch):
-    reads = cross_memory.PeerReads(0, 1)
-    try:
-        if reads._call is None:
-            pytest.skip("no process_vm_readv here")
-        verdict = reads.reads_pay()
-        assert isinstance(verdict, bool)
-        ticks = iter(range(0, 10 ** 6))  # every timed span one tick: a read costs a copy
-        monkeypatch.setattr(cross_memory.time, "perf_counter", lambda: next(ticks))
-        assert reads.reads_pay() is True
-        monkeypatch.setattr(cross_memory, "PAYS_MAX_RATIO", 0.9)  # a copy's time is too much
-        assert reads.reads_pay() is False
-    finally:
-        reads.close()
 
 
 def test_an_unknown_switch_value_is_refused_naming_it(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -141,11 +142,33 @@ def test_another_machines_table_leaves_the_built_in_choice(tmp_path, table_file,
     monkeypatch.delenv(tuning.ENV_TABLE)
     monkeypatch.setattr(tuning, "TABLE_FILE", str(package))
     tuning.forget()
-    assert tuning.all_reduce_choice(2, 200 << 10, 2 << 20) == tuning.default_choice(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: most machines have no table of their own
+        assert tuning.all_reduce_choice(2, 200 << 10, 2 << 20) == tuning.default_choice(2)
+
+
+def test_writing_into_a_format_1_file_keeps_a_named_machine_and_refuses_an_unnamed_one(
+        tmp_path):
+    there = "Some Other CPU, 64 CPUs"
+    named = tmp_path / "named.json"
+    named.write_text(json.dumps(dict(TABLE, machine=there)))
+    assert tuning.load(str(named)) is None  # a format-1 table of another machine: not ours
+    assert tuning.load(str(named), there).rows[3] == [(1 << 20, Choice("split", 512 << 10))]
+    tuning.write(str(named), {2: [(1 << 20, Choice("whole", 128 << 10))]})
+    written = json.loads(named.read_text())
+    assert written["format"] == 2 and all("format" not in t for t in written["machines"])
+    assert tuning.load(str(named), there).rows[3] == [(1 << 20, Choice("split", 512 << 10))]
+    assert tuning.load(str(named)).rows[2] == [(1 << 20, Choice("whole", 128 << 10))]
+    unnamed = tmp_path / "unnamed.json"
+    unnamed.write_text(json.dumps(TABLE))
+    with pytest.raises(ValueError, match="for any machine .* name its machine"):
+        tuning.write(str(unnamed), {2: [(1 << 20, Choice("whole", 128 << 10))]})
+    assert json.loads(unnamed.read_text()) == TABLE  # left as it was
 
 
 @pytest.mark.parametrize("table, message", [
     ({"format": 3, "all_reduce": {}}, "format\" 1 or 2"),
+    ({"format": True, "all_reduce": {}}, "format\" 1 or 2"),
     ({"format": 2, "machines": {}}, "must be a list of tables"),
     ({"format": 2, "machines": [{"all_reduce": {}}]}, "machines\\[0\\]: \"machine\" must name"),
     ({"format": 2, "machines": [{"machine": "A, 1 CPUs"}, {"machine": "A, 1 CPUs"}]},
