@@ -95,7 +95,7 @@ def _prologue(plan_address, polls, like):  # pragma: no cover - compiled
 
 
 # These keep the GIL (see the ``_nogil`` forms at the end): the polls are bounded by the
-# caller's budget, as a Python poll loop holding the GIL is.
+# caller's budget and ``kernels.YIELDS`` yields, as a Python poll loop holding the GIL is.
 @njit(cache=True)
 def planned_barrier(plan_address, seq, polls):  # pragma: no cover - compiled
     """One generation with no data (``direct.barrier``'s steps)."""

@@ -12,7 +12,11 @@ atomic 8-byte load (acquire) or store (release), built from LLVM through Numba. 
 reads could be hoisted out of a polling loop by the compiler, and the release store of the
 arrival counter is what orders the copied vector before it for the peers (on x86-64 both are
 ordinary moves). The polling loop runs ``pause`` on x86-64, which leaves the core's other
-hardware thread its share while this one waits.
+hardware thread its share while this one waits; once the caller's budget of polls is spent it
+gives the core away (``sched_yield``) before each of YIELDS more looks, so that where ranks
+outnumber cores the late peer can run now rather than after this rank's Python wait begins
+(four ranks on two cores: a 4-byte all-reduce in 14-30 us instead of 53-79, a barrier in
+5.5-6.6 instead of 18-19, ``docs/collectives.md``).
 
 Importing this module imports Numba.
 """
@@ -34,6 +38,7 @@ WAIT = 2      # a peer had not arrived within the polls: wait, then call again t
 MISMATCH = 4  # status // MISMATCH - 1 is a peer whose fingerprint differs (nothing reduced)
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+YIELDS = 32
 
 
 def _word_pointer(context, builder, signature, args):
@@ -73,6 +78,19 @@ def cpu_relax(typingctx):  # pragma: no cover - compiled
     return types.void(), codegen
 
 
+@intrinsic
+def yield_core(typingctx):  # pragma: no cover - compiled
+    """``sched_yield()``, by name: the C library's symbol, resolved when the code is loaded
+    (a cached kernel keeps no address of this process)."""
+    def codegen(context, builder, signature, args):
+        call = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(call, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
 @njit(cache=True, nogil=True)
 def _arrive(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
     """Publish the signature and sequence number, arrive at ``gen``, and return WAKE if a
@@ -91,15 +109,20 @@ def _arrive(words, rank, p, gen, sig, seq):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _peers_reached(words, rank, p, gen, polls):  # pragma: no cover - compiled
-    """Whether every peer has arrived at ``gen``, each polled at most ``polls`` times."""
+    """Whether every peer has arrived at ``gen``, each polled at most ``polls`` times, then
+    at most YIELDS times more, each after giving the core away."""
     for q in range(p):
         if q != rank:
-            left = polls
+            left, yields = polls, YIELDS
             while load_acquire(words, q * LINE_WORDS + GEN) < gen:
                 left -= 1
-                if left <= 0:
+                if left > 0:
+                    cpu_relax()
+                elif yields > 0:
+                    yields -= 1
+                    yield_core()
+                else:
                     return False
-                cpu_relax()
     return True
 
 

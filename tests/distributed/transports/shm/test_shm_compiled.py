@@ -275,3 +275,19 @@ def test_a_killed_peer_is_named_on_the_compiled_path(tmp_path, compiled):
         assert r.error == PeerFailureError.__name__, r
         assert r.peer == 1 and "peer rank 1" in r.message
     assert shm_names_of(r.pid for r in results) == []
+
+
+def test_the_polls_give_the_core_away_before_handing_a_late_peer_to_python():
+    """A peer not yet arrived is polled ``polls`` times, then once after each of YIELDS
+    ``sched_yield`` calls (ranks that outnumber cores let the late one run), then reported."""
+    from neural_arch.distributed.transports.shm import kernels
+    from neural_arch.distributed.transports.shm.layout import GEN, LINE_WORDS
+    words = np.zeros(3 * LINE_WORDS, np.int64)
+    words[LINE_WORDS + GEN] = 4  # rank 1 is at generation 4, rank 2 at 3
+    words[2 * LINE_WORDS + GEN] = 3
+    assert kernels.YIELDS > 0
+    assert not kernels._peers_reached(words, 0, 3, 4, 1)  # one poll, then every yield
+    assert not kernels._peers_reached(words, 0, 3, 4, 100)
+    words[2 * LINE_WORDS + GEN] = 4
+    assert kernels._peers_reached(words, 0, 3, 4, 1)
+    assert kernels._peers_reached(words, 1, 3, 4, 1) is False  # rank 0 is still at 0
