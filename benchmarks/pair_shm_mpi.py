@@ -48,11 +48,10 @@ from bench_common import format_size, one_thread_per_rank, parse_size  # noqa: E
 
 one_thread_per_rank()
 
+from bench_collectives import NATIVE_NAMES as PEERS  # noqa: E402 - MPI's call of each
+
 SECTION = "pair_shm_mpi"
 BATCH_BYTES = 32 << 20  # a batch of a large message: about this many bytes, 2 calls at least
-OURS = {"all_reduce": "dist.all_reduce", "broadcast": "dist.broadcast",
-        "barrier": "dist.barrier"}
-PEERS = {"all_reduce": "MPI_Allreduce", "broadcast": "MPI_Bcast", "barrier": "MPI_Barrier"}
 
 
 def _choice(tag: str):
@@ -69,7 +68,7 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
     n = max(1, nbytes // 4)
     bufs = {}
     if collective == "barrier":
-        return {OURS[collective]: dist.barrier, PEERS[collective]: comm.Barrier}
+        return {"dist.barrier": dist.barrier, PEERS[collective]: comm.Barrier}
 
     def buf(name):  # zeros: repeated in-place sums stay finite
         bufs[name] = np.zeros(n, np.float32)
@@ -77,9 +76,9 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
     if collective == "broadcast":
         ours, theirs = buf("ours"), buf("mpi")
         return {"dist.broadcast": lambda: dist.broadcast(ours, 0),
-                "MPI_Bcast": lambda: comm.Bcast(theirs, root=0)}
+                PEERS[collective]: lambda: comm.Bcast(theirs, root=0)}
     theirs, out = buf("mpi"), np.empty(n, np.float32)
-    calls = {"MPI_Allreduce": lambda: comm.Allreduce(theirs, out)}
+    calls = {PEERS[collective]: lambda: comm.Allreduce(theirs, out)}
     ours, rounds = buf("ours"), c.pair_rounds
     default_form = rounds.choice
     if any(":" in tag for tag in choices):  # the forms set below: back to the default
@@ -161,7 +160,8 @@ def worker(args) -> None:
 def _rows(collective: str, nbytes: int, p: int, times: dict, np) -> list:
     """Our public call's row and MPI's at one size: each contender's median batch time (the
     slowest rank's), and on ours the median of the per-turn ratios to MPI's."""
-    ours, theirs = np.array(times[OURS[collective]]), np.array(times[PEERS[collective]])
+    ours = np.array(times[f"dist.{collective}"])  # the contenders' names: ``contenders``
+    theirs = np.array(times[PEERS[collective]])
     base = {"collective": collective, "world_size": p, "bytes": nbytes}
     return [dict(base, backend="shm", seconds=float(np.median(ours)),
                  ratio=float(np.median(ours / theirs))),

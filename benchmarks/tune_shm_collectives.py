@@ -127,8 +127,8 @@ def main(argv=None) -> int:
         worker([parse_size(s) for s in sizes.split(",")],
                [parse_size(s) for s in rounds.split(",")], int(repeats), result)
         return 0
-    from neural_arch.distributed.transports.shm import tuning
-    from neural_arch.distributed.transports.shm import tuning_file
+    from neural_arch.distributed.transports.shm import tuning, tuning_file
+    from neural_arch.distributed.transports.shm.cross_memory import PeerReads
     # the file the table goes into, checked before anything is measured: a run is long
     tuning_file.existing(args.output, tuning.tables)
     # whether any world size's peer_read candidates ran with peer writes: one flag for the
@@ -138,7 +138,6 @@ def main(argv=None) -> int:
     chosen, measured = {}, {"cpus": os.cpu_count(), "repeats": args.repeats,
                             "command": "python benchmarks/tune_shm_collectives.py "
                                        + " ".join(argv if argv is not None else sys.argv[1:])}
-    from neural_arch.distributed.transports.shm.cross_memory import PeerReads
     probe = PeerReads(0, 1)
     try:  # what decides the built-in choice on a machine without a table (``reads_pay``)
         ratio = probe.read_cost_ratio()

@@ -13,7 +13,7 @@ where every rank's read costs at most PAYS_MAX_RATIO copies: the count's break-e
 ``ratio(read)`` times a read of PROBE_BYTES of this process's own memory (the kernel's path and
 page pinning are a peer's) against a NumPy copy of the same bytes, the best of TRIES tries in
 each of BUFFERS fresh pairs of buffers, read and copy taking turns at going first. On a virtual
-machine some allocations copied at about 2 GB/s for every try, others at 17-30: the best over
+machine some allocations copied several times slower than others for every try: the best over
 several allocations is the machine's.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Which large all-reduce is fastest depends on the machine: its caches, its cores,
 kernel charges for reading another process's memory (``cross_memory``). Two 2-core machines
 with different CPUs disagree completely: on one, peer reads were fastest from 224 KiB (0.60-0.82x
 the time of the best workspace algorithm from 256 KiB); on the other, a ``process_vm_readv``
-moves 10 GB/s against a local copy's 30, and peer reads took 1.3-4.2x the time of ``whole``
+costs 3.3-4.1 local copies of its bytes, and peer reads took 1.3-4.2x the time of ``whole``
 at every size. So a table names the machine it was measured on, and a machine uses only its
 own.
 

@@ -60,18 +60,10 @@ needs_peer_reads = pytest.mark.skipif(not _probe_works(),
 
 
 @pytest.fixture(autouse=True)
-def built_in_choices(tmp_path, monkeypatch):
+def built_in_choices(built_in_table, monkeypatch):
     """The ranks (forked from this process) follow the built-in choice, which takes peer reads
-    from PEER_READ_MIN_BYTES at two ranks where they pay: the package's table for this machine
-    may prefer the workspace there (an empty table for any machine leaves every size to the
-    built-in choice), and so may this machine's reads (``on``: taken as paying, untimed)."""
-    path = tmp_path / "built_in.json"
-    path.write_text('{"format": 1, "all_reduce": {}}')
-    monkeypatch.setenv(tuning.ENV_TABLE, str(path))
+    from PEER_READ_MIN_BYTES at two ranks where they pay (``on``: taken as paying, untimed)."""
     monkeypatch.setenv(cross_memory.ENV_SWITCH, "on")
-    tuning.forget()
-    yield
-    tuning.forget()
 
 
 def _inputs(p: int, n: int, dtype, op: ReduceOp) -> list:

@@ -13,7 +13,6 @@ from neural_arch.distributed.transports.shm import cross_memory, read_cost, tuni
 from shm_cases import Calls, rank_order_reduction
 from shm_testing import run_ranks
 
-pytestmark = pytest.mark.timeout(60)
 PAIR_N = tuning.PEER_READ_MIN_BYTES[2] // 4 + 1  # float32: above the built-in peer-read size
 
 
@@ -29,15 +28,7 @@ needs_peer_reads = pytest.mark.skipif(not _can_read_self(),
                                       reason="this machine refuses cross-memory reads")
 
 
-@pytest.fixture(autouse=True)
-def built_in_choices(tmp_path, monkeypatch):
-    """An empty table for any machine: every size takes the built-in choice."""
-    path = tmp_path / "built_in.json"
-    path.write_text('{"format": 1, "all_reduce": {}}')
-    monkeypatch.setenv(tuning.ENV_TABLE, str(path))
-    tuning.forget()
-    yield
-    tuning.forget()
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("built_in_table")]
 
 
 def paying(rank, p, store, switch, pays_on):
