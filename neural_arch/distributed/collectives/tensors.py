@@ -33,12 +33,13 @@ from ..buffers import Flat, checked_array, wrap_like
 from .args import check_algorithm, tensor_list, unpack_blocks, usable_group
 from ..group import world
 from ..group.world import ProcessGroup
+from ..transports.entry_table import declined
 from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 
 # The short calls of the default group's transport, once a call found them (see
 # ``_short_calls``): starts empty, and is emptied when that transport closes.
 _short: Any = SimpleNamespace(all_reduce={}, broadcast={}, all_gather={}, reduce_scatter={},
-                              barrier=None)
+                              barrier=None, all_reduce_now=declined, broadcast_now=declined)
 
 
 def _short_calls() -> Any:
@@ -59,9 +60,11 @@ def _short_calls() -> Any:
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup] = None,
                async_op: bool = False, algorithm: Optional[str] = None):
     """Reduce ``tensor`` over the group, in place on every rank; returns ``tensor``."""
-    if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
-            and type(op) is ReduceOp and profiler.TRACER is None):
-        entry = _short.all_reduce.get((tensor.dtype, tensor.size, op))
+    if group is None and not async_op and algorithm is None and profiler.TRACER is None:
+        if _short.all_reduce_now(tensor, op):
+            return tensor
+        entry = (_short.all_reduce.get((tensor.dtype, tensor.size, op))
+                 if type(tensor) is np.ndarray and type(op) is ReduceOp else False)
         if (entry is None and world.has_short_calls()
                 and algorithms.environment_choice() is None):
             short = _short_calls()
@@ -85,9 +88,11 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Optional[ProcessGroup
 def broadcast(tensor: Any, src: int = 0, group: Optional[ProcessGroup] = None,
               async_op: bool = False, algorithm: Optional[str] = None):
     """Copy ``tensor`` of rank ``src`` into ``tensor`` of every rank; returns ``tensor``."""
-    if (group is None and not async_op and algorithm is None and type(tensor) is np.ndarray
-            and type(src) is int and profiler.TRACER is None):
-        entry = _short.broadcast.get((tensor.dtype, tensor.size, src))
+    if group is None and not async_op and algorithm is None and profiler.TRACER is None:
+        if _short.broadcast_now(tensor, src):
+            return tensor
+        entry = (_short.broadcast.get((tensor.dtype, tensor.size, src))
+                 if type(tensor) is np.ndarray and type(src) is int else False)
         if entry is None and world.has_short_calls() and tensor.dtype.type in SUPPORTED_DTYPES:
             short = _short_calls()
             entry = short and short.broadcast_entry(tensor, src)

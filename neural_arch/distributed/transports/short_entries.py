@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from .entry_table import declined
+
 MAX_ENTRIES = 1024  # entries per collective; past this they start afresh
 # NumPy's flag bits (``ndarray.flags.num``) an entry's array must have: one attribute test
 # instead of three (NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_ALIGNED, NPY_ARRAY_WRITEABLE)
@@ -41,13 +43,21 @@ class EntryTables:
     with what the public calls ask of them: ``bind(pg)`` (whether the entries serve that
     group), and ``all_reduce_entry``, ``broadcast_entry``, ``reduce_scatter_entry`` and
     ``barrier_entry``, which make an entry on a miss; the general kind also
-    ``all_gather_entry`` (shared memory's all-gathers run the plans of its collectives)."""
+    ``all_gather_entry`` (shared memory's all-gathers run the plans of its collectives).
+    ``all_reduce_now(tensor, op)`` and ``broadcast_now(tensor, root)`` run a call from C
+    (``entry_table``) where a kind keeps such tables, else decline."""
 
     def __init__(self) -> None:
+        self.c_tables: Optional[tuple] = None
         self.clear()
 
     def clear(self) -> None:
         """Forget every entry (the group was destroyed, the transport closed)."""
+        for table in self.c_tables or ():
+            table.clear()
+        self.c_tables = None
+        self.all_reduce_now: Callable[[Any, Any], bool] = declined
+        self.broadcast_now: Callable[[Any, Any], bool] = declined
         self.all_reduce: dict = {}
         self.broadcast: dict = {}
         self.all_gather: dict = {}

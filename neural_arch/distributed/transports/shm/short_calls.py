@@ -33,6 +33,7 @@ from ....backends.numba_entry import fast_entry
 from ...errors import PeerFailureError
 from ...health import heartbeat
 from ...reduce_ops import SUPPORTED_DTYPES
+from .. import entry_table
 from ..base import Fingerprint
 from ..short_entries import USABLE as _USABLE, EntryTables
 from . import compiled
@@ -57,6 +58,9 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         if pg is not self.pg:
             self.clear()
             self.pg = pg
+            self.c_tables = entry_table.tables(pg, self.c.t.watch)
+            if self.c_tables is not None:
+                self.all_reduce_now, self.broadcast_now = (t.run for t in self.c_tables)
         return True
 
     # ----- making entries ----------------------------------------------------------------
@@ -95,6 +99,15 @@ class ShortCalls(TwoArrayCalls, EntryTables):
             entry = table[key] = self._entry(run, plan_key, key, fp, tensor, collective)
         return entry
 
+    def _add_c_entry(self, op: str, like: np.ndarray, how: Any, kernel: Any, address: int,
+                     finish: Callable, plan: np.ndarray) -> None:
+        """The compiled entry of ``like``'s shape and ``how`` (the op or the root) in the C
+        table of ``op`` too (``entry_table``), where this group has one."""
+        if self.c_tables is not None:
+            table = self.c_tables[0 if op == "all_reduce" else 1]
+            table.add(like.dtype, like.size, how, kernel, address,
+                      entry_table.finisher(finish), plan)
+
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
         """The compiled barrier's entry once HOT_CALLS barriers asked (at once when compiling
         is forced), else None (also where it cannot be compiled)."""
@@ -116,7 +129,7 @@ class ShortCalls(TwoArrayCalls, EntryTables):
                op: str) -> Callable[[np.ndarray], bool]:
         prepared = getattr(run, "prepared", None)
         if prepared is not None:
-            return self._compiled(prepared, fp, like, op)
+            return self._compiled(prepared, fp, like, op, key[2])
         return self._python(plan_key, key, fp, op)
 
     # ----- the entries ---------------------------------------------------------------------
@@ -170,7 +183,7 @@ class ShortCalls(TwoArrayCalls, EntryTables):
                 return False
             prepared = getattr(run, "prepared", None)
             if prepared is not None:
-                entry = table[key] = self._compiled(prepared, fp, tensor, op)
+                entry = table[key] = self._compiled(prepared, fp, tensor, op, key[2])
                 return entry(tensor)
             buf = tensor.reshape(-1)
             seq = pg.next_seq()
@@ -198,8 +211,9 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         return fast_entry(prepared.kernel, *arrays, address, 0, 1), plan, address, finish
 
     def _compiled(self, prepared: Any, fp: Fingerprint, like: Optional[np.ndarray],
-                  op: str) -> Callable[..., bool]:
-        """An entry making one compiled call (see the module docstring)."""
+                  op: str, how: Any = None) -> Callable[..., bool]:
+        """An entry making one compiled call (see the module docstring); one of a typed
+        array's (not the barrier's, not bytes) goes into the C table too, with ``how``."""
         pg, watch = self.pg, self.c.t.watch
         next_seq, queue = pg.next_seq, pg.queue
         acquire, release = queue.exec_lock.acquire, queue.exec_lock.release
@@ -244,4 +258,6 @@ class ShortCalls(TwoArrayCalls, EntryTables):
                 release()
             return True
         call.plan = plan
+        if not as_bytes:
+            self._add_c_entry(op, like, how, kernel, address, finish, plan)
         return call

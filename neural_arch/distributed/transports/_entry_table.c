@@ -1,0 +1,327 @@
+/* The public calls' short path in C: a table of prepared calls, each run as the Python entry of
+ * ``shm.short_calls`` runs it, without the Python around it.
+ *
+ * ``dist.broadcast(x, 0)`` of a 4-byte vector on shared memory spends most of its time before
+ * the compiled kernel starts and after it returns: the public function's checks, a dictionary
+ * lookup keyed by a tuple, the entry's flag tests, the sequence number, the queue's drain and
+ * lock, each a few dozen to a few hundred nanoseconds of interpreter. ``Table.run(tensor,
+ * how)`` does those steps here: it finds the entry by the array's dtype object, length and
+ * ``how`` (the op or the root) in a short array, tests the array's flags in its struct, and
+ * makes the same calls the Python entry makes, in the same order: ``next_seq()``,
+ * ``drain(op, seq)``, ``acquire()``, ``kernel(tensor, address, seq, watch.spin_polls)`` and,
+ * on a status, ``finish(status, tensor, seq)``, then ``release()``, also when one raised.
+ * It returns False, having done nothing, for anything it does not serve (not an ndarray, not
+ * one-dimensional, not C-contiguous, aligned and writable, no entry); the caller then takes
+ * the Python path, which raises where it must.
+ *
+ * It knows nothing of any transport: what a kernel does, and what ``finish`` settles, is the
+ * business of whoever added the entry. An entry holds references to everything it calls and
+ * to ``keep`` (what the kernel's address points into), and to its dtype object, so that the
+ * identity it is found by cannot pass to another dtype.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* The first fields of NumPy's array object (PyArrayObject_fields in numpy/ndarraytypes.h),
+ * laid out alike in NumPy 1.x and 2.x; read here without NumPy's headers, which a build
+ * without NumPy installed would not find. Only arrays of exactly ``ndarray_type`` are read. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ArrayHead;
+
+/* NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, as short_entries.USABLE */
+#define USABLE (0x0001 | 0x0100 | 0x0400)
+#define CAPACITY 64
+
+typedef struct {
+    PyObject *descr, *how, *kernel, *address, *finish, *keep;
+    Py_ssize_t count;
+} Entry;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ndarray_type, *op, *next_seq, *drain, *acquire, *release, *watch;
+    Entry entries[CAPACITY];
+    Py_ssize_t used;
+} Table;
+
+static PyObject *spin_polls_name;
+
+static void clear_entry(Entry *e) {
+    Py_CLEAR(e->descr);
+    Py_CLEAR(e->how);
+    Py_CLEAR(e->kernel);
+    Py_CLEAR(e->address);
+    Py_CLEAR(e->finish);
+    Py_CLEAR(e->keep);
+    e->count = 0;
+}
+
+static void clear_entries(Table *t) {
+    for (Py_ssize_t i = 0; i < t->used; i++)
+        clear_entry(&t->entries[i]);
+    t->used = 0;
+}
+
+static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"ndarray_type", "op", "next_seq", "drain", "acquire", "release",
+                            "watch", NULL};
+    PyObject *v[7];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!UOOOOO:Table", names, &PyType_Type, &v[0],
+                                     &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]))
+        return -1;
+    for (int i = 2; i < 6; i++) {
+        if (!PyCallable_Check(v[i])) {
+            PyErr_Format(PyExc_TypeError, "Table: argument %d (%s) must be callable, not %.80s",
+                         i + 1, names[i], Py_TYPE(v[i])->tp_name);
+            return -1;
+        }
+    }
+    clear_entries(t);
+    PyObject **slots[7] = {&t->ndarray_type, &t->op, &t->next_seq, &t->drain, &t->acquire,
+                           &t->release, &t->watch};
+    for (int i = 0; i < 7; i++) {
+        Py_INCREF(v[i]);
+        Py_XSETREF(*slots[i], v[i]);
+    }
+    return 0;
+}
+
+static int Table_traverse(Table *t, visitproc visit, void *arg) {
+    Py_VISIT(t->ndarray_type);
+    Py_VISIT(t->op);
+    Py_VISIT(t->next_seq);
+    Py_VISIT(t->drain);
+    Py_VISIT(t->acquire);
+    Py_VISIT(t->release);
+    Py_VISIT(t->watch);
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        Entry *e = &t->entries[i];
+        Py_VISIT(e->descr);
+        Py_VISIT(e->how);
+        Py_VISIT(e->kernel);
+        Py_VISIT(e->address);
+        Py_VISIT(e->finish);
+        Py_VISIT(e->keep);
+    }
+    return 0;
+}
+
+static int Table_clear_refs(Table *t) {
+    clear_entries(t);
+    Py_CLEAR(t->ndarray_type);
+    Py_CLEAR(t->op);
+    Py_CLEAR(t->next_seq);
+    Py_CLEAR(t->drain);
+    Py_CLEAR(t->acquire);
+    Py_CLEAR(t->release);
+    Py_CLEAR(t->watch);
+    return 0;
+}
+
+static void Table_dealloc(Table *t) {
+    PyObject_GC_UnTrack(t);
+    Table_clear_refs(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+/* add(dtype, count, how, kernel, address, finish, keep) -> bool: False when the table is full
+ * (the caller's Python entry serves that shape). */
+static PyObject *Table_add(Table *t, PyObject *args) {
+    PyObject *descr, *how, *kernel, *address, *finish, *keep;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "OnOOO!OO:add", &descr, &count, &how, &kernel, &PyLong_Type,
+                          &address, &finish, &keep))
+        return NULL;
+    if (!PyCallable_Check(kernel) || !PyCallable_Check(finish)) {
+        PyErr_SetString(PyExc_TypeError, "add: kernel and finish must be callable");
+        return NULL;
+    }
+    if (count < 0) {
+        PyErr_Format(PyExc_ValueError, "add: count must be >= 0, not %zd", count);
+        return NULL;
+    }
+    if (t->used == CAPACITY)
+        Py_RETURN_FALSE;
+    Entry *e = &t->entries[t->used++];
+    e->count = count;
+    e->descr = Py_NewRef(descr);
+    e->how = Py_NewRef(how);
+    e->kernel = Py_NewRef(kernel);
+    e->address = Py_NewRef(address);
+    e->finish = Py_NewRef(finish);
+    e->keep = Py_NewRef(keep);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Table_clear(Table *t, PyObject *unused) {
+    clear_entries(t);
+    Py_RETURN_NONE;
+}
+
+/* The same ``how``: the same object (an op), or ints of the same value (a root). */
+static int same_how(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b))
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    return 0;
+}
+
+static PyObject *call0(PyObject *f) { return PyObject_CallNoArgs(f); }
+
+/* run(tensor, how) -> bool: see the top of this file. */
+static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "run takes 2 arguments (tensor, how), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *tensor = args[0], *how = args[1];
+    if (t->ndarray_type == NULL || (PyObject *)Py_TYPE(tensor) != t->ndarray_type)
+        Py_RETURN_FALSE;
+    ArrayHead *a = (ArrayHead *)tensor;
+    if (a->nd != 1 || (a->flags & USABLE) != USABLE)
+        Py_RETURN_FALSE;
+    Entry *e = NULL;
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        Entry *c = &t->entries[i];
+        if (c->descr == a->descr && c->count == a->dimensions[0]) {
+            int same = same_how(c->how, how);
+            if (same < 0)
+                return NULL;
+            if (same) {
+                e = c;
+                break;
+            }
+        }
+    }
+    if (e == NULL)
+        Py_RETURN_FALSE;
+    /* what the entry calls may clear the table (a failure closing the transport): hold it */
+    PyObject *kernel = Py_NewRef(e->kernel), *address = Py_NewRef(e->address);
+    PyObject *finish = Py_NewRef(e->finish), *keep = Py_NewRef(e->keep);
+    PyObject *seq = NULL, *result = NULL, *polls = NULL, *status = NULL, *locked = NULL;
+    PyObject *done = NULL;
+
+    seq = call0(t->next_seq);
+    if (seq == NULL)
+        goto out;
+    PyObject *drain_args[2] = {t->op, seq};
+    result = PyObject_Vectorcall(t->drain, drain_args, 2, NULL);
+    if (result == NULL)
+        goto out;
+    locked = call0(t->acquire);
+    if (locked == NULL)
+        goto out;
+    polls = PyObject_GetAttr(t->watch, spin_polls_name);
+    if (polls != NULL) {
+        PyObject *kernel_args[4] = {tensor, address, seq, polls};
+        status = PyObject_Vectorcall(kernel, kernel_args, 4, NULL);
+    }
+    if (status != NULL) {
+        long long code = PyLong_AsLongLong(status);
+        if (code == -1 && PyErr_Occurred()) {
+            /* not an int: left as the error */
+        } else if (code != 0) {
+            PyObject *finish_args[3] = {status, tensor, seq};
+            PyObject *r = PyObject_Vectorcall(finish, finish_args, 3, NULL);
+            if (r != NULL) {
+                Py_DECREF(r);
+                done = Py_True;
+            }
+        } else {
+            done = Py_True;
+        }
+    }
+    {   /* release the lock whether or not the call raised, keeping its error */
+        PyObject *type, *value, *trace;
+        PyErr_Fetch(&type, &value, &trace);
+        PyObject *r = call0(t->release);
+        if (r == NULL) {
+            if (type != NULL) {  /* the first error wins */
+                PyErr_Clear();
+                PyErr_Restore(type, value, trace);
+            }
+            done = NULL;
+        } else {
+            Py_DECREF(r);
+            PyErr_Restore(type, value, trace);
+        }
+    }
+out:
+    Py_XDECREF(seq);
+    Py_XDECREF(result);
+    Py_XDECREF(locked);
+    Py_XDECREF(polls);
+    Py_XDECREF(status);
+    Py_DECREF(kernel);
+    Py_DECREF(address);
+    Py_DECREF(finish);
+    Py_DECREF(keep);
+    if (done == NULL)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Table_len(Table *t, void *unused) { return PyLong_FromSsize_t(t->used); }
+
+static PyMethodDef Table_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))Table_run, METH_FASTCALL,
+     "run(tensor, how) -> bool: run the entry of tensor's dtype object, length and how; False, "
+     "nothing done, where none serves it."},
+    {"add", (PyCFunction)Table_add, METH_VARARGS,
+     "add(dtype, count, how, kernel, address, finish, keep) -> bool: False when full."},
+    {"clear", (PyCFunction)Table_clear, METH_NOARGS, "Forget every entry."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Table_getset[] = {
+    {"used", (getter)Table_len, NULL, "entries held", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject TableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "neural_arch.distributed.transports._entry_table.Table",
+    .tp_basicsize = sizeof(Table),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Table(ndarray_type, op, next_seq, drain, acquire, release, watch): prepared "
+              "calls of one collective of one group, run from C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Table_init,
+    .tp_dealloc = (destructor)Table_dealloc,
+    .tp_traverse = (traverseproc)Table_traverse,
+    .tp_clear = (inquiry)Table_clear_refs,
+    .tp_methods = Table_methods,
+    .tp_getset = Table_getset,
+};
+
+static PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_entry_table",
+    "The public calls' short path in C (see entry_table.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__entry_table(void) {
+    if (PyType_Ready(&TableType) < 0)
+        return NULL;
+    spin_polls_name = PyUnicode_InternFromString("spin_polls");
+    if (spin_polls_name == NULL)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&TableType);
+    if (PyModule_AddObject(m, "Table", (PyObject *)&TableType) < 0) {
+        Py_DECREF(&TableType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,63 @@
+"""The public calls' short path, run from C where the package's small extension was built
+(``_entry_table.c``, compiled at install; a build without a C compiler skips it).
+
+A compiled shared-memory entry (``shm.short_calls``) makes one Numba call, but the public call
+around it was Python: ``dist.broadcast``'s checks and its dictionary lookup, then the entry's
+flag tests, sequence number, queue drain and lock. In a two-rank loop of 4-byte broadcasts on a
+2-core machine that Python was about two thirds of the call (3.1 us a call, 1.0 us with the
+kernel called straight, ``docs/collectives.md``). A ``Table`` takes those steps in C: the
+public call hands it the tensor and the op or root, and it runs the entry made for that
+dtype object, length and op or root, or declines (False) and the Python path runs as before.
+
+``tables(...)`` makes the all-reduce's and broadcast's tables of one group, or None where the
+extension is missing or ``NEURAL_ARCH_SHORT_C=0`` (read when a group's short calls are bound),
+so the two paths can be set against each other; both run the same kernel on the same
+arguments with the same sequence numbers.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+
+try:
+    from ._entry_table import Table
+except ImportError:  # not built: the Python entries serve every call
+    Table = None
+
+ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
+
+
+def declined(tensor: Any, how: Any) -> bool:
+    """What a table's ``run`` answers where there is none: nothing run."""
+    return False
+
+
+def enabled() -> bool:
+    """Whether the C tables are built and not switched off (``NEURAL_ARCH_SHORT_C`` ``0``,
+    ``1``; another value is a ValueError naming it)."""
+    value = os.environ.get(ENV_SWITCH, "1").strip() or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV_SWITCH}={value!r}: expected 0 (Python entries only) or 1 "
+                         f"(C where built, the default)")
+    return value == "1" and Table is not None
+
+
+def tables(pg: Any, watch: Any) -> Optional[Tuple[Any, Any]]:
+    """(all-reduce table, broadcast table) of the group ``pg``, whose kernels poll with
+    ``watch.spin_polls``; None where C entries are not available or switched off."""
+    if not enabled():
+        return None
+    queue = pg.queue
+    lock = queue.exec_lock
+    return tuple(Table(np.ndarray, op, pg.next_seq, queue.drain, lock.acquire, lock.release,
+                       watch) for op in ("all_reduce", "broadcast"))
+
+
+def finisher(finish: Callable[[int, tuple, int], None]) -> Callable[[int, Any, int], None]:
+    """``finish(status, tensor, seq)`` as a table calls it, for an entry's
+    ``finish(status, args, seq)``."""
+    def settle(status: int, tensor: Any, seq: int) -> None:
+        finish(status, (tensor,), seq)
+    return settle

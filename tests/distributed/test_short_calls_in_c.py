@@ -1,0 +1,147 @@
+"""The public all-reduce and broadcast run from C (``transports/entry_table``) on shm, on real
+processes: the same bits as the Python entries (``NEURAL_ARCH_SHORT_C=0``) and as NumPy, every
+hot 1-D call served by the C table and none by the Python entry, ranks on either path meeting,
+and a mismatch, a late peer and a timeout handled as on the Python path."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from collective_references import expected_reduction, inputs_of
+from dist_harness import run_ranks
+from neural_arch import distributed as dist
+from neural_arch.distributed.collectives import tensors
+from neural_arch.distributed.transports import entry_table
+
+pytest.importorskip("numba", reason="the compiled short calls need Numba")
+if entry_table.Table is None:  # pragma: no cover - a machine without a C compiler
+    pytest.skip("the C extension _entry_table was not built (no C compiler at install)",
+                allow_module_level=True)
+pytestmark = pytest.mark.timeout(90)
+COMPILED = {"NEURAL_ARCH_SHM_SMALL": "compiled"}  # plans compiled from the first call
+SUM, PRODUCT, AVERAGE = dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.AVERAGE
+CASES = [(np.float32, SUM), (np.float32, AVERAGE), (np.float64, PRODUCT), (np.float64, AVERAGE),
+         (np.int32, SUM), (np.int64, PRODUCT)]
+SIZES = [0, 1, 3, 257]
+
+
+def _count_python_entries() -> dict:
+    """Wrap every Python entry of the all-reduce and broadcast tables to count its calls."""
+    counts = {"all_reduce": 0, "broadcast": 0}
+    for name in counts:
+        table = getattr(tensors._short, name)
+        for key, entry in list(table.items()):
+            def counted(tensor, entry=entry, name=name):
+                counts[name] += 1
+                return entry(tensor)
+            table[key] = counted
+    return counts
+
+
+def _sweep(rank, ws):
+    """Every case, size and root three times: the first call of a shape makes its plan, the
+    second its entries, the third is counted."""
+    results = []
+
+    def once():
+        for dtype, op in CASES:
+            for n in SIZES:
+                for salt in range(2):
+                    x = inputs_of(rank, n, dtype, op, salt)
+                    dist.all_reduce(x, op)
+                    results.append(x.tolist())
+        for root in range(ws):
+            for dtype in (np.float32, np.int64, np.int32, np.float16):
+                for n in SIZES:
+                    b = np.full(n, rank * 10 + root, dtype)
+                    dist.broadcast(b, root)
+                    results.append(b.tolist())
+    once(), once()
+    counts = _count_python_entries()
+    assert len(tensors._short.all_reduce) == len(CASES) * len(SIZES), tensors._short.all_reduce
+    results.clear()
+    once()
+    short = tensors._short
+    used = None if short.c_tables is None else [t.used for t in short.c_tables]
+    return results, counts, used
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws):
+    by_c = run_ranks(_sweep, ws, "shm", env={**COMPILED, entry_table.ENV_SWITCH: "1"})
+    by_python = run_ranks(_sweep, ws, "shm", env={**COMPILED, entry_table.ENV_SWITCH: "0"})
+    for rank in range(ws):
+        c_results, c_counts, c_used = by_c[rank]
+        py_results, py_counts, py_used = by_python[rank]
+        assert c_results == py_results
+        assert py_used is None and sum(py_counts.values()) > 0
+        # float16 broadcasts go by bytes: the Python entry serves them
+        assert c_counts == {"all_reduce": 0, "broadcast": ws * len(SIZES)}, c_counts
+        assert c_used[0] >= len(CASES) * len(SIZES) and c_used[1] >= ws * 3 * len(SIZES)
+    expected = []
+    for dtype, op in CASES:
+        for n in SIZES:
+            for salt in range(2):
+                expected.append(expected_reduction(ws, n, dtype, op, salt).tolist())
+    for root in range(ws):
+        for dtype in (np.float32, np.int64, np.int32, np.float16):
+            for n in SIZES:
+                expected.append(np.full(n, root * 10 + root, dtype).tolist())
+    assert by_c[0][0] == expected
+
+
+def _mixed_then_late_then_mismatched(rank, ws):
+    from neural_arch.distributed.group.world import resolve_group
+    x = np.zeros(4, np.float32)
+    for _ in range(3):  # entries for SUM and PRODUCT of this shape, on every rank
+        dist.all_reduce(x, SUM), dist.all_reduce(x, PRODUCT)
+    mixed = []
+    for i in range(4):  # rank 0 from C (1-D), the others through the Python entry (2-D)
+        y = np.full(4, rank + i, np.float32)
+        dist.all_reduce(y if rank == 0 else y.reshape(2, 2), SUM)
+        mixed.append(y.tolist())
+    if rank == 1:
+        time.sleep(0.3)  # rank 0's kernel gives up polling: its finish waits
+    late = np.full(4, rank + 1.0, np.float32)
+    dist.all_reduce(late, SUM)
+    try:
+        dist.all_reduce(x, SUM if rank == 0 else PRODUCT)
+        message = "no error"
+    except dist.CollectiveMismatchError as exc:
+        message = str(exc)
+    lock_free = resolve_group(None).queue.exec_lock.acquire(blocking=False)
+    return mixed, late.tolist(), message, lock_free
+
+
+def test_c_and_python_ranks_meet_a_late_peer_is_waited_for_a_mismatch_is_named():
+    ws = 2
+    results = run_ranks(_mixed_then_late_then_mismatched, ws, "shm", env=COMPILED)
+    for mixed, late, message, lock_free in results:
+        assert mixed == [[float(sum(r + i for r in range(ws)))] * 4 for i in range(4)]
+        assert late == [3.0] * 4
+        assert "all_reduce:sum" in message and "all_reduce:prod" in message, message
+        assert lock_free
+
+
+def _times_out(rank, ws):
+    from neural_arch.distributed.group.world import resolve_group
+    x = np.zeros(2, np.float64)
+    for _ in range(3):
+        dist.all_reduce(x)
+    resolve_group(None).transport.timeout = 0.3  # read by every wait
+    if rank == 1:
+        time.sleep(1.0)  # past rank 0's timeout
+        return None
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.CollectiveTimeoutError as exc:
+        return exc.op, time.monotonic() - start, tensors._short.c_tables[0].used
+    return None
+
+
+def test_a_timeout_in_a_c_call_is_named():
+    op, waited, used = run_ranks(_times_out, 2, "shm", env=COMPILED)[0]
+    assert op == "all_reduce:sum" and 0.25 < waited < 0.95 and used >= 1

@@ -1,0 +1,228 @@
+"""The C table of the public calls' short path (``transports/_entry_table.c``) on its own, in
+one process, with Python stand-ins for the kernel, the queue and the lock: what it serves,
+what it declines untouched, the order of its calls, the lock released on every way out, and
+what it keeps alive. Its use on shared memory is tested in ``test_short_calls_in_c.py``."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+from neural_arch.distributed import ReduceOp
+from neural_arch.distributed.transports import entry_table
+
+pytestmark = pytest.mark.timeout(30)
+if entry_table.Table is None:  # pragma: no cover - a machine without a C compiler
+    pytest.skip("the C extension _entry_table was not built (no C compiler at install)",
+                allow_module_level=True)
+
+
+class Stage:
+    """A table's group: records every call the table makes, in order."""
+
+    def __init__(self, status=0, op="all_reduce"):
+        self.calls, self.status, self.seq = [], status, 0
+        self.spin_polls = 4000
+        self.table = entry_table.Table(np.ndarray, op, self.next_seq, self.drain,
+                                       self.acquire, self.release, self)
+        self.held = False
+
+    def next_seq(self):
+        self.seq += 1
+        self.calls.append(("seq", self.seq))
+        return self.seq
+
+    def drain(self, op, seq):
+        self.calls.append(("drain", op, seq))
+
+    def acquire(self):
+        assert not self.held
+        self.held = True
+        self.calls.append(("acquire",))
+        return True
+
+    def release(self):
+        assert self.held
+        self.held = False
+        self.calls.append(("release",))
+
+    def kernel(self, tensor, address, seq, polls):
+        assert self.held
+        self.calls.append(("kernel", tensor.ctypes.data, address, seq, polls))
+        tensor += 1
+        return self.status
+
+    def finish(self, status, tensor, seq):
+        assert self.held
+        self.calls.append(("finish", status, tensor.ctypes.data, seq))
+
+    def add(self, dtype=np.float32, count=3, how=ReduceOp.SUM, keep=None):
+        return self.table.add(np.dtype(dtype), count, how, self.kernel, 12345, self.finish,
+                              keep if keep is not None else object())
+
+
+def test_a_served_call_makes_the_python_entrys_calls_in_its_order():
+    stage = Stage()
+    assert stage.add() is True and stage.table.used == 1
+    x = np.zeros(3, np.float32)
+    assert stage.table.run(x, ReduceOp.SUM) is True
+    assert stage.table.run(x, ReduceOp.SUM) is True
+    address = x.ctypes.data
+    assert stage.calls == [("seq", 1), ("drain", "all_reduce", 1), ("acquire",),
+                           ("kernel", address, 12345, 1, 4000), ("release",),
+                           ("seq", 2), ("drain", "all_reduce", 2), ("acquire",),
+                           ("kernel", address, 12345, 2, 4000), ("release",)]
+    assert x.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_status_goes_to_finish_with_the_tensor_and_its_seq():
+    stage = Stage(status=2)
+    stage.add()
+    x = np.zeros(3, np.float32)
+    stage.spin_polls = 17  # read at every call
+    assert stage.table.run(x, ReduceOp.SUM) is True
+    assert stage.calls[3:] == [("kernel", x.ctypes.data, 12345, 1, 17),
+                               ("finish", 2, x.ctypes.data, 1), ("release",)]
+
+
+@pytest.mark.parametrize("case", ["list", "2-D", "0-D", "strided", "read-only", "unaligned",
+                                  "subclass", "dtype", "byte order", "count", "op", "bool root"])
+def test_what_it_does_not_serve_is_declined_untouched(case):
+    stage = Stage()
+    stage.add(how=ReduceOp.SUM)
+    stage.add(count=6, how=1)
+    x, how = np.zeros(3, np.float32), ReduceOp.SUM
+    if case == "list":
+        x = [0.0, 0.0, 0.0]
+    elif case == "2-D":
+        x = np.zeros((1, 3), np.float32)
+    elif case == "0-D":
+        x = np.zeros((), np.float32)
+    elif case == "strided":
+        x = np.zeros(6, np.float32)[::2]
+    elif case == "read-only":
+        x.flags.writeable = False
+    elif case == "unaligned":
+        x = np.zeros(13, np.uint8)[1:].view(np.float32)
+        assert x.flags.c_contiguous and not x.flags.aligned
+    elif case == "subclass":
+        x = x.view(type("Sub", (np.ndarray,), {}))
+    elif case == "dtype":
+        x = np.zeros(3, np.float64)
+    elif case == "byte order":
+        x = np.zeros(3, np.dtype(np.float32).newbyteorder())
+    elif case == "count":
+        x = np.zeros(4, np.float32)
+    elif case == "op":
+        how = ReduceOp.MAX
+    else:
+        x, how = np.zeros(6, np.float32), True  # a bool is not the root 1
+    before = np.array(x, copy=True)
+    assert stage.table.run(x, how) is False
+    assert stage.calls == [] and stage.seq == 0
+    np.testing.assert_array_equal(np.asarray(x), before)
+
+
+def test_roots_match_by_value_and_ops_by_identity():
+    stage = Stage(op="broadcast")
+    big = int("1000")  # not a cached small int
+    stage.add(how=big)
+    assert stage.table.run(np.zeros(3, np.float32), int("1000")) is True
+    assert stage.table.run(np.zeros(3, np.float32), 1000.0) is False
+
+
+@pytest.mark.parametrize("where", ["kernel", "finish", "drain", "next_seq"])
+def test_an_error_propagates_and_the_lock_is_released(where):
+    stage = Stage(status=4)
+
+    def boom(*args):
+        raise RuntimeError(f"boom in {where}")
+    setattr(stage, where, boom)
+    stage.table = entry_table.Table(np.ndarray, "all_reduce", stage.next_seq, stage.drain,
+                                    stage.acquire, stage.release, stage)
+    stage.add()
+    with pytest.raises(RuntimeError, match=f"boom in {where}"):
+        stage.table.run(np.zeros(3, np.float32), ReduceOp.SUM)
+    assert not stage.held
+    acquired = ("acquire",) in stage.calls
+    assert acquired == (where in ("kernel", "finish"))
+    assert (("release",) in stage.calls) == acquired
+
+
+def test_the_first_error_wins_over_a_failing_release():
+    stage = Stage()
+
+    def kernel(*args):
+        raise KeyError("kernel")
+
+    def release():
+        stage.held = False
+        raise OSError("release")
+    stage.table = entry_table.Table(np.ndarray, "all_reduce", stage.next_seq, stage.drain,
+                                    stage.acquire, release, stage)
+    stage.table.add(np.dtype(np.float32), 3, ReduceOp.SUM, kernel, 1, stage.finish, None)
+    with pytest.raises(KeyError, match="kernel"):
+        stage.table.run(np.zeros(3, np.float32), ReduceOp.SUM)
+    with pytest.raises(OSError, match="release"):  # alone, its own error is raised
+        stage.table.add(np.dtype(np.float64), 3, ReduceOp.SUM, lambda *a: 0, 1,
+                        stage.finish, None)
+        stage.table.run(np.zeros(3, np.float64), ReduceOp.SUM)
+
+
+def test_a_status_that_is_no_int_raises():
+    stage = Stage(status="2")
+    stage.add()
+    with pytest.raises(TypeError):
+        stage.table.run(np.zeros(3, np.float32), ReduceOp.SUM)
+    assert not stage.held
+
+
+def test_capacity_clear_and_what_the_entries_keep_alive():
+    stage = Stage()
+
+    class Kept:
+        pass
+    kept = Kept()
+    ref = weakref.ref(kept)
+    assert stage.add(keep=kept)
+    del kept
+    gc.collect()
+    assert ref() is not None  # the plan words a kernel's address points into
+    assert all(stage.add(count=n) for n in range(1, 64))
+    assert stage.table.used == 64 and stage.add(count=99) is False
+    stage.table.clear()
+    gc.collect()
+    assert stage.table.used == 0 and ref() is None
+    assert stage.table.run(np.zeros(3, np.float32), ReduceOp.SUM) is False
+
+
+def test_bad_arguments_are_refused_with_their_values():
+    stage = Stage()
+    with pytest.raises(TypeError, match="callable"):
+        entry_table.Table(np.ndarray, "all_reduce", 1, stage.drain, stage.acquire,
+                          stage.release, stage)
+    with pytest.raises(ValueError, match="-1"):
+        stage.table.add(np.dtype(np.float32), -1, ReduceOp.SUM, stage.kernel, 1,
+                        stage.finish, None)
+    with pytest.raises(TypeError):
+        stage.table.add(np.dtype(np.float32), 3, ReduceOp.SUM, stage.kernel, "address",
+                        stage.finish, None)
+    with pytest.raises(TypeError, match="2 arguments"):
+        stage.table.run(np.zeros(3, np.float32))
+
+
+def test_an_unready_table_declines():
+    table = entry_table.Table.__new__(entry_table.Table)
+    assert table.run(np.zeros(3, np.float32), ReduceOp.SUM) is False
+
+
+def test_the_switch(monkeypatch):
+    monkeypatch.setenv(entry_table.ENV_SWITCH, "0")
+    assert entry_table.enabled() is False
+    monkeypatch.setenv(entry_table.ENV_SWITCH, "1")
+    assert entry_table.enabled() is True
+    monkeypatch.setenv(entry_table.ENV_SWITCH, "yes")
+    with pytest.raises(ValueError, match="NEURAL_ARCH_SHORT_C='yes'"):
+        entry_table.enabled()
