@@ -1,7 +1,8 @@
-"""The public all-reduce and broadcast run from C (``transports/entry_table``) on shm, on real
-processes: the same bits as the Python entries (``NEURAL_ARCH_SHORT_C=0``) and as NumPy, every
-hot 1-D call served by the C table and none by the Python entry, ranks on either path meeting,
-and a mismatch, a late peer and a timeout handled as on the Python path."""
+"""The public all-reduce, broadcast and barrier run from C (``transports/entry_table``) on
+shm, on real processes: the same bits as the Python entries (``NEURAL_ARCH_SHORT_C=0``) and as
+NumPy, every hot 1-D call and barrier served by the C table and none by the Python entry, ranks
+on either path meeting, and a mismatch, a late peer and a timeout handled as on the Python
+path."""
 from __future__ import annotations
 
 import time
@@ -58,8 +59,18 @@ def _sweep(rank, ws):
                     b = np.full(n, rank * 10 + root, dtype)
                     dist.broadcast(b, root)
                     results.append(b.tolist())
+        dist.barrier()
     once(), once()
+    for _ in range(40):  # the compiled barrier's entry comes at its HOT_CALLS-th call
+        dist.barrier()
+    barrier = tensors._short.barrier
     counts = _count_python_entries()
+    counts["barrier"] = 0
+
+    def counted_barrier():
+        counts["barrier"] += 1
+        return barrier()
+    tensors._short.barrier = counted_barrier
     assert len(tensors._short.all_reduce) == len(CASES) * len(SIZES), tensors._short.all_reduce
     results.clear()
     once()
@@ -78,8 +89,11 @@ def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws)
         assert c_results == py_results
         assert py_used is None and sum(py_counts.values()) > 0
         # float16 broadcasts go by bytes: the Python entry serves them
-        assert c_counts == {"all_reduce": 0, "broadcast": ws * len(SIZES)}, c_counts
+        assert c_counts == {"all_reduce": 0, "broadcast": ws * len(SIZES), "barrier": 0}, \
+            c_counts
+        assert py_counts["barrier"] == 1
         assert c_used[0] >= len(CASES) * len(SIZES) and c_used[1] >= ws * 3 * len(SIZES)
+        assert c_used[2] == 1
     expected = []
     for dtype, op in CASES:
         for n in SIZES:

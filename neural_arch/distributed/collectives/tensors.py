@@ -39,7 +39,8 @@ from ..reduce_ops import OP_CODE, SUPPORTED_DTYPES, ReduceOp, as_reduce_op
 # The short calls of the default group's transport, once a call found them (see
 # ``_short_calls``): starts empty, and is emptied when that transport closes.
 _short: Any = SimpleNamespace(all_reduce={}, broadcast={}, all_gather={}, reduce_scatter={},
-                              barrier=None, all_reduce_now=declined, broadcast_now=declined)
+                              barrier=None, all_reduce_now=declined, broadcast_now=declined,
+                              barrier_now=declined)
 
 
 def _short_calls() -> Any:
@@ -234,6 +235,8 @@ def barrier(group: Optional[ProcessGroup] = None, async_op: bool = False,
             device_ids: Any = None, algorithm: Optional[str] = None):
     """Return only once every rank of the group has entered the barrier."""
     if group is None and not async_op and algorithm is None and profiler.TRACER is None:
+        if _short.barrier_now():
+            return None
         entry = _short.barrier
         if entry is None and world.has_short_calls():
             short = _short_calls()

@@ -12,7 +12,8 @@
  * on a status, ``finish(status, tensor, seq)``, then ``release()``, also when one raised.
  * It returns False, having done nothing, for anything it does not serve (not an ndarray, not
  * one-dimensional, not C-contiguous, aligned and writable, no entry); the caller then takes
- * the Python path, which raises where it must.
+ * the Python path, which raises where it must. ``Table.run_alone()`` runs a table's one entry
+ * with no tensor (a barrier: ``kernel(address, seq, polls)``, ``finish(status, seq)``).
  *
  * It knows nothing of any transport: what a kernel does, and what ``finish`` settles, is the
  * business of whoever added the entry. An entry holds references to everything it calls and
@@ -162,6 +163,7 @@ static PyObject *Table_add(Table *t, PyObject *args) {
 }
 
 static PyObject *Table_clear(Table *t, PyObject *unused) {
+    (void)unused;
     clear_entries(t);
     Py_RETURN_NONE;
 }
@@ -177,38 +179,14 @@ static int same_how(PyObject *a, PyObject *b) {
 
 static PyObject *call0(PyObject *f) { return PyObject_CallNoArgs(f); }
 
-/* run(tensor, how) -> bool: see the top of this file. */
-static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "run takes 2 arguments (tensor, how), %zd given", nargs);
-        return NULL;
-    }
-    PyObject *tensor = args[0], *how = args[1];
-    if (t->ndarray_type == NULL || (PyObject *)Py_TYPE(tensor) != t->ndarray_type)
-        Py_RETURN_FALSE;
-    ArrayHead *a = (ArrayHead *)tensor;
-    if (a->nd != 1 || (a->flags & USABLE) != USABLE)
-        Py_RETURN_FALSE;
-    Entry *e = NULL;
-    for (Py_ssize_t i = 0; i < t->used; i++) {
-        Entry *c = &t->entries[i];
-        if (c->descr == a->descr && c->count == a->dimensions[0]) {
-            int same = same_how(c->how, how);
-            if (same < 0)
-                return NULL;
-            if (same) {
-                e = c;
-                break;
-            }
-        }
-    }
-    if (e == NULL)
-        Py_RETURN_FALSE;
+/* Run entry ``e`` as the Python entry runs it: on ``tensor``, or with none (a barrier). */
+static PyObject *run_entry(Table *t, Entry *e, PyObject *tensor) {
     /* what the entry calls may clear the table (a failure closing the transport): hold it */
     PyObject *kernel = Py_NewRef(e->kernel), *address = Py_NewRef(e->address);
     PyObject *finish = Py_NewRef(e->finish), *keep = Py_NewRef(e->keep);
     PyObject *seq = NULL, *result = NULL, *polls = NULL, *status = NULL, *locked = NULL;
     PyObject *done = NULL;
+    int with = tensor != NULL;  /* skip the tensor in the argument lists of a barrier */
 
     seq = call0(t->next_seq);
     if (seq == NULL)
@@ -223,7 +201,7 @@ static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     polls = PyObject_GetAttr(t->watch, spin_polls_name);
     if (polls != NULL) {
         PyObject *kernel_args[4] = {tensor, address, seq, polls};
-        status = PyObject_Vectorcall(kernel, kernel_args, 4, NULL);
+        status = PyObject_Vectorcall(kernel, kernel_args + 1 - with, 3 + with, NULL);
     }
     if (status != NULL) {
         long long code = PyLong_AsLongLong(status);
@@ -231,7 +209,13 @@ static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
             /* not an int: left as the error */
         } else if (code != 0) {
             PyObject *finish_args[3] = {status, tensor, seq};
-            PyObject *r = PyObject_Vectorcall(finish, finish_args, 3, NULL);
+            PyObject *r;
+            if (with) {
+                r = PyObject_Vectorcall(finish, finish_args, 3, NULL);
+            } else {
+                finish_args[1] = seq;
+                r = PyObject_Vectorcall(finish, finish_args, 2, NULL);
+            }
             if (r != NULL) {
                 Py_DECREF(r);
                 done = Py_True;
@@ -270,12 +254,51 @@ out:
     Py_RETURN_TRUE;
 }
 
-static PyObject *Table_len(Table *t, void *unused) { return PyLong_FromSsize_t(t->used); }
+/* run(tensor, how) -> bool: see the top of this file. */
+static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "run takes 2 arguments (tensor, how), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *tensor = args[0], *how = args[1];
+    if (t->ndarray_type == NULL || (PyObject *)Py_TYPE(tensor) != t->ndarray_type)
+        Py_RETURN_FALSE;
+    ArrayHead *a = (ArrayHead *)tensor;
+    if (a->nd != 1 || (a->flags & USABLE) != USABLE)
+        Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        Entry *e = &t->entries[i];
+        if (e->descr == a->descr && e->count == a->dimensions[0]) {
+            int same = same_how(e->how, how);
+            if (same < 0)
+                return NULL;
+            if (same)
+                return run_entry(t, e, tensor);
+        }
+    }
+    Py_RETURN_FALSE;
+}
+
+/* run_alone() -> bool: the first entry, with no tensor: kernel(address, seq, polls) and, on a
+ * status, finish(status, seq) (a barrier); False where there is none. */
+static PyObject *Table_run_alone(Table *t, PyObject *unused) {
+    (void)unused;
+    if (t->ndarray_type == NULL || t->used == 0)
+        Py_RETURN_FALSE;
+    return run_entry(t, &t->entries[0], NULL);
+}
+
+static PyObject *Table_len(Table *t, void *unused) {
+    (void)unused;
+    return PyLong_FromSsize_t(t->used);
+}
 
 static PyMethodDef Table_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Table_run, METH_FASTCALL,
      "run(tensor, how) -> bool: run the entry of tensor's dtype object, length and how; False, "
      "nothing done, where none serves it."},
+    {"run_alone", (PyCFunction)Table_run_alone, METH_NOARGS,
+     "run_alone() -> bool: the first entry, with no tensor (a barrier); False where none."},
     {"add", (PyCFunction)Table_add, METH_VARARGS,
      "add(dtype, count, how, kernel, address, finish, keep) -> bool: False when full."},
     {"clear", (PyCFunction)Table_clear, METH_NOARGS, "Forget every entry."},
@@ -305,7 +328,8 @@ static PyTypeObject TableType = {
 
 static PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_entry_table",
-    "The public calls' short path in C (see entry_table.py).", -1, NULL,
+    "The public calls' short path in C (see entry_table.py).", -1, NULL, NULL, NULL, NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__entry_table(void) {

@@ -7,7 +7,8 @@ flag tests, sequence number, queue drain and lock. In a two-rank loop of 4-byte 
 2-core machine that Python was about two thirds of the call (3.1 us a call, 1.0 us with the
 kernel called straight, ``docs/collectives.md``). A ``Table`` takes those steps in C: the
 public call hands it the tensor and the op or root, and it runs the entry made for that
-dtype object, length and op or root, or declines (False) and the Python path runs as before.
+dtype object, length and op or root, or declines (False) and the Python path runs as before;
+a barrier's table runs its one entry with no tensor (``run_alone``).
 
 ``tables(...)`` makes the all-reduce's and broadcast's tables of one group, or None where the
 extension is missing or ``NEURAL_ARCH_SHORT_C=0`` (read when a group's short calls are bound),
@@ -29,8 +30,8 @@ except ImportError:  # not built: the Python entries serve every call
 ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
 
 
-def declined(tensor: Any, how: Any) -> bool:
-    """What a table's ``run`` answers where there is none: nothing run."""
+def declined(*args: Any) -> bool:
+    """What a table's ``run`` or ``run_alone`` answers where there is none: nothing run."""
     return False
 
 
@@ -44,20 +45,20 @@ def enabled() -> bool:
     return value == "1" and Table is not None
 
 
-def tables(pg: Any, watch: Any) -> Optional[Tuple[Any, Any]]:
-    """(all-reduce table, broadcast table) of the group ``pg``, whose kernels poll with
-    ``watch.spin_polls``; None where C entries are not available or switched off."""
+def tables(pg: Any, watch: Any) -> Optional[Tuple[Any, Any, Any]]:
+    """The all-reduce's, broadcast's and barrier's tables of the group ``pg``, whose kernels
+    poll with ``watch.spin_polls``; None where C entries are not available or switched off."""
     if not enabled():
         return None
     queue = pg.queue
     lock = queue.exec_lock
     return tuple(Table(np.ndarray, op, pg.next_seq, queue.drain, lock.acquire, lock.release,
-                       watch) for op in ("all_reduce", "broadcast"))
+                       watch) for op in ("all_reduce", "broadcast", "barrier"))
 
 
-def finisher(finish: Callable[[int, tuple, int], None]) -> Callable[[int, Any, int], None]:
-    """``finish(status, tensor, seq)`` as a table calls it, for an entry's
-    ``finish(status, args, seq)``."""
-    def settle(status: int, tensor: Any, seq: int) -> None:
-        finish(status, (tensor,), seq)
+def finisher(finish: Callable[[int, tuple, int], None]) -> Callable[..., None]:
+    """``finish(status, tensor, seq)`` as a table calls it (a barrier's: ``finish(status,
+    seq)``), for an entry's ``finish(status, args, seq)``."""
+    def settle(status: int, *tensor_and_seq: Any) -> None:
+        finish(status, tensor_and_seq[:-1], tensor_and_seq[-1])
     return settle

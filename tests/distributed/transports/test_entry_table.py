@@ -125,6 +125,35 @@ def test_what_it_does_not_serve_is_declined_untouched(case):
     np.testing.assert_array_equal(np.asarray(x), before)
 
 
+def test_a_barrier_runs_its_one_entry_without_a_tensor():
+    stage = Stage(op="barrier")
+    assert stage.table.run_alone() is False and stage.calls == []
+    statuses = iter([0, 2])
+
+    def kernel(address, seq, polls):
+        assert stage.held
+        stage.calls.append(("kernel", address, seq, polls))
+        return next(statuses)
+
+    def finish(status, seq):
+        stage.calls.append(("finish", status, seq))
+    stage.table.add(None, 0, None, kernel, 7, finish, None)
+    assert stage.table.run_alone() is True and stage.table.run_alone() is True
+    assert stage.calls == [("seq", 1), ("drain", "barrier", 1), ("acquire",),
+                           ("kernel", 7, 1, 4000), ("release",),
+                           ("seq", 2), ("drain", "barrier", 2), ("acquire",),
+                           ("kernel", 7, 2, 4000), ("finish", 2, 2), ("release",)]
+
+
+def test_the_finisher_hands_an_entrys_finish_its_arguments():
+    seen = []
+    settle = entry_table.finisher(lambda status, args, seq: seen.append((status, args, seq)))
+    x = np.zeros(2)
+    settle(4, x, 9), settle(2, 10)
+    assert seen[0][0] == 4 and seen[0][1][0] is x and len(seen[0][1]) == 1 and seen[0][2] == 9
+    assert seen[1] == (2, (), 10)
+
+
 def test_roots_match_by_value_and_ops_by_identity():
     stage = Stage(op="broadcast")
     big = int("1000")  # not a cached small int

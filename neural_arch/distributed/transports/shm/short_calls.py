@@ -60,7 +60,8 @@ class ShortCalls(TwoArrayCalls, EntryTables):
             self.pg = pg
             self.c_tables = entry_table.tables(pg, self.c.t.watch)
             if self.c_tables is not None:
-                self.all_reduce_now, self.broadcast_now = (t.run for t in self.c_tables)
+                self.all_reduce_now, self.broadcast_now = (t.run for t in self.c_tables[:2])
+                self.barrier_now = self.c_tables[2].run_alone
         return True
 
     # ----- making entries ----------------------------------------------------------------
@@ -99,14 +100,15 @@ class ShortCalls(TwoArrayCalls, EntryTables):
             entry = table[key] = self._entry(run, plan_key, key, fp, tensor, collective)
         return entry
 
-    def _add_c_entry(self, op: str, like: np.ndarray, how: Any, kernel: Any, address: int,
-                     finish: Callable, plan: np.ndarray) -> None:
-        """The compiled entry of ``like``'s shape and ``how`` (the op or the root) in the C
-        table of ``op`` too (``entry_table``), where this group has one."""
+    def _add_c_entry(self, op: str, like: Optional[np.ndarray], how: Any, kernel: Any,
+                     address: int, finish: Callable, plan: np.ndarray) -> None:
+        """The compiled entry of ``like``'s shape and ``how`` (the op or the root; the
+        barrier: no ``like``) in the C table of ``op`` too (``entry_table``), where this group
+        has one."""
         if self.c_tables is not None:
-            table = self.c_tables[0 if op == "all_reduce" else 1]
-            table.add(like.dtype, like.size, how, kernel, address,
-                      entry_table.finisher(finish), plan)
+            table = self.c_tables[("all_reduce", "broadcast", "barrier").index(op)]
+            dtype, size = (None, 0) if like is None else (like.dtype, like.size)
+            table.add(dtype, size, how, kernel, address, entry_table.finisher(finish), plan)
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
         """The compiled barrier's entry once HOT_CALLS barriers asked (at once when compiling
@@ -233,6 +235,7 @@ class ShortCalls(TwoArrayCalls, EntryTables):
                     release()
                 return True
             barrier.plan = plan  # the plan words live as long as the entry
+            self._add_c_entry(op, None, None, kernel, address, finish, plan)
             return barrier
 
         # Numba has no float16 arrays, nor other byte orders: a broadcast takes their bytes
