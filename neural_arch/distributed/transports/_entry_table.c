@@ -23,6 +23,13 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#if PY_VERSION_HEX < 0x030A0000  /* Python 3.9 */
+static inline PyObject *Py_NewRef(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#endif
+
 /* The first fields of NumPy's array object (PyArrayObject_fields in numpy/ndarraytypes.h),
  * laid out alike in NumPy 1.x and 2.x; read here without NumPy's headers, which a build
  * without NumPy installed would not find. Only arrays of exactly ``ndarray_type`` are read. */

@@ -13,7 +13,10 @@ next sequence number, waits for queued async work and takes the queue's lock (wh
 ``CommQueue.run_sync`` does, inlined), and makes one compiled call (``entry_kernels``): the
 signature, the header check, the barrier, the peers' fingerprints and the reduction all happen
 there. The fingerprint itself is made only when the kernel returns a status (a header to
-write, a late peer, a mismatch), so errors name the same things as on the general path.
+write, a late peer, a mismatch), so errors name the same things as on the general path. A
+compiled entry of a typed array, and the compiled barrier's, also go into the group's C tables
+(``entry_table``, where built), which the public calls try first: the same steps without the
+Python around them.
 
 While a plan is still in Python (before ``compiled.HOT_CALLS`` calls, or when compiling is
 off), its entry runs the Python form with a fingerprint, and changes to the compiled entry once
