@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from collective_references import expected_reduction, inputs_of
-from dist_harness import run_ranks
+from dist_harness import RankFailed, run_ranks
 from neural_arch import distributed as dist
 from neural_arch.distributed.collectives import tensors
 from neural_arch.distributed.transports import entry_table
@@ -106,11 +106,26 @@ def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws)
     assert by_c[0][0] == expected
 
 
+def _watch_c_calls() -> list:
+    """Record each call the all-reduce's C table was asked: True (served), False (declined),
+    or "raised"."""
+    short, asked = tensors._short, []
+    run = short.all_reduce_now
+
+    def watched(tensor, op):
+        asked.append("raised")
+        asked[-1] = run(tensor, op)
+        return asked[-1]
+    short.all_reduce_now = watched
+    return asked
+
+
 def _mixed_then_late_then_mismatched(rank, ws):
     from neural_arch.distributed.group.world import resolve_group
     x = np.zeros(4, np.float32)
     for _ in range(3):  # entries for SUM and PRODUCT of this shape, on every rank
         dist.all_reduce(x, SUM), dist.all_reduce(x, PRODUCT)
+    asked = _watch_c_calls()
     mixed = []
     for i in range(4):  # rank 0 from C (1-D), the others through the Python entry (2-D)
         y = np.full(4, rank + i, np.float32)
@@ -126,17 +141,19 @@ def _mixed_then_late_then_mismatched(rank, ws):
     except dist.CollectiveMismatchError as exc:
         message = str(exc)
     lock_free = resolve_group(None).queue.exec_lock.acquire(blocking=False)
-    return mixed, late.tolist(), message, lock_free
+    return mixed, late.tolist(), message, lock_free, asked
 
 
 def test_c_and_python_ranks_meet_a_late_peer_is_waited_for_a_mismatch_is_named():
     ws = 2
     results = run_ranks(_mixed_then_late_then_mismatched, ws, "shm", env=COMPILED)
-    for mixed, late, message, lock_free in results:
+    for rank, (mixed, late, message, lock_free, asked) in enumerate(results):
         assert mixed == [[float(sum(r + i for r in range(ws)))] * 4 for i in range(4)]
         assert late == [3.0] * 4
         assert "all_reduce:sum" in message and "all_reduce:prod" in message, message
         assert lock_free
+        # rank 0 from C, the others declined there (2-D); the late call and the mismatch in C
+        assert asked == [rank == 0] * 4 + [True, "raised"], asked
 
 
 def _times_out(rank, ws):
@@ -145,6 +162,7 @@ def _times_out(rank, ws):
     for _ in range(3):
         dist.all_reduce(x)
     resolve_group(None).transport.timeout = 0.3  # read by every wait
+    asked = _watch_c_calls()
     if rank == 1:
         time.sleep(1.0)  # past rank 0's timeout
         return None
@@ -152,10 +170,19 @@ def _times_out(rank, ws):
     try:
         dist.all_reduce(x)
     except dist.CollectiveTimeoutError as exc:
-        return exc.op, time.monotonic() - start, tensors._short.c_tables[0].used
+        return exc.op, time.monotonic() - start, asked
     return None
 
 
 def test_a_timeout_in_a_c_call_is_named():
-    op, waited, used = run_ranks(_times_out, 2, "shm", env=COMPILED)[0]
-    assert op == "all_reduce:sum" and 0.25 < waited < 0.95 and used >= 1
+    op, waited, asked = run_ranks(_times_out, 2, "shm", env=COMPILED)[0]
+    assert op == "all_reduce:sum" and 0.25 < waited < 0.95 and asked == ["raised"]
+
+
+def _starts(rank, ws):
+    return "started"
+
+
+def test_a_bad_switch_fails_the_transports_start():
+    with pytest.raises(RankFailed, match="NEURAL_ARCH_SHORT_C='yes'"):
+        run_ranks(_starts, 2, "shm", env={entry_table.ENV_SWITCH: "yes"})

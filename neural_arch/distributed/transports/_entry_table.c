@@ -22,6 +22,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 #if PY_VERSION_HEX < 0x030A0000  /* Python 3.9 */
 static inline PyObject *Py_NewRef(PyObject *o) {
@@ -43,6 +44,10 @@ typedef struct {
     PyObject *descr;
     int flags;
 } ArrayHead;
+
+/* What entry_table.py expects of this module; a build left from older sources (an in-place
+ * build is not rebuilt by a git pull) reports another and is not used. */
+#define API_VERSION 2
 
 /* NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, as short_entries.USABLE */
 #define USABLE (0x0001 | 0x0100 | 0x0400)
@@ -85,6 +90,15 @@ static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!UOOOOO:Table", names, &PyType_Type, &v[0],
                                      &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]))
         return -1;
+    if (t->ndarray_type != NULL) {  /* its calls run with borrowed references to these */
+        PyErr_SetString(PyExc_RuntimeError, "Table: already initialised");
+        return -1;
+    }
+    if (strcmp(((PyTypeObject *)v[0])->tp_name, "numpy.ndarray") != 0) {
+        PyErr_Format(PyExc_TypeError, "Table: ndarray_type must be numpy.ndarray, not %.80s",
+                     ((PyTypeObject *)v[0])->tp_name);
+        return -1;
+    }
     for (int i = 2; i < 6; i++) {
         if (!PyCallable_Check(v[i])) {
             PyErr_Format(PyExc_TypeError, "Table: argument %d (%s) must be callable, not %.80s",
@@ -92,13 +106,10 @@ static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
             return -1;
         }
     }
-    clear_entries(t);
     PyObject **slots[7] = {&t->ndarray_type, &t->op, &t->next_seq, &t->drain, &t->acquire,
                            &t->release, &t->watch};
-    for (int i = 0; i < 7; i++) {
-        Py_INCREF(v[i]);
-        Py_XSETREF(*slots[i], v[i]);
-    }
+    for (int i = 0; i < 7; i++)
+        *slots[i] = Py_NewRef(v[i]);
     return 0;
 }
 
@@ -140,8 +151,8 @@ static void Table_dealloc(Table *t) {
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
-/* add(dtype, count, how, kernel, address, finish, keep) -> bool: False when the table is full
- * (the caller's Python entry serves that shape). */
+/* add(dtype, count, how, kernel, address, finish, keep) -> True; a full table starts afresh
+ * first, as the Python tables do (short_entries.make_room): a program of ever new shapes. */
 static PyObject *Table_add(Table *t, PyObject *args) {
     PyObject *descr, *how, *kernel, *address, *finish, *keep;
     Py_ssize_t count;
@@ -157,7 +168,7 @@ static PyObject *Table_add(Table *t, PyObject *args) {
         return NULL;
     }
     if (t->used == CAPACITY)
-        Py_RETURN_FALSE;
+        clear_entries(t);
     Entry *e = &t->entries[t->used++];
     e->count = count;
     e->descr = Py_NewRef(descr);
@@ -185,6 +196,29 @@ static int same_how(PyObject *a, PyObject *b) {
 }
 
 static PyObject *call0(PyObject *f) { return PyObject_CallNoArgs(f); }
+
+/* The error being raised, taken aside while the lock is released (none: type NULL). */
+typedef struct {
+    PyObject *type, *value, *trace;
+} Raised;
+
+static Raised take_error(void) {
+    Raised r = {NULL, NULL, NULL};
+#if PY_VERSION_HEX >= 0x030C0000  /* PyErr_Fetch is deprecated from 3.12 */
+    r.type = PyErr_GetRaisedException();
+#else
+    PyErr_Fetch(&r.type, &r.value, &r.trace);
+#endif
+    return r;
+}
+
+static void restore_error(Raised r) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(r.type);
+#else
+    PyErr_Restore(r.type, r.value, r.trace);
+#endif
+}
 
 /* Run entry ``e`` as the Python entry runs it: on ``tensor``, or with none (a barrier). */
 static PyObject *run_entry(Table *t, Entry *e, PyObject *tensor) {
@@ -232,18 +266,17 @@ static PyObject *run_entry(Table *t, Entry *e, PyObject *tensor) {
         }
     }
     {   /* release the lock whether or not the call raised, keeping its error */
-        PyObject *type, *value, *trace;
-        PyErr_Fetch(&type, &value, &trace);
+        Raised raised = take_error();
         PyObject *r = call0(t->release);
         if (r == NULL) {
-            if (type != NULL) {  /* the first error wins */
+            if (raised.type != NULL) {  /* the first error wins */
                 PyErr_Clear();
-                PyErr_Restore(type, value, trace);
+                restore_error(raised);
             }
             done = NULL;
         } else {
             Py_DECREF(r);
-            PyErr_Restore(type, value, trace);
+            restore_error(raised);
         }
     }
 out:
@@ -307,7 +340,8 @@ static PyMethodDef Table_methods[] = {
     {"run_alone", (PyCFunction)Table_run_alone, METH_NOARGS,
      "run_alone() -> bool: the first entry, with no tensor (a barrier); False where none."},
     {"add", (PyCFunction)Table_add, METH_VARARGS,
-     "add(dtype, count, how, kernel, address, finish, keep) -> bool: False when full."},
+     "add(dtype, count, how, kernel, address, finish, keep) -> True; a full table starts "
+     "afresh first."},
     {"clear", (PyCFunction)Table_clear, METH_NOARGS, "Forget every entry."},
     {NULL, NULL, 0, NULL},
 };
@@ -348,6 +382,10 @@ PyMODINIT_FUNC PyInit__entry_table(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddIntConstant(m, "API_VERSION", API_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&TableType);
     if (PyModule_AddObject(m, "Table", (PyObject *)&TableType) < 0) {
         Py_DECREF(&TableType);

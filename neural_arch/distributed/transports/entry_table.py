@@ -10,24 +10,35 @@ public call hands it the tensor and the op or root, and it runs the entry made f
 dtype object, length and op or root, or declines (False) and the Python path runs as before;
 a barrier's table runs its one entry with no tensor (``run_alone``).
 
-``tables(...)`` makes the all-reduce's, broadcast's and barrier's tables of one group, or None
-where the extension is missing or ``NEURAL_ARCH_SHORT_C=0`` (read when a group's short calls
-are bound), so the two paths can be set against each other; both run the same kernel on the
-same arguments with the same sequence numbers.
+``tables(...)`` makes the all-reduce's, broadcast's and barrier's tables of one group where
+``enabled()``: not where the extension is missing (or was built from other sources: a warning)
+or ``NEURAL_ARCH_SHORT_C=0`` (read when the shm transport starts), so the two paths can be set
+against each other; both run the same kernel on the same arguments with the same sequence
+numbers.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional, Tuple
+import warnings
+from typing import Any, Callable, Tuple
 
 import numpy as np
 
+API_VERSION = 2  # what this module expects of the extension (its own API_VERSION)
+ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
+
 try:
-    from ._entry_table import Table
+    from . import _entry_table
 except ImportError:  # not built: the Python entries serve every call
     Table = None
-
-ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
+else:
+    Table = _entry_table.Table
+    if getattr(_entry_table, "API_VERSION", None) != API_VERSION:
+        # an in-place build of older sources (``pip install -e`` is not rerun by a pull)
+        warnings.warn(f"{_entry_table.__file__} was built from other sources (API_VERSION "
+                      f"{getattr(_entry_table, 'API_VERSION', None)}, expected {API_VERSION}): "
+                      f"not used; rebuild it with `pip install -e .`", RuntimeWarning)
+        Table = None
 
 
 def declined(*args: Any) -> bool:
@@ -45,11 +56,9 @@ def enabled() -> bool:
     return value == "1" and Table is not None
 
 
-def tables(pg: Any, watch: Any) -> Optional[Tuple[Any, Any, Any]]:
+def tables(pg: Any, watch: Any) -> Tuple[Any, Any, Any]:
     """The all-reduce's, broadcast's and barrier's tables of the group ``pg``, whose kernels
-    poll with ``watch.spin_polls``; None where C entries are not available or switched off."""
-    if not enabled():
-        return None
+    poll with ``watch.spin_polls`` (where ``enabled()``)."""
     queue = pg.queue
     lock = queue.exec_lock
     return tuple(Table(np.ndarray, op, pg.next_seq, queue.drain, lock.acquire, lock.release,

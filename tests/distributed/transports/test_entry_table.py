@@ -5,6 +5,9 @@ what it keeps alive. Its use on shared memory is tested in ``test_short_calls_in
 from __future__ import annotations
 
 import gc
+import importlib
+import sys
+import types
 import weakref
 
 import numpy as np
@@ -219,16 +222,26 @@ def test_capacity_clear_and_what_the_entries_keep_alive():
     del kept
     gc.collect()
     assert ref() is not None  # the plan words a kernel's address points into
-    assert all(stage.add(count=n) for n in range(1, 64))
-    assert stage.table.used == 64 and stage.add(count=99) is False
-    stage.table.clear()
+    assert all(stage.add(count=n) for n in range(4, 67))
+    assert stage.table.used == 64
+    assert stage.add(count=99) is True and stage.table.used == 1  # full: started afresh
     gc.collect()
-    assert stage.table.used == 0 and ref() is None
+    assert ref() is None
     assert stage.table.run(np.zeros(3, np.float32), ReduceOp.SUM) is False
+    assert stage.table.run(np.zeros(99, np.float32), ReduceOp.SUM) is True
+    stage.table.clear()
+    assert stage.table.used == 0
+    assert stage.table.run(np.zeros(99, np.float32), ReduceOp.SUM) is False
 
 
 def test_bad_arguments_are_refused_with_their_values():
     stage = Stage()
+    with pytest.raises(TypeError, match="numpy.ndarray, not list"):
+        entry_table.Table(list, "all_reduce", stage.next_seq, stage.drain, stage.acquire,
+                          stage.release, stage)
+    with pytest.raises(RuntimeError, match="already initialised"):
+        stage.table.__init__(np.ndarray, "all_reduce", stage.next_seq, stage.drain,
+                             stage.acquire, stage.release, stage)
     with pytest.raises(TypeError, match="callable"):
         entry_table.Table(np.ndarray, "all_reduce", 1, stage.drain, stage.acquire,
                           stage.release, stage)
@@ -255,3 +268,21 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv(entry_table.ENV_SWITCH, "yes")
     with pytest.raises(ValueError, match="NEURAL_ARCH_SHORT_C='yes'"):
         entry_table.enabled()
+
+
+def test_a_build_from_other_sources_is_not_used(monkeypatch):
+    """An in-place build left from older sources (no API_VERSION, or another) warns and the
+    Python entries serve."""
+    name = "neural_arch.distributed.transports._entry_table"
+    stale = types.ModuleType(name)
+    stale.Table, stale.__file__ = entry_table.Table, "stale.so"
+    monkeypatch.setitem(sys.modules, name, stale)
+    monkeypatch.setattr(sys.modules["neural_arch.distributed.transports"], "_entry_table", stale)
+    try:
+        with pytest.warns(RuntimeWarning, match="API_VERSION None, expected 2"):
+            importlib.reload(entry_table)
+        assert entry_table.Table is None and entry_table.enabled() is False
+    finally:
+        monkeypatch.undo()
+        importlib.reload(entry_table)
+    assert entry_table.Table is not None

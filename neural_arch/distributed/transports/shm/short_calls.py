@@ -52,6 +52,7 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         self.pg: Any = None
         self.barrier_calls = 0
         self.barrier_mode: Optional[str] = None  # compiled.choice(), once asked
+        self.use_c = entry_table.enabled()  # a bad NEURAL_ARCH_SHORT_C fails the set-up
         super().__init__()
 
     def bind(self, pg: Any) -> bool:
@@ -61,8 +62,8 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         if pg is not self.pg:
             self.clear()
             self.pg = pg
-            self.c_tables = entry_table.tables(pg, self.c.t.watch)
-            if self.c_tables is not None:
+            if self.use_c:
+                self.c_tables = entry_table.tables(pg, self.c.t.watch)
                 self.all_reduce_now, self.broadcast_now = (t.run for t in self.c_tables[:2])
                 self.barrier_now = self.c_tables[2].run_alone
         return True
@@ -111,6 +112,10 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         if self.c_tables is not None:
             table = self.c_tables[("all_reduce", "broadcast", "barrier").index(op)]
             dtype, size = (None, 0) if like is None else (like.dtype, like.size)
+            if dtype is not None and np.dtype(dtype.type) == dtype:
+                # NumPy's own dtype object, which most arrays share: the C table finds an entry
+                # by identity, and the first array may hold an equal copy (one unpickled)
+                dtype = np.dtype(dtype.type)
             table.add(dtype, size, how, kernel, address, entry_table.finisher(finish), plan)
 
     def barrier_entry(self) -> Optional[Callable[[], bool]]:
