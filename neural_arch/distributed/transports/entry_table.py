@@ -3,8 +3,8 @@
 
 A compiled shared-memory entry (``shm.short_calls``) makes one Numba call, but the public call
 around it was Python: ``dist.broadcast``'s checks and its dictionary lookup, then the entry's
-flag tests, sequence number, queue drain and lock: in a two-rank loop of 4-byte broadcasts
-on a 2-core machine, 1.4-1.9 us over ``MPI_Bcast``'s time, 0.5-1.2 us from C
+flag tests, sequence number, queue drain and lock: in a two-rank loop of small broadcasts
+on a 2-core machine, 1.1-2.1 us over ``MPI_Bcast``'s time, 0.3-0.6 us from C
 (``docs/collectives.md``, *The public call in C*). A ``Table`` takes those steps in C: the
 public call hands it the tensor and the op or root, and it runs the entry made for that
 dtype object, length and op or root, or declines (False) and the Python path runs as before;
