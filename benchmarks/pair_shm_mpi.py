@@ -11,8 +11,9 @@ the process group may take it and delay MPI's return; on a loaded machine large 
 were seen far slower here than in ``bench_collectives.py``'s own jobs. Trust the latency sizes
 on any machine, the large ones on a quiet one.
 
-Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast`` and ``dist.all_reduce``
-(SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for the all-reduce each
+Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast``,
+``dist.all_gather_into_tensor`` against ``MPI_Allgather`` (a size is the gathered output's)
+and ``dist.all_reduce`` (SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for the all-reduce each
 ``--choices`` of the large shm algorithm (``tuning`` tags, e.g. ``whole@128K``), called
 through ``direct.all_reduce`` with that choice, at any size (below ``direct.SMALL_BYTES`` it
 stands against the one-generation plan that ``dist.all_reduce`` runs there). A ``whole`` tag
@@ -60,6 +61,12 @@ def _choice(tag: str):
     return Choice(algorithm, parse_size(size))
 
 
+def ours_name(collective: str) -> str:
+    """Our public call of ``collective``, as ``contenders`` names it."""
+    return ("dist.all_gather_into_tensor" if collective == "all_gather"
+            else f"dist.{collective}")
+
+
 def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
     """{name: one call}, each on its own buffer of ``nbytes``."""
     from neural_arch.distributed.reduce_ops import ReduceOp
@@ -77,6 +84,13 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
         ours, theirs = buf("ours"), buf("mpi")
         return {"dist.broadcast": lambda: dist.broadcast(ours, 0),
                 PEERS[collective]: lambda: comm.Bcast(theirs, root=0)}
+    if collective == "all_gather":  # the size is the gathered output's, as nccl-tests has it
+        p = comm.Get_size()
+        part = max(1, n // p)
+        sent, got = np.zeros(part, np.float32), np.zeros(part * p, np.float32)
+        mine, gathered = np.zeros(part, np.float32), np.zeros(part * p, np.float32)
+        return {ours_name(collective): lambda: dist.all_gather_into_tensor(gathered, mine),
+                PEERS[collective]: lambda: comm.Allgather(sent, got)}
     theirs, out = buf("mpi"), np.empty(n, np.float32)
     calls = {PEERS[collective]: lambda: comm.Allreduce(theirs, out)}
     ours, rounds = buf("ours"), c.pair_rounds
@@ -120,6 +134,8 @@ def worker(args) -> None:
         sizes = [0] if collective == "barrier" else [parse_size(s) for s in
                                                      args.sizes.split(",")]
         for nbytes in sizes:
+            if collective == "all_gather":  # what is gathered: at least a float32 a rank
+                nbytes = 4 * size * max(1, nbytes // 4 // size)
             calls = contenders(collective, nbytes, choices, comm, dist, c, np)
             names = list(calls)
             per_batch = max(2, min(args.calls, BATCH_BYTES // max(nbytes, 1)))
@@ -160,7 +176,7 @@ def worker(args) -> None:
 def _rows(collective: str, nbytes: int, p: int, times: dict, np) -> list:
     """Our public call's row and MPI's at one size: each contender's median batch time (the
     slowest rank's), and on ours the median of the per-turn ratios to MPI's."""
-    ours = np.array(times[f"dist.{collective}"])  # the contenders' names: ``contenders``
+    ours = np.array(times[ours_name(collective)])
     theirs = np.array(times[PEERS[collective]])
     base = {"collective": collective, "world_size": p, "bytes": nbytes}
     return [dict(base, backend="shm", seconds=float(np.median(ours)),

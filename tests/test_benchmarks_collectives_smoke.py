@@ -321,16 +321,18 @@ def test_pair_shm_mpi_judges_the_latency_goals_from_its_pairs():
 def test_pair_shm_mpi_runs_ours_and_mpis_in_turns_and_writes_its_section(tmp_path):
     out = tmp_path / "pairs.md"
     result = _run("pair_shm_mpi.py", ["--sizes", "4,4K", "--collectives",
-                                      "all_reduce,broadcast,barrier", "--turns", "2",
-                                      "--calls", "3", "--output", str(out)], timeout=120)
+                                      "all_reduce,broadcast,barrier,all_gather", "--turns",
+                                      "2", "--calls", "3", "--output", str(out)], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     text = out.read_text()
     assert "<!-- pair_shm_mpi:start -->" in text and "<!-- pair_shm_mpi:end -->" in text
-    pairs = re.findall(r"^\| (all_reduce|broadcast|barrier) \| 2 \| (\S+(?: \S+)?) \| "
-                       r"([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)x \| ([+-][0-9.]+) \|$", text, re.M)
+    pairs = re.findall(r"^\| (all_reduce|broadcast|barrier|all_gather) \| 2 \| "
+                       r"(\S+(?: \S+)?) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)x \| "
+                       r"([+-][0-9.]+) \|$", text, re.M)
     assert [(c, s) for c, s, *_ in pairs] == [("all_reduce", "4 B"), ("all_reduce", "4 KiB"),
                                              ("broadcast", "4 B"), ("broadcast", "4 KiB"),
-                                             ("barrier", "-")], pairs
+                                             ("barrier", "-"), ("all_gather", "8 B"),
+                                             ("all_gather", "4 KiB")], pairs
     for _, _, ours, mpi, _, diff in pairs:  # the difference is that of the two times shown
         assert abs(float(ours) - float(mpi) - float(diff)) <= 0.011, (ours, mpi, diff)
     goals = re.findall(r"^\| (shm .*?) \| .*? \| (PASS|MISS) \|$", text, re.M)

@@ -1,8 +1,8 @@
-"""The public all-reduce, broadcast and barrier run from C (``transports/entry_table``) on
-shm, on real processes: the same bits as the Python entries (``NEURAL_ARCH_SHORT_C=0``) and as
-NumPy, every hot 1-D call and barrier served by the C table and none by the Python entry, ranks
-on either path meeting, and a mismatch, a late peer and a timeout handled as on the Python
-path."""
+"""The public all-reduce, broadcast, barrier and all-gather into a tensor run from C
+(``transports/entry_table``) on shm, on real processes: the same bits as the Python entries
+(``NEURAL_ARCH_SHORT_C=0``) and as NumPy, every hot 1-D call and barrier served by the C table
+and none by the Python entry, ranks on either path meeting, and a mismatch, a late peer and a
+timeout handled as on the Python path."""
 from __future__ import annotations
 
 import time
@@ -29,14 +29,15 @@ SIZES = [0, 1, 3, 257]
 
 
 def _count_python_entries() -> dict:
-    """Wrap every Python entry of the all-reduce and broadcast tables to count its calls."""
-    counts = {"all_reduce": 0, "broadcast": 0}
+    """Wrap every Python entry of the all-reduce, broadcast and all-gather tables to count its
+    calls."""
+    counts = {"all_reduce": 0, "broadcast": 0, "all_gather": 0}
     for name in counts:
         table = getattr(tensors._short, name)
         for key, entry in list(table.items()):
-            def counted(tensor, entry=entry, name=name):
+            def counted(*arrays, entry=entry, name=name):
                 counts[name] += 1
-                return entry(tensor)
+                return entry(*arrays)
             table[key] = counted
     return counts
 
@@ -59,6 +60,12 @@ def _sweep(rank, ws):
                     b = np.full(n, rank * 10 + root, dtype)
                     dist.broadcast(b, root)
                     results.append(b.tolist())
+        for dtype in (np.float64, np.int32, np.float16):
+            for n in SIZES:
+                src = np.arange(n, dtype=dtype) + rank
+                out = np.full(n * ws, -1, dtype)
+                dist.all_gather_into_tensor(out, src)
+                results.append(out.tolist())
         dist.barrier()
     once(), once()
     for _ in range(40):  # the compiled barrier's entry comes at its HOT_CALLS-th call
@@ -89,11 +96,12 @@ def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws)
         assert c_results == py_results
         assert py_used is None and sum(py_counts.values()) > 0
         # float16 broadcasts go by bytes: the Python entry serves them
-        assert c_counts == {"all_reduce": 0, "broadcast": ws * len(SIZES), "barrier": 0}, \
-            c_counts
-        assert py_counts["barrier"] == 1
+        # float16 goes by bytes: its Python entries serve it
+        assert c_counts == {"all_reduce": 0, "broadcast": ws * len(SIZES), "barrier": 0,
+                            "all_gather": len(SIZES)}, c_counts
+        assert py_counts["barrier"] == 1 and py_counts["all_gather"] == 3 * len(SIZES)
         assert c_used[0] >= len(CASES) * len(SIZES) and c_used[1] >= ws * 3 * len(SIZES)
-        assert c_used[2] == 1
+        assert c_used[2] == 1 and c_used[3] >= 2 * len(SIZES)
     expected = []
     for dtype, op in CASES:
         for n in SIZES:
@@ -103,6 +111,10 @@ def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws)
         for dtype in (np.float32, np.int64, np.int32, np.float16):
             for n in SIZES:
                 expected.append(np.full(n, root * 10 + root, dtype).tolist())
+    for dtype in (np.float64, np.int32, np.float16):
+        for n in SIZES:
+            expected.append(np.concatenate([np.arange(n, dtype=dtype) + r
+                                            for r in range(ws)]).tolist())
     assert by_c[0][0] == expected
 
 

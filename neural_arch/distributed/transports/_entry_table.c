@@ -13,7 +13,8 @@
  * It returns False, having done nothing, for anything it does not serve (not an ndarray, not
  * one-dimensional, not C-contiguous, aligned and writable, no entry); the caller then takes
  * the Python path, which raises where it must. ``Table.run_alone()`` runs a table's one entry
- * with no tensor (a barrier: ``kernel(address, seq, polls)``, ``finish(status, seq)``).
+ * with no tensor (a barrier: ``kernel(address, seq, polls)``, ``finish(status, seq)``), and
+ * ``Table.run_pair(src, out)`` one on two arrays (an all-gather into ``out``).
  *
  * It knows nothing of any transport: what a kernel does, and what ``finish`` settles, is the
  * business of whoever added the entry. An entry holds references to everything it calls and
@@ -47,7 +48,7 @@ typedef struct {
 
 /* What entry_table.py expects of this module; a build left from older sources (an in-place
  * build is not rebuilt by a git pull) reports another and is not used. */
-#define API_VERSION 2
+#define API_VERSION 3
 
 /* NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, as short_entries.USABLE */
 #define USABLE (0x0001 | 0x0100 | 0x0400)
@@ -56,6 +57,7 @@ typedef struct {
 typedef struct {
     PyObject *descr, *how, *kernel, *address, *finish, *keep;
     Py_ssize_t count;
+    Py_ssize_t how_count;  /* ``how`` as a count where it is an int (run_pair), else -1 */
 } Entry;
 
 typedef struct {
@@ -171,6 +173,12 @@ static PyObject *Table_add(Table *t, PyObject *args) {
         clear_entries(t);
     Entry *e = &t->entries[t->used++];
     e->count = count;
+    e->how_count = -1;
+    if (PyLong_CheckExact(how)) {
+        e->how_count = PyLong_AsSsize_t(how);
+        if (e->how_count == -1 && PyErr_Occurred())
+            PyErr_Clear();  /* out of range: never a length */
+    }
     e->descr = Py_NewRef(descr);
     e->how = Py_NewRef(how);
     e->kernel = Py_NewRef(kernel);
@@ -220,14 +228,14 @@ static void restore_error(Raised r) {
 #endif
 }
 
-/* Run entry ``e`` as the Python entry runs it: on ``tensor``, or with none (a barrier). */
-static PyObject *run_entry(Table *t, Entry *e, PyObject *tensor) {
+/* Run entry ``e`` as the Python entry runs it, on ``n`` arrays (0: a barrier; 2: an
+ * all-gather's input and output). */
+static PyObject *run_entry(Table *t, Entry *e, PyObject *const *arrays, int n) {
     /* what the entry calls may clear the table (a failure closing the transport): hold it */
     PyObject *kernel = Py_NewRef(e->kernel), *address = Py_NewRef(e->address);
     PyObject *finish = Py_NewRef(e->finish), *keep = Py_NewRef(e->keep);
     PyObject *seq = NULL, *result = NULL, *polls = NULL, *status = NULL, *locked = NULL;
     PyObject *done = NULL;
-    int with = tensor != NULL;  /* skip the tensor in the argument lists of a barrier */
 
     seq = call0(t->next_seq);
     if (seq == NULL)
@@ -241,22 +249,24 @@ static PyObject *run_entry(Table *t, Entry *e, PyObject *tensor) {
         goto out;
     polls = PyObject_GetAttr(t->watch, spin_polls_name);
     if (polls != NULL) {
-        PyObject *kernel_args[4] = {tensor, address, seq, polls};
-        status = PyObject_Vectorcall(kernel, kernel_args + 1 - with, 3 + with, NULL);
+        PyObject *kernel_args[5];
+        for (int i = 0; i < n; i++)
+            kernel_args[i] = arrays[i];
+        kernel_args[n] = address;
+        kernel_args[n + 1] = seq;
+        kernel_args[n + 2] = polls;
+        status = PyObject_Vectorcall(kernel, kernel_args, n + 3, NULL);
     }
     if (status != NULL) {
         long long code = PyLong_AsLongLong(status);
         if (code == -1 && PyErr_Occurred()) {
             /* not an int: left as the error */
         } else if (code != 0) {
-            PyObject *finish_args[3] = {status, tensor, seq};
-            PyObject *r;
-            if (with) {
-                r = PyObject_Vectorcall(finish, finish_args, 3, NULL);
-            } else {
-                finish_args[1] = seq;
-                r = PyObject_Vectorcall(finish, finish_args, 2, NULL);
-            }
+            PyObject *finish_args[4] = {status};
+            for (int i = 0; i < n; i++)
+                finish_args[1 + i] = arrays[i];
+            finish_args[1 + n] = seq;
+            PyObject *r = PyObject_Vectorcall(finish, finish_args, n + 2, NULL);
             if (r != NULL) {
                 Py_DECREF(r);
                 done = Py_True;
@@ -313,7 +323,7 @@ static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
             if (same < 0)
                 return NULL;
             if (same)
-                return run_entry(t, e, tensor);
+                return run_entry(t, e, args, 1);
         }
     }
     Py_RETURN_FALSE;
@@ -325,7 +335,34 @@ static PyObject *Table_run_alone(Table *t, PyObject *unused) {
     (void)unused;
     if (t->ndarray_type == NULL || t->used == 0)
         Py_RETURN_FALSE;
-    return run_entry(t, &t->entries[0], NULL);
+    return run_entry(t, &t->entries[0], NULL, 0);
+}
+
+/* run_pair(src, out) -> bool: the entry of ``src``'s dtype object and length whose ``how`` is
+ * ``out``'s length (an all-gather into ``out``, of src's dtype object), both 1-D, C-contiguous,
+ * aligned and writable: kernel(src, out, address, seq, polls), finish(status, src, out, seq);
+ * False, nothing done, for anything else. */
+static PyObject *Table_run_pair(Table *t, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "run_pair takes 2 arguments (src, out), %zd given",
+                     nargs);
+        return NULL;
+    }
+    PyObject *src = args[0], *out = args[1];
+    if (t->ndarray_type == NULL || (PyObject *)Py_TYPE(src) != t->ndarray_type
+            || (PyObject *)Py_TYPE(out) != t->ndarray_type)
+        Py_RETURN_FALSE;
+    ArrayHead *a = (ArrayHead *)src, *b = (ArrayHead *)out;
+    if (a->nd != 1 || b->nd != 1 || (a->flags & USABLE) != USABLE
+            || (b->flags & USABLE) != USABLE || b->descr != a->descr)
+        Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < t->used; i++) {
+        Entry *e = &t->entries[i];
+        if (e->descr == a->descr && e->count == a->dimensions[0]
+                && e->how_count == b->dimensions[0])
+            return run_entry(t, e, args, 2);
+    }
+    Py_RETURN_FALSE;
 }
 
 static PyObject *Table_len(Table *t, void *unused) {
@@ -337,6 +374,9 @@ static PyMethodDef Table_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Table_run, METH_FASTCALL,
      "run(tensor, how) -> bool: run the entry of tensor's dtype object, length and how; False, "
      "nothing done, where none serves it."},
+    {"run_pair", (PyCFunction)(void (*)(void))Table_run_pair, METH_FASTCALL,
+     "run_pair(src, out) -> bool: the entry of src's dtype object and length and out's "
+     "length (how); False, nothing done, where none serves them."},
     {"run_alone", (PyCFunction)Table_run_alone, METH_NOARGS,
      "run_alone() -> bool: the first entry, with no tensor (a barrier); False where none."},
     {"add", (PyCFunction)Table_add, METH_VARARGS,

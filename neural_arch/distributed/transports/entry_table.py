@@ -8,13 +8,14 @@ on a 2-core machine, 1.1-2.1 us over ``MPI_Bcast``'s time, 0.3-0.6 us from C
 (``docs/collectives.md``, *The public call in C*). A ``Table`` takes those steps in C: the
 public call hands it the tensor and the op or root, and it runs the entry made for that
 dtype object, length and op or root, or declines (False) and the Python path runs as before;
-a barrier's table runs its one entry with no tensor (``run_alone``).
+a barrier's table runs its one entry with no tensor (``run_alone``), an all-gather's an entry
+on its input and output (``run_pair``).
 
-``tables(...)`` makes the all-reduce's, broadcast's and barrier's tables of one group where
-``enabled()``: not where the extension is missing (or was built from other sources: a warning)
-or ``NEURAL_ARCH_SHORT_C=0`` (read when the shm transport starts), so the two paths can be set
-against each other; both run the same kernel on the same arguments with the same sequence
-numbers.
+``tables(...)`` makes the all-reduce's, broadcast's, barrier's and all-gather's tables of a
+group where ``enabled()``: not where the extension is missing (or was built from other
+sources: a warning) or ``NEURAL_ARCH_SHORT_C=0`` (read when the shm transport starts), so the
+two paths can be set against each other; both run the same kernel on the same arguments with
+the same sequence numbers.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Any, Callable, Tuple
 
 import numpy as np
 
-API_VERSION = 2  # what this module expects of the extension (its own API_VERSION)
+API_VERSION = 3  # what this module expects of the extension (its own API_VERSION)
 ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
 
 try:
@@ -56,18 +57,22 @@ def enabled() -> bool:
     return value == "1" and Table is not None
 
 
-def tables(pg: Any, watch: Any) -> Tuple[Any, Any, Any]:
-    """The all-reduce's, broadcast's and barrier's tables of the group ``pg``, whose kernels
-    poll with ``watch.spin_polls`` (where ``enabled()``)."""
+OPS = ("all_reduce", "broadcast", "barrier", "all_gather_into_tensor")  # a table each
+
+
+def tables(pg: Any, watch: Any) -> Tuple[Any, ...]:
+    """The tables of the group ``pg``, one per ``OPS``, whose kernels poll with
+    ``watch.spin_polls`` (where ``enabled()``)."""
     queue = pg.queue
     lock = queue.exec_lock
     return tuple(Table(np.ndarray, op, pg.next_seq, queue.drain, lock.acquire, lock.release,
-                       watch) for op in ("all_reduce", "broadcast", "barrier"))
+                       watch) for op in OPS)
 
 
 def finisher(finish: Callable[[int, tuple, int], None]) -> Callable[..., None]:
     """``finish(status, tensor, seq)`` as a table calls it (a barrier's: ``finish(status,
-    seq)``), for an entry's ``finish(status, args, seq)``."""
+    seq)``; an all-gather's: ``finish(status, src, out, seq)``), for an entry's
+    ``finish(status, args, seq)``."""
     def settle(status: int, *tensor_and_seq: Any) -> None:
         finish(status, tensor_and_seq[:-1], tensor_and_seq[-1])
     return settle

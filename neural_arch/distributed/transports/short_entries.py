@@ -44,8 +44,9 @@ class EntryTables:
     group), and ``all_reduce_entry``, ``broadcast_entry``, ``reduce_scatter_entry`` and
     ``barrier_entry``, which make an entry on a miss; the general kind also
     ``all_gather_entry`` (shared memory's all-gathers run the plans of its collectives).
-    ``all_reduce_now(tensor, op)``, ``broadcast_now(tensor, root)`` and ``barrier_now()`` run
-    a call from C (``entry_table``) where a kind keeps such tables, else decline."""
+    ``all_reduce_now(tensor, op)``, ``broadcast_now(tensor, root)``, ``barrier_now()`` and
+    ``all_gather_now(src, out)`` run a call from C (``entry_table``) where a kind keeps such
+    tables, else decline."""
 
     def __init__(self) -> None:
         self.c_tables: Optional[tuple] = None
@@ -59,6 +60,7 @@ class EntryTables:
         self.all_reduce_now: Callable[[Any, Any], bool] = declined
         self.broadcast_now: Callable[[Any, Any], bool] = declined
         self.barrier_now: Callable[[], bool] = declined
+        self.all_gather_now: Callable[[Any, Any], bool] = declined
         self.all_reduce: dict = {}
         self.broadcast: dict = {}
         self.all_gather: dict = {}

@@ -148,13 +148,43 @@ def test_a_barrier_runs_its_one_entry_without_a_tensor():
                            ("kernel", 7, 2, 4000), ("finish", 2, 2), ("release",)]
 
 
+def test_a_pair_runs_on_its_input_and_output_and_declines_what_does_not_fit():
+    stage = Stage(status=2, op="all_gather_into_tensor")
+    calls = stage.calls
+
+    def kernel(src, out, address, seq, polls):
+        calls.append(("kernel", src.ctypes.data, out.ctypes.data, address, seq, polls))
+        out[:] = np.tile(src, 2)
+        return 2
+
+    def finish(status, src, out, seq):
+        calls.append(("finish", status, src.ctypes.data, out.ctypes.data, seq))
+    stage.table.add(np.dtype(np.float32), 3, 6, kernel, 5, finish, None)
+    src, out = np.arange(3, dtype=np.float32), np.zeros(6, np.float32)
+    for bad in [(src, np.zeros(7, np.float32)), (src, np.zeros(6, np.float64)),
+                (np.zeros(4, np.float32), np.zeros(6, np.float32)), (src, out[::1][None]),
+                (src.tolist(), out), (src, np.zeros(12, np.float32)[::2])]:
+        assert stage.table.run_pair(*bad) is False
+    frozen = src.copy()
+    frozen.flags.writeable = False
+    assert stage.table.run_pair(frozen, out) is False and calls == []
+    assert stage.table.run_pair(src, out) is True
+    assert out.tolist() == [0, 1, 2, 0, 1, 2]
+    assert calls == [("seq", 1), ("drain", "all_gather_into_tensor", 1), ("acquire",),
+                     ("kernel", src.ctypes.data, out.ctypes.data, 5, 1, 4000),
+                     ("finish", 2, src.ctypes.data, out.ctypes.data, 1), ("release",)]
+    with pytest.raises(TypeError, match="2 arguments"):
+        stage.table.run_pair(src)
+
+
 def test_the_finisher_hands_an_entrys_finish_its_arguments():
     seen = []
     settle = entry_table.finisher(lambda status, args, seq: seen.append((status, args, seq)))
     x = np.zeros(2)
-    settle(4, x, 9), settle(2, 10)
+    settle(4, x, 9), settle(2, 10), settle(1, x, x, 11)
     assert seen[0][0] == 4 and seen[0][1][0] is x and len(seen[0][1]) == 1 and seen[0][2] == 9
     assert seen[1] == (2, (), 10)
+    assert seen[2][0] == 1 and seen[2][1] == (x, x) and seen[2][2] == 11
 
 
 def test_roots_match_by_value_and_ops_by_identity():
@@ -279,7 +309,8 @@ def test_a_build_from_other_sources_is_not_used(monkeypatch):
     monkeypatch.setitem(sys.modules, name, stale)
     monkeypatch.setattr(sys.modules["neural_arch.distributed.transports"], "_entry_table", stale)
     try:
-        with pytest.warns(RuntimeWarning, match="API_VERSION None, expected 2"):
+        with pytest.warns(RuntimeWarning,
+                          match=f"API_VERSION None, expected {entry_table.API_VERSION}"):
             importlib.reload(entry_table)
         assert entry_table.Table is None and entry_table.enabled() is False
     finally:

@@ -66,6 +66,7 @@ class ShortCalls(TwoArrayCalls, EntryTables):
                 self.c_tables = entry_table.tables(pg, self.c.t.watch)
                 self.all_reduce_now, self.broadcast_now = (t.run for t in self.c_tables[:2])
                 self.barrier_now = self.c_tables[2].run_alone
+                self.all_gather_now = self.c_tables[3].run_pair
         return True
 
     # ----- making entries ----------------------------------------------------------------
@@ -106,11 +107,11 @@ class ShortCalls(TwoArrayCalls, EntryTables):
 
     def _add_c_entry(self, op: str, like: Optional[np.ndarray], how: Any, kernel: Any,
                      address: int, finish: Callable, plan: np.ndarray) -> None:
-        """The compiled entry of ``like``'s shape and ``how`` (the op or the root; the
-        barrier: no ``like``) in the C table of ``op`` too (``entry_table``), where this group
-        has one."""
+        """The compiled entry of ``like``'s shape and ``how`` (the op, the root, an
+        all-gather's output length; the barrier: no ``like``) in the C table of ``op`` too
+        (``entry_table``), where this group has one."""
         if self.c_tables is not None:
-            table = self.c_tables[("all_reduce", "broadcast", "barrier").index(op)]
+            table = self.c_tables[entry_table.OPS.index(op)]
             dtype, size = (None, 0) if like is None else (like.dtype, like.size)
             if dtype is not None and np.dtype(dtype.type) == dtype:
                 # NumPy's own dtype object, which most arrays share: the C table finds an entry

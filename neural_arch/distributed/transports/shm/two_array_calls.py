@@ -122,6 +122,9 @@ class TwoArrayCalls:
                 release()
             return True
         entry.plan = plan  # the plan words live as long as the entry
+        if not as_bytes:
+            self._add_c_entry("all_gather_into_tensor", samples[0], count, kernel, address,
+                              _as_bytes(finish), plan)
         return entry
 
     # ----- reduce-scatter --------------------------------------------------------------------
@@ -194,6 +197,13 @@ class TwoArrayCalls:
                 release()
         go.plan = plan  # the plan words live as long as the entry
         return go
+
+
+def _as_bytes(finish: Callable[[int, tuple, int], None]) -> Callable[[int, tuple, int], None]:
+    """``finish`` given its arrays as bytes, as the all-gather's settling kernel takes them."""
+    def settle(status: int, arrays: tuple, seq: int) -> None:
+        finish(status, tuple(a.view(np.uint8) for a in arrays), seq)
+    return settle
 
 
 def _usable(src: np.ndarray, out: np.ndarray, dtype: np.dtype, count: int) -> bool:
