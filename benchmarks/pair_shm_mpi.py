@@ -13,10 +13,11 @@ on any machine, the large ones on a quiet one.
 
 Contenders: ``dist.broadcast`` from rank 0 against ``MPI_Bcast``,
 ``dist.all_gather_into_tensor`` against ``MPI_Allgather`` (a size is the gathered output's)
-and ``dist.all_reduce`` (SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for the all-reduce each
-``--choices`` of the large shm algorithm (``tuning`` tags, e.g. ``whole@128K``), called
-through ``direct.all_reduce`` with that choice, at any size (below ``direct.SMALL_BYTES`` it
-stands against the one-generation plan that ``dist.all_reduce`` runs there). A ``whole`` tag
+and ``dist.all_reduce`` (SUM, float32) against ``MPI_Allreduce`` at each ``--sizes``, and for
+the all-reduce each ``--choices`` of the large shm algorithm (``tuning`` tags, e.g.
+``whole@128K``), called through ``direct.all_reduce`` with that choice, at any size (below
+``direct.SMALL_BYTES`` it stands against the one-generation plan that ``dist.all_reduce`` runs
+there). A ``whole`` tag
 may name the form of its rounds after a colon, ``whole@256K:python`` or
 ``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job; ``barrier``
 sets ``dist.barrier`` against ``MPI_Barrier``. A batch holds ``--calls`` calls, fewer of a
@@ -133,9 +134,9 @@ def worker(args) -> None:
     for collective in args.collectives.split(","):
         sizes = [0] if collective == "barrier" else [parse_size(s) for s in
                                                      args.sizes.split(",")]
+        if collective == "all_gather":  # what is gathered: at least a float32 a rank, once
+            sizes = sorted({4 * size * max(1, nbytes // 4 // size) for nbytes in sizes})
         for nbytes in sizes:
-            if collective == "all_gather":  # what is gathered: at least a float32 a rank
-                nbytes = 4 * size * max(1, nbytes // 4 // size)
             calls = contenders(collective, nbytes, choices, comm, dist, c, np)
             names = list(calls)
             per_batch = max(2, min(args.calls, BATCH_BYTES // max(nbytes, 1)))

@@ -118,26 +118,27 @@ def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws)
     assert by_c[0][0] == expected
 
 
-def _watch_c_calls() -> list:
-    """Record each call the all-reduce's C table was asked: True (served), False (declined),
-    or "raised"."""
+def _watch_c_calls(name: str = "all_reduce_now") -> list:
+    """Record each call the C table ``name`` was asked: True (served), False (declined), or
+    "raised"."""
     short, asked = tensors._short, []
-    run = short.all_reduce_now
+    run = getattr(short, name)
 
-    def watched(tensor, op):
+    def watched(*args):
         asked.append("raised")
-        asked[-1] = run(tensor, op)
+        asked[-1] = run(*args)
         return asked[-1]
-    short.all_reduce_now = watched
+    setattr(short, name, watched)
     return asked
 
 
 def _mixed_then_late_then_mismatched(rank, ws):
     from neural_arch.distributed.group.world import resolve_group
     x = np.zeros(4, np.float32)
-    for _ in range(3):  # entries for SUM and PRODUCT of this shape, on every rank
-        dist.all_reduce(x, SUM), dist.all_reduce(x, PRODUCT)
-    asked = _watch_c_calls()
+    src, out = np.zeros(3, np.float64), np.zeros(3 * ws, np.float64)
+    for _ in range(3):  # the entries of this all-reduce and this all-gather, on every rank
+        dist.all_reduce(x, SUM), dist.all_gather_into_tensor(out, src)
+    asked, gathers = _watch_c_calls(), _watch_c_calls("all_gather_now")
     mixed = []
     for i in range(4):  # rank 0 from C (1-D), the others through the Python entry (2-D)
         y = np.full(4, rank + i, np.float32)
@@ -147,25 +148,34 @@ def _mixed_then_late_then_mismatched(rank, ws):
         time.sleep(0.3)  # rank 0's kernel gives up polling: its finish waits
     late = np.full(4, rank + 1.0, np.float32)
     dist.all_reduce(late, SUM)
+    if rank == 0:
+        time.sleep(0.3)  # rank 1's all-gather waits, settled by the kernel on bytes
+    src[:] = rank + 0.5
+    dist.all_gather_into_tensor(out, src)
     try:
-        dist.all_reduce(x, SUM if rank == 0 else PRODUCT)
+        if rank == 0:
+            dist.all_gather_into_tensor(out, src)
+        else:
+            dist.all_reduce(x, SUM)
         message = "no error"
     except dist.CollectiveMismatchError as exc:
         message = str(exc)
     lock_free = resolve_group(None).queue.exec_lock.acquire(blocking=False)
-    return mixed, late.tolist(), message, lock_free, asked
+    return mixed, late.tolist(), out.tolist(), message, lock_free, asked, gathers
 
 
-def test_c_and_python_ranks_meet_a_late_peer_is_waited_for_a_mismatch_is_named():
+def test_c_and_python_ranks_meet_late_peers_are_waited_for_a_mismatch_is_named():
     ws = 2
     results = run_ranks(_mixed_then_late_then_mismatched, ws, "shm", env=COMPILED)
-    for rank, (mixed, late, message, lock_free, asked) in enumerate(results):
+    for rank, (mixed, late, gathered, message, lock_free, asked, gathers) in enumerate(results):
         assert mixed == [[float(sum(r + i for r in range(ws)))] * 4 for i in range(4)]
-        assert late == [3.0] * 4
-        assert "all_reduce:sum" in message and "all_reduce:prod" in message, message
+        assert late == [3.0] * 4 and gathered == [0.5] * 3 + [1.5] * 3
+        assert "all_gather" in message and "all_reduce:sum" in message, message
         assert lock_free
-        # rank 0 from C, the others declined there (2-D); the late call and the mismatch in C
-        assert asked == [rank == 0] * 4 + [True, "raised"], asked
+        # rank 0's mixed calls from C, the others' declined there (2-D); the late calls and
+        # the mismatched ones (rank 0: an all-gather, rank 1: an all-reduce) in C
+        assert asked == [rank == 0] * 4 + [True] + ["raised"] * rank, asked
+        assert gathers == [True] + ["raised"] * (1 - rank), gathers
 
 
 def _times_out(rank, ws):

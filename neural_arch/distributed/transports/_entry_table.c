@@ -48,7 +48,7 @@ typedef struct {
 
 /* What entry_table.py expects of this module; a build left from older sources (an in-place
  * build is not rebuilt by a git pull) reports another and is not used. */
-#define API_VERSION 3
+#define API_VERSION 4
 
 /* NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, as short_entries.USABLE */
 #define USABLE (0x0001 | 0x0100 | 0x0400)
@@ -63,6 +63,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *ndarray_type, *op, *next_seq, *drain, *acquire, *release, *watch;
+    int arrays;  /* what its kernels take: 1 (run), 2 (run_pair) or 0 (run_alone) */
     Entry entries[CAPACITY];
     Py_ssize_t used;
 } Table;
@@ -87,11 +88,16 @@ static void clear_entries(Table *t) {
 
 static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
     static char *names[] = {"ndarray_type", "op", "next_seq", "drain", "acquire", "release",
-                            "watch", NULL};
+                            "watch", "arrays", NULL};
     PyObject *v[7];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!UOOOOO:Table", names, &PyType_Type, &v[0],
-                                     &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]))
+    int arrays = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!UOOOOO|i:Table", names, &PyType_Type,
+                                     &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &arrays))
         return -1;
+    if (arrays < 0 || arrays > 2) {
+        PyErr_Format(PyExc_ValueError, "Table: arrays must be 0, 1 or 2, not %d", arrays);
+        return -1;
+    }
     if (t->ndarray_type != NULL) {  /* its calls run with borrowed references to these */
         PyErr_SetString(PyExc_RuntimeError, "Table: already initialised");
         return -1;
@@ -112,6 +118,7 @@ static int Table_init(Table *t, PyObject *args, PyObject *kwds) {
                            &t->release, &t->watch};
     for (int i = 0; i < 7; i++)
         *slots[i] = Py_NewRef(v[i]);
+    t->arrays = arrays;
     return 0;
 }
 
@@ -204,6 +211,17 @@ static int same_how(PyObject *a, PyObject *b) {
 }
 
 static PyObject *call0(PyObject *f) { return PyObject_CallNoArgs(f); }
+
+/* Whether ``t``'s kernels take ``arrays`` arrays; else a TypeError, before anything is done
+ * (a wrong method would call a kernel with the wrong arguments after taking a sequence
+ * number). */
+static int takes(Table *t, int arrays, const char *method) {
+    if (t->arrays == arrays)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s: this table's kernels take %d arrays, not %d", method,
+                 t->arrays, arrays);
+    return 0;
+}
 
 /* The error being raised, taken aside while the lock is released (none: type NULL). */
 typedef struct {
@@ -313,6 +331,8 @@ static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *tensor = args[0], *how = args[1];
     if (t->ndarray_type == NULL || (PyObject *)Py_TYPE(tensor) != t->ndarray_type)
         Py_RETURN_FALSE;
+    if (!takes(t, 1, "run"))
+        return NULL;
     ArrayHead *a = (ArrayHead *)tensor;
     if (a->nd != 1 || (a->flags & USABLE) != USABLE)
         Py_RETURN_FALSE;
@@ -335,6 +355,8 @@ static PyObject *Table_run_alone(Table *t, PyObject *unused) {
     (void)unused;
     if (t->ndarray_type == NULL || t->used == 0)
         Py_RETURN_FALSE;
+    if (!takes(t, 0, "run_alone"))
+        return NULL;
     return run_entry(t, &t->entries[0], NULL, 0);
 }
 
@@ -352,6 +374,8 @@ static PyObject *Table_run_pair(Table *t, PyObject *const *args, Py_ssize_t narg
     if (t->ndarray_type == NULL || (PyObject *)Py_TYPE(src) != t->ndarray_type
             || (PyObject *)Py_TYPE(out) != t->ndarray_type)
         Py_RETURN_FALSE;
+    if (!takes(t, 2, "run_pair"))
+        return NULL;
     ArrayHead *a = (ArrayHead *)src, *b = (ArrayHead *)out;
     if (a->nd != 1 || b->nd != 1 || (a->flags & USABLE) != USABLE
             || (b->flags & USABLE) != USABLE || b->descr != a->descr)
@@ -396,8 +420,9 @@ static PyTypeObject TableType = {
     .tp_name = "neural_arch.distributed.transports._entry_table.Table",
     .tp_basicsize = sizeof(Table),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Table(ndarray_type, op, next_seq, drain, acquire, release, watch): prepared "
-              "calls of one collective of one group, run from C.",
+    .tp_doc = "Table(ndarray_type, op, next_seq, drain, acquire, release, watch, arrays=1): "
+              "prepared calls of one collective of one group, whose kernels take that many "
+              "arrays, run from C.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Table_init,
     .tp_dealloc = (destructor)Table_dealloc,

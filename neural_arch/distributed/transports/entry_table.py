@@ -25,7 +25,7 @@ from typing import Any, Callable, Tuple
 
 import numpy as np
 
-API_VERSION = 3  # what this module expects of the extension (its own API_VERSION)
+API_VERSION = 4  # what this module expects of the extension (its own API_VERSION)
 ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
 
 try:
@@ -43,7 +43,8 @@ else:
 
 
 def declined(*args: Any) -> bool:
-    """What a table's ``run`` or ``run_alone`` answers where there is none: nothing run."""
+    """What a table's ``run``, ``run_pair`` or ``run_alone`` answers where there is none:
+    nothing run."""
     return False
 
 
@@ -57,7 +58,8 @@ def enabled() -> bool:
     return value == "1" and Table is not None
 
 
-OPS = ("all_reduce", "broadcast", "barrier", "all_gather_into_tensor")  # a table each
+# a table each, and the arrays its kernels take
+OPS = {"all_reduce": 1, "broadcast": 1, "barrier": 0, "all_gather_into_tensor": 2}
 
 
 def tables(pg: Any, watch: Any) -> Tuple[Any, ...]:
@@ -66,7 +68,7 @@ def tables(pg: Any, watch: Any) -> Tuple[Any, ...]:
     queue = pg.queue
     lock = queue.exec_lock
     return tuple(Table(np.ndarray, op, pg.next_seq, queue.drain, lock.acquire, lock.release,
-                       watch) for op in OPS)
+                       watch, arrays) for op, arrays in OPS.items())
 
 
 def finisher(finish: Callable[[int, tuple, int], None]) -> Callable[..., None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import pickle
 import sys
 import types
 import weakref
@@ -29,7 +30,7 @@ class Stage:
         self.calls, self.status, self.seq = [], status, 0
         self.spin_polls = 4000
         self.table = entry_table.Table(np.ndarray, op, self.next_seq, self.drain,
-                                       self.acquire, self.release, self)
+                                       self.acquire, self.release, self, entry_table.OPS[op])
         self.held = False
 
     def next_seq(self):
@@ -165,9 +166,13 @@ def test_a_pair_runs_on_its_input_and_output_and_declines_what_does_not_fit():
                 (np.zeros(4, np.float32), np.zeros(6, np.float32)), (src, out[::1][None]),
                 (src.tolist(), out), (src, np.zeros(12, np.float32)[::2])]:
         assert stage.table.run_pair(*bad) is False
-    frozen = src.copy()
-    frozen.flags.writeable = False
+    frozen, frozen_out = src.copy(), out.copy()
+    frozen.flags.writeable = frozen_out.flags.writeable = False
     assert stage.table.run_pair(frozen, out) is False and calls == []
+    assert stage.table.run_pair(src, frozen_out) is False and calls == []
+    unpickled = pickle.loads(pickle.dumps(src))  # an equal dtype, another object
+    assert unpickled.dtype == src.dtype and unpickled.dtype is not src.dtype
+    assert stage.table.run_pair(unpickled, out) is False and calls == []
     assert stage.table.run_pair(src, out) is True
     assert out.tolist() == [0, 1, 2, 0, 1, 2]
     assert calls == [("seq", 1), ("drain", "all_gather_into_tensor", 1), ("acquire",),
@@ -264,6 +269,23 @@ def test_capacity_clear_and_what_the_entries_keep_alive():
     assert stage.table.run(np.zeros(99, np.float32), ReduceOp.SUM) is False
 
 
+def test_a_table_runs_only_entries_of_its_kind_of_kernel():
+    """A call of another kind (a pair on a table of one-array kernels) raises before it takes a
+    sequence number, as a kernel called with the wrong arguments would only after."""
+    for op, wrong in [("all_reduce", lambda t: t.run_pair(np.zeros(3, np.float32),
+                                                          np.zeros(3, np.float32))),
+                      ("all_gather_into_tensor", lambda t: t.run(np.zeros(3, np.float32), 6)),
+                      ("broadcast", lambda t: t.run_alone())]:
+        stage = Stage(op=op)
+        stage.add(how=6)
+        with pytest.raises(TypeError, match="this table's kernels take"):
+            wrong(stage.table)
+        assert stage.calls == [] and not stage.held
+    with pytest.raises(ValueError, match="0, 1 or 2, not 3"):
+        entry_table.Table(np.ndarray, "x", stage.next_seq, stage.drain, stage.acquire,
+                          stage.release, stage, 3)
+
+
 def test_bad_arguments_are_refused_with_their_values():
     stage = Stage()
     with pytest.raises(TypeError, match="numpy.ndarray, not list"):
@@ -317,3 +339,16 @@ def test_a_build_from_other_sources_is_not_used(monkeypatch):
         monkeypatch.undo()
         importlib.reload(entry_table)
     assert entry_table.Table is not None
+
+
+def test_the_all_gathers_finish_gets_its_arrays_as_bytes():
+    """The all-gather's settling kernel takes bytes (``compiled.all_gather``): the finish its C
+    entry is given hands it byte views of the typed arrays the table passes."""
+    from neural_arch.distributed.transports.shm.two_array_calls import _as_bytes
+    seen = []
+    settle = entry_table.finisher(_as_bytes(lambda status, arrays, seq: seen.append(arrays)))
+    src, out = np.arange(3, dtype=np.float64), np.zeros(6, np.float64)
+    settle(2, src, out, 5)
+    (sent, got), = seen
+    assert sent.dtype == got.dtype == np.uint8 and sent.size == 24 and got.size == 48
+    assert np.shares_memory(sent, src) and np.shares_memory(got, out)

@@ -111,7 +111,7 @@ class ShortCalls(TwoArrayCalls, EntryTables):
         all-gather's output length; the barrier: no ``like``) in the C table of ``op`` too
         (``entry_table``), where this group has one."""
         if self.c_tables is not None:
-            table = self.c_tables[entry_table.OPS.index(op)]
+            table = self.c_tables[list(entry_table.OPS).index(op)]
             dtype, size = (None, 0) if like is None else (like.dtype, like.size)
             if dtype is not None and np.dtype(dtype.type) == dtype:
                 # NumPy's own dtype object, which most arrays share: the C table finds an entry
