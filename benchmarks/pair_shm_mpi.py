@@ -20,7 +20,8 @@ the all-reduce each ``--choices`` of the large shm algorithm (``tuning`` tags, e
 there). A ``whole`` tag
 may name the form of its rounds after a colon, ``whole@256K:python`` or
 ``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job; ``barrier``
-sets ``dist.barrier`` against ``MPI_Barrier``. A batch holds ``--calls`` calls, fewer of a
+sets ``dist.barrier`` against ``MPI_Barrier``. ``--matrix`` hands our public calls 2-D tensors
+(views of the same buffers), as a layer's activations are. A batch holds ``--calls`` calls, fewer of a
 large message (about BATCH_BYTES a batch, two at least). The job runs ``--world-size`` ranks
 (default 2; ``whole`` runs on two only). At the end the goals of ``bench_collectives.py``
 that these pairs measure (``collectives_goals``: latency at 4 B - 1 KiB, the all-reduce's
@@ -29,7 +30,7 @@ the pairs and those goals into FILE's ``pair_shm_mpi`` section:
 
     python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
         [--choices whole@256K:python,whole@256K:compiled] [--calls 200] [--turns 60]
-        [--against whole@256K:python] [--world-size 2] [--output FILE]
+        [--against whole@256K:python] [--world-size 2] [--matrix] [--output FILE]
 """
 from __future__ import annotations
 
@@ -68,8 +69,10 @@ def ours_name(collective: str) -> str:
             else f"dist.{collective}")
 
 
-def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
-    """{name: one call}, each on its own buffer of ``nbytes``."""
+def contenders(collective: str, nbytes: int, choices, comm, dist, c, np, matrix=False):
+    """{name: one call}, each on its own buffer of ``nbytes``; with ``matrix`` our public
+    call's tensor is 2-D (two rows where its elements split evenly, else one; an all-gather's
+    output one row a rank, torch's stacked form), as a layer's activations are."""
     from neural_arch.distributed.reduce_ops import ReduceOp
     from neural_arch.distributed.transports.shm import direct
     from neural_arch.distributed.group.world import resolve_group
@@ -81,20 +84,23 @@ def contenders(collective: str, nbytes: int, choices, comm, dist, c, np):
     def buf(name):  # zeros: repeated in-place sums stay finite
         bufs[name] = np.zeros(n, np.float32)
         return bufs[name]
+
+    def shaped(a, rows=None):  # a view: what the call changes is still ``a``'s
+        return a.reshape(rows or (2 if a.size % 2 == 0 else 1), -1) if matrix else a
     if collective == "broadcast":
-        ours, theirs = buf("ours"), buf("mpi")
+        ours, theirs = shaped(buf("ours")), buf("mpi")
         return {"dist.broadcast": lambda: dist.broadcast(ours, 0),
                 PEERS[collective]: lambda: comm.Bcast(theirs, root=0)}
     if collective == "all_gather":  # the size is the gathered output's, as nccl-tests has it
         p = comm.Get_size()
         part = max(1, n // p)
         sent, got = np.zeros(part, np.float32), np.zeros(part * p, np.float32)
-        mine, gathered = np.zeros(part, np.float32), np.zeros(part * p, np.float32)
+        mine, gathered = np.zeros(part, np.float32), shaped(np.zeros(part * p, np.float32), p)
         return {ours_name(collective): lambda: dist.all_gather_into_tensor(gathered, mine),
                 PEERS[collective]: lambda: comm.Allgather(sent, got)}
     theirs, out = buf("mpi"), np.empty(n, np.float32)
     calls = {PEERS[collective]: lambda: comm.Allreduce(theirs, out)}
-    ours, rounds = buf("ours"), c.pair_rounds
+    ours, rounds = shaped(buf("ours")), c.pair_rounds
     default_form = rounds.choice
     if any(":" in tag for tag in choices):  # the forms set below: back to the default
         calls["dist.all_reduce"] = lambda: (setattr(rounds, "choice", default_form),
@@ -137,7 +143,7 @@ def worker(args) -> None:
         if collective == "all_gather":  # what is gathered: at least a float32 a rank, once
             sizes = sorted({4 * size * max(1, nbytes // 4 // size) for nbytes in sizes})
         for nbytes in sizes:
-            calls = contenders(collective, nbytes, choices, comm, dist, c, np)
+            calls = contenders(collective, nbytes, choices, comm, dist, c, np, args.matrix)
             names = list(calls)
             per_batch = max(2, min(args.calls, BATCH_BYTES // max(nbytes, 1)))
             for name in names:  # warm: plans, compiled entries, page faults
@@ -223,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--against", default="", help="a --choices tag the ratios are taken "
                     "against instead of MPI's call (medians of the per-turn ratios)")
     ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--matrix", action="store_true",
+                    help="our public call on a 2-D tensor (a view of the same buffer)")
     ap.add_argument("--output", action="append", default=[],
                     help="write the pairs and goals into this file's section (repeatable)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -315,6 +316,23 @@ def test_pair_shm_mpi_judges_the_latency_goals_from_its_pairs():
         "shm all_reduce 4 B - 1 KiB <= MPI native + 1 us, p=2": "MISS",
         "shm broadcast 4 B - 1 KiB <= MPI native + 1 us, p=2": "PASS",
         "shm barrier <= MPI native + 1 us, p=2": "PASS"}, verdicts
+
+
+def test_pair_shm_mpi_hands_our_calls_2d_views_with_matrix():
+    import pair_shm_mpi
+    seen = []
+    dist = types.SimpleNamespace(
+        broadcast=lambda t, src: seen.append(("broadcast", t.shape, t.base is not None)),
+        all_gather_into_tensor=lambda out, t: seen.append(("all_gather", out.shape, t.shape)))
+    comm = types.SimpleNamespace(Get_size=lambda: 2, Bcast=None, Allgather=None)
+    for collective, nbytes in (("broadcast", 16), ("broadcast", 12), ("all_gather", 16)):
+        for matrix in (False, True):
+            calls = pair_shm_mpi.contenders(collective, nbytes, [], comm, dist, None, np,
+                                            matrix)
+            calls[pair_shm_mpi.ours_name(collective)]()
+    assert seen == [("broadcast", (4,), False), ("broadcast", (2, 2), True),
+                    ("broadcast", (3,), False), ("broadcast", (1, 3), True),
+                    ("all_gather", (4,), (2,)), ("all_gather", (2, 2), (2,))], seen
 
 
 @pytest.mark.skipif("mpi" not in BACKENDS, reason="needs mpi4py and mpiexec")

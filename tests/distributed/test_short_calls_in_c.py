@@ -1,7 +1,7 @@
 """The public all-reduce, broadcast, barrier and all-gather into a tensor run from C
 (``transports/entry_table``) on shm, on real processes: the same bits as the Python entries
-(``NEURAL_ARCH_SHORT_C=0``) and as NumPy, every hot 1-D call and barrier served by the C table
-and none by the Python entry, ranks on either path meeting, and a mismatch, a late peer and a
+(``NEURAL_ARCH_SHORT_C=0``) and as NumPy, every hot call of a typed array (1-D or not) and
+barrier served by the C table and none by the Python entry, ranks on either path meeting, and a mismatch, a late peer and a
 timeout handled as on the Python path."""
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _sweep(rank, ws):
             for n in SIZES:
                 for salt in range(2):
                     x = inputs_of(rank, n, dtype, op, salt)
-                    dist.all_reduce(x, op)
+                    dist.all_reduce(x if salt == 0 else x.reshape(-1, 1), op)  # (n, 1): a view
                     results.append(x.tolist())
         for root in range(ws):
             for dtype in (np.float32, np.int64, np.int32, np.float16):
@@ -64,7 +64,9 @@ def _sweep(rank, ws):
             for n in SIZES:
                 src = np.arange(n, dtype=dtype) + rank
                 out = np.full(n * ws, -1, dtype)
-                dist.all_gather_into_tensor(out, src)
+                # torch's stacked output, (ws, n), for one dtype: a view of the same memory
+                dist.all_gather_into_tensor(out.reshape(ws, n) if dtype is np.int32 else out,
+                                            src)
                 results.append(out.tolist())
         dist.barrier()
     once(), once()
@@ -95,7 +97,6 @@ def test_c_and_python_entries_give_numpys_bits_and_c_serves_every_hot_vector(ws)
         py_results, py_counts, py_used = by_python[rank]
         assert c_results == py_results
         assert py_used is None and sum(py_counts.values()) > 0
-        # float16 broadcasts go by bytes: the Python entry serves them
         # float16 goes by bytes: its Python entries serve it
         assert c_counts == {"all_reduce": 0, "broadcast": ws * len(SIZES), "barrier": 0,
                             "all_gather": len(SIZES)}, c_counts
@@ -139,10 +140,15 @@ def _mixed_then_late_then_mismatched(rank, ws):
     for _ in range(3):  # the entries of this all-reduce and this all-gather, on every rank
         dist.all_reduce(x, SUM), dist.all_gather_into_tensor(out, src)
     asked, gathers = _watch_c_calls(), _watch_c_calls("all_gather_now")
-    mixed = []
-    for i in range(4):  # rank 0 from C (1-D), the others through the Python entry (2-D)
+    mixed, short = [], tensors._short
+    for i in range(4):  # rank 0 from C (2-D), the others through the Python entry (1-D)
         y = np.full(4, rank + i, np.float32)
-        dist.all_reduce(y if rank == 0 else y.reshape(2, 2), SUM)
+        if rank == 0:
+            dist.all_reduce(y.reshape(2, 2), SUM)
+        else:
+            watched, short.all_reduce_now = short.all_reduce_now, entry_table.declined
+            dist.all_reduce(y, SUM)
+            short.all_reduce_now = watched
         mixed.append(y.tolist())
     if rank == 1:
         time.sleep(0.3)  # rank 0's kernel gives up polling: its finish waits
@@ -172,9 +178,9 @@ def test_c_and_python_ranks_meet_late_peers_are_waited_for_a_mismatch_is_named()
         assert late == [3.0] * 4 and gathered == [0.5] * 3 + [1.5] * 3
         assert "all_gather" in message and "all_reduce:sum" in message, message
         assert lock_free
-        # rank 0's mixed calls from C, the others' declined there (2-D); the late calls and
-        # the mismatched ones (rank 0: an all-gather, rank 1: an all-reduce) in C
-        assert asked == [rank == 0] * 4 + [True] + ["raised"] * rank, asked
+        # rank 0's mixed calls from C, the others' not asked there; the late calls and the
+        # mismatched ones (rank 0: an all-gather, rank 1: an all-reduce) in C
+        assert asked == [True] * (4 if rank == 0 else 0) + [True] + ["raised"] * rank, asked
         assert gathers == [True] + ["raised"] * (1 - rank), gathers
 
 

@@ -11,8 +11,10 @@
  * ``drain(op, seq)``, ``acquire()``, ``kernel(tensor, address, seq, watch.spin_polls)`` and,
  * on a status, ``finish(status, tensor, seq)``, then ``release()``, also when one raised.
  * It returns False, having done nothing, for anything it does not serve (not an ndarray, not
- * one-dimensional, not C-contiguous, aligned and writable, no entry); the caller then takes
- * the Python path, which raises where it must. ``Table.run_alone()`` runs a table's one entry
+ * C-contiguous, aligned and writable, no entry); the caller then takes the Python path, which
+ * raises where it must. An array of any number of dimensions is found by its element count,
+ * as the Python tables key it, and its kernel gets a one-dimensional view of it (the
+ * kernels were compiled for vectors), as the Python entry passes ``tensor.reshape(-1)``. ``Table.run_alone()`` runs a table's one entry
  * with no tensor (a barrier: ``kernel(address, seq, polls)``, ``finish(status, seq)``), and
  * ``Table.run_pair(src, out)`` one on two arrays (an all-gather into ``out``).
  *
@@ -48,7 +50,7 @@ typedef struct {
 
 /* What entry_table.py expects of this module; a build left from older sources (an in-place
  * build is not rebuilt by a git pull) reports another and is not used. */
-#define API_VERSION 4
+#define API_VERSION 5
 
 /* NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE, as short_entries.USABLE */
 #define USABLE (0x0001 | 0x0100 | 0x0400)
@@ -68,7 +70,7 @@ typedef struct {
     Py_ssize_t used;
 } Table;
 
-static PyObject *spin_polls_name;
+static PyObject *spin_polls_name, *reshape_name, *minus_one;
 
 static void clear_entry(Entry *e) {
     Py_CLEAR(e->descr);
@@ -322,6 +324,36 @@ out:
     Py_RETURN_TRUE;
 }
 
+/* The elements of ``a``: the product of its dimensions (1 for a 0-d array). */
+static Py_ssize_t elements(ArrayHead *a) {
+    Py_ssize_t n = 1;
+    for (int i = 0; i < a->nd; i++)
+        n *= a->dimensions[i];
+    return n;
+}
+
+/* ``run_entry`` on one-dimensional views of ``arrays`` (``reshape(-1)``: a C-contiguous
+ * array's view of the same memory, keeping its flags); a vector is passed as it is. */
+static PyObject *run_flat(Table *t, Entry *e, PyObject *const *arrays, int n) {
+    PyObject *flat[2] = {NULL, NULL};
+    PyObject *result = NULL;
+    for (int i = 0; i < n; i++) {
+        if (((ArrayHead *)arrays[i])->nd == 1) {
+            flat[i] = Py_NewRef(arrays[i]);
+            continue;
+        }
+        PyObject *reshape_args[2] = {arrays[i], minus_one};
+        flat[i] = PyObject_VectorcallMethod(reshape_name, reshape_args, 2, NULL);
+        if (flat[i] == NULL)
+            goto out;
+    }
+    result = run_entry(t, e, flat, n);
+out:
+    for (int i = 0; i < n; i++)
+        Py_XDECREF(flat[i]);
+    return result;
+}
+
 /* run(tensor, how) -> bool: see the top of this file. */
 static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
@@ -334,16 +366,17 @@ static PyObject *Table_run(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     if (!takes(t, 1, "run"))
         return NULL;
     ArrayHead *a = (ArrayHead *)tensor;
-    if (a->nd != 1 || (a->flags & USABLE) != USABLE)
+    if ((a->flags & USABLE) != USABLE)
         Py_RETURN_FALSE;
+    Py_ssize_t count = elements(a);
     for (Py_ssize_t i = 0; i < t->used; i++) {
         Entry *e = &t->entries[i];
-        if (e->descr == a->descr && e->count == a->dimensions[0]) {
+        if (e->descr == a->descr && e->count == count) {
             int same = same_how(e->how, how);
             if (same < 0)
                 return NULL;
             if (same)
-                return run_entry(t, e, args, 1);
+                return run_flat(t, e, args, 1);
         }
     }
     Py_RETURN_FALSE;
@@ -360,10 +393,11 @@ static PyObject *Table_run_alone(Table *t, PyObject *unused) {
     return run_entry(t, &t->entries[0], NULL, 0);
 }
 
-/* run_pair(src, out) -> bool: the entry of ``src``'s dtype object and length whose ``how`` is
- * ``out``'s length (an all-gather into ``out``, of src's dtype object), both 1-D, C-contiguous,
- * aligned and writable: kernel(src, out, address, seq, polls), finish(status, src, out, seq);
- * False, nothing done, for anything else. */
+/* run_pair(src, out) -> bool: the entry of ``src``'s dtype object and element count whose
+ * ``how`` is ``out``'s element count (an all-gather into ``out``, of src's dtype object), both
+ * C-contiguous, aligned and writable: kernel(src, out, address, seq, polls) and
+ * finish(status, src, out, seq) on their one-dimensional views; False, nothing done, for
+ * anything else. */
 static PyObject *Table_run_pair(Table *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_Format(PyExc_TypeError, "run_pair takes 2 arguments (src, out), %zd given",
@@ -377,14 +411,13 @@ static PyObject *Table_run_pair(Table *t, PyObject *const *args, Py_ssize_t narg
     if (!takes(t, 2, "run_pair"))
         return NULL;
     ArrayHead *a = (ArrayHead *)src, *b = (ArrayHead *)out;
-    if (a->nd != 1 || b->nd != 1 || (a->flags & USABLE) != USABLE
-            || (b->flags & USABLE) != USABLE || b->descr != a->descr)
+    if ((a->flags & USABLE) != USABLE || (b->flags & USABLE) != USABLE || b->descr != a->descr)
         Py_RETURN_FALSE;
+    Py_ssize_t count = elements(a), out_count = elements(b);
     for (Py_ssize_t i = 0; i < t->used; i++) {
         Entry *e = &t->entries[i];
-        if (e->descr == a->descr && e->count == a->dimensions[0]
-                && e->how_count == b->dimensions[0])
-            return run_entry(t, e, args, 2);
+        if (e->descr == a->descr && e->count == count && e->how_count == out_count)
+            return run_flat(t, e, args, 2);
     }
     Py_RETURN_FALSE;
 }
@@ -396,11 +429,11 @@ static PyObject *Table_len(Table *t, void *unused) {
 
 static PyMethodDef Table_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Table_run, METH_FASTCALL,
-     "run(tensor, how) -> bool: run the entry of tensor's dtype object, length and how; False, "
-     "nothing done, where none serves it."},
+     "run(tensor, how) -> bool: run the entry of tensor's dtype object, element count and how; "
+     "False, nothing done, where none serves it."},
     {"run_pair", (PyCFunction)(void (*)(void))Table_run_pair, METH_FASTCALL,
-     "run_pair(src, out) -> bool: the entry of src's dtype object and length and out's "
-     "length (how); False, nothing done, where none serves them."},
+     "run_pair(src, out) -> bool: the entry of src's dtype object and element count and out's "
+     "element count (how); False, nothing done, where none serves them."},
     {"run_alone", (PyCFunction)Table_run_alone, METH_NOARGS,
      "run_alone() -> bool: the first entry, with no tensor (a barrier); False where none."},
     {"add", (PyCFunction)Table_add, METH_VARARGS,
@@ -442,7 +475,9 @@ PyMODINIT_FUNC PyInit__entry_table(void) {
     if (PyType_Ready(&TableType) < 0)
         return NULL;
     spin_polls_name = PyUnicode_InternFromString("spin_polls");
-    if (spin_polls_name == NULL)
+    reshape_name = PyUnicode_InternFromString("reshape");
+    minus_one = PyLong_FromLong(-1);
+    if (spin_polls_name == NULL || reshape_name == NULL || minus_one == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

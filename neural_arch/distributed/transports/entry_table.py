@@ -7,9 +7,10 @@ flag tests, sequence number, queue drain and lock: in a two-rank loop of small b
 on a 2-core machine, 1.1-2.1 us over ``MPI_Bcast``'s time, 0.3-0.6 us from C
 (``docs/collectives.md``, *The public call in C*). A ``Table`` takes those steps in C: the
 public call hands it the tensor and the op or root, and it runs the entry made for that
-dtype object, length and op or root, or declines (False) and the Python path runs as before;
-a barrier's table runs its one entry with no tensor (``run_alone``), an all-gather's an entry
-on its input and output (``run_pair``).
+dtype object, element count and op or root (an array of any shape: its kernel gets a
+one-dimensional view, as from the Python entry), or declines (False) and the Python path runs
+as before; a barrier's table runs its one entry with no tensor (``run_alone``), an
+all-gather's an entry on its input and output (``run_pair``).
 
 ``tables(...)`` makes the all-reduce's, broadcast's, barrier's and all-gather's tables of a
 group where ``enabled()``: not where the extension is missing (or was built from other
@@ -25,7 +26,7 @@ from typing import Any, Callable, Tuple
 
 import numpy as np
 
-API_VERSION = 4  # what this module expects of the extension (its own API_VERSION)
+API_VERSION = 5  # what this module expects of the extension (its own API_VERSION)
 ENV_SWITCH = "NEURAL_ARCH_SHORT_C"
 
 try:

@@ -91,8 +91,9 @@ def test_a_status_goes_to_finish_with_the_tensor_and_its_seq():
                                ("finish", 2, x.ctypes.data, 1), ("release",)]
 
 
-@pytest.mark.parametrize("case", ["list", "2-D", "0-D", "strided", "read-only", "unaligned",
-                                  "subclass", "dtype", "byte order", "count", "op", "bool root"])
+@pytest.mark.parametrize("case", ["list", "2-D strided", "0-D", "strided", "read-only",
+                                  "unaligned", "subclass", "dtype", "byte order", "count", "op",
+                                  "bool root"])
 def test_what_it_does_not_serve_is_declined_untouched(case):
     stage = Stage()
     stage.add(how=ReduceOp.SUM)
@@ -100,9 +101,10 @@ def test_what_it_does_not_serve_is_declined_untouched(case):
     x, how = np.zeros(3, np.float32), ReduceOp.SUM
     if case == "list":
         x = [0.0, 0.0, 0.0]
-    elif case == "2-D":
-        x = np.zeros((1, 3), np.float32)
-    elif case == "0-D":
+    elif case == "2-D strided":  # three elements, not C-contiguous
+        x = np.zeros((3, 2), np.float32)[:, :1]
+        assert x.size == 3 and not x.flags.c_contiguous
+    elif case == "0-D":  # one element: no entry of that count
         x = np.zeros((), np.float32)
     elif case == "strided":
         x = np.zeros(6, np.float32)[::2]
@@ -127,6 +129,28 @@ def test_what_it_does_not_serve_is_declined_untouched(case):
     assert stage.table.run(x, how) is False
     assert stage.calls == [] and stage.seq == 0
     np.testing.assert_array_equal(np.asarray(x), before)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (3, 1, 1), (), (1,)])
+def test_an_array_of_any_shape_runs_on_a_vector_view_of_its_memory(shape):
+    """Found by element count, as the Python tables key it; the kernel and finish get a 1-D
+    view of the same memory (the kernels were compiled for vectors), so the array changes."""
+    stage = Stage(status=2)
+    seen = []
+
+    def kernel(tensor, address, seq, polls):
+        seen.append((tensor.shape, tensor.base is not None or tensor is x))
+        tensor += 1
+        return 2
+
+    def finish(status, tensor, seq):
+        seen.append((tensor.shape, tensor.ctypes.data))
+    count = int(np.prod(shape))
+    stage.table.add(np.dtype(np.float32), count, ReduceOp.SUM, kernel, 1, finish, None)
+    x = np.zeros(shape, np.float32)
+    assert stage.table.run(x, ReduceOp.SUM) is True
+    assert x.shape == shape and np.all(x == 1)
+    assert seen == [((count,), True), ((count,), x.ctypes.data)]
 
 
 def test_a_barrier_runs_its_one_entry_without_a_tensor():
@@ -163,8 +187,9 @@ def test_a_pair_runs_on_its_input_and_output_and_declines_what_does_not_fit():
     stage.table.add(np.dtype(np.float32), 3, 6, kernel, 5, finish, None)
     src, out = np.arange(3, dtype=np.float32), np.zeros(6, np.float32)
     for bad in [(src, np.zeros(7, np.float32)), (src, np.zeros(6, np.float64)),
-                (np.zeros(4, np.float32), np.zeros(6, np.float32)), (src, out[::1][None]),
-                (src.tolist(), out), (src, np.zeros(12, np.float32)[::2])]:
+                (np.zeros(4, np.float32), np.zeros(6, np.float32)),
+                (src, np.zeros((6, 2), np.float32)[:, :1]), (src.tolist(), out),
+                (src, np.zeros(12, np.float32)[::2])]:
         assert stage.table.run_pair(*bad) is False
     frozen, frozen_out = src.copy(), out.copy()
     frozen.flags.writeable = frozen_out.flags.writeable = False
@@ -180,6 +205,11 @@ def test_a_pair_runs_on_its_input_and_output_and_declines_what_does_not_fit():
                      ("finish", 2, src.ctypes.data, out.ctypes.data, 1), ("release",)]
     with pytest.raises(TypeError, match="2 arguments"):
         stage.table.run_pair(src)
+    # arrays of other shapes by their element counts, on 1-D views (torch's stacked output)
+    stacked, calls[:] = np.zeros((2, 3), np.float32), []
+    assert stage.table.run_pair(src.reshape(1, 3), stacked) is True
+    assert stacked.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert calls[3] == ("kernel", src.ctypes.data, stacked.ctypes.data, 5, 2, 4000)
 
 
 def test_the_finisher_hands_an_entrys_finish_its_arguments():
