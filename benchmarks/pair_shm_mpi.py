@@ -17,16 +17,15 @@ and ``dist.all_reduce`` (SUM, float32) against ``MPI_Allreduce`` at each ``--siz
 the all-reduce each ``--choices`` of the large shm algorithm (``tuning`` tags, e.g.
 ``whole@128K``), called through ``direct.all_reduce`` with that choice, at any size (below
 ``direct.SMALL_BYTES`` it stands against the one-generation plan that ``dist.all_reduce`` runs
-there). A ``whole`` tag
-may name the form of its rounds after a colon, ``whole@256K:python`` or
-``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job; ``barrier``
+there). A ``whole`` tag may name the form of its rounds after a colon, ``whole@256K:python``
+or ``whole@256K:compiled`` (``pair_rounds``), to set the two in turns in one job; ``barrier``
 sets ``dist.barrier`` against ``MPI_Barrier``. ``--matrix`` hands our public calls 2-D tensors
-(views of the same buffers), as a layer's activations are. A batch holds ``--calls`` calls, fewer of a
-large message (about BATCH_BYTES a batch, two at least). The job runs ``--world-size`` ranks
-(default 2; ``whole`` runs on two only). At the end the goals of ``bench_collectives.py``
-that these pairs measure (``collectives_goals``: latency at 4 B - 1 KiB, the all-reduce's
-busbw at 4 KiB - 4 MiB) are judged from the contenders' medians, and ``--output FILE`` writes
-the pairs and those goals into FILE's ``pair_shm_mpi`` section:
+(views of the same buffers), as a layer's activations are. A batch holds ``--calls`` calls,
+fewer of a large message (about BATCH_BYTES a batch, two at least). The job runs
+``--world-size`` ranks (default 2; ``whole`` runs on two only). At the end the goals of
+``bench_collectives.py`` that these pairs measure (``collectives_goals``: latency at 4 B -
+1 KiB, the all-reduce's busbw at 4 KiB - 4 MiB) are judged from the contenders' medians, and
+``--output FILE`` writes the pairs and those goals into FILE's ``pair_shm_mpi`` section:
 
     python benchmarks/pair_shm_mpi.py [--sizes 4,64,1K] [--collectives broadcast,all_reduce]
         [--choices whole@256K:python,whole@256K:compiled] [--calls 200] [--turns 60]

@@ -1,8 +1,8 @@
 """The public all-reduce, broadcast, barrier and all-gather into a tensor run from C
 (``transports/entry_table``) on shm, on real processes: the same bits as the Python entries
 (``NEURAL_ARCH_SHORT_C=0``) and as NumPy, every hot call of a typed array (1-D or not) and
-barrier served by the C table and none by the Python entry, ranks on either path meeting, and a mismatch, a late peer and a
-timeout handled as on the Python path."""
+barrier served by the C table and none by the Python entry, ranks on either path meeting, and
+a mismatch, a late peer and a timeout handled as on the Python path."""
 from __future__ import annotations
 
 import time

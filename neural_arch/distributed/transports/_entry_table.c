@@ -13,10 +13,11 @@
  * It returns False, having done nothing, for anything it does not serve (not an ndarray, not
  * C-contiguous, aligned and writable, no entry); the caller then takes the Python path, which
  * raises where it must. An array of any number of dimensions is found by its element count,
- * as the Python tables key it, and its kernel gets a one-dimensional view of it (the
- * kernels were compiled for vectors), as the Python entry passes ``tensor.reshape(-1)``. ``Table.run_alone()`` runs a table's one entry
- * with no tensor (a barrier: ``kernel(address, seq, polls)``, ``finish(status, seq)``), and
- * ``Table.run_pair(src, out)`` one on two arrays (an all-gather into ``out``).
+ * as the Python tables key it, and its kernel gets a one-dimensional view of it (the kernels
+ * were compiled for vectors), as the Python entry passes ``tensor.reshape(-1)``.
+ * ``Table.run_alone()`` runs a table's one entry with no tensor (a barrier:
+ * ``kernel(address, seq, polls)``, ``finish(status, seq)``), and ``Table.run_pair(src, out)``
+ * one on two arrays (an all-gather into ``out``).
  *
  * It knows nothing of any transport: what a kernel does, and what ``finish`` settles, is the
  * business of whoever added the entry. An entry holds references to everything it calls and
