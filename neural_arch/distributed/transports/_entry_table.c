@@ -5,8 +5,8 @@
  * the compiled kernel starts and after it returns: the public function's checks, a dictionary
  * lookup keyed by a tuple, the entry's flag tests, the sequence number, the queue's drain and
  * lock, each a few dozen to a few hundred nanoseconds of interpreter. ``Table.run(tensor,
- * how)`` does those steps here: it finds the entry by the array's dtype object, length and
- * ``how`` (the op or the root) in a short array, tests the array's flags in its struct, and
+ * how)`` does those steps here: it finds the entry by the array's dtype object, element count
+ * and ``how`` (the op or the root) in a short array, tests the array's flags in its struct, and
  * makes the same calls the Python entry makes, in the same order: ``next_seq()``,
  * ``drain(op, seq)``, ``acquire()``, ``kernel(tensor, address, seq, watch.spin_polls)`` and,
  * on a status, ``finish(status, tensor, seq)``, then ``release()``, also when one raised.
@@ -325,12 +325,18 @@ out:
     Py_RETURN_TRUE;
 }
 
-/* The elements of ``a``: the product of its dimensions (1 for a 0-d array). */
+/* The elements of ``a``: the product of its dimensions (1 for a 0-d array). An array of a
+ * zero-size dtype may have dimensions whose product overflows before a zero comes: the product
+ * is taken unsigned (no undefined overflow) and any zero dimension makes it 0, as NumPy's
+ * size is. */
 static Py_ssize_t elements(ArrayHead *a) {
-    Py_ssize_t n = 1;
-    for (int i = 0; i < a->nd; i++)
-        n *= a->dimensions[i];
-    return n;
+    size_t n = 1;
+    for (int i = 0; i < a->nd; i++) {
+        if (a->dimensions[i] == 0)
+            return 0;
+        n *= (size_t)a->dimensions[i];
+    }
+    return (Py_ssize_t)n;
 }
 
 /* ``run_entry`` on one-dimensional views of ``arrays`` (``reshape(-1)``: a C-contiguous
@@ -475,10 +481,9 @@ static PyModuleDef module = {
 PyMODINIT_FUNC PyInit__entry_table(void) {
     if (PyType_Ready(&TableType) < 0)
         return NULL;
-    spin_polls_name = PyUnicode_InternFromString("spin_polls");
-    reshape_name = PyUnicode_InternFromString("reshape");
-    minus_one = PyLong_FromLong(-1);
-    if (spin_polls_name == NULL || reshape_name == NULL || minus_one == NULL)
+    if ((spin_polls_name = PyUnicode_InternFromString("spin_polls")) == NULL
+            || (reshape_name = PyUnicode_InternFromString("reshape")) == NULL
+            || (minus_one = PyLong_FromLong(-1)) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
