@@ -5,6 +5,7 @@ barrier served by the C table and none by the Python entry, ranks on either path
 a mismatch, a late peer and a timeout handled as on the Python path."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -212,5 +213,8 @@ def _starts(rank, ws):
 
 
 def test_a_bad_switch_fails_the_transports_start():
+    before = set(os.listdir("/dev/shm"))
     with pytest.raises(RankFailed, match="NEURAL_ARCH_SHORT_C='yes'"):
         run_ranks(_starts, 2, "shm", env={entry_table.ENV_SWITCH: "yes"})
+    # it fails before a segment exists (it used to fail after, leaving one behind)
+    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("nf_")}

@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from ...errors import CollectiveMismatchError, DistributedError, RendezvousError
+from .. import entry_table
 from ..base import Fingerprint, Transport, check_job
 from .collectives import ShmCollectives
 from .cross_memory import READS, WRITES, PeerReads, switched_on
@@ -140,6 +141,7 @@ def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm
     """
     check_job(rank, world_size, timeout)
     peer_reads = switched_on()  # a misspelt switch fails here, before any segment exists
+    entry_table.enabled()  # so does NEURAL_ARCH_SHORT_C (read again by the short calls)
     key = f"{prefix}/nf_segment"
     if rank == 0:
         layout = ShmLayout(world_size, slots, slot_bytes, workspace_bytes)
@@ -164,7 +166,15 @@ def create(rank: int, world_size: int, store, timeout: float, prefix: str = "shm
             raise RendezvousError(f"segment {name} was made for {layout.world_size} ranks but this "
                                   f"rank expects world_size {world_size}", rank=rank)
         mm = attach_segment(name, layout.total_bytes, rank)
-    transport = ShmTransport(rank, world_size, timeout, mm, layout, name, peer_reads)
+    try:
+        transport = ShmTransport(rank, world_size, timeout, mm, layout, name, peer_reads)
+    except BaseException:  # before _join: no rank has unlinked the segment's name yet
+        unlink_segment(name)
+        try:
+            mm.close()
+        except BufferError:  # views of the half-made transport still held: freed with them
+            pass
+        raise
     try:
         transport._join()
     except BaseException:
