@@ -115,7 +115,10 @@ def report(error: PeerFailureError) -> None:
     """A transport found a failed peer: record it and tell the other ranks, so that they name
     that peer too, rather than this rank, which is about to leave because of it."""
     monitor, text = _monitor, str(error)
-    if monitor is None or error.peer is None or "heartbeat: " in text:
+    if monitor is None or error.peer is None:
+        return
+    if "heartbeat: " in text:  # the monitor's own verdict: told already, unless it cannot
+        monitor.tell_own_verdicts()
         return
     reason = f"rank {error.rank} saw: {text.split('] ', 1)[-1]}"
     if record_failure(error.peer, reason, source=monitor):

@@ -38,6 +38,10 @@ class MonitorThread:
     def publish(self, rank: int, reason: str) -> None:
         """Tell the other ranks, where this monitor can."""
 
+    def tell_own_verdicts(self) -> None:
+        """Tell the other ranks the verdicts this monitor reached and could not tell from its
+        thread; called by a thread that may talk to the transport (``heartbeat.report``)."""
+
     def abandon(self, reason: str) -> None:
         """This rank is leaving without destroy_process_group: declare it failed, where this
         monitor can tell the other ranks (see ``heartbeat.stop``)."""

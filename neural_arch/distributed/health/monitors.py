@@ -7,6 +7,7 @@ where there is no store. Both run in a ``MonitorThread`` and report what they fi
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Optional
 
@@ -37,6 +38,12 @@ class PidMonitor(MonitorThread):
         super().__init__(rank, config)
         self._pids = dict(pids)
         self._publish = publish  # (rank, reason) -> None: the transport's word to its peers
+        # Verdicts this thread reached: it may not call MPI itself (the transport's thread
+        # level), so the rank that raises for one tells its peers on the way out
+        # (``tell_own_verdicts``). Left untold, a peer that had not yet seen the stop itself
+        # would see this rank leave first and name it instead of the stopped rank.
+        self._untold: list = []
+        self._untold_lock = threading.Lock()
         self.note = (f"same-host peers {sorted(self._pids)} are watched by pid; peers on other "
                      "hosts are not watched")
 
@@ -51,11 +58,19 @@ class PidMonitor(MonitorThread):
                     since = stopped_since.setdefault(peer, now)
                     if now - since >= self.config.timeout:
                         del self._pids[peer]
-                        self._record(peer, f"its process (pid {pid}) has been stopped for "
-                                           f"{now - since:.1f} s")
+                        reason = f"its process (pid {pid}) has been stopped for {now - since:.1f} s"
+                        if self._record(peer, reason):
+                            with self._untold_lock:
+                                self._untold.append((peer, f"rank {self.rank} saw: {reason}"))
                 else:
                     stopped_since.pop(peer, None)
 
     def publish(self, rank: int, reason: str) -> None:
         if self._publish is not None:
             self._publish(rank, reason)
+
+    def tell_own_verdicts(self) -> None:
+        with self._untold_lock:
+            untold, self._untold = self._untold, []
+        for rank, reason in untold:
+            self.publish(rank, reason)

@@ -300,6 +300,43 @@ def test_mpi_survivors_name_a_stopped_same_host_peer(tmp_path):
         assert record["time"] - stopped_at < 10.0, record
 
 
+class _PidTransport:
+    """What ``heartbeat.start`` reads of an MPI transport: its same-host peers' pids, and the
+    word it sends its peers (here written down)."""
+
+    def __init__(self, pids: dict) -> None:
+        self.local_peer_pids, self.told = pids, []
+
+    def publish_failure(self, peer: int, reason: str) -> None:
+        self.told.append((peer, reason, threading.current_thread().name))
+
+
+def test_the_pid_watch_verdict_is_told_to_the_peers_by_the_rank_that_raises_for_it():
+    # The pid watch's thread may not call MPI: its verdict on a stopped peer reaches the other
+    # ranks only when this rank's wait raises for it. Untold, a peer that had not yet seen the
+    # stop itself saw this rank leave first and named it instead of the stopped rank.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        transport = _PidTransport({2: sleeper.pid})
+        assert heartbeat.start(1, 3, transport=transport, config=FAST) == "pids"
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        assert eventually(lambda: heartbeat.failures() != (), 10.0)
+        assert transport.told == []  # not from the monitor's thread
+        with pytest.raises(PeerFailureError) as raised:
+            heartbeat.check(1, "all_reduce:sum", 5)
+        assert raised.value.peer == 2
+        heartbeat.report(raised.value)
+        [(peer, reason, thread)] = transport.told
+        assert peer == 2 and thread == threading.current_thread().name
+        assert reason.startswith(f"rank 1 saw: its process (pid {sleeper.pid}) has been stopped "
+                                 "for "), reason
+        heartbeat.report(raised.value)  # told once
+        assert len(transport.told) == 1
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_a_failure_a_transport_found_is_shared_with_the_other_ranks(server):
     client = TCPStore("127.0.0.1", server.port, secret=SECRET)
     heartbeat.start(1, 3, client, config=FAST)
